@@ -1,0 +1,117 @@
+// The op interface. Model, trainer and (later) FSDP code call only these; the CPU backend is the
+// reference every other backend is tested against. Pointers are to the backend's memory; sizes
+// are spelled out (llm.c style). Layouts are row-major:
+//   activations [N, C] with N = B*T tokens; q [B, T, H, D]; k, v [B, T, KV, D];
+//   Linear weights [out, in] as in Hugging Face (y = x W^T).
+// Backward ops ACCUMULATE into parameter gradients (dw += ...) so that gradient accumulation
+// and tied weights need no extra buffers; activation gradients are written unless noted.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mx {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Counters for the benchmark's "GEMM at N% of the machine's SGEMM rate" figure.
+  struct GemmStats {
+    double flops = 0;
+    double seconds = 0;
+  };
+  virtual GemmStats gemm_stats() const { return {}; }
+  virtual void reset_gemm_stats() {}
+
+  // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T; A is [M,K] (or [K,M] if trans_a),
+  // B is [K,N] (or [N,K] if trans_b). Row-major, contiguous.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, const float* B, float beta, float* C) = 0;
+
+  // Linear: y[N,O] = x[N,I] W[O,I]^T; backward: dx[N,I] (= or +=) dy W; dW[O,I] += dy^T x.
+  void linear_forward(float* y, const float* x, const float* w, int64_t N, int64_t in,
+                      int64_t out) {
+    gemm(false, true, N, out, in, 1.0f, x, w, 0.0f, y);
+  }
+  void linear_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                       int64_t N, int64_t in, int64_t out, bool accumulate_dx) {
+    if (dx) gemm(false, false, N, in, out, 1.0f, dy, w, accumulate_dx ? 1.0f : 0.0f, dx);
+    if (dw) gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dw);
+  }
+
+  // RMSNorm (Hugging Face LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved.
+  virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
+                               int64_t C, float eps) = 0;
+  // dx += d/dx, dw += d/dw (dx accumulates: the residual stream's gradient is already there).
+  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
+                                const float* w, const float* rstd, int64_t N, int64_t C) = 0;
+
+  // Rotary embedding in place on x[B, T, heads, D], Hugging Face rotate-half convention:
+  // pairs (i, i + D/2) rotated by angle pos * theta^(-2i/D). cos/sin tables are [T, D/2].
+  // backward rotates by the negative angle (the map is orthogonal).
+  virtual void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                            int64_t heads, int64_t D) = 0;
+  virtual void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                             int64_t heads, int64_t D) = 0;
+
+  // Causal grouped-query attention, memory-efficient (never T x T per sequence).
+  // q, out: [B, T, H, D]; k, v: [B, T, KV, D]; lse: [B, H, T] (log-sum-exp of scaled scores).
+  virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                 int64_t D) = 0;
+  // dq, dk, dv are written (not accumulated). Recomputes probabilities from q, k and lse.
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* q, const float* k, const float* v,
+                                  const float* out, const float* lse, int64_t B, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D) = 0;
+
+  // SwiGLU: s = silu(g) * u over n elements; backward writes dg, du.
+  virtual void swiglu_forward(float* s, const float* g, const float* u, int64_t n) = 0;
+  virtual void swiglu_backward(float* dg, float* du, const float* ds, const float* g,
+                               const float* u, int64_t n) = 0;
+
+  // Token embedding: out[N, C] = table[tokens[n]]; backward: dtable[tokens[n]] += dout[n].
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* table,
+                                 int64_t N, int64_t C) = 0;
+  virtual void embedding_backward(float* dtable, const int32_t* tokens, const float* dout,
+                                  int64_t N, int64_t C) = 0;
+
+  // Output head + softmax cross-entropy over rows of h[N, C] against W[V, C], in chunks of
+  // rows so the logits never exist for all N at once (workspace: chunk_rows * V floats).
+  // Returns the SUM of the per-token losses (in double). If dh is non-null, also computes the
+  // gradient of (loss_sum * grad_scale): dh (written) and dw (accumulated).
+  virtual double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
+                                    const int32_t* targets, int64_t N, int64_t C, int64_t V,
+                                    float grad_scale, float* workspace, int64_t chunk_rows) = 0;
+  // Logits of one row block, for generation: logits[N, V] = h W^T.
+  void head_logits(float* logits, const float* h, const float* w, int64_t N, int64_t C,
+                   int64_t V) {
+    linear_forward(logits, h, w, N, C, V);
+  }
+
+  // One query row per head at position T_ctx - 1 against a KV cache of T_ctx positions, for
+  // generation: q, out [H, D]; k_cache, v_cache [T_ctx, KV, D] (positions 0..T_ctx-1).
+  virtual void attention_decode(float* out, const float* q, const float* k_cache,
+                                const float* v_cache, int64_t T_ctx, int64_t H, int64_t KV,
+                                int64_t D) = 0;
+
+  // y = a + b over n elements (residual adds); y may alias a.
+  virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
+  // Sum of squares over n elements, in double (for the global gradient norm).
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual void scale(float* x, float s, int64_t n) = 0;
+  virtual void fill(float* x, float value, int64_t n) = 0;
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+
+  // AdamW (decoupled weight decay, PyTorch's torch.optim.AdamW): step t starts at 1.
+  virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// "cpu" now; "cuda" in the CUDA issue. UserError for an unknown or unavailable device.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+
+}  // namespace mx

@@ -1,0 +1,285 @@
+// The CPU backend: OpenMP threads over rows, GEMMs through OpenBLAS. This is the reference
+// implementation every other backend is tested against, so each op is written plainly.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/attention.h"
+#include "core/error.h"
+
+namespace mx {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  GemmStats gemm_stats() const override { return stats_; }
+  void reset_gemm_stats() override { stats_ = {}; }
+
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, const float* B, float beta, float* C) override {
+    if (M == 0 || N == 0) return;
+    auto t0 = std::chrono::steady_clock::now();
+    if (K == 0) {
+      scale(C, beta, M * N);
+    } else {
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                  trans_b ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A,
+                  int(trans_a ? M : K), B, int(trans_b ? K : N), beta, C, int(N));
+    }
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+  }
+
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
+                       int64_t C, float eps) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = x + n * C;
+      float* yr = y + n * C;
+      double ss = 0;
+      for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * xr[c];
+      float r = float(1.0 / std::sqrt(ss / double(C) + double(eps)));
+      rstd[n] = r;
+      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r * w[c];
+    }
+  }
+
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int64_t N, int64_t C) override {
+    // y_c = x_c r w_c, r = (mean(x^2) + eps)^-1/2
+    // dx_c = r w_c dy_c - x_c r^3 / C * sum_i dy_i w_i x_i ;  dw_c = sum_n dy_c x_c r
+    int threads = omp_get_max_threads();
+    std::vector<double> dw_part(dw ? size_t(threads) * C : 0, 0.0);
+#pragma omp parallel
+    {
+      double* my_dw = dw ? dw_part.data() + size_t(omp_get_thread_num()) * C : nullptr;
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        const float* xr = x + n * C;
+        const float* dyr = dy + n * C;
+        float r = rstd[n];
+        double dot = 0;
+        for (int64_t c = 0; c < C; ++c) dot += double(dyr[c]) * w[c] * xr[c];
+        float k = float(dot * double(r) * r * r / double(C));
+        float* dxr = dx + n * C;
+        for (int64_t c = 0; c < C; ++c) dxr[c] += r * w[c] * dyr[c] - xr[c] * k;
+        if (my_dw)
+          for (int64_t c = 0; c < C; ++c) my_dw[c] += double(dyr[c]) * xr[c] * r;
+      }
+    }
+    if (dw)
+      for (int64_t c = 0; c < C; ++c) {
+        double s = 0;
+        for (int t = 0; t < threads; ++t) s += dw_part[size_t(t) * C + c];
+        dw[c] += float(s);
+      }
+  }
+
+  void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                    int64_t heads, int64_t D) override {
+    rope(x, cos, sin, B, T, heads, D, 1.0f);
+  }
+  void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                     int64_t heads, int64_t D) override {
+    rope(dx, cos, sin, B, T, heads, D, -1.0f);
+  }
+
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    cpu::attention_forward(out, lse, q, k, v, B, T, H, KV, D);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                          const float* k, const float* v, const float* out, const float* lse,
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
+  }
+
+  void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
+                        int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
+    const int64_t group = H / KV;
+    const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel for schedule(static)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / group;
+      const float* qh = q + h * D;
+      std::vector<float> p(T_ctx);
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < T_ctx; ++t) {
+        const float* kt = k_cache + (t * KV + kvh) * D;
+        float s = 0;
+        for (int64_t d = 0; d < D; ++d) s += qh[d] * kt[d];
+        p[t] = s * scale;
+        mx = std::max(mx, p[t]);
+      }
+      double sum = 0;
+      for (int64_t t = 0; t < T_ctx; ++t) sum += (p[t] = std::exp(p[t] - mx));
+      float* oh = out + h * D;
+      std::fill(oh, oh + D, 0.0f);
+      for (int64_t t = 0; t < T_ctx; ++t) {
+        const float* vt = v_cache + (t * KV + kvh) * D;
+        float a = float(p[t] / sum);
+        for (int64_t d = 0; d < D; ++d) oh[d] += a * vt[d];
+      }
+    }
+  }
+
+  void swiglu_forward(float* s, const float* g, const float* u, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float sig = 1.0f / (1.0f + std::exp(-g[i]));
+      s[i] = g[i] * sig * u[i];
+    }
+  }
+
+  void swiglu_backward(float* dg, float* du, const float* ds, const float* g, const float* u,
+                       int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float sig = 1.0f / (1.0f + std::exp(-g[i]));
+      float silu = g[i] * sig;
+      du[i] = ds[i] * silu;
+      dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+    }
+  }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
+                         int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(out + n * C, table + int64_t(tokens[n]) * C, sizeof(float) * C);
+  }
+
+  void embedding_backward(float* dtable, const int32_t* tokens, const float* dout, int64_t N,
+                          int64_t C) override {
+    // Rows repeat, so split the columns between threads: no two threads touch the same float,
+    // and the sum over tokens happens in token order (deterministic).
+#pragma omp parallel
+    {
+      int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      int64_t c0 = C * t / nt, c1 = C * (t + 1) / nt;
+      for (int64_t n = 0; n < N; ++n) {
+        float* dst = dtable + int64_t(tokens[n]) * C;
+        const float* src = dout + n * C;
+        for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      }
+    }
+  }
+
+  double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
+                            const int32_t* targets, int64_t N, int64_t C, int64_t V,
+                            float grad_scale, float* workspace, int64_t chunk_rows) override {
+    double loss_sum = 0;
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+      int64_t R = std::min(chunk_rows, N - r0);
+      float* logits = workspace;  // [R, V]
+      linear_forward(logits, h + r0 * C, w, R, C, V);
+      double chunk_loss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : chunk_loss)
+      for (int64_t r = 0; r < R; ++r) {
+        float* row = logits + r * V;
+        int32_t tgt = targets[r0 + r];
+        float mx = row[0];
+        for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
+        double sum = 0;
+        for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j] - mx));
+        double lse = double(mx) + std::log(sum);
+        chunk_loss += lse - double(row[tgt]);
+        if (dh) {  // dlogits = grad_scale * (softmax - onehot), in place
+          float inv = float(1.0 / sum);
+          for (int64_t j = 0; j < V; ++j) row[j] = grad_scale * std::exp(row[j] - mx) * inv;
+          row[tgt] -= grad_scale;
+        }
+      }
+      loss_sum += chunk_loss;
+      if (dh) linear_backward(dh + r0 * C, dw, logits, h + r0 * C, w, R, C, V, false);
+    }
+    return loss_sum;
+  }
+
+  void add(float* y, const float* a, const float* b, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+
+  double sum_squares(const float* x, int64_t n) override {
+    double s = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
+    return s;
+  }
+
+  void scale(float* x, float s, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  }
+
+  void fill(float* x, float value, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] = value;
+  }
+
+  void copy(float* dst, const float* src, int64_t n) override {
+    std::memcpy(dst, src, sizeof(float) * n);
+  }
+
+  void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+             float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+    // torch.optim.AdamW (single-tensor path): p *= 1 - lr wd; m, v updated;
+    // p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+    const float bc1 = 1.0f - std::pow(beta1, float(t));
+    const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, float(t)));
+    const float step_size = lr / bc1;
+    const float decay = 1.0f - lr * weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      float g = grad[i];
+      float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+      float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+      float p = param[i] * decay;
+      param[i] = p - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    }
+  }
+
+ private:
+  static void rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t heads, int64_t D, float sign) {
+    const int64_t half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* c = cos + t * half;
+        const float* s = sin + t * half;
+        for (int64_t h = 0; h < heads; ++h) {
+          float* xr = x + ((b * T + t) * heads + h) * D;
+          for (int64_t i = 0; i < half; ++i) {
+            float x1 = xr[i], x2 = xr[i + half], si = sign * s[i];
+            xr[i] = x1 * c[i] - x2 * si;
+            xr[i + half] = x2 * c[i] + x1 * si;
+          }
+        }
+      }
+  }
+
+  GemmStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device == "cuda")
+    throw UserError("run.device = cuda: this build has no CUDA backend yet (CPU only)");
+  throw UserError(str("unknown run.device '", device, "' (known: cpu, cuda)"));
+}
+
+}  // namespace mx

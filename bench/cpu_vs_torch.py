@@ -1,0 +1,192 @@
+#!/usr/bin/python3
+"""mxtrain vs the PyTorch reference on this CPU, side by side in one run, 2 threads each.
+
+Model: hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1536, vocab 32000, untied, fp32.
+Shapes: seq 512 x batch 4 and seq 2048 x batch 1. Each side runs a few full training steps
+(forward + backward + AdamW); the first steps are warm-up and not timed. Prints a table of
+tokens/s and the ratio, the machine's SGEMM rate (`mxtrain bench sgemm`), mxtrain's achieved GEMM
+rate and its share of that; appends a dated section to bench/RESULTS.md.
+
+Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--steps 6] [--skip 2] [--no-record]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import llama_ref  # noqa: E402
+
+THREADS = 2
+SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+             num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False)
+RUNS = [(512, 4), (2048, 1)]  # (seq_len, micro_batch)
+LR = 3e-4
+
+
+def mxtrain_bin():
+    return os.environ.get("MXTRAIN_BIN", str(REPO / "build" / "mxtrain"))
+
+
+def child_env():
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(THREADS)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return env
+
+
+def run_mxtrain(seq, batch, steps, skip, workdir):
+    metrics = Path(workdir) / f"metrics_{seq}x{batch}.jsonl"
+    sets = {f"model.{k}": v for k, v in SHAPE.items()}
+    sets.update({
+        "train.steps": steps, "train.micro_batch": batch, "train.seq_len": seq,
+        "train.grad_accum": 1, "train.lr": LR, "train.min_lr": LR / 10, "train.warmup_steps": 1,
+        "train.log_every": 1, "train.eval_every": 0, "data.format": "random",
+        "data.val_fraction": 0.0, "run.name": f"bench_{seq}x{batch}",
+        "run.out_dir": Path(workdir) / f"run_{seq}x{batch}", "run.metrics": metrics,
+        "run.sample_tokens": 0, "checkpoint.resume": "none",
+    })
+    argv = [mxtrain_bin(), "train"]
+    for k, v in sets.items():
+        v = ("true" if v else "false") if isinstance(v, bool) else v
+        argv += ["--set", f"{k}={v}"]
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=600)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"mxtrain train failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    steps_m, summary = [], {}
+    for line in metrics.read_text().splitlines():
+        if line.strip():
+            o = json.loads(line)
+            (summary.update(o) if o.get("summary") else steps_m.append(o))
+    timed = [s for s in steps_m if s["step"] > skip]
+    tokens = seq * batch
+    # Same tokens every step: the overall rate is total tokens over total time.
+    secs = sum(tokens / s["tokens_per_s"] for s in timed)
+    return dict(tokens_per_s=tokens * len(timed) / secs, gemm_gflops=summary.get("gemm_gflops"),
+                peak_mem_bytes=max(s["peak_mem_bytes"] for s in steps_m), wall_s=wall,
+                mfu=float(np.mean([s["mfu"] for s in timed])))
+
+
+def run_torch(seq, batch, steps, skip):
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    cfg = llama_ref.make_shape(**SHAPE)
+    params = llama_ref.random_params(cfg, seed=0, std=0.02, norm_jitter=0.0)
+    p = llama_ref.to_torch(params, dtype=torch.float32)
+    decay = [t for t in p.values() if t.dim() >= 2]
+    no_decay = [t for t in p.values() if t.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=LR, betas=(0.9, 0.95))
+    rng = np.random.default_rng(1)
+    times = []
+    for s in range(steps):
+        tok = torch.tensor(rng.integers(0, SHAPE["vocab_size"], size=(batch, seq + 1)))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = llama_ref.loss_fn(p, cfg, tok[:, :-1], tok[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    timed = times[skip:]
+    return dict(tokens_per_s=seq * batch * len(timed) / sum(timed))
+
+
+def sgemm_rate():
+    p = subprocess.run([mxtrain_bin(), "bench", "sgemm"], capture_output=True, text=True,
+                       env=child_env(), timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"mxtrain bench sgemm failed:\n{p.stderr[-2000:]}")
+    for line in reversed(p.stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return float(json.loads(line)["gflops"])
+    raise RuntimeError(f"no JSON in `mxtrain bench sgemm` output:\n{p.stdout}")
+
+
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit():
+    try:
+        p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, cwd=REPO)
+        return p.stdout.strip() if p.returncode == 0 else "uncommitted"
+    except OSError:
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    args = ap.parse_args()
+    if not os.access(mxtrain_bin(), os.X_OK):
+        sys.exit(f"error: mxtrain binary not found at {mxtrain_bin()} (build it, or set MXTRAIN_BIN)")
+
+    sgemm = sgemm_rate()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mxbench_") as work:
+        for seq, batch in RUNS:
+            mx = run_mxtrain(seq, batch, args.steps, args.skip, work)
+            th = run_torch(seq, batch, args.steps, args.skip)
+            rows.append((seq, batch, mx, th))
+            print(f"seq {seq} x batch {batch}: mxtrain {mx['tokens_per_s']:.0f} tok/s, "
+                  f"torch {th['tokens_per_s']:.0f} tok/s", flush=True)
+
+    lines = [
+        f"| seq x batch | mxtrain tok/s | PyTorch tok/s | ratio (mxtrain/PyTorch) | mxtrain GEMM GFLOP/s "
+        f"| share of SGEMM | mxtrain MFU | mxtrain peak MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for seq, batch, mx, th in rows:
+        g = mx["gemm_gflops"]
+        gtxt = f"{g:.1f}" if g is not None else "n/a"
+        share = f"{100 * g / sgemm:.0f}%" if g is not None else "n/a"
+        lines.append(f"| {seq} x {batch} | {mx['tokens_per_s']:.0f} | {th['tokens_per_s']:.0f} | "
+                     f"{mx['tokens_per_s'] / th['tokens_per_s']:.2f} | {gtxt} | {share} | "
+                     f"{mx['mfu']:.3f} | {mx['peak_mem_bytes'] / 2**20:.0f} |")
+    table = "\n".join(lines)
+    header = (f"Model: hidden 512, 8 layers, 8 heads / 4 KV, intermediate 1536, vocab 32000, untied, "
+              f"fp32; {THREADS} threads each; {args.steps} steps, first {args.skip} untimed.\n"
+              f"Machine SGEMM (`mxtrain bench sgemm`): {sgemm:.1f} GFLOP/s. "
+              f"PyTorch {torch.__version__}.")
+    print()
+    print(header)
+    print(table)
+
+    if not args.no_record:
+        now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        section = (f"\n## {now} — commit {git_commit()}\n\nCPU: {cpu_model()} "
+                   f"({os.cpu_count()} logical CPUs)\n\n{header}\n\n{table}\n")
+        results = REPO / "bench" / "RESULTS.md"
+        if not results.exists():
+            results.write_text("# CPU benchmark results (bench/cpu_vs_torch.py)\n")
+        with open(results, "a") as f:
+            f.write(section)
+        print(f"\nappended to {results}")
+
+
+if __name__ == "__main__":
+    main()

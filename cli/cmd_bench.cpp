@@ -1,0 +1,29 @@
+// mxtrain bench: micro-benchmarks of the machine (the SGEMM rate MFU is measured against).
+#include <cstdio>
+
+#include "backend/sgemm_rate.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace mx::cli {
+
+void add_bench(CLI::App& app, Action& action) {
+  auto* bench = app.add_subcommand("bench", "machine micro-benchmarks");
+  bench->require_subcommand(1);
+  auto* sgemm = bench->add_subcommand("sgemm", "measured fp32 GEMM rate (JSON)");
+  auto n = std::make_shared<int64_t>(2048);
+  auto device = std::make_shared<std::string>("cpu");
+  sgemm->add_option("--size", *n, "matrix size");
+  sgemm->add_option("--device", *device, "cpu | cuda");
+  sgemm->callback([&action, n, device] {
+    action = [n, device] {
+      MX_REQUIRE(*n >= 16 && *n <= 16384, "--size must be in [16, 16384]");
+      auto be = make_backend(*device);
+      double flops = measure_sgemm_flops(*be, *n, 3);
+      std::printf("{\"size\": %lld, \"gflops\": %.3f}\n", static_cast<long long>(*n), flops / 1e9);
+      return 0;
+    };
+  });
+}
+
+}  // namespace mx::cli

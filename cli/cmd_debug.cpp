@@ -1,0 +1,83 @@
+// mxtrain debug grads: one forward+backward on given tokens from given weights, every
+// parameter's gradient out under its Hugging Face name (the hook for reference checks).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/hf_config.h"
+#include "model/hf_weights.h"
+#include "train/engine.h"
+
+namespace mx::cli {
+
+namespace {
+
+struct GradsArgs {
+  std::string init, tokens, out, checkpointing = "none", device = "cpu";
+  int64_t batch = 0, seq = 0;
+};
+
+std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t vocab) {
+  std::error_code ec;
+  MX_REQUIRE(std::filesystem::is_regular_file(path, ec), "token file ", path, " does not exist");
+  auto size = std::filesystem::file_size(path, ec);
+  MX_REQUIRE(!ec && size == uint64_t(count) * 4, "token file ", path, " has ", size,
+             " bytes; --batch x (--seq + 1) int32 tokens need ", count * 4);
+  std::vector<int32_t> tokens(count);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(tokens.data()), std::streamsize(count * 4));
+  if (!in) throw StorageError(str("cannot read ", path));
+  for (int64_t i = 0; i < count; ++i)
+    MX_REQUIRE(tokens[i] >= 0 && tokens[i] < vocab, "token file ", path, ": token ", tokens[i],
+               " at position ", i, " is outside the vocabulary [0, ", vocab, ")");
+  return tokens;
+}
+
+int run_grads(const GradsArgs& a) {
+  MX_REQUIRE(a.batch >= 1 && a.seq >= 1, "--batch and --seq must be at least 1");
+  MX_REQUIRE(is_hf_dir(a.init), "--init ", a.init, " is not a Hugging Face model directory ",
+             "(no config.json)");
+  ModelConfig cfg = read_hf_config(a.init + "/config.json");
+  auto tokens = read_tokens(a.tokens, a.batch * (a.seq + 1), cfg.vocab_size);
+  EngineOptions eo;
+  eo.device = a.device;
+  eo.checkpointing = parse_checkpointing(a.checkpointing);
+  eo.micro_batch = a.batch;
+  eo.seq_len = a.seq;
+  eo.optimizer = false;
+  Engine engine(cfg, eo);
+  load_hf_weights(a.init, engine.layout, engine.param_data());
+  double loss = engine.model->forward_backward(engine.param_data(), engine.grad_data(),
+                                               tokens.data(), a.batch, a.seq, 1.0f);
+  SafeTensorsWriter w;
+  for (const ParamTensor& t : engine.layout.tensors())
+    w.add_f32(t.hf_name, t.shape, engine.grad_data() + t.offset);
+  w.write(a.out);
+  std::printf("loss %.9g\npeak_mem_bytes %lld\n", loss,
+              static_cast<long long>(engine.tracker.peak()));
+  return 0;
+}
+
+}  // namespace
+
+void add_debug(CLI::App& app, Action& action) {
+  auto* debug = app.add_subcommand("debug", "developer tools");
+  debug->require_subcommand(1);
+  auto* grads = debug->add_subcommand(
+      "grads", "one forward+backward; writes every parameter's gradient (HF names)");
+  auto a = std::make_shared<GradsArgs>();
+  grads->add_option("--init", a->init, "Hugging Face model directory")->required();
+  grads->add_option("--tokens", a->tokens, "int32 tokens [batch, seq+1]")->required();
+  grads->add_option("--batch", a->batch, "sequences")->required();
+  grads->add_option("--seq", a->seq, "tokens per sequence (inputs)")->required();
+  grads->add_option("--out", a->out, "gradients .safetensors")->required();
+  grads->add_option("--checkpointing", a->checkpointing, "none | selective | full");
+  grads->add_option("--device", a->device, "cpu | cuda");
+  grads->callback([&action, a] { action = [a] { return run_grads(*a); }; });
+}
+
+}  // namespace mx::cli

@@ -1,0 +1,64 @@
+// mxtrain generate: sample text from a checkpoint or a Hugging Face model directory.
+#include <omp.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/local.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/byte_tokenizer.h"
+#include "model/generate.h"
+#include "model/hf_config.h"
+#include "model/hf_weights.h"
+
+namespace mx::cli {
+
+namespace {
+struct GenerateArgs {
+  std::string model, prompt = "The ", device = "cpu";
+  SampleOptions options;
+};
+
+int run_generate(const GenerateArgs& a) {
+  MX_REQUIRE(a.options.max_new_tokens >= 1, "--max-tokens must be at least 1");
+  MX_REQUIRE(a.options.temperature >= 0, "--temperature must be >= 0");
+  MX_REQUIRE(a.options.top_k >= 0, "--top-k must be >= 0");
+  MX_REQUIRE(!a.prompt.empty(), "--prompt must not be empty");
+  ModelConfig cfg;
+  std::string weights_dir;
+  if (is_hf_dir(a.model) && !std::filesystem::exists(a.model + "/state.json")) {
+    cfg = read_hf_config(a.model + "/config.json");
+    weights_dir = a.model;
+  } else {
+    weights_dir = resolve_checkpoint(a.model);
+    cfg = checkpoint_model_config(weights_dir);
+  }
+  MX_REQUIRE(cfg.vocab_size >= 256, "generate uses the byte-level tokenizer; the model's ",
+             "vocabulary (", cfg.vocab_size, ") is smaller than 256");
+  ParamLayout layout(cfg);
+  std::vector<float> params(layout.total_numel());
+  load_hf_weights(weights_dir, layout, params.data());
+  auto backend = make_backend(a.device);
+  auto ids = generate_tokens(cfg, layout, *backend, params.data(), byte_encode(a.prompt),
+                             a.options);
+  std::printf("%s\n", byte_decode(ids).c_str());
+  return 0;
+}
+}  // namespace
+
+void add_generate(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint or HF model");
+  auto a = std::make_shared<GenerateArgs>();
+  cmd->add_option("--model", a->model, "checkpoint step/root or Hugging Face directory")
+      ->required();
+  cmd->add_option("--prompt", a->prompt, "prompt text");
+  cmd->add_option("--max-tokens", a->options.max_new_tokens, "tokens to generate");
+  cmd->add_option("--temperature", a->options.temperature, "0: greedy");
+  cmd->add_option("--top-k", a->options.top_k, "0: whole vocabulary");
+  cmd->add_option("--seed", a->options.seed, "sampling seed");
+  cmd->add_option("--device", a->device, "cpu | cuda");
+  cmd->callback([&action, a] { action = [a] { return run_generate(*a); }; });
+}
+
+}  // namespace mx::cli

@@ -1,0 +1,64 @@
+// Memory arenas with exact peak accounting.
+//
+// Every buffer the engine uses for a training step comes from an Arena: parameters, gradients and
+// optimizer state from arenas allocated once, activations saved for backward from a stack-like
+// arena (forward pushes block by block, backward pops), and per-op temporaries from a scratch
+// arena. All arenas of a process report to one MemoryTracker, whose peak is the engine's real
+// peak memory: the number in the metrics and the number `mxtrain plan` predicts.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mx {
+
+class MemoryTracker {
+ public:
+  void add(int64_t bytes);
+  void sub(int64_t bytes);
+  int64_t current() const { return current_; }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = current_; }
+
+ private:
+  int64_t current_ = 0;
+  int64_t peak_ = 0;
+};
+
+class Arena {
+ public:
+  static constexpr size_t kAlign = 64;  // cache line; also enough for AVX-512 loads
+
+  // capacity: bytes reserved up front (the OS commits pages only when touched).
+  Arena(std::string name, size_t capacity, MemoryTracker* tracker);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  void* alloc(size_t bytes);  // aligned to kAlign; throws if the capacity is exceeded
+  float* alloc_f32(int64_t count) { return static_cast<float*>(alloc(sizeof(float) * count)); }
+  // Like alloc_f32, but the memory is zero-filled.
+  float* alloc_f32_zero(int64_t count);
+
+  // LIFO release: everything allocated after `mark()` returned `m` is freed.
+  size_t mark() const { return used_; }
+  void release(size_t m);
+  void reset() { release(0); }
+
+  size_t used() const { return used_; }
+  size_t peak() const { return peak_; }
+  size_t capacity() const { return capacity_; }
+  const std::string& name() const { return name_; }
+
+  static size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+ private:
+  std::string name_;
+  size_t capacity_;
+  MemoryTracker* tracker_;
+  char* base_ = nullptr;
+  size_t used_ = 0;
+  size_t peak_ = 0;
+};
+
+}  // namespace mx

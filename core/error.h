@@ -1,0 +1,41 @@
+// Errors that reach the user. A UserError is bad input (config, flags, data, checkpoints):
+// the CLI prints one `error:` line and exits 2. A StorageError is a failed read or write of
+// storage that was itself well formed: exit 3. Anything else is a bug in mxtrain.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace mx {
+
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct StorageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// str("a", 1, "b") -> "a1b": message building without <format> (g++ 12 lacks it).
+template <typename... Args>
+std::string str(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+}  // namespace mx
+
+// Bad input: throws UserError with the message built from the remaining arguments.
+#define MX_REQUIRE(cond, ...)                                  \
+  do {                                                         \
+    if (!(cond)) throw ::mx::UserError(::mx::str(__VA_ARGS__)); \
+  } while (0)
+
+// Internal invariant: a failure here is a bug in mxtrain, not bad input.
+#define MX_ASSERT(cond, ...)                                                        \
+  do {                                                                              \
+    if (!(cond))                                                                    \
+      throw std::logic_error(::mx::str("internal error at ", __FILE__, ":", __LINE__, \
+                                       ": ", #cond, " ", ##__VA_ARGS__));            \
+  } while (0)

@@ -1,0 +1,51 @@
+// Token data on disk (or generated): one flat sequence of token ids that the sampler cuts into
+// training windows. Raw and llm.c shards are memory-mapped so a multi-GB corpus costs no RAM up
+// front and is shared by every rank on a node through the page cache.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mx {
+
+enum class TokenFormat { kAuto, kU16, kU32, kLlmc, kText, kRandom };
+
+// "auto", "u16", "u32", "llmc", "text", "random"; UserError (listing those) otherwise.
+TokenFormat parse_token_format(const std::string& s);
+const char* token_format_name(TokenFormat format);
+
+class TokenDataset {
+ public:
+  // Opens and validates (see DESIGN.md, data/): every token is checked against vocab_size once,
+  // so a bad shard fails at startup with its path, not hours later inside an embedding lookup.
+  // kRandom ignores `path` and generates `random_tokens` ids from a fixed seed (benchmarks).
+  static TokenDataset open(const std::string& path, TokenFormat format, int64_t vocab_size,
+                           int64_t random_tokens = 1 << 22);
+
+  TokenDataset(TokenDataset&& other) noexcept;
+  TokenDataset& operator=(TokenDataset&& other) noexcept;
+  TokenDataset(const TokenDataset&) = delete;
+  TokenDataset& operator=(const TokenDataset&) = delete;
+  ~TokenDataset();
+
+  int64_t size() const { return num_tokens_; }
+  int32_t at(int64_t i) const;
+  void copy(int64_t start, int64_t count, int32_t* dst) const;  // tokens [start, start+count)
+  const std::string& path() const { return path_; }
+  TokenFormat format() const { return format_; }
+
+ private:
+  TokenDataset() = default;
+  void release();
+
+  std::string path_;
+  TokenFormat format_ = TokenFormat::kAuto;
+  const uint8_t* tokens_ = nullptr;  // little-endian ids of token_width_ bytes each
+  int token_width_ = 0;              // 1 (text), 2 (u16) or 4 (u32, random)
+  int64_t num_tokens_ = 0;
+  void* map_ = nullptr;  // the whole mapped file (the llm.c header included); null if owned_
+  size_t map_bytes_ = 0;
+  std::vector<uint8_t> owned_;  // text bytes or generated ids, when nothing is mapped
+};
+
+}  // namespace mx

@@ -1,0 +1,21 @@
+// Hugging Face config.json for Llama models: how weights from the Hub describe their shape, and
+// how ours describe theirs so that transformers' LlamaConfig / LlamaForCausalLM load them.
+#pragma once
+#include <string>
+
+#include "model/config.h"
+
+namespace mx {
+
+// Reads a Llama config.json. UserError naming the file for: unreadable JSON, a model_type other
+// than "llama", a missing required field or a field of the wrong JSON type (naming the field),
+// and features the engine does not model (rope_scaling, attention/MLP biases, an activation
+// other than silu, attention dropout). The result is finalize()d and validate()d.
+ModelConfig read_hf_config(const std::string& path);
+
+// Writes config.json for LlamaForCausalLM (float32 weights, no rope scaling, no biases),
+// atomically: path + ".tmp.<pid>", fsync, rename. StorageError on I/O failure; UserError if the
+// config does not validate.
+void write_hf_config(const ModelConfig& c, const std::string& path);
+
+}  // namespace mx

@@ -1,0 +1,95 @@
+#include "model/hf_weights.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "model/hf_config.h"
+
+namespace fs = std::filesystem;
+
+namespace mx {
+
+bool is_hf_dir(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / "config.json", ec);
+}
+
+namespace {
+// The safetensors files of a model directory: model.safetensors, or the shards an index names.
+std::vector<std::string> weight_files(const std::string& dir) {
+  fs::path single = fs::path(dir) / "model.safetensors";
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::error_code ec;
+  if (fs::is_regular_file(single, ec)) return {single.string()};
+  if (fs::is_regular_file(index, ec)) {
+    std::ifstream in(index);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception&) {
+      throw UserError(str(index.string(), " is not valid JSON"));
+    }
+    MX_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+               index.string(), " has no weight_map object");
+    std::set<std::string> files;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      MX_REQUIRE(file.is_string(), index.string(), ": weight_map entry ", name,
+                 " is not a string");
+      std::string f = file.get<std::string>();
+      MX_REQUIRE(f.find('/') == std::string::npos && f.find("..") == std::string::npos,
+                 index.string(), ": shard file name '", f, "' leaves the directory");
+      files.insert((fs::path(dir) / f).string());
+    }
+    return {files.begin(), files.end()};
+  }
+  throw UserError(str("no model.safetensors or model.safetensors.index.json in ", dir));
+}
+}  // namespace
+
+void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params) {
+  std::vector<std::unique_ptr<SafeTensorsReader>> readers;
+  for (auto& f : weight_files(dir)) readers.push_back(std::make_unique<SafeTensorsReader>(f));
+  std::set<std::string> used;
+  for (const ParamTensor& t : layout.tensors()) {
+    const SafeTensorsReader* r = nullptr;
+    for (auto& rd : readers)
+      if (rd->has(t.hf_name)) r = rd.get();
+    MX_REQUIRE(r, "weights in ", dir, " lack tensor ", t.hf_name);
+    const TensorEntry& e = r->entry(t.hf_name);
+    MX_REQUIRE(e.shape == t.shape, "tensor ", t.hf_name, " in ", r->path(), " has shape ",
+               nlohmann::json(e.shape).dump(), ", the config needs ",
+               nlohmann::json(t.shape).dump());
+    r->read_f32(t.hf_name, params + t.offset, t.numel);
+    used.insert(t.hf_name);
+  }
+  for (auto& rd : readers)
+    for (const TensorEntry& e : rd->tensors()) {
+      if (used.count(e.name)) continue;
+      // Tied models sometimes still carry lm_head; old exports carry rotary caches.
+      if (e.name == "lm_head.weight" || e.name.find("rotary_emb.inv_freq") != std::string::npos)
+        continue;
+      throw UserError(str("weights in ", rd->path(), " have tensor ", e.name,
+                          " that a Llama model of this config does not have"));
+    }
+}
+
+void save_hf_model(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
+                   const float* params, const std::string& dtype) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw StorageError(str("cannot create directory ", dir, ": ", ec.message()));
+  SafeTensorsWriter w;
+  for (const ParamTensor& t : layout.tensors()) w.add_f32(t.hf_name, t.shape, params + t.offset, dtype);
+  w.set_metadata("format", "pt");
+  w.write((fs::path(dir) / "model.safetensors").string());
+  write_hf_config(config, (fs::path(dir) / "config.json").string());
+}
+
+}  // namespace mx

@@ -1,0 +1,23 @@
+// Hugging Face Llama weights in and out: config.json + model.safetensors (or a sharded set
+// with model.safetensors.index.json), tensors under their HF names.
+#pragma once
+#include <string>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace mx {
+
+// True if `dir` looks like a Hugging Face model directory (has config.json).
+bool is_hf_dir(const std::string& dir);
+
+// Reads the weights of `dir` into `params` (layout of `config`). Every tensor of the layout must
+// be present with its exact shape; a tied model needs no lm_head.weight. UserError otherwise.
+void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params);
+
+// Writes dir/config.json and dir/model.safetensors (dtype "F32" or "BF16"), creating `dir`.
+// Files are written whole and renamed into place.
+void save_hf_model(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
+                   const float* params, const std::string& dtype = "F32");
+
+}  // namespace mx

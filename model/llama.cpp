@@ -1,0 +1,308 @@
+#include "model/llama.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace mx {
+
+Checkpointing parse_checkpointing(const std::string& s) {
+  if (s == "none") return Checkpointing::kNone;
+  if (s == "selective") return Checkpointing::kSelective;
+  if (s == "full") return Checkpointing::kFull;
+  throw UserError(str("unknown activation checkpointing '", s,
+                      "' (memory.activation_checkpointing: none, selective or full)"));
+}
+
+const char* checkpointing_name(Checkpointing c) {
+  switch (c) {
+    case Checkpointing::kNone: return "none";
+    case Checkpointing::kSelective: return "selective";
+    case Checkpointing::kFull: return "full";
+  }
+  return "?";
+}
+
+int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens) {
+  // 8M floats (32 MiB) of logits at a time: small enough to stay out of the memory peak at
+  // Llama 3's 128K vocabulary, large enough that the head GEMM runs at full rate.
+  const int64_t budget = int64_t(8) << 20;
+  return std::clamp<int64_t>(budget / c.vocab_size, 1, std::max<int64_t>(tokens, 1));
+}
+
+// What one block allocates, as counts of floats, so that forward, backward and the arena
+// sizing below agree on one list.
+namespace {
+struct BlockSizes {
+  int64_t h1, rstd1, q, k, v, o, lse, x_mid, h2, rstd2, g, u, s;
+  BlockSizes(const ModelConfig& c, int64_t B, int64_t T) {
+    int64_t N = B * T;
+    h1 = N * c.hidden_size;
+    rstd1 = N;
+    q = N * c.q_dim();
+    k = v = N * c.kv_dim();
+    o = N * c.q_dim();
+    lse = B * c.num_attention_heads * T;
+    x_mid = h2 = N * c.hidden_size;
+    rstd2 = N;
+    g = u = s = N * c.intermediate_size;
+  }
+  // Which tensors a policy keeps for backward: (is a norm output / SwiGLU product, is a GEMM
+  // output / attention statistic).
+  static bool keeps(Checkpointing p, bool cheap) {
+    if (p == Checkpointing::kNone) return true;
+    if (p == Checkpointing::kSelective) return !cheap;
+    return false;
+  }
+};
+
+size_t bytes_f32(int64_t n) { return Arena::round_up(sizeof(float) * size_t(n)); }
+}  // namespace
+
+struct LlamaModel::BlockActs {
+  float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
+        *lse = nullptr, *x_mid = nullptr, *h2 = nullptr, *rstd2 = nullptr, *g = nullptr,
+        *u = nullptr, *s = nullptr;
+  // After forward, forget what lived in scratch (it is released) so backward recomputes it.
+  void drop_unsaved(Checkpointing p) {
+    if (!BlockSizes::keeps(p, true)) h1 = rstd1 = h2 = rstd2 = s = nullptr;
+    if (!BlockSizes::keeps(p, false)) q = k = v = o = lse = x_mid = g = u = nullptr;
+  }
+};
+
+ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
+                                 Checkpointing policy) {
+  const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
+  BlockSizes z(c, B, T);
+  auto cheap = [&](Checkpointing p) {
+    return BlockSizes::keeps(p, true)
+               ? bytes_f32(z.h1) + bytes_f32(z.rstd1) + bytes_f32(z.h2) + bytes_f32(z.rstd2) +
+                     bytes_f32(z.s)
+               : 0;
+  };
+  auto gemm = [&](Checkpointing p) {
+    return BlockSizes::keeps(p, false)
+               ? bytes_f32(z.q) + bytes_f32(z.k) + bytes_f32(z.v) + bytes_f32(z.o) +
+                     bytes_f32(z.lse) + bytes_f32(z.x_mid) + bytes_f32(z.g) + bytes_f32(z.u)
+               : 0;
+  };
+  const size_t block_all = cheap(Checkpointing::kNone) + gemm(Checkpointing::kNone);
+  ActivationBytes out;
+  // saved: token ids, rope tables, the residual stream x_0..x_L, each block's kept tensors.
+  out.saved = 2 * Arena::round_up(sizeof(int32_t) * N) + 2 * bytes_f32(T * c.head_dim / 2) +
+              size_t(L + 1) * bytes_f32(N * C) + size_t(L) * (cheap(policy) + gemm(policy));
+  // scratch (upper bound): the backward's residual gradient, plus the larger of a block's
+  // forward temporaries and its backward (recomputed tensors + gradient temporaries), plus
+  // the head's norm output, logits chunk and gradient.
+  const size_t forward_temps = block_all + 2 * bytes_f32(N * C);
+  const size_t backward_grads =
+      std::max(2 * bytes_f32(z.g) + bytes_f32(N * C),
+               2 * bytes_f32(z.q) + 2 * bytes_f32(z.k) + bytes_f32(N * C));
+  // a full recompute keeps the block's output and both projection temporaries in scratch too
+  const size_t backward = block_all + 3 * bytes_f32(N * C) + backward_grads;
+  const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) + bytes_f32(head_chunk_rows(c, N) *
+                                                                      c.vocab_size);
+  out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
+  return out;
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, Backend& backend,
+                       Checkpointing policy, Arena& saved, Arena& scratch)
+    : c_(config), layout_(layout), be_(backend), policy_(policy), saved_(saved),
+      scratch_(scratch) {}
+
+void LlamaModel::split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
+                              int32_t* targets) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      inputs[b * T + t] = tokens[b * (T + 1) + t];
+      targets[b * T + t] = tokens[b * (T + 1) + t + 1];
+    }
+}
+
+void LlamaModel::make_rope_tables(int64_t T, float* cos, float* sin) {
+  // Hugging Face: inv_freq[i] = theta^(-2i/D), angle = position * inv_freq[i].
+  const int64_t half = c_.head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    double inv_freq = std::pow(c_.rope_theta, -double(2 * i) / double(c_.head_dim));
+    for (int64_t t = 0; t < T; ++t) {
+      double angle = double(t) * inv_freq;
+      cos[t * half + i] = float(std::cos(angle));
+      sin[t * half + i] = float(std::sin(angle));
+    }
+  }
+}
+
+void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, BlockActs& a,
+                               Checkpointing policy, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
+  const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
+  const float eps = float(c_.rms_norm_eps);
+  BlockSizes z(c_, B, T);
+  auto keep = [&](bool cheap, int64_t n) {
+    return BlockSizes::keeps(policy, cheap) ? saved_.alloc_f32(n) : scratch_.alloc_f32(n);
+  };
+  // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
+  a.h1 = keep(true, z.h1);
+  a.rstd1 = keep(true, z.rstd1);
+  be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
+  a.q = keep(false, z.q);
+  a.k = keep(false, z.k);
+  a.v = keep(false, z.v);
+  be_.linear_forward(a.q, a.h1, w.wq, N, C, c_.q_dim());
+  be_.linear_forward(a.k, a.h1, w.wk, N, C, c_.kv_dim());
+  be_.linear_forward(a.v, a.h1, w.wv, N, C, c_.kv_dim());
+  be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
+  be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
+  a.o = keep(false, z.o);
+  a.lse = keep(false, z.lse);
+  be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
+  a.x_mid = keep(false, z.x_mid);
+  float* proj = scratch_.alloc_f32(N * C);
+  be_.linear_forward(proj, a.o, w.wo, N, c_.q_dim(), C);
+  be_.add(a.x_mid, x, proj, N * C);
+  // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
+  a.h2 = keep(true, z.h2);
+  a.rstd2 = keep(true, z.rstd2);
+  be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+  a.g = keep(false, z.g);
+  a.u = keep(false, z.u);
+  be_.linear_forward(a.g, a.h2, w.w_gate, N, C, I);
+  be_.linear_forward(a.u, a.h2, w.w_up, N, C, I);
+  a.s = keep(true, z.s);
+  be_.swiglu_forward(a.s, a.g, a.u, N * I);
+  float* down = scratch_.alloc_f32(N * C);
+  be_.linear_forward(down, a.s, w.w_down, N, I, C);
+  be_.add(y, a.x_mid, down, N * C);
+}
+
+void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, const float* x,
+                                BlockActs& a, float* dresid, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
+  const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
+  const float eps = float(c_.rms_norm_eps);
+  // Recompute what the policy did not keep. The same ops on the same inputs give the same
+  // bits, so every policy produces identical gradients.
+  if (!a.q) {
+    float* y = scratch_.alloc_f32(N * C);
+    block_forward(w, x, y, a, Checkpointing::kFull, B, T);
+  } else if (!a.h1) {
+    a.h1 = scratch_.alloc_f32(N * C);
+    a.rstd1 = scratch_.alloc_f32(N);
+    be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
+    a.h2 = scratch_.alloc_f32(N * C);
+    a.rstd2 = scratch_.alloc_f32(N);
+    be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+    a.s = scratch_.alloc_f32(N * I);
+    be_.swiglu_forward(a.s, a.g, a.u, N * I);
+  }
+  // MLP half. dresid = dL/dy = dL/d(down output).
+  {
+    size_t m = scratch_.mark();
+    float* dg = scratch_.alloc_f32(N * I);  // first holds dL/ds, then dL/dg (same element)
+    float* du = scratch_.alloc_f32(N * I);
+    float* dh2 = scratch_.alloc_f32(N * C);
+    be_.linear_backward(dg, dw.w_down, dresid, a.s, w.w_down, N, I, C, false);
+    be_.swiglu_backward(dg, du, dg, a.g, a.u, N * I);
+    be_.linear_backward(dh2, dw.w_gate, dg, a.h2, w.w_gate, N, C, I, false);
+    be_.linear_backward(dh2, dw.w_up, du, a.h2, w.w_up, N, C, I, true);
+    // dresid becomes dL/dx_mid: the residual path plus the norm's input gradient.
+    be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
+    scratch_.release(m);
+  }
+  // Attention half.
+  {
+    size_t m = scratch_.mark();
+    float* d_o = scratch_.alloc_f32(N * c_.q_dim());
+    float* dq = scratch_.alloc_f32(N * c_.q_dim());
+    float* dk = scratch_.alloc_f32(N * c_.kv_dim());
+    float* dv = scratch_.alloc_f32(N * c_.kv_dim());
+    float* dh1 = scratch_.alloc_f32(N * C);
+    be_.linear_backward(d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
+    be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
+    be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
+    be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
+    be_.linear_backward(dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
+    be_.linear_backward(dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
+    be_.linear_backward(dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
+    be_.rmsnorm_backward(dresid, dw.input_norm, dh1, x, w.input_norm, a.rstd1, N, C);
+    scratch_.release(m);
+  }
+}
+
+double LlamaModel::forward(const float* params, const int32_t* tokens, int64_t B, int64_t T,
+                           Checkpointing policy, float* grads, float grad_scale) {
+  const int64_t N = B * T, C = c_.hidden_size, V = c_.vocab_size, L = c_.num_hidden_layers;
+  const float eps = float(c_.rms_norm_eps);
+  float* P = const_cast<float*>(params);  // layout accessors hand out mutable pointers
+  const size_t saved_start = saved_.mark(), scratch_start = scratch_.mark();
+
+  auto* inputs = static_cast<int32_t*>(saved_.alloc(sizeof(int32_t) * N));
+  auto* targets = static_cast<int32_t*>(saved_.alloc(sizeof(int32_t) * N));
+  split_tokens(tokens, B, T, inputs, targets);
+  float* cos = saved_.alloc_f32(T * c_.head_dim / 2);
+  float* sin = saved_.alloc_f32(T * c_.head_dim / 2);
+  make_rope_tables(T, cos, sin);
+  rope_cos_ = cos;
+  rope_sin_ = sin;
+
+  std::vector<float*> xs(L + 1);
+  std::vector<BlockActs> acts(L);
+  std::vector<size_t> marks(L);
+  xs[0] = saved_.alloc_f32(N * C);
+  be_.embedding_forward(xs[0], inputs, layout_.embedding(P), N, C);
+  for (int64_t l = 0; l < L; ++l) {
+    marks[l] = saved_.mark();
+    xs[l + 1] = saved_.alloc_f32(N * C);
+    size_t sm = scratch_.mark();
+    block_forward(layout_.block(P, l), xs[l], xs[l + 1], acts[l], policy, B, T);
+    scratch_.release(sm);
+    acts[l].drop_unsaved(policy);
+  }
+
+  // Final norm + head + cross-entropy, fused with their backward when training.
+  float* dresid = grads ? scratch_.alloc_f32(N * C) : nullptr;
+  size_t head_mark = scratch_.mark();
+  float* hf = scratch_.alloc_f32(N * C);
+  float* rstdf = scratch_.alloc_f32(N);
+  be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm(P), N, C, eps);
+  const int64_t chunk = head_chunk_rows(c_, N);
+  float* workspace = scratch_.alloc_f32(chunk * V);
+  float* dh = grads ? scratch_.alloc_f32(N * C) : nullptr;
+  double loss_sum =
+      be_.head_cross_entropy(dh, grads ? layout_.head(grads) : nullptr, hf, layout_.head(P),
+                             targets, N, C, V, grad_scale / float(N), workspace, chunk);
+  if (grads) {
+    be_.fill(dresid, 0.0f, N * C);
+    be_.rmsnorm_backward(dresid, layout_.final_norm(grads), dh, xs[L], layout_.final_norm(P),
+                         rstdf, N, C);
+  }
+  scratch_.release(head_mark);
+
+  if (grads) {
+    for (int64_t l = L - 1; l >= 0; --l) {
+      size_t sm = scratch_.mark();
+      block_backward(layout_.block(P, l), layout_.block(grads, l), xs[l], acts[l], dresid, B, T);
+      scratch_.release(sm);
+      saved_.release(marks[l]);
+    }
+    be_.embedding_backward(layout_.embedding(grads), inputs, dresid, N, C);
+  }
+  saved_.release(saved_start);
+  scratch_.release(scratch_start);
+  return loss_sum / double(N);
+}
+
+double LlamaModel::forward_backward(const float* params, float* grads, const int32_t* tokens,
+                                    int64_t B, int64_t T, float grad_scale) {
+  MX_ASSERT(grads != nullptr);
+  return forward(params, tokens, B, T, policy_, grads, grad_scale);
+}
+
+double LlamaModel::forward_loss(const float* params, const int32_t* tokens, int64_t B,
+                                int64_t T) {
+  return forward(params, tokens, B, T, Checkpointing::kFull, nullptr, 0.0f);
+}
+
+}  // namespace mx

@@ -1,0 +1,286 @@
+// TokenDataset against files written here byte by byte from the format specs (not by the reader).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/token_dataset.h"
+
+namespace mx {
+namespace {
+
+class TokenDatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           (std::string("mx_data_") + info->name() + "_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::vector<uint8_t>& bytes) {
+    const std::string path = (dir_ / name).string();
+    FILE* f = std::fopen(path.c_str(), "wb");
+    EXPECT_NE(f, nullptr);
+    if (!bytes.empty()) {
+      EXPECT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    }
+    std::fclose(f);
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+// Little-endian encodings, spelled out so the test does not share code with the reader.
+void put_u16(std::vector<uint8_t>& b, uint32_t v) {
+  b.push_back(v & 0xFF);
+  b.push_back((v >> 8) & 0xFF);
+}
+void put_u32(std::vector<uint8_t>& b, uint32_t v) {
+  for (int k = 0; k < 4; ++k) b.push_back((v >> (8 * k)) & 0xFF);
+}
+std::vector<uint8_t> u16_bytes(const std::vector<uint32_t>& ids) {
+  std::vector<uint8_t> b;
+  for (uint32_t v : ids) put_u16(b, v);
+  return b;
+}
+std::vector<uint8_t> u32_bytes(const std::vector<uint32_t>& ids) {
+  std::vector<uint8_t> b;
+  for (uint32_t v : ids) put_u32(b, v);
+  return b;
+}
+// llm.c: 256 int32 header {magic, version, count, 0...} then the tokens.
+std::vector<uint8_t> llmc_bytes(int32_t magic, int32_t version, int32_t count,
+                                const std::vector<uint32_t>& ids) {
+  std::vector<uint8_t> b;
+  put_u32(b, static_cast<uint32_t>(magic));
+  put_u32(b, static_cast<uint32_t>(version));
+  put_u32(b, static_cast<uint32_t>(count));
+  for (int k = 3; k < 256; ++k) put_u32(b, 0);
+  for (uint32_t v : ids) version == 1 ? put_u16(b, v) : put_u32(b, v);
+  return b;
+}
+
+std::vector<int32_t> read_all(const TokenDataset& ds) {
+  std::vector<int32_t> out(static_cast<size_t>(ds.size()));
+  ds.copy(0, ds.size(), out.data());
+  return out;
+}
+
+std::vector<int32_t> as_i32(const std::vector<uint32_t>& v) { return {v.begin(), v.end()}; }
+
+// Expects a UserError whose message names the file and contains `what`.
+template <typename F>
+void expect_user_error(F&& f, const std::string& path, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no UserError for " << path << " (" << what << ")";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenFormatTest, ParsesEveryNameAndRejectsOthers) {
+  EXPECT_EQ(parse_token_format("auto"), TokenFormat::kAuto);
+  EXPECT_EQ(parse_token_format("u16"), TokenFormat::kU16);
+  EXPECT_EQ(parse_token_format("u32"), TokenFormat::kU32);
+  EXPECT_EQ(parse_token_format("llmc"), TokenFormat::kLlmc);
+  EXPECT_EQ(parse_token_format("text"), TokenFormat::kText);
+  EXPECT_EQ(parse_token_format("random"), TokenFormat::kRandom);
+  try {
+    parse_token_format("bin");
+    FAIL();
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    for (const char* name : {"bin", "auto", "u16", "u32", "llmc", "text", "random"})
+      EXPECT_NE(msg.find(name), std::string::npos) << msg;
+  }
+}
+
+TEST_F(TokenDatasetTest, U16ReadsExactIds) {
+  const std::vector<uint32_t> ids = {0, 1, 255, 256, 65535, 12345, 7};
+  const std::string path = write("a.bin", u16_bytes(ids));
+  TokenDataset ds = TokenDataset::open(path, TokenFormat::kU16, 65536);
+  EXPECT_EQ(ds.size(), 7);
+  EXPECT_EQ(read_all(ds), as_i32(ids));
+  EXPECT_EQ(ds.at(4), 65535);
+  EXPECT_EQ(ds.path(), path);
+  EXPECT_EQ(ds.format(), TokenFormat::kU16);
+}
+
+TEST_F(TokenDatasetTest, U32ReadsExactIds) {
+  const std::vector<uint32_t> ids = {0, 70000, 128255, 3, 1u << 30};
+  const std::string path = write("a.bin", u32_bytes(ids));
+  TokenDataset ds = TokenDataset::open(path, TokenFormat::kU32, int64_t{1} << 31);
+  EXPECT_EQ(read_all(ds), as_i32(ids));
+  std::vector<int32_t> mid(2);
+  ds.copy(1, 2, mid.data());
+  EXPECT_EQ(mid, (std::vector<int32_t>{70000, 128255}));
+}
+
+TEST_F(TokenDatasetTest, LlmcVersion1And2ReadExactIds) {
+  const std::vector<uint32_t> ids = {50256, 1, 2, 3, 50000};
+  const std::string p1 = write("v1.bin", llmc_bytes(20240520, 1, 5, ids));
+  TokenDataset d1 = TokenDataset::open(p1, TokenFormat::kLlmc, 50257);
+  EXPECT_EQ(read_all(d1), as_i32(ids));
+  const std::vector<uint32_t> big = {128000, 0, 128255};
+  const std::string p2 = write("v2.bin", llmc_bytes(20240520, 2, 3, big));
+  TokenDataset d2 = TokenDataset::open(p2, TokenFormat::kLlmc, 128256);
+  EXPECT_EQ(read_all(d2), as_i32(big));
+}
+
+TEST_F(TokenDatasetTest, TextBytesAreTheTokens) {
+  const std::string text = "hi \xE3\x81\x82\n";  // "hi あ\n"
+  const std::string path = write("t.txt", std::vector<uint8_t>(text.begin(), text.end()));
+  TokenDataset ds = TokenDataset::open(path, TokenFormat::kText, 256);
+  EXPECT_EQ(read_all(ds), (std::vector<int32_t>{'h', 'i', ' ', 0xE3, 0x81, 0x82, '\n'}));
+}
+
+TEST_F(TokenDatasetTest, AutoDetectsByMagicThenExtension) {
+  const std::vector<uint32_t> ids = {1, 2, 3};
+  // llm.c magic wins over any extension.
+  EXPECT_EQ(TokenDataset::open(write("x.txt", llmc_bytes(20240520, 1, 3, ids)), TokenFormat::kAuto, 256)
+                .format(),
+            TokenFormat::kLlmc);
+  EXPECT_EQ(TokenDataset::open(write("x.bin", llmc_bytes(20240520, 2, 3, ids)), TokenFormat::kAuto, 256)
+                .format(),
+            TokenFormat::kLlmc);
+  for (const char* name : {"a.txt", "a.md", "a.text", "A.TXT"}) {
+    TokenDataset ds = TokenDataset::open(write(name, {'a', 'b'}), TokenFormat::kAuto, 256);
+    EXPECT_EQ(ds.format(), TokenFormat::kText) << name;
+    EXPECT_EQ(read_all(ds), (std::vector<int32_t>{'a', 'b'}));
+  }
+  TokenDataset d16 = TokenDataset::open(write("a.u16", u16_bytes(ids)), TokenFormat::kAuto, 256);
+  EXPECT_EQ(d16.format(), TokenFormat::kU16);
+  EXPECT_EQ(read_all(d16), as_i32(ids));
+  TokenDataset d32 = TokenDataset::open(write("a.u32", u32_bytes(ids)), TokenFormat::kAuto, 256);
+  EXPECT_EQ(d32.format(), TokenFormat::kU32);
+  EXPECT_EQ(read_all(d32), as_i32(ids));
+  const std::string unknown = write("a.bin", u16_bytes(ids));
+  expect_user_error([&] { TokenDataset::open(unknown, TokenFormat::kAuto, 256); }, unknown,
+                    "data.format");
+}
+
+TEST_F(TokenDatasetTest, RandomIsDeterministicAndInVocab) {
+  TokenDataset a = TokenDataset::open("", TokenFormat::kRandom, 1000, 10000);
+  TokenDataset b = TokenDataset::open("ignored", TokenFormat::kRandom, 1000, 10000);
+  EXPECT_EQ(a.size(), 10000);
+  const auto va = read_all(a);
+  EXPECT_EQ(va, read_all(b));
+  std::vector<int> seen(1000, 0);
+  for (int32_t v : va) {
+    ASSERT_GE(v, 0);
+    ASSERT_LT(v, 1000);
+    seen[v] = 1;
+  }
+  int distinct = 0;
+  for (int s : seen) distinct += s;
+  EXPECT_GT(distinct, 990);  // 10 draws per id on average: all but a handful appear
+}
+
+TEST_F(TokenDatasetTest, MoveKeepsTheData) {
+  const std::vector<uint32_t> ids = {5, 6, 7};
+  TokenDataset a = TokenDataset::open(write("m.u16", u16_bytes(ids)), TokenFormat::kU16, 256);
+  TokenDataset b = std::move(a);
+  EXPECT_EQ(read_all(b), as_i32(ids));
+  TokenDataset c = TokenDataset::open(write("m.txt", {'q'}), TokenFormat::kText, 256);
+  c = std::move(b);
+  EXPECT_EQ(read_all(c), as_i32(ids));
+  TokenDataset d(TokenDataset::open(write("n.txt", {'x', 'y'}), TokenFormat::kText, 256));
+  EXPECT_EQ(read_all(d), (std::vector<int32_t>{'x', 'y'}));
+}
+
+TEST_F(TokenDatasetTest, MissingFileAndDirectory) {
+  const std::string missing = (dir_ / "nope.u16").string();
+  expect_user_error([&] { TokenDataset::open(missing, TokenFormat::kU16, 256); }, missing, "cannot open");
+  expect_user_error([&] { TokenDataset::open(missing, TokenFormat::kAuto, 256); }, missing, "cannot open");
+  const std::string dir = dir_.string();
+  expect_user_error([&] { TokenDataset::open(dir, TokenFormat::kU16, 256); }, dir, "not a regular file");
+}
+
+TEST_F(TokenDatasetTest, UnreadableFile) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads files regardless of permissions";
+  const std::string path = write("locked.u16", u16_bytes({1}));
+  std::filesystem::permissions(path, std::filesystem::perms::none);
+  expect_user_error([&] { TokenDataset::open(path, TokenFormat::kU16, 256); }, path, "cannot open");
+}
+
+TEST_F(TokenDatasetTest, EmptyData) {
+  for (auto [name, format] : {std::pair{"e.u16", TokenFormat::kU16}, {"e.u32", TokenFormat::kU32},
+                              {"e.txt", TokenFormat::kText}, {"e2.txt", TokenFormat::kAuto}}) {
+    const std::string path = write(name, {});
+    expect_user_error([&] { TokenDataset::open(path, format, 256); }, path, "empty");
+  }
+  const std::string llmc = write("e.bin", llmc_bytes(20240520, 1, 0, {}));
+  expect_user_error([&] { TokenDataset::open(llmc, TokenFormat::kLlmc, 256); }, llmc, "empty");
+}
+
+TEST_F(TokenDatasetTest, RawSizeNotMultipleOfWidth) {
+  const std::string p16 = write("t.u16", {1, 0, 2});
+  expect_user_error([&] { TokenDataset::open(p16, TokenFormat::kU16, 256); }, p16, "truncated");
+  const std::string p32 = write("t.u32", {1, 0, 0, 0, 2, 0});
+  expect_user_error([&] { TokenDataset::open(p32, TokenFormat::kAuto, 256); }, p32, "truncated");
+}
+
+TEST_F(TokenDatasetTest, LlmcHeaderErrors) {
+  const std::vector<uint32_t> ids = {1, 2, 3, 4};
+  const std::string magic = write("magic.bin", llmc_bytes(20240521, 1, 4, ids));
+  expect_user_error([&] { TokenDataset::open(magic, TokenFormat::kLlmc, 256); }, magic, "magic");
+  const std::string version = write("version.bin", llmc_bytes(20240520, 3, 4, ids));
+  expect_user_error([&] { TokenDataset::open(version, TokenFormat::kLlmc, 256); }, version, "version");
+  // Header says 5 tokens, the file holds 4: truncated.
+  const std::string shortfile = write("short.bin", llmc_bytes(20240520, 1, 5, ids));
+  expect_user_error([&] { TokenDataset::open(shortfile, TokenFormat::kAuto, 256); }, shortfile,
+                    "truncated");
+  // Header says 3 tokens, the file holds 4.
+  const std::string longfile = write("long.bin", llmc_bytes(20240520, 1, 3, ids));
+  expect_user_error([&] { TokenDataset::open(longfile, TokenFormat::kLlmc, 256); }, longfile,
+                    "header says 3 tokens");
+  // Not even a whole header.
+  std::vector<uint8_t> stub = llmc_bytes(20240520, 1, 4, ids);
+  stub.resize(100);
+  const std::string stubfile = write("stub.bin", stub);
+  expect_user_error([&] { TokenDataset::open(stubfile, TokenFormat::kAuto, 256); }, stubfile,
+                    "truncated");
+  const std::string negative = write("neg.bin", llmc_bytes(20240520, 1, -1, ids));
+  expect_user_error([&] { TokenDataset::open(negative, TokenFormat::kLlmc, 256); }, negative,
+                    "negative");
+}
+
+TEST_F(TokenDatasetTest, TokenOutOfVocabNamesPositionAndValue) {
+  std::vector<uint32_t> ids(100000, 3);
+  ids[77777] = 999;
+  ids[88888] = 1000;  // later offenders are not the one reported
+  const std::string p16 = write("v.u16", u16_bytes(ids));
+  expect_user_error([&] { TokenDataset::open(p16, TokenFormat::kU16, 500); }, p16,
+                    "token 77777 has id 999");
+  const std::string p32 = write("v.u32", u32_bytes(ids));
+  expect_user_error([&] { TokenDataset::open(p32, TokenFormat::kU32, 500); }, p32,
+                    "token 77777 has id 999");
+  const std::string pl = write("v.bin", llmc_bytes(20240520, 2, 100000, ids));
+  expect_user_error([&] { TokenDataset::open(pl, TokenFormat::kLlmc, 500); }, pl,
+                    "token 77777 has id 999");
+  // An id of 2^31 or more would be negative as int32: rejected against any vocab.
+  const std::string huge = write("h.u32", u32_bytes({1, 0x80000000u}));
+  expect_user_error([&] { TokenDataset::open(huge, TokenFormat::kU32, int64_t{1} << 31); }, huge,
+                    "token 1 has id 2147483648");
+  // The boundary: id == vocab_size - 1 is fine.
+  EXPECT_EQ(TokenDataset::open(p16, TokenFormat::kU16, 1001).size(), 100000);
+}
+
+TEST_F(TokenDatasetTest, TextNeedsByteVocab) {
+  const std::string path = write("small.txt", {'a'});
+  expect_user_error([&] { TokenDataset::open(path, TokenFormat::kText, 255); }, path, "vocab_size");
+  expect_user_error([&] { TokenDataset::open(path, TokenFormat::kAuto, 100); }, path, "vocab_size");
+}
+
+}  // namespace
+}  // namespace mx

@@ -1,0 +1,214 @@
+"""Bad input gets exit code 2 and one `error:` line (the last stderr line) naming the problem; no
+crash, and nothing written over what was there before."""
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import hf_io
+import llama_ref
+from conftest import english_text, set_args, write_model, write_tokens_i32
+
+CRASH_MARKERS = ("Traceback", "terminate called", "Segmentation fault", "Aborted", "what():",
+                 "core dumped", "AddressSanitizer", "runtime error:")
+
+BASE = {
+    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_hidden_layers": 1,
+    "model.num_attention_heads": 4, "model.num_key_value_heads": 2, "model.vocab_size": 256,
+    "train.steps": 1, "train.micro_batch": 1, "train.seq_len": 16, "train.log_every": 1,
+    "data.format": "text", "data.val_fraction": 0.0, "run.sample_tokens": 0,
+}
+
+
+def snapshot(root):
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def check_error(r, keywords):
+    assert r.rc == 2, r
+    assert not any(m in r.stderr or m in r.stdout for m in CRASH_MARKERS), r
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert lines, r
+    assert lines[-1].startswith("error:"), r
+    assert sum(l.startswith("error:") for l in lines) == 1, r
+    msg = lines[-1].lower()
+    assert any(k.lower() in msg for k in keywords), (keywords, lines[-1])
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A valid training setup (text data, a fresh out_dir holding earlier good files)."""
+    text = tmp_path / "corpus.txt"
+    text.write_text(english_text(2000))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    (out_dir / "keep.txt").write_text("earlier good data\n")
+    base = dict(BASE)
+    base["data.path"] = text
+    base["run.out_dir"] = out_dir
+    base["run.metrics"] = out_dir / "metrics.jsonl"
+    base["checkpoint.dir"] = out_dir / "checkpoints"
+    return tmp_path, out_dir, base
+
+
+def test_base_config_is_valid(mxtrain, env):
+    """The control: without the injected fault, the same setup trains (so the errors below are
+    caused by the fault, not by the base)."""
+    tmp, out_dir, base = env
+    base["run.metrics"] = tmp / "control_metrics.jsonl"
+    r = mxtrain(["train"] + set_args(base))
+    assert r.rc == 0, r
+    assert "error:" not in r.stderr, r
+
+
+def _u16(path, values):
+    np.asarray(values, dtype="<u2").tofile(path)
+    return path
+
+
+def _prepare(case, tmp):
+    """Builds the files a case needs; returns (settings to add, extra argv, keywords of which the
+    error line must name at least one)."""
+    if case == "unknown_section":
+        return {"bogus.thing": 1}, [], ["bogus"]
+    if case == "unknown_key":
+        return {"train.stepz": 3}, [], ["stepz"]
+    if case == "wrong_type":
+        return {"train.steps": "abc"}, [], ["steps", "abc"]
+    if case == "negative_steps":
+        return {"train.steps": -1}, [], ["steps"]
+    if case == "zero_micro_batch":
+        return {"train.micro_batch": 0}, [], ["micro_batch"]
+    if case == "bad_format":
+        return {"data.format": "parquet"}, [], ["format", "parquet"]
+    if case == "bad_checkpointing":
+        return {"memory.activation_checkpointing": "sometimes"}, [], ["activation_checkpointing",
+                                                                       "sometimes"]
+    if case == "heads_not_dividing_hidden":
+        return {"model.num_attention_heads": 6}, [], ["num_attention_heads", "hidden_size", "heads"]
+    if case == "kv_not_dividing_heads":
+        return {"model.num_key_value_heads": 3}, [], ["num_key_value_heads", "kv"]
+    if case == "missing_config_file":
+        return {}, ["--config", str(tmp / "nope" / "missing.toml")], ["missing.toml"]
+    if case == "malformed_toml":
+        p = tmp / "broken.toml"
+        p.write_text("[train\nsteps = = 3\n")
+        return {}, ["--config", str(p)], ["broken.toml", "toml", "parse"]
+    if case == "missing_data_file":
+        return {"data.path": tmp / "nope.bin"}, [], ["nope.bin"]
+    if case == "token_out_of_vocab":
+        p = _u16(tmp / "big.u16", [1, 2, 3] * 50 + [300] + [4] * 50)
+        return {"data.path": p, "data.format": "u16"}, [], ["300", "vocab"]
+    if case == "truncated_u16":
+        p = tmp / "odd.u16"
+        p.write_bytes(b"\x01\x00" * 100 + b"\x02")
+        return {"data.path": p, "data.format": "u16"}, [], ["odd.u16"]
+    if case == "empty_data_file":
+        p = tmp / "empty.u16"
+        p.write_bytes(b"")
+        return {"data.path": p, "data.format": "u16"}, [], ["empty.u16"]
+    if case == "init_without_config_json":
+        d = tmp / "noconfig"
+        d.mkdir()
+        cfg = llama_ref.make_shape(32, 64, 1, 4, 2, 256)
+        hf_io.write_safetensors(d / "model.safetensors", llama_ref.random_params(cfg, 1))
+        return {"init.from": d}, [], ["config.json"]
+    if case == "init_malformed_safetensors":
+        cfg = llama_ref.make_shape(32, 64, 1, 4, 2, 256)
+        d = write_model(tmp / "badst", cfg, llama_ref.random_params(cfg, 1))
+        raw = (d / "model.safetensors").read_bytes()
+        (d / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + raw[8:200])
+        return {"init.from": d}, [], ["model.safetensors", "safetensors"]
+    if case == "unknown_preset":
+        return {"model.preset": "gpt5"}, [], ["gpt5"]
+    if case == "unknown_flag":
+        return {}, ["--bogus-flag"], ["bogus-flag"]
+    raise KeyError(case)
+
+
+TRAIN_CASES = ["unknown_section", "unknown_key", "wrong_type", "negative_steps",
+               "zero_micro_batch", "bad_format", "bad_checkpointing", "heads_not_dividing_hidden",
+               "kv_not_dividing_heads", "missing_config_file", "malformed_toml",
+               "missing_data_file", "token_out_of_vocab", "truncated_u16", "empty_data_file",
+               "init_without_config_json", "init_malformed_safetensors", "unknown_preset",
+               "unknown_flag"]
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES)
+def test_train_bad_input(mxtrain, env, case):
+    tmp, out_dir, base = env
+    settings, argv, keywords = _prepare(case, tmp)
+    if "init.from" in settings:  # the model comes from the directory
+        base = {k: v for k, v in base.items() if not k.startswith("model.")}
+    base.update(settings)
+    before = snapshot(out_dir)
+    r = mxtrain(["train"] + argv + set_args(base), timeout=60)
+    check_error(r, keywords)
+    assert snapshot(out_dir) == before, "out_dir changed by a failed run"
+
+
+# ---- debug grads, ckpt export-hf, generate ----
+
+def _grads_setup(tmp):
+    cfg = llama_ref.make_shape(32, 64, 1, 4, 2, 50)
+    model = write_model(tmp / "model", cfg, llama_ref.random_params(cfg, 2))
+    toks = tmp / "tokens.i32"
+    write_tokens_i32(toks, np.random.default_rng(0).integers(0, 50, size=(2, 9)))
+    out = tmp / "grads.safetensors"
+    out.write_bytes(b"earlier good data")
+    return cfg, model, toks, out
+
+
+@pytest.mark.parametrize("case", ["missing_tokens", "token_out_of_vocab", "short_tokens",
+                                  "malformed_safetensors", "missing_init", "bad_batch"])
+def test_debug_grads_bad_input(mxtrain, tmp_path, case):
+    cfg, model, toks, out = _grads_setup(tmp_path)
+    batch, seq = 2, 8
+    keywords = []
+    if case == "missing_tokens":
+        toks = tmp_path / "nothere.i32"
+        keywords = ["nothere.i32"]
+    elif case == "token_out_of_vocab":
+        bad = np.zeros((2, 9), dtype=np.int64)
+        bad[1, 4] = 50
+        write_tokens_i32(toks, bad)
+        keywords = ["50", "vocab"]
+    elif case == "short_tokens":
+        write_tokens_i32(toks, np.zeros(2 * 9 - 1, dtype=np.int64))
+        keywords = ["tokens.i32", "tokens"]
+    elif case == "malformed_safetensors":
+        (model / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+        keywords = ["model.safetensors", "safetensors"]
+    elif case == "missing_init":
+        model = tmp_path / "nomodel"
+        keywords = ["nomodel"]
+    elif case == "bad_batch":
+        batch = 0
+        keywords = ["batch"]
+    r = mxtrain(["debug", "grads", "--init", model, "--tokens", toks, "--batch", batch,
+                 "--seq", seq, "--out", out], timeout=60)
+    check_error(r, keywords)
+    assert out.read_bytes() == b"earlier good data"
+
+
+def test_export_hf_missing_checkpoint(mxtrain, tmp_path):
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "config.json").write_text('{"good": true}')
+    r = mxtrain(["ckpt", "export-hf", tmp_path / "no_such_ckpt", out], timeout=60)
+    check_error(r, ["no_such_ckpt"])
+    assert snapshot(out) == {"config.json": b'{"good": true}'}
+
+
+def test_generate_missing_model(mxtrain, tmp_path):
+    r = mxtrain(["generate", "--model", tmp_path / "no_model", "--prompt", "hi",
+                 "--max-tokens", 4, "--temperature", 1.0, "--top-k", 1, "--seed", 0], timeout=60)
+    check_error(r, ["no_model"])

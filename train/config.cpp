@@ -1,0 +1,359 @@
+#include "train/config.h"
+
+#include <toml.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <optional>
+#include <variant>
+
+#include "core/error.h"
+
+namespace mx {
+
+namespace {
+
+using Value = std::variant<int64_t, double, bool, std::string>;
+enum class Kind { kInt, kFloat, kBool, kString };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kInt: return "integer";
+    case Kind::kFloat: return "number";
+    case Kind::kBool: return "boolean";
+    case Kind::kString: return "string";
+  }
+  return "?";
+}
+
+// Model fields are staged and applied on top of the preset once everything is read.
+struct Staging {
+  RunConfig cfg;
+  std::optional<std::string> preset;
+  std::map<std::string, Value> model_fields;
+};
+
+struct Field {
+  std::string key;
+  Kind kind;
+  std::function<void(Staging&, const Value&)> set;
+  std::string help;
+};
+
+int64_t as_int(const Value& v) { return std::get<int64_t>(v); }
+double as_float(const Value& v) {
+  return std::holds_alternative<int64_t>(v) ? double(std::get<int64_t>(v)) : std::get<double>(v);
+}
+bool as_bool(const Value& v) { return std::get<bool>(v); }
+const std::string& as_string(const Value& v) { return std::get<std::string>(v); }
+
+#define MX_INT(key, member, help) \
+  Field{key, Kind::kInt, [](Staging& s, const Value& v) { s.cfg.member = as_int(v); }, help}
+#define MX_FLOAT(key, member, help) \
+  Field{key, Kind::kFloat, [](Staging& s, const Value& v) { s.cfg.member = as_float(v); }, help}
+#define MX_BOOL(key, member, help) \
+  Field{key, Kind::kBool, [](Staging& s, const Value& v) { s.cfg.member = as_bool(v); }, help}
+#define MX_STRING(key, member, help) \
+  Field{key, Kind::kString, [](Staging& s, const Value& v) { s.cfg.member = as_string(v); }, help}
+
+Field model_field(const std::string& name, Kind kind, const std::string& help) {
+  return Field{"model." + name, kind,
+               [name](Staging& s, const Value& v) { s.model_fields[name] = v; }, help};
+}
+
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = {
+      Field{"model.preset", Kind::kString,
+            [](Staging& s, const Value& v) { s.preset = as_string(v); },
+            "tiny | small | 125m | llama3.2-1b | llama3.2-3b | llama3-8b | 14b | 32b | 64b"},
+      model_field("hidden_size", Kind::kInt, "width of the residual stream"),
+      model_field("intermediate_size", Kind::kInt, "width of the SwiGLU MLP"),
+      model_field("num_hidden_layers", Kind::kInt, "transformer blocks"),
+      model_field("num_attention_heads", Kind::kInt, "query heads"),
+      model_field("num_key_value_heads", Kind::kInt, "key/value heads (GQA); divides the heads"),
+      model_field("head_dim", Kind::kInt, "per-head width (default hidden_size / heads)"),
+      model_field("vocab_size", Kind::kInt, "vocabulary (256 for the byte tokenizer)"),
+      model_field("rope_theta", Kind::kFloat, "rotary embedding base"),
+      model_field("rms_norm_eps", Kind::kFloat, "RMSNorm epsilon"),
+      model_field("tie_word_embeddings", Kind::kBool, "output head shares the embedding"),
+      MX_INT("train.steps", train.steps, "optimizer steps"),
+      MX_INT("train.micro_batch", train.micro_batch, "sequences per micro-batch"),
+      MX_INT("train.seq_len", train.seq_len, "tokens per sequence"),
+      MX_INT("train.grad_accum", train.grad_accum, "micro-batches per step"),
+      MX_FLOAT("train.lr", train.lr, "peak learning rate"),
+      MX_FLOAT("train.min_lr", train.min_lr, "learning rate at the end of the cosine"),
+      MX_INT("train.warmup_steps", train.warmup_steps, "linear warmup steps"),
+      MX_FLOAT("train.weight_decay", train.weight_decay, "AdamW decay on matrices"),
+      MX_FLOAT("train.grad_clip", train.grad_clip, "clip the global gradient norm (0: off)"),
+      MX_INT("train.seed", train.seed, "initialization and sampling seed"),
+      MX_FLOAT("train.beta1", train.beta1, "AdamW beta1"),
+      MX_FLOAT("train.beta2", train.beta2, "AdamW beta2"),
+      MX_FLOAT("train.eps", train.eps, "AdamW epsilon"),
+      MX_INT("train.eval_every", train.eval_every, "validation every N steps (0: off)"),
+      MX_INT("train.eval_batches", train.eval_batches, "micro-batches per validation"),
+      MX_INT("train.log_every", train.log_every, "metrics line every N steps"),
+      MX_STRING("data.path", data.path, "token file (empty: the bundled corpus)"),
+      MX_STRING("data.format", data.format, "auto | u16 | u32 | llmc | text | random"),
+      MX_BOOL("data.shuffle", data.shuffle, "random window order per epoch"),
+      MX_FLOAT("data.val_fraction", data.val_fraction, "tail of the data held out"),
+      MX_STRING("precision.recipe", precision.recipe, "fp32 (CPU); low-precision recipes later"),
+      MX_INT("precision.high_precision_first", precision.high_precision_first,
+             "first N blocks kept in high precision"),
+      MX_INT("precision.high_precision_last", precision.high_precision_last,
+             "last N blocks kept in high precision"),
+      MX_INT("precision.stats_every", precision.stats_every, "numerics telemetry interval"),
+      MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
+                "none | selective | full"),
+      MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
+      MX_INT("parallel.shard_group", parallel.shard_group, "processes per shard group (hybrid)"),
+      MX_STRING("checkpoint.dir", checkpoint.dir, "directory (default <out_dir>/checkpoints)"),
+      MX_STRING("checkpoint.s3_uri", checkpoint.s3_uri, "s3://bucket/prefix"),
+      MX_INT("checkpoint.every", checkpoint.every, "checkpoint every N steps (0: at the end)"),
+      MX_INT("checkpoint.keep", checkpoint.keep, "keep the newest K (0: all)"),
+      MX_BOOL("checkpoint.async", checkpoint.async, "write in the background"),
+      MX_STRING("checkpoint.resume", checkpoint.resume, "auto | none | PATH"),
+      MX_STRING("init.from", init.from, "Hugging Face Llama directory to start from"),
+      MX_STRING("run.name", run.name, "run name"),
+      MX_STRING("run.out_dir", run.out_dir, "output directory (default runs/<name>)"),
+      MX_STRING("run.metrics", run.metrics, "metrics file (default <out_dir>/metrics.jsonl)"),
+      MX_STRING("run.device", run.device, "cpu | cuda"),
+      MX_INT("run.sample_tokens", run.sample_tokens, "tokens of sample text at the end"),
+      MX_STRING("run.sample_prompt", run.sample_prompt, "prompt of the sample"),
+      MX_INT("run.threads", run.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)"),
+  };
+  return fields;
+}
+
+const Field* find_field(const std::string& key) {
+  for (auto& f : schema())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+std::string known_keys_of(const std::string& section) {
+  std::string out;
+  for (auto& f : schema())
+    if (f.key.rfind(section + ".", 0) == 0)
+      out += (out.empty() ? "" : ", ") + f.key.substr(section.size() + 1);
+  return out;
+}
+
+std::string known_sections() {
+  std::string out;
+  std::string last;
+  for (auto& f : schema()) {
+    std::string s = f.key.substr(0, f.key.find('.'));
+    if (s != last && out.find(s) == std::string::npos) out += (out.empty() ? "" : ", ") + s;
+    last = s;
+  }
+  return out;
+}
+
+const Field& require_field(const std::string& key, const std::string& where) {
+  const Field* f = find_field(key);
+  if (f) return *f;
+  auto dot = key.find('.');
+  std::string section = dot == std::string::npos ? key : key.substr(0, dot);
+  std::string keys = known_keys_of(section);
+  if (keys.empty())
+    throw UserError(str("unknown config section '", section, "'", where, " (known: ",
+                        known_sections(), ")"));
+  throw UserError(str("unknown config key '", key, "'", where, " (known in [", section, "]: ",
+                      keys, ")"));
+}
+
+Value from_toml(const Field& f, const toml::value& v, const std::string& where) {
+  switch (f.kind) {
+    case Kind::kInt:
+      if (v.is_integer()) return int64_t(v.as_integer());
+      if (v.is_floating() && std::floor(v.as_floating()) == v.as_floating() &&
+          std::fabs(v.as_floating()) < 9e15)
+        return int64_t(v.as_floating());
+      break;
+    case Kind::kFloat:
+      if (v.is_floating()) return double(v.as_floating());
+      if (v.is_integer()) return double(v.as_integer());
+      break;
+    case Kind::kBool:
+      if (v.is_boolean()) return bool(v.as_boolean());
+      break;
+    case Kind::kString:
+      if (v.is_string()) return std::string(v.as_string().str);
+      break;
+  }
+  throw UserError(str("config key '", f.key, "'", where, " must be a ", kind_name(f.kind)));
+}
+
+Value from_text(const Field& f, std::string text) {
+  auto bad = [&]() -> UserError {
+    return UserError(str("--set ", f.key, "=", text, ": expected a ", kind_name(f.kind)));
+  };
+  switch (f.kind) {
+    case Kind::kInt: {
+      try {
+        size_t used = 0;
+        long long x = std::stoll(text, &used, 0);
+        if (used != text.size()) throw bad();
+        return int64_t(x);
+      } catch (const std::logic_error&) {
+        throw bad();
+      }
+    }
+    case Kind::kFloat: {
+      try {
+        size_t used = 0;
+        double x = std::stod(text, &used);
+        if (used != text.size() || !std::isfinite(x)) throw bad();
+        return x;
+      } catch (const std::logic_error&) {
+        throw bad();
+      }
+    }
+    case Kind::kBool:
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      throw bad();
+    case Kind::kString:
+      if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+          text.back() == text.front())
+        text = text.substr(1, text.size() - 2);
+      return text;
+  }
+  throw bad();
+}
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::string out;
+  for (char c : s)
+    if (!(c == ' ' && !out.empty() && out.back() == ' ')) out += c;
+  return out;
+}
+
+void apply_model_fields(Staging& s) {
+  ModelConfig& m = s.cfg.model;
+  m = model_preset(s.preset.value_or(s.cfg.model_preset));
+  if (s.preset) s.cfg.model_preset = *s.preset;
+  for (auto& [name, v] : s.model_fields) {
+    if (name == "hidden_size") m.hidden_size = as_int(v);
+    else if (name == "intermediate_size") m.intermediate_size = as_int(v);
+    else if (name == "num_hidden_layers") m.num_hidden_layers = as_int(v);
+    else if (name == "num_attention_heads") m.num_attention_heads = as_int(v);
+    else if (name == "num_key_value_heads") m.num_key_value_heads = as_int(v);
+    else if (name == "head_dim") m.head_dim = as_int(v);
+    else if (name == "vocab_size") m.vocab_size = as_int(v);
+    else if (name == "rope_theta") m.rope_theta = as_float(v);
+    else if (name == "rms_norm_eps") m.rms_norm_eps = as_float(v);
+    else if (name == "tie_word_embeddings") m.tie_word_embeddings = as_bool(v);
+  }
+  MX_REQUIRE(m.num_attention_heads > 0, "model.num_attention_heads must be positive (got ",
+             m.num_attention_heads, ")");
+  MX_REQUIRE(m.hidden_size > 0, "model.hidden_size must be positive (got ", m.hidden_size, ")");
+  m.finalize();
+  m.validate();
+}
+
+void validate(const RunConfig& c) {
+  const auto& t = c.train;
+  MX_REQUIRE(t.steps >= 1, "train.steps must be at least 1 (got ", t.steps, ")");
+  MX_REQUIRE(t.micro_batch >= 1, "train.micro_batch must be at least 1 (got ", t.micro_batch, ")");
+  MX_REQUIRE(t.seq_len >= 1, "train.seq_len must be at least 1 (got ", t.seq_len, ")");
+  MX_REQUIRE(t.grad_accum >= 1, "train.grad_accum must be at least 1 (got ", t.grad_accum, ")");
+  MX_REQUIRE(t.lr > 0 && std::isfinite(t.lr), "train.lr must be positive (got ", t.lr, ")");
+  MX_REQUIRE(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, train.lr] (got ",
+             t.min_lr, ")");
+  MX_REQUIRE(t.warmup_steps >= 0, "train.warmup_steps must be >= 0 (got ", t.warmup_steps, ")");
+  MX_REQUIRE(t.weight_decay >= 0, "train.weight_decay must be >= 0 (got ", t.weight_decay, ")");
+  MX_REQUIRE(t.grad_clip >= 0, "train.grad_clip must be >= 0 (got ", t.grad_clip, ")");
+  MX_REQUIRE(t.beta1 >= 0 && t.beta1 < 1, "train.beta1 must be in [0, 1) (got ", t.beta1, ")");
+  MX_REQUIRE(t.beta2 >= 0 && t.beta2 < 1, "train.beta2 must be in [0, 1) (got ", t.beta2, ")");
+  MX_REQUIRE(t.eps > 0, "train.eps must be positive (got ", t.eps, ")");
+  MX_REQUIRE(t.eval_every >= 0, "train.eval_every must be >= 0 (got ", t.eval_every, ")");
+  MX_REQUIRE(t.eval_batches >= 1, "train.eval_batches must be >= 1 (got ", t.eval_batches, ")");
+  MX_REQUIRE(t.log_every >= 1, "train.log_every must be >= 1 (got ", t.log_every, ")");
+  MX_REQUIRE(c.data.val_fraction >= 0 && c.data.val_fraction < 1,
+             "data.val_fraction must be in [0, 1) (got ", c.data.val_fraction, ")");
+  MX_REQUIRE(c.precision.recipe == "fp32",
+             "precision.recipe '", c.precision.recipe,
+             "' is not available in this build (the CPU engine trains in fp32; "
+             "low-precision recipes are not implemented yet)");
+  const auto& s = c.parallel.sharding;
+  MX_REQUIRE(s == "full" || s == "grad-op" || s == "none" || s == "hybrid",
+             "parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')");
+  MX_REQUIRE(c.parallel.shard_group >= 0, "parallel.shard_group must be >= 0");
+  MX_REQUIRE(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (got ", c.checkpoint.every,
+             ")");
+  MX_REQUIRE(c.checkpoint.keep >= 0, "checkpoint.keep must be >= 0 (got ", c.checkpoint.keep, ")");
+  MX_REQUIRE(c.checkpoint.s3_uri.empty(),
+             "checkpoint.s3_uri: S3 checkpoints are not available in this build yet");
+  MX_REQUIRE(!c.checkpoint.async,
+             "checkpoint.async: asynchronous checkpoints are not available in this build yet");
+  MX_REQUIRE(c.run.sample_tokens >= 0, "run.sample_tokens must be >= 0");
+  MX_REQUIRE(c.run.threads >= 0, "run.threads must be >= 0");
+  MX_REQUIRE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
+             "run.name must be a non-empty name without '/'");
+  MX_REQUIRE(c.memory.activation_checkpointing == "none" ||
+                 c.memory.activation_checkpointing == "selective" ||
+                 c.memory.activation_checkpointing == "full",
+             "memory.activation_checkpointing must be none, selective or full (got '",
+             c.memory.activation_checkpointing, "')");
+}
+
+}  // namespace
+
+std::string RunConfig::out_dir() const { return run.out_dir.empty() ? "runs/" + run.name : run.out_dir; }
+std::string RunConfig::metrics_path() const {
+  return run.metrics.empty() ? out_dir() + "/metrics.jsonl" : run.metrics;
+}
+std::string RunConfig::checkpoint_dir() const {
+  return checkpoint.dir.empty() ? out_dir() + "/checkpoints" : checkpoint.dir;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {
+  Staging s;
+  if (!path.empty()) {
+    toml::value root;
+    try {
+      root = toml::parse(path);
+    } catch (const std::runtime_error& e) {  // file missing or unreadable
+      throw UserError(str("cannot read config file ", path, ": ", one_line(e.what())));
+    } catch (const std::exception& e) {  // syntax errors
+      throw UserError(str("config file ", path, " is not valid TOML: ", one_line(e.what())));
+    }
+    if (!root.is_table()) throw UserError(str("config file ", path, " is not a TOML table"));
+    for (auto& [section, body] : root.as_table()) {
+      if (!body.is_table()) {
+        if (known_keys_of(section).empty())
+          throw UserError(str("unknown config section '", section, "' in ", path, " (known: ",
+                              known_sections(), ")"));
+        throw UserError(str("config section [", section, "] in ", path, " must be a table"));
+      }
+      for (auto& [key, v] : body.as_table()) {
+        std::string full = section + "." + key;
+        const Field& f = require_field(full, " in " + path);
+        f.set(s, from_toml(f, v, " in " + path));
+      }
+    }
+  }
+  for (const std::string& item : sets) {
+    auto eq = item.find('=');
+    MX_REQUIRE(eq != std::string::npos && eq > 0, "--set expects section.key=value (got '", item,
+               "')");
+    std::string key = item.substr(0, eq);
+    const Field& f = require_field(key, " (from --set)");
+    f.set(s, from_text(f, item.substr(eq + 1)));
+  }
+  apply_model_fields(s);
+  validate(s.cfg);
+  return s.cfg;
+}
+
+std::vector<std::string> config_reference() {
+  std::vector<std::string> out;
+  for (auto& f : schema()) out.push_back(str(f.key, "  (", kind_name(f.kind), ")  ", f.help));
+  return out;
+}
+
+}  // namespace mx

@@ -1,0 +1,94 @@
+// The run's configuration: one TOML file plus `--set section.key=value` overrides, checked
+// against a schema so that an unknown key or a wrong type is an error, never ignored.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace mx {
+
+struct RunConfig {
+  std::string model_preset = "small";
+  ModelConfig model;  // the preset with any Hugging Face fields applied, finalized, validated
+
+  struct Train {
+    int64_t steps = 300;
+    int64_t micro_batch = 8;
+    int64_t seq_len = 256;
+    int64_t grad_accum = 1;
+    double lr = 2e-3;
+    double min_lr = 2e-4;
+    int64_t warmup_steps = 20;
+    double weight_decay = 0.1;
+    double grad_clip = 1.0;
+    int64_t seed = 1234;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    int64_t eval_every = 100;
+    int64_t eval_batches = 4;
+    int64_t log_every = 1;
+  } train;
+
+  struct Data {
+    std::string path;  // empty: the corpus the build prepared (build/corpus.txt)
+    std::string format = "auto";
+    bool shuffle = true;
+    double val_fraction = 0.05;
+  } data;
+
+  struct Precision {
+    std::string recipe = "fp32";
+    int64_t high_precision_first = 0;
+    int64_t high_precision_last = 0;
+    int64_t stats_every = 0;
+  } precision;
+
+  struct Memory {
+    std::string activation_checkpointing = "none";
+  } memory;
+
+  struct Parallel {
+    std::string sharding = "full";
+    int64_t shard_group = 0;
+  } parallel;
+
+  struct Checkpoint {
+    std::string dir;  // empty: <run.out_dir>/checkpoints
+    std::string s3_uri;
+    int64_t every = 0;  // 0: only at the end of the run
+    int64_t keep = 0;   // 0: keep all
+    bool async = false;
+    std::string resume = "auto";  // auto | none | PATH
+  } checkpoint;
+
+  struct Init {
+    std::string from;
+  } init;
+
+  struct Run {
+    std::string name = "default";
+    std::string out_dir;  // empty: runs/<name>
+    std::string metrics;  // empty: <out_dir>/metrics.jsonl
+    std::string device = "cpu";
+    int64_t sample_tokens = 200;
+    std::string sample_prompt = "The ";
+    int64_t threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS or all cores)
+  } run;
+
+  // Paths with their defaults filled in.
+  std::string out_dir() const;
+  std::string metrics_path() const;
+  std::string checkpoint_dir() const;
+};
+
+// Reads `path` (may be empty: defaults only), applies `sets` ("section.key=value"), validates.
+// Every problem is a UserError naming the key (and file).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets);
+
+// The documented keys, for `mxtrain train --help-config` and the docs: "section.key  type  help".
+std::vector<std::string> config_reference();
+
+}  // namespace mx

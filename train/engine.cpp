@@ -1,0 +1,29 @@
+#include "train/engine.h"
+
+namespace mx {
+
+Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
+    : config(cfg), options(opt), layout(cfg), backend(make_backend(opt.device)) {
+  const size_t param_bytes = sizeof(float) * size_t(layout.total_numel());
+  auto persistent = [&](const char* name, bool wanted, void** base) {
+    auto arena = std::make_unique<Arena>(name, wanted ? param_bytes : 0, &tracker);
+    if (wanted) {
+      *base = arena->alloc_f32_zero(layout.total_numel());
+    }
+    return arena;
+  };
+  params = persistent("master_weights", true, &params_base_);
+  grads = persistent("gradients", opt.gradients, &grads_base_);
+  adam_m = persistent("adam_m", opt.optimizer, &m_base_);
+  adam_v = persistent("adam_v", opt.optimizer, &v_base_);
+  ActivationBytes act = activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing);
+  saved = std::make_unique<Arena>("activations", act.saved, &tracker);
+  scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker);
+  const size_t batch_count = size_t(opt.micro_batch) * size_t(opt.seq_len + 1);
+  batch = std::make_unique<Arena>("batch", sizeof(int32_t) * batch_count, &tracker);
+  batch_base_ = static_cast<int32_t*>(batch->alloc(sizeof(int32_t) * batch_count));
+  model = std::make_unique<LlamaModel>(config, layout, *backend, opt.checkpointing, *saved,
+                                       *scratch);
+}
+
+}  // namespace mx

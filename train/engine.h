@@ -1,0 +1,51 @@
+// Everything one process needs to run the model: backend, parameter layout and the arenas,
+// sized up front for a given micro-batch shape and checkpointing policy. Shared by `train`,
+// `debug grads` and evaluation.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "model/params.h"
+
+namespace mx {
+
+struct EngineOptions {
+  std::string device = "cpu";
+  Checkpointing checkpointing = Checkpointing::kNone;
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;
+  bool gradients = true;  // allocate gradients
+  bool optimizer = true;  // allocate AdamW moments
+};
+
+class Engine {
+ public:
+  Engine(const ModelConfig& config, const EngineOptions& options);
+
+  ModelConfig config;
+  EngineOptions options;
+  ParamLayout layout;
+  std::unique_ptr<Backend> backend;
+  MemoryTracker tracker;
+  std::unique_ptr<Arena> params, grads, adam_m, adam_v, saved, scratch, batch;
+  std::unique_ptr<LlamaModel> model;
+
+  float* param_data() const { return static_cast<float*>(params_base_); }
+  float* grad_data() const { return static_cast<float*>(grads_base_); }
+  float* m_data() const { return static_cast<float*>(m_base_); }
+  float* v_data() const { return static_cast<float*>(v_base_); }
+  int32_t* batch_tokens() const { return batch_base_; }  // [micro_batch, seq_len + 1]
+
+ private:
+  void* params_base_ = nullptr;
+  void* grads_base_ = nullptr;
+  void* m_base_ = nullptr;
+  void* v_base_ = nullptr;
+  int32_t* batch_base_ = nullptr;
+};
+
+}  // namespace mx
