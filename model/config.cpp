@@ -85,7 +85,7 @@ ModelConfig model_preset(const std::string& name) {
   // Byte-level presets use vocab 256 (the built-in tokenizer); the rest use Llama 3's 128256
   // (or Llama 2's 32000 for 125m), with the shapes of the published models.
   if (name == "tiny") return make(64, 160, 2, 4, 2, 16, 256, 10000.0, false, 1024);
-  if (name == "small") return make(384, 1024, 6, 6, 2, 64, 256, 10000.0, false, 2048);
+  if (name == "small") return make(384, 1152, 6, 6, 2, 64, 256, 10000.0, false, 2048);
   // GPT-3 Small's 125M shape as a Llama (12 x 768, 12 heads), Llama-2 vocabulary.
   if (name == "125m") return make(768, 2048, 12, 12, 12, 64, 32000, 10000.0, false, 2048);
   // meta-llama/Llama-3.2-1B and -3B config.json (rope scaling not modelled).
@@ -97,8 +97,9 @@ ModelConfig model_preset(const std::string& name) {
   // sizes), with Llama 3's vocabulary.
   if (name == "14b") return make(5120, 13824, 48, 40, 8, 128, 128256, 500000.0, false, 8192);
   if (name == "32b") return make(5120, 27648, 64, 40, 8, 128, 128256, 500000.0, false, 8192);
-  // 64B: LLaMA-65B's 80 x 8192 body with Llama 2 70B's GQA (8 KV heads) and Llama 3's vocabulary.
-  if (name == "64b") return make(8192, 22016, 80, 64, 8, 128, 128256, 500000.0, false, 8192);
+  // 64B: Llama 2 70B's body (80 x 8192, 64 heads, 8 KV heads) with the MLP narrowed from 28672
+  // to 25344 so that the total, with Llama 3's vocabulary, is 64.0B.
+  if (name == "64b") return make(8192, 25344, 80, 64, 8, 128, 128256, 500000.0, false, 8192);
   std::string names;
   for (auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
   throw UserError(str("unknown model preset '", name, "' (known: ", names, ")"));

@@ -106,7 +106,7 @@ int run_training(const RunConfig& cfg) {
     init_params(engine.layout, P, uint64_t(tc.seed));
   }
 
-  const double peak_flops = measure_sgemm_flops(be, 512, 2);
+  const double peak_flops = measure_sgemm_flops(be, 1024, 3);
   const int64_t tokens_per_step = B * T * tc.grad_accum;
   const double flops_per_token = model_cfg.flops_per_token(T);
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",

@@ -61,7 +61,7 @@ class HfConfigTest : public ::testing::Test {
     std::ofstream(path, std::ios::binary) << text;
     return path;
   }
-  // The 1B config with one field replaced (or removed, for a null json value... see callers).
+  // The 1B config with one field set to `value`, or removed when `remove` is true.
   std::string write_variant(const std::string& name, const std::string& field,
                             const nlohmann::json& value, bool remove = false) {
     nlohmann::json j = nlohmann::json::parse(kLlama32_1B);

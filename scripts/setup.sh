@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what mxtrain needs on a fresh Debian 12 machine and builds it into build/.
+# Idempotent: packages already present are not reinstalled, the build is incremental.
+#   scripts/setup.sh            the engine and the demo corpus
+#   scripts/setup.sh --tests    also what the test suite needs (PyTorch reference, pytest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+          nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev fortunes)
+if [ "${1:-}" = "--tests" ]; then
+  packages+=(python3-torch python3-numpy python3-pytest)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  echo "setup: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+[ -s build/corpus.txt ] || scripts/make_corpus.sh build/corpus.txt

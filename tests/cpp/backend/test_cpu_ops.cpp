@@ -1,0 +1,275 @@
+// CPU backend ops against naive double-precision references written from the definitions,
+// and backward ops against central finite differences of those references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace {
+
+std::vector<float> randn(int64_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// Every element within tol * max|ref| (+ a tiny floor).
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, double tol,
+                  const char* what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double scale = max_abs(ref) + 1e-12;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], ref[i], tol * scale + 1e-7) << what << " at " << i;
+}
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+TEST(CpuOps, GemmAllTransposes) {
+  auto be = mx::make_cpu_backend();
+  const int64_t M = 7, N = 5, K = 9;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      auto A = randn(M * K, 1), B = randn(K * N, 2), C = randn(M * N, 3);
+      std::vector<double> ref(M * N);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0;
+          for (int64_t k = 0; k < K; ++k)
+            s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+          ref[i * N + j] = 0.5 * s + 2.0 * C[i * N + j];
+        }
+      be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
+      expect_close(C, ref, 1e-6, "gemm");
+    }
+}
+
+TEST(CpuOps, RmsNormForwardBackward) {
+  auto be = mx::make_cpu_backend();
+  const int64_t N = 6, C = 37;
+  const float eps = 1e-5f;
+  auto x = randn(N * C, 4), w = randn(C, 5), dy = randn(N * C, 6);
+  auto ref_forward = [&](const std::vector<double>& xd, const std::vector<double>& wd) {
+    std::vector<double> y(N * C);
+    for (int64_t n = 0; n < N; ++n) {
+      double ss = 0;
+      for (int64_t c = 0; c < C; ++c) ss += xd[n * C + c] * xd[n * C + c];
+      double r = 1.0 / std::sqrt(ss / C + eps);
+      for (int64_t c = 0; c < C; ++c) y[n * C + c] = xd[n * C + c] * r * wd[c];
+    }
+    return y;
+  };
+  std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end());
+  std::vector<float> y(N * C, kNaN), rstd(N, kNaN);
+  be->rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  expect_close(y, ref_forward(xd, wd), 1e-6, "rmsnorm y");
+  // Backward: dx accumulates onto what is there, dw accumulates too.
+  std::vector<float> dx(N * C, 0.25f), dw(C, -1.0f);
+  be->rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+  auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww) {
+    auto yy = ref_forward(xx, ww);
+    double s = 0;
+    for (int64_t i = 0; i < N * C; ++i) s += yy[i] * dy[i];
+    return s;
+  };
+  std::vector<double> dx_ref(N * C), dw_ref(C);
+  const double h = 1e-6;
+  for (int64_t i = 0; i < N * C; ++i) {
+    auto a = xd, b = xd;
+    a[i] += h;
+    b[i] -= h;
+    dx_ref[i] = 0.25 + (loss(a, wd) - loss(b, wd)) / (2 * h);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    auto a = wd, b = wd;
+    a[c] += h;
+    b[c] -= h;
+    dw_ref[c] = -1.0 + (loss(xd, a) - loss(xd, b)) / (2 * h);
+  }
+  expect_close(dx, dx_ref, 1e-5, "rmsnorm dx");
+  expect_close(dw, dw_ref, 1e-5, "rmsnorm dw");
+}
+
+TEST(CpuOps, RopeRotateHalfAndInverse) {
+  auto be = mx::make_cpu_backend();
+  const int64_t B = 2, T = 5, H = 3, D = 8, half = D / 2;
+  const double theta = 10000.0;
+  std::vector<float> cos(T * half), sin(T * half);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      double a = t * std::pow(theta, -2.0 * i / D);
+      cos[t * half + i] = float(std::cos(a));
+      sin[t * half + i] = float(std::sin(a));
+    }
+  auto x = randn(B * T * H * D, 7);
+  std::vector<double> ref(x.size());
+  // Hugging Face: out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1].
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          int64_t base = ((b * T + t) * H + h) * D;
+          int64_t i = d % half;
+          double a = t * std::pow(theta, -2.0 * i / D);
+          double rot = d < half ? -double(x[base + d + half]) : double(x[base + d - half]);
+          ref[base + d] = x[base + d] * std::cos(a) + rot * std::sin(a);
+        }
+  auto y = x;
+  be->rope_forward(y.data(), cos.data(), sin.data(), B, T, H, D);
+  expect_close(y, ref, 1e-6, "rope");
+  // backward of an orthogonal map is its transpose: applying it to the output gives x back.
+  be->rope_backward(y.data(), cos.data(), sin.data(), B, T, H, D);
+  std::vector<double> xd(x.begin(), x.end());
+  expect_close(y, xd, 1e-6, "rope inverse");
+}
+
+TEST(CpuOps, SwigluForwardBackward) {
+  auto be = mx::make_cpu_backend();
+  const int64_t n = 101;
+  auto g = randn(n, 8, 3.0f), u = randn(n, 9), ds = randn(n, 10);
+  std::vector<float> s(n, kNaN), dg(n, kNaN), du(n, kNaN);
+  be->swiglu_forward(s.data(), g.data(), u.data(), n);
+  be->swiglu_backward(dg.data(), du.data(), ds.data(), g.data(), u.data(), n);
+  std::vector<double> s_ref(n), dg_ref(n), du_ref(n);
+  auto f = [](double gg, double uu) { return gg / (1 + std::exp(-gg)) * uu; };
+  for (int64_t i = 0; i < n; ++i) {
+    s_ref[i] = f(g[i], u[i]);
+    const double h = 1e-6;
+    dg_ref[i] = ds[i] * (f(g[i] + h, u[i]) - f(g[i] - h, u[i])) / (2 * h);
+    du_ref[i] = ds[i] * (f(g[i], u[i] + h) - f(g[i], u[i] - h)) / (2 * h);
+  }
+  expect_close(s, s_ref, 1e-6, "swiglu");
+  expect_close(dg, dg_ref, 1e-5, "swiglu dg");
+  expect_close(du, du_ref, 1e-5, "swiglu du");
+}
+
+TEST(CpuOps, EmbeddingForwardBackwardWithRepeats) {
+  auto be = mx::make_cpu_backend();
+  const int64_t V = 11, C = 13, N = 9;
+  auto table = randn(V * C, 11), dout = randn(N * C, 12);
+  std::vector<int32_t> tokens = {3, 0, 3, 10, 7, 3, 0, 1, 10};
+  std::vector<float> out(N * C, kNaN);
+  be->embedding_forward(out.data(), tokens.data(), table.data(), N, C);
+  std::vector<double> out_ref(N * C), dtab_ref(V * C, 0.5);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      out_ref[n * C + c] = table[tokens[n] * C + c];
+      dtab_ref[tokens[n] * C + c] += dout[n * C + c];
+    }
+  expect_close(out, out_ref, 0, "embedding");
+  std::vector<float> dtab(V * C, 0.5f);
+  be->embedding_backward(dtab.data(), tokens.data(), dout.data(), N, C);
+  expect_close(dtab, dtab_ref, 1e-6, "embedding backward");
+}
+
+TEST(CpuOps, HeadCrossEntropyChunkedMatchesDefinition) {
+  auto be = mx::make_cpu_backend();
+  const int64_t N = 10, C = 12, V = 17;
+  auto h = randn(N * C, 13), w = randn(V * C, 14, 0.5f);
+  std::vector<int32_t> tgt = {0, 16, 5, 5, 3, 9, 1, 12, 16, 2};
+  const float scale = 0.3f;
+  // Reference: loss_sum and gradients of scale * loss_sum in double.
+  auto loss_of = [&](const std::vector<double>& hh, const std::vector<double>& ww) {
+    double total = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> z(V);
+      double mx = -1e300;
+      for (int64_t v = 0; v < V; ++v) {
+        double s = 0;
+        for (int64_t c = 0; c < C; ++c) s += hh[n * C + c] * ww[v * C + c];
+        z[v] = s;
+        mx = std::max(mx, s);
+      }
+      double se = 0;
+      for (double zz : z) se += std::exp(zz - mx);
+      total += mx + std::log(se) - z[tgt[n]];
+    }
+    return total;
+  };
+  std::vector<double> hd(h.begin(), h.end()), wd(w.begin(), w.end());
+  const double loss_ref = loss_of(hd, wd);
+  for (int64_t chunk : {1, 3, 10}) {
+    std::vector<float> dh(N * C, kNaN), dw(V * C, 1.0f), ws(chunk * V);
+    double loss = be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N,
+                                         C, V, scale, ws.data(), chunk);
+    EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref));
+    std::vector<double> dh_ref(N * C), dw_ref(V * C);
+    const double eps = 1e-6;
+    for (int64_t i = 0; i < N * C; ++i) {
+      auto a = hd, b = hd;
+      a[i] += eps;
+      b[i] -= eps;
+      dh_ref[i] = scale * (loss_of(a, wd) - loss_of(b, wd)) / (2 * eps);
+    }
+    for (int64_t i = 0; i < V * C; ++i) {
+      auto a = wd, b = wd;
+      a[i] += eps;
+      b[i] -= eps;
+      dw_ref[i] = 1.0 + scale * (loss_of(hd, a) - loss_of(hd, b)) / (2 * eps);
+    }
+    expect_close(dh, dh_ref, 1e-5, "head dh");
+    expect_close(dw, dw_ref, 1e-5, "head dw");
+  }
+}
+
+TEST(CpuOps, AdamWMatchesTorchFormula) {
+  auto be = mx::make_cpu_backend();
+  const int64_t n = 33;
+  auto p = randn(n, 15), g = randn(n, 16), m = randn(n, 17, 0.1f), v = randn(n, 18, 0.1f);
+  for (auto& x : v) x = std::fabs(x);
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  const int64_t t = 3;
+  std::vector<double> p_ref(n);
+  for (int64_t i = 0; i < n; ++i) {
+    // torch.optim.AdamW, written from its documentation's algorithm.
+    double theta = p[i] * (1 - lr * wd);
+    double mi = b1 * m[i] + (1 - b1) * g[i];
+    double vi = b2 * v[i] + (1 - b2) * double(g[i]) * g[i];
+    double mhat = mi / (1 - std::pow(b1, t)), vhat = vi / (1 - std::pow(b2, t));
+    p_ref[i] = theta - lr * mhat / (std::sqrt(vhat) + eps);
+  }
+  be->adamw(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2),
+            float(eps), float(wd), t);
+  expect_close(p, p_ref, 1e-6, "adamw");
+}
+
+TEST(CpuOps, AttentionDecodeMatchesLastRowOfCausalAttention) {
+  auto be = mx::make_cpu_backend();
+  const int64_t T = 9, H = 4, KV = 2, D = 8;
+  auto q = randn(T * H * D, 19), k = randn(T * KV * D, 20), v = randn(T * KV * D, 21);
+  std::vector<float> out(H * D, kNaN);
+  be->attention_decode(out.data(), q.data() + (T - 1) * H * D, k.data(), v.data(), T, H, KV, D);
+  std::vector<double> ref(H * D);
+  for (int64_t h = 0; h < H; ++h) {
+    int64_t kv = h / (H / KV);
+    std::vector<double> s(T);
+    double mx = -1e300, sum = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      double d = 0;
+      for (int64_t i = 0; i < D; ++i) d += double(q[((T - 1) * H + h) * D + i]) * k[(t * KV + kv) * D + i];
+      s[t] = d / std::sqrt(double(D));
+      mx = std::max(mx, s[t]);
+    }
+    for (auto& x : s) sum += (x = std::exp(x - mx));
+    for (int64_t i = 0; i < D; ++i) {
+      double o = 0;
+      for (int64_t t = 0; t < T; ++t) o += s[t] / sum * v[(t * KV + kv) * D + i];
+      ref[h * D + i] = o;
+    }
+  }
+  expect_close(out, ref, 1e-5, "attention decode");
+}
+
+}  // namespace
