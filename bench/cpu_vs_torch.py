@@ -117,6 +117,13 @@ def sgemm_rate():
     raise RuntimeError(f"no JSON in `mxtrain bench sgemm` output:\n{p.stdout}")
 
 
+def loadavg():
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def cpu_model():
     try:
         for line in open("/proc/cpuinfo"):
@@ -145,7 +152,8 @@ def main():
     if not os.access(mxtrain_bin(), os.X_OK):
         sys.exit(f"error: mxtrain binary not found at {mxtrain_bin()} (build it, or set MXTRAIN_BIN)")
 
-    sgemm = sgemm_rate()
+    load_before = loadavg()
+    sgemm_before = sgemm_rate()
     rows = []
     with tempfile.TemporaryDirectory(prefix="mxbench_") as work:
         for seq, batch in RUNS:
@@ -154,10 +162,13 @@ def main():
             rows.append((seq, batch, mx, th))
             print(f"seq {seq} x batch {batch}: mxtrain {mx['tokens_per_s']:.0f} tok/s, "
                   f"torch {th['tokens_per_s']:.0f} tok/s", flush=True)
+    # Measured before and after: a big gap means something else used the CPU meanwhile.
+    sgemm_after = sgemm_rate()
+    sgemm = max(sgemm_before, sgemm_after)
 
     lines = [
-        f"| seq x batch | mxtrain tok/s | PyTorch tok/s | ratio (mxtrain/PyTorch) | mxtrain GEMM GFLOP/s "
-        f"| share of SGEMM | mxtrain MFU | mxtrain peak MiB |",
+        "| seq x batch | mxtrain tok/s | PyTorch tok/s | ratio (mxtrain/PyTorch) | mxtrain GEMM GFLOP/s "
+        "| share of SGEMM | mxtrain MFU | mxtrain peak MiB |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for seq, batch, mx, th in rows:
@@ -170,10 +181,14 @@ def main():
     table = "\n".join(lines)
     header = (f"Model: hidden 512, 8 layers, 8 heads / 4 KV, intermediate 1536, vocab 32000, untied, "
               f"fp32; {THREADS} threads each; {args.steps} steps, first {args.skip} untimed.\n"
-              f"Machine SGEMM (`mxtrain bench sgemm`): {sgemm:.1f} GFLOP/s. "
-              f"PyTorch {torch.__version__}.")
+              f"Machine SGEMM (`mxtrain bench sgemm`, before / after): {sgemm_before:.1f} / "
+              f"{sgemm_after:.1f} GFLOP/s; shares below use {sgemm:.1f}. "
+              f"Load average at start: {load_before}. PyTorch {torch.__version__}.")
+    if min(sgemm_before, sgemm_after) < 0.85 * sgemm or float(load_before.split()[0]) > 1.5:
+        header += ("\n\n**Warning: the machine was not idle (load average or SGEMM drift); "
+                   "treat these numbers as noisy.**")
     print()
-    print(header)
+    print(header + "\n")
     print(table)
 
     if not args.no_record:

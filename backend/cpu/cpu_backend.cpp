@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
+#include "backend/cpu/vec_math.h"
 #include "core/error.h"
 
 namespace mx {
@@ -132,22 +133,16 @@ class CpuBackend final : public Backend {
   }
 
   void swiglu_forward(float* s, const float* g, const float* u, int64_t n) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float sig = 1.0f / (1.0f + std::exp(-g[i]));
-      s[i] = g[i] * sig * u[i];
-    }
+    parallel_chunks(n, [&](int64_t i0, int64_t i1) {
+      cpu::silu_mul(s + i0, g + i0, u + i0, i1 - i0);
+    });
   }
 
   void swiglu_backward(float* dg, float* du, const float* ds, const float* g, const float* u,
                        int64_t n) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float sig = 1.0f / (1.0f + std::exp(-g[i]));
-      float silu = g[i] * sig;
-      du[i] = ds[i] * silu;
-      dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-    }
+    parallel_chunks(n, [&](int64_t i0, int64_t i1) {
+      cpu::silu_mul_backward(dg + i0, du + i0, ds + i0, g + i0, u + i0, i1 - i0);
+    });
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
@@ -185,16 +180,15 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static) reduction(+ : chunk_loss)
       for (int64_t r = 0; r < R; ++r) {
         float* row = logits + r * V;
-        int32_t tgt = targets[r0 + r];
+        const int32_t tgt = targets[r0 + r];
+        const float target_logit = row[tgt];
         float mx = row[0];
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, row[j]);
-        double sum = 0;
-        for (int64_t j = 0; j < V; ++j) sum += std::exp(double(row[j] - mx));
-        double lse = double(mx) + std::log(sum);
-        chunk_loss += lse - double(row[tgt]);
+        const float sum = cpu::exp_row(row, V, mx);  // row <- exp(row - max)
+        chunk_loss += double(mx) + std::log(double(sum)) - double(target_logit);
         if (dh) {  // dlogits = grad_scale * (softmax - onehot), in place
-          float inv = float(1.0 / sum);
-          for (int64_t j = 0; j < V; ++j) row[j] = grad_scale * std::exp(row[j] - mx) * inv;
+          const float k = grad_scale / sum;
+          for (int64_t j = 0; j < V; ++j) row[j] *= k;
           row[tgt] -= grad_scale;
         }
       }
@@ -266,6 +260,17 @@ class CpuBackend final : public Backend {
           }
         }
       }
+  }
+
+  // Splits [0, n) into one contiguous chunk per thread (vector loops inside stay aligned).
+  template <typename F>
+  static void parallel_chunks(int64_t n, F&& body) {
+#pragma omp parallel
+    {
+      const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      int64_t i0 = n * t / nt / 8 * 8, i1 = t + 1 == nt ? n : n * (t + 1) / nt / 8 * 8;
+      if (i1 > i0) body(i0, i1);
+    }
   }
 
   GemmStats stats_;

@@ -6,7 +6,6 @@ import struct
 
 import numpy as np
 import pytest
-import torch
 
 import hf_io
 import llama_ref

@@ -1,6 +1,7 @@
 """Eight steps of `mxtrain train` against the same run in PyTorch: torch.optim.AdamW with decay / no
 decay groups, clip_grad_norm_, warmup + cosine LR, grad accumulation, unshuffled windows."""
 import numpy as np
+import pytest
 
 import llama_ref
 from conftest import read_metrics, set_args, write_model
@@ -42,8 +43,9 @@ def reference_run(params, cfg, tokens, grad_clip):
     return [tr.step(micro_batches(tokens, s)) for s in range(STEPS)]
 
 
-def test_training_matches_pytorch(mxtrain, tmp_path):
-    cfg = llama_ref.make_shape(**SHAPE)
+@pytest.mark.parametrize("tied,policy", [(False, "none"), (True, "full")])
+def test_training_matches_pytorch(mxtrain, tmp_path, tied, policy):
+    cfg = llama_ref.make_shape(**SHAPE, tie_word_embeddings=tied)
     params = llama_ref.random_params(cfg, seed=21, std=0.1)
     tokens = make_tokens(22)
     assert (len(tokens) - 1) // SEQ == NUM_WINDOWS
@@ -84,6 +86,7 @@ from = "{model_dir}"
 """)
     r = mxtrain(["train", "--config", config] + set_args({
         "train.grad_clip": grad_clip,
+        "memory.activation_checkpointing": policy,
         "run.name": "train_ref",
         "run.out_dir": tmp_path / "run",
         "run.metrics": metrics,

@@ -26,9 +26,8 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, corpus):
     """30 steps, checkpoint every 10; shared by the tests below."""
-    from conftest import binary_available, run_mxtrain
-    if not binary_available():
-        pytest.skip("mxtrain binary not built")
+    from conftest import require_binary, run_mxtrain
+    require_binary()
     tmp = tmp_path_factory.mktemp("smoke")
     settings = dict(MODEL)
     settings.update({
