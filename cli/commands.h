@@ -13,5 +13,7 @@ void add_debug(CLI::App& app, Action& action);
 void add_ckpt(CLI::App& app, Action& action);
 void add_generate(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
+void add_numerics(CLI::App& app, Action& action);
+void add_plan(CLI::App& app, Action& action);
 
 }  // namespace mx::cli

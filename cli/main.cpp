@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   mx::cli::add_ckpt(app, action);
   mx::cli::add_generate(app, action);
   mx::cli::add_bench(app, action);
+  mx::cli::add_numerics(app, action);
+  mx::cli::add_plan(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-          nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev fortunes)
+          nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev libcurl4-openssl-dev
+          libssl-dev fortunes)
 if [ "${1:-}" = "--tests" ]; then
   packages+=(python3-torch python3-numpy python3-pytest)
 fi
@@ -22,6 +23,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "${1:-}" = "--tests" ]; then
+  # Reference-test Python: Debian's python3 (it has python3-torch) in a venv that sees the system
+  # packages, plus ml_dtypes from PyPI for the number formats. ml_dtypes 0.5.4 without its
+  # dependencies: newer releases need NumPy 2, which Debian's torch 1.13 cannot use.
+  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv
+  .venv/bin/python -c "import ml_dtypes" 2>/dev/null ||
+    .venv/bin/pip install -q --no-deps "ml_dtypes==0.5.4"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

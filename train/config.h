@@ -14,7 +14,7 @@ struct RunConfig {
   ModelConfig model;  // the preset with any Hugging Face fields applied, finalized, validated
 
   struct Train {
-    int64_t steps = 300;
+    int64_t steps = 200;
     int64_t micro_batch = 8;
     int64_t seq_len = 256;
     int64_t grad_accum = 1;
@@ -27,7 +27,7 @@ struct RunConfig {
     double beta1 = 0.9;
     double beta2 = 0.95;
     double eps = 1e-8;
-    int64_t eval_every = 100;
+    int64_t eval_every = 50;
     int64_t eval_batches = 4;
     int64_t log_every = 1;
   } train;

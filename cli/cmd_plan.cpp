@@ -1,0 +1,143 @@
+// mxtrain plan: what fits in memory and what will be fastest, before a job starts.
+#include <toml.hpp>
+
+#include <cstdio>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "plan/planner.h"
+#include "plan/recipe.h"
+#include "train/config.h"
+
+namespace mx::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string config, gpu, recipes;
+  std::vector<std::string> sets;
+  int64_t gpus = 0, nodes = 1;
+  bool json = false;
+};
+
+// precision.recipe: the engine's config loader accepts only fp32 (the CPU engine); the planner
+// models the GPU recipes, so it reads the key itself and hands the loader fp32.
+std::string recipe_from(const PlanArgs& a, std::vector<std::string>& sets_for_loader) {
+  std::string recipe;
+  if (!a.config.empty()) {
+    try {
+      auto root = toml::parse(a.config);
+      if (root.is_table() && root.contains("precision") && root.at("precision").is_table() &&
+          root.at("precision").contains("recipe") &&
+          root.at("precision").at("recipe").is_string())
+        recipe = root.at("precision").at("recipe").as_string().str;
+    } catch (const std::exception&) {
+      // load_run_config reports unreadable or invalid files with the proper message
+    }
+  }
+  for (const std::string& s : a.sets) {
+    const std::string k = "precision.recipe=";
+    if (s.rfind(k, 0) == 0) {
+      recipe = s.substr(k.size());
+      if (recipe.size() >= 2 && (recipe.front() == '"' || recipe.front() == '\'') &&
+          recipe.back() == recipe.front())
+        recipe = recipe.substr(1, recipe.size() - 2);
+    } else {
+      sets_for_loader.push_back(s);
+    }
+  }
+  sets_for_loader.push_back("precision.recipe=fp32");
+  return recipe.empty() ? "fp32" : recipe;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int run_plan(const PlanArgs& a) {
+  MX_REQUIRE(a.gpus >= 1, "--gpus must be at least 1 (got ", a.gpus, ")");
+  MX_REQUIRE(a.nodes >= 1, "--nodes must be at least 1 (got ", a.nodes, ")");
+  const plan::GpuSpec gpu = plan::find_gpu(a.gpu);
+  MX_REQUIRE(a.gpus <= gpu.gpus_per_node, "--gpus is per node: an ", gpu.instance, " has ",
+             gpu.gpus_per_node, " ", gpu.name, " GPUs (got ", a.gpus, ")");
+  std::vector<std::string> sets;
+  std::string recipe = recipe_from(a, sets);
+  const RunConfig cfg = load_run_config(a.config, sets);
+  std::vector<std::string> notes;
+  plan::recipe_model(recipe);  // UserError for an unknown recipe
+  if (!gpu.is_cpu && recipe == "fp32") {
+    recipe = "bf16";
+    notes.push_back("precision.recipe fp32 is the CPU engine's; on GPUs the plan uses bf16 "
+                    "(fp32 master weights, bf16 compute)");
+  }
+  MX_REQUIRE(plan::recipe_supported(recipe, gpu), "precision.recipe '", recipe,
+             "' does not run on ", gpu.name,
+             gpu.is_cpu ? " (the CPU engine trains in fp32)" : "");
+  MX_REQUIRE(cfg.init.from.empty(), "init.from: plan the model by its preset or HF fields "
+             "(model.*), not from a weights directory");
+
+  plan::PlanInput in;
+  in.model = cfg.model;
+  in.model_name = cfg.model_preset;
+  in.micro_batch = cfg.train.micro_batch;
+  in.seq_len = cfg.train.seq_len;
+  in.grad_accum = cfg.train.grad_accum;
+  in.checkpointing = parse_checkpointing(cfg.memory.activation_checkpointing);
+  in.sharding = cfg.parallel.sharding;
+  in.shard_group = cfg.parallel.shard_group;
+  in.recipe = recipe;
+  in.high_precision_first = cfg.precision.high_precision_first;
+  in.high_precision_last = cfg.precision.high_precision_last;
+  in.eval = cfg.train.eval_every > 0;
+  in.gpus_per_node = a.gpus;
+  in.nodes = a.nodes;
+  plan::shard_count(in);  // UserError for a shard group that does not divide the world
+
+  if (gpu.is_cpu) {
+    if (in.world_size() == 1)
+      notes.push_back("cpu, one process: memory is the engine's own arena accounting, replayed "
+                      "allocation by allocation (peak_mem_bytes of mxtrain train)");
+    else
+      notes.push_back("cpu with several processes: multi-process FSDP does not exist yet; the "
+                      "sharded state is a prediction");
+    notes.push_back("cpu throughput: GEMMs at the measured SGEMM rate x 0.9; a rough estimate");
+  } else {
+    notes.push_back("GPU memory and time are MODELLED (no CUDA engine or FSDP in this build); "
+                    "see docs/plan.md for every formula and constant");
+  }
+
+  const plan::Evaluation given = plan::evaluate(in, gpu);
+  const plan::Recommendation rec = plan::recommend(in, gpu, split_list(a.recipes));
+  if (a.json) {
+    std::printf("%s\n", plan::plan_json(given, rec, gpu, notes).dump(2).c_str());
+  } else {
+    std::printf("%s", plan::plan_table(given, rec, gpu, notes).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand(
+      "plan", "predict per-GPU memory and speed of a config, and recommend the fastest "
+              "micro-batch / checkpointing / sharding / recipe that fits");
+  auto a = std::make_shared<PlanArgs>();
+  cmd->add_option("--config", a->config, "TOML config file (as for train)");
+  cmd->add_option("--set", a->sets, "override: section.key=value (repeatable)");
+  cmd->add_option("--gpu", a->gpu, "h100 | h200 | b200 | b300 | cpu (this machine)")->required();
+  cmd->add_option("--gpus", a->gpus, "GPUs per node (processes for cpu)")->required();
+  cmd->add_option("--nodes", a->nodes, "nodes (instances), default 1");
+  cmd->add_option("--recipes", a->recipes,
+                  "comma-separated recipes the recommendation may use (default: all the GPU runs)");
+  cmd->add_flag("--json", a->json, "one JSON object instead of the table");
+  cmd->callback([&action, a] { action = [a] { return run_plan(*a); }; });
+}
+
+}  // namespace mx::cli
