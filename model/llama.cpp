@@ -232,11 +232,15 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   }
 }
 
-double LlamaModel::forward(const float* params, const int32_t* tokens, int64_t B, int64_t T,
-                           Checkpointing policy, float* grads, float grad_scale) {
+double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
+                           Checkpointing policy, bool training, float grad_scale) {
   const int64_t N = B * T, C = c_.hidden_size, V = c_.vocab_size, L = c_.num_hidden_layers;
   const float eps = float(c_.rms_norm_eps);
-  float* P = const_cast<float*>(params);  // layout accessors hand out mutable pointers
+  const bool tied = layout_.tied();
+  const int embed_u = layout_.embed_unit(), head_u = layout_.head_unit();
+  auto weights = [&](int unit, bool backward) {
+    return const_cast<float*>(access.acquire(unit, backward));  // accessors take float*
+  };
   const size_t saved_start = saved_.mark(), scratch_start = scratch_.mark();
 
   auto* inputs = static_cast<int32_t*>(saved_.alloc(sizeof(int32_t) * N));
@@ -252,44 +256,63 @@ double LlamaModel::forward(const float* params, const int32_t* tokens, int64_t B
   std::vector<BlockActs> acts(L);
   std::vector<size_t> marks(L);
   xs[0] = saved_.alloc_f32(N * C);
-  be_.embedding_forward(xs[0], inputs, layout_.embedding(P), N, C);
+  // A tied head reuses the embedding, so its unit stays acquired until the embedding backward.
+  float* embed = weights(embed_u, false);
+  be_.embedding_forward(xs[0], inputs, embed, N, C);
+  if (!tied) access.release(embed_u, false);
   for (int64_t l = 0; l < L; ++l) {
     marks[l] = saved_.mark();
     xs[l + 1] = saved_.alloc_f32(N * C);
     size_t sm = scratch_.mark();
-    block_forward(layout_.block(P, l), xs[l], xs[l + 1], acts[l], policy, B, T);
+    const int u = layout_.block_unit(l);
+    block_forward(layout_.block_in_unit(weights(u, false), l), xs[l], xs[l + 1], acts[l], policy,
+                  B, T);
+    access.release(u, false);
     scratch_.release(sm);
     acts[l].drop_unsaved(policy);
   }
 
   // Final norm + head + cross-entropy, fused with their backward when training.
-  float* dresid = grads ? scratch_.alloc_f32(N * C) : nullptr;
+  float* head_w = weights(head_u, false);
+  float* head_g = training ? access.grads(head_u) : nullptr;
+  float* dresid = training ? scratch_.alloc_f32(N * C) : nullptr;
   size_t head_mark = scratch_.mark();
   float* hf = scratch_.alloc_f32(N * C);
   float* rstdf = scratch_.alloc_f32(N);
-  be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm(P), N, C, eps);
+  be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm_in_unit(head_w), N, C, eps);
   const int64_t chunk = head_chunk_rows(c_, N);
   float* workspace = scratch_.alloc_f32(chunk * V);
-  float* dh = grads ? scratch_.alloc_f32(N * C) : nullptr;
-  double loss_sum =
-      be_.head_cross_entropy(dh, grads ? layout_.head(grads) : nullptr, hf, layout_.head(P),
-                             targets, N, C, V, grad_scale / float(N), workspace, chunk);
-  if (grads) {
+  float* dh = training ? scratch_.alloc_f32(N * C) : nullptr;
+  float* head_matrix = tied ? embed : layout_.lm_head_in_unit(head_w);
+  float* head_matrix_grad =
+      !training ? nullptr : tied ? access.grads(embed_u) : layout_.lm_head_in_unit(head_g);
+  double loss_sum = be_.head_cross_entropy(dh, head_matrix_grad, hf, head_matrix, targets, N, C,
+                                           V, grad_scale / float(N), workspace, chunk);
+  if (training) {
     be_.fill(dresid, 0.0f, N * C);
-    be_.rmsnorm_backward(dresid, layout_.final_norm(grads), dh, xs[L], layout_.final_norm(P),
-                         rstdf, N, C);
+    be_.rmsnorm_backward(dresid, layout_.final_norm_in_unit(head_g), dh, xs[L],
+                         layout_.final_norm_in_unit(head_w), rstdf, N, C);
+    access.grads_ready(head_u);
   }
+  access.release(head_u, false);
   scratch_.release(head_mark);
 
-  if (grads) {
+  if (training) {
     for (int64_t l = L - 1; l >= 0; --l) {
       size_t sm = scratch_.mark();
-      block_backward(layout_.block(P, l), layout_.block(grads, l), xs[l], acts[l], dresid, B, T);
+      const int u = layout_.block_unit(l);
+      float* w = weights(u, true);
+      block_backward(layout_.block_in_unit(w, l), layout_.block_in_unit(access.grads(u), l),
+                     xs[l], acts[l], dresid, B, T);
+      access.release(u, true);
+      access.grads_ready(u);
       scratch_.release(sm);
       saved_.release(marks[l]);
     }
-    be_.embedding_backward(layout_.embedding(grads), inputs, dresid, N, C);
+    be_.embedding_backward(access.grads(embed_u), inputs, dresid, N, C);
+    access.grads_ready(embed_u);
   }
+  if (tied) access.release(embed_u, false);
   saved_.release(saved_start);
   scratch_.release(scratch_start);
   return loss_sum / double(N);
@@ -298,12 +321,23 @@ double LlamaModel::forward(const float* params, const int32_t* tokens, int64_t B
 double LlamaModel::forward_backward(const float* params, float* grads, const int32_t* tokens,
                                     int64_t B, int64_t T, float grad_scale) {
   MX_ASSERT(grads != nullptr);
-  return forward(params, tokens, B, T, policy_, grads, grad_scale);
+  FlatUnitAccess access(layout_, params, grads);
+  return forward(access, tokens, B, T, policy_, true, grad_scale);
 }
 
 double LlamaModel::forward_loss(const float* params, const int32_t* tokens, int64_t B,
                                 int64_t T) {
-  return forward(params, tokens, B, T, Checkpointing::kFull, nullptr, 0.0f);
+  FlatUnitAccess access(layout_, params, nullptr);
+  return forward(access, tokens, B, T, Checkpointing::kFull, false, 0.0f);
+}
+
+double LlamaModel::forward_backward(UnitAccess& access, const int32_t* tokens, int64_t B,
+                                    int64_t T, float grad_scale) {
+  return forward(access, tokens, B, T, policy_, true, grad_scale);
+}
+
+double LlamaModel::forward_loss(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T) {
+  return forward(access, tokens, B, T, Checkpointing::kFull, false, 0.0f);
 }
 
 }  // namespace mx

@@ -37,6 +37,37 @@ struct ActivationBytes {
 };
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy);
 
+// Where the model finds its weights and puts its gradients, one unit at a time (units as in
+// ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
+// FSDP gathers a unit's shards on acquire and reduce-scatters its gradients on grads_ready.
+// Calls come in the order forward (embed, blocks ascending, head), then backward (head,
+// blocks descending, embed), so an implementation can prefetch the next unit.
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  // The unit's full parameters (ParamLayout's unit-relative offsets). Valid until release.
+  virtual const float* acquire(int unit, bool backward) = 0;
+  virtual void release(int unit, bool backward) {}
+  // The unit's full gradient buffer; the model accumulates into it.
+  virtual float* grads(int unit) = 0;
+  // The model will not touch the unit's gradients again in this micro-batch.
+  virtual void grads_ready(int unit) {}
+};
+
+// UnitAccess over one process's flat parameter and gradient buffers.
+class FlatUnitAccess final : public UnitAccess {
+ public:
+  FlatUnitAccess(const ParamLayout& layout, const float* params, float* grads)
+      : layout_(layout), params_(params), grads_(grads) {}
+  const float* acquire(int unit, bool) override { return params_ + layout_.units()[unit].offset; }
+  float* grads(int unit) override { return grads_ + layout_.units()[unit].offset; }
+
+ private:
+  const ParamLayout& layout_;
+  const float* params_;
+  float* grads_;
+};
+
 class LlamaModel {
  public:
   LlamaModel(const ModelConfig& config, const ParamLayout& layout, Backend& backend,
@@ -49,6 +80,10 @@ class LlamaModel {
                           int64_t T, float grad_scale);
   // Forward only: the mean loss.
   double forward_loss(const float* params, const int32_t* tokens, int64_t B, int64_t T);
+  // The same through a UnitAccess (FSDP). grads are taken from `access` when `training`.
+  double forward_backward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
+                          float grad_scale);
+  double forward_loss(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T);
 
  private:
   struct BlockActs;
@@ -61,8 +96,8 @@ class LlamaModel {
   // dresid holds dL/dy on entry and dL/dx on return.
   void block_backward(const BlockParams& w, const BlockParams& dw, const float* x, BlockActs& a,
                       float* dresid, int64_t B, int64_t T);
-  double forward(const float* params, const int32_t* tokens, int64_t B, int64_t T,
-                 Checkpointing policy, float* grads, float grad_scale);
+  double forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
+                 Checkpointing policy, bool training, float grad_scale);
 
   ModelConfig c_;
   const ParamLayout& layout_;

@@ -63,6 +63,13 @@ BlockParams ParamLayout::block(float* base, int64_t layer) const {
                      base + o[5], base + o[6], base + o[7], base + o[8]};
 }
 
+BlockParams ParamLayout::block_in_unit(float* unit_base, int64_t layer) const {
+  const int64_t* o = block_offsets_.data() + layer * 9;
+  const int64_t u = units_[block_unit(layer)].offset;
+  auto at = [&](int i) { return unit_base + (o[i] - u); };
+  return BlockParams{at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8)};
+}
+
 void init_params(const ParamLayout& layout, float* params, uint64_t seed, float stddev) {
   const auto& ts = layout.tensors();
 #pragma omp parallel for schedule(dynamic)

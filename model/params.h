@@ -53,6 +53,21 @@ class ParamLayout {
   // The output head's matrix: lm_head, or the embedding when tied.
   float* head(float* base) const { return base + head_offset_; }
 
+  // Unit-relative access, for code that holds one unit at a time (FSDP gathers a unit into its
+  // own buffer): units are 0 = embedding, 1 + l = block l, num_layers + 1 = head.
+  int embed_unit() const { return 0; }
+  int block_unit(int64_t layer) const { return int(1 + layer); }
+  int head_unit() const { return int(units_.size()) - 1; }
+  BlockParams block_in_unit(float* unit_base, int64_t layer) const;
+  float* final_norm_in_unit(float* head_unit_base) const {
+    return head_unit_base + (final_norm_offset_ - units_.back().offset);
+  }
+  // lm_head inside the head unit; only for untied models (tied heads live in the embed unit).
+  float* lm_head_in_unit(float* head_unit_base) const {
+    return head_unit_base + (head_offset_ - units_.back().offset);
+  }
+  bool tied() const { return head_offset_ == embed_offset_; }
+
  private:
   int add(const std::string& name, std::vector<int64_t> shape, bool decay);
   std::vector<ParamTensor> tensors_;
