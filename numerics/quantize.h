@@ -1,0 +1,121 @@
+// Quantizers of the low-precision recipes: per-tensor FP8 (current and delayed scaling),
+// blockwise FP8 (1x128 / 128x128, DeepSeek-V3 / TE Float8BlockScaling), MXFP8 (1x32 blocks with
+// E8M0 scales) and NVFP4 (E2M1 in 1x16 or 16x16 blocks, UE4M3 block scales, fp32 global scale),
+// plus the 16-point random Hadamard transform used with NVFP4.
+//
+// Every quantizer views its input as a row-major [rows, cols] matrix and returns the codes, the
+// scales and the dequantized fp32 tensor. Scales are always *decode* multipliers:
+//   dequant = decode(code) * scale                      (FP8 per-tensor, FP8 block, MXFP8)
+//   dequant = decode(code) * (decode(block_scale) / global_scale)      (NVFP4)
+// Blocks at the right/bottom edge may be partial (cols or rows not a multiple of the block):
+// a partial block's amax is taken over the elements it has. Exact formulas: docs/numerics.md.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "numerics/formats.h"
+
+namespace mx::numerics {
+
+struct Quantized {
+  int64_t rows = 0, cols = 0;
+  // FP8: one code per element, [rows, cols]. NVFP4: two E2M1 codes per byte, low nibble first,
+  // [rows, ceil(cols / 2)] (an odd last column leaves the high nibble 0).
+  std::vector<uint8_t> codes;
+  int64_t code_cols = 0;
+  // Exactly one of the two is filled: fp32 scales (per-tensor FP8: [1, 1]; FP8 block:
+  // [ceil(rows/br), ceil(cols/bc)]) or scale bytes (MXFP8 E8M0, NVFP4 UE4M3).
+  std::vector<float> scales_f32;
+  std::vector<uint8_t> scales_u8;
+  int64_t scale_rows = 0, scale_cols = 0;
+  float global_scale = 1.0f;  // NVFP4 only: the encode-side S_enc = 2688 / global_amax
+  std::vector<float> dequant;  // [rows, cols]
+};
+
+// Stochastic rounding of the element codes (scales are never stochastically rounded). Element
+// (r, c) draws rng.bits(r * cols + c).
+struct RoundingOptions {
+  bool stochastic = false;
+  RandomStream rng;
+};
+
+// max |x| over n values (NaN values are skipped, as fmaxf does).
+float abs_max(const float* x, int64_t n);
+
+// ---- per-tensor FP8 -------------------------------------------------------------------------
+// Transformer Engine's compute_scale_from_amax: the *encode* scale
+//   scale = fp8_max / amax / 2^margin; 1 when amax is 0, inf or NaN; FLT_MAX when that
+//   overflows; with pow2 the fp32 mantissa bits are cleared (rounds the scale down, i.e. the
+//   decode multiplier 1/scale up, so no value saturates).
+float fp8_scale_from_amax(float amax, float fp8_max, float margin = 0.0f, bool pow2 = false);
+
+// codes = fmt(x * scale) (RNE or stochastic, SATFINITE); scales_f32 = {1 / scale}.
+// fmt is Format::kE4M3 or Format::kE5M2.
+Quantized quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format fmt,
+                              float scale, const RoundingOptions& rounding = {});
+
+// Current scaling: scale = fp8_scale_from_amax(abs_max(x), fp8_max(fmt), margin).
+Quantized quantize_fp8_current(const float* x, int64_t rows, int64_t cols, Format fmt,
+                               float margin = 0.0f, const RoundingOptions& rounding = {});
+
+enum class AmaxAlgo : uint8_t { kMax, kMostRecent };
+
+// Delayed scaling: a tensor is quantized with the scale computed from the amax history of the
+// previous steps; its own amax then enters the history (newest first, length fixed), and the
+// scale for the next step is recomputed: amax = max(history) or history[0], and the scale keeps
+// its previous value when that amax is 0 (TE's torch.where(amax > 0, sf, scale)). Starts at 1.
+class DelayedScaling {
+ public:
+  explicit DelayedScaling(Format fmt = Format::kE4M3, int history_len = 1024,
+                          AmaxAlgo algo = AmaxAlgo::kMax, float margin = 0.0f);
+  float scale() const { return scale_; }
+  const std::vector<float>& amax_history() const { return amax_history_; }
+  void record(float amax);  // push a new amax and recompute the scale
+  Quantized quantize(const float* x, int64_t rows, int64_t cols,
+                     const RoundingOptions& rounding = {});
+
+ private:
+  Format fmt_;
+  AmaxAlgo algo_;
+  float margin_;
+  float scale_ = 1.0f;
+  std::vector<float> amax_history_;
+};
+
+float fp8_max(Format fmt);  // 448 for E4M3, 57344 for E5M2
+
+// ---- blockwise FP8 (E4M3) -------------------------------------------------------------------
+// Blocks of block_rows x block_cols (1x128 for activations/gradients, 128x128 for weights).
+// Per block: scale = fp8_scale_from_amax(block_amax, 448, 0, pow2_scales);
+// codes = e4m3(x * scale); scales_f32[block] = 1 / scale.
+Quantized quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_rows,
+                             int block_cols, bool pow2_scales = true,
+                             const RoundingOptions& rounding = {});
+
+// ---- MXFP8 ----------------------------------------------------------------------------------
+enum class MxScaleRule : uint8_t {
+  kCeil,   // Transformer Engine / cuBLAS: b = e8m0_up_satfinite(amax * fp32(1 / elem_max))
+  kFloor,  // OCP MX v1.0: b = floor(log2(amax)) - emax_elem + 127, clamped to [0, 254]
+};
+// 1x32 blocks along each row (columnwise = false) or 32x1 blocks along dim 0 (columnwise =
+// true; scales are then [ceil(rows / 32), cols]). elem: kE4M3 or kE5M2.
+Quantized quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise = false,
+                         Format elem = Format::kE4M3, MxScaleRule rule = MxScaleRule::kCeil,
+                         const RoundingOptions& rounding = {});
+
+// ---- NVFP4 ----------------------------------------------------------------------------------
+// 1x16 blocks (blocks_2d = false) or 16x16 blocks (weights). See docs/numerics.md.
+Quantized quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d = false,
+                         const RoundingOptions& rounding = {});
+float nvfp4_global_encode_scale(float global_amax);  // TE: 2688 / amax, guarded
+
+// ---- 16-point random Hadamard transform -----------------------------------------------------
+// y = (1/4) * H16 * diag(s) * x on each group of 16 consecutive elements of a row, H16 the
+// Sylvester Hadamard matrix (H[i][j] = (-1)^popcount(i & j)) and s_j = +-1 = bit j of word 0 of
+// philox4x32_10({0, 0, 0, 0}, seed, 0x52485431 ("RHT1")) (1 -> -1). The transform is
+// orthogonal; rht16_inverse undoes it. cols must be a multiple of 16 (UserError otherwise).
+void rht16_signs(uint32_t seed, float signs[16]);
+void rht16_forward(float* x, int64_t rows, int64_t cols, uint32_t seed);
+void rht16_inverse(float* x, int64_t rows, int64_t cols, uint32_t seed);
+
+}  // namespace mx::numerics
