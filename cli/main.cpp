@@ -2,9 +2,11 @@
 // exit 2 for bad input, 3 for storage failures.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "parallel/communicator.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mxtrain: an LLM pretraining engine (Llama-style models, CPU and CUDA)"};
@@ -28,21 +30,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s (see mxtrain --help)\n", e.what());
     return 2;
   }
+  // In a multi-process job a failing rank must end every rank (the others may be waiting for
+  // it inside a collective): abort_all prints `error: rank R: ...` and aborts the job.
+  auto fail = [](int code, const std::string& message) -> int {
+    if (mx::in_multi_process_job()) mx::abort_all(code, message);
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    return code;
+  };
   try {
     return action ? action() : 2;
   } catch (const mx::UserError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return fail(2, e.what());
   } catch (const mx::StorageError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 3;
+    return fail(3, e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of memory (try a smaller train.micro_batch or seq_len, or "
-                         "memory.activation_checkpointing = full)\n");
-    return 2;
+    return fail(2, "out of memory (try a smaller train.micro_batch or seq_len, or "
+                   "memory.activation_checkpointing = full)");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: internal error (a bug in mxtrain, please report): %s\n",
-                 e.what());
-    return 1;
+    return fail(1, std::string("internal error (a bug in mxtrain, please report): ") + e.what());
   }
 }

@@ -12,7 +12,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
     }
     return arena;
   };
-  params = persistent("master_weights", true, &params_base_);
+  params = persistent("master_weights", opt.params, &params_base_);
   grads = persistent("gradients", opt.gradients, &grads_base_);
   adam_m = persistent("adam_m", opt.optimizer, &m_base_);
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);

@@ -18,6 +18,7 @@ struct EngineOptions {
   Checkpointing checkpointing = Checkpointing::kNone;
   int64_t micro_batch = 1;
   int64_t seq_len = 1;
+  bool params = true;     // allocate full master weights (false: FSDP holds shards)
   bool gradients = true;  // allocate gradients
   bool optimizer = true;  // allocate AdamW moments
 };

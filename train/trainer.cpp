@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <vector>
 
 #include "backend/sgemm_rate.h"
 #include "checkpoint/local.h"
@@ -20,6 +21,8 @@
 #include "model/generate.h"
 #include "model/hf_config.h"
 #include "model/hf_weights.h"
+#include "parallel/communicator.h"
+#include "parallel/fsdp.h"
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -48,6 +51,10 @@ ModelConfig resolve_model(const RunConfig& cfg) {
 
 int run_training(const RunConfig& cfg) {
   if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));
+  Communicator& world = world_communicator();
+  const int rank = world.rank(), W = world.size();
+  const bool lead = rank == 0;  // rank 0 logs, writes metrics and checkpoints
+  if (!lead) set_log_level(LogLevel::kQuiet);
   const auto& tc = cfg.train;
   const int64_t B = tc.micro_batch, T = tc.seq_len;
   const ModelConfig model_cfg = resolve_model(cfg);
@@ -67,7 +74,7 @@ int run_training(const RunConfig& cfg) {
   if (tc.eval_every > 0 && split.val_end - split.val_begin >= T + 1)
     val_sampler = std::make_unique<WindowSampler>(&data, split.val_begin, split.val_end, T,
                                                   uint64_t(tc.seed) + 1, false);
-  else if (tc.eval_every > 0)
+  else if (tc.eval_every > 0 && lead)
     warn("validation is off: the held-out data (data.val_fraction) is shorter than seq_len + 1");
 
   EngineOptions eo;
@@ -75,69 +82,94 @@ int run_training(const RunConfig& cfg) {
   eo.checkpointing = parse_checkpointing(cfg.memory.activation_checkpointing);
   eo.micro_batch = B;
   eo.seq_len = T;
+  eo.params = eo.gradients = eo.optimizer = false;  // FSDP holds the (sharded) state
   Engine engine(model_cfg, eo);
   Backend& be = *engine.backend;
-  float* P = engine.param_data();
-  float* G = engine.grad_data();
+  FsdpOptions fo;
+  fo.sharding = parse_sharding(cfg.parallel.sharding);
+  fo.shard_group = int(cfg.parallel.shard_group);
+  Fsdp fsdp(engine.layout, world, fo, be, &engine.tracker);
   const int64_t n_params = engine.layout.total_numel();
 
-  // Resume or initialize.
+  // Whole-model buffers exist only around init, checkpoints and the final sample.
+  auto full_buffer = [&]() { return std::vector<float>(size_t(n_params)); };
+
+  // Resume or initialize: every rank reads the same full state and keeps its shard, so a
+  // checkpoint resumes on any number of processes.
   int64_t start_step = 0;
   std::string resume_from;
   const std::string ckpt_root = cfg.checkpoint_dir();
   if (cfg.checkpoint.resume == "auto") resume_from = latest_checkpoint(ckpt_root);
   else if (cfg.checkpoint.resume != "none") resume_from = resolve_checkpoint(cfg.checkpoint.resume);
-  if (!resume_from.empty()) {
-    ModelConfig saved_cfg = checkpoint_model_config(resume_from);
-    MX_REQUIRE(saved_cfg.param_count() == model_cfg.param_count() &&
-                   saved_cfg.hidden_size == model_cfg.hidden_size &&
-                   saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
-               "checkpoint ", resume_from, " holds a different model than this config");
-    auto state = checkpoint_state(resume_from);
-    load_local_checkpoint(resume_from, engine.layout, P, engine.m_data(), engine.v_data());
-    start_step = state["step"].get<int64_t>();
-    MX_REQUIRE(start_step <= tc.steps, "checkpoint ", resume_from, " is at step ", start_step,
-               ", past train.steps = ", tc.steps);
-    info("resumed from ", resume_from, " at step ", start_step);
-  } else if (!cfg.init.from.empty()) {
-    load_hf_weights(cfg.init.from, engine.layout, P);
-    info("initialized from ", cfg.init.from);
-  } else {
-    init_params(engine.layout, P, uint64_t(tc.seed));
+  {
+    auto full = full_buffer();
+    if (!resume_from.empty()) {
+      ModelConfig saved_cfg = checkpoint_model_config(resume_from);
+      MX_REQUIRE(saved_cfg.param_count() == model_cfg.param_count() &&
+                     saved_cfg.hidden_size == model_cfg.hidden_size &&
+                     saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
+                 "checkpoint ", resume_from, " holds a different model than this config");
+      auto state = checkpoint_state(resume_from);
+      auto full_m = full_buffer(), full_v = full_buffer();
+      load_local_checkpoint(resume_from, engine.layout, full.data(), full_m.data(),
+                            full_v.data());
+      fsdp.scatter_moments(full_m.data(), full_v.data());
+      start_step = state["step"].get<int64_t>();
+      MX_REQUIRE(start_step <= tc.steps, "checkpoint ", resume_from, " is at step ", start_step,
+                 ", past train.steps = ", tc.steps);
+      info("resumed from ", resume_from, " at step ", start_step);
+    } else if (!cfg.init.from.empty()) {
+      load_hf_weights(cfg.init.from, engine.layout, full.data());
+      info("initialized from ", cfg.init.from);
+    } else {
+      init_params(engine.layout, full.data(), uint64_t(tc.seed));
+    }
+    fsdp.scatter_params(full.data());
   }
 
   const double peak_flops = measure_sgemm_flops(be, 1024, 3);
-  const int64_t tokens_per_step = B * T * tc.grad_accum;
+  const int64_t tokens_per_step = B * T * tc.grad_accum * W;
   const double flops_per_token = model_cfg.flops_per_token(T);
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",
        model_cfg.num_hidden_layers, " x ", model_cfg.hidden_size, ", ",
        model_cfg.num_attention_heads, " heads / ", model_cfg.num_key_value_heads, " kv), ",
        "data ", data_path, " (", format_count(double(data.size())), " tokens), ",
-       B, " x ", T, " x ", tc.grad_accum, " = ", tokens_per_step, " tokens/step, ",
-       "checkpointing ", cfg.memory.activation_checkpointing, ", ", omp_get_max_threads(),
-       " threads, SGEMM ", format_count(peak_flops), "FLOP/s");
+       B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
+       " tokens/step, checkpointing ", cfg.memory.activation_checkpointing, ", sharding ",
+       cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, SGEMM ",
+       format_count(peak_flops), "FLOP/s");
 
-  MetricsWriter metrics(cfg.metrics_path(), start_step > 0);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
 
-  // Validation loss on a fixed set of held-out windows, so evaluations are comparable.
+  // Validation loss on a fixed set of held-out windows (the same on every rank).
   auto evaluate = [&]() {
     double sum = 0;
     for (int64_t i = 0; i < tc.eval_batches; ++i) {
       val_sampler->fill(i * B, B, engine.batch_tokens());
-      sum += engine.model->forward_loss(P, engine.batch_tokens(), B, T);
+      sum += engine.model->forward_loss(fsdp, engine.batch_tokens(), B, T);
+      fsdp.finish_micro_batch();
     }
     return sum / double(tc.eval_batches);
   };
 
   auto save = [&](int64_t step) {
-    nlohmann::json state = {{"samples_seen", step * tc.grad_accum * B},
-                            {"seed", tc.seed},
-                            {"data_path", data_path}};
-    std::string dir = save_local_checkpoint(ckpt_root, step, model_cfg, engine.layout, P,
-                                            engine.m_data(), engine.v_data(), state);
-    prune_checkpoints(ckpt_root, cfg.checkpoint.keep);
+    auto full = full_buffer(), full_m = full_buffer(), full_v = full_buffer();
+    fsdp.gather_params(full.data());
+    fsdp.gather_moments(full_m.data(), full_v.data());
+    std::string dir;
+    if (lead) {
+      nlohmann::json state = {{"samples_seen", step * tc.grad_accum * B * W},
+                              {"seed", tc.seed},
+                              {"world_size", W},
+                              {"data_path", data_path}};
+      dir = save_local_checkpoint(ckpt_root, step, model_cfg, engine.layout, full.data(),
+                                  full_m.data(), full_v.data(), state);
+      prune_checkpoints(ckpt_root, cfg.checkpoint.keep);
+    }
+    world.barrier();  // nobody runs ahead of a checkpoint that may yet fail
     return dir;
   };
 
@@ -146,36 +178,42 @@ int run_training(const RunConfig& cfg) {
   double tokens_done = 0, last_loss = NAN, train_seconds = 0;
   be.reset_gemm_stats();
   int64_t step = start_step;
+  int64_t stop_signal = 0;
   for (; step < tc.steps; ++step) {
-    if (g_stop_signal.load()) break;
+    // Every rank stops at the same step boundary (a signal may reach only some of them).
+    stop_signal = W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
+                        : g_stop_signal.load();
+    if (stop_signal) break;
     auto t0 = Clock::now();
     const double lr = lr_at(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
-    be.fill(G, 0.0f, n_params);
+    fsdp.zero_grads();
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {
-      int64_t first = (step * tc.grad_accum + m) * B;
+      // Global sample order: micro-step m of step s takes samples
+      // ((s * grad_accum + m) * ranks + rank) * micro_batch + b, so the global batch is the
+      // same for any number of ranks.
+      int64_t first = ((step * tc.grad_accum + m) * W + rank) * B;
       train_sampler.fill(first, B, engine.batch_tokens());
-      loss += engine.model->forward_backward(P, G, engine.batch_tokens(), B, T,
+      loss += engine.model->forward_backward(fsdp, engine.batch_tokens(), B, T,
                                              1.0f / float(tc.grad_accum));
+      fsdp.finish_micro_batch();
     }
     loss /= double(tc.grad_accum);
+    if (W > 1) loss = world.all_reduce(loss, ReduceOp::kAvg);
     MX_REQUIRE(std::isfinite(loss), "loss is ", loss, " at step ", step + 1,
                ": training diverged (lower train.lr or set train.grad_clip)");
-    const double grad_norm = std::sqrt(be.sum_squares(G, n_params));
+    const double grad_norm = fsdp.reduce_gradients_and_norm();
     if (tc.grad_clip > 0 && grad_norm > tc.grad_clip)
-      be.scale(G, float(tc.grad_clip / (grad_norm + 1e-6)), n_params);
-    for (const ParamTensor& t : engine.layout.tensors())
-      be.adamw(P + t.offset, G + t.offset, engine.m_data() + t.offset,
-               engine.v_data() + t.offset, t.numel, float(lr), float(tc.beta1),
-               float(tc.beta2), float(tc.eps), t.decay ? float(tc.weight_decay) : 0.0f,
-               step + 1);
+      fsdp.scale_grads(float(tc.grad_clip / (grad_norm + 1e-6)));
+    fsdp.adamw_step(float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps),
+                    float(tc.weight_decay), step + 1);
     const double dt = seconds_since(t0);
     train_seconds += dt;
     tokens_done += double(tokens_per_step);
     last_loss = loss;
     const int64_t done = step + 1;
     const double tok_s = double(tokens_per_step) / dt;
-    const double mfu = flops_per_token * tok_s / peak_flops;
+    const double mfu = flops_per_token * tok_s / (peak_flops * W);
 
     nlohmann::json rec;
     bool log_now = done % tc.log_every == 0 || done == tc.steps;
@@ -183,23 +221,25 @@ int run_training(const RunConfig& cfg) {
       rec["val_loss"] = evaluate();
       log_now = true;
     }
-    if (log_now) {
+    const int64_t peak = engine.tracker.peak();
+    const int64_t peak_max = W > 1 && log_now ? world.all_reduce(peak, ReduceOp::kMax) : peak;
+    if (log_now && lead) {
       rec["step"] = done;
       rec["loss"] = loss;
       rec["lr"] = lr;
       rec["grad_norm"] = grad_norm;
       rec["tokens_per_s"] = tok_s;
       rec["mfu"] = mfu;
-      rec["peak_mem_bytes"] = engine.tracker.peak();
+      rec["peak_mem_bytes"] = peak;
+      if (W > 1) rec["peak_mem_bytes_max_rank"] = peak_max;
       rec["step_time_s"] = dt;
-      metrics.write(rec);
+      metrics->write(rec);
       const double eta = train_seconds / double(done - start_step) * double(tc.steps - done);
       std::string line = str("step ", done, "/", tc.steps, " | loss ", loss);
       if (rec.contains("val_loss")) line += str(" | val ", rec["val_loss"].get<double>());
       char extra[160];
       std::snprintf(extra, sizeof extra, " | lr %.2e | %s tok/s | MFU %.1f%% | mem %s | ETA %s", lr,
-                    format_count(tok_s).c_str(), 100 * mfu,
-                    format_bytes(double(engine.tracker.peak())).c_str(),
+                    format_count(tok_s).c_str(), 100 * mfu, format_bytes(double(peak)).c_str(),
                     format_duration(eta).c_str());
       line += extra;
       if (tty && !rec.contains("val_loss") && done != tc.steps)
@@ -211,42 +251,54 @@ int run_training(const RunConfig& cfg) {
     if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0 && done != tc.steps) save(done);
   }
 
-  const int sig = g_stop_signal.load();
-  std::string final_dir = step > start_step || start_step == tc.steps || sig ? save(step) : "";
+  const int sig = int(stop_signal);
+  std::string final_dir = step > start_step || sig ? save(step) : "";
   auto stats = be.gemm_stats();
+  const int64_t peak = engine.tracker.peak();
+  const int64_t peak_max = W > 1 ? world.all_reduce(peak, ReduceOp::kMax) : peak;
   nlohmann::json summary = {
       {"summary", true},
       {"steps", step},
       {"final_loss", last_loss},
       {"tokens", tokens_done},
       {"tokens_per_s", train_seconds > 0 ? tokens_done / train_seconds : 0.0},
-      {"mfu", train_seconds > 0 ? flops_per_token * tokens_done / train_seconds / peak_flops : 0.0},
-      {"peak_mem_bytes", engine.tracker.peak()},
+      {"mfu", train_seconds > 0
+                  ? flops_per_token * tokens_done / train_seconds / (peak_flops * W) : 0.0},
+      {"peak_mem_bytes", peak},
       {"gemm_gflops", stats.seconds > 0 ? stats.flops / stats.seconds / 1e9 : 0.0},
       {"gemm_seconds", stats.seconds},
       {"train_seconds", train_seconds},
       {"sgemm_peak_gflops", peak_flops / 1e9},
+      {"world_size", W},
+      {"sharding", cfg.parallel.sharding},
+      {"fsdp_state_bytes", fsdp.state_bytes()},
+      {"fsdp_transient_bytes", fsdp.transient_bytes()},
       {"checkpoint", final_dir},
       {"wall_seconds", seconds_since(run_t0)}};
+  if (W > 1) summary["peak_mem_bytes_max_rank"] = peak_max;
   if (sig) summary["stopped_by_signal"] = sig;
-  metrics.write(summary);
+  if (lead) metrics->write(summary);
   if (sig) {
     info("stopped by signal ", sig, " at step ", step, "; checkpoint ", final_dir);
     return sig == SIGINT ? 130 : 143;
   }
   info("done: ", step, " steps, final loss ", last_loss, ", ",
        format_count(summary["tokens_per_s"].get<double>()), " tok/s, peak memory ",
-       format_bytes(double(engine.tracker.peak())), ", checkpoint ", final_dir, ", metrics ",
-       metrics.path());
+       format_bytes(double(peak)), ", checkpoint ", final_dir, ", metrics ",
+       cfg.metrics_path());
 
   if (cfg.run.sample_tokens > 0 && model_cfg.vocab_size >= 256) {
-    SampleOptions so;
-    so.max_new_tokens = cfg.run.sample_tokens;
-    so.seed = uint64_t(tc.seed);
-    auto prompt = byte_encode(cfg.run.sample_prompt.empty() ? "\n" : cfg.run.sample_prompt);
-    auto ids = generate_tokens(model_cfg, engine.layout, be, P, prompt, so);
-    std::printf("--- sample (temperature %.1f, top-k %lld) ---\n%s\n---\n", so.temperature,
-                static_cast<long long>(so.top_k), byte_decode(ids).c_str());
+    auto full = full_buffer();
+    fsdp.gather_params(full.data());
+    if (lead) {
+      SampleOptions so;
+      so.max_new_tokens = cfg.run.sample_tokens;
+      so.seed = uint64_t(tc.seed);
+      auto prompt = byte_encode(cfg.run.sample_prompt.empty() ? "\n" : cfg.run.sample_prompt);
+      auto ids = generate_tokens(model_cfg, engine.layout, be, full.data(), prompt, so);
+      std::printf("--- sample (temperature %.1f, top-k %lld) ---\n%s\n---\n", so.temperature,
+                  static_cast<long long>(so.top_k), byte_decode(ids).c_str());
+    }
   }
   return 0;
 }

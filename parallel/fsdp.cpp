@@ -1,0 +1,295 @@
+#include "parallel/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "parallel/groups.h"
+#include "parallel/single_process_communicator.h"
+
+namespace mx {
+
+Sharding parse_sharding(const std::string& s) {
+  if (s == "full") return Sharding::kFull;
+  if (s == "grad-op") return Sharding::kGradOp;
+  if (s == "none") return Sharding::kNone;
+  if (s == "hybrid") return Sharding::kHybrid;
+  throw UserError(str("parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')"));
+}
+
+// A full-unit buffer: gathered weights or a unit's gradient before its reduce-scatter.
+struct Fsdp::Slot {
+  int unit = -1;  // -1: free
+  float* buf = nullptr;
+  CommHandle gather;  // pending all-gather into buf
+};
+
+struct Fsdp::PendingReduce {
+  int unit = -1;
+  Slot* slot = nullptr;
+  CommHandle handle;
+};
+
+Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& options,
+           Backend& backend, MemoryTracker* tracker)
+    : layout_(layout), world_(world), be_(backend), options_(options),
+      pending_rs_(std::make_unique<PendingReduce>()) {
+  switch (options.sharding) {
+    case Sharding::kFull:
+    case Sharding::kGradOp:
+      shard_comm_ = &world;
+      replica_comm_owned_ = std::make_unique<SingleProcessCommunicator>();
+      replica_comm_ = replica_comm_owned_.get();
+      break;
+    case Sharding::kNone:
+      shard_comm_owned_ = std::make_unique<SingleProcessCommunicator>();
+      shard_comm_ = shard_comm_owned_.get();
+      replica_comm_ = &world;
+      break;
+    case Sharding::kHybrid: {
+      int group = options.shard_group > 0 ? options.shard_group : world.size();
+      HybridGroups g = make_hybrid_groups(world, group);
+      shard_comm_owned_ = std::move(g.shard);
+      replica_comm_owned_ = std::move(g.replica);
+      shard_comm_ = shard_comm_owned_.get();
+      replica_comm_ = replica_comm_owned_.get();
+      break;
+    }
+  }
+  const int S = shard_comm_->size();
+  int64_t max_padded = 0, max_shard = 0;
+  for (const ParamUnit& u : layout.units()) {
+    shards_.push_back(make_shard_layout(u.numel, S));
+    unit_local_offset_.push_back(local_numel_);
+    local_numel_ += shards_.back().shard_numel;
+    max_padded = std::max(max_padded, shards_.back().padded_numel);
+    max_shard = std::max(max_shard, shards_.back().shard_numel);
+  }
+  auto state = [&](const char* name, float** base) {
+    auto a = std::make_unique<Arena>(name, sizeof(float) * size_t(local_numel_), tracker);
+    *base = a->alloc_f32_zero(local_numel_);
+    return a;
+  };
+  master_ = state("master_weights", &master_base_);
+  grad_shards_ = state("gradients", &grad_base_);
+  m_ = state("adam_m", &m_base_);
+  v_ = state("adam_v", &v_base_);
+  if (S > 1) {
+    // grad-op keeps every unit's gathered weights from forward to backward; full needs the
+    // unit in use, the prefetched next one and (tied heads) the embedding.
+    const int n_units = int(layout.units().size());
+    const int param_slots = options.sharding == Sharding::kGradOp ? n_units : 3;
+    // Gradient slots: the unit in backward, the one reduce-scattering, the embedding (tied).
+    const int grad_slots = 3;
+    const size_t slot_bytes = Arena::round_up(sizeof(float) * size_t(max_padded));
+    gathered_ = std::make_unique<Arena>("fsdp_gathered_weights", slot_bytes * param_slots, tracker);
+    unit_grads_ = std::make_unique<Arena>("fsdp_unit_grads", slot_bytes * grad_slots, tracker);
+    rs_out_ = std::make_unique<Arena>("fsdp_reduce_scatter", sizeof(float) * max_shard, tracker);
+    param_slots_.resize(param_slots);
+    for (auto& s : param_slots_) s.buf = gathered_->alloc_f32(max_padded);
+    grad_slots_.resize(grad_slots);
+    for (auto& s : grad_slots_) s.buf = unit_grads_->alloc_f32(max_padded);
+    rs_buffer_ = rs_out_->alloc_f32(max_shard);
+  }
+}
+
+Fsdp::~Fsdp() {
+  // Never leave a collective in flight on buffers about to be freed.
+  for (auto& s : param_slots_) s.gather = CommHandle();
+  pending_rs_->handle = CommHandle();
+}
+
+Fsdp::Slot* Fsdp::find_slot(std::vector<Slot>& pool, int unit) {
+  for (auto& s : pool)
+    if (s.unit == unit) return &s;
+  return nullptr;
+}
+
+Fsdp::Slot* Fsdp::take_slot(std::vector<Slot>& pool, int unit) {
+  for (auto& s : pool)
+    if (s.unit < 0) {
+      s.unit = unit;
+      return &s;
+    }
+  return nullptr;
+}
+
+void Fsdp::start_gather(int unit) {
+  Slot* s = take_slot(param_slots_, unit);
+  MX_ASSERT(s, "no free FSDP weight slot for unit ", unit);
+  const ShardLayout& sl = shards_[unit];
+  s->gather = shard_comm_->all_gather_async(shard_of(master_base_, unit), s->buf, sl.shard_numel,
+                                            CommDtype::kF32);
+}
+
+const float* Fsdp::acquire(int unit, bool backward) {
+  if (shard_comm_->size() == 1) return shard_of(master_base_, unit);
+  Slot* s = find_slot(param_slots_, unit);
+  if (!s) {
+    start_gather(unit);
+    s = find_slot(param_slots_, unit);
+  }
+  s->gather.wait();
+  // Prefetch the unit the model will ask for next while this one computes.
+  const int head = layout_.head_unit();
+  int next = -1;
+  if (!backward) next = unit < head ? unit + 1 : head - 1;  // after the head: the last block
+  else if (unit > 1 && unit < head) next = unit - 1;
+  if (next > 0 && !find_slot(param_slots_, next) && take_slot(param_slots_, -2)) {
+    find_slot(param_slots_, -2)->unit = -1;  // a slot is free: use it
+    start_gather(next);
+  }
+  return s->buf;
+}
+
+void Fsdp::release(int unit, bool backward) {
+  if (shard_comm_->size() == 1) return;
+  if (options_.sharding == Sharding::kGradOp && !backward && unit != layout_.head_unit() &&
+      unit != layout_.embed_unit())
+    return;  // ZeRO-2: keep the block's weights for its backward
+  Slot* s = find_slot(param_slots_, unit);
+  if (!s) return;
+  s->gather.wait();
+  s->unit = -1;
+}
+
+float* Fsdp::grads(int unit) {
+  if (shard_comm_->size() == 1) return shard_of(grad_base_, unit);
+  if (Slot* s = find_slot(grad_slots_, unit)) return s->buf;
+  Slot* s = take_slot(grad_slots_, unit);
+  if (!s) {
+    complete_reduce_scatter();
+    s = take_slot(grad_slots_, unit);
+  }
+  MX_ASSERT(s, "no free FSDP gradient slot for unit ", unit);
+  be_.fill(s->buf, 0.0f, shards_[unit].padded_numel);
+  return s->buf;
+}
+
+void Fsdp::grads_ready(int unit) {
+  if (shard_comm_->size() == 1) return;
+  complete_reduce_scatter();
+  Slot* s = find_slot(grad_slots_, unit);
+  MX_ASSERT(s, "grads_ready for unit ", unit, " without gradients");
+  pending_rs_->unit = unit;
+  pending_rs_->slot = s;
+  pending_rs_->handle = shard_comm_->reduce_scatter_async(
+      s->buf, rs_buffer_, shards_[unit].shard_numel, CommDtype::kF32, ReduceOp::kAvg);
+}
+
+void Fsdp::complete_reduce_scatter() {
+  PendingReduce& p = *pending_rs_;
+  if (p.unit < 0) return;
+  p.handle.wait();
+  float* dst = shard_of(grad_base_, p.unit);
+  be_.add(dst, dst, rs_buffer_, shards_[p.unit].shard_numel);  // accumulate micro-batches
+  p.slot->unit = -1;
+  p.unit = -1;
+  p.slot = nullptr;
+}
+
+void Fsdp::finish_micro_batch() {
+  complete_reduce_scatter();
+  for (auto& s : param_slots_) {
+    s.gather.wait();
+    s.unit = -1;
+  }
+  for (auto& s : grad_slots_) MX_ASSERT(s.unit < 0, "unit ", s.unit, " gradients never reduced");
+}
+
+double Fsdp::reduce_gradients_and_norm() {
+  complete_reduce_scatter();
+  if (replica_comm_->size() > 1)
+    replica_comm_->all_reduce(std::span<float>(grad_base_, size_t(local_numel_)), ReduceOp::kAvg);
+  double local = be_.sum_squares(grad_base_, local_numel_);  // padding holds zeros
+  return std::sqrt(shard_comm_->all_reduce(local, ReduceOp::kSum));
+}
+
+int64_t Fsdp::state_bytes() const {
+  return int64_t(master_->used() + grad_shards_->used() + m_->used() + v_->used());
+}
+
+int64_t Fsdp::transient_bytes() const {
+  return gathered_ ? int64_t(gathered_->used() + unit_grads_->used() + rs_out_->used()) : 0;
+}
+
+void Fsdp::zero_grads() { be_.fill(grad_base_, 0.0f, local_numel_); }
+void Fsdp::scale_grads(float s) { be_.scale(grad_base_, s, local_numel_); }
+
+void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
+                      int64_t t) {
+  const int r = shard_comm_->rank();
+  const auto& units = layout_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t sb = shards_[u].shard_begin(r), se = sb + shards_[u].shard_numel;
+    const int64_t base = unit_local_offset_[u];
+    for (int ti : units[u].tensors) {
+      const ParamTensor& t_ = layout_.tensors()[ti];
+      const int64_t begin = t_.offset - units[u].offset, end = begin + t_.numel;
+      const int64_t lo = std::max(begin, sb), hi = std::min(end, se);
+      if (lo >= hi) continue;
+      const int64_t at = base + (lo - sb);
+      be_.adamw(master_base_ + at, grad_base_ + at, m_base_ + at, v_base_ + at, hi - lo, lr,
+                beta1, beta2, eps, t_.decay ? weight_decay : 0.0f, t);
+    }
+  }
+}
+
+void Fsdp::scatter_params(const float* full) {
+  const int r = shard_comm_->rank();
+  const auto& units = layout_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ShardLayout& sl = shards_[u];
+    float* dst = shard_of(master_base_, int(u));
+    std::fill(dst, dst + sl.shard_numel, 0.0f);
+    std::memcpy(dst, full + units[u].offset + sl.shard_begin(r),
+                sizeof(float) * size_t(sl.valid_numel(r)));
+  }
+}
+
+void Fsdp::scatter_moments(const float* full_m, const float* full_v) {
+  const int r = shard_comm_->rank();
+  const auto& units = layout_.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ShardLayout& sl = shards_[u];
+    for (auto [src, base] : {std::pair{full_m, m_base_}, std::pair{full_v, v_base_}}) {
+      float* dst = shard_of(base, int(u));
+      std::fill(dst, dst + sl.shard_numel, 0.0f);
+      std::memcpy(dst, src + units[u].offset + sl.shard_begin(r),
+                  sizeof(float) * size_t(sl.valid_numel(r)));
+    }
+  }
+}
+
+namespace {
+void gather_state(Communicator& comm, const std::vector<ShardLayout>& shards,
+                  const std::vector<int64_t>& local_offsets, const ParamLayout& layout,
+                  const float* local, float* full) {
+  const auto& units = layout.units();
+  std::vector<float> buf;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ShardLayout& sl = shards[u];
+    if (comm.size() == 1) {
+      std::memcpy(full + units[u].offset, local + local_offsets[u],
+                  sizeof(float) * size_t(units[u].numel));
+      continue;
+    }
+    buf.resize(size_t(sl.padded_numel));
+    comm.all_gather(std::span<const float>(local + local_offsets[u], size_t(sl.shard_numel)),
+                    std::span<float>(buf));
+    std::memcpy(full + units[u].offset, buf.data(), sizeof(float) * size_t(units[u].numel));
+  }
+}
+}  // namespace
+
+void Fsdp::gather_params(float* full) {
+  gather_state(*shard_comm_, shards_, unit_local_offset_, layout_, master_base_, full);
+}
+
+void Fsdp::gather_moments(float* full_m, float* full_v) {
+  gather_state(*shard_comm_, shards_, unit_local_offset_, layout_, m_base_, full_m);
+  gather_state(*shard_comm_, shards_, unit_local_offset_, layout_, v_base_, full_v);
+}
+
+}  // namespace mx

@@ -1,0 +1,103 @@
+// FSDP: each rank holds 1/S of every unit's fp32 master weights, gradients and AdamW moments
+// (S = the shard group's size), gathers a unit's weights just before the model uses it and
+// reduce-scatters the unit's gradients as soon as its backward is done (PyTorch FSDP's
+// FULL_SHARD / ZeRO-3). Strategies (parallel.sharding):
+//   full     shard over all ranks; weights gathered for forward, freed, gathered again for backward
+//   grad-op  shard over all ranks; weights gathered in forward are kept through backward (ZeRO-2)
+//   none     every rank holds everything (DDP): gradients all-reduced once per step
+//   hybrid   shard within groups of parallel.shard_group ranks, replicate across groups (HSDP):
+//            reduce-scatter within the group, then all-reduce the shard across groups
+// One process is the degenerate case S = 1: the shards are the whole units, nothing moves.
+//
+// Gathers of the next unit are started while the current one computes (forward ascending,
+// backward descending), and a unit's gradient reduce-scatter runs while the next unit's
+// backward computes. Every buffer comes from arenas on the engine's MemoryTracker.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "model/llama.h"
+#include "model/params.h"
+#include "parallel/communicator.h"
+#include "parallel/shard.h"
+
+namespace mx {
+
+enum class Sharding { kFull, kGradOp, kNone, kHybrid };
+Sharding parse_sharding(const std::string& s);  // UserError for unknown names
+
+struct FsdpOptions {
+  Sharding sharding = Sharding::kFull;
+  int shard_group = 0;  // hybrid: ranks per shard group
+};
+
+class Fsdp final : public UnitAccess {
+ public:
+  Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& options,
+       Backend& backend, MemoryTracker* tracker);
+  ~Fsdp() override;
+
+  // UnitAccess, called by the model.
+  const float* acquire(int unit, bool backward) override;
+  void release(int unit, bool backward) override;
+  float* grads(int unit) override;
+  void grads_ready(int unit) override;
+
+  // After a forward (or forward+backward) of one micro-batch: every gather and reduce-scatter
+  // complete, every gathered buffer free.
+  void finish_micro_batch();
+  // After the last micro-batch of a step: gradient shards averaged over all ranks. Returns the
+  // global L2 norm of the gradient (before clipping).
+  double reduce_gradients_and_norm();
+  void zero_grads();
+  void scale_grads(float s);
+  // AdamW on this rank's shards; weight decay only on the tensors the layout marks.
+  void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int64_t t);
+
+  // Whole-model views, for init, checkpoints and generation: full flat buffers in the layout's
+  // order. scatter_* keep this rank's shard of a full buffer (every rank passes the same one);
+  // gather_* fill a full buffer on every rank.
+  void scatter_params(const float* full);
+  void scatter_moments(const float* full_m, const float* full_v);
+  void gather_params(float* full);
+  void gather_moments(float* full_m, float* full_v);
+
+  int shard_size() const { return shard_comm_->size(); }
+  int replica_size() const { return replica_comm_->size(); }
+  int64_t local_numel() const { return local_numel_; }  // this rank's shard elements (padded)
+  // Bytes of this rank's master weights + gradients + AdamW moments (its shards), and of the
+  // full-unit buffers that exist only while a unit is in use (gathered weights, unit gradients).
+  int64_t state_bytes() const;
+  int64_t transient_bytes() const;
+
+ private:
+  struct Slot;
+  Slot* take_slot(std::vector<Slot>& pool, int unit);
+  Slot* find_slot(std::vector<Slot>& pool, int unit);
+  void start_gather(int unit);
+  void complete_reduce_scatter();
+  float* shard_of(float* base, int unit) const { return base + unit_local_offset_[unit]; }
+
+  const ParamLayout& layout_;
+  Communicator& world_;
+  Backend& be_;
+  FsdpOptions options_;
+  std::unique_ptr<Communicator> shard_comm_owned_, replica_comm_owned_;
+  Communicator* shard_comm_ = nullptr;
+  Communicator* replica_comm_ = nullptr;
+  std::vector<ShardLayout> shards_;        // per unit, over the shard group
+  std::vector<int64_t> unit_local_offset_;  // per unit, into the local shard buffers
+  int64_t local_numel_ = 0;
+  std::unique_ptr<Arena> master_, grad_shards_, m_, v_, gathered_, unit_grads_, rs_out_;
+  float *master_base_ = nullptr, *grad_base_ = nullptr, *m_base_ = nullptr, *v_base_ = nullptr;
+  std::vector<Slot> param_slots_, grad_slots_;
+  float* rs_buffer_ = nullptr;
+  struct PendingReduce;
+  std::unique_ptr<PendingReduce> pending_rs_;
+};
+
+}  // namespace mx

@@ -1,0 +1,108 @@
+// The process's world communicator and the job-wide failure path.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API only: the deprecated C++ bindings warn under -Wextra
+#endif
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "parallel/communicator.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/single_process_communicator.h"
+
+namespace mx {
+
+namespace {
+
+Communicator* g_world = nullptr;  // never destroyed: MPI_Finalize runs from atexit instead
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0';
+}
+
+bool mpi_active() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+// Runs when the process exits through exit() or a return from main. A clean exit (status 0)
+// finalizes MPI; MPI_Finalize waits for the other ranks, which are finishing too. A non-zero
+// status means this rank failed without calling abort_all (e.g. main printed an error and
+// returned 2): finalizing then would hang, since the other ranks may be waiting for this one
+// inside a collective, so the job is aborted with that status instead. glibc's on_exit gives
+// the status; elsewhere atexit can't see it and every exit finalizes (use abort_all there).
+void end_mpi_at_exit(int status, void*) {
+  if (!mpi_active()) return;
+  if (status == 0) {
+    MPI_Finalize();
+    return;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, status);
+}
+
+#if !defined(__GLIBC__)
+void end_mpi_at_exit_no_status() { end_mpi_at_exit(0, nullptr); }
+#endif
+
+Communicator* make_world() {
+  if (!launched_by_mpi_launcher()) return new SingleProcessCommunicator();
+  int provided = 0;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+#if defined(__GLIBC__)
+  on_exit(end_mpi_at_exit, nullptr);
+#else
+  std::atexit(end_mpi_at_exit_no_status);
+#endif
+  if (provided < MPI_THREAD_FUNNELED)
+    warn(str("MPI provides thread level ", provided, " < MPI_THREAD_FUNNELED"));
+  // Errors on the world (and the communicators split from it) return codes instead of
+  // aborting inside MPI, so they become CommError with a message, then abort_all.
+  check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return new MpiCommunicator(MPI_COMM_WORLD, /*owns=*/false);
+}
+
+}  // namespace
+
+bool launched_by_mpi_launcher() {
+  if (const char* force = std::getenv("MXTRAIN_MPI")) {
+    if (std::strcmp(force, "1") == 0) return true;
+    if (std::strcmp(force, "0") == 0) return false;
+  }
+  return env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMIX_RANK") || env_set("PMI_SIZE") ||
+         env_set("PMI_RANK");
+}
+
+Communicator& world_communicator() {
+  if (!g_world) g_world = make_world();
+  return *g_world;
+}
+
+bool in_multi_process_job() { return mpi_active() && g_world && g_world->size() > 1; }
+
+void abort_all(int exit_code, const std::string& message) {
+  if (exit_code == 0) exit_code = 1;  // a failure never reads as success
+  std::fflush(stdout);
+  if (mpi_active()) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) std::fprintf(stderr, "error: rank %d: %s\n", rank, message.c_str());
+    else std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, exit_code);  // mpirun kills every rank, exits with exit_code
+  }
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::exit(exit_code);  // one process: flush files, run destructors, as returning from main
+}
+
+}  // namespace mx
