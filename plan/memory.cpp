@@ -1,0 +1,316 @@
+#include "plan/memory.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/error.h"
+#include "plan/recipe.h"
+
+namespace mx::plan {
+
+ActivationDtypes cpu_dtypes() { return ActivationDtypes{}; }
+
+ActivationDtypes gpu_dtypes() {
+  ActivationDtypes d;
+  d.act = 2;
+  d.stat = 4;
+  d.logits = 4;
+  d.attention_workspace = true;
+  return d;
+}
+
+namespace {
+
+// The engine's tracker and arenas, without memory: the same 64-byte rounding, mark/release.
+struct Tracker {
+  int64_t current = 0, peak = 0;
+  int64_t saved_at_peak = 0, scratch_at_peak = 0;
+  std::string where;
+  const std::string* phase = nullptr;
+  int64_t* saved_used = nullptr;
+  int64_t* scratch_used = nullptr;
+  void add(int64_t n) {
+    current += n;
+    if (current > peak) {
+      peak = current;
+      saved_at_peak = *saved_used;
+      scratch_at_peak = *scratch_used;
+      where = *phase;
+    }
+  }
+};
+
+struct SimArena {
+  Tracker* t;
+  int64_t used = 0;
+  void alloc(int64_t bytes) {
+    int64_t size = int64_t(Arena::round_up(size_t(bytes)));
+    used += size;
+    t->add(size);
+  }
+  int64_t mark() const { return used; }
+  void release(int64_t m) {
+    t->current -= used - m;
+    used = m;
+  }
+};
+
+// Mirrors model/llama.cpp. Every allocation there has a line here, in the same order; a
+// change to the model's allocations must be made here too (tests/python/test_plan.py compares
+// against the engine's measured peak).
+class Replay {
+ public:
+  Replay(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
+         const ActivationDtypes& dt)
+      : c_(c), B_(B), T_(T), N_(B * T), policy_(policy), dt_(dt) {
+    saved_.t = &tr_;
+    scratch_.t = &tr_;
+    tr_.phase = &phase_;
+    tr_.saved_used = &saved_.used;
+    tr_.scratch_used = &scratch_.used;
+  }
+
+  ActivationPeak run(bool training) {
+    forward(training ? policy_ : Checkpointing::kFull, training);
+    return ActivationPeak{tr_.peak, tr_.saved_at_peak, tr_.scratch_at_peak, tr_.where};
+  }
+
+ private:
+  // BlockSizes::keeps
+  static bool keeps(Checkpointing p, bool cheap) {
+    if (p == Checkpointing::kNone) return true;
+    if (p == Checkpointing::kSelective) return !cheap;
+    return false;
+  }
+  int64_t act(int64_t n) const { return n * dt_.act; }
+  int64_t stat(int64_t n) const { return n * dt_.stat; }
+
+  void block_forward(Checkpointing p) {
+    const int64_t N = N_, C = c_.hidden_size, I = c_.intermediate_size;
+    auto keep = [&](bool cheap, int64_t bytes) {
+      if (keeps(p, cheap)) saved_.alloc(bytes);
+      else scratch_.alloc(bytes);
+    };
+    keep(true, act(N * C));                                // h1
+    keep(true, stat(N));                                   // rstd1
+    keep(false, act(N * c_.q_dim()));                      // q
+    keep(false, act(N * c_.kv_dim()));                     // k
+    keep(false, act(N * c_.kv_dim()));                     // v
+    keep(false, act(N * c_.q_dim()));                      // o
+    keep(false, stat(B_ * c_.num_attention_heads * T_));   // lse
+    keep(false, act(N * C));                               // x_mid
+    scratch_.alloc(act(N * C));                            // proj
+    keep(true, act(N * C));                                // h2
+    keep(true, stat(N));                                   // rstd2
+    keep(false, act(N * I));                               // g
+    keep(false, act(N * I));                               // u
+    keep(true, act(N * I));                                // s
+    scratch_.alloc(act(N * C));                            // down
+  }
+
+  void block_backward(int64_t layer) {
+    const int64_t N = N_, C = c_.hidden_size, I = c_.intermediate_size;
+    phase_ = str("backward block ", layer, " recompute");
+    if (policy_ == Checkpointing::kFull) {
+      scratch_.alloc(act(N * C));  // y
+      block_forward(Checkpointing::kFull);
+    } else if (policy_ == Checkpointing::kSelective) {
+      scratch_.alloc(act(N * C));  // h1
+      scratch_.alloc(stat(N));     // rstd1
+      scratch_.alloc(act(N * C));  // h2
+      scratch_.alloc(stat(N));     // rstd2
+      scratch_.alloc(act(N * I));  // s
+    }
+    phase_ = str("backward block ", layer, " mlp");
+    {
+      int64_t m = scratch_.mark();
+      scratch_.alloc(act(N * I));  // dg
+      scratch_.alloc(act(N * I));  // du
+      scratch_.alloc(act(N * C));  // dh2
+      scratch_.release(m);
+    }
+    phase_ = str("backward block ", layer, " attention");
+    {
+      int64_t m = scratch_.mark();
+      scratch_.alloc(act(N * c_.q_dim()));   // d_o
+      scratch_.alloc(act(N * c_.q_dim()));   // dq
+      scratch_.alloc(act(N * c_.kv_dim()));  // dk
+      scratch_.alloc(act(N * c_.kv_dim()));  // dv
+      scratch_.alloc(act(N * C));            // dh1
+      if (dt_.attention_workspace) {
+        int64_t w = scratch_.mark();
+        scratch_.alloc(4 * N * c_.q_dim());                        // dQ accumulator, fp32
+        scratch_.alloc(4 * B_ * c_.num_attention_heads * T_);      // rowsum(dO * O)
+        scratch_.release(w);
+      }
+      scratch_.release(m);
+    }
+  }
+
+  void forward(Checkpointing policy, bool grads) {
+    const int64_t N = N_, C = c_.hidden_size, V = c_.vocab_size, L = c_.num_hidden_layers;
+    phase_ = "forward";
+    const int64_t saved_start = saved_.mark(), scratch_start = scratch_.mark();
+    saved_.alloc(4 * N);                    // inputs (int32)
+    saved_.alloc(4 * N);                    // targets
+    saved_.alloc(4 * (T_ * c_.head_dim / 2));  // rope cos (fp32)
+    saved_.alloc(4 * (T_ * c_.head_dim / 2));  // rope sin
+    std::vector<int64_t> marks(L);
+    saved_.alloc(act(N * C));  // x_0
+    for (int64_t l = 0; l < L; ++l) {
+      phase_ = str("forward block ", l);
+      marks[l] = saved_.mark();
+      saved_.alloc(act(N * C));  // x_{l+1}
+      int64_t sm = scratch_.mark();
+      block_forward(policy);
+      scratch_.release(sm);
+    }
+    phase_ = "head";
+    if (grads) scratch_.alloc(act(N * C));  // dresid
+    int64_t head_mark = scratch_.mark();
+    scratch_.alloc(act(N * C));  // hf
+    scratch_.alloc(stat(N));     // rstdf
+    scratch_.alloc(dt_.logits * head_chunk_rows(c_, N) * V);  // logits workspace
+    if (grads) scratch_.alloc(act(N * C));  // dh
+    scratch_.release(head_mark);
+    if (grads) {
+      for (int64_t l = L - 1; l >= 0; --l) {
+        int64_t sm = scratch_.mark();
+        block_backward(l);
+        scratch_.release(sm);
+        saved_.release(marks[l]);
+      }
+    }
+    saved_.release(saved_start);
+    scratch_.release(scratch_start);
+  }
+
+  const ModelConfig& c_;
+  int64_t B_, T_, N_;
+  Checkpointing policy_;
+  ActivationDtypes dt_;
+  Tracker tr_;
+  SimArena saved_, scratch_;
+  std::string phase_;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t rounded(int64_t bytes) { return int64_t(Arena::round_up(size_t(bytes))); }
+
+}  // namespace
+
+ActivationPeak simulate_activations(const ModelConfig& c, int64_t B, int64_t T,
+                                    Checkpointing policy, const ActivationDtypes& dt,
+                                    bool training) {
+  Replay r(c, B, T, policy, dt);
+  return r.run(training);
+}
+
+int64_t shard_count(const PlanInput& in) {
+  const int64_t world = in.world_size();
+  if (in.sharding == "none") return 1;
+  if (in.sharding == "full" || in.sharding == "grad-op") return world;
+  if (in.sharding == "hybrid") {
+    int64_t g = in.shard_group > 0 ? in.shard_group : std::min(in.gpus_per_node, world);
+    MX_REQUIRE(g <= world && world % g == 0, "parallel.shard_group (", g,
+               ") must divide the number of ranks (", world, ")");
+    return g;
+  }
+  throw UserError(str("parallel.sharding must be full, grad-op, none or hybrid (got '",
+                      in.sharding, "')"));
+}
+
+int64_t sharded_numel(const ParamLayout& layout, int64_t shards) {
+  if (shards <= 1) return layout.total_numel();
+  int64_t n = 0;
+  for (const ParamUnit& u : layout.units()) n += ceil_div(u.numel, shards);
+  return n;
+}
+
+int64_t largest_unit_numel(const ParamLayout& layout) {
+  int64_t n = 0;
+  for (const ParamUnit& u : layout.units()) n = std::max(n, u.numel);
+  return n;
+}
+
+MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
+  const ModelConfig& c = in.model;
+  ParamLayout layout(c);
+  MemoryBreakdown m;
+  m.shards = shard_count(in);
+  const int64_t B = in.micro_batch, T = in.seq_len;
+
+  if (gpu.is_cpu) {
+    // train/engine.cpp: four persistent fp32 arenas of the whole layout (one process; the
+    // sharded state of a multi-process run divides by the shard count), then the batch.
+    const int64_t state = rounded(4 * sharded_numel(layout, m.shards));
+    m.master_weights = m.gradients = m.adam_m = m.adam_v = state;
+    m.batch_tokens = rounded(4 * B * (T + 1));
+    ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, cpu_dtypes(), true);
+    ActivationPeak peak = train;
+    if (in.eval) {
+      ActivationPeak ev = simulate_activations(c, B, T, in.checkpointing, cpu_dtypes(), false);
+      if (ev.peak > peak.peak) peak = ev;
+    }
+    m.activations = peak.peak;
+    m.activations_saved = peak.saved_at_peak;
+    m.activations_scratch = peak.scratch_at_peak;
+    m.activation_peak_at = peak.where;
+    m.exact = in.world_size() == 1;
+    m.total = m.master_weights + m.gradients + m.adam_m + m.adam_v + m.batch_tokens +
+              m.activations;
+    return m;
+  }
+
+  // GPU (modelled).
+  const RecipeModel r = recipe_model(in.recipe);
+  const int64_t S = m.shards;
+  const int64_t shard = sharded_numel(layout, S);
+  const int64_t total = layout.total_numel();
+  const int64_t unit = largest_unit_numel(layout);
+  const int64_t compute_bytes = 2;  // bf16
+  m.master_weights = 4 * shard;
+  m.gradients = 4 * shard;
+  m.adam_m = 4 * shard;
+  m.adam_v = 4 * shard;
+  // Parameters whose compute-dtype (and quantized) copies are live at the activation peak.
+  int64_t live_params = 0;
+  if (in.sharding == "full" || in.sharding == "hybrid") {
+    live_params = std::min<int64_t>(2 * unit, total);  // the unit in use + the prefetched one
+  } else {
+    live_params = total;  // grad-op: gathered weights kept through backward; none: replicated
+  }
+  m.compute_weights = compute_bytes * live_params;
+  if (in.sharding != "none" && S > 1) m.unsharded_gradient = 4 * unit;  // fp32 reduce-scatter input
+  if (in.recipe != "bf16") {
+    // High-precision first/last blocks and the head keep no quantized copy; approximate by
+    // scaling the live parameters with the fraction of quantized Linear parameters.
+    const double L = double(c.num_hidden_layers);
+    const double hp = double(std::min<int64_t>(in.high_precision_first + in.high_precision_last,
+                                               c.num_hidden_layers));
+    const double frac = (L - hp) / L;
+    m.quantized_weights =
+        int64_t(r.quantized_weight_bytes_per_param * double(live_params) * frac);
+    m.recipe_state = int64_t(r.scaling_state_bytes_per_linear * 7.0 * (L - hp));
+  }
+  ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dtypes(), true);
+  m.activations = train.peak;
+  m.activations_saved = train.saved_at_peak;
+  m.activations_scratch = train.scratch_at_peak;
+  m.activation_peak_at = train.where;
+  m.batch_tokens = rounded(4 * B * (T + 1));
+  m.library_workspace = kCublasLtWorkspaceBytes;
+  m.nccl_buffers = in.world_size() > 1 ? kNcclBufferBytes : 0;
+  m.cuda_context = kCudaContextBytes;
+  m.fragmentation = int64_t(kFragmentation * double(m.activations + m.compute_weights +
+                                                    m.unsharded_gradient + m.quantized_weights));
+  m.exact = false;
+  m.total = m.master_weights + m.gradients + m.adam_m + m.adam_v + m.compute_weights +
+            m.unsharded_gradient + m.quantized_weights + m.recipe_state + m.activations +
+            m.batch_tokens + m.library_workspace + m.nccl_buffers + m.cuda_context +
+            m.fragmentation;
+  return m;
+}
+
+}  // namespace mx::plan

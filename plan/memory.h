@@ -1,0 +1,110 @@
+// Per-rank memory model.
+//
+// On the CPU backend with one process it is exact: it replays the allocation sequence of
+// model/llama.cpp's forward/backward on the two activation arenas (`saved`, a stack pushed in
+// forward and popped in backward; `scratch`, per-op temporaries), with core/arena.h's 64-byte
+// rounding, and adds the persistent arenas of train/engine.cpp (fp32 master weights, gradients,
+// AdamW m and v, the batch's token ids). The engine's reported peak_mem_bytes is the maximum
+// over time of the sum of all arenas, and so is this.
+//
+// On GPUs the same replay runs with bf16 activations (statistics and logits in fp32) plus what
+// a CUDA engine with FSDP holds besides: gathered compute-dtype weights, an unsharded gradient
+// unit, the recipe's quantized weight copies, library workspaces, NCCL buffers, the CUDA context
+// and a fragmentation allowance. Those parts are predictions (the CUDA engine and FSDP do not
+// exist yet); docs/plan.md gives every formula.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "model/llama.h"
+#include "model/params.h"
+#include "plan/gpus.h"
+
+namespace mx::plan {
+
+// The run being planned: the parts of a RunConfig the models read.
+struct PlanInput {
+  ModelConfig model;  // finalized and validated
+  std::string model_name;  // preset name or "custom", for reports
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;
+  int64_t grad_accum = 1;
+  Checkpointing checkpointing = Checkpointing::kNone;
+  std::string sharding = "full";  // full | grad-op | none | hybrid
+  int64_t shard_group = 0;        // hybrid: ranks per shard group (0: GPUs per node)
+  std::string recipe = "bf16";
+  int64_t high_precision_first = 0;
+  int64_t high_precision_last = 0;
+  bool eval = false;              // validation passes run (forward only, full checkpointing)
+  int64_t gpus_per_node = 1;
+  int64_t nodes = 1;
+  int64_t world_size() const { return gpus_per_node * nodes; }
+};
+
+// Element sizes of the activation replay.
+struct ActivationDtypes {
+  int64_t act = 4;     // activations and their gradients (fp32 on CPU, bf16 on GPU)
+  int64_t stat = 4;    // RMSNorm rstd, attention log-sum-exp
+  int64_t logits = 4;  // the head's logits chunk
+  // GPU attention backward (FlashAttention-2 style) keeps an fp32 dQ accumulator [B,T,H,D] and
+  // the row statistic D = rowsum(dO * O) [B,H,T] while it runs. The CPU kernel keeps per-thread
+  // tiles on the heap instead (not in any arena), so this is off there.
+  bool attention_workspace = false;
+};
+ActivationDtypes cpu_dtypes();
+ActivationDtypes gpu_dtypes();
+
+struct ActivationPeak {
+  int64_t peak = 0;              // max over time of saved + scratch
+  int64_t saved_at_peak = 0;
+  int64_t scratch_at_peak = 0;
+  std::string where;             // the phase at the peak ("head", "backward block 31 mlp", ...)
+};
+
+// Replays one forward+backward (training = true) or one forward_loss (training = false, which
+// the engine always runs with full checkpointing) on [B, T].
+ActivationPeak simulate_activations(const ModelConfig& c, int64_t B, int64_t T,
+                                    Checkpointing policy, const ActivationDtypes& dt,
+                                    bool training);
+
+// Ranks that share one copy of the sharded state: full / grad-op: the world; hybrid: the shard
+// group; none: 1. UserError when hybrid's shard_group does not divide the world.
+int64_t shard_count(const PlanInput& in);
+// Per-rank elements of the flat parameter buffer when every FSDP unit is split into
+// `shards` equal parts (each unit padded to a multiple of `shards`).
+int64_t sharded_numel(const ParamLayout& layout, int64_t shards);
+int64_t largest_unit_numel(const ParamLayout& layout);
+
+// GPU constants (documented in docs/plan.md).
+constexpr int64_t kCublasLtWorkspaceBytes = int64_t(32) << 20;  // cuBLAS docs: 32 MiB on Hopper+
+constexpr int64_t kCudaContextBytes = int64_t(1) << 30;         // context + loaded kernels
+constexpr int64_t kNcclBufferBytes = int64_t(512) << 20;        // channels x buffers, multi-rank
+constexpr double kFragmentation = 0.05;  // of the dynamic part (activations + gathered units)
+
+struct MemoryBreakdown {
+  int64_t master_weights = 0;    // fp32 master shard
+  int64_t gradients = 0;         // fp32 gradient shard
+  int64_t adam_m = 0;
+  int64_t adam_v = 0;
+  int64_t compute_weights = 0;   // compute-dtype copies (gathered units / full copy)
+  int64_t unsharded_gradient = 0;  // one unit's full gradient before reduce-scatter
+  int64_t quantized_weights = 0;   // the recipe's low-precision copies + scales
+  int64_t recipe_state = 0;        // scaling state (amax histories)
+  int64_t activations = 0;         // peak of saved + scratch (replayed)
+  int64_t activations_saved = 0;   // ... of which in the saved stack at that moment
+  int64_t activations_scratch = 0;
+  std::string activation_peak_at;
+  int64_t batch_tokens = 0;        // int32 [B, T+1]
+  int64_t library_workspace = 0;   // cuBLASLt
+  int64_t nccl_buffers = 0;
+  int64_t cuda_context = 0;
+  int64_t fragmentation = 0;
+  int64_t total = 0;
+  int64_t shards = 1;              // shard count used for the sharded state
+  bool exact = false;              // true: the CPU engine's own accounting, replayed
+};
+
+MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu);
+
+}  // namespace mx::plan

@@ -1,0 +1,45 @@
+// `mxtrain plan`: the memory and time models of one configuration, and the recommendation:
+// the fastest configuration that fits, searched over micro-batch (powers of two that keep the
+// per-rank batch micro_batch x grad_accum), activation checkpointing, sharding and recipe.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/gpus.h"
+#include "plan/memory.h"
+#include "plan/time.h"
+
+namespace mx::plan {
+
+struct Evaluation {
+  PlanInput input;
+  MemoryBreakdown memory;
+  TimeBreakdown time;
+  double capacity_bytes = 0;
+  bool fits = false;
+};
+
+Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu);
+
+struct Recommendation {
+  Evaluation best;        // fits == false when nothing fits (then: the smallest configuration)
+  bool found = false;
+  std::vector<std::string> reasons;
+  int64_t candidates = 0;
+};
+
+// recipes: the recipes to search (empty: every recipe the GPU supports).
+Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
+                         const std::vector<std::string>& recipes = {});
+
+// The command's JSON object and its human table.
+nlohmann::json plan_json(const Evaluation& given, const Recommendation& rec, const GpuSpec& gpu,
+                         const std::vector<std::string>& notes);
+std::string plan_table(const Evaluation& given, const Recommendation& rec, const GpuSpec& gpu,
+                       const std::vector<std::string>& notes);
+
+std::string gib(double bytes);  // "12.34 GiB"
+
+}  // namespace mx::plan

@@ -1,0 +1,35 @@
+// Precision recipes as the planner models them. The engine trains in fp32 on CPUs only; the
+// GPU recipes (bf16, FP8 and FP4 families, DESIGN.md) are MODELLED here: what they do to the
+// GEMM rate and what extra quantized weight copies and scales they keep.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "plan/gpus.h"
+
+namespace mx::plan {
+
+struct RecipeModel {
+  std::string name;
+  bool modelled = true;  // false only for fp32 on the CPU backend (what the engine runs)
+  // Bytes per parameter of the quantized weight copies a gathered unit carries besides its
+  // compute-dtype copy: both orientations (row-wise for forward/dgrad, column-wise for wgrad),
+  // codes plus block scales.
+  double quantized_weight_bytes_per_param = 0;
+  // Per Linear: fp32 scaling state (delayed scaling: amax histories of input, weight, grad).
+  double scaling_state_bytes_per_linear = 0;
+  // Bytes moved per element quantized (read bf16, write codes + scales), for the time model.
+  double quantize_bytes_per_element = 0;
+  double gemm_efficiency = 0.7;  // achievable fraction of the dense datasheet rate
+};
+
+// fp32 (cpu), bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, nvfp4. UserError if unknown.
+RecipeModel recipe_model(const std::string& name);
+std::vector<std::string> recipe_names();
+// Whether `gpu` runs the recipe in hardware (fp32 only on cpu; FP8 needs Hopper or later;
+// MXFP8 and NVFP4 need Blackwell's block-scaled tensor cores).
+bool recipe_supported(const std::string& name, const GpuSpec& gpu);
+// Dense rate of the recipe's low-precision GEMMs on `gpu` (before efficiency).
+double recipe_gemm_flops(const std::string& name, const GpuSpec& gpu);
+
+}  // namespace mx::plan

@@ -1,0 +1,153 @@
+#include "plan/time.h"
+
+#include <algorithm>
+
+#include "model/params.h"
+#include "plan/recipe.h"
+
+namespace mx::plan {
+
+int64_t block_matmul_params(const ModelConfig& c) {
+  return c.block_param_count() - 2 * c.hidden_size;
+}
+
+double forward_gemm_flops(const ModelConfig& c, int64_t tokens) {
+  return 2.0 * double(tokens) *
+         (double(c.num_hidden_layers) * double(block_matmul_params(c)) +
+          double(c.vocab_size) * double(c.hidden_size));
+}
+
+double attention_forward_flops(const ModelConfig& c, int64_t B, int64_t T) {
+  return 2.0 * 2.0 * double(B) * double(T) * double(T) * double(c.num_attention_heads) *
+         double(c.head_dim) / 2.0;
+}
+
+TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
+  const ModelConfig& c = in.model;
+  const RecipeModel r = recipe_model(in.recipe);
+  const RecipeModel hp = recipe_model(gpu.is_cpu ? "fp32" : "bf16");
+  const int64_t B = in.micro_batch, T = in.seq_len, n = B * T, A = in.grad_accum;
+  const int64_t L = c.num_hidden_layers, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t W = in.world_size();
+  const double saturation = double(n) / (double(n) + kGemmHalfTokens);
+  const double lp_rate = recipe_gemm_flops(in.recipe, gpu) * r.gemm_efficiency * saturation;
+  const double hp_rate = gpu.bf16_flops * hp.gemm_efficiency * saturation;
+  const double attn_rate =
+      gpu.bf16_flops * (gpu.is_cpu ? kCpuAttentionEfficiency : kAttentionEfficiency);
+  const int64_t hp_blocks = in.recipe == "bf16" || in.recipe == "fp32"
+                                ? 0
+                                : std::min(L, in.high_precision_first + in.high_precision_last);
+  const double recompute = in.checkpointing == Checkpointing::kFull ? 1.0 : 0.0;
+  const double act = gpu.is_cpu ? 4.0 : 2.0;
+
+  // One block, one micro-batch, forward + backward (+ recompute).
+  const double block_gemm = 2.0 * double(n) * double(block_matmul_params(c)) * (3.0 + recompute);
+  const double block_attn = attention_forward_flops(c, B, T) * (1.0 + 2.5 + recompute);
+  double fwd_bytes_per_token =
+      act * double(10 * C + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * I);
+  double block_bytes = double(n) * fwd_bytes_per_token * (3.0 + recompute);
+  if (in.checkpointing == Checkpointing::kSelective) block_bytes += double(n) * act * double(4 * C + 3 * I);
+  const double quant_elems_per_token =
+      double(2 * C + c.q_dim() + I) + double(c.q_dim() + 2 * c.kv_dim() + 2 * C + 2 * I);
+  const double block_quant_bytes =
+      r.quantize_bytes_per_element *
+      (double(n) * quant_elems_per_token * (1.0 + recompute / 3.0) +
+       double(block_matmul_params(c)));
+  const double head_gemm = 2.0 * double(n) * double(c.vocab_size) * double(C) * 3.0;
+  const double head_bytes = 16.0 * double(n) * double(c.vocab_size);
+
+  auto block_time = [&](bool quantized) {
+    double g = block_gemm / (quantized ? lp_rate : hp_rate);
+    double a = block_attn / attn_rate;
+    double m = (block_bytes + (quantized ? block_quant_bytes : 0.0)) / gpu.hbm_bytes_per_s;
+    return std::make_tuple(g, a, m);
+  };
+  TimeBreakdown t;
+  double mb_gemm = 0, mb_attn = 0, mb_mem = 0;
+  for (int q = 0; q < 2; ++q) {
+    const int64_t count = q == 0 ? L - hp_blocks : hp_blocks;
+    auto [g, a, m] = block_time(q == 0 && hp_blocks < L && r.name != hp.name);
+    mb_gemm += double(count) * g;
+    mb_attn += double(count) * a;
+    mb_mem += double(count) * m;
+  }
+  mb_gemm += head_gemm / hp_rate;
+  mb_mem += head_bytes / gpu.hbm_bytes_per_s;
+  const double block_compute = (mb_gemm - head_gemm / hp_rate + mb_attn) / double(L) +
+                               (mb_mem - head_bytes / gpu.hbm_bytes_per_s) / double(L);
+  const double head_compute = head_gemm / hp_rate + head_bytes / gpu.hbm_bytes_per_s;
+
+  // Collectives. A group inside one node runs at NVLink speed; one that spans nodes is limited
+  // by each GPU's share of the instance's EFA bandwidth.
+  ParamLayout layout(c);
+  const int64_t S = shard_count(in);
+  auto group_bw = [&](int64_t ranks, bool spans_nodes) {
+    double bw = spans_nodes ? gpu.efa_bytes_per_s / double(std::min(gpu.gpus_per_node, W))
+                            : gpu.nvlink_bytes_per_s;
+    (void)ranks;
+    return bw * kCollectiveEfficiency;
+  };
+  const bool shard_spans = S > in.gpus_per_node;
+  const double shard_bw = group_bw(S, shard_spans);
+  const double ring = S > 1 ? double(S - 1) / double(S) : 0.0;
+  auto unit_numel = [&](const std::string& name) {
+    for (auto& u : layout.units())
+      if (u.name == name) return double(u.numel);
+    return 0.0;
+  };
+  const double block_numel = double(c.block_param_count());
+  double gathers = 0;  // all-gathers of each unit per micro-batch
+  if (in.sharding == "full" || in.sharding == "hybrid") gathers = 2;
+  else if (in.sharding == "grad-op") gathers = 1;
+  const bool reduce_scatter = in.sharding != "none" && S > 1;
+  auto unit_comm = [&](double numel) {
+    if (S <= 1) return 0.0;
+    return ring * numel * (gathers * 2.0 + (reduce_scatter ? 4.0 : 0.0)) / shard_bw;
+  };
+  const double comm_block = unit_comm(block_numel);
+  const double comm_embed = unit_comm(unit_numel("embed"));
+  const double comm_head = unit_comm(unit_numel("head"));
+  double mb_comm = comm_embed + comm_head + double(L) * comm_block;
+  double mb_exposed = comm_embed + double(L) * std::max(0.0, comm_block - block_compute) +
+                      std::max(0.0, comm_head - head_compute);
+  const double mb_compute = mb_gemm + mb_attn + mb_mem;
+
+  // Once per step: DDP all-reduce of full gradients (none), or the cross-replica all-reduce
+  // of the gradient shard (hybrid). Overlapped with the last micro-batch's backward (2/3 of
+  // its compute), except the last block's bucket.
+  double step_comm = 0, step_exposed = 0;
+  if (in.sharding == "none" && W > 1) {
+    const double bw = group_bw(W, in.nodes > 1);
+    step_comm = 2.0 * 4.0 * double(layout.total_numel()) * double(W - 1) / double(W) / bw;
+    step_exposed = std::max(0.0, step_comm - mb_compute * 2.0 / 3.0) +
+                   step_comm * block_numel / double(layout.total_numel());
+  } else if (in.sharding == "hybrid" && W > S) {
+    const int64_t R = W / S;
+    const double bw = group_bw(R, in.nodes > 1);
+    step_comm = 2.0 * 4.0 * double(sharded_numel(layout, S)) * double(R - 1) / double(R) / bw;
+    step_exposed = std::max(0.0, step_comm - mb_compute * 2.0 / 3.0) +
+                   step_comm * block_numel / double(layout.total_numel());
+  }
+
+  t.gemm_flops = double(A) * (double(L) * block_gemm + head_gemm);
+  t.attention_flops = double(A) * double(L) * block_attn;
+  t.gemm_s = double(A) * mb_gemm;
+  t.attention_s = double(A) * mb_attn;
+  t.memory_bound_s = double(A) * mb_mem;
+  t.optimizer_s = kOptimizerBytesPerParam * double(sharded_numel(layout, S)) / gpu.hbm_bytes_per_s;
+  t.comm_s = double(A) * mb_comm + step_comm;
+  t.exposed_comm_s = double(A) * mb_exposed + step_exposed;
+  t.step_s = double(A) * (mb_compute + mb_exposed) + t.optimizer_s + step_exposed;
+  t.tokens_per_step = double(W) * double(A) * double(n);
+  t.tokens_per_s = t.tokens_per_step / t.step_s;
+  t.tokens_per_s_per_gpu = t.tokens_per_s / double(W);
+  t.model_flops_per_token = c.flops_per_token(T);
+  // MFU against the dense peak of the precision the recipe's GEMMs run in (so it stays a
+  // utilization, <= 1), and against bf16's peak for comparison across recipes.
+  t.mfu = t.model_flops_per_token * t.tokens_per_s / (double(W) * recipe_gemm_flops(in.recipe, gpu));
+  t.mfu_bf16 = t.model_flops_per_token * t.tokens_per_s / (double(W) * gpu.bf16_flops);
+  t.gemm_rate = lp_rate;
+  return t;
+}
+
+}  // namespace mx::plan

@@ -1,0 +1,46 @@
+// Per-step time model: GEMMs at the recipe's dense rate times an achievable efficiency,
+// causal attention at the bf16 rate times its own efficiency, memory-bound ops at HBM
+// bandwidth, FSDP collectives at NVLink (within a node) or EFA (across nodes) bandwidth,
+// overlapped with the compute of neighbouring units except for the first and last unit.
+// Every constant is documented in docs/plan.md. All of it is a prediction.
+#pragma once
+#include <cstdint>
+
+#include "plan/gpus.h"
+#include "plan/memory.h"
+
+namespace mx::plan {
+
+constexpr double kAttentionEfficiency = 0.5;      // FlashAttention-class kernels, bf16
+constexpr double kCpuAttentionEfficiency = 0.3;   // the CPU tiled kernel vs SGEMM
+constexpr double kGemmHalfTokens = 128;           // efficiency(n) = eff * n / (n + 128)
+constexpr double kCollectiveEfficiency = 0.8;     // achieved / link bandwidth (NCCL rings)
+constexpr double kOptimizerBytesPerParam = 38;    // AdamW r/w 30 B + clip 4 B + zero 4 B
+
+// Matmul parameters of one block (q, k, v, o, gate, up, down).
+int64_t block_matmul_params(const ModelConfig& c);
+// GEMM FLOPs of one forward of the whole model on n tokens: 2 n (L * block + V * C).
+double forward_gemm_flops(const ModelConfig& c, int64_t tokens);
+// Causal attention FLOPs of one forward of one block: 2 matmuls of 2 B T^2 H D, halved.
+double attention_forward_flops(const ModelConfig& c, int64_t B, int64_t T);
+
+struct TimeBreakdown {
+  double gemm_flops = 0;       // per step, per rank, incl. backward (2x) and recompute
+  double attention_flops = 0;  // per step, per rank
+  double gemm_s = 0, attention_s = 0, memory_bound_s = 0;
+  double comm_s = 0;           // all collective time per step (overlapped or not)
+  double exposed_comm_s = 0;   // the part not hidden behind compute
+  double optimizer_s = 0;
+  double step_s = 0;
+  double tokens_per_step = 0;  // global
+  double tokens_per_s = 0;     // global
+  double tokens_per_s_per_gpu = 0;
+  double model_flops_per_token = 0;  // ModelConfig::flops_per_token (PaLM)
+  double mfu = 0;       // model FLOPs / (ranks x dense peak of the recipe's GEMM precision)
+  double mfu_bf16 = 0;  // model FLOPs / (ranks x dense bf16 peak; cpu: measured SGEMM)
+  double gemm_rate = 0;              // achieved low-precision GEMM FLOP/s assumed
+};
+
+TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu);
+
+}  // namespace mx::plan

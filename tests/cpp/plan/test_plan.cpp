@@ -1,0 +1,280 @@
+// The planner's models: exact arithmetic of the state terms, sharding division, the activation
+// replay against the engine's real arenas, the time model's FLOP counts, the catalogue.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "plan/gpus.h"
+#include "plan/memory.h"
+#include "plan/planner.h"
+#include "plan/recipe.h"
+#include "plan/time.h"
+#include "train/engine.h"
+
+namespace {
+
+using mx::Checkpointing;
+using namespace mx::plan;
+
+mx::ModelConfig preset(const char* name) {
+  auto c = mx::model_preset(name);
+  c.finalize();
+  c.validate();
+  return c;
+}
+
+PlanInput input(const char* name, int64_t B, int64_t T, Checkpointing p, const char* sharding,
+                int64_t gpus, int64_t nodes, const char* recipe) {
+  PlanInput in;
+  in.model = preset(name);
+  in.model_name = name;
+  in.micro_batch = B;
+  in.seq_len = T;
+  in.checkpointing = p;
+  in.sharding = sharding;
+  in.gpus_per_node = gpus;
+  in.nodes = nodes;
+  in.recipe = recipe;
+  return in;
+}
+
+GpuSpec fake_cpu() {  // cpu without measuring (the tests need no rate)
+  GpuSpec g;
+  g.name = "cpu";
+  g.is_cpu = true;
+  g.gpus_per_node = 1 << 20;
+  g.memory_bytes = 1e12;
+  g.bf16_flops = 1e11;
+  g.hbm_bytes_per_s = 2e10;
+  g.nvlink_bytes_per_s = 5e9;
+  g.efa_bytes_per_s = 1e9;
+  return g;
+}
+
+TEST(PlanMemory, StateIsFourBytesPerParameterEach) {
+  for (const char* name : {"tiny", "small", "125m", "llama3-8b"}) {
+    PlanInput in = input(name, 1, 16, Checkpointing::kNone, "none", 1, 1, "bf16");
+    const int64_t P = in.model.param_count();
+    MemoryBreakdown g = plan_memory(in, find_gpu("h100"));
+    EXPECT_EQ(g.master_weights, 4 * P) << name;
+    EXPECT_EQ(g.gradients, 4 * P) << name;
+    EXPECT_EQ(g.adam_m, 4 * P) << name;
+    EXPECT_EQ(g.adam_v, 4 * P) << name;
+    EXPECT_EQ(g.compute_weights, 2 * P) << name;  // replicated bf16 copy
+    in.recipe = "fp32";
+    MemoryBreakdown c = plan_memory(in, fake_cpu());
+    EXPECT_EQ(c.master_weights, int64_t(mx::Arena::round_up(size_t(4 * P)))) << name;
+    EXPECT_EQ(c.compute_weights, 0) << name;  // the CPU computes on the fp32 master weights
+    EXPECT_TRUE(c.exact);
+  }
+}
+
+TEST(PlanMemory, ShardingDividesTheState) {
+  PlanInput in = input("llama3-8b", 1, 1024, Checkpointing::kFull, "full", 8, 1, "bf16");
+  mx::ParamLayout layout(in.model);
+  const int64_t P = in.model.param_count();
+  MemoryBreakdown full = plan_memory(in, find_gpu("b200"));
+  EXPECT_EQ(full.shards, 8);
+  // Each unit padded to a multiple of 8: per-rank = sum ceil(unit / 8).
+  int64_t expect = 0;
+  for (auto& u : layout.units()) expect += (u.numel + 7) / 8;
+  EXPECT_EQ(full.master_weights, 4 * expect);
+  EXPECT_LE(full.master_weights, 4 * P / 8 + 4 * int64_t(layout.units().size()));
+  EXPECT_GE(full.master_weights, 4 * P / 8);
+  // Two gathered units in bf16 (the largest is the head here: lm_head + final norm) + one fp32
+  // gradient unit.
+  const int64_t unit = largest_unit_numel(layout);
+  EXPECT_EQ(unit, in.model.vocab_size * in.model.hidden_size + in.model.hidden_size);
+  EXPECT_EQ(full.compute_weights, 2 * 2 * unit);
+  EXPECT_EQ(full.unsharded_gradient, 4 * unit);
+
+  // grad-op keeps every gathered weight through backward; none replicates everything.
+  in.sharding = "grad-op";
+  MemoryBreakdown gop = plan_memory(in, find_gpu("b200"));
+  EXPECT_EQ(gop.master_weights, full.master_weights);
+  EXPECT_EQ(gop.compute_weights, 2 * P);
+  in.sharding = "none";
+  MemoryBreakdown none = plan_memory(in, find_gpu("b200"));
+  EXPECT_EQ(none.master_weights, 4 * P);
+  EXPECT_EQ(none.unsharded_gradient, 0);
+  EXPECT_LT(full.total, gop.total);
+  EXPECT_LT(gop.total, none.total);
+  EXPECT_EQ(full.activations, none.activations);  // sharding does not change activations
+
+  // hybrid over 2 nodes, sharded within the node: the same per-rank state as full on 8.
+  in.sharding = "hybrid";
+  in.nodes = 2;
+  MemoryBreakdown hyb = plan_memory(in, find_gpu("b200"));
+  EXPECT_EQ(hyb.shards, 8);
+  EXPECT_EQ(hyb.master_weights, full.master_weights);
+  in.shard_group = 3;  // does not divide 16
+  EXPECT_THROW(plan_memory(in, find_gpu("b200")), mx::UserError);
+}
+
+TEST(PlanMemory, FullShardingOnFourRanksIsAQuarterPlusGatheredUnits) {
+  PlanInput one = input("14b", 1, 2048, Checkpointing::kFull, "full", 1, 1, "bf16");
+  PlanInput four = one;
+  four.gpus_per_node = 4;
+  MemoryBreakdown m1 = plan_memory(one, find_gpu("h200"));
+  MemoryBreakdown m4 = plan_memory(four, find_gpu("h200"));
+  const int64_t state1 = m1.master_weights + m1.gradients + m1.adam_m + m1.adam_v;
+  const int64_t state4 = m4.master_weights + m4.gradients + m4.adam_m + m4.adam_v;
+  mx::ParamLayout layout(one.model);
+  EXPECT_LE(state4, state1 / 4 + 16 * int64_t(layout.units().size()));
+  EXPECT_LE(m4.total, m1.total / 4 + m4.compute_weights + m4.unsharded_gradient +
+                          m4.activations + m4.fragmentation + m4.nccl_buffers +
+                          m4.cuda_context + m4.library_workspace + m4.batch_tokens);
+}
+
+TEST(PlanMemory, ReplayStaysWithinTheEngineArenaCapacities) {
+  for (const char* name : {"tiny", "small", "125m"})
+    for (Checkpointing p : {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull})
+      for (int64_t B : {1, 3}) {
+        mx::ModelConfig c = preset(name);
+        ActivationPeak a = simulate_activations(c, B, 48, p, cpu_dtypes(), true);
+        mx::ActivationBytes cap = mx::activation_bytes(c, B, 48, p);
+        EXPECT_LE(a.saved_at_peak, int64_t(cap.saved)) << name;
+        EXPECT_LE(a.scratch_at_peak, int64_t(cap.scratch)) << name;
+        EXPECT_LE(a.peak, int64_t(cap.saved + cap.scratch)) << name;
+        EXPECT_GT(a.peak, 0);
+      }
+}
+
+// The reference: the engine itself, one forward+backward, its tracker's peak.
+TEST(PlanMemory, CpuPredictionEqualsTheEnginePeak) {
+  struct Case {
+    mx::ModelConfig c;
+    int64_t B, T;
+  };
+  mx::ModelConfig odd;
+  odd.hidden_size = 96;
+  odd.intermediate_size = 200;
+  odd.num_hidden_layers = 2;
+  odd.num_attention_heads = 6;
+  odd.num_key_value_heads = 2;
+  odd.vocab_size = 300;
+  odd.finalize();
+  odd.validate();
+  std::vector<Case> cases = {{preset("tiny"), 2, 37}, {odd, 3, 17}, {preset("tiny"), 1, 128}};
+  for (auto& k : cases)
+    for (Checkpointing p : {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+      mx::EngineOptions eo;
+      eo.checkpointing = p;
+      eo.micro_batch = k.B;
+      eo.seq_len = k.T;
+      mx::Engine engine(k.c, eo);
+      mx::init_params(engine.layout, engine.param_data(), 7);
+      std::mt19937 gen(3);
+      int32_t* tok = engine.batch_tokens();
+      for (int64_t i = 0; i < k.B * (k.T + 1); ++i) tok[i] = int32_t(gen() % k.c.vocab_size);
+      engine.model->forward_backward(engine.param_data(), engine.grad_data(), tok, k.B, k.T, 1.0f);
+      PlanInput in;
+      in.model = k.c;
+      in.micro_batch = k.B;
+      in.seq_len = k.T;
+      in.checkpointing = p;
+      in.recipe = "fp32";
+      MemoryBreakdown m = plan_memory(in, fake_cpu());
+      EXPECT_EQ(m.total, engine.tracker.peak())
+          << mx::checkpointing_name(p) << " B=" << k.B << " T=" << k.T;
+    }
+}
+
+TEST(PlanMemory, FitsFlipsAsMicroBatchGrowsOnH100) {
+  PlanInput in = input("llama3-8b", 1, 8192, Checkpointing::kNone, "full", 8, 1, "bf16");
+  GpuSpec h100 = find_gpu("h100");
+  bool was_fitting = true;
+  int flips = 0;
+  for (int64_t B : {1, 2, 4, 8, 16}) {
+    in.micro_batch = B;
+    bool fits = evaluate(in, h100).fits;
+    if (was_fitting && !fits) ++flips;
+    EXPECT_FALSE(!was_fitting && fits) << "fits again at micro_batch " << B;
+    was_fitting = fits;
+  }
+  in.micro_batch = 1;
+  EXPECT_TRUE(evaluate(in, h100).fits);
+  EXPECT_EQ(flips, 1);
+}
+
+TEST(PlanTime, FlopCounts) {
+  mx::ModelConfig c = preset("tiny");
+  // tiny: C 64, I 160, L 2, H 4, KV 2, D 16, V 256: block matmuls 64*64 + 2*64*32 + 64*64 + 3*64*160
+  EXPECT_EQ(block_matmul_params(c), 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 160);
+  EXPECT_DOUBLE_EQ(forward_gemm_flops(c, 10), 2.0 * 10 * (2.0 * block_matmul_params(c) + 256 * 64));
+  EXPECT_DOUBLE_EQ(attention_forward_flops(c, 2, 8), 2.0 * 2 * 8 * 8 * 4 * 16);
+  PlanInput in = input("tiny", 2, 8, Checkpointing::kNone, "full", 1, 1, "bf16");
+  GpuSpec g = find_gpu("h100");
+  TimeBreakdown none = plan_time(in, g);
+  EXPECT_DOUBLE_EQ(none.gemm_flops, 3.0 * forward_gemm_flops(c, 16));
+  in.checkpointing = Checkpointing::kFull;
+  TimeBreakdown full = plan_time(in, g);
+  EXPECT_DOUBLE_EQ(full.gemm_flops - none.gemm_flops,
+                   2.0 * 16 * 2 * double(block_matmul_params(c)));  // one more block forward
+  EXPECT_GT(full.step_s, none.step_s);
+  in.checkpointing = Checkpointing::kSelective;
+  EXPECT_DOUBLE_EQ(plan_time(in, g).gemm_flops, none.gemm_flops);
+  EXPECT_DOUBLE_EQ(none.model_flops_per_token, c.flops_per_token(8));
+  EXPECT_NEAR(none.tokens_per_s, none.tokens_per_step / none.step_s, 1e-9 * none.tokens_per_s);
+}
+
+TEST(PlanTime, LowPrecisionIsFasterAndCommunicationCosts) {
+  PlanInput in = input("llama3-8b", 1, 8192, Checkpointing::kFull, "full", 8, 1, "bf16");
+  GpuSpec b200 = find_gpu("b200");
+  TimeBreakdown bf16 = plan_time(in, b200);
+  in.recipe = "mxfp8";
+  TimeBreakdown fp8 = plan_time(in, b200);
+  in.recipe = "nvfp4";
+  TimeBreakdown fp4 = plan_time(in, b200);
+  EXPECT_GT(fp8.tokens_per_s, bf16.tokens_per_s);
+  EXPECT_GT(fp4.tokens_per_s, fp8.tokens_per_s);
+  EXPECT_GT(bf16.mfu, 0.3);
+  EXPECT_LT(bf16.mfu, 0.8);
+  in.recipe = "bf16";
+  in.nodes = 4;  // the shard group spans nodes: EFA instead of NVLink
+  TimeBreakdown multi = plan_time(in, b200);
+  EXPECT_GT(multi.comm_s, bf16.comm_s);
+}
+
+TEST(PlanCatalogue, NamesAndErrors) {
+  GpuSpec h100 = find_gpu("h100");
+  EXPECT_DOUBLE_EQ(h100.memory_bytes, 80e9);
+  EXPECT_DOUBLE_EQ(h100.bf16_flops, 989.4e12);
+  EXPECT_DOUBLE_EQ(h100.fp8_flops, 1978.9e12);
+  EXPECT_EQ(h100.fp4_flops, 0);
+  EXPECT_DOUBLE_EQ(find_gpu("b200").memory_bytes, 180e9);
+  EXPECT_DOUBLE_EQ(find_gpu("b300").memory_bytes, 268e9);
+  EXPECT_EQ(find_gpu("b300").instance, "ml.p6-b300.48xlarge");
+  EXPECT_THROW(find_gpu("a100"), mx::UserError);
+  EXPECT_THROW(recipe_model("fp6"), mx::UserError);
+  EXPECT_FALSE(recipe_supported("nvfp4", h100));
+  EXPECT_TRUE(recipe_supported("fp8-current", h100));
+  EXPECT_TRUE(recipe_supported("nvfp4", find_gpu("b300")));
+  EXPECT_GT(cpu_memory_total_bytes(), 0);
+}
+
+TEST(PlanRecommend, FindsAFittingConfigWithReasons) {
+  PlanInput in = input("llama3-8b", 8, 8192, Checkpointing::kNone, "full", 8, 1, "bf16");
+  Recommendation r = recommend(in, find_gpu("h100"), {"bf16"});
+  ASSERT_TRUE(r.found);
+  EXPECT_TRUE(r.best.fits);
+  EXPECT_EQ(r.best.input.micro_batch * r.best.input.grad_accum, 8);  // global batch kept
+  EXPECT_FALSE(r.reasons.empty());
+  // micro_batch 8 without checkpointing needs ~8 x 36 GiB of activations: not what it picks.
+  EXPECT_FALSE(r.best.input.micro_batch == 8 && r.best.input.checkpointing == Checkpointing::kNone);
+  bool explains = false;
+  for (auto& s : r.reasons) explains |= s.find("needs") != std::string::npos;
+  EXPECT_TRUE(explains);
+  // 64b on one H100 can not fit at all.
+  PlanInput big = input("64b", 1, 8192, Checkpointing::kFull, "full", 1, 1, "bf16");
+  Recommendation none = recommend(big, find_gpu("h100"), {"bf16"});
+  EXPECT_FALSE(none.found);
+  EXPECT_FALSE(none.best.fits);
+}
+
+}  // namespace
