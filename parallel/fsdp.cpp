@@ -1,6 +1,7 @@
 #include "parallel/fsdp.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -9,6 +10,22 @@
 #include "parallel/single_process_communicator.h"
 
 namespace mx {
+
+namespace {
+// Adds the wall time of a blocking communication call to a counter: the communication the
+// compute did not hide (the training loop reports it next to the step time).
+class CommTimer {
+ public:
+  explicit CommTimer(double& total) : total_(total), t0_(std::chrono::steady_clock::now()) {}
+  ~CommTimer() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
 
 Sharding parse_sharding(const std::string& s) {
   if (s == "full") return Sharding::kFull;
@@ -130,7 +147,10 @@ const float* Fsdp::acquire(int unit, bool backward) {
     start_gather(unit);
     s = find_slot(param_slots_, unit);
   }
-  s->gather.wait();
+  {
+    CommTimer t(comm_wait_s_);
+    s->gather.wait();
+  }
   // Prefetch the unit the model will ask for next while this one computes.
   const int head = layout_.head_unit();
   int next = -1;
@@ -150,7 +170,10 @@ void Fsdp::release(int unit, bool backward) {
     return;  // ZeRO-2: keep the block's weights for its backward
   Slot* s = find_slot(param_slots_, unit);
   if (!s) return;
-  s->gather.wait();
+  {
+    CommTimer t(comm_wait_s_);
+    s->gather.wait();
+  }
   s->unit = -1;
 }
 
@@ -181,7 +204,10 @@ void Fsdp::grads_ready(int unit) {
 void Fsdp::complete_reduce_scatter() {
   PendingReduce& p = *pending_rs_;
   if (p.unit < 0) return;
-  p.handle.wait();
+  {
+    CommTimer t(comm_wait_s_);
+    p.handle.wait();
+  }
   float* dst = shard_of(grad_base_, p.unit);
   be_.add(dst, dst, rs_buffer_, shards_[p.unit].shard_numel);  // accumulate micro-batches
   p.slot->unit = -1;
@@ -192,6 +218,7 @@ void Fsdp::complete_reduce_scatter() {
 void Fsdp::finish_micro_batch() {
   complete_reduce_scatter();
   for (auto& s : param_slots_) {
+    CommTimer t(comm_wait_s_);
     s.gather.wait();
     s.unit = -1;
   }
@@ -200,6 +227,7 @@ void Fsdp::finish_micro_batch() {
 
 double Fsdp::reduce_gradients_and_norm() {
   complete_reduce_scatter();
+  CommTimer t(comm_wait_s_);
   if (replica_comm_->size() > 1)
     replica_comm_->all_reduce(std::span<float>(grad_base_, size_t(local_numel_)), ReduceOp::kAvg);
   double local = be_.sum_squares(grad_base_, local_numel_);  // padding holds zeros

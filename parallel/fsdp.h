@@ -73,6 +73,9 @@ class Fsdp final : public UnitAccess {
   // full-unit buffers that exist only while a unit is in use (gathered weights, unit gradients).
   int64_t state_bytes() const;
   int64_t transient_bytes() const;
+  // Seconds spent blocked in communication (gathers, reduce-scatters, the gradient all-reduce
+  // and norm) since construction: what overlap did not hide.
+  double comm_wait_seconds() const { return comm_wait_s_; }
 
  private:
   struct Slot;
@@ -98,6 +101,7 @@ class Fsdp final : public UnitAccess {
   float* rs_buffer_ = nullptr;
   struct PendingReduce;
   std::unique_ptr<PendingReduce> pending_rs_;
+  double comm_wait_s_ = 0;
 };
 
 }  // namespace mx

@@ -185,6 +185,7 @@ int run_training(const RunConfig& cfg) {
                         : g_stop_signal.load();
     if (stop_signal) break;
     auto t0 = Clock::now();
+    const double comm_wait_before = fsdp.comm_wait_seconds();
     const double lr = lr_at(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
     fsdp.zero_grads();
     double loss = 0;
@@ -233,6 +234,7 @@ int run_training(const RunConfig& cfg) {
       rec["peak_mem_bytes"] = peak;
       if (W > 1) rec["peak_mem_bytes_max_rank"] = peak_max;
       rec["step_time_s"] = dt;
+      if (W > 1) rec["comm_wait_s"] = fsdp.comm_wait_seconds() - comm_wait_before;
       metrics->write(rec);
       const double eta = train_seconds / double(done - start_step) * double(tc.steps - done);
       std::string line = str("step ", done, "/", tc.steps, " | loss ", loss);
@@ -273,6 +275,7 @@ int run_training(const RunConfig& cfg) {
       {"sharding", cfg.parallel.sharding},
       {"fsdp_state_bytes", fsdp.state_bytes()},
       {"fsdp_transient_bytes", fsdp.transient_bytes()},
+      {"comm_wait_seconds", fsdp.comm_wait_seconds()},
       {"checkpoint", final_dir},
       {"wall_seconds", seconds_since(run_t0)}};
   if (W > 1) summary["peak_mem_bytes_max_rank"] = peak_max;
