@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/hf_config.h"
 #include "model/hf_weights.h"
+#include "precision/recipe.h"
 #include "train/engine.h"
 
 namespace mx::cli {
@@ -17,7 +18,7 @@ namespace mx::cli {
 namespace {
 
 struct GradsArgs {
-  std::string init, tokens, out, checkpointing = "none", device = "cpu";
+  std::string init, tokens, out, checkpointing = "none", device = "cpu", recipe = "fp32";
   int64_t batch = 0, seq = 0;
 };
 
@@ -49,7 +50,11 @@ int run_grads(const GradsArgs& a) {
   eo.micro_batch = a.batch;
   eo.seq_len = a.seq;
   eo.optimizer = false;
+  const Recipe recipe = parse_recipe(a.recipe);
+  eo.quantized = recipe != Recipe::kFp32;
   Engine engine(cfg, eo);
+  LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, 0, 0, 0, 0);
+  if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   load_hf_weights(a.init, engine.layout, engine.param_data());
   double loss = engine.model->forward_backward(engine.param_data(), engine.grad_data(),
                                                tokens.data(), a.batch, a.seq, 1.0f);
@@ -77,6 +82,7 @@ void add_debug(CLI::App& app, Action& action) {
   grads->add_option("--out", a->out, "gradients .safetensors")->required();
   grads->add_option("--checkpointing", a->checkpointing, "none | selective | full");
   grads->add_option("--device", a->device, "cpu | cuda");
+  grads->add_option("--recipe", a->recipe, "precision recipe of the block Linears (default fp32)");
   grads->callback([&action, a] { action = [a] { return run_grads(*a); }; });
 }
 

@@ -73,7 +73,7 @@ struct LlamaModel::BlockActs {
 };
 
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
-                                 Checkpointing policy) {
+                                 Checkpointing policy, bool quantized) {
   const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
   BlockSizes z(c, B, T);
   auto cheap = [&](Checkpointing p) {
@@ -105,6 +105,11 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
   const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) + bytes_f32(head_chunk_rows(c, N) *
                                                                       c.vocab_size);
   out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
+  if (quantized) {  // a Linear's quantized operand copies (NVFP4 wgrad: two transposes more)
+    const int64_t widest = std::max({c.hidden_size, c.intermediate_size, c.q_dim()});
+    const int64_t operand = std::max(N * widest, widest * widest);
+    out.scratch += 4 * bytes_f32(operand);
+  }
   return out;
 }
 
@@ -151,9 +156,9 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   a.q = keep(false, z.q);
   a.k = keep(false, z.k);
   a.v = keep(false, z.v);
-  be_.linear_forward(a.q, a.h1, w.wq, N, C, c_.q_dim());
-  be_.linear_forward(a.k, a.h1, w.wk, N, C, c_.kv_dim());
-  be_.linear_forward(a.v, a.h1, w.wv, N, C, c_.kv_dim());
+  linear_fwd(0, a.q, a.h1, w.wq, N, C, c_.q_dim());
+  linear_fwd(1, a.k, a.h1, w.wk, N, C, c_.kv_dim());
+  linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
   be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
   be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
   a.o = keep(false, z.o);
@@ -161,7 +166,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
   a.x_mid = keep(false, z.x_mid);
   float* proj = scratch_.alloc_f32(N * C);
-  be_.linear_forward(proj, a.o, w.wo, N, c_.q_dim(), C);
+  linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
   be_.add(a.x_mid, x, proj, N * C);
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
   a.h2 = keep(true, z.h2);
@@ -169,12 +174,12 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
   a.g = keep(false, z.g);
   a.u = keep(false, z.u);
-  be_.linear_forward(a.g, a.h2, w.w_gate, N, C, I);
-  be_.linear_forward(a.u, a.h2, w.w_up, N, C, I);
+  linear_fwd(4, a.g, a.h2, w.w_gate, N, C, I);
+  linear_fwd(5, a.u, a.h2, w.w_up, N, C, I);
   a.s = keep(true, z.s);
   be_.swiglu_forward(a.s, a.g, a.u, N * I);
   float* down = scratch_.alloc_f32(N * C);
-  be_.linear_forward(down, a.s, w.w_down, N, I, C);
+  linear_fwd(6, down, a.s, w.w_down, N, I, C);
   be_.add(y, a.x_mid, down, N * C);
 }
 
@@ -204,10 +209,10 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* dg = scratch_.alloc_f32(N * I);  // first holds dL/ds, then dL/dg (same element)
     float* du = scratch_.alloc_f32(N * I);
     float* dh2 = scratch_.alloc_f32(N * C);
-    be_.linear_backward(dg, dw.w_down, dresid, a.s, w.w_down, N, I, C, false);
+    linear_bwd(6, dg, dw.w_down, dresid, a.s, w.w_down, N, I, C, false);
     be_.swiglu_backward(dg, du, dg, a.g, a.u, N * I);
-    be_.linear_backward(dh2, dw.w_gate, dg, a.h2, w.w_gate, N, C, I, false);
-    be_.linear_backward(dh2, dw.w_up, du, a.h2, w.w_up, N, C, I, true);
+    linear_bwd(4, dh2, dw.w_gate, dg, a.h2, w.w_gate, N, C, I, false);
+    linear_bwd(5, dh2, dw.w_up, du, a.h2, w.w_up, N, C, I, true);
     // dresid becomes dL/dx_mid: the residual path plus the norm's input gradient.
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
     scratch_.release(m);
@@ -220,16 +225,71 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* dk = scratch_.alloc_f32(N * c_.kv_dim());
     float* dv = scratch_.alloc_f32(N * c_.kv_dim());
     float* dh1 = scratch_.alloc_f32(N * C);
-    be_.linear_backward(d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
+    linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
     be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
-    be_.linear_backward(dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
-    be_.linear_backward(dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
-    be_.linear_backward(dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
+    linear_bwd(0, dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
+    linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
+    linear_bwd(2, dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
     be_.rmsnorm_backward(dresid, dw.input_norm, dh1, x, w.input_norm, a.rstd1, N, C);
     scratch_.release(m);
   }
+}
+
+void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
+                            int64_t in, int64_t out) {
+  if (!recipe_ || !recipe_->active(layer_)) return be_.linear_forward(y, x, w, N, in, out);
+  const size_t m = scratch_.mark();
+  float* xq = scratch_.alloc_f32(N * in);
+  float* wq = scratch_.alloc_f32(out * in);
+  recipe_->quantize(xq, x, N, in, true, LinearOperand::kFwdInput, layer_, linear);
+  recipe_->quantize(wq, w, out, in, true, LinearOperand::kFwdWeight, layer_, linear);
+  be_.linear_forward(y, xq, wq, N, in, out);
+  scratch_.release(m);
+}
+
+void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
+                            const float* w, int64_t N, int64_t in, int64_t out,
+                            bool accumulate_dx) {
+  if (!recipe_ || !recipe_->active(layer_))
+    return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
+  const size_t m = scratch_.mark();
+  if (dx) {  // dx[N,in] = dy[N,out] W[out,in]: reduction over `out`
+    float* dyq = scratch_.alloc_f32(N * out);
+    float* wq = scratch_.alloc_f32(out * in);
+    recipe_->quantize(dyq, dy, N, out, true, LinearOperand::kDgradGrad, layer_, linear);
+    recipe_->quantize(wq, w, out, in, false, LinearOperand::kDgradWeight, layer_, linear);
+    be_.gemm(false, false, N, in, out, 1.0f, dyq, wq, accumulate_dx ? 1.0f : 0.0f, dx);
+    scratch_.release(m);
+  }
+  if (dw) {  // dW[out,in] += dy^T x: reduction over the N tokens
+    if (recipe_->hadamard_wgrad(N)) {
+      // NVFP4: transform both operands along the tokens with the same random Hadamard matrix
+      // (orthogonal, so dy^T x is unchanged in exact math), then quantize in 1x16 blocks.
+      float* dyt = scratch_.alloc_f32(out * N);
+      float* xt = scratch_.alloc_f32(in * N);
+      float* dyq = scratch_.alloc_f32(out * N);
+      float* xq = scratch_.alloc_f32(in * N);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < out; ++c) dyt[c * N + r] = dy[r * out + c];
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < in; ++c) xt[c * N + r] = x[r * in + c];
+      const uint32_t seed = recipe_->hadamard_seed(layer_, linear);
+      numerics::rht16_forward(dyt, out, N, seed);
+      numerics::rht16_forward(xt, in, N, seed);
+      recipe_->quantize(dyq, dyt, out, N, true, LinearOperand::kWgradGrad, layer_, linear);
+      recipe_->quantize(xq, xt, in, N, true, LinearOperand::kWgradInput, layer_, linear);
+      be_.gemm(false, true, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
+    } else {
+      float* dyq = scratch_.alloc_f32(N * out);
+      float* xq = scratch_.alloc_f32(N * in);
+      recipe_->quantize(dyq, dy, N, out, false, LinearOperand::kWgradGrad, layer_, linear);
+      recipe_->quantize(xq, x, N, in, false, LinearOperand::kWgradInput, layer_, linear);
+      be_.gemm(true, false, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
+    }
+  }
+  scratch_.release(m);
 }
 
 double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
@@ -265,6 +325,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
     xs[l + 1] = saved_.alloc_f32(N * C);
     size_t sm = scratch_.mark();
     const int u = layout_.block_unit(l);
+    layer_ = l;
     block_forward(layout_.block_in_unit(weights(u, false), l), xs[l], xs[l + 1], acts[l], policy,
                   B, T);
     access.release(u, false);
@@ -302,6 +363,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
       size_t sm = scratch_.mark();
       const int u = layout_.block_unit(l);
       float* w = weights(u, true);
+      layer_ = l;
       block_backward(layout_.block_in_unit(w, l), layout_.block_in_unit(access.grads(u), l),
                      xs[l], acts[l], dresid, B, T);
       access.release(u, true);

@@ -20,6 +20,7 @@
 #include "core/arena.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "precision/recipe.h"
 
 namespace mx {
 
@@ -35,7 +36,8 @@ struct ActivationBytes {
   size_t saved = 0;
   size_t scratch = 0;
 };
-ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy);
+ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
+                                 bool quantized = false);
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
@@ -84,6 +86,9 @@ class LlamaModel {
   double forward_backward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
                           float grad_scale);
   double forward_loss(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T);
+  // Low-precision Linear layers (null: fp32). The scratch arena must have room for the
+  // quantized operand copies (activation_bytes(..., quantized = true)).
+  void set_recipe(LinearRecipe* recipe) { recipe_ = recipe; }
 
  private:
   struct BlockActs;
@@ -99,7 +104,16 @@ class LlamaModel {
   double forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
                  Checkpointing policy, bool training, float grad_scale);
 
+  // The block Linears, through the recipe when one is active for the current layer.
+  // linear: 0..6 = q, k, v, o, gate, up, down.
+  void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
+                  int64_t out);
+  void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
+                  const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx);
+
   ModelConfig c_;
+  LinearRecipe* recipe_ = nullptr;
+  int64_t layer_ = 0;  // the block being computed
   const ParamLayout& layout_;
   Backend& be_;
   Checkpointing policy_;

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "precision/recipe.h"
 
 namespace mx {
 
@@ -98,7 +99,7 @@ const std::vector<Field>& schema() {
       MX_STRING("data.format", data.format, "auto | u16 | u32 | llmc | text | random"),
       MX_BOOL("data.shuffle", data.shuffle, "random window order per epoch"),
       MX_FLOAT("data.val_fraction", data.val_fraction, "tail of the data held out"),
-      MX_STRING("precision.recipe", precision.recipe, "fp32 (CPU); low-precision recipes later"),
+      MX_STRING("precision.recipe", precision.recipe, "fp32 | bf16 | fp8-current | fp8-delayed | fp8-block | mxfp8 | nvfp4"),
       MX_INT("precision.high_precision_first", precision.high_precision_first,
              "first N blocks kept in high precision"),
       MX_INT("precision.high_precision_last", precision.high_precision_last,
@@ -275,10 +276,9 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(t.log_every >= 1, "train.log_every must be >= 1 (got ", t.log_every, ")");
   MX_REQUIRE(c.data.val_fraction >= 0 && c.data.val_fraction < 1,
              "data.val_fraction must be in [0, 1) (got ", c.data.val_fraction, ")");
-  MX_REQUIRE(c.precision.recipe == "fp32",
-             "precision.recipe '", c.precision.recipe,
-             "' is not available in this build (the CPU engine trains in fp32; "
-             "low-precision recipes are not implemented yet)");
+  parse_recipe(c.precision.recipe);  // UserError naming the valid recipes
+  MX_REQUIRE(c.precision.high_precision_first >= 0 && c.precision.high_precision_last >= 0,
+             "precision.high_precision_first / high_precision_last must be >= 0");
   const auto& s = c.parallel.sharding;
   MX_REQUIRE(s == "full" || s == "grad-op" || s == "none" || s == "hybrid",
              "parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')");

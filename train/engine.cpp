@@ -16,7 +16,8 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   grads = persistent("gradients", opt.gradients, &grads_base_);
   adam_m = persistent("adam_m", opt.optimizer, &m_base_);
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
-  ActivationBytes act = activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing);
+  ActivationBytes act = activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing,
+                                          opt.quantized);
   saved = std::make_unique<Arena>("activations", act.saved, &tracker);
   scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker);
   const size_t batch_count = size_t(opt.micro_batch) * size_t(opt.seq_len + 1);

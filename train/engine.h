@@ -21,6 +21,7 @@ struct EngineOptions {
   bool params = true;     // allocate full master weights (false: FSDP holds shards)
   bool gradients = true;  // allocate gradients
   bool optimizer = true;  // allocate AdamW moments
+  bool quantized = false;  // a precision recipe needs room for quantized operand copies
 };
 
 class Engine {

@@ -1,0 +1,67 @@
+// Precision recipes applied to the Linear layers of the transformer blocks (the q/k/v/o
+// projections and the three MLP matrices). Embeddings, the output head, norms, attention and
+// the optimizer stay in fp32. On the CPU backend a recipe is emulated exactly: each operand of
+// the forward, data-gradient and weight-gradient GEMMs is quantized as Transformer Engine does
+// for that recipe and dequantized, and the GEMM runs in fp32 on the dequantized values.
+//
+//   bf16         operands rounded to bf16 (RNE)
+//   fp8-current  per-tensor current scaling, HYBRID: E4M3 inputs and weights, E5M2 gradients
+//   fp8-delayed  per-tensor delayed scaling from an amax history (1024, max), HYBRID
+//   fp8-block    E4M3, 1x128 blocks along the reduction dimension (inputs, gradients),
+//                128x128 blocks for weights, power-of-two scales (DeepSeek-V3 / TE)
+//   mxfp8        E4M3 in 1x32 blocks along each GEMM's reduction dimension, E8M0 scales (TE's
+//                round-up rule); rowwise and columnwise copies each from the fp32 tensor
+//   nvfp4        E2M1 in 1x16 blocks with E4M3 scales and a per-tensor fp32 scale; 16x16
+//                blocks for weights; stochastic rounding for gradients; a 16-point random
+//                Hadamard transform on both operands of the weight-gradient GEMM
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "numerics/quantize.h"
+
+namespace mx {
+
+enum class Recipe { kFp32, kBf16, kFp8Current, kFp8Delayed, kFp8Block, kMxfp8, kNvfp4 };
+Recipe parse_recipe(const std::string& s);  // UserError for unknown names
+const char* recipe_name(Recipe r);
+
+// The operand of a Linear's GEMMs being quantized.
+enum class LinearOperand : uint8_t {
+  kFwdInput, kFwdWeight,      // y = x W^T          (reduction: in)
+  kDgradGrad, kDgradWeight,   // dx = dy W          (reduction: out)
+  kWgradGrad, kWgradInput,    // dW = dy^T x        (reduction: tokens)
+};
+
+class LinearRecipe {
+ public:
+  // Blocks [0, hp_first) and [num_layers - hp_last, num_layers) stay in fp32.
+  LinearRecipe(Recipe recipe, int64_t num_layers, int64_t hp_first, int64_t hp_last,
+               uint32_t seed, uint32_t rank);
+  Recipe recipe() const { return recipe_; }
+  bool active(int64_t layer) const;
+  void set_step(int64_t step) { step_ = uint32_t(step); }
+
+  // out[rows, cols] = dequantize(quantize(x)). reduce_along_cols: the GEMM sums over this
+  // matrix's columns (blocks run along rows); otherwise over its rows (blocks run down columns).
+  void quantize(float* out, const float* x, int64_t rows, int64_t cols, bool reduce_along_cols,
+                LinearOperand op, int64_t layer, int linear) ;
+
+  // True when the weight-gradient GEMM takes the random Hadamard transform (NVFP4): both
+  // operands are then transformed along the token dimension before quantization.
+  bool hadamard_wgrad(int64_t tokens) const {
+    return recipe_ == Recipe::kNvfp4 && tokens % 16 == 0;
+  }
+  uint32_t hadamard_seed(int64_t layer, int linear) const;
+
+ private:
+  Recipe recipe_;
+  int64_t num_layers_, hp_first_, hp_last_;
+  uint32_t seed_, rank_, step_ = 0;
+  std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;
+};
+
+}  // namespace mx
