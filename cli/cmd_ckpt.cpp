@@ -1,5 +1,8 @@
 // mxtrain ckpt: inspect checkpoints and export them as Hugging Face models.
 #include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "checkpoint/local.h"
 #include "cli/commands.h"
@@ -21,6 +24,63 @@ int export_hf(const std::string& checkpoint, const std::string& out_dir, std::st
   std::printf("exported %s -> %s (%s)\n", step_dir.c_str(), out_dir.c_str(), dtype.c_str());
   return 0;
 }
+
+// CHECKPOINT: a step directory (that step) or a root (every committed step under it).
+int verify(const std::string& checkpoint) {
+  std::error_code ec;
+  MX_REQUIRE(std::filesystem::exists(checkpoint, ec), "checkpoint ", checkpoint, " does not exist");
+  std::vector<std::string> steps;
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(checkpoint) / "manifest.json", ec) ||
+      fs::exists(fs::path(checkpoint) / "state.json", ec))
+    steps.push_back(checkpoint);
+  else
+    steps = committed_checkpoints(checkpoint);
+  MX_REQUIRE(!steps.empty(), "no committed checkpoints under ", checkpoint);
+  int bad = 0;
+  for (const auto& dir : steps) {
+    std::string why = verify_checkpoint(dir);
+    if (why.empty()) {
+      std::printf("OK %s\n", dir.c_str());
+    } else {
+      std::fprintf(stderr, "error: %s\n", why.c_str());
+      ++bad;
+    }
+  }
+  std::fflush(stdout);
+  return bad ? 2 : 0;
+}
+
+int list(const std::string& root, bool check) {
+  auto steps = committed_checkpoints(root);
+  MX_REQUIRE(!steps.empty(), "no committed checkpoints under ", root);
+  std::printf("%-10s %6s %14s %s  %s\n", "step", "files", "bytes", check ? "verified" : "", "dir");
+  int bad = 0;
+  for (const auto& dir : steps) {
+    long long step = -1, files = 0;
+    unsigned long long bytes = 0;
+    try {
+      auto m = checkpoint_manifest(dir);
+      step = m.value("step", int64_t(-1));
+      for (const auto& f : m.value("files", nlohmann::json::array())) {
+        ++files;
+        if (f.contains("size") && f["size"].is_number_unsigned()) bytes += f["size"].get<uint64_t>();
+      }
+    } catch (const std::exception&) {
+    }
+    std::string status;
+    if (check) {
+      std::string why = verify_checkpoint(dir);
+      status = why.empty() ? "yes" : "NO";
+      if (!why.empty()) {
+        ++bad;
+        std::fprintf(stderr, "warning: %s\n", why.c_str());
+      }
+    }
+    std::printf("%-10lld %6lld %14llu %s  %s\n", step, files, bytes, status.c_str(), dir.c_str());
+  }
+  return 0;
+}
 }  // namespace
 
 void add_ckpt(CLI::App& app, Action& action) {
@@ -39,16 +99,18 @@ void add_ckpt(CLI::App& app, Action& action) {
   });
   auto* ls = ckpt->add_subcommand("ls", "list the committed steps under a checkpoint root");
   auto root = std::make_shared<std::string>();
+  auto check = std::make_shared<bool>(false);
   ls->add_option("ROOT", *root, "checkpoint root")->required();
-  ls->callback([&action, root] {
-    action = [root] {
-      std::string latest = latest_checkpoint(*root);
-      MX_REQUIRE(!latest.empty(), "no committed checkpoints under ", *root);
-      auto state = checkpoint_state(latest);
-      std::printf("%s\tstep %lld (newest)\n", latest.c_str(),
-                  static_cast<long long>(state["step"].get<int64_t>()));
-      return 0;
-    };
+  ls->add_flag("--verify", *check, "check every file's size and CRC32C against the manifest");
+  ls->callback([&action, root, check] {
+    action = [root, check] { return list(*root, *check); };
+  });
+  auto* ver = ckpt->add_subcommand("verify", "check a checkpoint against its manifest");
+  auto target = std::make_shared<std::string>();
+  ver->add_option("CHECKPOINT", *target, "step directory, or a root (every committed step)")
+      ->required();
+  ver->callback([&action, target] {
+    action = [target] { return verify(*target); };
   });
 }
 

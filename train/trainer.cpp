@@ -83,7 +83,13 @@ int run_training(const RunConfig& cfg) {
   eo.micro_batch = B;
   eo.seq_len = T;
   eo.params = eo.gradients = eo.optimizer = false;  // FSDP holds the (sharded) state
+  const Recipe recipe = parse_recipe(cfg.precision.recipe);
+  eo.quantized = recipe != Recipe::kFp32;
   Engine engine(model_cfg, eo);
+  LinearRecipe linear_recipe(recipe, model_cfg.num_hidden_layers,
+                             cfg.precision.high_precision_first,
+                             cfg.precision.high_precision_last, uint32_t(tc.seed), uint32_t(rank));
+  if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   Backend& be = *engine.backend;
   FsdpOptions fo;
   fo.sharding = parse_sharding(cfg.parallel.sharding);
@@ -99,7 +105,7 @@ int run_training(const RunConfig& cfg) {
   int64_t start_step = 0;
   std::string resume_from;
   const std::string ckpt_root = cfg.checkpoint_dir();
-  if (cfg.checkpoint.resume == "auto") resume_from = latest_checkpoint(ckpt_root);
+  if (cfg.checkpoint.resume == "auto") resume_from = latest_verified_checkpoint(ckpt_root, lead);
   else if (cfg.checkpoint.resume != "none") resume_from = resolve_checkpoint(cfg.checkpoint.resume);
   {
     auto full = full_buffer();
@@ -135,7 +141,8 @@ int run_training(const RunConfig& cfg) {
        model_cfg.num_attention_heads, " heads / ", model_cfg.num_key_value_heads, " kv), ",
        "data ", data_path, " (", format_count(double(data.size())), " tokens), ",
        B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
-       " tokens/step, checkpointing ", cfg.memory.activation_checkpointing, ", sharding ",
+       " tokens/step, precision ", cfg.precision.recipe, ", checkpointing ",
+       cfg.memory.activation_checkpointing, ", sharding ",
        cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, SGEMM ",
        format_count(peak_flops), "FLOP/s");
 
@@ -164,6 +171,7 @@ int run_training(const RunConfig& cfg) {
       nlohmann::json state = {{"samples_seen", step * tc.grad_accum * B * W},
                               {"seed", tc.seed},
                               {"world_size", W},
+                              {"sharding", cfg.parallel.sharding},
                               {"data_path", data_path}};
       dir = save_local_checkpoint(ckpt_root, step, model_cfg, engine.layout, full.data(),
                                   full_m.data(), full_v.data(), state);
@@ -187,6 +195,7 @@ int run_training(const RunConfig& cfg) {
     auto t0 = Clock::now();
     const double comm_wait_before = fsdp.comm_wait_seconds();
     const double lr = lr_at(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
+    linear_recipe.set_step(step);
     fsdp.zero_grads();
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {

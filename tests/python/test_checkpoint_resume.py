@@ -1,0 +1,242 @@
+"""Checkpoints are verifiable and resume is exact under SIGKILL.
+
+The manifest (manifest.json, written last) is the commit: it lists every file's size and
+CRC32C. A run killed at a random moment (with checkpoint.every=1 the kill often lands while a
+checkpoint is being written) and resumed must end with weights bit-identical to an uninterrupted
+run; a corrupt newest checkpoint is skipped with a warning; `ckpt verify` catches a flipped byte
+and a truncated file; a manifest naming '../x' is rejected."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import MXTRAIN_BIN, english_text, read_metrics, set_args
+
+STEPS = 40
+
+
+def run1(args, **kw):
+    """One thread: the tiny model gains nothing from more, and a loaded machine loses a lot."""
+    from conftest import run_mxtrain
+    return run_mxtrain(args, threads=1, **kw)
+
+
+def crc32c_ref(data: bytes) -> int:
+    """Bytewise reference CRC32C (reflected Castagnoli 0x82F63B78), independent of the C++ one."""
+    table = []
+    for b in range(256):
+        c = b
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        table.append(c)
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ table[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_reference_is_right():
+    assert crc32c_ref(b"123456789") == 0xE3069283
+    assert crc32c_ref(bytes(32)) == 0x8A9136AA
+    assert crc32c_ref(b"\xff" * 32) == 0x62A8AB43
+    assert crc32c_ref(bytes(range(32))) == 0x46DD794E
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The corpus, the settings, and one uninterrupted 40-step run (the reference)."""
+    from conftest import require_binary, run_mxtrain
+    require_binary()
+    tmp = tmp_path_factory.mktemp("ckres")
+    corpus = tmp / "english.txt"
+    corpus.write_text(english_text(6000))
+    common = {
+        "model.preset": "tiny", "train.micro_batch": 2, "train.seq_len": 32,
+        # min_lr == lr: the schedule does not depend on train.steps, so 20 + 20 steps equal 40.
+        "train.lr": 2e-3, "train.min_lr": 2e-3, "train.warmup_steps": 2, "train.seed": 11,
+        "train.log_every": 1, "train.grad_clip": 1.0, "train.weight_decay": 0.1,
+        "data.path": corpus, "data.format": "text", "data.shuffle": True,
+        "data.val_fraction": 0.0, "run.sample_tokens": 0, "checkpoint.keep": 0,
+    }
+    ref = dict(common, **{"train.steps": STEPS, "run.out_dir": tmp / "ref",
+                          "checkpoint.every": 10, "checkpoint.resume": "none"})
+    r = run1(["train"] + set_args(ref))
+    assert r.rc == 0, r
+    ref_root = tmp / "ref" / "checkpoints"
+    # The 20-step first half, shared by the trials below.
+    half = dict(common, **{"train.steps": 20, "run.out_dir": tmp / "half",
+                           "checkpoint.every": 10, "checkpoint.resume": "none"})
+    r = run1(["train"] + set_args(half))
+    assert r.rc == 0, r
+    return dict(tmp=tmp, common=common, ref_root=ref_root, half_root=tmp / "half" / "checkpoints")
+
+
+def final_files(root):
+    d = root / f"step_{STEPS:08d}"
+    return (d / "model.safetensors").read_bytes(), (d / "optimizer.safetensors").read_bytes()
+
+
+def test_manifest_matches_an_independent_crc32c(setup):
+    step = setup["ref_root"] / "step_00000040"
+    m = json.loads((step / "manifest.json").read_text())
+    assert m["format_version"] == 1 and m["step"] == 40 and m["world_size"] == 1
+    assert m["model"]["hidden_size"] == 64 and m["model"]["num_hidden_layers"] == 2
+    names = {f["name"] for f in m["files"]}
+    assert names == {"model.safetensors", "optimizer.safetensors", "config.json", "state.json"}
+    for f in m["files"]:
+        data = (step / f["name"]).read_bytes()
+        assert f["size"] == len(data), f
+        assert int(f["crc32c"], 16) == crc32c_ref(data), f
+    shapes = {t["name"]: t["shape"] for t in m["tensors"]}
+    assert shapes["model.embed_tokens.weight"] == [256, 64]
+    assert shapes["exp_avg_sq.model.layers.1.mlp.up_proj.weight"] == [160, 64]
+
+
+def test_exact_resume_after_sigkill(setup, tmp_path):
+    """20 steps, then runs to 40 with checkpoint.every=1 killed by SIGKILL after random delays,
+    resumed until done: step 40's weights and moments equal the uninterrupted run's, bit for bit."""
+    from conftest import run_mxtrain
+    want = final_files(setup["ref_root"])
+    seed = int(os.environ.get("MXTRAIN_KILL_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # as run1 does: the same threads as the reference
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    kills, kills_mid_write = 0, 0
+    for trial in range(3):
+        root = tmp_path / f"trial{trial}"
+        shutil.copytree(setup["half_root"], root)
+        args = ["train"] + set_args(dict(setup["common"], **{
+            "train.steps": STEPS, "run.out_dir": tmp_path / f"run{trial}",
+            "checkpoint.dir": root, "checkpoint.every": 1, "checkpoint.resume": "auto"}))
+        # Kill, resume, kill again...: each attempt resumes from what the last one committed.
+        for kill_round in range(3):
+            t0 = time.monotonic()
+            p = subprocess.Popen([MXTRAIN_BIN] + [str(a) for a in args], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            delay = rng.uniform(0.1, 1.0)
+            try:
+                p.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+            if p.returncode != -signal.SIGKILL:
+                continue  # finished before the kill (rc checked by the run below)
+            kills += 1
+            if any(n.name.startswith(".step_") for n in root.iterdir()):
+                kills_mid_write += 1
+            # Whatever the kill left, every committed step verifies.
+            v = run1(["ckpt", "verify", root])
+            assert v.rc == 0, (seed, trial, kill_round, time.monotonic() - t0, v)
+        r = run1(args)
+        assert r.rc == 0, (seed, trial, r)
+        got = final_files(root)
+        assert got[0] == want[0], f"model differs (seed {seed}, trial {trial})"
+        assert got[1] == want[1], f"optimizer differs (seed {seed}, trial {trial})"
+    print(f"kill seed {seed}: {kills} kills, {kills_mid_write} left a partial checkpoint")
+    assert kills >= 1, f"no run was killed (seed {seed}): the test proved nothing"
+
+
+def flip_byte(path, offset=-100):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_newest_is_skipped(setup, tmp_path, mxtrain):
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    flip_byte(root / "step_00000020" / "model.safetensors")
+    args = ["train"] + set_args(dict(setup["common"], **{
+        "train.steps": STEPS, "run.out_dir": tmp_path / "run", "run.metrics": tmp_path / "m.jsonl",
+        "checkpoint.dir": root, "checkpoint.every": 10, "checkpoint.resume": "auto"}))
+    r = run1(args)
+    assert r.rc == 0, r
+    warnings = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert any("step_00000020" in l and "model.safetensors" in l for l in warnings), r
+    steps, _ = read_metrics(tmp_path / "m.jsonl")
+    assert steps[0]["step"] == 11, steps[0]  # resumed from step 10, the previous one
+    assert final_files(root) == final_files(setup["ref_root"])
+
+
+def test_explicit_checkpoint_that_does_not_verify_is_an_error(setup, tmp_path, mxtrain):
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    flip_byte(root / "step_00000020" / "optimizer.safetensors")
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": STEPS, "run.out_dir": tmp_path / "run",
+        "checkpoint.resume": root / "step_00000020"})))
+    assert r.rc == 2, r
+    assert r.stderr.count("error:") == 1 and "optimizer.safetensors" in r.stderr, r
+    r = run1(["ckpt", "export-hf", root / "step_00000020", tmp_path / "out"])
+    assert r.rc == 2 and "optimizer.safetensors" in r.stderr, r
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_catches_flipped_byte_and_truncation(setup, tmp_path, mxtrain):
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    r = run1(["ckpt", "verify", root / "step_00000020"])
+    assert r.rc == 0 and "OK" in r.stdout, r
+    r = run1(["ckpt", "ls", root, "--verify"])
+    assert r.rc == 0 and r.stdout.count(" yes ") == 2, r
+
+    flip_byte(root / "step_00000020" / "model.safetensors", offset=-5)
+    r = run1(["ckpt", "verify", root / "step_00000020"])
+    assert r.rc == 2, r
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and "model.safetensors" in err[0] and "CRC32C" in err[0], r
+
+    p = root / "step_00000010" / "optimizer.safetensors"
+    p.write_bytes(p.read_bytes()[:-1000])
+    r = run1(["ckpt", "verify", root / "step_00000010"])
+    assert r.rc == 2, r
+    assert "optimizer.safetensors" in r.stderr and "size" in r.stderr, r
+    r = run1(["ckpt", "verify", root])  # the root: every step, both bad
+    assert r.rc == 2 and r.stderr.count("error:") == 2, r
+    r = run1(["ckpt", "ls", root, "--verify"])
+    assert r.rc == 0 and r.stdout.count(" NO ") == 2, r
+
+    # A header corrupted consistently with the manifest still fails: the safetensors must parse.
+    step = root / "step_00000020"
+    data = bytearray((step / "model.safetensors").read_bytes())
+    data[8:9] = b"#"  # the first byte of the JSON header
+    (step / "model.safetensors").write_bytes(bytes(data))
+    m = json.loads((step / "manifest.json").read_text())
+    for f in m["files"]:
+        if f["name"] == "model.safetensors":
+            f["crc32c"] = f"{crc32c_ref(bytes(data)):08x}"
+    (step / "manifest.json").write_text(json.dumps(m))
+    r = run1(["ckpt", "verify", step])
+    assert r.rc == 2 and "model.safetensors" in r.stderr and "parse" in r.stderr, r
+
+
+@pytest.mark.parametrize("bad_name", ["../x", "sub/state.json", ".."])
+def test_manifest_with_path_in_file_name_is_rejected(setup, tmp_path, mxtrain, bad_name):
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    (tmp_path / "x").write_bytes(b"outside")
+    step = root / "step_00000020"
+    m = json.loads((step / "manifest.json").read_text())
+    m["files"].append({"name": bad_name, "size": 7, "crc32c": f"{crc32c_ref(b'outside'):08x}"})
+    (step / "manifest.json").write_text(json.dumps(m))
+    r = run1(["ckpt", "verify", step])
+    assert r.rc == 2 and "not a plain file name" in r.stderr and bad_name in r.stderr, r
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": STEPS, "run.out_dir": tmp_path / "run", "checkpoint.resume": step})))
+    assert r.rc == 2 and "not a plain file name" in r.stderr, r
+
+
+def test_oversized_manifest_is_refused_before_reading(setup, tmp_path, mxtrain):
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    step = root / "step_00000020"
+    with open(step / "manifest.json", "ab") as f:
+        f.truncate(65 << 20)  # sparse: 65 MiB of zeros after the JSON
+    r = run1(["ckpt", "verify", step])
+    assert r.rc == 2 and "manifest.json" in r.stderr, r

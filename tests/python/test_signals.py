@@ -1,0 +1,41 @@
+"""SIGTERM / SIGINT (spot reclaim, StopTrainingJob, Ctrl-C): the run stops at the next step
+boundary, writes a checkpoint of the last completed step, and exits 143 / 130."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import MXTRAIN_BIN
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_checkpoints_and_exits(tmp_path, sig, code):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a stitch in time saves nine. " * 400)
+    out = tmp_path / "run"
+    p = subprocess.Popen([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+                          "--set", f"data.path={corpus}", "--set", "train.steps=1000000",
+                          "--set", "train.seq_len=32", "--set", "train.eval_every=0",
+                          "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    recs = [json.loads(l) for l in metrics.read_text().splitlines()]
+    summary = recs[-1]
+    assert summary["summary"] and summary["stopped_by_signal"] == int(sig)
+    steps = [r["step"] for r in recs if not r.get("summary")]
+    ckpt = out / "checkpoints" / f"step_{steps[-1]:08d}"  # the last completed step
+    assert (ckpt / "manifest.json").exists(), (sorted(os.listdir(out / "checkpoints")), steps)
+    v = subprocess.run([MXTRAIN_BIN, "ckpt", "verify", str(ckpt)], capture_output=True, text=True)
+    assert v.returncode == 0, v.stderr
