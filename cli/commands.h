@@ -15,5 +15,6 @@ void add_generate(CLI::App& app, Action& action);
 void add_bench(CLI::App& app, Action& action);
 void add_numerics(CLI::App& app, Action& action);
 void add_plan(CLI::App& app, Action& action);
+void add_sweep(CLI::App& app, Action& action);
 
 }  // namespace mx::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   mx::cli::add_bench(app, action);
   mx::cli::add_numerics(app, action);
   mx::cli::add_plan(app, action);
+  mx::cli::add_sweep(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

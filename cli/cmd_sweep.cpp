@@ -1,0 +1,410 @@
+// mxtrain sweep: expand a grid of config overrides, ask the planner which points fit on this
+// machine, train the others for a few steps (one at a time, each a subprocess of this binary,
+// under mpirun for --np > 1), and tabulate predicted against measured memory and speed.
+// Resumable: a point whose result.json holds a measurement (for the same base config, sets,
+// steps and --np) is read back, not rerun; failed points run again.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/llama.h"
+#include "plan/planner.h"
+#include "plan/sweep.h"
+#include "train/config.h"
+
+namespace mx::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct SweepArgs {
+  std::string config, out, gpu = "cpu";
+  std::vector<std::string> grids, sets;
+  int64_t steps = 0, np = 1;
+};
+
+// Keys the sweep sets on every run itself.
+const char* const kFixedKeys[] = {"train.steps", "run.out_dir", "run.sample_tokens",
+                                  "checkpoint.resume"};
+
+std::string key_of(const std::string& set) {
+  const auto eq = set.find('=');
+  std::string k = set.substr(0, eq);
+  while (!k.empty() && (k.back() == ' ' || k.back() == '\t')) k.pop_back();
+  return k;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Whole file to a temporary name, then renamed into place.
+void write_text(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw StorageError("cannot write " + tmp.string());
+    f << text;
+    f.flush();
+    if (!f) throw StorageError("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+  if (ec) throw StorageError("cannot rename " + tmp.string() + " to " + p.string() + ": " +
+                             ec.message());
+}
+
+// Runs argv; stdout/stderr to the given files ("" = inherit). Returns the wait status.
+int spawn(const std::vector<std::string>& argv, const std::string& out_file,
+          const std::string& err_file, bool mpi_env) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // Ctrl-C reaches the child too (same process group): it stops at a step boundary and exits
+  // 130, and the sweep then stops itself; so the sweep ignores SIGINT while it waits.
+  struct sigaction ignore {}, old_int {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGINT, &ignore, &old_int);
+  const pid_t pid = fork();
+  if (pid < 0) sigaction(SIGINT, &old_int, nullptr);
+  MX_REQUIRE(pid >= 0, "cannot start a process (fork failed)");
+  if (pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    auto redirect = [](const std::string& f, int fd) {
+      if (f.empty()) return;
+      const int o = open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (o >= 0) {
+        dup2(o, fd);
+        close(o);
+      }
+    };
+    redirect(out_file, 1);
+    redirect(err_file, 2);
+    if (mpi_env) {
+      setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+      setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    }
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execvp(a[0], a.data());
+    std::fprintf(stderr, "error: cannot run %s: %s\n", argv[0].c_str(), std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      status = -1;
+      break;
+    }
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  return status;
+}
+
+std::string last_error_line(const fs::path& stderr_file) {
+  std::string text = read_text(stderr_file), last;
+  std::stringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line)) {
+    // Progress lines are redrawn with '\r': look at each piece.
+    std::stringstream ls(line);
+    std::string piece;
+    while (std::getline(ls, piece, '\r'))
+      if (piece.rfind("error:", 0) == 0) last = piece;
+  }
+  if (last.rfind("error: ", 0) == 0) last = last.substr(7);
+  return last;
+}
+
+std::string gib_or_mib(double bytes) {
+  char buf[64];
+  if (bytes >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
+  return buf;
+}
+
+struct Prepared {
+  plan::GridPoint point;
+  std::vector<std::string> sets;  // the run's --set list (user sets, the point, fixed keys)
+  std::string metrics_path;
+  plan::Evaluation eval;
+  double needs = 0;  // bytes on this machine (all processes)
+};
+
+int run_sweep(const SweepArgs& a) {
+  MX_REQUIRE(a.steps >= 1, "--steps must be at least 1 (got ", a.steps, ")");
+  MX_REQUIRE(a.np >= 1, "--np must be at least 1 (got ", a.np, ")");
+  MX_REQUIRE(!a.out.empty(), "--out DIR is required");
+  const plan::GpuSpec probe_name_check = [&] {
+    MX_REQUIRE(a.gpu == "cpu", "--gpu '", a.gpu, "': sweep trains every point on this machine, "
+               "so only --gpu cpu is supported (use mxtrain plan for GPUs)");
+    return plan::find_gpu("cpu");
+  }();
+  const plan::GpuSpec& gpu = probe_name_check;
+  for (const auto& s : a.sets) {
+    MX_REQUIRE(s.find('=') != std::string::npos, "--set '", s, "': expected section.key=value");
+    for (const char* k : kFixedKeys)
+      MX_REQUIRE(key_of(s) != k, "--set ", k, ": the sweep sets this key itself");
+  }
+  const std::vector<plan::GridAxis> axes = plan::parse_grid(a.grids);
+  for (const auto& ax : axes) {
+    for (const char* k : kFixedKeys)
+      MX_REQUIRE(ax.key != k, "--grid ", k, ": the sweep sets this key itself");
+  }
+  const std::vector<plan::GridPoint> points = plan::expand_grid(axes);
+  const fs::path out(a.out);
+  const fs::path runs = out / "runs";
+
+  // Validate every point (config loading, planner) before running anything.
+  std::vector<Prepared> prepared;
+  for (const auto& p : points) {
+    Prepared q;
+    q.point = p;
+    q.sets = a.sets;
+    for (const auto& [k, v] : p.overrides) q.sets.push_back(k + "=" + v);
+    q.sets.push_back("train.steps=" + std::to_string(a.steps));
+    q.sets.push_back("run.out_dir=" + (runs / p.id).string());
+    q.sets.push_back("run.sample_tokens=0");
+    q.sets.push_back("checkpoint.resume=none");
+    RunConfig cfg;
+    try {
+      cfg = load_run_config(a.config, q.sets);
+    } catch (const UserError& e) {
+      std::string where;
+      for (const auto& [k, v] : p.overrides) where += (where.empty() ? "" : ", ") + k + "=" + v;
+      throw UserError(std::string(e.what()) + " (grid point " + where + ")");
+    }
+    q.metrics_path = cfg.metrics_path();
+    plan::PlanInput in;
+    in.model = cfg.model;
+    in.model_name = cfg.model_preset;
+    in.micro_batch = cfg.train.micro_batch;
+    in.seq_len = cfg.train.seq_len;
+    in.grad_accum = cfg.train.grad_accum;
+    in.checkpointing = parse_checkpointing(cfg.memory.activation_checkpointing);
+    in.sharding = cfg.parallel.sharding;
+    in.shard_group = cfg.parallel.shard_group;
+    in.recipe = cfg.precision.recipe;
+    in.high_precision_first = cfg.precision.high_precision_first;
+    in.high_precision_last = cfg.precision.high_precision_last;
+    in.eval = cfg.train.eval_every > 0;
+    in.gpus_per_node = a.np;
+    in.nodes = 1;
+    plan::shard_count(in);
+    q.eval = plan::evaluate(in, gpu);
+    // The processes share this machine's memory.
+    q.needs = static_cast<double>(q.eval.memory.total) * static_cast<double>(a.np);
+    prepared.push_back(std::move(q));
+  }
+
+  std::error_code ec;
+  fs::create_directories(runs, ec);
+  if (ec) throw StorageError("cannot create " + runs.string() + ": " + ec.message());
+  // Our own binary. One process: /proc/self/exe itself (it stays valid even if the file is
+  // rebuilt meanwhile); mpirun needs the path.
+  std::string exe_path = fs::read_symlink("/proc/self/exe").string();
+  const std::string deleted = " (deleted)";
+  if (exe_path.size() > deleted.size() &&
+      exe_path.compare(exe_path.size() - deleted.size(), deleted.size(), deleted) == 0)
+    exe_path.resize(exe_path.size() - deleted.size());
+  const std::string exe = a.np > 1 ? exe_path : std::string("/proc/self/exe");
+  std::string signature = "config=" + a.config + ";steps=" + std::to_string(a.steps) +
+                          ";np=" + std::to_string(a.np);
+  for (const auto& s : a.sets) signature += ";set=" + s;
+
+  std::vector<plan::SweepResult> results;
+  int executed = 0, reused = 0, skipped = 0, failed = 0;
+  const size_t n = prepared.size();
+  for (size_t i = 0; i < n; ++i) {
+    const Prepared& q = prepared[i];
+    plan::SweepResult r;
+    r.point = q.point;
+    r.predicted_mem_bytes = static_cast<double>(q.eval.memory.total);
+    r.capacity_bytes = q.eval.capacity_bytes;
+    r.predicted_tokens_per_s = q.eval.time.tokens_per_s;
+    r.predicted_mfu = q.eval.time.mfu;
+    const fs::path dir = runs / q.point.id;
+    r.run_dir = dir.string();
+    const fs::path result_file = dir / "result.json";
+    std::fprintf(stderr, "[%zu/%zu] %s: ", i + 1, n, q.point.id.c_str());
+
+    if (q.needs > q.eval.capacity_bytes) {
+      r.status = "skipped: predicted OOM (needs " + gib_or_mib(q.needs) + " > " +
+                 gib_or_mib(q.eval.capacity_bytes) + ")";
+      std::fprintf(stderr, "%s\n", r.status.c_str());
+      ++skipped;
+      results.push_back(r);
+      continue;
+    }
+    if (fs::exists(result_file)) {
+      try {
+        const auto j = nlohmann::json::parse(read_text(result_file));
+        plan::SweepResult old = plan::result_from_json(j);
+        // Only measured points count as done: a failed one runs again.
+        if (j.value("signature", "") == signature && old.measured) {
+          old.point = q.point;
+          old.reused = true;
+          // The memory prediction is recomputed (deterministic, and the planner may have
+          // improved); the speed prediction is kept from the run, as it depends on the SGEMM
+          // rate measured then, under the same load as the measurement.
+          old.predicted_mem_bytes = r.predicted_mem_bytes;
+          old.capacity_bytes = r.capacity_bytes;
+          std::fprintf(stderr, "already done (%s), not rerun\n", old.status.c_str());
+          ++reused;
+          results.push_back(old);
+          continue;
+        }
+      } catch (const std::exception&) {
+        // unreadable: run it again
+      }
+    }
+
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) throw StorageError("cannot create " + dir.string() + ": " + ec.message());
+    std::vector<std::string> argv;
+    if (a.np > 1)
+      argv = {"mpirun", "-np", std::to_string(a.np), "--oversubscribe", "--bind-to", "none"};
+    argv.push_back(exe);
+    argv.push_back("train");
+    if (!a.config.empty()) {
+      argv.push_back("--config");
+      argv.push_back(a.config);
+    }
+    for (const auto& s : q.sets) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    std::fprintf(stderr, "training %lld steps (predicted %s, %.3g tok/s)... ",
+                 static_cast<long long>(a.steps), gib_or_mib(q.needs).c_str(),
+                 r.predicted_tokens_per_s);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = spawn(argv, (dir / "stdout.log").string(), (dir / "stderr.log").string(),
+                             a.np > 1);
+    r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++executed;
+    const bool interrupted =
+        (WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)) ||
+        (WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143));
+    if (interrupted) {
+      std::fprintf(stderr, "interrupted\n");
+      throw UserError("sweep interrupted at " + q.point.id + " (rerun the same command to "
+                      "resume; finished points are kept)");
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      nlohmann::json summary;
+      std::ifstream mf(q.metrics_path);
+      std::string line;
+      while (std::getline(mf, line)) {
+        if (line.empty()) continue;
+        try {
+          auto j = nlohmann::json::parse(line);
+          if (j.value("summary", false)) summary = j;
+        } catch (const std::exception&) {
+        }
+      }
+      if (summary.is_object() && summary.contains("tokens_per_s")) {
+        r.measured = true;
+        r.status = "ok";
+        r.tokens_per_s = summary.value("tokens_per_s", 0.0);
+        r.peak_mem_bytes = summary.contains("peak_mem_bytes_max_rank")
+                               ? summary.value("peak_mem_bytes_max_rank", 0.0)
+                               : summary.value("peak_mem_bytes", 0.0);
+        r.final_loss = summary.value("final_loss", 0.0);
+        r.mfu = summary.value("mfu", 0.0);
+      } else {
+        r.status = "failed: no summary in " + q.metrics_path;
+      }
+    } else {
+      std::string msg = last_error_line(dir / "stderr.log");
+      if (msg.empty())
+        msg = WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                : "killed by signal " + std::to_string(WTERMSIG(status));
+      r.status = "failed: " + msg;
+    }
+    if (!r.measured) ++failed;
+    if (r.measured)
+      std::fprintf(stderr, "%.3g tok/s, peak %s (predicted %s), %.1f s\n", r.tokens_per_s,
+                   gib_or_mib(r.peak_mem_bytes).c_str(), gib_or_mib(q.needs).c_str(), r.wall_s);
+    else
+      std::fprintf(stderr, "%s\n", r.status.c_str());
+    nlohmann::json j = plan::result_to_json(r);
+    j["signature"] = signature;
+    write_text(result_file, j.dump(2) + "\n");
+    results.push_back(r);
+  }
+
+  plan::sort_results(results);
+  nlohmann::json all = {
+      {"config", a.config},    {"sets", a.sets},         {"steps", a.steps},
+      {"np", a.np},            {"gpu", a.gpu},           {"points", nlohmann::json::array()},
+      {"runs_executed", executed}, {"reused", reused},   {"skipped", skipped},
+      {"failed", failed},
+  };
+  for (const auto& r : results) all["points"].push_back(plan::result_to_json(r));
+  write_text(out / "results.json", all.dump(2) + "\n");
+  write_text(out / "results.csv", plan::results_csv(results));
+  const std::string title = "mxtrain sweep: " + std::to_string(results.size()) + " points, " +
+                            std::to_string(a.steps) + " steps each, " + std::to_string(a.np) +
+                            (a.np == 1 ? " process" : " processes");
+  const std::string md = plan::results_markdown(results, title);
+  write_text(out / "results.md", md);
+  std::printf("%s\n", md.c_str());
+  std::printf("sweep: %d run, %d reused, %d skipped, %d failed; results in %s\n", executed,
+              reused, skipped, failed, out.string().c_str());
+
+  // Plots: scripts/sweep_plot.py next to the build directory (or $MXTRAIN_SWEEP_PLOT).
+  fs::path script;
+  if (const char* env = std::getenv("MXTRAIN_SWEEP_PLOT")) script = env;
+  else script = fs::path(exe_path).parent_path().parent_path() / "scripts" / "sweep_plot.py";
+  if (!fs::exists(script)) {
+    std::fprintf(stderr, "warning: no plots: %s not found (tables written)\n",
+                 script.string().c_str());
+  } else {
+    const int st = spawn({"/usr/bin/python3", script.string(), out.string()}, "", "", false);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      std::fprintf(stderr, "warning: no plots (%s failed; it needs Debian's python3-matplotlib); "
+                   "tables written\n", script.string().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_sweep(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand(
+      "sweep", "train every point of a config grid for a few steps (skipping those the planner "
+               "says do not fit) and compare predicted with measured memory and speed");
+  auto a = std::make_shared<SweepArgs>();
+  cmd->add_option("--config", a->config, "base TOML config file (as for train)");
+  cmd->add_option("--grid", a->grids, "section.key=v1,v2,... (repeatable; cartesian product)")
+      ->required();
+  cmd->add_option("--set", a->sets, "override for every point: section.key=value (repeatable)");
+  cmd->add_option("--steps", a->steps, "training steps per point")->required();
+  cmd->add_option("--out", a->out, "output directory (results.*, plots, runs/<id>)")->required();
+  cmd->add_option("--np", a->np, "processes per run (mpirun when > 1), default 1");
+  cmd->add_option("--gpu", a->gpu, "the planner's device: cpu (this machine; the default)");
+  cmd->callback([&action, a] { action = [a] { return run_sweep(*a); }; });
+}
+
+}  // namespace mx::cli

@@ -1,0 +1,137 @@
+"""`mxtrain sweep`: a 4-point grid on the tiny preset (results files, order, predicted vs
+measured memory), a point the planner says does not fit, resume, failed runs, bad input."""
+import csv
+import json
+import os
+
+import pytest
+
+TOLERANCE = 0.03  # the brief's bound; on CPU with one process the planner is exact
+
+BASE = """\
+[model]
+preset = "tiny"
+[train]
+eval_every = 0
+micro_batch = 2
+seq_len = 32
+[data]
+format = "random"
+"""
+
+GRID = ["--grid", "train.micro_batch=1,2", "--grid", "memory.activation_checkpointing=none,full"]
+
+
+def sweep(mxtrain, tmp_path, extra, out="out"):
+    base = tmp_path / "base.toml"
+    base.write_text(BASE)
+    return mxtrain(["sweep", "--config", base, "--steps", 3, "--out", tmp_path / out] + extra,
+                   timeout=120)
+
+
+def load(out):
+    with open(out / "results.json") as f:
+        res = json.load(f)
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    return res, rows
+
+
+def test_sweep_grid_resume(mxtrain, tmp_path):
+    r = sweep(mxtrain, tmp_path, GRID)
+    assert r.rc == 0, r
+    out = tmp_path / "out"
+    for name in ["results.csv", "results.json", "results.md"]:
+        assert (out / name).is_file(), name
+    res, rows = load(out)
+    assert len(res["points"]) == 4 and len(rows) == 4
+    assert res["runs_executed"] == 4 and res["reused"] == 0
+    assert all(p["status"] == "ok" for p in res["points"]), res
+    tps = [p["tokens_per_s"] for p in res["points"]]
+    assert tps == sorted(tps, reverse=True)
+    assert [float(row["tokens_per_s"]) for row in rows] == sorted(
+        (float(row["tokens_per_s"]) for row in rows), reverse=True)
+    seen = set()
+    for p in res["points"]:
+        seen.add((p["overrides"]["train.micro_batch"],
+                  p["overrides"]["memory.activation_checkpointing"]))
+        err = abs(p["peak_mem_bytes"] - p["predicted_mem_bytes"]) / p["predicted_mem_bytes"]
+        print(f"{p['id']}: measured {p['peak_mem_bytes']} predicted {p['predicted_mem_bytes']} "
+              f"error {err:.2e}")
+        assert err <= TOLERANCE, p
+        assert p["final_loss"] > 0 and p["predicted_tokens_per_s"] > 0
+    assert seen == {(b, c) for b in ("1", "2") for c in ("none", "full")}
+    md = (out / "results.md").read_text()
+    assert md.count("| ok |") == 4 and "predicted MiB" in md
+    # Plots when matplotlib is there (Debian's python3-matplotlib); a warning otherwise.
+    if os.system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") == 0:
+        assert (out / "tokens_per_s.png").stat().st_size > 1000
+        assert (out / "memory.png").stat().st_size > 1000
+    else:
+        assert "warning:" in r.stderr
+
+    # Resume: nothing reruns, the run directories are untouched.
+    mtimes = {p["id"]: os.stat(os.path.join(p["run_dir"], "metrics.jsonl")).st_mtime_ns
+              for p in res["points"]}
+    r2 = sweep(mxtrain, tmp_path, GRID)
+    assert r2.rc == 0, r2
+    res2, rows2 = load(out)
+    assert res2["runs_executed"] == 0 and res2["reused"] == 4, res2
+    assert len(rows2) == 4
+    for p in res2["points"]:
+        assert p["reused"] and p["status"] == "ok"
+        assert os.stat(os.path.join(p["run_dir"], "metrics.jsonl")).st_mtime_ns == mtimes[p["id"]]
+
+    # A wider grid into the same directory runs only the new points.
+    r3 = sweep(mxtrain, tmp_path, ["--grid", "train.micro_batch=1,2,3",
+                                   "--grid", "memory.activation_checkpointing=none,full"])
+    assert r3.rc == 0, r3
+    res3, rows3 = load(out)
+    assert res3["runs_executed"] == 2 and res3["reused"] == 4 and len(rows3) == 6, res3
+
+
+def test_sweep_skips_predicted_oom_and_records_failures(mxtrain, tmp_path):
+    # 64b does not fit this machine; format u16 reads a file that does not exist (the config
+    # is valid, the run fails), random ignores data.path.
+    r = sweep(mxtrain, tmp_path, ["--grid", "model.preset=tiny,64b",
+                                  "--grid", "data.format=random,u16",
+                                  "--set", "data.path=/nonexistent/tokens.u16"])
+    assert r.rc == 0, r
+    res, rows = load(tmp_path / "out")
+    assert len(res["points"]) == 4
+    by = {(p["overrides"]["model.preset"], p["overrides"]["data.format"]): p
+          for p in res["points"]}
+    for fmt in ("random", "u16"):
+        big = by[("64b", fmt)]
+        assert big["status"].startswith("skipped: predicted OOM (needs "), big
+        assert " > " in big["status"] and big["tokens_per_s"] is None
+        assert big["predicted_mem_bytes"] > big["capacity_bytes"]
+    assert by[("tiny", "random")]["status"] == "ok", by[("tiny", "random")]
+    failed = by[("tiny", "u16")]
+    assert failed["status"].startswith("failed: "), failed
+    assert "/nonexistent/tokens.u16" in failed["status"], failed
+    assert "skipped: predicted OOM" in r.stderr
+    assert res["skipped"] == 2 and res["failed"] == 1 and res["runs_executed"] == 2
+    # Measured first, then failed, then skipped.
+    assert [p["status"].split(":")[0] for p in res["points"]] == ["ok", "failed", "skipped",
+                                                                  "skipped"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--grid", "train.micro_batch"], "--grid"),
+    (["--grid", "micro_batch=1,2"], "section.key"),
+    (["--grid", "train.micro_batch=1,,2"], "empty value"),
+    (["--grid", "train.micro_batch=1,2", "--grid", "train.micro_batch=3"], "twice"),
+    (["--grid", "train.bogus_key=1,2"], "bogus_key"),
+    (["--grid", "train.micro_batch=1,x"], "micro_batch"),
+    (["--grid", "train.steps=1,2"], "train.steps"),
+    (["--grid", "train.micro_batch=1", "--np", "0"], "--np"),
+    (["--grid", "train.micro_batch=1", "--gpu", "h100"], "--gpu"),
+])
+def test_sweep_bad_input(mxtrain, tmp_path, extra, needle):
+    r = sweep(mxtrain, tmp_path, extra)
+    assert r.rc == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), r
+    assert needle in lines[0], r
+    assert not (tmp_path / "out" / "runs").exists()
