@@ -21,8 +21,8 @@ struct PlanArgs {
   bool json = false;
 };
 
-// precision.recipe: the engine's config loader accepts only fp32 (the CPU engine); the planner
-// models the GPU recipes, so it reads the key itself and hands the loader fp32.
+// precision.recipe: the planner's recipe models (plan/recipe.h) are looked up by the planner
+// itself, so it reads the key and hands the config loader fp32.
 std::string recipe_from(const PlanArgs& a, std::vector<std::string>& sets_for_loader) {
   std::string recipe;
   if (!a.config.empty()) {
@@ -104,8 +104,9 @@ int run_plan(const PlanArgs& a) {
       notes.push_back("cpu, one process: memory is the engine's own arena accounting, replayed "
                       "allocation by allocation (peak_mem_bytes of mxtrain train)");
     else
-      notes.push_back("cpu with several processes: multi-process FSDP does not exist yet; the "
-                      "sharded state is a prediction");
+      notes.push_back("cpu with several processes: the FSDP memory is modelled from the shard "
+                      "formulas, not replayed like one process (the engine's gathered-unit "
+                      "slots can make the measured peak higher)");
     notes.push_back("cpu throughput: GEMMs at the measured SGEMM rate x 0.9; a rough estimate");
   } else {
     notes.push_back("GPU memory and time are MODELLED (no CUDA engine or FSDP in this build); "
