@@ -12,6 +12,7 @@
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/safetensors.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/hf_config.h"
@@ -50,22 +51,6 @@ void fsync_path(const fs::path& path, bool directory) {
   int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) throw StorageError(str("cannot fsync ", path.string()));
-}
-
-// Writes `text` to `path` through a temporary name, fsyncs it and renames it into place.
-void write_file_durable(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += str(".tmp.", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw StorageError(str("cannot write ", tmp.string()));
-  }
-  fsync_path(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw StorageError(str("cannot rename ", tmp.string(), ": ", ec.message()));
 }
 
 // A manifest's file name must name a file inside the step directory and nothing else.
@@ -136,7 +121,7 @@ std::string save_local_checkpoint(const std::string& root, int64_t step, const M
   nlohmann::json s = state;
   s["format_version"] = kCheckpointFormatVersion;
   s["step"] = step;
-  write_file_durable(tmp_dir / "state.json", s.dump(2) + "\n");
+  write_file_atomic((tmp_dir / "state.json").string(), s.dump(2) + "\n");
   files.push_back("state.json");
 
   // The manifest, last: it checksums what is on disk now, after every file was fsynced.
@@ -155,7 +140,7 @@ std::string save_local_checkpoint(const std::string& root, int64_t step, const M
   }
   manifest["files"] = file_list;
   manifest["tensors"] = tensors;
-  write_file_durable(tmp_dir / kManifest, manifest.dump(1) + "\n");
+  write_file_atomic((tmp_dir / kManifest).string(), manifest.dump(1) + "\n");
   fsync_path(tmp_dir, true);
 
   // Commit: an existing directory of the same step (a rerun) is replaced only now.

@@ -13,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 // The format is little-endian and so are all our targets (x86-64, aarch64): bytes are copied,
@@ -119,28 +120,6 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
     throw fail(str("shape ", shape_string(e.shape), " of ", e.dtype, " needs ", bytes,
                    " bytes but data_offsets [", begin, ", ", end, "] hold ", end - begin));
   return e;
-}
-
-// write(2) all of it, retrying short writes and EINTR.
-bool write_all(int fd, const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += n;
-    bytes -= size_t(n);
-  }
-  return true;
-}
-
-std::string parent_dir(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 }  // namespace
@@ -441,44 +420,9 @@ void SafeTensorsWriter::write(const std::string& path) const {
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   uint64_t header_len = header_text.size();
 
-  std::string tmp = str(path, ".tmp.", ::getpid());
-  auto fail = [&](const std::string& what, int err) {
-    ::unlink(tmp.c_str());
-    return StorageError(
-        str("safetensors: cannot write '", path, "': ", what, ": ", std::strerror(err)));
-  };
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;
-    throw StorageError(
-        str("safetensors: cannot write '", path, "': create ", tmp, ": ", std::strerror(err)));
-  }
-  bool ok = write_all(fd, &header_len, 8) && write_all(fd, header_text.data(), header_text.size());
-  for (size_t i = 0; ok && i < tensors_.size(); ++i)
-    ok = write_all(fd, tensors_[i].bytes.data(), tensors_[i].bytes.size());
-  if (!ok) {
-    int err = errno;
-    ::close(fd);
-    throw fail("write", err);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw fail("fsync", err);
-  }
-  if (::close(fd) != 0) throw fail("close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename", errno);
-  // The rename is durable only once the directory entry is: fsync the directory too. A failure
-  // here leaves a complete file at `path`, so it is reported but nothing is removed.
-  int dir_fd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    int rc = ::fsync(dir_fd);
-    int err = errno;
-    ::close(dir_fd);
-    if (rc != 0 && err != EINVAL)  // some filesystems cannot fsync a directory
-      throw StorageError(str("safetensors: fsync of the directory of '", path,
-                             "' failed: ", std::strerror(err)));
-  }
+  std::vector<ByteSpan> pieces = {{&header_len, 8}, {header_text.data(), header_text.size()}};
+  for (const auto& t : tensors_) pieces.push_back({t.bytes.data(), t.bytes.size()});
+  write_file_atomic(path, pieces);
 }
 
 }  // namespace mx

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace mx {
@@ -74,56 +75,6 @@ class ConfigFields {
   const std::string& path_;
   const json& j_;
 };
-
-std::string parent_dir(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// Writes `text` to path + ".tmp.<pid>", fsyncs, renames over `path`, fsyncs the directory.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  std::string tmp = str(path, ".tmp.", ::getpid());
-  auto fail = [&](const std::string& what, int err) {
-    ::unlink(tmp.c_str());
-    return StorageError(str("cannot write '", path, "': ", what, ": ", std::strerror(err)));
-  };
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;
-    throw StorageError(str("cannot write '", path, "': create ", tmp, ": ", std::strerror(err)));
-  }
-  const char* p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw fail("write", err);
-    }
-    p += n;
-    left -= size_t(n);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw fail("fsync", err);
-  }
-  if (::close(fd) != 0) throw fail("close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename", errno);
-  int dir_fd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    int rc = ::fsync(dir_fd);
-    int err = errno;
-    ::close(dir_fd);
-    if (rc != 0 && err != EINVAL)  // some filesystems cannot fsync a directory
-      throw StorageError(
-          str("fsync of the directory of '", path, "' failed: ", std::strerror(err)));
-  }
-}
 
 }  // namespace
 
@@ -210,7 +161,7 @@ void write_hf_config(const ModelConfig& config, const std::string& path) {
   j["pretraining_tp"] = 1;
   j["use_cache"] = true;
   j["initializer_range"] = 0.02;
-  write_file_atomically(path, j.dump(2) + "\n");
+  write_file_atomic(path, j.dump(2) + "\n");
 }
 
 }  // namespace mx

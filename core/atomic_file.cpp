@@ -1,0 +1,75 @@
+#include "core/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mx {
+
+namespace {
+std::string parent_dir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+bool write_all(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= size_t(n);
+  }
+  return true;
+}
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  const std::string tmp = str(path, ".tmp.", ::getpid());
+  auto fail = [&](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
+    return StorageError(str("cannot write '", path, "': ", what, ": ", std::strerror(err)));
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int err = errno;
+    throw StorageError(str("cannot write '", path, "': create ", tmp, ": ", std::strerror(err)));
+  }
+  bool ok = true;
+  for (size_t i = 0; ok && i < pieces.size(); ++i) ok = write_all(fd, pieces[i].data, pieces[i].size);
+  if (!ok) {
+    int err = errno;
+    ::close(fd);
+    throw fail("write", err);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw fail("fsync", err);
+  }
+  if (::close(fd) != 0) throw fail("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename", errno);
+  // The rename is durable only once the directory entry is. A failure here leaves a complete
+  // file at `path`, so it is reported but nothing is removed.
+  int dir_fd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    int rc = ::fsync(dir_fd);
+    int err = errno;
+    ::close(dir_fd);
+    if (rc != 0 && err != EINVAL)
+      throw StorageError(str("fsync of the directory of '", path, "' failed: ", std::strerror(err)));
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  write_file_atomic(path, {ByteSpan{text.data(), text.size()}});
+}
+
+}  // namespace mx

@@ -1,0 +1,20 @@
+// Files written whole or not at all: the rule behind "never a partial write over good data".
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace mx {
+
+struct ByteSpan {
+  const void* data;
+  size_t size;
+};
+
+// Writes the pieces, in order, to path + ".tmp.<pid>", fsyncs it, renames it over `path` and
+// fsyncs the directory (a filesystem that cannot fsync a directory is tolerated). On failure
+// the temporary file is removed, `path` keeps what it had, and a StorageError names `path`.
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace mx
