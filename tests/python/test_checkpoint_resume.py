@@ -108,6 +108,16 @@ def test_exact_resume_after_sigkill(setup, tmp_path):
     env.setdefault("OMP_NUM_THREADS", "1")  # as run1 does: the same threads as the reference
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     kills, kills_mid_write = 0, 0
+    # Kill times are drawn relative to how long resuming from step 20 to 40 takes on this
+    # machine right now, so a fast (idle) machine cannot finish every run before its kill.
+    calib = tmp_path / "calibrate"
+    shutil.copytree(setup["half_root"], calib)
+    t_cal = time.monotonic()
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": STEPS, "run.out_dir": tmp_path / "run_calibrate",
+        "checkpoint.dir": calib, "checkpoint.every": 1, "checkpoint.resume": "auto"})))
+    assert r.rc == 0, r
+    full_run_s = time.monotonic() - t_cal
     for trial in range(3):
         root = tmp_path / f"trial{trial}"
         shutil.copytree(setup["half_root"], root)
@@ -119,7 +129,7 @@ def test_exact_resume_after_sigkill(setup, tmp_path):
             t0 = time.monotonic()
             p = subprocess.Popen([MXTRAIN_BIN] + [str(a) for a in args], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            delay = rng.uniform(0.1, 1.0)
+            delay = rng.uniform(0.05, 0.85) * full_run_s
             try:
                 p.wait(timeout=delay)
             except subprocess.TimeoutExpired:
