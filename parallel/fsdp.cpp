@@ -156,10 +156,9 @@ const float* Fsdp::acquire(int unit, bool backward) {
   int next = -1;
   if (!backward) next = unit < head ? unit + 1 : head - 1;  // after the head: the last block
   else if (unit > 1 && unit < head) next = unit - 1;
-  if (next > 0 && !find_slot(param_slots_, next) && take_slot(param_slots_, -2)) {
-    find_slot(param_slots_, -2)->unit = -1;  // a slot is free: use it
+  // (a free slot holds unit -1)
+  if (next > 0 && !find_slot(param_slots_, next) && find_slot(param_slots_, -1))
     start_gather(next);
-  }
   return s->buf;
 }
 
