@@ -271,10 +271,8 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
       float* xt = scratch_.alloc_f32(in * N);
       float* dyq = scratch_.alloc_f32(out * N);
       float* xq = scratch_.alloc_f32(in * N);
-      for (int64_t r = 0; r < N; ++r)
-        for (int64_t c = 0; c < out; ++c) dyt[c * N + r] = dy[r * out + c];
-      for (int64_t r = 0; r < N; ++r)
-        for (int64_t c = 0; c < in; ++c) xt[c * N + r] = x[r * in + c];
+      transpose(dyt, dy, N, out);
+      transpose(xt, x, N, in);
       const uint32_t seed = recipe_->hadamard_seed(layer_, linear);
       numerics::rht16_forward(dyt, out, N, seed);
       numerics::rht16_forward(xt, in, N, seed);

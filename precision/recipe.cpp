@@ -54,11 +54,12 @@ bool is_gradient(LinearOperand op) {
 bool is_weight(LinearOperand op) {
   return op == LinearOperand::kFwdWeight || op == LinearOperand::kDgradWeight;
 }
+}  // namespace
+
 void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
 }
-}  // namespace
 
 void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t cols,
                             bool reduce_along_cols, LinearOperand op, int64_t layer,

@@ -27,6 +27,9 @@ namespace mx {
 
 enum class Recipe { kFp32, kBf16, kFp8Current, kFp8Delayed, kFp8Block, kMxfp8, kNvfp4 };
 Recipe parse_recipe(const std::string& s);  // UserError for unknown names
+
+// dst[cols, rows] = src[rows, cols]^T (operands quantized down their columns go through this).
+void transpose(float* dst, const float* src, int64_t rows, int64_t cols);
 const char* recipe_name(Recipe r);
 
 // The operand of a Linear's GEMMs being quantized.
