@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev libcurl4-openssl-dev
-          libssl-dev fortunes python3-matplotlib)
+          libssl-dev fortunes python3-matplotlib ccache)
 if [ "${1:-}" = "--tests" ]; then
   packages+=(python3-torch python3-numpy python3-pytest)
 fi
