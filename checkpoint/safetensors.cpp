@@ -166,6 +166,62 @@ float f16_to_f32(uint16_t bits) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Header
+
+SafeTensorsIndex parse_safetensors_header(const std::string& label, const char* header,
+                                          uint64_t available, uint64_t header_bytes,
+                                          uint64_t file_bytes) {
+  auto fail = [&](const std::string& why) {
+    return UserError(str("safetensors file '", label, "': ", why));
+  };
+  if (file_bytes < 8)
+    throw fail(str("file is ", file_bytes, " bytes, shorter than the 8-byte header length"));
+  if (header_bytes > file_bytes - 8)
+    throw fail(str("header length ", header_bytes, " exceeds the ", file_bytes - 8,
+                   " bytes after the length field"));
+  if (header_bytes > kMaxHeaderBytes)
+    throw fail(str("header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes,
+                   " bytes"));
+  if (available < header_bytes)
+    throw fail(str("only ", available, " of the header's ", header_bytes, " bytes were read"));
+  nlohmann::json j = nlohmann::json::parse(header, header + header_bytes, nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw fail("header is not valid JSON");
+  if (!j.is_object()) throw fail("header is not a JSON object");
+
+  SafeTensorsIndex idx;
+  idx.data_start = 8 + header_bytes;
+  const uint64_t buffer_bytes = file_bytes - 8 - header_bytes;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == kMetadataKey) {
+      if (it->is_null()) continue;
+      if (!it->is_object()) throw fail("\"__metadata__\" is not a JSON object");
+      for (auto m_it = it->begin(); m_it != it->end(); ++m_it) {
+        if (!m_it->is_string())
+          throw fail(str("\"__metadata__\" value for '", m_it.key(), "' is not a string"));
+        idx.metadata[m_it.key()] = m_it->get<std::string>();
+      }
+      continue;
+    }
+    idx.tensors.push_back(parse_entry(label, it.key(), *it, buffer_bytes));
+  }
+  // File order is data order; with entries sorted by begin, any overlap shows between
+  // neighbours. Empty tensors occupy no bytes and overlap nothing.
+  std::stable_sort(idx.tensors.begin(), idx.tensors.end(), [](const auto& a, const auto& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const TensorEntry* prev = nullptr;
+  for (const auto& e : idx.tensors) {
+    if (e.begin == e.end) continue;
+    if (prev && e.begin < prev->end)
+      throw fail(str("tensors '", prev->name, "' [", prev->begin, ", ", prev->end, ") and '",
+                     e.name, "' [", e.begin, ", ", e.end, ") overlap"));
+    prev = &e;
+  }
+  return idx;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Reader
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
@@ -201,47 +257,12 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   try {
     uint64_t header_bytes = 0;
     std::memcpy(&header_bytes, map_, 8);
-    if (header_bytes > file_bytes - 8)
-      throw fail(str("header length ", header_bytes, " exceeds the ", file_bytes - 8,
-                     " bytes after the length field"));
-    if (header_bytes > kMaxHeaderBytes)
-      throw fail(str("header length ", header_bytes, " exceeds the limit of ", kMaxHeaderBytes,
-                     " bytes"));
-    const char* header = reinterpret_cast<const char*>(map_ + 8);
-    nlohmann::json j = nlohmann::json::parse(header, header + header_bytes, nullptr,
-                                             /*allow_exceptions=*/false);
-    if (j.is_discarded()) throw fail("header is not valid JSON");
-    if (!j.is_object()) throw fail("header is not a JSON object");
-
-    buffer_ = map_ + 8 + header_bytes;
-    uint64_t buffer_bytes = file_bytes - 8 - header_bytes;
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (it.key() == kMetadataKey) {
-        if (it->is_null()) continue;
-        if (!it->is_object()) throw fail("\"__metadata__\" is not a JSON object");
-        for (auto m_it = it->begin(); m_it != it->end(); ++m_it) {
-          if (!m_it->is_string())
-            throw fail(str("\"__metadata__\" value for '", m_it.key(), "' is not a string"));
-          metadata_[m_it.key()] = m_it->get<std::string>();
-        }
-        continue;
-      }
-      tensors_.push_back(parse_entry(path_, it.key(), *it, buffer_bytes));
-    }
-
-    // File order is data order; with entries sorted by begin, any overlap shows between
-    // neighbours. Empty tensors occupy no bytes and overlap nothing.
-    std::stable_sort(tensors_.begin(), tensors_.end(), [](const auto& a, const auto& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    const TensorEntry* prev = nullptr;
-    for (const auto& e : tensors_) {
-      if (e.begin == e.end) continue;
-      if (prev && e.begin < prev->end)
-        throw fail(str("tensors '", prev->name, "' [", prev->begin, ", ", prev->end, ") and '",
-                       e.name, "' [", e.begin, ", ", e.end, ") overlap"));
-      prev = &e;
-    }
+    SafeTensorsIndex idx = parse_safetensors_header(
+        path_, reinterpret_cast<const char*>(map_ + 8),
+        std::min<uint64_t>(header_bytes, file_bytes - 8), header_bytes, file_bytes);
+    buffer_ = map_ + idx.data_start;
+    tensors_ = std::move(idx.tensors);
+    metadata_ = std::move(idx.metadata);
     for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
   } catch (...) {
     release();
@@ -394,35 +415,69 @@ void SafeTensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-void SafeTensorsWriter::write(const std::string& path) const {
+namespace {
+// The header text of a safetensors file holding `tensors` back to back in this order, padded
+// with spaces (valid JSON whitespace) so the data buffer starts 8-byte aligned.
+template <typename T>
+std::string build_header(const std::string& label, const std::vector<T>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
   // ordered_json keeps "__metadata__" first and tensors in data order, as the reference writer
   // does; readers must not depend on it, but it makes headers easy to read by eye.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) {
+  if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata_) m[k] = v;
+    for (const auto& [k, v] : metadata) m[k] = v;
     header[kMetadataKey] = std::move(m);
   }
   uint64_t offset = 0;
-  for (const auto& t : tensors_) {
-    uint64_t end = offset + t.bytes.size();
+  for (const auto& t : tensors) {
+    uint64_t end = offset + t.size();
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
-  std::string header_text;
+  std::string text;
   try {
-    header_text = header.dump();
+    text = header.dump();
   } catch (const nlohmann::json::exception&) {  // a name or metadata string that is not UTF-8
-    throw UserError(str("safetensors: cannot write '", path,
+    throw UserError(str("safetensors: cannot write '", label,
                         "': a tensor name or metadata string is not valid UTF-8"));
   }
-  // Pad with spaces (valid JSON whitespace) so the data buffer starts 8-byte aligned.
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  uint64_t header_len = header_text.size();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+}  // namespace
 
+void SafeTensorsWriter::write(const std::string& path) const {
+  std::string header_text = build_header(path, tensors_, metadata_);
+  uint64_t header_len = header_text.size();
   std::vector<ByteSpan> pieces = {{&header_len, 8}, {header_text.data(), header_text.size()}};
   for (const auto& t : tensors_) pieces.push_back({t.bytes.data(), t.bytes.size()});
   write_file_atomic(path, pieces);
+}
+
+void build_safetensors(const std::vector<TensorBytes>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       std::vector<uint8_t>& out) {
+  for (const auto& t : tensors) {
+    size_t elem = safetensors_dtype_size(t.dtype);
+    int64_t numel = 0;
+    MX_REQUIRE(elem != 0 && checked_numel(t.shape, &numel) && uint64_t(numel) * elem == t.bytes,
+               "safetensors: tensor '", t.name, "': shape ", shape_string(t.shape), " of ",
+               t.dtype, " does not match its ", t.bytes, " bytes");
+  }
+  std::string header_text = build_header("(in memory)", tensors, metadata);
+  uint64_t header_len = header_text.size();
+  size_t total = 8 + header_text.size();
+  for (const auto& t : tensors) total += t.bytes;
+  out.resize(total);
+  uint8_t* p = out.data();
+  std::memcpy(p, &header_len, 8);
+  std::memcpy(p + 8, header_text.data(), header_text.size());
+  p += 8 + header_text.size();
+  for (const auto& t : tensors) {
+    if (t.bytes) std::memcpy(p, t.data, t.bytes);
+    p += t.bytes;
+  }
 }
 
 }  // namespace mx

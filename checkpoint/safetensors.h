@@ -87,12 +87,41 @@ class SafeTensorsWriter {
     std::string name, dtype;
     std::vector<int64_t> shape;
     std::vector<unsigned char> bytes;
+    size_t size() const { return bytes.size(); }
   };
   void check_new_name(const std::string& name) const;
 
   std::vector<Pending> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The parsed header of a safetensors file, checked as SafeTensorsReader checks it; for files
+// read in pieces (an S3 object: the first 8 bytes, then the header). `header` holds `available`
+// bytes of the header_bytes the length field announces; file_bytes is the whole file's size.
+// data_start: the byte offset of the data buffer in the file (8 + header_bytes).
+struct SafeTensorsIndex {
+  std::vector<TensorEntry> tensors;  // by data offset
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+};
+SafeTensorsIndex parse_safetensors_header(const std::string& label, const char* header,
+                                          uint64_t available, uint64_t header_bytes,
+                                          uint64_t file_bytes);
+
+// A tensor to serialize, by pointer (not copied until build_safetensors runs).
+struct TensorBytes {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  size_t size() const { return bytes; }
+};
+// One whole safetensors file image in `out` (resized; its capacity is reused between calls):
+// the same bytes SafeTensorsWriter::write would put in a file. For checkpoints that are
+// written or uploaded from memory by a background thread.
+void build_safetensors(const std::vector<TensorBytes>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       std::vector<uint8_t>& out);
 
 // Scalar conversions between fp32 and the 16-bit float formats.
 float bf16_to_f32(uint16_t bits);       // exact: the bf16 bits are the fp32 high half

@@ -4,7 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/local.h"
+#include "checkpoint/sharded.h"
+#include "checkpoint/storage.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
@@ -15,33 +16,40 @@ namespace {
 int export_hf(const std::string& checkpoint, const std::string& out_dir, std::string dtype) {
   for (auto& ch : dtype) ch = char(std::toupper(ch));
   MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", dtype, ")");
-  std::string step_dir = resolve_checkpoint(checkpoint);
-  ModelConfig cfg = checkpoint_model_config(step_dir);
+  std::vector<float> params;
+  std::string step_location;
+  ModelConfig cfg = load_checkpoint_weights(checkpoint, params, &step_location);
   ParamLayout layout(cfg);
-  std::vector<float> params(layout.total_numel());
-  load_local_checkpoint(step_dir, layout, params.data(), nullptr, nullptr);
   save_hf_model(out_dir, cfg, layout, params.data(), dtype);
-  std::printf("exported %s -> %s (%s)\n", step_dir.c_str(), out_dir.c_str(), dtype.c_str());
+  std::printf("exported %s -> %s (%s)\n", step_location.c_str(), out_dir.c_str(), dtype.c_str());
   return 0;
 }
 
-// CHECKPOINT: a step directory (that step) or a root (every committed step under it).
-int verify(const std::string& checkpoint) {
-  std::error_code ec;
-  MX_REQUIRE(std::filesystem::exists(checkpoint, ec), "checkpoint ", checkpoint, " does not exist");
-  std::vector<std::string> steps;
-  namespace fs = std::filesystem;
-  if (fs::exists(fs::path(checkpoint) / "manifest.json", ec) ||
-      fs::exists(fs::path(checkpoint) / "state.json", ec))
-    steps.push_back(checkpoint);
-  else
-    steps = committed_checkpoints(checkpoint);
+// The store and steps a CHECKPOINT argument names: one step, or every committed step of a root.
+std::pair<std::unique_ptr<CheckpointStore>, std::vector<int64_t>> steps_of(
+    const std::string& checkpoint) {
+  CheckpointLocation loc = parse_checkpoint_location(checkpoint);
+  auto store = open_checkpoint_store(loc.root);
+  if (!store->is_s3()) {
+    std::error_code ec;
+    MX_REQUIRE(std::filesystem::exists(checkpoint, ec), "checkpoint ", checkpoint,
+               " does not exist");
+  }
+  std::vector<int64_t> steps;
+  if (loc.step >= 0) steps.push_back(loc.step);
+  else steps = store->committed_steps();
   MX_REQUIRE(!steps.empty(), "no committed checkpoints under ", checkpoint);
+  return {std::move(store), steps};
+}
+
+// CHECKPOINT: a step (that step) or a root (every committed step under it).
+int verify(const std::string& checkpoint, bool full) {
+  auto [store, steps] = steps_of(checkpoint);
   int bad = 0;
-  for (const auto& dir : steps) {
-    std::string why = verify_checkpoint(dir);
+  for (int64_t step : steps) {
+    std::string why = verify_checkpoint(*store, step, full);
     if (why.empty()) {
-      std::printf("OK %s\n", dir.c_str());
+      std::printf("OK %s\n", store->step_location(step).c_str());
     } else {
       std::fprintf(stderr, "error: %s\n", why.c_str());
       ++bad;
@@ -51,33 +59,30 @@ int verify(const std::string& checkpoint) {
   return bad ? 2 : 0;
 }
 
-int list(const std::string& root, bool check) {
-  auto steps = committed_checkpoints(root);
-  MX_REQUIRE(!steps.empty(), "no committed checkpoints under ", root);
-  std::printf("%-10s %6s %14s %s  %s\n", "step", "files", "bytes", check ? "verified" : "", "dir");
-  int bad = 0;
-  for (const auto& dir : steps) {
-    long long step = -1, files = 0;
+int list(const std::string& root, bool check, bool full) {
+  auto [store, steps] = steps_of(root);
+  std::printf("%-10s %6s %6s %14s %s  %s\n", "step", "ranks", "files", "bytes",
+              check ? "verified" : "", "location");
+  for (int64_t s : steps) {
+    long long files = 0, ranks = -1;
     unsigned long long bytes = 0;
     try {
-      auto m = checkpoint_manifest(dir);
-      step = m.value("step", int64_t(-1));
-      for (const auto& f : m.value("files", nlohmann::json::array())) {
+      CheckpointReader reader(*store, s);
+      ranks = reader.world_size();
+      for (const auto& f : reader.manifest()["files"]) {
         ++files;
-        if (f.contains("size") && f["size"].is_number_unsigned()) bytes += f["size"].get<uint64_t>();
+        bytes += f["size"].get<uint64_t>();
       }
     } catch (const std::exception&) {
     }
     std::string status;
     if (check) {
-      std::string why = verify_checkpoint(dir);
+      std::string why = verify_checkpoint(*store, s, full);
       status = why.empty() ? "yes" : "NO";
-      if (!why.empty()) {
-        ++bad;
-        std::fprintf(stderr, "warning: %s\n", why.c_str());
-      }
+      if (!why.empty()) std::fprintf(stderr, "warning: %s\n", why.c_str());
     }
-    std::printf("%-10lld %6lld %14llu %s  %s\n", step, files, bytes, status.c_str(), dir.c_str());
+    std::printf("%-10lld %6lld %6lld %14llu %s  %s\n", static_cast<long long>(s), ranks, files,
+                bytes, status.c_str(), store->step_location(s).c_str());
   }
   return 0;
 }
@@ -90,7 +95,8 @@ void add_ckpt(CLI::App& app, Action& action) {
   auto checkpoint = std::make_shared<std::string>();
   auto out_dir = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("f32");
-  exp->add_option("CHECKPOINT", *checkpoint, "step directory, or a root (its newest step)")
+  exp->add_option("CHECKPOINT", *checkpoint,
+                  "step (DIR/step_NNNNNNNN or s3://...), or a root (its newest step)")
       ->required();
   exp->add_option("OUT_DIR", *out_dir, "output directory")->required();
   exp->add_option("--dtype", *dtype, "f32 | bf16");
@@ -100,17 +106,22 @@ void add_ckpt(CLI::App& app, Action& action) {
   auto* ls = ckpt->add_subcommand("ls", "list the committed steps under a checkpoint root");
   auto root = std::make_shared<std::string>();
   auto check = std::make_shared<bool>(false);
-  ls->add_option("ROOT", *root, "checkpoint root")->required();
-  ls->add_flag("--verify", *check, "check every file's size and CRC32C against the manifest");
-  ls->callback([&action, root, check] {
-    action = [root, check] { return list(*root, *check); };
+  auto ls_full = std::make_shared<bool>(false);
+  ls->add_option("ROOT", *root, "checkpoint root: a directory or s3://bucket/prefix")->required();
+  ls->add_flag("--verify", *check, "check every step against its manifest");
+  ls->add_flag("--full", *ls_full, "S3: also download every file and check its CRC32C");
+  ls->callback([&action, root, check, ls_full] {
+    action = [root, check, ls_full] { return list(*root, *check, *ls_full); };
   });
   auto* ver = ckpt->add_subcommand("verify", "check a checkpoint against its manifest");
   auto target = std::make_shared<std::string>();
-  ver->add_option("CHECKPOINT", *target, "step directory, or a root (every committed step)")
+  auto full = std::make_shared<bool>(false);
+  ver->add_option("CHECKPOINT", *target, "a step, or a root (every committed step); local or s3://")
       ->required();
-  ver->callback([&action, target] {
-    action = [target] { return verify(*target); };
+  ver->add_flag("--full", *full,
+                "S3: also download every file and check its CRC32C (local: always)");
+  ver->callback([&action, target, full] {
+    action = [target, full] { return verify(*target, *full); };
   });
 }
 

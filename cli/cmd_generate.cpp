@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "checkpoint/local.h"
+#include "checkpoint/sharded.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/byte_tokenizer.h"
@@ -26,19 +26,17 @@ int run_generate(const GenerateArgs& a) {
   MX_REQUIRE(a.options.top_k >= 0, "--top-k must be >= 0");
   MX_REQUIRE(!a.prompt.empty(), "--prompt must not be empty");
   ModelConfig cfg;
-  std::string weights_dir;
-  if (is_hf_dir(a.model) && !std::filesystem::exists(a.model + "/state.json")) {
-    cfg = read_hf_config(a.model + "/config.json");
-    weights_dir = a.model;
-  } else {
-    weights_dir = resolve_checkpoint(a.model);
-    cfg = checkpoint_model_config(weights_dir);
-  }
+  std::vector<float> params;
+  const bool hf = is_hf_dir(a.model) && !std::filesystem::exists(a.model + "/manifest.json");
+  if (hf) cfg = read_hf_config(a.model + "/config.json");
+  else cfg = load_checkpoint_weights(a.model, params);
   MX_REQUIRE(cfg.vocab_size >= 256, "generate uses the byte-level tokenizer; the model's ",
              "vocabulary (", cfg.vocab_size, ") is smaller than 256");
   ParamLayout layout(cfg);
-  std::vector<float> params(layout.total_numel());
-  load_hf_weights(weights_dir, layout, params.data());
+  if (hf) {
+    params.resize(size_t(layout.total_numel()));
+    load_hf_weights(a.model, layout, params.data());
+  }
   auto backend = make_backend(a.device);
   auto ids = generate_tokens(cfg, layout, *backend, params.data(), byte_encode(a.prompt),
                              a.options);

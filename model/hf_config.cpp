@@ -84,7 +84,11 @@ ModelConfig read_hf_config(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw StorageError(str("cannot read Hugging Face config '", path, "'"));
-  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  return parse_hf_config(text.str(), path);
+}
+
+ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw UserError(str("Hugging Face config '", path, "' is not valid JSON"));
   if (!j.is_object())
     throw UserError(str("Hugging Face config '", path, "' is not a JSON object"));
@@ -133,6 +137,10 @@ ModelConfig read_hf_config(const std::string& path) {
 }
 
 void write_hf_config(const ModelConfig& config, const std::string& path) {
+  write_file_atomic(path, hf_config_text(config));
+}
+
+std::string hf_config_text(const ModelConfig& config) {
   ModelConfig c = config;
   c.finalize();
   c.validate();
@@ -161,7 +169,7 @@ void write_hf_config(const ModelConfig& config, const std::string& path) {
   j["pretraining_tp"] = 1;
   j["use_cache"] = true;
   j["initializer_range"] = 0.02;
-  write_file_atomic(path, j.dump(2) + "\n");
+  return j.dump(2) + "\n";
 }
 
 }  // namespace mx

@@ -12,10 +12,14 @@ namespace mx {
 // and features the engine does not model (rope_scaling, attention/MLP biases, an activation
 // other than silu, attention dropout). The result is finalize()d and validate()d.
 ModelConfig read_hf_config(const std::string& path);
+// The same from config.json's text; `path` names it in errors.
+ModelConfig parse_hf_config(const std::string& text, const std::string& path);
 
 // Writes config.json for LlamaForCausalLM (float32 weights, no rope scaling, no biases),
 // atomically: path + ".tmp.<pid>", fsync, rename. StorageError on I/O failure; UserError if the
 // config does not validate.
 void write_hf_config(const ModelConfig& c, const std::string& path);
+// The text write_hf_config writes.
+std::string hf_config_text(const ModelConfig& c);
 
 }  // namespace mx

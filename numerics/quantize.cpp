@@ -116,6 +116,15 @@ void DelayedScaling::record(float amax) {
     scale_ = fp8_scale_from_amax(reduced, fp8_max(fmt_), margin_);
 }
 
+void DelayedScaling::restore(const std::vector<float>& history, float scale) {
+  MX_REQUIRE(history.size() == amax_history_.size(), "amax history of length ", history.size(),
+             " does not fit a history of length ", amax_history_.size());
+  MX_REQUIRE(std::isfinite(scale) && scale > 0.0f, "saved FP8 scale ", scale,
+             " is not a positive finite number");
+  amax_history_ = history;
+  scale_ = scale;
+}
+
 Quantized DelayedScaling::quantize(const float* x, int64_t rows, int64_t cols,
                                    const RoundingOptions& ro) {
   Quantized q = quantize_fp8_tensor(x, rows, cols, fmt_, scale_, ro);

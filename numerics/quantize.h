@@ -71,6 +71,9 @@ class DelayedScaling {
   float scale() const { return scale_; }
   const std::vector<float>& amax_history() const { return amax_history_; }
   void record(float amax);  // push a new amax and recompute the scale
+  // Puts back a state saved from amax_history() and scale() (checkpoints); the history must
+  // have this object's length.
+  void restore(const std::vector<float>& history, float scale);
   Quantized quantize(const float* x, int64_t rows, int64_t cols,
                      const RoundingOptions& rounding = {});
 

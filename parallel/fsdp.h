@@ -66,6 +66,16 @@ class Fsdp final : public UnitAccess {
   void gather_params(float* full);
   void gather_moments(float* full_m, float* full_v);
 
+  // For sharded checkpoints: this rank's flat shards (local_numel() floats each, laid out unit
+  // after unit as unit_shards() / unit_local_offsets() say; padding is zero).
+  float* master_shard() { return master_base_; }
+  float* exp_avg_shard() { return m_base_; }
+  float* exp_avg_sq_shard() { return v_base_; }
+  const std::vector<ShardLayout>& unit_shards() const { return shards_; }
+  const std::vector<int64_t>& unit_local_offsets() const { return unit_local_offset_; }
+  int shard_rank() const { return shard_comm_->rank(); }
+  int replica_rank() const { return replica_comm_->rank(); }
+
   int shard_size() const { return shard_comm_->size(); }
   int replica_size() const { return replica_comm_->size(); }
   int64_t local_numel() const { return local_numel_; }  // this rank's shard elements (padded)

@@ -116,4 +116,24 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
   std::memcpy(out, q.dequant.data(), sizeof(float) * size_t(n));
 }
 
+std::vector<LinearRecipe::DelayedState> LinearRecipe::delayed_state() const {
+  std::vector<DelayedState> out;
+  for (const auto& [key, ds] : delayed_) {
+    if (!ds) continue;
+    out.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), ds->scale(),
+                   ds->amax_history()});
+  }
+  return out;
+}
+
+void LinearRecipe::restore_delayed_state(const std::vector<DelayedState>& states) {
+  for (const DelayedState& st : states) {
+    const auto op = LinearOperand(st.op);
+    const Format fp8 = is_gradient(op) ? Format::kE5M2 : Format::kE4M3;  // as quantize() makes it
+    auto& ds = delayed_[std::make_tuple(st.layer, st.linear, st.op)];
+    ds = std::make_unique<numerics::DelayedScaling>(fp8);
+    ds->restore(st.amax_history, st.scale);
+  }
+}
+
 }  // namespace mx

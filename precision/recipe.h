@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "numerics/quantize.h"
 
@@ -59,6 +60,18 @@ class LinearRecipe {
     return recipe_ == Recipe::kNvfp4 && tokens % 16 == 0;
   }
   uint32_t hadamard_seed(int64_t layer, int linear) const;
+
+  // fp8-delayed state for checkpoints: every (layer, linear, operand)'s scale and amax
+  // history, so that a resumed run quantizes exactly as the uninterrupted one would.
+  struct DelayedState {
+    int64_t layer = 0;
+    int linear = 0;
+    int op = 0;
+    float scale = 1.0f;
+    std::vector<float> amax_history;
+  };
+  std::vector<DelayedState> delayed_state() const;
+  void restore_delayed_state(const std::vector<DelayedState>& states);
 
  private:
   Recipe recipe_;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <variant>
 
+#include "checkpoint/s3/uri.h"
 #include "core/error.h"
 #include "precision/recipe.h"
 
@@ -110,11 +111,11 @@ const std::vector<Field>& schema() {
       MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
       MX_INT("parallel.shard_group", parallel.shard_group, "processes per shard group (hybrid)"),
       MX_STRING("checkpoint.dir", checkpoint.dir, "directory (default <out_dir>/checkpoints)"),
-      MX_STRING("checkpoint.s3_uri", checkpoint.s3_uri, "s3://bucket/prefix"),
+      MX_STRING("checkpoint.s3_uri", checkpoint.s3_uri, "s3://bucket/prefix: write checkpoints there instead of dir"),
       MX_INT("checkpoint.every", checkpoint.every, "checkpoint every N steps (0: at the end)"),
       MX_INT("checkpoint.keep", checkpoint.keep, "keep the newest K (0: all)"),
-      MX_BOOL("checkpoint.async", checkpoint.async, "write in the background"),
-      MX_STRING("checkpoint.resume", checkpoint.resume, "auto | none | PATH"),
+      MX_BOOL("checkpoint.async", checkpoint.async, "write in the background (default true)"),
+      MX_STRING("checkpoint.resume", checkpoint.resume, "auto (newest verified, local or S3) | none | PATH or s3:// URI"),
       MX_STRING("init.from", init.from, "Hugging Face Llama directory to start from"),
       MX_STRING("run.name", run.name, "run name"),
       MX_STRING("run.out_dir", run.out_dir, "output directory (default runs/<name>)"),
@@ -286,10 +287,13 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (got ", c.checkpoint.every,
              ")");
   MX_REQUIRE(c.checkpoint.keep >= 0, "checkpoint.keep must be >= 0 (got ", c.checkpoint.keep, ")");
-  MX_REQUIRE(c.checkpoint.s3_uri.empty(),
-             "checkpoint.s3_uri: S3 checkpoints are not available in this build yet");
-  MX_REQUIRE(!c.checkpoint.async,
-             "checkpoint.async: asynchronous checkpoints are not available in this build yet");
+  if (!c.checkpoint.s3_uri.empty()) {
+    try {
+      s3::parse_s3_uri(c.checkpoint.s3_uri);
+    } catch (const UserError& e) {
+      throw UserError(str("checkpoint.s3_uri: ", e.what()));
+    }
+  }
   MX_REQUIRE(c.run.sample_tokens >= 0, "run.sample_tokens must be >= 0");
   MX_REQUIRE(c.run.threads >= 0, "run.threads must be >= 0");
   MX_REQUIRE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,

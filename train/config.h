@@ -60,7 +60,7 @@ struct RunConfig {
     std::string s3_uri;
     int64_t every = 0;  // 0: only at the end of the run
     int64_t keep = 0;   // 0: keep all
-    bool async = false;
+    bool async = true;  // write in the background while training goes on
     std::string resume = "auto";  // auto | none | PATH
   } checkpoint;
 

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "backend/sgemm_rate.h"
-#include "checkpoint/local.h"
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/sharded.h"
+#include "checkpoint/storage.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/byte_tokenizer.h"
@@ -97,34 +99,57 @@ int run_training(const RunConfig& cfg) {
   Fsdp fsdp(engine.layout, world, fo, be, &engine.tracker);
   const int64_t n_params = engine.layout.total_numel();
 
-  // Whole-model buffers exist only around init, checkpoints and the final sample.
+  // Whole-model buffers exist only around init and the final sample.
   auto full_buffer = [&]() { return std::vector<float>(size_t(n_params)); };
 
-  // Resume or initialize: every rank reads the same full state and keeps its shard, so a
-  // checkpoint resumes on any number of processes.
+  // Resume or initialize. A checkpoint of any process count resumes: each rank reads the
+  // pieces of the saved shards that make up its own shard, straight from the files.
   int64_t start_step = 0;
-  std::string resume_from;
-  const std::string ckpt_root = cfg.checkpoint_dir();
-  if (cfg.checkpoint.resume == "auto") resume_from = latest_verified_checkpoint(ckpt_root, lead);
-  else if (cfg.checkpoint.resume != "none") resume_from = resolve_checkpoint(cfg.checkpoint.resume);
-  {
+  const std::string ckpt_root =
+      cfg.checkpoint.s3_uri.empty() ? cfg.checkpoint_dir() : cfg.checkpoint.s3_uri;
+  std::unique_ptr<CheckpointStore> resume_store;
+  int64_t resume_step = -1;
+  if (cfg.checkpoint.resume == "auto") {
+    // The newest committed checkpoint that verifies, across the local directory and S3 (on a
+    // tie the local copy: it reads faster).
+    std::vector<std::string> roots = {cfg.checkpoint_dir()};
+    if (!cfg.checkpoint.s3_uri.empty()) roots.push_back(cfg.checkpoint.s3_uri);
+    for (const auto& root : roots) {
+      auto store = open_checkpoint_store(root);
+      int64_t s = latest_verified_step(*store, lead);
+      if (s > resume_step) {
+        resume_step = s;
+        resume_store = std::move(store);
+      }
+    }
+  } else if (cfg.checkpoint.resume != "none") {
+    ResolvedCheckpoint rc = resolve_checkpoint(cfg.checkpoint.resume);
+    resume_store = std::move(rc.store);
+    resume_step = rc.step;
+  }
+  if (resume_step >= 0) {
+    CheckpointReader reader(*resume_store, resume_step);
+    ModelConfig saved_cfg = reader.model_config();
+    MX_REQUIRE(saved_cfg.param_count() == model_cfg.param_count() &&
+                   saved_cfg.hidden_size == model_cfg.hidden_size &&
+                   saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
+               "checkpoint ", reader.location(), " holds a different model than this config");
+    auto state = reader.state();
+    ShardView view;
+    view.layout = &engine.layout;
+    view.units = fsdp.unit_shards();
+    view.local_offset = fsdp.unit_local_offsets();
+    view.shard_rank = fsdp.shard_rank();
+    load_shards(reader, view, fsdp.master_shard(), fsdp.exp_avg_shard(), fsdp.exp_avg_sq_shard());
+    restore_recipe_state(linear_recipe, reader, fsdp.shard_rank());
+    start_step = resume_step;
+    MX_REQUIRE(start_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
+               start_step, ", past train.steps = ", tc.steps);
+    info("resumed from ", reader.location(), " at step ", start_step, " (saved by ",
+         reader.world_size(), " processes, ", reader.shard_size(), " shards)");
+  } else {
     auto full = full_buffer();
-    if (!resume_from.empty()) {
-      ModelConfig saved_cfg = checkpoint_model_config(resume_from);
-      MX_REQUIRE(saved_cfg.param_count() == model_cfg.param_count() &&
-                     saved_cfg.hidden_size == model_cfg.hidden_size &&
-                     saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
-                 "checkpoint ", resume_from, " holds a different model than this config");
-      auto state = checkpoint_state(resume_from);
-      auto full_m = full_buffer(), full_v = full_buffer();
-      load_local_checkpoint(resume_from, engine.layout, full.data(), full_m.data(),
-                            full_v.data());
-      fsdp.scatter_moments(full_m.data(), full_v.data());
-      start_step = state["step"].get<int64_t>();
-      MX_REQUIRE(start_step <= tc.steps, "checkpoint ", resume_from, " is at step ", start_step,
-                 ", past train.steps = ", tc.steps);
-      info("resumed from ", resume_from, " at step ", start_step);
-    } else if (!cfg.init.from.empty()) {
+    if (!cfg.init.from.empty()) {
       load_hf_weights(cfg.init.from, engine.layout, full.data());
       info("initialized from ", cfg.init.from);
     } else {
@@ -132,6 +157,12 @@ int run_training(const RunConfig& cfg) {
     }
     fsdp.scatter_params(full.data());
   }
+  CheckpointerOptions co;
+  co.root = ckpt_root;
+  co.keep = cfg.checkpoint.keep;
+  co.async = cfg.checkpoint.async;
+  co.sharding = cfg.parallel.sharding;
+  Checkpointer checkpointer(co, world, fsdp, model_cfg, engine.layout);
 
   const double peak_flops = measure_sgemm_flops(be, 1024, 3);
   const int64_t tokens_per_step = B * T * tc.grad_accum * W;
@@ -162,23 +193,17 @@ int run_training(const RunConfig& cfg) {
     return sum / double(tc.eval_batches);
   };
 
+  // Starts a checkpoint of `step` (in the background when checkpoint.async).
+  int64_t last_saved = -1;
   auto save = [&](int64_t step) {
-    auto full = full_buffer(), full_m = full_buffer(), full_v = full_buffer();
-    fsdp.gather_params(full.data());
-    fsdp.gather_moments(full_m.data(), full_v.data());
-    std::string dir;
-    if (lead) {
-      nlohmann::json state = {{"samples_seen", step * tc.grad_accum * B * W},
-                              {"seed", tc.seed},
-                              {"world_size", W},
-                              {"sharding", cfg.parallel.sharding},
-                              {"data_path", data_path}};
-      dir = save_local_checkpoint(ckpt_root, step, model_cfg, engine.layout, full.data(),
-                                  full_m.data(), full_v.data(), state);
-      prune_checkpoints(ckpt_root, cfg.checkpoint.keep);
-    }
-    world.barrier();  // nobody runs ahead of a checkpoint that may yet fail
-    return dir;
+    last_saved = step;
+    nlohmann::json state = {{"samples_seen", step * tc.grad_accum * B * W},
+                            {"seed", tc.seed},
+                            {"world_size", W},
+                            {"sharding", cfg.parallel.sharding},
+                            {"recipe", cfg.precision.recipe},
+                            {"data_path", data_path}};
+    checkpointer.save(step, state, recipe_extra_tensors(linear_recipe));
   };
 
   const bool tty = ::isatty(STDERR_FILENO);
@@ -193,6 +218,7 @@ int run_training(const RunConfig& cfg) {
                         : g_stop_signal.load();
     if (stop_signal) break;
     auto t0 = Clock::now();
+    checkpointer.poll();  // commits a background checkpoint once every rank has written it
     const double comm_wait_before = fsdp.comm_wait_seconds();
     const double lr = lr_at(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
     linear_recipe.set_step(step);
@@ -263,7 +289,13 @@ int run_training(const RunConfig& cfg) {
   }
 
   const int sig = int(stop_signal);
-  std::string final_dir = step > start_step || sig ? save(step) : "";
+  // The last checkpoint is always waited for: the run ends only once it has committed.
+  const double loop_ckpt_stall = checkpointer.stall_seconds();
+  if (step > start_step || sig) {
+    if (last_saved != step) save(step);
+    checkpointer.finish();
+  }
+  std::string final_dir = step > start_step || sig ? checkpointer.store().step_location(step) : "";
   auto stats = be.gemm_stats();
   const int64_t peak = engine.tracker.peak();
   const int64_t peak_max = W > 1 ? world.all_reduce(peak, ReduceOp::kMax) : peak;
@@ -286,6 +318,11 @@ int run_training(const RunConfig& cfg) {
       {"fsdp_transient_bytes", fsdp.transient_bytes()},
       {"comm_wait_seconds", fsdp.comm_wait_seconds()},
       {"checkpoint", final_dir},
+      // Time the step loop waited for checkpoints (async: the staging copies), and the time the
+      // final checkpoint took after the loop (always waited for).
+      {"checkpoint_stall_seconds", loop_ckpt_stall},
+      {"checkpoint_final_seconds", checkpointer.stall_seconds() - loop_ckpt_stall},
+      {"checkpoint_write_seconds", checkpointer.write_seconds()},
       {"wall_seconds", seconds_since(run_t0)}};
   if (W > 1) summary["peak_mem_bytes_max_rank"] = peak_max;
   if (sig) summary["stopped_by_signal"] = sig;

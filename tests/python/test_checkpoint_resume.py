@@ -76,25 +76,58 @@ def setup(tmp_path_factory):
     return dict(tmp=tmp, common=common, ref_root=ref_root, half_root=tmp / "half" / "checkpoints")
 
 
+RANK_FILE = "rank_00000-of-00001.safetensors"
+
+
 def final_files(root):
+    """The step-40 rank file (master weights and both AdamW moments) and the state."""
     d = root / f"step_{STEPS:08d}"
-    return (d / "model.safetensors").read_bytes(), (d / "optimizer.safetensors").read_bytes()
+    return (d / RANK_FILE).read_bytes(), json.loads((d / "state.json").read_text())["step"]
 
 
 def test_manifest_matches_an_independent_crc32c(setup):
     step = setup["ref_root"] / "step_00000040"
     m = json.loads((step / "manifest.json").read_text())
-    assert m["format_version"] == 1 and m["step"] == 40 and m["world_size"] == 1
+    assert m["format_version"] == 2 and m["step"] == 40 and m["world_size"] == 1
+    assert m["shard_size"] == 1
     assert m["model"]["hidden_size"] == 64 and m["model"]["num_hidden_layers"] == 2
     names = {f["name"] for f in m["files"]}
-    assert names == {"model.safetensors", "optimizer.safetensors", "config.json", "state.json"}
+    assert names == {RANK_FILE, "config.json", "state.json"}
     for f in m["files"]:
         data = (step / f["name"]).read_bytes()
         assert f["size"] == len(data), f
         assert int(f["crc32c"], 16) == crc32c_ref(data), f
-    shapes = {t["name"]: t["shape"] for t in m["tensors"]}
+    units = {u["name"]: u for u in m["units"]}
+    shapes = {t["name"]: t["shape"] for u in m["units"] for t in u["tensors"]}
     assert shapes["model.embed_tokens.weight"] == [256, 64]
-    assert shapes["exp_avg_sq.model.layers.1.mlp.up_proj.weight"] == [160, 64]
+    assert shapes["model.layers.1.mlp.up_proj.weight"] == [160, 64]
+    # One shard: its slice of every unit is the whole unit.
+    (shard,) = m["shards"]
+    assert shard["file"] == RANK_FILE
+    for sl in shard["slices"]:
+        assert sl["begin"] == 0 and sl["end"] == m["units"][sl["unit"]]["numel"]
+    # A block: 2 norms of 64, q/o 64x64, k/v 32x64 (2 KV heads of 16), gate/up/down 160x64.
+    assert units["block.1"]["numel"] == 2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 160 * 64
+
+
+def test_rank_file_holds_the_exported_weights(setup, tmp_path, mxtrain):
+    """The flat master shard, cut at the manifest's offsets, is the exported HF model."""
+    import numpy as np
+    import hf_io
+    step = setup["ref_root"] / "step_00000040"
+    m = json.loads((step / "manifest.json").read_text())
+    r = run1(["ckpt", "export-hf", step, tmp_path / "hf"])
+    assert r.rc == 0, r
+    exported = hf_io.read_safetensors(str(tmp_path / "hf" / "model.safetensors"))
+    shard = hf_io.read_safetensors(str(step / RANK_FILE))
+    for u in m["units"]:
+        flat = shard["master." + u["name"]]
+        assert flat.shape == (u["numel"],)
+        for t in u["tensors"]:
+            n = int(np.prod(t["shape"]))
+            piece = flat[t["offset"]:t["offset"] + n].reshape(t["shape"])
+            assert np.array_equal(piece, exported[t["name"]]), t["name"]
+        assert ("exp_avg." + u["name"]) in shard and ("exp_avg_sq." + u["name"]) in shard
 
 
 def test_exact_resume_after_sigkill(setup, tmp_path):
@@ -146,8 +179,8 @@ def test_exact_resume_after_sigkill(setup, tmp_path):
         r = run1(args)
         assert r.rc == 0, (seed, trial, r)
         got = final_files(root)
-        assert got[0] == want[0], f"model differs (seed {seed}, trial {trial})"
-        assert got[1] == want[1], f"optimizer differs (seed {seed}, trial {trial})"
+        assert got[0] == want[0], f"weights or moments differ (seed {seed}, trial {trial})"
+        assert got[1] == want[1]
     print(f"kill seed {seed}: {kills} kills, {kills_mid_write} left a partial checkpoint")
     assert kills >= 1, f"no run was killed (seed {seed}): the test proved nothing"
 
@@ -161,14 +194,14 @@ def flip_byte(path, offset=-100):
 def test_corrupt_newest_is_skipped(setup, tmp_path, mxtrain):
     root = tmp_path / "ckpt"
     shutil.copytree(setup["half_root"], root)
-    flip_byte(root / "step_00000020" / "model.safetensors")
+    flip_byte(root / "step_00000020" / RANK_FILE)
     args = ["train"] + set_args(dict(setup["common"], **{
         "train.steps": STEPS, "run.out_dir": tmp_path / "run", "run.metrics": tmp_path / "m.jsonl",
         "checkpoint.dir": root, "checkpoint.every": 10, "checkpoint.resume": "auto"}))
     r = run1(args)
     assert r.rc == 0, r
     warnings = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
-    assert any("step_00000020" in l and "model.safetensors" in l for l in warnings), r
+    assert any("step_00000020" in l and RANK_FILE in l for l in warnings), r
     steps, _ = read_metrics(tmp_path / "m.jsonl")
     assert steps[0]["step"] == 11, steps[0]  # resumed from step 10, the previous one
     assert final_files(root) == final_files(setup["ref_root"])
@@ -177,14 +210,14 @@ def test_corrupt_newest_is_skipped(setup, tmp_path, mxtrain):
 def test_explicit_checkpoint_that_does_not_verify_is_an_error(setup, tmp_path, mxtrain):
     root = tmp_path / "ckpt"
     shutil.copytree(setup["half_root"], root)
-    flip_byte(root / "step_00000020" / "optimizer.safetensors")
+    flip_byte(root / "step_00000020" / RANK_FILE)
     r = run1(["train"] + set_args(dict(setup["common"], **{
         "train.steps": STEPS, "run.out_dir": tmp_path / "run",
         "checkpoint.resume": root / "step_00000020"})))
     assert r.rc == 2, r
-    assert r.stderr.count("error:") == 1 and "optimizer.safetensors" in r.stderr, r
+    assert r.stderr.count("error:") == 1 and RANK_FILE in r.stderr, r
     r = run1(["ckpt", "export-hf", root / "step_00000020", tmp_path / "out"])
-    assert r.rc == 2 and "optimizer.safetensors" in r.stderr, r
+    assert r.rc == 2 and RANK_FILE in r.stderr, r
     assert not (tmp_path / "out").exists()
 
 
@@ -196,17 +229,17 @@ def test_verify_catches_flipped_byte_and_truncation(setup, tmp_path, mxtrain):
     r = run1(["ckpt", "ls", root, "--verify"])
     assert r.rc == 0 and r.stdout.count(" yes ") == 2, r
 
-    flip_byte(root / "step_00000020" / "model.safetensors", offset=-5)
+    flip_byte(root / "step_00000020" / RANK_FILE, offset=-5)
     r = run1(["ckpt", "verify", root / "step_00000020"])
     assert r.rc == 2, r
     err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(err) == 1 and "model.safetensors" in err[0] and "CRC32C" in err[0], r
+    assert len(err) == 1 and RANK_FILE in err[0] and "CRC32C" in err[0], r
 
-    p = root / "step_00000010" / "optimizer.safetensors"
+    p = root / "step_00000010" / RANK_FILE
     p.write_bytes(p.read_bytes()[:-1000])
     r = run1(["ckpt", "verify", root / "step_00000010"])
     assert r.rc == 2, r
-    assert "optimizer.safetensors" in r.stderr and "size" in r.stderr, r
+    assert RANK_FILE in r.stderr and "size" in r.stderr, r
     r = run1(["ckpt", "verify", root])  # the root: every step, both bad
     assert r.rc == 2 and r.stderr.count("error:") == 2, r
     r = run1(["ckpt", "ls", root, "--verify"])
@@ -214,16 +247,16 @@ def test_verify_catches_flipped_byte_and_truncation(setup, tmp_path, mxtrain):
 
     # A header corrupted consistently with the manifest still fails: the safetensors must parse.
     step = root / "step_00000020"
-    data = bytearray((step / "model.safetensors").read_bytes())
+    data = bytearray((step / RANK_FILE).read_bytes())
     data[8:9] = b"#"  # the first byte of the JSON header
-    (step / "model.safetensors").write_bytes(bytes(data))
+    (step / RANK_FILE).write_bytes(bytes(data))
     m = json.loads((step / "manifest.json").read_text())
     for f in m["files"]:
-        if f["name"] == "model.safetensors":
+        if f["name"] == RANK_FILE:
             f["crc32c"] = f"{crc32c_ref(bytes(data)):08x}"
     (step / "manifest.json").write_text(json.dumps(m))
     r = run1(["ckpt", "verify", step])
-    assert r.rc == 2 and "model.safetensors" in r.stderr and "parse" in r.stderr, r
+    assert r.rc == 2 and RANK_FILE in r.stderr and "parse" in r.stderr, r
 
 
 @pytest.mark.parametrize("bad_name", ["../x", "sub/state.json", ".."])

@@ -1,0 +1,499 @@
+#include "checkpoint/sharded.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "checkpoint/crc32c.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/hf_config.h"
+
+namespace mx {
+
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+// A manifest is a few KB per hundred tensors; anything larger is not one of ours.
+constexpr uint64_t kMaxManifestBytes = 64u << 20;
+constexpr uint64_t kMaxSmallFileBytes = 64u << 20;
+
+// A manifest's file name must name a file inside the step and nothing else.
+bool is_plain_file_name(const std::string& name) {
+  if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
+  if (name.find("..") != std::string::npos) return false;
+  for (char c : name)
+    if (c == '/' || c == '\\' || c == '\0') return false;
+  return true;
+}
+
+const char* kind_prefix(StateKind k) {
+  switch (k) {
+    case StateKind::kMaster: return "master.";
+    case StateKind::kExpAvg: return "exp_avg.";
+    case StateKind::kExpAvgSq: return "exp_avg_sq.";
+  }
+  return "";
+}
+
+bool json_int(const nlohmann::json& j, const char* key, int64_t* out) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return false;
+  *out = j[key].get<int64_t>();
+  return true;
+}
+
+}  // namespace
+
+int64_t ShardView::local_numel() const {
+  int64_t n = 0;
+  for (const auto& u : units) n += u.shard_numel;
+  return n;
+}
+
+ShardView shard_view(const ParamLayout& layout, int shard_size, int shard_rank) {
+  ShardView v;
+  v.layout = &layout;
+  v.shard_rank = shard_rank;
+  int64_t off = 0;
+  for (const auto& u : layout.units()) {
+    v.units.push_back(make_shard_layout(u.numel, shard_size));
+    v.local_offset.push_back(off);
+    off += v.units.back().shard_numel;
+  }
+  return v;
+}
+
+ShardView whole_model_view(const ParamLayout& layout) {
+  ShardView v = shard_view(layout, 1, 0);
+  for (size_t u = 0; u < v.units.size(); ++u) v.local_offset[u] = layout.units()[u].offset;
+  return v;
+}
+
+std::string rank_file_name(int shard_rank, int shard_size) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank_%05d-of-%05d.safetensors", shard_rank, shard_size);
+  return buf;
+}
+
+std::string state_tensor_name(StateKind kind, const std::string& unit_name) {
+  return kind_prefix(kind) + unit_name;
+}
+
+void build_rank_file(const ShardView& view, const float* master, const float* m, const float* v,
+                     const std::vector<TensorBytes>& extra, std::vector<uint8_t>& out) {
+  std::vector<TensorBytes> tensors;
+  const auto& units = view.layout->units();
+  for (auto [kind, base] : {std::pair{StateKind::kMaster, master}, std::pair{StateKind::kExpAvg, m},
+                            std::pair{StateKind::kExpAvgSq, v}}) {
+    if (!base) continue;
+    for (size_t u = 0; u < units.size(); ++u) {
+      const int64_t n = view.units[u].valid_numel(view.shard_rank);
+      if (n == 0) continue;  // this rank holds only padding of this unit
+      tensors.push_back({state_tensor_name(kind, units[u].name), "F32", {n},
+                         base + view.local_offset[u], size_t(n) * sizeof(float)});
+    }
+  }
+  tensors.insert(tensors.end(), extra.begin(), extra.end());
+  std::map<std::string, std::string> meta = {{"format", "mxtrain-shard"},
+                                             {"shard_rank", std::to_string(view.shard_rank)},
+                                             {"shard_size", std::to_string(view.shard_size())}};
+  build_safetensors(tensors, meta, out);
+}
+
+std::string build_manifest(const ManifestInfo& info, const ModelConfig& config,
+                           const ParamLayout& layout, const std::vector<FileRecord>& files) {
+  nlohmann::ordered_json m;
+  m["format_version"] = kCheckpointFormatVersion;
+  m["step"] = info.step;
+  m["world_size"] = info.world_size;
+  m["sharding"] = info.sharding;
+  m["shard_size"] = info.shard_size;
+  m["optimizer"] = info.has_optimizer;
+  m["model"] = nlohmann::ordered_json::parse(hf_config_text(config));
+  nlohmann::ordered_json units = nlohmann::ordered_json::array();
+  for (const auto& u : layout.units()) {
+    nlohmann::ordered_json ts = nlohmann::ordered_json::array();
+    for (int ti : u.tensors) {
+      const ParamTensor& t = layout.tensors()[size_t(ti)];
+      ts.push_back({{"name", t.hf_name}, {"offset", t.offset - u.offset}, {"shape", t.shape}});
+    }
+    units.push_back({{"name", u.name}, {"numel", u.numel}, {"tensors", ts}});
+  }
+  m["units"] = units;
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+  for (int r = 0; r < info.shard_size; ++r) {
+    ShardView view = shard_view(layout, info.shard_size, r);
+    const std::string file = rank_file_name(r, info.shard_size);
+    nlohmann::ordered_json slices = nlohmann::ordered_json::array();
+    for (size_t u = 0; u < view.units.size(); ++u) {
+      const int64_t b = view.units[u].shard_begin(r), n = view.units[u].valid_numel(r);
+      slices.push_back({{"unit", u}, {"begin", std::min(b, layout.units()[u].numel)},
+                        {"end", std::min(b, layout.units()[u].numel) + n}});
+      if (n == 0) continue;
+      for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+        if (k != StateKind::kMaster && !info.has_optimizer) continue;
+        tensors.push_back({{"file", file},
+                           {"name", state_tensor_name(k, layout.units()[u].name)},
+                           {"shape", {n}}});
+      }
+    }
+    shards.push_back({{"file", file}, {"shard_rank", r}, {"slices", slices}});
+  }
+  m["shards"] = shards;
+  nlohmann::ordered_json fl = nlohmann::ordered_json::array();
+  for (const auto& f : files) {
+    nlohmann::ordered_json e = {{"name", f.name}, {"size", f.size}, {"crc32c", crc32c_hex(f.crc32c)}};
+    if (!f.etag.empty()) e["etag"] = f.etag;
+    fl.push_back(e);
+  }
+  m["files"] = fl;
+  m["tensors"] = tensors;
+  return m.dump(1) + "\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+struct CheckpointReader::OpenFile {
+  std::string name;
+  SafeTensorsIndex index;
+  std::map<std::string, const TensorEntry*> by_name;
+};
+
+namespace {
+
+// Parses and checks a manifest's structure. Returns "" or the reason it is bad.
+std::string check_manifest(const nlohmann::json& m, const std::string& mpath) {
+  if (!m.is_object()) return str(mpath, ": not a JSON object");
+  int64_t v = 0, step = 0, shard_size = 0;
+  if (!json_int(m, "format_version", &v))
+    return str(mpath, ": no integer format_version");
+  if (v != kCheckpointFormatVersion)
+    return str(mpath, ": format_version ", v, " is not supported (this mxtrain reads ",
+               kCheckpointFormatVersion, ")");
+  if (!json_int(m, "step", &step) || step < 0) return str(mpath, ": no non-negative integer 'step'");
+  if (!json_int(m, "shard_size", &shard_size) || shard_size < 1 || shard_size > 1000000)
+    return str(mpath, ": no valid 'shard_size'");
+  if (!m.contains("files") || !m["files"].is_array()) return str(mpath, ": no 'files' list");
+  std::set<std::string> names;
+  for (const auto& f : m["files"]) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("size") ||
+        !f["size"].is_number_unsigned() || !f.contains("crc32c") || !f["crc32c"].is_string())
+      return str(mpath, ": a 'files' entry lacks name, size or crc32c");
+    std::string name = f["name"].get<std::string>();
+    if (!is_plain_file_name(name))
+      return str(mpath, ": file name '", name, "' is not a plain file name");
+    if (!names.insert(name).second) return str(mpath, ": lists '", name, "' twice");
+  }
+  for (const char* required : {"config.json", "state.json"})
+    if (!names.count(required)) return str(mpath, ": does not list ", required);
+  for (int64_t r = 0; r < shard_size; ++r)
+    if (!names.count(rank_file_name(int(r), int(shard_size))))
+      return str(mpath, ": does not list ", rank_file_name(int(r), int(shard_size)));
+  if (!m.contains("units") || !m["units"].is_array() || m["units"].empty())
+    return str(mpath, ": no 'units' list");
+  for (const auto& u : m["units"]) {
+    int64_t numel = 0;
+    if (!u.is_object() || !u.contains("name") || !u["name"].is_string() ||
+        !json_int(u, "numel", &numel) || numel < 0)
+      return str(mpath, ": a 'units' entry lacks name or numel");
+  }
+  if (!m.contains("model") || !m["model"].is_object()) return str(mpath, ": no 'model' object");
+  if (m.contains("tensors")) {
+    if (!m["tensors"].is_array()) return str(mpath, ": 'tensors' is not a list");
+    for (const auto& t : m["tensors"]) {
+      if (!t.is_object() || !t.contains("file") || !t["file"].is_string() ||
+          !t.contains("name") || !t["name"].is_string() || !t.contains("shape") ||
+          !t["shape"].is_array())
+        return str(mpath, ": a 'tensors' entry lacks file, name or shape");
+      if (!names.count(t["file"].get<std::string>()))
+        return str(mpath, ": tensor in unlisted file '", t["file"].get<std::string>(), "'");
+      for (const auto& d : t["shape"])
+        if (!d.is_number_integer() || d.get<int64_t>() < 0)
+          return str(mpath, ": a tensor shape is not non-negative integers");
+    }
+  }
+  return "";
+}
+
+nlohmann::json read_manifest(CheckpointStore& store, int64_t step) {
+  const std::string mpath = store.step_location(step) + "/" + kManifest;
+  std::string text = store.read_small(step, kManifest, kMaxManifestBytes);
+  nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  MX_REQUIRE(!m.is_discarded(), mpath, " is not valid JSON");
+  std::string why = check_manifest(m, mpath);
+  MX_REQUIRE(why.empty(), why);
+  return m;
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(CheckpointStore& store, int64_t step)
+    : store_(store), step_(step) {
+  manifest_ = read_manifest(store, step);
+  MX_REQUIRE(manifest_["step"].get<int64_t>() == step, location(), "/manifest.json says step ",
+             manifest_["step"].get<int64_t>());
+  shard_size_ = int(manifest_["shard_size"].get<int64_t>());
+  has_optimizer_ = manifest_.value("optimizer", true);
+  for (const auto& u : manifest_["units"]) {
+    unit_names_.push_back(u["name"].get<std::string>());
+    units_.push_back(make_shard_layout(u["numel"].get<int64_t>(), shard_size_));
+  }
+  files_.resize(size_t(shard_size_));
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+int CheckpointReader::world_size() const { return int(manifest_.value("world_size", int64_t(1))); }
+
+ModelConfig CheckpointReader::model_config() const {
+  return parse_hf_config(manifest_["model"].dump(), location() + "/manifest.json (model)");
+}
+
+nlohmann::json CheckpointReader::state() const {
+  const std::string p = location() + "/state.json";
+  nlohmann::json j = nlohmann::json::parse(store_.read_small(step_, "state.json", kMaxSmallFileBytes),
+                                           nullptr, false);
+  MX_REQUIRE(!j.is_discarded() && j.is_object(), p, " is not a JSON object");
+  MX_REQUIRE(j.contains("step") && j["step"].is_number_integer() &&
+                 j["step"].get<int64_t>() == step_,
+             p, " does not hold step ", step_);
+  return j;
+}
+
+void CheckpointReader::check_layout(const ParamLayout& layout) const {
+  const auto& units = layout.units();
+  const auto& mu = manifest_["units"];
+  MX_REQUIRE(mu.size() == units.size(), "checkpoint ", location(), " has ", mu.size(),
+             " units, this model ", units.size(), ": it holds a different model");
+  for (size_t u = 0; u < units.size(); ++u) {
+    MX_REQUIRE(mu[u]["name"].get<std::string>() == units[u].name &&
+                   mu[u]["numel"].get<int64_t>() == units[u].numel,
+               "checkpoint ", location(), ": unit ", u, " is ", mu[u]["name"].get<std::string>(),
+               " of ", mu[u]["numel"].get<int64_t>(), " elements, this model's is ",
+               units[u].name, " of ", units[u].numel, ": it holds a different model");
+  }
+}
+
+CheckpointReader::OpenFile& CheckpointReader::file(int shard_rank) {
+  auto& slot = files_[size_t(shard_rank)];
+  if (slot) return *slot;
+  auto f = std::make_unique<OpenFile>();
+  f->name = rank_file_name(shard_rank, shard_size_);
+  const std::string label = location() + "/" + f->name;
+  auto st = store_.stat(step_, f->name);
+  MX_REQUIRE(st.has_value(), label, ": missing");
+  MX_REQUIRE(st->size >= 8, label, ": ", st->size, " bytes, too short for a safetensors file");
+  uint64_t header_len = 0;
+  store_.read_range(step_, f->name, 0, 8, &header_len);
+  MX_REQUIRE(header_len <= st->size - 8 && header_len <= 100'000'000, label, ": header length ",
+             header_len, " does not fit the file's ", st->size, " bytes");
+  std::string header(size_t(header_len), '\0');
+  store_.read_range(step_, f->name, 8, header_len, header.data());
+  f->index = parse_safetensors_header(label, header.data(), header_len, header_len, st->size);
+  for (const auto& e : f->index.tensors) f->by_name[e.name] = &e;
+  slot = std::move(f);
+  return *slot;
+}
+
+void CheckpointReader::read(int unit, StateKind kind, int64_t begin, int64_t end, float* dst) {
+  MX_REQUIRE(unit >= 0 && size_t(unit) < units_.size(), "checkpoint unit ", unit, " out of range");
+  const ShardLayout& sl = units_[size_t(unit)];
+  MX_REQUIRE(0 <= begin && begin <= end && end <= sl.numel, "checkpoint read [", begin, ", ", end,
+             ") outside unit ", unit_names_[size_t(unit)], " of ", sl.numel);
+  const std::string name = state_tensor_name(kind, unit_names_[size_t(unit)]);
+  for (const ShardSlice& s : shard_slices(sl, begin, end)) {
+    OpenFile& f = file(s.rank);
+    auto it = f.by_name.find(name);
+    const std::string label = location() + "/" + f.name;
+    MX_REQUIRE(it != f.by_name.end(), label, " lacks tensor ", name);
+    const TensorEntry& e = *it->second;
+    MX_REQUIRE(e.dtype == "F32" && e.shape.size() == 1 && e.shape[0] == sl.valid_numel(s.rank),
+               label, ": ", name, " is not F32 [", sl.valid_numel(s.rank), "]");
+    store_.read_range(step_, f.name,
+                      f.index.data_start + e.begin + uint64_t(s.local_begin) * sizeof(float),
+                      uint64_t(s.numel) * sizeof(float), dst + (s.global_begin - begin));
+  }
+}
+
+std::optional<std::vector<float>> CheckpointReader::read_extra(int shard_rank,
+                                                               const std::string& name) {
+  OpenFile& f = file(shard_rank);
+  auto it = f.by_name.find(name);
+  if (it == f.by_name.end()) return std::nullopt;
+  const TensorEntry& e = *it->second;
+  MX_REQUIRE(e.dtype == "F32", location(), "/", f.name, ": ", name, " is not F32");
+  std::vector<float> out(size_t(e.numel()));
+  store_.read_range(step_, f.name, f.index.data_start + e.begin, e.end - e.begin, out.data());
+  return out;
+}
+
+const SafeTensorsIndex& CheckpointReader::index(int shard_rank) { return file(shard_rank).index; }
+
+std::vector<std::string> CheckpointReader::extra_names(int shard_rank) {
+  std::vector<std::string> out;
+  for (const auto& e : file(shard_rank).index.tensors)
+    if (e.name.rfind("master.", 0) != 0 && e.name.rfind("exp_avg.", 0) != 0 &&
+        e.name.rfind("exp_avg_sq.", 0) != 0)
+      out.push_back(e.name);
+  return out;
+}
+
+void load_shards(CheckpointReader& reader, const ShardView& view, float* master, float* m,
+                 float* v) {
+  reader.check_layout(*view.layout);
+  MX_REQUIRE(!(m || v) || reader.has_optimizer(), "checkpoint ", reader.location(),
+             " holds no optimizer state");
+  for (size_t u = 0; u < view.units.size(); ++u) {
+    const ShardLayout& sl = view.units[u];
+    const int64_t begin = std::min(sl.shard_begin(view.shard_rank), sl.numel);
+    const int64_t n = sl.valid_numel(view.shard_rank);
+    for (auto [kind, base] : {std::pair{StateKind::kMaster, master},
+                              std::pair{StateKind::kExpAvg, m}, std::pair{StateKind::kExpAvgSq, v}}) {
+      if (!base) continue;
+      float* dst = base + view.local_offset[u];
+      if (n > 0) reader.read(int(u), kind, begin, begin + n, dst);
+      std::fill(dst + n, dst + sl.shard_numel, 0.0f);  // padding
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verification, retention, resolving locations
+
+std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_all) {
+  const std::string loc = store.step_location(step);
+  const std::string mpath = loc + "/" + kManifest;
+  nlohmann::json m;
+  try {
+    if (!store.stat(step, kManifest)) return str(mpath, ": missing (not committed)");
+    m = read_manifest(store, step);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (m["step"].get<int64_t>() != step) return str(mpath, ": says step ", m["step"].get<int64_t>());
+  if (!store.is_s3()) read_all = true;
+
+  // Sizes (and ETags) first: cheap, and before anything is read.
+  for (const auto& f : m["files"]) {
+    const std::string name = f["name"].get<std::string>();
+    const std::string p = loc + "/" + name;
+    std::optional<StoredFile> st;
+    try {
+      st = store.stat(step, name);
+    } catch (const std::exception& e) {
+      return str(p, ": ", e.what());
+    }
+    if (!st) return str(p, ": missing");
+    if (st->size != f["size"].get<uint64_t>())
+      return str(p, ": size ", st->size, " bytes, manifest says ", f["size"].get<uint64_t>());
+    if (store.is_s3() && f.contains("etag") && f["etag"].is_string() &&
+        f["etag"].get<std::string>() != st->etag)
+      return str(p, ": ETag ", st->etag, ", manifest says ", f["etag"].get<std::string>(),
+                 " (the object was replaced)");
+  }
+  if (read_all) {
+    for (const auto& f : m["files"]) {
+      const std::string name = f["name"].get<std::string>();
+      uint32_t crc = 0;
+      try {
+        store.read_stream(step, name, [&](const uint8_t* p, size_t n) {
+          crc = crc32c_update(crc, p, n);
+        });
+      } catch (const std::exception& e) {
+        return str(loc, "/", name, ": ", e.what());
+      }
+      if (crc32c_hex(crc) != f["crc32c"].get<std::string>())
+        return str(loc, "/", name, ": CRC32C ", crc32c_hex(crc), ", manifest says ",
+                   f["crc32c"].get<std::string>(), " (corrupt)");
+    }
+  }
+  // Every rank file parses and holds the tensors the manifest lists, with their shapes.
+  try {
+    CheckpointReader reader(store, step);
+    reader.model_config();
+    for (int r = 0; r < reader.shard_size(); ++r) {
+      const std::string file = rank_file_name(r, reader.shard_size());
+      try {
+        reader.extra_names(r);  // opens and parses the header
+      } catch (const std::exception& e) {
+        return str(loc, "/", file, ": does not parse: ", e.what());
+      }
+    }
+    // Every tensor the manifest lists is in its file with that shape.
+    std::map<std::string, int> rank_of;
+    for (int r = 0; r < reader.shard_size(); ++r)
+      rank_of[rank_file_name(r, reader.shard_size())] = r;
+    for (const auto& t : m.value("tensors", nlohmann::json::array())) {
+      const std::string file = t["file"].get<std::string>(), name = t["name"].get<std::string>();
+      auto it = rank_of.find(file);
+      if (it == rank_of.end()) continue;
+      const auto& tensors = reader.index(it->second).tensors;
+      auto e = std::find_if(tensors.begin(), tensors.end(),
+                            [&](const TensorEntry& x) { return x.name == name; });
+      if (e == tensors.end()) return str(loc, "/", file, ": lacks tensor ", name);
+      std::vector<int64_t> shape;
+      for (const auto& d : t["shape"]) shape.push_back(d.get<int64_t>());
+      if (e->shape != shape) return str(loc, "/", file, ": ", name, " has the wrong shape");
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int64_t latest_verified_step(CheckpointStore& store, bool report, bool read_all) {
+  auto steps = store.committed_steps();
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    std::string why = verify_checkpoint(store, *it, read_all);
+    if (why.empty()) return *it;
+    if (report)
+      warn(str("skipping checkpoint ", store.step_location(*it), ", which does not verify: ", why));
+  }
+  return -1;
+}
+
+void prune_checkpoints(CheckpointStore& store, int64_t keep) {
+  if (keep <= 0) return;
+  auto steps = store.committed_steps();
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) store.remove_step(steps[i]);
+}
+
+ResolvedCheckpoint resolve_checkpoint(const std::string& location, bool read_all) {
+  CheckpointLocation loc = parse_checkpoint_location(location);
+  ResolvedCheckpoint r;
+  r.store = open_checkpoint_store(loc.root);
+  if (!r.store->is_s3()) {
+    std::error_code ec;
+    MX_REQUIRE(std::filesystem::exists(location, ec), "checkpoint ", location, " does not exist");
+  }
+  if (loc.step >= 0) {
+    r.step = loc.step;
+    MX_REQUIRE(r.store->stat(r.step, kManifest).has_value(), "checkpoint ", location,
+               " is not committed (no manifest.json)");
+  } else {
+    auto steps = r.store->committed_steps();
+    MX_REQUIRE(!steps.empty(), location, " is neither a checkpoint step (", "step_NNNNNNNN) nor a ",
+               "location holding committed steps (step_NNNNNNNN/manifest.json)");
+    r.step = steps.back();
+  }
+  std::string why = verify_checkpoint(*r.store, r.step, read_all);
+  MX_REQUIRE(why.empty(), "checkpoint ", r.store->step_location(r.step), " does not verify: ", why);
+  return r;
+}
+
+ModelConfig load_checkpoint_weights(const std::string& location, std::vector<float>& params,
+                                    std::string* step_location) {
+  ResolvedCheckpoint rc = resolve_checkpoint(location);
+  CheckpointReader reader(*rc.store, rc.step);
+  ModelConfig cfg = reader.model_config();
+  ParamLayout layout(cfg);
+  params.assign(size_t(layout.total_numel()), 0.0f);
+  load_shards(reader, whole_model_view(layout), params.data(), nullptr, nullptr);
+  if (step_location) *step_location = reader.location();
+  return cfg;
+}
+
+}  // namespace mx
