@@ -283,3 +283,54 @@ def test_oversized_manifest_is_refused_before_reading(setup, tmp_path, mxtrain):
         f.truncate(65 << 20)  # sparse: 65 MiB of zeros after the JSON
     r = run1(["ckpt", "verify", step])
     assert r.rc == 2 and "manifest.json" in r.stderr, r
+
+
+def test_exact_resume_keeps_fp8_delayed_amax_histories(tmp_path, mxtrain):
+    """fp8-delayed quantizes with scales from amax histories: a resume must restore them (they
+    live in the rank file), or step 11 on would quantize differently than the uninterrupted run."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(4000))
+    base = {"model.preset": "tiny", "train.micro_batch": 2, "train.seq_len": 32,
+            "train.lr": 2e-3, "train.min_lr": 2e-3, "train.warmup_steps": 2, "train.seed": 3,
+            "train.eval_every": 0, "data.path": corpus, "data.format": "text",
+            "run.sample_tokens": 0, "precision.recipe": "fp8-delayed", "checkpoint.every": 5}
+    r = run1(["train"] + set_args(dict(base, **{"train.steps": 10, "run.out_dir": tmp_path / "ref",
+                                               "checkpoint.resume": "none"})))
+    assert r.rc == 0, r
+    r = run1(["train"] + set_args(dict(base, **{"train.steps": 5, "run.out_dir": tmp_path / "a",
+                                               "checkpoint.resume": "none"})))
+    assert r.rc == 0, r
+    import hf_io
+    shard = hf_io.read_safetensors(str(tmp_path / "a" / "checkpoints" / "step_00000005" / RANK_FILE))
+    hist = [k for k in shard if k.startswith("recipe.delayed.")]
+    # 2 layers x 7 linears x 6 operands... at least the forward operands of every linear.
+    assert len(hist) >= 2 * 7 * 2, sorted(shard)
+    assert all(shard[k].shape == (1 + 1024,) for k in hist)  # scale + a 1024-long history
+    assert any(shard[k][1:].max() > 0 for k in hist)
+    r = run1(["train"] + set_args(dict(base, **{"train.steps": 10, "run.out_dir": tmp_path / "b",
+                                               "checkpoint.dir": tmp_path / "a" / "checkpoints",
+                                               "checkpoint.resume": "auto"})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    want = (tmp_path / "ref" / "checkpoints" / "step_00000010" / RANK_FILE).read_bytes()
+    got = (tmp_path / "a" / "checkpoints" / "step_00000010" / RANK_FILE).read_bytes()
+    assert got == want
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_exit_3(tmp_path, mxtrain):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the checkpoint directory should go\n")
+    for async_ in (True, False):
+        r = run1(["train"] + set_args({
+            "model.preset": "tiny", "train.steps": 4, "train.micro_batch": 2, "train.seq_len": 32,
+            "train.eval_every": 0, "data.path": corpus, "data.format": "text",
+            "run.sample_tokens": 0, "run.out_dir": tmp_path / "run", "checkpoint.every": 2,
+            "checkpoint.async": async_, "checkpoint.dir": blocker / "ckpt",
+            "checkpoint.resume": "none"}))
+        assert r.rc == 3, r
+        errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert len(errors) == 1 and "not_a_dir" in errors[0], r
+        # Retried before giving up, and said so.
+        assert "retrying" in r.stderr, r
+        assert blocker.read_text().startswith("a file where")
