@@ -107,26 +107,28 @@ int run_training(const RunConfig& cfg) {
   int64_t start_step = 0;
   const std::string ckpt_root =
       cfg.checkpoint.s3_uri.empty() ? cfg.checkpoint_dir() : cfg.checkpoint.s3_uri;
-  std::unique_ptr<CheckpointStore> resume_store;
-  int64_t resume_step = -1;
+  // Rank 0 picks and verifies the checkpoint (verifying reads every byte of a local one) and
+  // tells the others: {which location, step}.
+  std::vector<std::string> resume_roots;
+  int64_t choice[2] = {-1, -1};
   if (cfg.checkpoint.resume == "auto") {
     // The newest committed checkpoint that verifies, across the local directory and S3 (on a
     // tie the local copy: it reads faster).
-    std::vector<std::string> roots = {cfg.checkpoint_dir()};
-    if (!cfg.checkpoint.s3_uri.empty()) roots.push_back(cfg.checkpoint.s3_uri);
-    for (const auto& root : roots) {
-      auto store = open_checkpoint_store(root);
-      int64_t s = latest_verified_step(*store, lead);
-      if (s > resume_step) {
-        resume_step = s;
-        resume_store = std::move(store);
+    resume_roots.push_back(cfg.checkpoint_dir());
+    if (!cfg.checkpoint.s3_uri.empty()) resume_roots.push_back(cfg.checkpoint.s3_uri);
+    if (lead)
+      for (size_t i = 0; i < resume_roots.size(); ++i) {
+        int64_t s = latest_verified_step(*open_checkpoint_store(resume_roots[i]), true);
+        if (s > choice[1]) choice[0] = int64_t(i), choice[1] = s;
       }
-    }
   } else if (cfg.checkpoint.resume != "none") {
-    ResolvedCheckpoint rc = resolve_checkpoint(cfg.checkpoint.resume);
-    resume_store = std::move(rc.store);
-    resume_step = rc.step;
+    resume_roots.push_back(parse_checkpoint_location(cfg.checkpoint.resume).root);
+    if (lead) choice[0] = 0, choice[1] = resolve_checkpoint(cfg.checkpoint.resume).step;
   }
+  if (W > 1) world.broadcast(choice, 2, CommDtype::kI64, 0);
+  std::unique_ptr<CheckpointStore> resume_store;
+  const int64_t resume_step = choice[1];
+  if (resume_step >= 0) resume_store = open_checkpoint_store(resume_roots[size_t(choice[0])]);
   if (resume_step >= 0) {
     CheckpointReader reader(*resume_store, resume_step);
     ModelConfig saved_cfg = reader.model_config();
