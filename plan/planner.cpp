@@ -12,7 +12,10 @@ namespace mx::plan {
 
 std::string gib(double bytes) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(int64_t(1) << 30));
+  if (bytes != 0 && bytes < double(int64_t(1) << 30))  // small CPU configs: not "0.00 GiB"
+    std::snprintf(buf, sizeof buf, "%.3f MiB", bytes / double(1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(int64_t(1) << 30));
   return buf;
 }
 
@@ -357,9 +360,17 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
              gpu.description, gpu.instance.empty() ? "" : ", " + gpu.instance, ")\n");
   out += str("config: ", describe(in), ", seq_len ", in.seq_len, ", grad_accum ", in.grad_accum,
              ", shards ", given.memory.shards, "\n\n");
+  // Small (CPU) configurations in MiB, so the table does not read 0.00 GiB everywhere.
+  const bool mib = given.memory.total < (int64_t(1) << 30);
+  auto amount = [&](double bytes) {
+    if (!mib) return gib(bytes);
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.3f MiB", bytes / double(1 << 20));
+    return std::string(buf);
+  };
   auto row = [&](const char* name, int64_t bytes) {
     if (bytes == 0) return;
-    std::snprintf(line, sizeof line, "  %-22s %14s\n", name, gib(double(bytes)).c_str());
+    std::snprintf(line, sizeof line, "  %-22s %14s\n", name, amount(double(bytes)).c_str());
     out += line;
   };
   const MemoryBreakdown& m = given.memory;
@@ -386,11 +397,17 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
   row("CUDA context", m.cuda_context);
   row("fragmentation", m.fragmentation);
   std::snprintf(line, sizeof line, "  %-22s %14s of %s  -> %s\n", "total",
-                gib(double(m.total)).c_str(), gib(given.capacity_bytes).c_str(),
+                amount(double(m.total)).c_str(), gib(given.capacity_bytes).c_str(),
                 given.fits ? "fits" : "DOES NOT FIT");
   out += line;
-  out += str("  activation peak at ", m.activation_peak_at, " (saved ", gib(double(m.activations_saved)),
-             ", scratch ", gib(double(m.activations_scratch)), ")\n\n");
+  out += str("  activation peak at ", m.activation_peak_at, " (saved ",
+             amount(double(m.activations_saved)), ", scratch ",
+             amount(double(m.activations_scratch)), ")\n");
+  if (gpu.is_cpu && in.world_size() > 1)
+    out += str("  every rank the same (FSDP shards padded to equal length); ",
+               m.fsdp.param_slots, " weight slots + ", m.fsdp.grad_slots,
+               " gradient slots of ", m.fsdp.max_padded, " floats\n");
+  out += "\n";
   const TimeBreakdown& t = given.time;
   std::snprintf(line, sizeof line,
                 "time per step (modelled): %.4g s = GEMM %.4g + attention %.4g + memory-bound %.4g"
