@@ -265,3 +265,25 @@ def test_bad_input_exits_2(mxtrain, args):
     assert r.rc == 2, r
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), r
+
+
+def test_recipe_from_config_file_as_train_reads_it(mxtrain, tmp_path):
+    """precision.recipe (and high_precision_*) come from --config like `train`, and the JSON
+    speaks the config's names: on cpu the recipe's operand copies are in the memory, on GPUs
+    the recipe's model is used and the recommendation picks among the same names."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[model]\npreset = "tiny"\n[train]\nseq_len = 64\nmicro_batch = 2\n'
+                   'eval_every = 0\n[precision]\nrecipe = "mxfp8"\nhigh_precision_first = 1\n')
+    out = plan(mxtrain, {}, extra=["--config", cfg])
+    assert out["config"]["recipe"] == "mxfp8" and out["memory"]["exact"] is True
+    fp32 = plan(mxtrain, {"precision.recipe": "fp32"}, extra=["--config", cfg])
+    assert fp32["config"]["recipe"] == "fp32"
+    assert fp32["memory"]["total_bytes"] < out["memory"]["total_bytes"]  # the operand copies
+    both = plan(mxtrain, {"precision.high_precision_first": 2}, extra=["--config", cfg])
+    assert both["memory"]["total_bytes"] == fp32["memory"]["total_bytes"]  # no block quantized
+    names = {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "nvfp4"}
+    assert out["recommendation"]["recipe"] in names
+    gpu = plan(mxtrain, {"model.preset": "llama3-8b", "train.seq_len": 8192,
+                         "precision.recipe": "fp8-block"}, gpu="b200", gpus=8)
+    assert gpu["config"]["recipe"] == "fp8-block" and gpu["config"]["recipe_modelled"] is True
+    assert gpu["recommendation"]["recipe"] in names - {"fp32"}
