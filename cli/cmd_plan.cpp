@@ -1,6 +1,4 @@
 // mxtrain plan: what fits in memory and what will be fastest, before a job starts.
-#include <toml.hpp>
-
 #include <cstdio>
 #include <sstream>
 
@@ -21,36 +19,6 @@ struct PlanArgs {
   bool json = false;
 };
 
-// precision.recipe: the planner's recipe models (plan/recipe.h) are looked up by the planner
-// itself, so it reads the key and hands the config loader fp32.
-std::string recipe_from(const PlanArgs& a, std::vector<std::string>& sets_for_loader) {
-  std::string recipe;
-  if (!a.config.empty()) {
-    try {
-      auto root = toml::parse(a.config);
-      if (root.is_table() && root.contains("precision") && root.at("precision").is_table() &&
-          root.at("precision").contains("recipe") &&
-          root.at("precision").at("recipe").is_string())
-        recipe = root.at("precision").at("recipe").as_string().str;
-    } catch (const std::exception&) {
-      // load_run_config reports unreadable or invalid files with the proper message
-    }
-  }
-  for (const std::string& s : a.sets) {
-    const std::string k = "precision.recipe=";
-    if (s.rfind(k, 0) == 0) {
-      recipe = s.substr(k.size());
-      if (recipe.size() >= 2 && (recipe.front() == '"' || recipe.front() == '\'') &&
-          recipe.back() == recipe.front())
-        recipe = recipe.substr(1, recipe.size() - 2);
-    } else {
-      sets_for_loader.push_back(s);
-    }
-  }
-  sets_for_loader.push_back("precision.recipe=fp32");
-  return recipe.empty() ? "fp32" : recipe;
-}
-
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -66,19 +34,19 @@ int run_plan(const PlanArgs& a) {
   const plan::GpuSpec gpu = plan::find_gpu(a.gpu);
   MX_REQUIRE(a.gpus <= gpu.gpus_per_node, "--gpus is per node: an ", gpu.instance, " has ",
              gpu.gpus_per_node, " ", gpu.name, " GPUs (got ", a.gpus, ")");
-  std::vector<std::string> sets;
-  std::string recipe = recipe_from(a, sets);
-  const RunConfig cfg = load_run_config(a.config, sets);
+  // precision.recipe as train reads it (the loader rejects unknown names); the planner's
+  // recipe models go by the same names.
+  const RunConfig cfg = load_run_config(a.config, a.sets);
+  std::string recipe = cfg.precision.recipe;
   std::vector<std::string> notes;
-  plan::recipe_model(recipe);  // UserError for an unknown recipe
+  plan::recipe_model(recipe);  // UserError for a recipe the planner has no model of
   if (!gpu.is_cpu && recipe == "fp32") {
     recipe = "bf16";
     notes.push_back("precision.recipe fp32 is the CPU engine's; on GPUs the plan uses bf16 "
                     "(fp32 master weights, bf16 compute)");
   }
   MX_REQUIRE(plan::recipe_supported(recipe, gpu), "precision.recipe '", recipe,
-             "' does not run on ", gpu.name,
-             gpu.is_cpu ? " (the CPU engine trains in fp32)" : "");
+             "' does not run on ", gpu.name);
   MX_REQUIRE(cfg.init.from.empty(), "init.from: plan the model by its preset or HF fields "
              "(model.*), not from a weights directory");
 
@@ -100,13 +68,13 @@ int run_plan(const PlanArgs& a) {
   plan::shard_count(in);  // UserError for a shard group that does not divide the world
 
   if (gpu.is_cpu) {
-    if (in.world_size() == 1)
-      notes.push_back("cpu, one process: memory is the engine's own arena accounting, replayed "
-                      "allocation by allocation (peak_mem_bytes of mxtrain train)");
-    else
-      notes.push_back("cpu with several processes: the FSDP memory is modelled from the shard "
-                      "formulas, not replayed like one process (the engine's gathered-unit "
-                      "slots can make the measured peak higher)");
+    notes.push_back("cpu: memory per process is the engine's own arena accounting, replayed "
+                    "allocation by allocation (peak_mem_bytes of mxtrain train); with several "
+                    "processes (mpirun -np N = --gpus N) FSDP's arenas are sized by the same "
+                    "code as the engine's (parallel/fsdp_sizes.h), equal on every rank");
+    if (recipe != "fp32")
+      notes.push_back("cpu: precision.recipe '" + recipe + "' is emulated (its quantized "
+                      "operand copies are in the replay)");
     notes.push_back("cpu throughput: GEMMs at the measured SGEMM rate x 0.9; a rough estimate");
   } else {
     notes.push_back("GPU memory and time are MODELLED (no CUDA engine or FSDP in this build); "

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "parallel/fsdp_sizes.h"
 #include "parallel/groups.h"
 #include "parallel/single_process_communicator.h"
 
@@ -75,16 +76,16 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
     }
   }
   const int S = shard_comm_->size();
-  int64_t max_padded = 0, max_shard = 0;
+  // Every size below comes from fsdp_buffer_sizes, which `mxtrain plan` adds up too.
+  const FsdpBufferSizes z = fsdp_buffer_sizes(layout, S, options.sharding);
   for (const ParamUnit& u : layout.units()) {
     shards_.push_back(make_shard_layout(u.numel, S));
     unit_local_offset_.push_back(local_numel_);
     local_numel_ += shards_.back().shard_numel;
-    max_padded = std::max(max_padded, shards_.back().padded_numel);
-    max_shard = std::max(max_shard, shards_.back().shard_numel);
   }
+  MX_ASSERT(local_numel_ == z.local_numel, "fsdp_buffer_sizes disagrees with the shards");
   auto state = [&](const char* name, float** base) {
-    auto a = std::make_unique<Arena>(name, sizeof(float) * size_t(local_numel_), tracker);
+    auto a = std::make_unique<Arena>(name, z.state_bytes, tracker);
     *base = a->alloc_f32_zero(local_numel_);
     return a;
   };
@@ -94,15 +95,13 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
   v_ = state("adam_v", &v_base_);
   if (S > 1) {
     // grad-op keeps every unit's gathered weights from forward to backward; full needs the
-    // unit in use, the prefetched next one and (tied heads) the embedding.
-    const int n_units = int(layout.units().size());
-    const int param_slots = options.sharding == Sharding::kGradOp ? n_units : 3;
-    // Gradient slots: the unit in backward, the one reduce-scattering, the embedding (tied).
-    const int grad_slots = 3;
-    const size_t slot_bytes = Arena::round_up(sizeof(float) * size_t(max_padded));
-    gathered_ = std::make_unique<Arena>("fsdp_gathered_weights", slot_bytes * param_slots, tracker);
-    unit_grads_ = std::make_unique<Arena>("fsdp_unit_grads", slot_bytes * grad_slots, tracker);
-    rs_out_ = std::make_unique<Arena>("fsdp_reduce_scatter", sizeof(float) * max_shard, tracker);
+    // unit in use, the prefetched next one and (tied heads) the embedding. Gradient slots:
+    // the unit in backward, the one reduce-scattering, the embedding (tied).
+    const int64_t max_padded = z.max_padded, max_shard = z.max_shard;
+    const int param_slots = z.param_slots, grad_slots = z.grad_slots;
+    gathered_ = std::make_unique<Arena>("fsdp_gathered_weights", z.gathered_bytes, tracker);
+    unit_grads_ = std::make_unique<Arena>("fsdp_unit_grads", z.unit_grad_bytes, tracker);
+    rs_out_ = std::make_unique<Arena>("fsdp_reduce_scatter", z.reduce_scatter_bytes, tracker);
     param_slots_.resize(param_slots);
     for (auto& s : param_slots_) s.buf = gathered_->alloc_f32(max_padded);
     grad_slots_.resize(grad_slots);

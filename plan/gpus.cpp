@@ -97,7 +97,7 @@ GpuSpec find_gpu(const std::string& name) {
   if (name == "cpu") {
     GpuSpec g;
     g.name = "cpu";
-    g.description = "this machine (CPU backend, fp32)";
+    g.description = "this machine (CPU backend; recipes emulated in fp32)";
     g.gpus_per_node = 1 << 20;  // processes per machine: no limit
     g.memory_bytes = cpu_memory_available_bytes();
     g.bf16_flops = cpu_sgemm_flops();  // the engine's MFU denominator on CPUs

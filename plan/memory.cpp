@@ -1,11 +1,13 @@
 #include "plan/memory.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/error.h"
 #include "plan/recipe.h"
+#include "precision/recipe.h"
 
 namespace mx::plan {
 
@@ -64,6 +66,10 @@ class Replay {
   Replay(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
          const ActivationDtypes& dt)
       : c_(c), B_(B), T_(T), N_(B * T), policy_(policy), dt_(dt) {
+    if (!dt.emulated_recipe.empty() && dt.emulated_recipe != "fp32")
+      recipe_ = std::make_unique<LinearRecipe>(parse_recipe(dt.emulated_recipe),
+                                               c.num_hidden_layers, dt.high_precision_first,
+                                               dt.high_precision_last, 0, 0);
     saved_.t = &tr_;
     scratch_.t = &tr_;
     tr_.phase = &phase_;
@@ -86,6 +92,34 @@ class Replay {
   int64_t act(int64_t n) const { return n * dt_.act; }
   int64_t stat(int64_t n) const { return n * dt_.stat; }
 
+  // LlamaModel::linear_fwd / linear_bwd of block layer_: the recipe's operand copies live in
+  // scratch only while the GEMM runs.
+  bool quantized() const { return recipe_ && recipe_->active(layer_); }
+  void linear_fwd(int64_t in, int64_t out) {
+    if (!quantized()) return;
+    const int64_t m = scratch_.mark();
+    scratch_.alloc(4 * N_ * in);    // xq
+    scratch_.alloc(4 * out * in);   // wq
+    scratch_.release(m);
+  }
+  void linear_bwd(int64_t in, int64_t out) {
+    if (!quantized()) return;
+    const int64_t m = scratch_.mark();
+    scratch_.alloc(4 * N_ * out);   // dyq (dgrad)
+    scratch_.alloc(4 * out * in);   // wq
+    scratch_.release(m);
+    if (recipe_->hadamard_wgrad(N_)) {
+      scratch_.alloc(4 * out * N_);  // dyt
+      scratch_.alloc(4 * in * N_);   // xt
+      scratch_.alloc(4 * out * N_);  // dyq
+      scratch_.alloc(4 * in * N_);   // xq
+    } else {
+      scratch_.alloc(4 * N_ * out);  // dyq (wgrad)
+      scratch_.alloc(4 * N_ * in);   // xq
+    }
+    scratch_.release(m);
+  }
+
   void block_forward(Checkpointing p) {
     const int64_t N = N_, C = c_.hidden_size, I = c_.intermediate_size;
     auto keep = [&](bool cheap, int64_t bytes) {
@@ -97,16 +131,23 @@ class Replay {
     keep(false, act(N * c_.q_dim()));                      // q
     keep(false, act(N * c_.kv_dim()));                     // k
     keep(false, act(N * c_.kv_dim()));                     // v
+    linear_fwd(C, c_.q_dim());                             // q, k, v projections
+    linear_fwd(C, c_.kv_dim());
+    linear_fwd(C, c_.kv_dim());
     keep(false, act(N * c_.q_dim()));                      // o
     keep(false, stat(B_ * c_.num_attention_heads * T_));   // lse
     keep(false, act(N * C));                               // x_mid
     scratch_.alloc(act(N * C));                            // proj
+    linear_fwd(c_.q_dim(), C);                             // o_proj
     keep(true, act(N * C));                                // h2
     keep(true, stat(N));                                   // rstd2
     keep(false, act(N * I));                               // g
     keep(false, act(N * I));                               // u
+    linear_fwd(C, I);                                      // gate, up
+    linear_fwd(C, I);
     keep(true, act(N * I));                                // s
     scratch_.alloc(act(N * C));                            // down
+    linear_fwd(I, C);                                      // down_proj
   }
 
   void block_backward(int64_t layer) {
@@ -128,6 +169,9 @@ class Replay {
       scratch_.alloc(act(N * I));  // dg
       scratch_.alloc(act(N * I));  // du
       scratch_.alloc(act(N * C));  // dh2
+      linear_bwd(I, C);            // down
+      linear_bwd(C, I);            // gate
+      linear_bwd(C, I);            // up
       scratch_.release(m);
     }
     phase_ = str("backward block ", layer, " attention");
@@ -138,6 +182,10 @@ class Replay {
       scratch_.alloc(act(N * c_.kv_dim()));  // dk
       scratch_.alloc(act(N * c_.kv_dim()));  // dv
       scratch_.alloc(act(N * C));            // dh1
+      linear_bwd(c_.q_dim(), C);             // o
+      linear_bwd(C, c_.q_dim());             // q
+      linear_bwd(C, c_.kv_dim());            // k
+      linear_bwd(C, c_.kv_dim());            // v
       if (dt_.attention_workspace) {
         int64_t w = scratch_.mark();
         scratch_.alloc(4 * N * c_.q_dim());                        // dQ accumulator, fp32
@@ -160,6 +208,7 @@ class Replay {
     saved_.alloc(act(N * C));  // x_0
     for (int64_t l = 0; l < L; ++l) {
       phase_ = str("forward block ", l);
+      layer_ = l;
       marks[l] = saved_.mark();
       saved_.alloc(act(N * C));  // x_{l+1}
       int64_t sm = scratch_.mark();
@@ -177,6 +226,7 @@ class Replay {
     if (grads) {
       for (int64_t l = L - 1; l >= 0; --l) {
         int64_t sm = scratch_.mark();
+        layer_ = l;
         block_backward(l);
         scratch_.release(sm);
         saved_.release(marks[l]);
@@ -190,6 +240,8 @@ class Replay {
   int64_t B_, T_, N_;
   Checkpointing policy_;
   ActivationDtypes dt_;
+  std::unique_ptr<LinearRecipe> recipe_;  // null: fp32 Linears
+  int64_t layer_ = 0;
   Tracker tr_;
   SimArena saved_, scratch_;
   std::string phase_;
@@ -221,6 +273,8 @@ int64_t shard_count(const PlanInput& in) {
                       in.sharding, "')"));
 }
 
+Sharding sharding_of(const PlanInput& in) { return parse_sharding(in.sharding); }
+
 int64_t sharded_numel(const ParamLayout& layout, int64_t shards) {
   if (shards <= 1) return layout.total_numel();
   int64_t n = 0;
@@ -242,24 +296,35 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   const int64_t B = in.micro_batch, T = in.seq_len;
 
   if (gpu.is_cpu) {
-    // train/engine.cpp: four persistent fp32 arenas of the whole layout (one process; the
-    // sharded state of a multi-process run divides by the shard count), then the batch.
-    const int64_t state = rounded(4 * sharded_numel(layout, m.shards));
-    m.master_weights = m.gradients = m.adam_m = m.adam_v = state;
+    // train/trainer.cpp: the Engine's batch and activation arenas (its own state arenas are
+    // off), then Fsdp's arenas (the fp32 state shards; with S > 1 the gathered-weight slots,
+    // the gradient slots and the reduce-scatter output), sized by the same
+    // fsdp_buffer_sizes Fsdp's constructor calls. All of them are allocated before the first
+    // step and stay, so the peak is their sum plus the activation replay's peak.
+    m.fsdp = fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in));
+    m.master_weights = m.gradients = m.adam_m = m.adam_v = int64_t(m.fsdp.state_bytes);
+    m.compute_weights = int64_t(m.fsdp.gathered_bytes);
+    m.unsharded_gradient = int64_t(m.fsdp.unit_grad_bytes);
+    m.reduce_scatter = int64_t(m.fsdp.reduce_scatter_bytes);
     m.batch_tokens = rounded(4 * B * (T + 1));
-    ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, cpu_dtypes(), true);
+    ActivationDtypes dt = cpu_dtypes();
+    dt.emulated_recipe = in.recipe;
+    dt.high_precision_first = in.high_precision_first;
+    dt.high_precision_last = in.high_precision_last;
+    ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, dt, true);
     ActivationPeak peak = train;
     if (in.eval) {
-      ActivationPeak ev = simulate_activations(c, B, T, in.checkpointing, cpu_dtypes(), false);
+      ActivationPeak ev = simulate_activations(c, B, T, in.checkpointing, dt, false);
       if (ev.peak > peak.peak) peak = ev;
     }
     m.activations = peak.peak;
     m.activations_saved = peak.saved_at_peak;
     m.activations_scratch = peak.scratch_at_peak;
     m.activation_peak_at = peak.where;
-    m.exact = in.world_size() == 1;
-    m.total = m.master_weights + m.gradients + m.adam_m + m.adam_v + m.batch_tokens +
-              m.activations;
+    m.exact = true;
+    m.total = m.master_weights + m.gradients + m.adam_m + m.adam_v + m.compute_weights +
+              m.unsharded_gradient + m.reduce_scatter + m.batch_tokens + m.activations;
+    m.total_max_rank = m.total;  // equal shards (padding included) on every rank
     return m;
   }
 
@@ -310,6 +375,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
             m.unsharded_gradient + m.quantized_weights + m.recipe_state + m.activations +
             m.batch_tokens + m.library_workspace + m.nccl_buffers + m.cuda_context +
             m.fragmentation;
+  m.total_max_rank = m.total;
   return m;
 }
 

@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/params.h"
+#include "parallel/fsdp_sizes.h"
 #include "plan/gpus.h"
 
 namespace mx::plan {
@@ -51,6 +52,13 @@ struct ActivationDtypes {
   // the row statistic D = rowsum(dO * O) [B,H,T] while it runs. The CPU kernel keeps per-thread
   // tiles on the heap instead (not in any arena), so this is off there.
   bool attention_workspace = false;
+  // The CPU engine's emulated precision recipe (precision/recipe.h): every Linear of an active
+  // block copies its two GEMM operands, quantized and dequantized, into fp32 scratch for the
+  // GEMM (NVFP4's weight gradient: both operands transposed and Hadamard-transformed first).
+  // Empty or "fp32": no copies. The GPU model counts quantized copies separately instead.
+  std::string emulated_recipe;
+  int64_t high_precision_first = 0;
+  int64_t high_precision_last = 0;
 };
 ActivationDtypes cpu_dtypes();
 ActivationDtypes gpu_dtypes();
@@ -75,6 +83,8 @@ int64_t shard_count(const PlanInput& in);
 // `shards` equal parts (each unit padded to a multiple of `shards`).
 int64_t sharded_numel(const ParamLayout& layout, int64_t shards);
 int64_t largest_unit_numel(const ParamLayout& layout);
+// parallel.sharding as the engine's enum (UserError for unknown names).
+Sharding sharding_of(const PlanInput& in);
 
 // GPU constants (documented in docs/plan.md).
 constexpr int64_t kCublasLtWorkspaceBytes = int64_t(32) << 20;  // cuBLAS docs: 32 MiB on Hopper+
@@ -87,8 +97,11 @@ struct MemoryBreakdown {
   int64_t gradients = 0;         // fp32 gradient shard
   int64_t adam_m = 0;
   int64_t adam_v = 0;
-  int64_t compute_weights = 0;   // compute-dtype copies (gathered units / full copy)
-  int64_t unsharded_gradient = 0;  // one unit's full gradient before reduce-scatter
+  int64_t compute_weights = 0;   // compute-dtype copies (gathered units / full copy); on CPU
+                                 // FSDP's fp32 gathered-weight slots
+  int64_t unsharded_gradient = 0;  // full-unit gradients before reduce-scatter (CPU: FSDP's
+                                   // gradient slots)
+  int64_t reduce_scatter = 0;      // FSDP's reduce-scatter output (one shard of a unit)
   int64_t quantized_weights = 0;   // the recipe's low-precision copies + scales
   int64_t recipe_state = 0;        // scaling state (amax histories)
   int64_t activations = 0;         // peak of saved + scratch (replayed)
@@ -100,9 +113,12 @@ struct MemoryBreakdown {
   int64_t nccl_buffers = 0;
   int64_t cuda_context = 0;
   int64_t fragmentation = 0;
-  int64_t total = 0;
+  int64_t total = 0;               // rank 0
+  int64_t total_max_rank = 0;      // the largest rank (FSDP pads every shard to equal length,
+                                   // so on the CPU engine every rank holds the same arenas)
   int64_t shards = 1;              // shard count used for the sharded state
   bool exact = false;              // true: the CPU engine's own accounting, replayed
+  FsdpBufferSizes fsdp;            // the FSDP arenas as parallel/fsdp_sizes.h sizes them
 };
 
 MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu);

@@ -12,7 +12,10 @@ namespace mx::plan {
 
 std::string gib(double bytes) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(int64_t(1) << 30));
+  if (bytes != 0 && bytes < double(int64_t(1) << 30))  // small CPU configs: not "0.00 GiB"
+    std::snprintf(buf, sizeof buf, "%.3f MiB", bytes / double(1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(int64_t(1) << 30));
   return buf;
 }
 
@@ -62,10 +65,9 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
   for (auto& r : pool) {
     recipe_model(r);  // UserError for an unknown name
     if (recipe_supported(r, gpu)) recipes.push_back(r);
-    else if (!recipes_wanted.empty() || !(r == "fp32" || gpu.is_cpu)) unsupported.push_back(r);
+    else if (!recipes_wanted.empty() || r != "fp32") unsupported.push_back(r);
   }
-  MX_REQUIRE(!recipes.empty(), "none of the recipes to search runs on ", gpu.name,
-             gpu.is_cpu ? " (the CPU engine trains in fp32)" : "");
+  MX_REQUIRE(!recipes.empty(), "none of the recipes to search runs on ", gpu.name);
   // Sharding strategies: with one rank they are all the same; hybrid needs more than one node
   // (within one node it is `full`).
   std::vector<std::string> shardings;
@@ -214,7 +216,10 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
     R.push_back(str("recipe '", b.recipe, "' is the fastest that fits: ",
                     rate(best->time.tokens_per_s), " vs ", others));
   }
-  if (recipe_model(b.recipe).modelled)
+  if (gpu.is_cpu && b.recipe != "fp32")
+    R.push_back(str("recipe '", b.recipe, "' on cpu is emulated (quantize, dequantize, fp32 ",
+                    "GEMM): the same numerics as on GPUs, slower than fp32 here"));
+  if (!gpu.is_cpu && recipe_model(b.recipe).modelled)
     R.push_back(str("recipe '", b.recipe, "' is MODELLED (no GPU recipe runs in this build): ",
                     "GEMMs at ", recipe_gemm_flops(b.recipe, gpu) / 1e12, " TFLOPS dense x ",
                     recipe_model(b.recipe).gemm_efficiency, " efficiency; it changes numerics, ",
@@ -237,6 +242,7 @@ nlohmann::json breakdown_json(const MemoryBreakdown& m) {
                       {"adam_v", m.adam_v},
                       {"compute_weights", m.compute_weights},
                       {"unsharded_gradient", m.unsharded_gradient},
+                      {"reduce_scatter", m.reduce_scatter},
                       {"quantized_weights", m.quantized_weights},
                       {"recipe_state", m.recipe_state},
                       {"activations", m.activations},
@@ -250,7 +256,8 @@ nlohmann::json breakdown_json(const MemoryBreakdown& m) {
 
 nlohmann::json memory_json(const Evaluation& e) {
   const MemoryBreakdown& m = e.memory;
-  return {{"total_bytes", m.total},
+  nlohmann::json j = {{"total_bytes", m.total},
+          {"total_bytes_max_rank", m.total_max_rank},
           {"capacity_bytes", int64_t(e.capacity_bytes)},
           {"breakdown", breakdown_json(m)},
           {"activations_saved_at_peak", m.activations_saved},
@@ -258,6 +265,14 @@ nlohmann::json memory_json(const Evaluation& e) {
           {"activation_peak_at", m.activation_peak_at},
           {"shards", m.shards},
           {"exact", m.exact}};
+  if (m.exact)  // the CPU engine's FSDP arenas, as parallel/fsdp_sizes.h sizes them
+    j["fsdp"] = {{"shard_size", m.fsdp.shard_size},
+                 {"local_numel", m.fsdp.local_numel},
+                 {"slot_numel", m.fsdp.max_padded},
+                 {"param_slots", m.fsdp.param_slots},
+                 {"grad_slots", m.fsdp.grad_slots},
+                 {"reduce_scatter_numel", m.fsdp.max_shard}};
+  return j;
 }
 
 nlohmann::json time_json(const TimeBreakdown& t) {
@@ -275,7 +290,7 @@ nlohmann::json time_json(const TimeBreakdown& t) {
           {"gemm_flops_per_s_assumed", t.gemm_rate}};
 }
 
-nlohmann::json config_json(const PlanInput& p) {
+nlohmann::json config_json(const PlanInput& p, const GpuSpec& gpu) {
   return {{"micro_batch", p.micro_batch},
           {"seq_len", p.seq_len},
           {"grad_accum", p.grad_accum},
@@ -283,7 +298,8 @@ nlohmann::json config_json(const PlanInput& p) {
           {"sharding", p.sharding},
           {"shard_group", p.shard_group},
           {"recipe", p.recipe},
-          {"recipe_modelled", recipe_model(p.recipe).modelled}};
+          // GPU recipes are modelled; on cpu the engine runs (emulates) every recipe
+          {"recipe_modelled", !gpu.is_cpu && recipe_model(p.recipe).modelled}};
 }
 
 }  // namespace
@@ -310,7 +326,7 @@ nlohmann::json plan_json(const Evaluation& given, const Recommendation& rec, con
                 {"hidden_size", in.model.hidden_size},
                 {"num_hidden_layers", in.model.num_hidden_layers},
                 {"vocab_size", in.model.vocab_size}};
-  j["config"] = config_json(in);
+  j["config"] = config_json(in, gpu);
   j["fits"] = given.fits;
   j["memory"] = memory_json(given);
   j["time"] = time_json(given.time);
@@ -318,7 +334,7 @@ nlohmann::json plan_json(const Evaluation& given, const Recommendation& rec, con
   j["tokens_per_s_per_gpu"] = given.time.tokens_per_s_per_gpu;
   j["mfu"] = given.time.mfu;
   j["mfu_bf16"] = given.time.mfu_bf16;
-  nlohmann::json r = config_json(rec.best.input);
+  nlohmann::json r = config_json(rec.best.input, gpu);
   r["found"] = rec.found;
   r["fits"] = rec.best.fits;
   r["memory_total_bytes"] = rec.best.memory.total;
@@ -344,9 +360,17 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
              gpu.description, gpu.instance.empty() ? "" : ", " + gpu.instance, ")\n");
   out += str("config: ", describe(in), ", seq_len ", in.seq_len, ", grad_accum ", in.grad_accum,
              ", shards ", given.memory.shards, "\n\n");
+  // Small (CPU) configurations in MiB, so the table does not read 0.00 GiB everywhere.
+  const bool mib = given.memory.total < (int64_t(1) << 30);
+  auto amount = [&](double bytes) {
+    if (!mib) return gib(bytes);
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.3f MiB", bytes / double(1 << 20));
+    return std::string(buf);
+  };
   auto row = [&](const char* name, int64_t bytes) {
     if (bytes == 0) return;
-    std::snprintf(line, sizeof line, "  %-22s %14s\n", name, gib(double(bytes)).c_str());
+    std::snprintf(line, sizeof line, "  %-22s %14s\n", name, amount(double(bytes)).c_str());
     out += line;
   };
   const MemoryBreakdown& m = given.memory;
@@ -356,8 +380,14 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
   row("gradients fp32", m.gradients);
   row("adam m", m.adam_m);
   row("adam v", m.adam_v);
-  row("compute weights bf16", m.compute_weights);
-  row("unsharded gradient", m.unsharded_gradient);
+  if (gpu.is_cpu) {
+    row("FSDP gathered weights", m.compute_weights);
+    row("FSDP unit gradients", m.unsharded_gradient);
+    row("FSDP reduce-scatter", m.reduce_scatter);
+  } else {
+    row("compute weights bf16", m.compute_weights);
+    row("unsharded gradient", m.unsharded_gradient);
+  }
   row("quantized weights", m.quantized_weights);
   row("recipe state", m.recipe_state);
   row("activations (peak)", m.activations);
@@ -367,11 +397,17 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
   row("CUDA context", m.cuda_context);
   row("fragmentation", m.fragmentation);
   std::snprintf(line, sizeof line, "  %-22s %14s of %s  -> %s\n", "total",
-                gib(double(m.total)).c_str(), gib(given.capacity_bytes).c_str(),
+                amount(double(m.total)).c_str(), gib(given.capacity_bytes).c_str(),
                 given.fits ? "fits" : "DOES NOT FIT");
   out += line;
-  out += str("  activation peak at ", m.activation_peak_at, " (saved ", gib(double(m.activations_saved)),
-             ", scratch ", gib(double(m.activations_scratch)), ")\n\n");
+  out += str("  activation peak at ", m.activation_peak_at, " (saved ",
+             amount(double(m.activations_saved)), ", scratch ",
+             amount(double(m.activations_scratch)), ")\n");
+  if (gpu.is_cpu && in.world_size() > 1)
+    out += str("  every rank the same (FSDP shards padded to equal length); ",
+               m.fsdp.param_slots, " weight slots + ", m.fsdp.grad_slots,
+               " gradient slots of ", m.fsdp.max_padded, " floats\n");
+  out += "\n";
   const TimeBreakdown& t = given.time;
   std::snprintf(line, sizeof line,
                 "time per step (modelled): %.4g s = GEMM %.4g + attention %.4g + memory-bound %.4g"

@@ -40,6 +40,6 @@ nlohmann::json plan_json(const Evaluation& given, const Recommendation& rec, con
 std::string plan_table(const Evaluation& given, const Recommendation& rec, const GpuSpec& gpu,
                        const std::vector<std::string>& notes);
 
-std::string gib(double bytes);  // "12.34 GiB"
+std::string gib(double bytes);  // "12.34 GiB"; below 1 GiB "512.000 MiB"
 
 }  // namespace mx::plan

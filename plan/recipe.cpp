@@ -57,7 +57,7 @@ RecipeModel recipe_model(const std::string& name) {
 }
 
 bool recipe_supported(const std::string& name, const GpuSpec& gpu) {
-  if (gpu.is_cpu) return name == "fp32";
+  if (gpu.is_cpu) return true;  // the CPU engine emulates every recipe (precision/recipe.h)
   if (name == "fp32") return false;  // GPUs train in bf16 or lower (fp32 master weights kept)
   if (name == "bf16") return true;
   if (name == "mxfp8" || name == "nvfp4") return gpu.mx_formats && gpu.fp4_flops > 0;
@@ -65,7 +65,8 @@ bool recipe_supported(const std::string& name, const GpuSpec& gpu) {
 }
 
 double recipe_gemm_flops(const std::string& name, const GpuSpec& gpu) {
-  if (name == "fp32" || name == "bf16") return gpu.bf16_flops;
+  // CPU: every recipe's GEMM runs in fp32 on dequantized operands (bf16_flops holds SGEMM's).
+  if (gpu.is_cpu || name == "fp32" || name == "bf16") return gpu.bf16_flops;
   if (name == "nvfp4") return gpu.fp4_flops;
   return gpu.fp8_flops;
 }

@@ -1,6 +1,8 @@
-// Precision recipes as the planner models them. The engine trains in fp32 on CPUs only; the
-// GPU recipes (bf16, FP8 and FP4 families, DESIGN.md) are MODELLED here: what they do to the
-// GEMM rate and what extra quantized weight copies and scales they keep.
+// Precision recipes as the planner models them, by the names precision.recipe takes. The CPU
+// engine emulates every recipe (precision/recipe.h: quantize, dequantize, fp32 GEMM), and its
+// memory is replayed exactly (plan/memory.cpp); on GPUs the recipes (bf16, FP8 and FP4
+// families, DESIGN.md) are MODELLED here: what they do to the GEMM rate and what extra
+// quantized weight copies and scales they keep.
 #pragma once
 #include <string>
 #include <vector>
@@ -11,7 +13,7 @@ namespace mx::plan {
 
 struct RecipeModel {
   std::string name;
-  bool modelled = true;  // false only for fp32 on the CPU backend (what the engine runs)
+  bool modelled = true;  // false for fp32 (the CPU engine's own precision)
   // Bytes per parameter of the quantized weight copies a gathered unit carries besides its
   // compute-dtype copy: both orientations (row-wise for forward/dgrad, column-wise for wgrad),
   // codes plus block scales.
@@ -26,8 +28,8 @@ struct RecipeModel {
 // fp32 (cpu), bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, nvfp4. UserError if unknown.
 RecipeModel recipe_model(const std::string& name);
 std::vector<std::string> recipe_names();
-// Whether `gpu` runs the recipe in hardware (fp32 only on cpu; FP8 needs Hopper or later;
-// MXFP8 and NVFP4 need Blackwell's block-scaled tensor cores).
+// Whether `gpu` runs the recipe: cpu emulates all; on GPUs in hardware (FP8 needs Hopper or
+// later; MXFP8 and NVFP4 need Blackwell's block-scaled tensor cores; fp32 is planned as bf16).
 bool recipe_supported(const std::string& name, const GpuSpec& gpu);
 // Dense rate of the recipe's low-precision GEMMs on `gpu` (before efficiency).
 double recipe_gemm_flops(const std::string& name, const GpuSpec& gpu);

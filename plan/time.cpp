@@ -30,11 +30,16 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   const int64_t L = c.num_hidden_layers, C = c.hidden_size, I = c.intermediate_size;
   const int64_t W = in.world_size();
   const double saturation = double(n) / (double(n) + kGemmHalfTokens);
-  const double lp_rate = recipe_gemm_flops(in.recipe, gpu) * r.gemm_efficiency * saturation;
   const double hp_rate = gpu.bf16_flops * hp.gemm_efficiency * saturation;
+  // The CPU engine emulates a recipe: fp32 GEMMs on dequantized operands, at fp32's rate.
+  const double lp_rate =
+      gpu.is_cpu ? hp_rate : recipe_gemm_flops(in.recipe, gpu) * r.gemm_efficiency * saturation;
+  // Bytes per quantized element: on CPU the emulation reads fp32 and writes an fp32 copy, and
+  // its per-element rounding work costs about as much again (a rough estimate).
+  const double quantize_bytes = gpu.is_cpu ? kCpuQuantizeBytesPerElement : r.quantize_bytes_per_element;
   const double attn_rate =
       gpu.bf16_flops * (gpu.is_cpu ? kCpuAttentionEfficiency : kAttentionEfficiency);
-  const int64_t hp_blocks = in.recipe == "bf16" || in.recipe == "fp32"
+  const int64_t hp_blocks = (!gpu.is_cpu && in.recipe == "bf16") || in.recipe == "fp32"
                                 ? 0
                                 : std::min(L, in.high_precision_first + in.high_precision_last);
   const double recompute = in.checkpointing == Checkpointing::kFull ? 1.0 : 0.0;
@@ -50,7 +55,7 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   const double quant_elems_per_token =
       double(2 * C + c.q_dim() + I) + double(c.q_dim() + 2 * c.kv_dim() + 2 * C + 2 * I);
   const double block_quant_bytes =
-      r.quantize_bytes_per_element *
+      quantize_bytes *
       (double(n) * quant_elems_per_token * (1.0 + recompute / 3.0) +
        double(block_matmul_params(c)));
   const double head_gemm = 2.0 * double(n) * double(c.vocab_size) * double(C) * 3.0;

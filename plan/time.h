@@ -16,6 +16,7 @@ constexpr double kCpuAttentionEfficiency = 0.3;   // the CPU tiled kernel vs SGE
 constexpr double kGemmHalfTokens = 128;           // efficiency(n) = eff * n / (n + 128)
 constexpr double kCollectiveEfficiency = 0.8;     // achieved / link bandwidth (NCCL rings)
 constexpr double kOptimizerBytesPerParam = 38;    // AdamW r/w 30 B + clip 4 B + zero 4 B
+constexpr double kCpuQuantizeBytesPerElement = 12;  // CPU recipe emulation: fp32 in, fp32 copy out, + rounding work
 
 // Matmul parameters of one block (q, k, v, o, gate, up, down).
 int64_t block_matmul_params(const ModelConfig& c);

@@ -1,12 +1,15 @@
-"""`mxtrain plan` against the engine's measured peak memory (CPU, one process), plus the GPU
-model's contract: JSON fields, fits flipping with micro_batch, bad input."""
+"""`mxtrain plan` against the engine's measured peak memory (CPU: one process, and 2 / 4
+processes under mpirun with every sharding strategy and several recipes), plus the GPU model's
+contract: JSON fields, fits flipping with micro_batch, bad input."""
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import llama_ref
-from conftest import read_metrics, set_args, write_model, write_tokens_i32
+from conftest import MXTRAIN_BIN, read_metrics, set_args, write_model, write_tokens_i32
 
 TOLERANCE = 0.03  # the brief's bound; on CPU the replay is exact, so we also report the error
 
@@ -54,6 +57,85 @@ def test_cpu_plan_matches_train_peak(mxtrain, tmp_path, model, batch, seq, polic
     print(f"{model} B={batch} T={seq} {policy}: measured {measured} predicted {predicted} "
           f"error {err:.2e}")
     assert err <= TOLERANCE, (measured, predicted)
+
+
+# Several processes: `mpirun -np N mxtrain train` against `mxtrain plan --gpu cpu --gpus N`,
+# across presets (tiny, small, a 2-layer 125m shape, an odd padded shape, a tied head), sequence
+# lengths, checkpointing policies, recipes (fp32 and emulated bf16 / FP8 / MXFP8 / NVFP4),
+# every sharding strategy, grad accumulation and the eval forward. The measured side is the
+# engine's MemoryTracker peak on rank 0 and the maximum over ranks.
+MPIRUN_FLAGS = os.environ.get("MXTRAIN_MPIRUN_FLAGS", "--oversubscribe --bind-to none").split()
+ODD = {"model.preset": "tiny", "model.hidden_size": 96, "model.intermediate_size": 200,
+       "model.num_attention_heads": 6, "model.num_key_value_heads": 2, "model.vocab_size": 301}
+SHAPE_125M = {"model.preset": "125m", "model.num_hidden_layers": 2, "model.vocab_size": 2048}
+TINY = {"model.preset": "tiny"}
+SMALL = {"model.preset": "small"}
+# (name, model, procs, sharding, seq, micro_batch, policy, recipe, extra settings)
+MULTI_CASES = [
+    ("tiny-1p-nvfp4", TINY, 1, "full", 64, 2, "none", "nvfp4", {}),
+    ("tiny-1p-fp8delayed-hp", TINY, 1, "full", 48, 1, "selective", "fp8-delayed",
+     {"precision.high_precision_first": 1}),
+    ("tiny-2p-full", TINY, 2, "full", 32, 2, "none", "fp32", {}),
+    ("tiny-2p-gradop-sel", TINY, 2, "grad-op", 64, 1, "selective", "fp32", {}),
+    ("tiny-2p-none-bf16", TINY, 2, "none", 32, 2, "full", "bf16", {}),
+    ("tiny-2p-full-eval", TINY, 2, "full", 32, 2, "selective", "fp32",
+     {"train.eval_every": 1, "data.val_fraction": 0.5}),
+    ("tiny-4p-full-fp8cur", TINY, 4, "full", 32, 1, "selective", "fp8-current", {}),
+    ("tiny-4p-hybrid", TINY, 4, "hybrid", 48, 1, "none", "fp32", {"parallel.shard_group": 2}),
+    ("tiny-4p-gradop-nvfp4", TINY, 4, "grad-op", 32, 1, "full", "nvfp4", {}),
+    ("tied-2p-gradop", TINY, 2, "grad-op", 40, 1, "none", "fp32",
+     {"model.tie_word_embeddings": True}),
+    ("odd-4p-full-accum", ODD, 4, "full", 37, 1, "full", "fp32", {"train.grad_accum": 2}),
+    ("small-2p-full-mxfp8", SMALL, 2, "full", 64, 1, "selective", "mxfp8", {}),
+    ("small-4p-none", SMALL, 4, "none", 128, 1, "full", "fp32", {}),
+    ("125m-2p-full", SHAPE_125M, 2, "full", 32, 1, "none", "fp32", {}),
+]
+
+
+def train_mpi(tmp_path, procs, settings, timeout=300):
+    out = tmp_path / "run"
+    run = dict(settings)
+    run.update({"train.steps": 1, "run.sample_tokens": 0, "run.out_dir": str(out)})
+    run.setdefault("data.format", "random")
+    args = [MXTRAIN_BIN, "train"] + set_args(run)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = (["mpirun", "-np", str(procs)] + MPIRUN_FLAGS + args) if procs > 1 else args
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
+    _, summary = read_metrics(out / "metrics.jsonl")
+    assert summary["world_size"] == procs
+    return summary
+
+
+@pytest.mark.parametrize("name,model,procs,sharding,seq,batch,policy,recipe,extra", MULTI_CASES,
+                         ids=[c[0] for c in MULTI_CASES])
+def test_cpu_plan_matches_multiprocess_peak(mxtrain, tmp_path, name, model, procs, sharding,
+                                            seq, batch, policy, recipe, extra):
+    settings = dict(model)
+    settings.update({"train.micro_batch": batch, "train.seq_len": seq,
+                     "memory.activation_checkpointing": policy, "parallel.sharding": sharding,
+                     "precision.recipe": recipe, "train.eval_every": 0})
+    settings.update(extra)
+    if "data.val_fraction" in settings:  # eval needs held-out text: a small file
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+        settings["data.path"] = str(corpus)
+        settings["data.format"] = "text"
+    summary = train_mpi(tmp_path, procs, settings)
+    measured = summary["peak_mem_bytes"]
+    measured_max = summary.get("peak_mem_bytes_max_rank", measured)
+    out = plan(mxtrain, settings, gpus=procs)
+    mem = out["memory"]
+    assert out["config"]["recipe"] == recipe and out["world_size"] == procs
+    assert mem["total_bytes"] == sum(mem["breakdown"].values())
+    predicted, predicted_max = mem["total_bytes"], mem["total_bytes_max_rank"]
+    err = abs(predicted - measured) / measured
+    err_max = abs(predicted_max - measured_max) / measured_max
+    print(f"{name}: measured {measured} (max rank {measured_max}) predicted {predicted} "
+          f"(max rank {predicted_max}) error {err:.2e} / {err_max:.2e}")
+    assert err <= TOLERANCE, (measured, predicted)
+    assert err_max <= TOLERANCE, (measured_max, predicted_max)
 
 
 # debug grads (no optimizer state): 125m at a short sequence and the odd shape.
@@ -170,7 +252,9 @@ def test_64b_answers_quickly(mxtrain):
     ["--gpu", "h100", "--gpus", "8", "--set", "train.micro_batch=0"],
     ["--gpu", "h100", "--gpus", "8", "--set", "precision.recipe=fp6"],
     ["--gpu", "h100", "--gpus", "8", "--set", "precision.recipe=nvfp4"],
-    ["--gpu", "cpu", "--gpus", "1", "--set", "precision.recipe=bf16"],
+    ["--gpu", "cpu", "--gpus", "1", "--set", "precision.recipe=fp6"],
+    ["--gpu", "cpu", "--gpus", "3", "--set", "parallel.sharding=hybrid",
+     "--set", "parallel.shard_group=2"],
     ["--gpu", "h100", "--gpus", "8", "--nodes", "2", "--set", "parallel.sharding=hybrid",
      "--set", "parallel.shard_group=3"],
     ["--gpu", "h100", "--gpus", "8", "--set", "model.preset=7b"],
@@ -181,3 +265,25 @@ def test_bad_input_exits_2(mxtrain, args):
     assert r.rc == 2, r
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), r
+
+
+def test_recipe_from_config_file_as_train_reads_it(mxtrain, tmp_path):
+    """precision.recipe (and high_precision_*) come from --config like `train`, and the JSON
+    speaks the config's names: on cpu the recipe's operand copies are in the memory, on GPUs
+    the recipe's model is used and the recommendation picks among the same names."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[model]\npreset = "tiny"\n[train]\nseq_len = 64\nmicro_batch = 2\n'
+                   'eval_every = 0\n[precision]\nrecipe = "mxfp8"\nhigh_precision_first = 1\n')
+    out = plan(mxtrain, {}, extra=["--config", cfg])
+    assert out["config"]["recipe"] == "mxfp8" and out["memory"]["exact"] is True
+    fp32 = plan(mxtrain, {"precision.recipe": "fp32"}, extra=["--config", cfg])
+    assert fp32["config"]["recipe"] == "fp32"
+    assert fp32["memory"]["total_bytes"] < out["memory"]["total_bytes"]  # the operand copies
+    both = plan(mxtrain, {"precision.high_precision_first": 2}, extra=["--config", cfg])
+    assert both["memory"]["total_bytes"] == fp32["memory"]["total_bytes"]  # no block quantized
+    names = {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "nvfp4"}
+    assert out["recommendation"]["recipe"] in names
+    gpu = plan(mxtrain, {"model.preset": "llama3-8b", "train.seq_len": 8192,
+                         "precision.recipe": "fp8-block"}, gpu="b200", gpus=8)
+    assert gpu["config"]["recipe"] == "fp8-block" and gpu["config"]["recipe_modelled"] is True
+    assert gpu["recommendation"]["recipe"] in names - {"fp32"}

@@ -2,6 +2,7 @@
 // replay against the engine's real arenas, the time model's FLOP counts, the catalogue.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "plan/planner.h"
 #include "plan/recipe.h"
 #include "plan/time.h"
+#include "precision/recipe.h"
 #include "train/engine.h"
 
 namespace {
@@ -183,6 +185,90 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeak) {
       EXPECT_EQ(m.total, engine.tracker.peak())
           << mx::checkpointing_name(p) << " B=" << k.B << " T=" << k.T;
     }
+}
+
+// Recipes: the engine emulates each one with quantized operand copies in scratch; the replay
+// must see them at the same moments (NVFP4 with T % 16 == 0 takes the Hadamard path).
+TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
+  struct Case {
+    const char* recipe;
+    int64_t B, T, hp_first, hp_last;
+    Checkpointing p;
+  };
+  const Case cases[] = {{"bf16", 2, 24, 0, 0, Checkpointing::kNone},
+                        {"fp8-delayed", 1, 40, 1, 0, Checkpointing::kSelective},
+                        {"mxfp8", 2, 32, 0, 0, Checkpointing::kFull},
+                        {"nvfp4", 2, 32, 0, 0, Checkpointing::kNone},
+                        {"nvfp4", 1, 24, 0, 1, Checkpointing::kFull},
+                        {"fp8-block", 3, 16, 0, 0, Checkpointing::kSelective}};
+  const mx::ModelConfig c = preset("tiny");
+  for (const Case& k : cases) {
+    mx::EngineOptions eo;
+    eo.checkpointing = k.p;
+    eo.micro_batch = k.B;
+    eo.seq_len = k.T;
+    eo.quantized = true;
+    mx::Engine engine(c, eo);
+    mx::LinearRecipe recipe(mx::parse_recipe(k.recipe), c.num_hidden_layers, k.hp_first,
+                            k.hp_last, 1, 0);
+    engine.model->set_recipe(&recipe);
+    mx::init_params(engine.layout, engine.param_data(), 7);
+    std::mt19937 gen(3);
+    int32_t* tok = engine.batch_tokens();
+    for (int64_t i = 0; i < k.B * (k.T + 1); ++i) tok[i] = int32_t(gen() % c.vocab_size);
+    engine.model->forward_backward(engine.param_data(), engine.grad_data(), tok, k.B, k.T, 1.0f);
+    PlanInput in;
+    in.model = c;
+    in.micro_batch = k.B;
+    in.seq_len = k.T;
+    in.checkpointing = k.p;
+    in.recipe = k.recipe;
+    in.high_precision_first = k.hp_first;
+    in.high_precision_last = k.hp_last;
+    MemoryBreakdown m = plan_memory(in, fake_cpu());
+    EXPECT_EQ(m.total, engine.tracker.peak()) << k.recipe << " " << mx::checkpointing_name(k.p);
+    in.recipe = "fp32";  // and the copies are really there: fp32 needs less
+    EXPECT_LT(plan_memory(in, fake_cpu()).total, m.total) << k.recipe;
+  }
+}
+
+// The planner's FSDP arenas are parallel/fsdp_sizes.h's, rank by rank: grad-op keeps one slot
+// per unit, full three; none and one process have no slots.
+TEST(PlanMemory, CpuFsdpArenasPerStrategy) {
+  PlanInput in = input("tiny", 1, 16, Checkpointing::kNone, "full", 4, 1, "fp32");
+  mx::ParamLayout layout(in.model);
+  const int64_t units = int64_t(layout.units().size());
+  int64_t max_padded = 0, local = 0, max_shard = 0;
+  for (auto& u : layout.units()) {
+    const int64_t shard = (u.numel + 3) / 4;
+    local += shard;
+    max_padded = std::max(max_padded, 4 * shard);
+    max_shard = std::max(max_shard, shard);
+  }
+  auto r64 = [](int64_t b) { return int64_t(mx::Arena::round_up(size_t(b))); };
+  MemoryBreakdown full = plan_memory(in, fake_cpu());
+  EXPECT_EQ(full.master_weights, r64(4 * local));
+  EXPECT_EQ(full.compute_weights, 3 * r64(4 * max_padded));
+  EXPECT_EQ(full.unsharded_gradient, 3 * r64(4 * max_padded));
+  EXPECT_EQ(full.reduce_scatter, r64(4 * max_shard));
+  EXPECT_TRUE(full.exact);
+  EXPECT_EQ(full.total_max_rank, full.total);
+  in.sharding = "grad-op";
+  MemoryBreakdown gop = plan_memory(in, fake_cpu());
+  EXPECT_EQ(gop.compute_weights, units * r64(4 * max_padded));
+  EXPECT_EQ(gop.total - full.total, (units - 3) * r64(4 * max_padded));
+  in.sharding = "none";
+  MemoryBreakdown none = plan_memory(in, fake_cpu());
+  EXPECT_EQ(none.master_weights, r64(4 * layout.total_numel()));
+  EXPECT_EQ(none.compute_weights + none.unsharded_gradient + none.reduce_scatter, 0);
+  in.sharding = "hybrid";
+  in.shard_group = 2;
+  MemoryBreakdown hyb = plan_memory(in, fake_cpu());
+  EXPECT_EQ(hyb.shards, 2);
+  int64_t local2 = 0;
+  for (auto& u : layout.units()) local2 += (u.numel + 1) / 2;
+  EXPECT_EQ(hyb.master_weights, r64(4 * local2));
+  EXPECT_EQ(full.activations, hyb.activations);
 }
 
 TEST(PlanMemory, FitsFlipsAsMicroBatchGrowsOnH100) {

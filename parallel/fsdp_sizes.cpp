@@ -1,0 +1,47 @@
+#include "parallel/fsdp_sizes.h"
+
+#include <algorithm>
+
+#include "core/arena.h"
+#include "core/error.h"
+#include "parallel/shard.h"
+
+namespace mx {
+
+int fsdp_shard_size(Sharding sharding, int world_size, int shard_group) {
+  switch (sharding) {
+    case Sharding::kFull:
+    case Sharding::kGradOp: return world_size;
+    case Sharding::kNone: return 1;
+    case Sharding::kHybrid: return shard_group > 0 ? shard_group : world_size;
+  }
+  return 1;
+}
+
+FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sharding sharding,
+                                  size_t elem_bytes) {
+  MX_ASSERT(shard_size >= 1, "fsdp_buffer_sizes: shard size ", shard_size);
+  FsdpBufferSizes z;
+  z.shard_size = shard_size;
+  int64_t max_padded = 0, max_shard = 0;
+  for (const ParamUnit& u : layout.units()) {
+    const ShardLayout sl = make_shard_layout(u.numel, shard_size);
+    z.local_numel += sl.shard_numel;
+    max_padded = std::max(max_padded, sl.padded_numel);
+    max_shard = std::max(max_shard, sl.shard_numel);
+  }
+  z.state_bytes = Arena::round_up(elem_bytes * size_t(z.local_numel));
+  if (shard_size > 1) {
+    z.max_padded = max_padded;
+    z.max_shard = max_shard;
+    z.param_slots = sharding == Sharding::kGradOp ? int(layout.units().size()) : 3;
+    z.grad_slots = 3;
+    z.slot_bytes = Arena::round_up(elem_bytes * size_t(max_padded));
+    z.gathered_bytes = z.slot_bytes * size_t(z.param_slots);
+    z.unit_grad_bytes = z.slot_bytes * size_t(z.grad_slots);
+    z.reduce_scatter_bytes = Arena::round_up(elem_bytes * size_t(max_shard));
+  }
+  return z;
+}
+
+}  // namespace mx
