@@ -51,6 +51,9 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, Communicator& wor
   view_.shard_rank = fsdp.shard_rank();
   writer_ = fsdp.replica_rank() == 0;
   config_text_ = hf_config_text(config_);
+  // The staging image is allocated and its pages touched now, not inside the first checkpoint:
+  // three fp32 states of the local shard, plus room for the header and recipe state.
+  if (writer_) staging_.reserve(3 * sizeof(float) * size_t(view_.local_numel()) + (4u << 20));
   // What writers that died left behind goes before anything new is written.
   if (world_.rank() == 0) store_->remove_uncommitted();
   if (world_.size() > 1) world_.barrier();
@@ -65,7 +68,7 @@ void Checkpointer::join() {
 void Checkpointer::save(int64_t step, const nlohmann::json& state,
                         std::vector<ExtraTensor> extra) {
   const auto t0 = Clock::now();
-  finish();  // at most one in flight
+  if (in_flight_step_ >= 0) commit();  // at most one in flight
   std::vector<TensorBytes> extra_bytes;
   for (const auto& e : extra)
     extra_bytes.push_back({e.name, "F32", {int64_t(e.values.size())}, e.values.data(),

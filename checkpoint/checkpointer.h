@@ -77,7 +77,7 @@ class Checkpointer {
   std::unique_ptr<CheckpointStore> store_;
   ShardView view_;
   bool writer_ = false;  // replica 0 of its shard: writes a file
-  std::vector<uint8_t> staging_;
+  HostBuffer staging_;  // this rank's file image, reused from one checkpoint to the next
   std::string config_text_, state_text_;
   std::thread thread_;
   std::atomic<bool> done_{false};

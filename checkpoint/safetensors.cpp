@@ -455,9 +455,26 @@ void SafeTensorsWriter::write(const std::string& path) const {
   write_file_atomic(path, pieces);
 }
 
+void HostBuffer::reserve(size_t n) {
+  if (n <= capacity_) return;
+  std::unique_ptr<uint8_t[]> fresh(new uint8_t[n]);  // default-initialized: not zeroed
+  if (size_) std::memcpy(fresh.get(), data_.get(), size_);
+  // Touch every page now, with every thread, so a later copy into it runs at memory speed.
+  uint8_t* p = fresh.get();
+  const int64_t pages = int64_t((n + 4095) / 4096);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pages; ++i) p[size_t(i) * 4096] = 0;
+  data_ = std::move(fresh);
+  capacity_ = n;
+}
+
+void HostBuffer::resize(size_t n) {
+  reserve(n);
+  size_ = n;
+}
+
 void build_safetensors(const std::vector<TensorBytes>& tensors,
-                       const std::map<std::string, std::string>& metadata,
-                       std::vector<uint8_t>& out) {
+                       const std::map<std::string, std::string>& metadata, HostBuffer& out) {
   for (const auto& t : tensors) {
     size_t elem = safetensors_dtype_size(t.dtype);
     int64_t numel = 0;
@@ -468,15 +485,26 @@ void build_safetensors(const std::vector<TensorBytes>& tensors,
   std::string header_text = build_header("(in memory)", tensors, metadata);
   uint64_t header_len = header_text.size();
   size_t total = 8 + header_text.size();
-  for (const auto& t : tensors) total += t.bytes;
+  std::vector<size_t> at;
+  for (const auto& t : tensors) {
+    at.push_back(total);
+    total += t.bytes;
+  }
   out.resize(total);
   uint8_t* p = out.data();
   std::memcpy(p, &header_len, 8);
   std::memcpy(p + 8, header_text.data(), header_text.size());
-  p += 8 + header_text.size();
-  for (const auto& t : tensors) {
-    if (t.bytes) std::memcpy(p, t.data, t.bytes);
-    p += t.bytes;
+  // 1 MiB pieces over all threads: the staging copy is the only part of an asynchronous
+  // checkpoint the training loop waits for.
+  constexpr size_t kPiece = 1 << 20;
+  std::vector<std::pair<size_t, size_t>> pieces;  // (tensor, offset in it)
+  for (size_t i = 0; i < tensors.size(); ++i)
+    for (size_t off = 0; off < tensors[i].bytes; off += kPiece) pieces.emplace_back(i, off);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t k = 0; k < int64_t(pieces.size()); ++k) {
+    auto [i, off] = pieces[size_t(k)];
+    const size_t n = std::min(kPiece, tensors[i].bytes - off);
+    std::memcpy(p + at[i] + off, static_cast<const uint8_t*>(tensors[i].data) + off, n);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -116,12 +117,27 @@ struct TensorBytes {
   size_t bytes = 0;
   size_t size() const { return bytes; }
 };
-// One whole safetensors file image in `out` (resized; its capacity is reused between calls):
-// the same bytes SafeTensorsWriter::write would put in a file. For checkpoints that are
-// written or uploaded from memory by a background thread.
+// Host bytes that are not zeroed when they grow (a checkpoint staging image is overwritten
+// whole) and keep their capacity: only the first use pays for allocation and page faults.
+class HostBuffer {
+ public:
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  void resize(size_t n);   // contents undefined after growing
+  void reserve(size_t n);  // allocates and touches every page now (in parallel)
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0, capacity_ = 0;
+};
+
+// One whole safetensors file image in `out`: the same bytes SafeTensorsWriter::write would put
+// in a file. Tensor bytes are copied by all OpenMP threads. For checkpoints that are written or
+// uploaded from memory by a background thread.
 void build_safetensors(const std::vector<TensorBytes>& tensors,
-                       const std::map<std::string, std::string>& metadata,
-                       std::vector<uint8_t>& out);
+                       const std::map<std::string, std::string>& metadata, HostBuffer& out);
 
 // Scalar conversions between fp32 and the 16-bit float formats.
 float bf16_to_f32(uint16_t bits);       // exact: the bf16 bits are the fp32 high half

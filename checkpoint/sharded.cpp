@@ -81,7 +81,7 @@ std::string state_tensor_name(StateKind kind, const std::string& unit_name) {
 }
 
 void build_rank_file(const ShardView& view, const float* master, const float* m, const float* v,
-                     const std::vector<TensorBytes>& extra, std::vector<uint8_t>& out) {
+                     const std::vector<TensorBytes>& extra, HostBuffer& out) {
   std::vector<TensorBytes> tensors;
   const auto& units = view.layout->units();
   for (auto [kind, base] : {std::pair{StateKind::kMaster, master}, std::pair{StateKind::kExpAvg, m},

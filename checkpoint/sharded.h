@@ -59,7 +59,7 @@ std::string state_tensor_name(StateKind kind, const std::string& unit_name);
 // This rank's file image into `out`: its real elements of every unit of the three states, then
 // `extra` tensors (recipe state). m / v may be null (weights only).
 void build_rank_file(const ShardView& view, const float* master, const float* m, const float* v,
-                     const std::vector<TensorBytes>& extra, std::vector<uint8_t>& out);
+                     const std::vector<TensorBytes>& extra, HostBuffer& out);
 
 struct FileRecord {
   std::string name;

@@ -53,7 +53,7 @@ void write_step(CheckpointStore& store, int64_t step, const ModelConfig& cfg,
               (*full[k])[size_t(layout.units()[u].offset + sl.shard_begin(r) + i)];
       }
     }
-    std::vector<uint8_t> bytes;
+    HostBuffer bytes;
     std::vector<float> extra = {float(r), 1.5f};
     build_rank_file(view, local[0].data(), local[1].data(), local[2].data(),
                     {{"recipe.test", "F32", {2}, extra.data(), 8}}, bytes);
