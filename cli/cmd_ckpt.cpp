@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/export_hf.h"
 #include "checkpoint/local.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -13,14 +14,8 @@ namespace mx::cli {
 
 namespace {
 int export_hf(const std::string& checkpoint, const std::string& out_dir, std::string dtype) {
-  for (auto& ch : dtype) ch = char(std::toupper(ch));
-  MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", dtype, ")");
-  std::string step_dir = resolve_checkpoint(checkpoint);
-  ModelConfig cfg = checkpoint_model_config(step_dir);
-  ParamLayout layout(cfg);
-  std::vector<float> params(layout.total_numel());
-  load_local_checkpoint(step_dir, layout, params.data(), nullptr, nullptr);
-  save_hf_model(out_dir, cfg, layout, params.data(), dtype);
+  std::string step_dir = export_checkpoint_hf(checkpoint, out_dir, dtype);
+  for (auto& ch : dtype) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   std::printf("exported %s -> %s (%s)\n", step_dir.c_str(), out_dir.c_str(), dtype.c_str());
   return 0;
 }
