@@ -19,8 +19,12 @@ ARG MXTRAIN_CUDA=ON
 ARG CPU_ARCH=x86-64-v3
 
 ENV DEBIAN_FRONTEND=noninteractive
+# bash with pipefail for the RUN steps: a failing command inside a pipe fails the step.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# The Debian/Ubuntu packages scripts/setup.sh installs, plus sshd for multi-node jobs.
+# The Debian/Ubuntu packages scripts/setup.sh installs, plus sshd for multi-node jobs. Not
+# pinned to versions: the same list must install on the CUDA base and on a DLC base.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin \
@@ -44,6 +48,10 @@ RUN mkdir -p /run/sshd /root/.ssh \
 # the CUDA backend (CMake notes them as unused).
 COPY . /opt/mxtrain
 WORKDIR /opt/mxtrain
+# CMake >= 3.25 (Ubuntu 22.04 based DLC images have 3.22): from PyPI when the base's is older.
+RUN if ! cmake --version | awk 'NR==1 { split($3, v, "."); exit !(v[1] > 3 || (v[1] == 3 && v[2] >= 25)) }'; then \
+        python3 -m pip install --no-cache-dir "cmake>=3.25,<4"; \
+    fi
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXTRAIN_TESTS=OFF \
         -DMXTRAIN_CPU_ARCH="${CPU_ARCH}" -DMXTRAIN_CUDA="${MXTRAIN_CUDA}" \
         -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \

