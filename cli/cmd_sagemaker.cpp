@@ -176,6 +176,8 @@ int sagemaker_train() {
     const auto channels = sm::parse_input_data_config(
         read_json(paths.config_dir + "/inputdataconfig.json", false, nlohmann::json::object()));
     const sm::Hyperparameters hp = sm::parse_hyperparameters(hp_json, paths.data_dir);
+    for (const auto& key : hp.ignored)
+      if (!std::getenv("OMPI_COMM_WORLD_SIZE")) info("sagemaker: ignoring hyperparameter ", key);
 
     const bool mpi_rank = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;  // started by mpirun
     const bool launcher =

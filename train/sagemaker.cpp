@@ -92,6 +92,10 @@ Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string
   MX_REQUIRE(j.is_object(), "hyperparameters.json must be a JSON object of \"key\": \"value\"");
   Hyperparameters h;
   for (const auto& [key, raw] : j.items()) {  // nlohmann's object: keys in sorted order
+    if (key.rfind("sagemaker_", 0) == 0) {  // the training toolkit's keys, not ours
+      h.ignored.push_back(key);
+      continue;
+    }
     const std::string value = value_text(key, raw);
     if (key == "config") {
       MX_REQUIRE(!value.empty(), "hyperparameter 'config' is empty (it names a TOML file: "

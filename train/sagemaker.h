@@ -48,10 +48,13 @@ struct Hyperparameters {
   std::vector<std::string> sets;  // "section.key=value", in key order
   int64_t processes_per_host = 1; // sagemaker.processes_per_host
   std::string export_dtype = "f32";  // sagemaker.export_dtype: f32 | bf16
+  std::vector<std::string> ignored;  // sagemaker_* keys the SDK's estimators add for their toolkit
 };
 // Every value may be a string (what SageMaker gives) or a JSON number / boolean (hand-written
 // files); a string that is itself JSON-quoted ("\"tiny\"", as SDK v2 estimators send) loses
 // its quotes. Key rules: "config" names the TOML file; "sagemaker.*" are the keys above;
+// "sagemaker_*" (sagemaker_region, sagemaker_program, ...: the SageMaker training toolkit's own,
+// which SDK estimators add) are ignored and listed in `ignored`;
 // anything else must be section.key and becomes an override (the config schema then rejects
 // unknown keys and bad values, as for --set). UserError names the key on any problem.
 Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string& data_dir);

@@ -8,10 +8,12 @@ results into the table `mxtrain sweep` writes.
     submit.py gather --sweep-name NAME --out DIR
 
 How the request is made (a deliberate choice): the job is described with the SageMaker Python
-SDK 3.x's own types (sagemaker.train's ModelTrainer configs Compute, StoppingCondition,
-CheckpointConfig, InputData, OutputDataConfig, and the sagemaker.core shapes), which validate
-every field, and the CreateTrainingJob request is built from them; it is sent with boto3's
-`sagemaker` client. ModelTrainer.train() itself is not called: with a ready image and no source
+SDK 3.x's own types (the configs ModelTrainer takes: Compute, StoppingCondition,
+CheckpointConfig, InputData, OutputDataConfig from sagemaker.core.training.configs, which
+sagemaker.train re-exports, and the sagemaker.core shapes), which validate every field; the
+CreateTrainingJob request is serialized from them with the SDK's serializer (as
+sagemaker.core's TrainingJob.create does) and sent with boto3's `sagemaker` client.
+requirements.txt pins sagemaker-core 2.27.0 (the core of SDK 3.27.0), which holds all of these. ModelTrainer.train() itself is not called: with a ready image and no source
 code it would add nothing but a default-bucket lookup, an STS call and its own job name rules,
 and it cannot print the request without sending it (--dry-run). boto3 honours AWS_ENDPOINT_URL
 (the tests point it at a moto server on 127.0.0.1) and the usual credential chain.

@@ -93,6 +93,12 @@ TEST(SagemakerHyperparameters, EntrypointKeys) {
   EXPECT_EQ(h.processes_per_host, 8);
   EXPECT_EQ(h.export_dtype, "bf16");
   EXPECT_EQ(h.sets, std::vector<std::string>{"train.steps=3"});  // not passed to the config
+  // the training toolkit's own keys, as SDK estimators add them, are set aside
+  h = sm::parse_hyperparameters(
+      {{"sagemaker_region", "\"us-west-2\""}, {"sagemaker_program", "x"}, {"train.steps", "3"}},
+      "/d");
+  EXPECT_EQ(h.sets, std::vector<std::string>{"train.steps=3"});
+  EXPECT_EQ(h.ignored, (std::vector<std::string>{"sagemaker_program", "sagemaker_region"}));
 }
 
 TEST_F(SagemakerDir, ConfigNamesATomlFileInAChannel) {
