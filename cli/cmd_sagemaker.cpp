@@ -105,6 +105,9 @@ int run_child(const std::vector<std::string>& argv) {
     if (errno != EINTR) throw std::runtime_error("waitpid failed");
   }
   g_child = 0;
+  // Nobody to pass a signal on to any more: SIGTERM / SIGINT end this process again.
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

@@ -224,3 +224,19 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     saved = hf_io.read_safetensors(str(ckpts / f"step_{total:08d}" / "model.safetensors"))
     for name, value in tensors.items():
         np.testing.assert_array_equal(value, saved[name], err_msg=name)
+
+
+def test_a_worker_host_serves_ssh_instead_of_training(tmp_path):
+    """Not the first of the sorted hosts: the entrypoint starts sshd for the master's mpirun
+    (MXTRAIN_SSHD names it; here one that fails) and trains nothing itself."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2"}))
+    (root / "input" / "config" / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": "algo-2", "hosts": ["algo-2", "algo-1"],
+         "network_interface_name": "eth0"}))
+    require_binary()
+    r = subprocess.run([MXTRAIN_BIN, "sagemaker", "train"], capture_output=True, text=True,
+                       env=dict(sm_env(root), MXTRAIN_SSHD="/bin/false"), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "waits for the master algo-1" in r.stderr
+    assert "/bin/false" in (root / "output" / "failure").read_text()
+    assert not (root / "checkpoints").exists() and not (root / "output" / "data").exists()
