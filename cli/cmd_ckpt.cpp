@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/export_hf.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/storage.h"
 #include "cli/commands.h"
@@ -14,13 +15,8 @@ namespace mx::cli {
 
 namespace {
 int export_hf(const std::string& checkpoint, const std::string& out_dir, std::string dtype) {
-  for (auto& ch : dtype) ch = char(std::toupper(ch));
-  MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", dtype, ")");
-  std::vector<float> params;
-  std::string step_location;
-  ModelConfig cfg = load_checkpoint_weights(checkpoint, params, &step_location);
-  ParamLayout layout(cfg);
-  save_hf_model(out_dir, cfg, layout, params.data(), dtype);
+  std::string step_location = export_checkpoint_hf(checkpoint, out_dir, dtype);
+  for (auto& ch : dtype) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   std::printf("exported %s -> %s (%s)\n", step_location.c_str(), out_dir.c_str(), dtype.c_str());
   return 0;
 }

@@ -16,5 +16,6 @@ void add_bench(CLI::App& app, Action& action);
 void add_numerics(CLI::App& app, Action& action);
 void add_plan(CLI::App& app, Action& action);
 void add_sweep(CLI::App& app, Action& action);
+void add_sagemaker(CLI::App& app, Action& action);
 
 }  // namespace mx::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   mx::cli::add_numerics(app, action);
   mx::cli::add_plan(app, action);
   mx::cli::add_sweep(app, action);
+  mx::cli::add_sagemaker(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -40,7 +40,9 @@ bool mpi_active() {
 // the status; elsewhere atexit can't see it and every exit finalizes (use abort_all there).
 void end_mpi_at_exit(int status, void*) {
   if (!mpi_active()) return;
-  if (status == 0) {
+  // 130 / 143: stopped by SIGINT / SIGTERM. The trainer agrees on the stop step on every rank
+  // (an all-reduce) and checkpoints it, so every rank exits this way and none is left waiting.
+  if (status == 0 || status == 130 || status == 143) {
     MPI_Finalize();
     return;
   }

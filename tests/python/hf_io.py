@@ -130,3 +130,25 @@ def read_hf_dir(path):
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     return cfg, read_safetensors(os.path.join(path, "model.safetensors"))
+
+
+def read_checkpoint_weights(step_dir):
+    """{hf_name: fp32 array} of an mxtrain checkpoint step (format 2), rebuilt here from the
+    manifest and every rank file's `master.<unit>` slice, independently of mxtrain's reader."""
+    import json
+    import os
+    m = json.load(open(os.path.join(step_dir, "manifest.json")))
+    assert m["format_version"] == 2, m["format_version"]
+    files = {s["shard_rank"]: read_safetensors(os.path.join(step_dir, s["file"]))
+             for s in m["shards"]}
+    out = {}
+    for ui, u in enumerate(m["units"]):
+        flat = np.zeros(u["numel"], dtype=np.float32)
+        for s in m["shards"]:
+            sl = [x for x in s["slices"] if x["unit"] == ui][0]
+            if sl["end"] > sl["begin"]:
+                flat[sl["begin"]:sl["end"]] = files[s["shard_rank"]]["master." + u["name"]]
+        for t in u["tensors"]:
+            n = int(np.prod(t["shape"]))
+            out[t["name"]] = flat[t["offset"]:t["offset"] + n].reshape(t["shape"])
+    return out

@@ -1,0 +1,24 @@
+#include "checkpoint/export_hf.h"
+
+#include <cctype>
+#include <vector>
+
+#include "checkpoint/sharded.h"
+#include "core/error.h"
+#include "model/hf_weights.h"
+
+namespace mx {
+
+std::string export_checkpoint_hf(const std::string& checkpoint, const std::string& out_dir,
+                                 std::string dtype) {
+  for (auto& ch : dtype) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", dtype, ")");
+  std::vector<float> params;
+  std::string step_location;
+  ModelConfig cfg = load_checkpoint_weights(checkpoint, params, &step_location);
+  ParamLayout layout(cfg);
+  save_hf_model(out_dir, cfg, layout, params.data(), dtype);
+  return step_location;
+}
+
+}  // namespace mx

@@ -1,0 +1,291 @@
+// mxtrain sagemaker train: the container's entrypoint (ENTRYPOINT ["mxtrain", "sagemaker"],
+// SageMaker appends `train`). Reads the job from /opt/ml (or $MXTRAIN_SM_ROOT), trains with
+// checkpoints under /opt/ml/checkpoints (resumed from after a spot interruption), exports the
+// final model as Hugging Face safetensors to /opt/ml/model, and on failure writes the reason
+// to /opt/ml/output/failure. The rules are in train/sagemaker.h and docs/sagemaker.md.
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint/export_hf.h"
+#include "cli/commands.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "train/config.h"
+#include "train/sagemaker.h"
+#include "train/trainer.h"
+
+namespace mx::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sm = mx::sagemaker;
+
+// A JSON file of the job's input/config; `required` = false: a missing file gives `fallback`.
+nlohmann::json read_json(const std::string& path, bool required, nlohmann::json fallback) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    MX_REQUIRE(!required, path, " does not exist");
+    return fallback;
+  }
+  std::ifstream in(path);
+  MX_REQUIRE(in.good(), "cannot read ", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(str(path, " is not valid JSON: ", e.what()));
+  }
+}
+
+void write_failure(const sm::Paths& paths, const std::string& reason) {
+  try {
+    fs::create_directories(fs::path(paths.failure).parent_path());
+    write_file_atomic(paths.failure, reason + "\n");
+  } catch (const std::exception& e) {
+    warn(str("cannot write ", paths.failure, ": ", e.what()));
+  }
+}
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + sm::shell_quote(w);
+  return out;
+}
+
+// The path of this executable, so mpirun starts the same binary on every host.
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("mxtrain") : p.string();
+}
+
+// --- the launcher's child process, with SIGTERM / SIGINT passed on to it -------------------
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_forwarded = 0;  // the last signal passed on, 0 if none
+void forward_signal(int sig) {
+  g_forwarded = sig;
+  if (g_child > 0) ::kill(pid_t(g_child), sig);
+}
+
+int run_child(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "error: cannot start %s\n", args[0]);
+    ::_exit(127);
+  }
+  g_child = pid;
+  std::signal(SIGTERM, forward_signal);
+  std::signal(SIGINT, forward_signal);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw std::runtime_error("waitpid failed");
+  }
+  g_child = 0;
+  // Nobody to pass a signal on to any more: SIGTERM / SIGINT end this process again.
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// True once host:port accepts a TCP connection.
+bool port_open(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool ok = false;
+  for (auto* a = res; a && !ok; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return ok;
+}
+
+// True while a process of one of these names (/proc/PID/comm) runs on this host.
+bool process_running(const std::vector<std::string>& names) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    std::ifstream comm(e.path() / "comm");
+    std::string name;
+    if (comm && std::getline(comm, name))
+      for (const auto& n : names)
+        if (name == n) return true;
+  }
+  return false;
+}
+
+// A host other than the first: serve ssh for the master's mpirun, and end when the MPI
+// daemon it starts here (orted, or prted for Open MPI 5) has come and gone.
+int run_worker(const sm::Resources& res) {
+  info("sagemaker: ", res.current_host, " waits for the master ", res.hosts.front(),
+       " to start the job over ssh");
+  const char* sshd = std::getenv("MXTRAIN_SSHD");
+  const std::string sshd_cmd = sshd && *sshd ? sshd : "/usr/sbin/sshd";
+  if (sshd_cmd != "none") {
+    int rc = run_child({sshd_cmd});  // daemonizes: returns once listening
+    MX_REQUIRE(rc == 0, "cannot start ", sshd_cmd, " (exit ", rc, "): multi-node jobs need sshd");
+  }
+  const std::vector<std::string> daemons = {"orted", "prted"};
+  using clock = std::chrono::steady_clock;
+  const auto give_up = clock::now() + std::chrono::minutes(30);
+  while (!process_running(daemons)) {
+    MX_REQUIRE(clock::now() < give_up, "the master ", res.hosts.front(),
+               " did not start the MPI job on this host within 30 minutes");
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  info("sagemaker: the MPI job runs on ", res.current_host);
+  while (process_running(daemons)) std::this_thread::sleep_for(std::chrono::seconds(2));
+  info("sagemaker: the MPI job on ", res.current_host, " has ended");
+  return 0;
+}
+
+int sagemaker_train() {
+  const sm::Paths paths = sm::paths_under(sm::root_from_env());
+  try {
+    const auto hp_json =
+        read_json(paths.config_dir + "/hyperparameters.json", false, nlohmann::json::object());
+    const std::string rc_path = paths.config_dir + "/resourceconfig.json";
+    sm::Resources res;
+    std::error_code ec;
+    if (fs::exists(rc_path, ec)) res = sm::parse_resource_config(read_json(rc_path, true, {}));
+    const auto channels = sm::parse_input_data_config(
+        read_json(paths.config_dir + "/inputdataconfig.json", false, nlohmann::json::object()));
+    const sm::Hyperparameters hp = sm::parse_hyperparameters(hp_json, paths.data_dir);
+    for (const auto& key : hp.ignored)
+      if (!std::getenv("OMPI_COMM_WORLD_SIZE")) info("sagemaker: ignoring hyperparameter ", key);
+
+    const bool mpi_rank = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;  // started by mpirun
+    const bool launcher =
+        !mpi_rank && (res.hosts.size() > 1 || hp.processes_per_host > 1);
+    if (launcher && !res.is_master()) return run_worker(res);
+
+    // The platform's paths first, then the user's overrides (which win); the data file of
+    // the `train` channel when neither the config file nor a hyperparameter names one.
+    std::vector<std::string> sets = sm::platform_sets(paths);
+    sets.insert(sets.end(), hp.sets.begin(), hp.sets.end());
+    RunConfig first = load_run_config(hp.config_file, sets);
+    auto under_data = [&](const std::string& p) {
+      return fs::path(p).is_relative() ? (fs::path(paths.data_dir) / p).string() : p;
+    };
+    if (first.data.path.empty()) {
+      if (first.data.format != "random") {
+        std::string file = sm::train_channel_file(paths.data_dir, channels);
+        if (!file.empty()) sets.push_back("data.path=" + file);
+      }
+    } else {
+      sets.push_back("data.path=" + under_data(first.data.path));
+    }
+    if (!first.init.from.empty()) sets.push_back("init.from=" + under_data(first.init.from));
+    RunConfig cfg = load_run_config(hp.config_file, sets);
+
+    if (!mpi_rank) {
+      info("sagemaker: host ", res.current_host, " (", res.hosts.size(), " host",
+           res.hosts.size() > 1 ? "s" : "", " x ", hp.processes_per_host,
+           " processes), root ", paths.root);
+      info("sagemaker: mxtrain train", hp.config_file.empty() ? "" : " --config ",
+           hp.config_file.empty() ? "" : sm::shell_quote(hp.config_file), [&] {
+             std::string s;
+             for (const auto& x : sets) s += " --set " + sm::shell_quote(x);
+             return s;
+           }());
+    }
+    fs::create_directories(paths.output_data, ec);
+    fs::create_directories(cfg.checkpoint_dir(), ec);
+
+    int rc = 0;
+    if (launcher) {
+      for (size_t i = 1; i < res.hosts.size(); ++i) {  // the workers' sshd
+        using clock = std::chrono::steady_clock;
+        const auto give_up = clock::now() + std::chrono::minutes(10);
+        while (!port_open(res.hosts[i], 22)) {
+          MX_REQUIRE(clock::now() < give_up, "host ", res.hosts[i], " does not accept ssh "
+                                             "connections after 10 minutes");
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+      }
+      sm::MpiLaunch launch;
+      launch.hosts = res.hosts;
+      launch.processes_per_host = hp.processes_per_host;
+      launch.network_interface = res.network_interface;
+      launch.export_env = {"PATH", "LD_LIBRARY_PATH", "MXTRAIN_SM_ROOT"};
+      for (const char* v : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+        if (std::getenv(v)) launch.export_env.emplace_back(v);
+      if (!std::getenv("LD_LIBRARY_PATH")) ::setenv("LD_LIBRARY_PATH", "", 0);
+      if (!std::getenv("MXTRAIN_SM_ROOT")) ::setenv("MXTRAIN_SM_ROOT", paths.root.c_str(), 0);
+      launch.program_args = {self_exe(), "sagemaker", "train"};
+      auto cmd = sm::mpirun_command(launch);
+      info("sagemaker: ", joined(cmd));
+      rc = run_child(cmd);
+      // Stopped (spot reclaim, StopTrainingJob): the ranks checkpointed at the same step and
+      // exited 143 / 130, whatever status mpirun makes of that; the job's status is the stop.
+      if (g_forwarded == SIGTERM || g_forwarded == SIGINT) rc = 128 + int(g_forwarded);
+      std::error_code fe;
+      if (rc != 0 && rc != 130 && rc != 143 && !fs::exists(paths.failure, fe))
+        write_failure(paths, str("error: mpirun exited with code ", rc));
+    } else {
+      rc = run_training(cfg);
+    }
+    if (rc != 0 || mpi_rank) return rc;  // a stopped job keeps its checkpoint, not a model
+
+    // The newest checkpoint is where the run wrote it: S3 when checkpoint.s3_uri is set.
+    const std::string step = export_checkpoint_hf(
+        cfg.checkpoint.s3_uri.empty() ? cfg.checkpoint_dir() : cfg.checkpoint.s3_uri, paths.model,
+        hp.export_dtype);
+    info("sagemaker: exported ", step, " to ", paths.model, " (Hugging Face, ", hp.export_dtype,
+         ")");
+    return 0;
+  } catch (const UserError& e) {
+    write_failure(paths, str("error: ", e.what()));
+    throw;
+  } catch (const StorageError& e) {
+    write_failure(paths, str("error: ", e.what()));
+    throw;
+  } catch (const std::bad_alloc&) {
+    write_failure(paths, "error: out of memory");
+    throw;
+  } catch (const std::exception& e) {
+    write_failure(paths, str("error: internal error: ", e.what()));
+    throw;
+  }
+}
+
+}  // namespace
+
+void add_sagemaker(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("sagemaker", "SageMaker training-job entrypoint (the container "
+                                              "runs `mxtrain sagemaker train`)");
+  cmd->require_subcommand(1);
+  auto* train = cmd->add_subcommand(
+      "train", "run the job described under /opt/ml ($MXTRAIN_SM_ROOT): hyperparameters.json "
+               "-> config overrides, checkpoints in checkpoints/, HF model in model/");
+  train->callback([&action] { action = [] { return sagemaker_train(); }; });
+}
+
+}  // namespace mx::cli

@@ -1,0 +1,527 @@
+#!/usr/bin/env python3
+"""Submit mxtrain training jobs to Amazon SageMaker, one job or a sweep, and gather a sweep's
+results into the table `mxtrain sweep` writes.
+
+    submit.py --image URI --role ARN --output-s3 s3://b/out [--spot --checkpoint-s3 s3://b/ck]
+              [--training-plan ARN] [--channel train=s3://b/data/] [--set train.steps=1000]
+              [--sweep train.lr=1e-3,3e-4 ...] [--dry-run]
+    submit.py gather --sweep-name NAME --out DIR
+
+How the request is made (a deliberate choice): the job is described with the SageMaker Python
+SDK 3.x's own types (the configs ModelTrainer takes: Compute, StoppingCondition,
+CheckpointConfig, InputData, OutputDataConfig from sagemaker.core.training.configs, which
+sagemaker.train re-exports, and the sagemaker.core shapes), which validate every field; the
+CreateTrainingJob request is serialized from them with the SDK's serializer (as
+sagemaker.core's TrainingJob.create does) and sent with boto3's `sagemaker` client.
+requirements.txt pins sagemaker-core 2.27.0 (the core of SDK 3.27.0), which holds all of these. ModelTrainer.train() itself is not called: with a ready image and no source
+code it would add nothing but a default-bucket lookup, an STS call and its own job name rules,
+and it cannot print the request without sending it (--dry-run). boto3 honours AWS_ENDPOINT_URL
+(the tests point it at a moto server on 127.0.0.1) and the usual credential chain.
+
+A sweep (--sweep key=v1,v2, repeatable) is the cartesian product of its axes, first axis
+slowest, with the point ids of `mxtrain sweep` (e.g. "lr-0.001_micro_batch-4"); each point is
+one job named <sweep name>-<index>-<id> and tagged mxtrain:sweep / mxtrain:point /
+mxtrain:grid. `gather` finds the sweep's jobs by those tags (ListTrainingJobs + ListTags),
+reads each job's DescribeTrainingJob (status, failure reason) and the metrics file the
+entrypoint leaves in the job's output (s3://<output>/<job>/output/output.tar.gz, member
+metrics.jsonl: its last "summary" object), and writes results.csv / results.md / results.json
+with the columns of `mxtrain sweep` (the planner's predicted columns are left empty).
+
+Exit codes: 0 ok, 2 bad input (one line starting `error:`), 3 an AWS call failed.
+"""
+import argparse
+import io
+import itertools
+import json
+import os
+import re
+import sys
+import tarfile
+import time
+
+DEFAULT_INSTANCE = "ml.p6-b200.48xlarge"
+MAX_SECONDS = 28 * 24 * 3600  # SageMaker's limit on MaxRuntimeInSeconds / MaxWaitTimeInSeconds
+TAG_SWEEP, TAG_POINT, TAG_GRID = "mxtrain:sweep", "mxtrain:point", "mxtrain:grid"
+
+
+class BadInput(Exception):
+    """Bad flags or values: exit 2."""
+
+
+class AwsFailure(Exception):
+    """An AWS call failed: exit 3."""
+
+
+# --- the sweep grid, as `mxtrain sweep` expands it (plan/sweep.cpp) -----------------------
+
+def _unquote(v):
+    if len(v) >= 2 and v[0] in "\"'" and v[-1] == v[0]:
+        return v[1:-1]
+    return v
+
+
+def _sanitize(s):
+    out = "".join(c if (c.isascii() and c.isalnum()) or c in ".-" else "_" for c in s)
+    return out or "_"
+
+
+def parse_axis(spec):
+    if "=" not in spec:
+        raise BadInput(f"--sweep '{spec}': expected section.key=v1,v2,... (no '=')")
+    key, rest = spec.split("=", 1)
+    key = key.strip()
+    if "." not in key or key.startswith(".") or key.endswith("."):
+        raise BadInput(f"--sweep '{spec}': the key must be section.key (e.g. train.lr)")
+    if not rest.strip():
+        raise BadInput(f"--sweep '{spec}': no values after '='")
+    values = [v.strip() for v in rest.split(",")]
+    if any(not v for v in values):
+        raise BadInput(f"--sweep '{spec}': empty value (values are separated by single commas)")
+    if len({_unquote(v) for v in values}) != len(values):
+        raise BadInput(f"--sweep '{spec}': a value is given twice")
+    return key, values
+
+
+def expand_grid(axes):
+    """[(key, [values])] -> [(id, [(key, value)])], first axis slowest; ids as mxtrain sweep."""
+    last = [k.rsplit(".", 1)[-1] for k, _ in axes]
+    names = [_sanitize(k if last.count(last[i]) > 1 else last[i]) for i, (k, _) in
+             enumerate(axes)]
+    points = []
+    for combo in itertools.product(*[vals for _, vals in axes]):
+        pid = "_".join(f"{names[i]}-{_sanitize(_unquote(v))}" for i, v in enumerate(combo))
+        points.append([pid, [(axes[i][0], v) for i, v in enumerate(combo)]])
+    seen = set()
+    for p in points:
+        pid, k = p[0], 2
+        while pid in seen:
+            pid = f"{p[0]}-{k}"
+            k += 1
+        seen.add(pid)
+        p[0] = pid
+    return [tuple(p) for p in points]
+
+
+# --- flags -> the CreateTrainingJob request -----------------------------------------------
+
+def _s3_uri(flag, value):
+    if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?", value or ""):
+        raise BadInput(f"{flag} must be an S3 URI s3://bucket/prefix (got '{value}')")
+    return value
+
+
+def _job_name(base, index=None, point_id=None):
+    """A valid, unique job name (63 characters at most): a sweep's jobs keep `base-index`
+    whole and carry as much of the point id as fits."""
+    clean = lambda x: re.sub(r"-+", "-", re.sub(r"[^a-zA-Z0-9-]", "-", x)).strip("-")
+    if index is None:
+        return clean(base)[:63].rstrip("-")
+    tail = f"-{index}"
+    name = clean(base)[:63 - len(tail)].rstrip("-") + tail
+    room = 63 - len(name) - 1
+    pid = clean(point_id or "")[:room].rstrip("-") if room > 0 else ""
+    return f"{name}-{pid}" if pid else name
+
+
+def parse_sets(items):
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise BadInput(f"--set expects section.key=value (got '{item}')")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if not k or ("." not in k and k != "config"):
+            raise BadInput(f"--set '{item}': the key must be section.key (e.g. train.steps)")
+        out[k] = v
+    return out
+
+
+def parse_channels(items):
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise BadInput(f"--channel expects name=s3://bucket/prefix (got '{item}')")
+        name, uri = item.split("=", 1)
+        if not re.fullmatch(r"[A-Za-z0-9\.\-_]{1,64}", name):
+            raise BadInput(f"--channel '{item}': bad channel name '{name}'")
+        if name in out:
+            raise BadInput(f"--channel: channel '{name}' is given twice")
+        out[name] = _s3_uri(f"--channel {name}", uri)
+    return out
+
+
+def validate(args):
+    if args.instance_count < 1:
+        raise BadInput(f"--instance-count must be at least 1 (got {args.instance_count})")
+    if not 1 <= args.volume_size <= 16384:
+        raise BadInput(f"--volume-size must be 1..16384 GB (got {args.volume_size})")
+    if not 1 <= args.max_run <= MAX_SECONDS:
+        raise BadInput(f"--max-run must be 1..{MAX_SECONDS} seconds (got {args.max_run})")
+    if args.spot and args.training_plan:
+        raise BadInput("--spot and --training-plan cannot be used together (a training plan "
+                       "reserves on-demand capacity; Managed Spot Training uses spare capacity)")
+    if args.max_wait is not None and not args.spot:
+        raise BadInput("--max-wait applies to --spot jobs only")
+    if args.spot:
+        if args.max_wait is None:
+            args.max_wait = args.max_run
+        if not args.max_run <= args.max_wait <= MAX_SECONDS:
+            raise BadInput(f"--max-wait ({args.max_wait}) must be at least --max-run "
+                           f"({args.max_run}) and at most {MAX_SECONDS} seconds")
+        if not args.checkpoint_s3:
+            raise BadInput("--spot needs --checkpoint-s3: a reclaimed spot job resumes from "
+                           "the checkpoints SageMaker syncs there")
+    if args.training_plan and not re.fullmatch(r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:\d{12}:"
+                                               r"training-plan/[A-Za-z0-9\-]+",
+                                               args.training_plan):
+        raise BadInput(f"--training-plan must be a training plan ARN "
+                       f"(arn:aws:sagemaker:REGION:ACCOUNT:training-plan/NAME), "
+                       f"got '{args.training_plan}'")
+    if args.processes_per_host is not None and args.processes_per_host < 1:
+        raise BadInput("--processes-per-host must be at least 1")
+    if not re.fullmatch(r"arn:aws[a-z\-]*:iam::\d{12}:role/.+", args.role or ""):
+        raise BadInput(f"--role must be an IAM role ARN (got '{args.role}')")
+    if not args.image:
+        raise BadInput("--image (the ECR URI of the image built from the Dockerfile) is required")
+    _s3_uri("--output-s3", args.output_s3)
+    if args.checkpoint_s3:
+        _s3_uri("--checkpoint-s3", args.checkpoint_s3)
+
+
+# Lines the entrypoint prints (train/trainer.cpp's progress line) that CloudWatch turns into
+# the job's metrics (MetricDefinitions; FinalMetricDataList holds their last values).
+METRIC_DEFINITIONS = [
+    {"Name": "train:loss", "Regex": r"step \d+/\d+ \| loss ([0-9.eE+-]+)"},
+    {"Name": "train:val_loss", "Regex": r"\| val ([0-9.eE+-]+)"},
+    {"Name": "train:mfu_percent", "Regex": r"\| MFU ([0-9.]+)%"},
+]
+
+
+def build_request(args, job_name, hyperparameters, channels, tags):
+    """The CreateTrainingJob request, from the SDK's types: the same configs ModelTrainer
+    takes (Compute, StoppingCondition, CheckpointConfig, InputData, OutputDataConfig) and the
+    sagemaker.core shapes TrainingJob.create() sends, serialized as the SDK serializes them."""
+    try:
+        from pydantic import ValidationError
+        from sagemaker.core import shapes
+        from sagemaker.core.training.configs import (CheckpointConfig, Compute, InputData,
+                                                     OutputDataConfig, StoppingCondition)
+        from sagemaker.core.utils.utils import serialize
+    except ImportError as e:
+        raise BadInput(f"the SageMaker Python SDK is not importable ({e}): pip install -r "
+                       f"launch/sagemaker/requirements.txt") from e
+    try:
+        compute = Compute(instance_type=args.instance_type, instance_count=args.instance_count,
+                          volume_size_in_gb=args.volume_size,
+                          enable_managed_spot_training=True if args.spot else None,
+                          training_plan_arn=args.training_plan or None)
+        stopping = StoppingCondition(max_runtime_in_seconds=args.max_run,
+                                     max_wait_time_in_seconds=args.max_wait if args.spot
+                                     else None)
+        inputs = [InputData(channel_name=name, data_source=uri)
+                  for name, uri in sorted(channels.items())]
+        channel_shapes = [shapes.Channel(
+            channel_name=d.channel_name, input_mode="File",
+            data_source=shapes.DataSource(s3_data_source=shapes.S3DataSource(
+                s3_data_type="S3Prefix", s3_uri=d.data_source,
+                s3_data_distribution_type="FullyReplicated"))) for d in inputs]
+        request = {
+            "TrainingJobName": job_name,
+            "RoleArn": args.role,
+            "AlgorithmSpecification": shapes.AlgorithmSpecification(
+                training_image=args.image, training_input_mode="File",
+                metric_definitions=[shapes.MetricDefinition(name=m["Name"], regex=m["Regex"])
+                                    for m in METRIC_DEFINITIONS]),
+            "HyperParameters": {str(k): str(v) for k, v in sorted(hyperparameters.items())},
+            "InputDataConfig": channel_shapes or None,
+            "OutputDataConfig": OutputDataConfig(s3_output_path=args.output_s3),
+            "ResourceConfig": compute._to_resource_config(),
+            "StoppingCondition": stopping,
+            "EnableManagedSpotTraining": bool(args.spot),
+            "CheckpointConfig": CheckpointConfig(s3_uri=args.checkpoint_s3,
+                                                 local_path="/opt/ml/checkpoints")
+            if args.checkpoint_s3 else None,
+            "Tags": [shapes.Tag(key=t["Key"], value=t["Value"]) for t in tags] or None,
+        }
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise BadInput(f"the SageMaker SDK rejects the job: {where}: {first.get('msg')}") from e
+    return serialize(request)
+
+
+def sagemaker_client(region):
+    import boto3
+    return boto3.client("sagemaker", region_name=region)
+
+
+def s3_client(region):
+    import boto3
+    return boto3.client("s3", region_name=region)
+
+
+def _aws(call, what):
+    try:
+        return call()
+    except Exception as e:  # botocore's ClientError, EndpointConnectionError, NoCredentials...
+        raise AwsFailure(f"{what}: {e}") from e
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors as one `error:` line (exit 2) like every mxtrain tool."""
+
+    def error(self, message):
+        raise BadInput(f"{self.prog}: {message}")
+
+
+def submit(argv):
+    p = Parser(prog="submit.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--job-name", help="job name (default mxtrain-<UTC time>); a sweep's prefix")
+    p.add_argument("--region", default=os.environ.get("AWS_REGION") or
+                   os.environ.get("AWS_DEFAULT_REGION"), help="AWS region")
+    p.add_argument("--role", help="IAM role ARN SageMaker runs the job as")
+    p.add_argument("--image", help="training image URI (ECR), built from the Dockerfile")
+    p.add_argument("--instance-type", default=DEFAULT_INSTANCE)
+    p.add_argument("--instance-count", type=int, default=1)
+    p.add_argument("--volume-size", type=int, default=500, help="EBS volume per instance, GB")
+    p.add_argument("--max-run", type=int, default=24 * 3600, help="MaxRuntimeInSeconds")
+    p.add_argument("--spot", action="store_true", help="Managed Spot Training")
+    p.add_argument("--max-wait", type=int, help="MaxWaitTimeInSeconds (spot; >= --max-run; "
+                   "default --max-run)")
+    p.add_argument("--training-plan", help="SageMaker training plan ARN (not with --spot)")
+    p.add_argument("--checkpoint-s3", help="S3 URI synced with /opt/ml/checkpoints")
+    p.add_argument("--output-s3", help="S3 URI for the model and output (S3OutputPath)")
+    p.add_argument("--channel", action="append", default=[], metavar="NAME=S3URI",
+                   help="input channel (repeatable): train=s3://bucket/data/")
+    p.add_argument("--config", help="hyperparameter 'config': CHANNEL/FILE.toml under the "
+                   "job's input/data")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="hyperparameter = mxtrain config override (repeatable)")
+    p.add_argument("--processes-per-host", type=int,
+                   help="MPI processes per instance (sagemaker.processes_per_host)")
+    p.add_argument("--sweep", action="append", default=[], metavar="SECTION.KEY=V1,V2",
+                   help="one job per point of the grid (repeatable axes)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the CreateTrainingJob request(s) as JSON, send nothing")
+    args = p.parse_args(argv)
+    validate(args)
+    if not args.region and not args.dry_run:
+        raise BadInput("--region (or AWS_REGION) is required")
+
+    hyper = parse_sets(args.set)
+    if args.config:
+        hyper["config"] = args.config
+    if args.processes_per_host is not None:
+        hyper["sagemaker.processes_per_host"] = str(args.processes_per_host)
+    channels = parse_channels(args.channel)
+    base = args.job_name or time.strftime("mxtrain-%Y%m%d-%H%M%S", time.gmtime())
+    if not re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", base):
+        raise BadInput(f"--job-name '{base}': letters, digits and single hyphens, at most 63")
+
+    requests = []
+    if args.sweep:
+        axes = [parse_axis(s) for s in args.sweep]
+        keys = [k for k, _ in axes]
+        if len(set(keys)) != len(keys):
+            raise BadInput("--sweep: a key is given twice")
+        grid_tag = json.dumps(keys, separators=(",", ":"))
+        if len(grid_tag) > 256:
+            raise BadInput("--sweep: too many or too long keys (the grid tag holds 256 chars)")
+        for i, (pid, overrides) in enumerate(expand_grid(axes)):
+            hp = dict(hyper)
+            hp.update({k: _unquote(v) for k, v in overrides})
+            tags = [{"Key": TAG_SWEEP, "Value": base}, {"Key": TAG_POINT, "Value": pid[:256]},
+                    {"Key": TAG_GRID, "Value": grid_tag}]
+            requests.append(build_request(args, _job_name(base, i, pid), hp, channels, tags))
+    else:
+        requests.append(build_request(args, _job_name(base), hyper, channels, []))
+
+    if args.dry_run:
+        out = requests[0] if len(requests) == 1 else requests
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    sm = sagemaker_client(args.region)
+    for req in requests:
+        resp = _aws(lambda: sm.create_training_job(**req),
+                    f"CreateTrainingJob {req['TrainingJobName']}")
+        print(f"submitted {req['TrainingJobName']} {resp['TrainingJobArn']}")
+    return 0
+
+
+# --- gather --------------------------------------------------------------------------------
+
+def _read_summary(s3, output_path, job):
+    """The entrypoint's last metrics summary from <output>/<job>/output/output.tar.gz."""
+    m = re.fullmatch(r"s3://([^/]+)/?(.*)", output_path)
+    if not m:
+        return None
+    bucket, prefix = m.group(1), m.group(2).strip("/")
+    key = "/".join(x for x in (prefix, job, "output", "output.tar.gz") if x)
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except Exception:
+        return None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
+            member = next((x for x in tar.getmembers()
+                           if os.path.basename(x.name) == "metrics.jsonl"), None)
+            if member is None:
+                return None
+            text = tar.extractfile(member).read().decode()
+    except (tarfile.TarError, OSError, UnicodeDecodeError):
+        return None
+    summary = None
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("summary"):
+            summary = obj
+    return summary
+
+
+def _num(v):
+    if v is None:
+        return ""
+    if float(v) == int(v) and abs(v) < 1e15:
+        return "%.0f" % v
+    return "%.6g" % v
+
+
+def _csv(s):
+    s = str(s)
+    if any(c in s for c in ",\"\n"):
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def _rate(v):
+    if v >= 1e6:
+        return "%.2fM" % (v / 1e6)
+    if v >= 1e3:
+        return "%.2fk" % (v / 1e3)
+    return "%.3g" % v
+
+
+def results_tables(rows, keys, title):
+    """rows: dicts with id, values {key: v}, status, measured, tokens_per_s, peak_mem_bytes,
+    final_loss, mfu, wall_s. Returns (csv, markdown) in the columns of `mxtrain sweep`."""
+    head = ["id"] + keys + ["status", "tokens_per_s", "predicted_tokens_per_s",
+                            "peak_mem_bytes", "predicted_mem_bytes", "mem_error",
+                            "capacity_bytes", "final_loss", "mfu", "predicted_mfu", "wall_s",
+                            "reused"]
+    lines = [",".join(_csv(h) for h in head)]
+    for r in rows:
+        m = (lambda v: _num(v)) if r["measured"] else (lambda v: "")
+        f = [r["id"]] + [_unquote(r["values"].get(k, "")) for k in keys]
+        f += [r["status"], m(r["tokens_per_s"]), "", m(r["peak_mem_bytes"]), "", "", "",
+              m(r["final_loss"]), m(r["mfu"]), "", "%.2f" % r["wall_s"], "false"]
+        lines.append(",".join(_csv(x) for x in f))
+    md = [f"# {title}", "",
+          "Sorted by measured tokens/s (failed and skipped points last). Memory is per "
+          "process, MiB; error = (measured - predicted) / predicted.", ""]
+    md.append("|" + "".join(f" {k} |" for k in keys) + " tokens/s | predicted tokens/s | "
+              "measured peak MiB | predicted MiB | mem error | final loss | MFU | status |")
+    md.append("|" + "---|" * (len(keys) + 8))
+    for r in rows:
+        ok = r["measured"]
+        cells = [_unquote(r["values"].get(k, "")) for k in keys]
+        cells += [_rate(r["tokens_per_s"]) if ok else "-", "-",
+                  "%.1f" % (r["peak_mem_bytes"] / 1048576.0) if ok else "-", "-", "-",
+                  "%.4f" % r["final_loss"] if ok else "-",
+                  "%.1f%%" % (100.0 * r["mfu"]) if ok else "-", r["status"]]
+        md.append("|" + "".join(f" {c} |" for c in cells))
+    return "\n".join(lines) + "\n", "\n".join(md) + "\n"
+
+
+def gather(argv):
+    p = Parser(prog="submit.py gather",
+                                description="collect a sweep's jobs into results.csv/md/json")
+    p.add_argument("--sweep-name", required=True, help="the sweep's --job-name")
+    p.add_argument("--out", required=True, help="directory for results.csv, .md, .json")
+    p.add_argument("--region", default=os.environ.get("AWS_REGION") or
+                   os.environ.get("AWS_DEFAULT_REGION"))
+    args = p.parse_args(argv)
+    if not args.region:
+        raise BadInput("--region (or AWS_REGION) is required")
+    sm, s3 = sagemaker_client(args.region), s3_client(args.region)
+    names, token = [], None
+    while True:
+        kw = {"NameContains": args.sweep_name, "MaxResults": 100}
+        if token:
+            kw["NextToken"] = token
+        page = _aws(lambda: sm.list_training_jobs(**kw), "ListTrainingJobs")
+        names += [j["TrainingJobName"] for j in page.get("TrainingJobSummaries", [])]
+        token = page.get("NextToken")
+        if not token:
+            break
+    rows, keys = [], None
+    for name in sorted(set(names)):
+        desc = _aws(lambda: sm.describe_training_job(TrainingJobName=name),
+                    f"DescribeTrainingJob {name}")
+        tags = {t["Key"]: t["Value"] for t in _aws(
+            lambda: sm.list_tags(ResourceArn=desc["TrainingJobArn"]), f"ListTags {name}"
+        ).get("Tags", [])}
+        if tags.get(TAG_SWEEP) != args.sweep_name:
+            continue
+        job_keys = json.loads(tags.get(TAG_GRID, "[]"))
+        keys = keys or job_keys
+        hp = desc.get("HyperParameters", {})
+        status = desc.get("TrainingJobStatus", "Unknown")
+        summary = None
+        if status == "Completed":
+            summary = _read_summary(s3, desc["OutputDataConfig"]["S3OutputPath"], name)
+        measured = summary is not None and not summary.get("stopped_by_signal")
+        if status == "Failed":
+            text = "failed: " + desc.get("FailureReason", "unknown reason").splitlines()[0]
+        elif status == "Completed":
+            text = "ok" if measured else "completed: no metrics in the job's output"
+        else:
+            text = status.lower()
+        wall = desc.get("TrainingTimeInSeconds")
+        if wall is None and summary:
+            wall = summary.get("wall_seconds", 0.0)
+        rows.append({
+            "id": tags.get(TAG_POINT, name), "job": name,
+            "values": {k: hp.get(k, "") for k in job_keys}, "status": text,
+            "measured": measured,
+            "tokens_per_s": float(summary.get("tokens_per_s", 0)) if measured else 0.0,
+            "peak_mem_bytes": float(summary.get("peak_mem_bytes", 0)) if measured else 0.0,
+            "final_loss": float(summary.get("final_loss", 0)) if measured else 0.0,
+            "mfu": float(summary.get("mfu", 0)) if measured else 0.0,
+            "wall_s": float(wall or 0.0)})
+    if not rows:
+        raise BadInput(f"no training jobs of sweep '{args.sweep_name}' (tag {TAG_SWEEP})")
+    rank = lambda r: 0 if r["measured"] else (1 if r["status"].startswith("failed") else 2)
+    rows.sort(key=lambda r: (rank(r), -r["tokens_per_s"] if r["measured"] else 0, r["id"]))
+    csv_text, md = results_tables(rows, keys or [],
+                                  f"mxtrain sweep on SageMaker: {args.sweep_name}, "
+                                  f"{len(rows)} jobs")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.csv"), "w") as f:
+        f.write(csv_text)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"sweep": args.sweep_name, "points": rows}, f, indent=2)
+    print(md)
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] == "gather":
+            return gather(argv[1:])
+        return submit(argv)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except AwsFailure as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+// The SageMaker entrypoint's translation rules: hyperparameters.json -> config overrides,
+// resourceconfig.json -> hosts, the train channel -> data.path, and the mpirun command line.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "train/config.h"
+#include "train/sagemaker.h"
+
+namespace fs = std::filesystem;
+namespace sm = mx::sagemaker;
+using nlohmann::json;
+
+namespace {
+
+class SagemakerDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("mx_sagemaker_" + std::string(::testing::UnitTest::GetInstance()
+                                              ->current_test_info()
+                                              ->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void touch(const fs::path& rel, const std::string& text = "x") {
+    fs::create_directories((dir_ / rel).parent_path());
+    std::ofstream(dir_ / rel) << text;
+  }
+  fs::path dir_;
+};
+
+bool contains_in_order(const std::vector<std::string>& v, const std::vector<std::string>& seq) {
+  return std::search(v.begin(), v.end(), seq.begin(), seq.end()) != v.end();
+}
+
+}  // namespace
+
+TEST(SagemakerHyperparameters, StringValuesBecomeTheSameOverridesAsSet) {
+  // What SageMaker writes: every value a string; SDK v2 estimators JSON-quote them again.
+  json hp = {{"train.steps", "7"},         {"model.preset", "tiny"},
+             {"train.lr", "\"0.003\""},   {"data.shuffle", "false"},
+             {"train.seed", 42},           {"checkpoint.every", "2"},
+             {"run.sample_prompt", "a b"}, {"memory.activation_checkpointing", "full"}};
+  auto h = sm::parse_hyperparameters(hp, "/nonexistent");
+  EXPECT_EQ(h.sets, (std::vector<std::string>{
+                        "checkpoint.every=2", "data.shuffle=false",
+                        "memory.activation_checkpointing=full", "model.preset=tiny",
+                        "run.sample_prompt=a b", "train.lr=0.003", "train.seed=42",
+                        "train.steps=7"}));
+  EXPECT_TRUE(h.config_file.empty());
+  EXPECT_EQ(h.processes_per_host, 1);
+  // ...and the config they make holds the values (the tiny preset is 64 wide).
+  mx::RunConfig c = mx::load_run_config("", h.sets);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.train.seed, 42);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.003);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.checkpoint.every, 2);
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.run.sample_prompt, "a b");
+  EXPECT_EQ(c.memory.activation_checkpointing, "full");
+}
+
+TEST(SagemakerHyperparameters, BadKeysAndValuesAreUserErrors) {
+  EXPECT_THROW(sm::parse_hyperparameters(json::array(), "/d"), mx::UserError);
+  EXPECT_THROW(sm::parse_hyperparameters({{"steps", "3"}}, "/d"), mx::UserError);  // no section
+  EXPECT_THROW(sm::parse_hyperparameters({{"train.", "3"}}, "/d"), mx::UserError);
+  EXPECT_THROW(sm::parse_hyperparameters({{"train.steps", json::array()}}, "/d"), mx::UserError);
+  EXPECT_THROW(sm::parse_hyperparameters({{"sagemaker.nodes", "2"}}, "/d"), mx::UserError);
+  for (const char* bad : {"0", "-1", "two", "2x", ""})
+    EXPECT_THROW(sm::parse_hyperparameters({{"sagemaker.processes_per_host", bad}}, "/d"),
+                 mx::UserError)
+        << bad;
+  EXPECT_THROW(sm::parse_hyperparameters({{"sagemaker.export_dtype", "fp8"}}, "/d"),
+               mx::UserError);
+  // Unknown keys and wrong types are the config schema's errors, as for --set.
+  auto h = sm::parse_hyperparameters({{"train.stepz", "3"}}, "/d");
+  EXPECT_THROW(mx::load_run_config("", h.sets), mx::UserError);
+  h = sm::parse_hyperparameters({{"train.steps", "three"}}, "/d");
+  EXPECT_THROW(mx::load_run_config("", h.sets), mx::UserError);
+}
+
+TEST(SagemakerHyperparameters, EntrypointKeys) {
+  auto h = sm::parse_hyperparameters(
+      {{"sagemaker.processes_per_host", "8"}, {"sagemaker.export_dtype", "BF16"},
+       {"train.steps", "3"}},
+      "/d");
+  EXPECT_EQ(h.processes_per_host, 8);
+  EXPECT_EQ(h.export_dtype, "bf16");
+  EXPECT_EQ(h.sets, std::vector<std::string>{"train.steps=3"});  // not passed to the config
+  // the training toolkit's own keys, as SDK estimators add them, are set aside
+  h = sm::parse_hyperparameters(
+      {{"sagemaker_region", "\"us-west-2\""}, {"sagemaker_program", "x"}, {"train.steps", "3"}},
+      "/d");
+  EXPECT_EQ(h.sets, std::vector<std::string>{"train.steps=3"});
+  EXPECT_EQ(h.ignored, (std::vector<std::string>{"sagemaker_program", "sagemaker_region"}));
+}
+
+TEST_F(SagemakerDir, ConfigNamesATomlFileInAChannel) {
+  touch("config/run.toml", "[train]\nsteps = 9\n");
+  auto h = sm::parse_hyperparameters({{"config", "config/run.toml"}}, dir_.string());
+  EXPECT_EQ(fs::path(h.config_file), dir_ / "config/run.toml");
+  EXPECT_EQ(mx::load_run_config(h.config_file, h.sets).train.steps, 9);
+  // absolute paths are taken as they are
+  h = sm::parse_hyperparameters({{"config", (dir_ / "config/run.toml").string()}}, "/elsewhere");
+  EXPECT_EQ(fs::path(h.config_file), dir_ / "config/run.toml");
+  EXPECT_THROW(sm::parse_hyperparameters({{"config", "config/missing.toml"}}, dir_.string()),
+               mx::UserError);
+  EXPECT_THROW(sm::parse_hyperparameters({{"config", "../config/run.toml"}},
+                                         (dir_ / "config").string()),
+               mx::UserError);
+  EXPECT_THROW(sm::parse_hyperparameters({{"config", ""}}, dir_.string()), mx::UserError);
+}
+
+TEST(SagemakerPlatform, UserOverridesComeAfterThePlatformPaths) {
+  auto p = sm::paths_under("/tmp/smroot");
+  EXPECT_EQ(p.checkpoints, "/tmp/smroot/checkpoints");
+  EXPECT_EQ(p.model, "/tmp/smroot/model");
+  EXPECT_EQ(p.failure, "/tmp/smroot/output/failure");
+  auto sets = sm::platform_sets(p);
+  mx::RunConfig c = mx::load_run_config("", sets);
+  EXPECT_EQ(c.checkpoint_dir(), "/tmp/smroot/checkpoints");
+  EXPECT_EQ(c.checkpoint.resume, "auto");
+  EXPECT_EQ(c.metrics_path(), "/tmp/smroot/output/data/metrics.jsonl");
+  sets.push_back("checkpoint.dir=/mnt/ckpt");
+  EXPECT_EQ(mx::load_run_config("", sets).checkpoint_dir(), "/mnt/ckpt");
+}
+
+TEST(SagemakerResources, HostsSortedFirstIsMaster) {
+  auto r = sm::parse_resource_config({{"current_host", "algo-2"},
+                                      {"hosts", {"algo-3", "algo-1", "algo-2"}},
+                                      {"network_interface_name", "eth0"}});
+  EXPECT_EQ(r.hosts, (std::vector<std::string>{"algo-1", "algo-2", "algo-3"}));
+  EXPECT_FALSE(r.is_master());
+  EXPECT_EQ(r.network_interface, "eth0");
+  r = sm::parse_resource_config({{"current_host", "algo-1"}, {"hosts", {"algo-2", "algo-1"}}});
+  EXPECT_TRUE(r.is_master());
+  EXPECT_EQ(r.network_interface, "");
+  EXPECT_THROW(sm::parse_resource_config({{"current_host", "algo-9"}, {"hosts", {"algo-1"}}}),
+               mx::UserError);
+  EXPECT_THROW(sm::parse_resource_config({{"current_host", "algo-1"}, {"hosts", json::array()}}),
+               mx::UserError);
+  EXPECT_THROW(sm::parse_resource_config({{"hosts", {"algo-1"}}}), mx::UserError);
+  EXPECT_THROW(
+      sm::parse_resource_config({{"current_host", "algo-1"}, {"hosts", {"algo-1", "algo-1"}}}),
+      mx::UserError);
+}
+
+TEST_F(SagemakerDir, TrainChannelGivesTheDataFile) {
+  std::map<std::string, std::string> channels = {{"train", "File"}};
+  // no channel at all: nothing to add (the config's own data.path / the bundled corpus)
+  EXPECT_EQ(sm::train_channel_file(dir_.string(), {}), "");
+  // configured but absent, empty, Pipe mode: errors
+  EXPECT_THROW(sm::train_channel_file(dir_.string(), channels), mx::UserError);
+  fs::create_directories(dir_ / "train");
+  EXPECT_THROW(sm::train_channel_file(dir_.string(), channels), mx::UserError);
+  touch("train/sub/shard.bin");
+  touch("train/.hidden");
+  touch("train/.cache/x.bin");
+  EXPECT_EQ(fs::path(sm::train_channel_file(dir_.string(), channels)),
+            dir_ / "train/sub/shard.bin");
+  EXPECT_THROW(sm::train_channel_file(dir_.string(), {{"train", "Pipe"}}), mx::UserError);
+  touch("train/other.bin");
+  EXPECT_THROW(sm::train_channel_file(dir_.string(), channels), mx::UserError);
+}
+
+TEST(SagemakerInputData, ModesPerChannel) {
+  auto c = sm::parse_input_data_config(
+      {{"train", {{"TrainingInputMode", "FastFile"}}}, {"config", json::object()}});
+  EXPECT_EQ(c.at("train"), "FastFile");
+  EXPECT_EQ(c.at("config"), "File");
+}
+
+TEST(SagemakerMpirun, TwoHostsEightProcessesEach) {
+  sm::MpiLaunch l;
+  l.hosts = {"algo-1", "algo-2"};
+  l.processes_per_host = 8;
+  l.network_interface = "eth0";
+  l.export_env = {"PATH", "MXTRAIN_SM_ROOT"};
+  l.program_args = {"/opt/mxtrain/build/mxtrain", "sagemaker", "train"};
+  auto cmd = sm::mpirun_command(l);
+  ASSERT_FALSE(cmd.empty());
+  EXPECT_EQ(cmd.front(), "mpirun");
+  EXPECT_TRUE(contains_in_order(cmd, {"--host", "algo-1:8,algo-2:8"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"-np", "16"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"--mca", "plm_rsh_no_tree_spawn", "1"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"--mca", "btl_tcp_if_include", "eth0"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"--mca", "oob_tcp_if_include", "eth0"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"-x", "NCCL_SOCKET_IFNAME=eth0"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"-x", "PATH"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"-x", "MXTRAIN_SM_ROOT"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"--allow-run-as-root"}));
+  // the program comes last, whole
+  ASSERT_GE(cmd.size(), 3u);
+  EXPECT_EQ(std::vector<std::string>(cmd.end() - 3, cmd.end()), l.program_args);
+}
+
+TEST(SagemakerMpirun, OneHostRunsLocally) {
+  sm::MpiLaunch l;
+  l.hosts = {"algo-1"};
+  l.processes_per_host = 2;
+  l.network_interface = "eth0";
+  l.program_args = {"mxtrain", "sagemaker", "train"};
+  auto cmd = sm::mpirun_command(l);
+  EXPECT_TRUE(contains_in_order(cmd, {"--host", "localhost:2"}));
+  EXPECT_TRUE(contains_in_order(cmd, {"-np", "2"}));
+  EXPECT_EQ(std::find(cmd.begin(), cmd.end(), "plm_rsh_no_tree_spawn"), cmd.end());
+  EXPECT_EQ(std::find(cmd.begin(), cmd.end(), "btl_tcp_if_include"), cmd.end());
+  l.hosts.clear();
+  EXPECT_THROW(sm::mpirun_command(l), mx::UserError);
+}
+
+TEST(SagemakerMpirun, ShellQuote) {
+  EXPECT_EQ(sm::shell_quote("train.steps=3"), "train.steps=3");
+  EXPECT_EQ(sm::shell_quote("a b"), "'a b'");
+  EXPECT_EQ(sm::shell_quote("it's"), "'it'\\''s'");
+  EXPECT_EQ(sm::shell_quote(""), "''");
+}

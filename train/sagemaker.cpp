@@ -1,0 +1,246 @@
+#include "train/sagemaker.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+
+namespace mx::sagemaker {
+
+namespace fs = std::filesystem;
+
+Paths paths_under(const std::string& root) {
+  Paths p;
+  p.root = root;
+  p.config_dir = root + "/input/config";
+  p.data_dir = root + "/input/data";
+  p.checkpoints = root + "/checkpoints";
+  p.model = root + "/model";
+  p.output_data = root + "/output/data";
+  p.failure = root + "/output/failure";
+  return p;
+}
+
+std::string root_from_env() {
+  const char* r = std::getenv("MXTRAIN_SM_ROOT");
+  return r && *r ? std::string(r) : std::string("/opt/ml");
+}
+
+Resources parse_resource_config(const nlohmann::json& j) {
+  MX_REQUIRE(j.is_object(), "resourceconfig.json must be a JSON object");
+  Resources r;
+  MX_REQUIRE(j.contains("current_host") && j["current_host"].is_string() &&
+                 !j["current_host"].get<std::string>().empty(),
+             "resourceconfig.json: current_host must be a non-empty string");
+  r.current_host = j["current_host"].get<std::string>();
+  MX_REQUIRE(j.contains("hosts") && j["hosts"].is_array() && !j["hosts"].empty(),
+             "resourceconfig.json: hosts must be a non-empty list of host names");
+  r.hosts.clear();
+  for (const auto& h : j["hosts"]) {
+    MX_REQUIRE(h.is_string() && !h.get<std::string>().empty(),
+               "resourceconfig.json: hosts must be a list of non-empty strings");
+    r.hosts.push_back(h.get<std::string>());
+  }
+  // The toolkit's rule: hosts sorted, the first is the master (every host computes the same).
+  std::sort(r.hosts.begin(), r.hosts.end());
+  MX_REQUIRE(std::adjacent_find(r.hosts.begin(), r.hosts.end()) == r.hosts.end(),
+             "resourceconfig.json: a host is listed twice");
+  MX_REQUIRE(std::find(r.hosts.begin(), r.hosts.end(), r.current_host) != r.hosts.end(),
+             "resourceconfig.json: current_host ", r.current_host, " is not in hosts");
+  if (j.contains("network_interface_name")) {
+    MX_REQUIRE(j["network_interface_name"].is_string(),
+               "resourceconfig.json: network_interface_name must be a string");
+    r.network_interface = j["network_interface_name"].get<std::string>();
+  }
+  return r;
+}
+
+namespace {
+
+// A hyperparameter's value as the text `--set key=value` would carry.
+std::string value_text(const std::string& key, const nlohmann::json& v) {
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    // SDK v2 estimators JSON-encode every value: "\"tiny\"" -> tiny, "\"3\"" -> 3.
+    if (s.size() >= 2 && s.front() == '"' && s.back() == '"') {
+      try {
+        auto inner = nlohmann::json::parse(s);
+        if (inner.is_string()) s = inner.get<std::string>();
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    return s;
+  }
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_number()) return v.dump();
+  throw UserError(str("hyperparameter '", key, "' must be a string, number or boolean (got ",
+                      v.type_name(), ")"));
+}
+
+bool escapes(const fs::path& p) {
+  for (const auto& part : p)
+    if (part == "..") return true;
+  return false;
+}
+
+}  // namespace
+
+Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string& data_dir) {
+  MX_REQUIRE(j.is_object(), "hyperparameters.json must be a JSON object of \"key\": \"value\"");
+  Hyperparameters h;
+  for (const auto& [key, raw] : j.items()) {  // nlohmann's object: keys in sorted order
+    if (key.rfind("sagemaker_", 0) == 0) {  // the training toolkit's keys, not ours
+      h.ignored.push_back(key);
+      continue;
+    }
+    const std::string value = value_text(key, raw);
+    if (key == "config") {
+      MX_REQUIRE(!value.empty(), "hyperparameter 'config' is empty (it names a TOML file: "
+                                 "CHANNEL/FILE under input/data, or an absolute path)");
+      fs::path p(value);
+      if (p.is_relative()) {
+        MX_REQUIRE(!escapes(p), "hyperparameter 'config' = ", value,
+                   ": a relative path must stay inside input/data (no '..')");
+        p = fs::path(data_dir) / p;
+      }
+      std::error_code ec;
+      MX_REQUIRE(fs::is_regular_file(p, ec), "hyperparameter 'config' = ", value, ": ",
+                 p.string(), " is not a file (name it as CHANNEL/FILE under input/data)");
+      h.config_file = p.string();
+    } else if (key.rfind("sagemaker.", 0) == 0) {
+      if (key == "sagemaker.processes_per_host") {
+        size_t used = 0;
+        long long n = -1;
+        try {
+          n = std::stoll(value, &used);
+        } catch (const std::logic_error&) {
+          used = 0;
+        }
+        MX_REQUIRE(used == value.size() && n >= 1 && n <= 1024,
+                   "hyperparameter sagemaker.processes_per_host must be an integer in "
+                   "[1, 1024] (got '", value, "')");
+        h.processes_per_host = n;
+      } else if (key == "sagemaker.export_dtype") {
+        std::string d = value;
+        for (auto& c : d) c = char(std::tolower(static_cast<unsigned char>(c)));
+        MX_REQUIRE(d == "f32" || d == "bf16",
+                   "hyperparameter sagemaker.export_dtype must be f32 or bf16 (got '", value,
+                   "')");
+        h.export_dtype = d;
+      } else {
+        throw UserError(str("unknown hyperparameter '", key,
+                            "' (known in sagemaker.: processes_per_host, export_dtype)"));
+      }
+    } else {
+      const auto dot = key.find('.');
+      MX_REQUIRE(dot != std::string::npos && dot > 0 && dot + 1 < key.size(),
+                 "hyperparameter '", key, "' is not section.key (nor 'config' or sagemaker.*)");
+      h.sets.push_back(key + "=" + value);
+    }
+  }
+  return h;
+}
+
+std::map<std::string, std::string> parse_input_data_config(const nlohmann::json& j) {
+  MX_REQUIRE(j.is_object(), "inputdataconfig.json must be a JSON object of channels");
+  std::map<std::string, std::string> channels;
+  for (const auto& [name, spec] : j.items()) {
+    std::string mode = "File";
+    if (spec.is_object() && spec.contains("TrainingInputMode") &&
+        spec["TrainingInputMode"].is_string())
+      mode = spec["TrainingInputMode"].get<std::string>();
+    channels[name] = mode;
+  }
+  return channels;
+}
+
+std::string train_channel_file(const std::string& data_dir,
+                               const std::map<std::string, std::string>& channels) {
+  auto it = channels.find("train");
+  if (it != channels.end())
+    MX_REQUIRE(it->second != "Pipe", "input channel 'train' uses Pipe mode, which mxtrain does "
+                                     "not read: use File or FastFile");
+  const fs::path dir = fs::path(data_dir) / "train";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    MX_REQUIRE(it == channels.end(), "input channel 'train' is configured but ", dir.string(),
+               " does not exist");
+    return "";
+  }
+  std::vector<std::string> files;
+  for (auto e = fs::recursive_directory_iterator(dir, ec); !ec && e != fs::end(e);
+       e.increment(ec)) {
+    const std::string name = e->path().filename().string();
+    if (!name.empty() && name.front() == '.') {
+      if (e->is_directory(ec)) e.disable_recursion_pending();
+      continue;
+    }
+    if (e->is_regular_file(ec)) files.push_back(e->path().string());
+  }
+  MX_REQUIRE(!ec, "cannot list input channel ", dir.string(), ": ", ec.message());
+  std::sort(files.begin(), files.end());
+  MX_REQUIRE(!files.empty(), "input channel 'train' (", dir.string(), ") holds no file");
+  MX_REQUIRE(files.size() == 1, "input channel 'train' holds ", files.size(),
+             " files: set the hyperparameter data.path to the one to train on (e.g. ",
+             files.front(), ")");
+  return files.front();
+}
+
+std::vector<std::string> platform_sets(const Paths& paths) {
+  return {"checkpoint.dir=" + paths.checkpoints, "checkpoint.resume=auto",
+          "run.out_dir=" + paths.output_data};
+}
+
+std::vector<std::string> mpirun_command(const MpiLaunch& l) {
+  MX_REQUIRE(!l.hosts.empty(), "mpirun needs at least one host");
+  MX_REQUIRE(l.processes_per_host >= 1, "processes per host must be at least 1");
+  const int64_t np = int64_t(l.hosts.size()) * l.processes_per_host;
+  // One host: the ranks are local (its SageMaker name need not resolve to itself over ssh).
+  std::string host_list;
+  const std::string slots = ":" + std::to_string(l.processes_per_host);
+  if (l.hosts.size() == 1) {
+    host_list = "localhost" + slots;
+  } else {
+    for (const auto& h : l.hosts) host_list += (host_list.empty() ? "" : ",") + h + slots;
+  }
+  std::vector<std::string> cmd = {"mpirun", "--host", host_list, "-np", std::to_string(np),
+                                  // containers run as root; ranks are placed host by host
+                                  "--allow-run-as-root", "--map-by", "slot", "--bind-to", "none",
+                                  // a failing rank ends the job instead of hanging the others
+                                  "--mca", "orte_abort_on_non_zero_status", "1"};
+  if (l.hosts.size() > 1) {
+    // Launch every remote daemon from the master (the workers only run sshd).
+    for (const char* a : {"--mca", "plm_rsh_no_tree_spawn", "1"}) cmd.emplace_back(a);
+    if (!l.network_interface.empty()) {
+      for (const char* k : {"btl_tcp_if_include", "oob_tcp_if_include"}) {
+        cmd.emplace_back("--mca");
+        cmd.emplace_back(k);
+        cmd.push_back(l.network_interface);
+      }
+      cmd.emplace_back("-x");
+      cmd.push_back("NCCL_SOCKET_IFNAME=" + l.network_interface);
+    }
+  }
+  for (const auto& name : l.export_env) {
+    cmd.emplace_back("-x");
+    cmd.push_back(name);
+  }
+  cmd.insert(cmd.end(), l.program_args.begin(), l.program_args.end());
+  return cmd;
+}
+
+std::string shell_quote(const std::string& w) {
+  const bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::string("-_./:=,@%+").find(c) !=
+                                                              std::string::npos;
+  });
+  if (plain) return w;
+  std::string out = "'";
+  for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace mx::sagemaker
