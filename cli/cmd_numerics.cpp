@@ -1,8 +1,11 @@
 // mxtrain numerics: the low-precision formats and quantizers from the command line.
 //   quantize: per input tensor x, writes x.codes, x.scales, x.dequant (and x.global_scale).
 //   codec (hidden; for the ml_dtypes reference tests): element-wise encode/decode of one format.
+//   stats (hidden; for the telemetry reference tests): each tensor through a recipe's quantizer
+//     as one GEMM operand, printing the telemetry (amax, saturated, flushed, SQNR) as JSON.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,6 +15,7 @@
 #include "core/error.h"
 #include "numerics/formats.h"
 #include "numerics/quantize.h"
+#include "precision/recipe.h"
 
 namespace mx::cli {
 
@@ -29,6 +33,10 @@ struct QuantizeArgs {
 struct CodecArgs {
   std::string format, in, out, saturation = "satfinite", rounding;  // rounding: rne / nearest
   uint64_t seed = 0;
+};
+
+struct StatsArgs {
+  std::string recipe, operand, in;
 };
 
 std::vector<std::string> names_in_order(const SafeTensorsReader& reader) {
@@ -209,6 +217,49 @@ int run_codec(const CodecArgs& a) {
   return 0;
 }
 
+// Each tensor (viewed as [rows, cols], cols = the last dimension) is quantized by a fresh
+// one-block LinearRecipe (seed 0, step 0, rank 0) as the named operand of Linear 0 of block 0,
+// with the block layout that operand gets in training (llama.cpp's linear_fwd / linear_bwd; the
+// weight-gradient operands without the NVFP4 Hadamard transform). Prints one JSON object:
+// {tensor name: the operand's telemetry record}.
+int run_stats(const StatsArgs& a) {
+  const Recipe recipe = parse_recipe(a.recipe);
+  MX_REQUIRE(recipe != Recipe::kFp32, "--recipe fp32 quantizes nothing");
+  static const char* const kOperands[] = {"fwd.input",         "fwd.weight",
+                                          "dgrad.grad_output", "dgrad.weight",
+                                          "wgrad.grad_output", "wgrad.input"};
+  static const LinearOperand kOps[] = {LinearOperand::kFwdInput,   LinearOperand::kFwdWeight,
+                                       LinearOperand::kDgradGrad,  LinearOperand::kDgradWeight,
+                                       LinearOperand::kWgradGrad,  LinearOperand::kWgradInput};
+  static const bool kReduceAlongCols[] = {true, true, true, false, false, false};
+  int k = -1;
+  for (int i = 0; i < 6; ++i)
+    if (a.operand == kOperands[i]) k = i;
+  MX_REQUIRE(k >= 0, "--operand must be fwd.input, fwd.weight, dgrad.grad_output, dgrad.weight, "
+             "wgrad.grad_output or wgrad.input, got '", a.operand, "'");
+  SafeTensorsReader reader(a.in);
+  const std::vector<std::string> names = names_in_order(reader);
+  MX_REQUIRE(!names.empty(), a.in, " holds no tensors");
+  nlohmann::json out = nlohmann::json::object();
+  for (const std::string& name : names) {
+    const TensorEntry& e = reader.entry(name);
+    MX_REQUIRE(e.dtype == "F32", "tensor '", name, "' has dtype ", e.dtype,
+               "; numerics stats takes F32");
+    const int64_t n = e.numel();
+    MX_REQUIRE(n > 0, "tensor '", name, "' has no elements");
+    const int64_t cols = e.shape.empty() ? 1 : e.shape.back();
+    const int64_t rows = n / cols;
+    std::vector<float> x = reader.read_f32(name), q(static_cast<size_t>(n));
+    LinearRecipe lr(recipe, 1, 0, 0, 0, 0);
+    lr.set_collect_stats(true);
+    lr.quantize(q.data(), x.data(), rows, cols, kReduceAlongCols[k], kOps[k], 0, 0);
+    nlohmann::json j = lr.finish_stats(0);
+    out[name] = j.begin().value();
+  }
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_numerics(CLI::App& app, Action& action) {
@@ -247,6 +298,17 @@ void add_numerics(CLI::App& app, Action& action) {
   codec->add_option("--rounding", c->rounding, "rne | sr; e8m0: nearest | up | down");
   codec->add_option("--seed", c->seed, "Philox seed for --rounding sr");
   codec->callback([&action, c] { action = [c] { return run_codec(*c); }; });
+
+  auto* stats = numerics->add_subcommand(
+      "stats", "telemetry (amax, saturated, flushed, SQNR) of each tensor as one recipe operand");
+  stats->group("");  // hidden: a hook for the reference tests
+  auto st = std::make_shared<StatsArgs>();
+  stats->add_option("--recipe", st->recipe, "bf16 | fp8-current | fp8-delayed | fp8-block | "
+                    "mxfp8 | nvfp4")->required();
+  stats->add_option("--operand", st->operand, "fwd.input | fwd.weight | dgrad.grad_output | "
+                    "dgrad.weight | wgrad.grad_output | wgrad.input")->required();
+  stats->add_option("--in", st->in, "input .safetensors (F32 tensors)")->required();
+  stats->callback([&action, st] { action = [st] { return run_stats(*st); }; });
 }
 
 }  // namespace mx::cli

@@ -1,9 +1,15 @@
 #include "precision/recipe.h"
 
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace mx {
 
@@ -37,7 +43,17 @@ const char* recipe_name(Recipe r) {
 LinearRecipe::LinearRecipe(Recipe recipe, int64_t num_layers, int64_t hp_first, int64_t hp_last,
                            uint32_t seed, uint32_t rank)
     : recipe_(recipe), num_layers_(num_layers), hp_first_(hp_first), hp_last_(hp_last),
-      seed_(seed), rank_(rank) {}
+      seed_(seed), rank_(rank) {
+  if (const char* knob = std::getenv("MXTRAIN_TEST_SCALE_SHIFT")) {
+    long long l = -1;
+    int k = 0;
+    MX_REQUIRE(std::sscanf(knob, "%lld:%d", &l, &k) == 2 && l >= 0 && k >= -126 && k <= 126,
+               "MXTRAIN_TEST_SCALE_SHIFT must be LAYER:SHIFT (a test-only knob), got '", knob,
+               "'");
+    test_layer_ = l;
+    test_shift_ = k;
+  }
+}
 
 bool LinearRecipe::active(int64_t layer) const {
   return recipe_ != Recipe::kFp32 && layer >= hp_first_ && layer < num_layers_ - hp_last_;
@@ -57,8 +73,16 @@ bool is_weight(LinearOperand op) {
 }  // namespace
 
 void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+  // Tiles of 32 x 32 keep both sides in cache; tiles are independent, so threads split them.
+  constexpr int64_t kTile = 32;
+  const int64_t tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+  for (int64_t t = 0; t < tr * tc; ++t) {
+    const int64_t r0 = (t / tc) * kTile, c0 = (t % tc) * kTile;
+    const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = src[r * cols + c];
+  }
 }
 
 void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t cols,
@@ -66,32 +90,64 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
                             int linear) {
   const int64_t n = rows * cols;
   const Format fp8 = is_gradient(op) ? Format::kE5M2 : Format::kE4M3;  // HYBRID
+  // Telemetry: null unless this step collects (the zero-cost path is this one test).
+  OperandStats* st = collect_ ? &stats_[std::make_tuple(layer, linear, int(op))] : nullptr;
   numerics::Quantized q;
   switch (recipe_) {
     case Recipe::kFp32:
       std::memcpy(out, x, sizeof(float) * size_t(n));
       return;
     case Recipe::kBf16:
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
       for (int64_t i = 0; i < n; ++i) out[i] = numerics::decode_bf16(numerics::encode_bf16(x[i]));
+      if (st) accumulate_stats(*st, x, out, rows, cols, Format::kBF16,
+                               [](int64_t, int64_t) { return 1.0f; });
       return;
-    case Recipe::kFp8Current:
-      q = numerics::quantize_fp8_current(x, rows, cols, fp8);
+    case Recipe::kFp8Current: {
+      // quantize_fp8_current with its scale spelled out, so the stats see it (and the test knob
+      // can move it).
+      float scale = numerics::fp8_scale_from_amax(numerics::abs_max(x, n), numerics::fp8_max(fp8));
+      if (layer == test_layer_) scale = std::ldexp(scale, test_shift_);
+      q = numerics::quantize_fp8_tensor(x, rows, cols, fp8, scale);
+      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, fp8,
+                               [scale](int64_t, int64_t) { return scale; });
       break;
+    }
     case Recipe::kFp8Delayed: {
       auto key = std::make_tuple(layer, linear, int(op));
       auto& ds = delayed_[key];
       if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8);
+      const float scale = ds->scale();  // the one this quantization uses (then it updates)
       q = ds->quantize(x, rows, cols);
+      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, fp8,
+                               [scale](int64_t, int64_t) { return scale; });
       break;
     }
-    case Recipe::kFp8Block:
-      q = is_weight(op) ? numerics::quantize_fp8_block(x, rows, cols, 128, 128)
-          : reduce_along_cols ? numerics::quantize_fp8_block(x, rows, cols, 1, 128)
-                              : numerics::quantize_fp8_block(x, rows, cols, 128, 1);
+    case Recipe::kFp8Block: {
+      const int br = is_weight(op) ? 128 : reduce_along_cols ? 1 : 128;
+      const int bc = is_weight(op) ? 128 : reduce_along_cols ? 128 : 1;
+      q = numerics::quantize_fp8_block(x, rows, cols, br, bc);
+      // Power-of-two scales: the stored decode scale's reciprocal is the encode scale exactly.
+      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, Format::kE4M3,
+                               [&q, br, bc](int64_t r, int64_t c) {
+                                 return 1.0f / q.scales_f32[(r / br) * q.scale_cols + c / bc];
+                               });
       break;
-    case Recipe::kMxfp8:
-      q = numerics::quantize_mxfp8(x, rows, cols, /*columnwise=*/!reduce_along_cols);
+    }
+    case Recipe::kMxfp8: {
+      const bool columnwise = !reduce_along_cols;
+      q = numerics::quantize_mxfp8(x, rows, cols, columnwise);
+      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, Format::kE4M3,
+                               [&q, columnwise](int64_t r, int64_t c) {
+                                 const uint8_t e8 = q.scales_u8[columnwise
+                                     ? (r / 32) * q.scale_cols + c
+                                     : r * q.scale_cols + c / 32];
+                                 // TE's exp2f_rcp, as quantize_mxfp8 applies it
+                                 return e8 == 0 ? 1.0f
+                                                : numerics::bits_float(uint32_t(254 - int(e8)) << 23);
+                               });
       break;
+    }
     case Recipe::kNvfp4: {
       numerics::RoundingOptions rounding;
       if (is_gradient(op)) {  // stochastic rounding for gradients only
@@ -99,15 +155,30 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
         rounding.rng = numerics::RandomStream{seed_, step_, rank_,
                                               uint32_t(layer * 64 + linear * 8 + int(op))};
       }
-      if (is_weight(op)) {
-        q = numerics::quantize_nvfp4(x, rows, cols, /*blocks_2d=*/true, rounding);
-      } else if (reduce_along_cols) {
-        q = numerics::quantize_nvfp4(x, rows, cols, false, rounding);
-      } else {  // 1x16 blocks down the columns: quantize the transpose rowwise
-        std::vector<float> t(static_cast<size_t>(n));
-        transpose(t.data(), x, rows, cols);
-        q = numerics::quantize_nvfp4(t.data(), cols, rows, false, rounding);
-        transpose(out, q.dequant.data(), cols, rows);
+      const bool blocks_2d = is_weight(op);
+      const bool transposed = !blocks_2d && !reduce_along_cols;
+      // 1x16 blocks down the columns: quantize the transpose rowwise (out holds it meanwhile).
+      const float* src = x;
+      int64_t qr = rows, qc = cols;
+      if (transposed) {
+        transpose(out, x, rows, cols);
+        src = out;
+        qr = cols;
+        qc = rows;
+      }
+      q = numerics::quantize_nvfp4(src, qr, qc, blocks_2d, rounding);
+      if (st) {
+        const float s_dec = 1.0f / q.global_scale;  // the quantizer's own fp32 operations
+        const int64_t block_rows = blocks_2d ? 16 : 1;
+        accumulate_stats(*st, src, q.dequant.data(), qr, qc, Format::kE2M1,
+                         [&q, s_dec, block_rows](int64_t r, int64_t c) {
+                           const float sb = numerics::decode_e4m3(
+                               q.scales_u8[(r / block_rows) * q.scale_cols + c / 16]);
+                           return std::fmin(1.0f / (sb * s_dec), FLT_MAX);
+                         });
+      }
+      if (transposed) {
+        transpose(out, q.dequant.data(), qr, qc);
         return;
       }
       break;
@@ -134,6 +205,34 @@ void LinearRecipe::restore_delayed_state(const std::vector<DelayedState>& states
     ds = std::make_unique<numerics::DelayedScaling>(fp8);
     ds->restore(st.amax_history, st.scale);
   }
+}
+
+nlohmann::json LinearRecipe::finish_stats(int64_t step) {
+  collect_ = false;
+  if (stats_.empty()) return nullptr;
+  nlohmann::json j = nlohmann::json::object();
+  std::vector<std::string> collapsed;
+  for (const auto& [key, s] : stats_) {
+    const std::string name = operand_name(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+    j[name] = s.to_json();
+    const std::string reason = monitor_.check(name, s.format, s.sqnr_db());
+    if (!reason.empty()) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%.1f dB", s.sqnr_db());
+      collapsed.push_back(str(name, " ", v, " (", s.format, ", ", reason, ")"));
+    }
+  }
+  stats_.clear();
+  if (!collapsed.empty()) {
+    constexpr size_t kShown = 6;
+    std::string msg = str("numerics: SQNR collapsed at step ", step, " in ", collapsed.size(),
+                          " operand(s): ");
+    for (size_t i = 0; i < collapsed.size() && i < kShown; ++i)
+      msg += (i ? "; " : "") + collapsed[i];
+    if (collapsed.size() > kShown) msg += str("; and ", collapsed.size() - kShown, " more");
+    warn(msg);
+  }
+  return j;
 }
 
 }  // namespace mx

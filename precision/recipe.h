@@ -22,7 +22,10 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "numerics/quantize.h"
+#include "precision/numerics_stats.h"
 
 namespace mx {
 
@@ -73,11 +76,29 @@ class LinearRecipe {
   std::vector<DelayedState> delayed_state() const;
   void restore_delayed_state(const std::vector<DelayedState>& states);
 
+  // Numerics telemetry (precision.stats_every; docs/numerics.md). While collecting, every
+  // quantize() adds its operand's amax / saturated / flushed / SQNR sums under (layer, linear,
+  // operand); off (the default) it costs one branch. finish_stats stops collecting and returns
+  // {"layers.L.<linear>.<gemm>.<operand>": {...}} (null when nothing was quantized), and warns
+  // (core/log.h) naming every operand whose SQNR collapsed (SqnrMonitor's rule).
+  void set_collect_stats(bool on) { collect_ = on; }
+  bool collecting_stats() const { return collect_; }
+  nlohmann::json finish_stats(int64_t step);
+
+  // Test-only (to force an SQNR collapse): MXTRAIN_TEST_SCALE_SHIFT="L:K" multiplies the
+  // fp8-current encode scale of every operand of block L by 2^K. Read once, at construction.
+  int64_t test_shift_layer() const { return test_layer_; }
+
  private:
   Recipe recipe_;
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;
+  bool collect_ = false;
+  std::map<std::tuple<int64_t, int, int>, OperandStats> stats_;
+  SqnrMonitor monitor_;
+  int64_t test_layer_ = -1;
+  int test_shift_ = 0;
 };
 
 }  // namespace mx

@@ -105,7 +105,7 @@ const std::vector<Field>& schema() {
              "first N blocks kept in high precision"),
       MX_INT("precision.high_precision_last", precision.high_precision_last,
              "last N blocks kept in high precision"),
-      MX_INT("precision.stats_every", precision.stats_every, "numerics telemetry interval"),
+      MX_INT("precision.stats_every", precision.stats_every, "numerics telemetry every N steps (0: off)"),
       MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
                 "none | selective | full"),
       MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
@@ -280,6 +280,8 @@ void validate(const RunConfig& c) {
   parse_recipe(c.precision.recipe);  // UserError naming the valid recipes
   MX_REQUIRE(c.precision.high_precision_first >= 0 && c.precision.high_precision_last >= 0,
              "precision.high_precision_first / high_precision_last must be >= 0");
+  MX_REQUIRE(c.precision.stats_every >= 0, "precision.stats_every must be >= 0 (0: off; got ",
+             c.precision.stats_every, ")");
   const auto& s = c.parallel.sharding;
   MX_REQUIRE(s == "full" || s == "grad-op" || s == "none" || s == "hybrid",
              "parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')");

@@ -224,6 +224,9 @@ int run_training(const RunConfig& cfg) {
     const double comm_wait_before = fsdp.comm_wait_seconds();
     const double lr = lr_at(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
     linear_recipe.set_step(step);
+    // Numerics telemetry on this step's quantized operands: rank 0's only (docs/numerics.md).
+    linear_recipe.set_collect_stats(lead && cfg.precision.stats_every > 0 &&
+                                    (step + 1) % cfg.precision.stats_every == 0);
     fsdp.zero_grads();
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {
@@ -237,6 +240,7 @@ int run_training(const RunConfig& cfg) {
       fsdp.finish_micro_batch();
     }
     loss /= double(tc.grad_accum);
+    nlohmann::json numerics = linear_recipe.finish_stats(step + 1);  // null unless collected
     if (W > 1) loss = world.all_reduce(loss, ReduceOp::kAvg);
     MX_REQUIRE(std::isfinite(loss), "loss is ", loss, " at step ", step + 1,
                ": training diverged (lower train.lr or set train.grad_clip)");
@@ -255,6 +259,10 @@ int run_training(const RunConfig& cfg) {
 
     nlohmann::json rec;
     bool log_now = done % tc.log_every == 0 || done == tc.steps;
+    if (cfg.precision.stats_every > 0 && done % cfg.precision.stats_every == 0) {
+      log_now = true;  // on every rank: log_now decides a collective below
+      if (!numerics.is_null()) rec["numerics"] = std::move(numerics);
+    }
     if (val_sampler && (done % tc.eval_every == 0 || done == tc.steps)) {
       rec["val_loss"] = evaluate();
       log_now = true;
