@@ -1,0 +1,35 @@
+// Row-major fp32 GEMMs through cuBLASLt (column-major underneath): C = alpha op(A) op(B) + beta C
+// exactly as Backend::gemm defines it, computed in fp32, tf32 or bf16 (see CudaGemmPrecision).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_arena.h"
+
+namespace mx::cuda {
+
+class LtGemm {
+ public:
+  LtGemm();
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // workspace: device memory for cuBLASLt (may be null with workspace_bytes 0). For kBf16 the
+  // operands' bf16 copies are allocated from `scratch` for the duration of the call.
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, const float* B, float beta, float* C, CudaGemmPrecision precision,
+            void* workspace, size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream);
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+// dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU
+// recipe's bf16 emulation rounds).
+void round_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream);
+
+}  // namespace mx::cuda
