@@ -40,6 +40,16 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
     x[i] = s == 0.0f ? 0.0f : x[i] * s;  // beta = 0 overwrites (NaN in C must not survive)
 }
 
+// The largest power of two (up to 256) dividing the address. cuBLASLt's heuristic assumes
+// 256-byte-aligned operands unless told otherwise, and the backend's callers pass row offsets
+// into buffers (head_cross_entropy's chunks), which may be aligned to as little as 4 bytes.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 4 && a % align) align /= 2;
+  return align;
+}
+
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + 255) / 256;
   return unsigned(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
@@ -104,6 +114,20 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
                               call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                               &workspace_bytes, sizeof(workspace_bytes)));
+  const uint32_t align_a = alignment_of(first), align_b = alignment_of(second),
+                 align_c = alignment_of(C);
+  MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
+                              call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                              sizeof(align_a)));
+  MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
+                              call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                              sizeof(align_b)));
+  MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
+                              call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                              sizeof(align_c)));
+  MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
+                              call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                              sizeof(align_c)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b,
