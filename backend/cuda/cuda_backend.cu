@@ -283,6 +283,18 @@ class CudaBackendImpl final : public CudaBackend {
     done("gemm");
   }
 
+  void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
+                          const float* x_scale, const uint8_t* w, numerics::Format w_fmt,
+                          const float* w_scale, int64_t N, int64_t in, int64_t out) override {
+    DeviceArenaScope scope(scratch_);
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.fp8_linear_forward(y, x, x_fmt, x_scale, w, w_fmt, w_scale, N, in, out, ws, ws_bytes,
+                           stream_);
+    stats_.flops += 2.0 * double(N) * double(in) * double(out);
+    done("fp8_linear_forward");
+  }
+
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
                        int64_t C, float eps) override {
     if (N == 0) return;

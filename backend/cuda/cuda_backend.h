@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/arena.h"
+#include "numerics/formats.h"
 
 namespace mx {
 
@@ -43,6 +44,12 @@ class CudaBackend : public Backend {
   virtual void synchronize() = 0;
   virtual void set_gemm_precision(CudaGemmPrecision p) = 0;
   virtual size_t scratch_peak_bytes() const = 0;
+  // Beyond the Backend interface: the per-tensor FP8 Linear forward on FP8 tensor cores
+  // (cuda::LtGemm::fp8_linear_forward; codes and decode scales in device memory).
+  virtual void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
+                                  const float* x_scale, const uint8_t* w,
+                                  numerics::Format w_fmt, const float* w_scale, int64_t N,
+                                  int64_t in, int64_t out) = 0;
 };
 
 }  // namespace mx

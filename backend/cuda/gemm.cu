@@ -141,4 +141,63 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                                          workspace, workspace_bytes, stream));
 }
 
+void LtGemm::fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
+                                const float* x_scale, const uint8_t* w, numerics::Format w_fmt,
+                                const float* w_scale, int64_t N, int64_t in, int64_t out,
+                                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  using numerics::Format;
+  MX_REQUIRE((x_fmt == Format::kE4M3 || x_fmt == Format::kE5M2) &&
+                 (w_fmt == Format::kE4M3 || w_fmt == Format::kE5M2) &&
+                 !(x_fmt == Format::kE5M2 && w_fmt == Format::kE5M2),
+             "fp8_linear_forward: E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3 only");
+  MX_REQUIRE(in % 16 == 0, "fp8_linear_forward: in = ", in, " must be a multiple of 16");
+  if (N == 0 || out == 0) return;
+  auto type = [](Format f) { return f == Format::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; };
+  // Column-major: y^T[out, N] = W[in, out]^T x^T[in, N]: cuBLASLt's A = w (transposed), B = x.
+  LtCall call;
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulDescSetAttribute(
+                                            call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulDescSetAttribute(
+                                            call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                 &w_scale, sizeof w_scale));
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                 &x_scale, sizeof x_scale));
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatrixLayoutCreate(&call.a, type(w_fmt), uint64_t(in), uint64_t(out), in));
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatrixLayoutCreate(&call.b, type(x_fmt), uint64_t(in), uint64_t(N), in));
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(out), uint64_t(N), out));
+  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulPreferenceCreate(&call.pref));
+  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulPreferenceSetAttribute(
+                                            call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &workspace_bytes, sizeof(workspace_bytes)));
+  const uint32_t aligns[4] = {alignment_of(w), alignment_of(x), alignment_of(y), alignment_of(y)};
+  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulPreferenceSetAttribute(
+                                              call.pref, attrs[i], &aligns[i], sizeof aligns[i]));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b, call.c,
+                                                 call.c, call.pref, 1, &heuristic, &found));
+  if (found == 0)
+    throw CudaError(str("cublasLt: fp8_linear_forward: no algorithm for N=", N, " in=", in,
+                        " out=", out, " (FP8 needs sm_89+)"));
+  const float alpha = 1.0f, beta = 0.0f;
+  MX_CUBLAS_CHECK("fp8_linear_forward",
+                  cublasLtMatmul(handle_, call.desc, &alpha, w, call.a, x, call.b, &beta, y,
+                                 call.c, y, call.c, &heuristic.algo, workspace, workspace_bytes,
+                                 stream));
+}
+
 }  // namespace mx::cuda

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -180,6 +181,21 @@ void check_gemm(Backend& cpu, CudaBackend& gpu) {
       compare(r, "C", dC.download(), C, {kGemm.atol * std::sqrt(double(K)), kGemm.rtol});
     });
   }
+  // Per-tensor FP8 on tensor cores: against the CPU fp32 GEMM of the dequantized operands (FP8
+  // products are exact in fp32; only the accumulation order differs).
+  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{16, 16, 16}, {37, 64, 80}, {256, 512, 384}})
+    for (Format xf : {Format::kE4M3, Format::kE5M2})
+      run_case(xf == Format::kE4M3 ? "fp8_linear_e4m3xe4m3" : "fp8_linear_e5m2xe4m3", dims({N, I, O}), [&](Result& r) {
+        auto x = randn(N * I), w = randn(O * I, 0.05f);
+        const auto qx = numerics::quantize_fp8_current(x.data(), N, I, xf);
+        const auto qw = numerics::quantize_fp8_current(w.data(), O, I, Format::kE4M3);
+        std::vector<float> y(N * O);
+        cpu.linear_forward(y.data(), qx.dequant.data(), qw.dequant.data(), N, I, O);
+        Dev<uint8_t> dx(qx.codes), dw(qw.codes);
+        Dev<float> dxs(qx.scales_f32), dws(qw.scales_f32), dy(N * O);
+        gpu.fp8_linear_forward(dy.p, dx.p, xf, dxs.p, dw.p, Format::kE4M3, dws.p, N, I, O);
+        compare(r, "y", dy.download(), y, {kGemm.atol * std::sqrt(double(I)), 1e-3});
+      });
   run_case("linear_backward", "N=67 in=96 out=80", [&](Result& r) {
     const int64_t N = 67, I = 96, O = 80;
     auto x = randn(N * I), w = randn(O * I), dy = randn(N * O), dx = randn(N * I), dw = randn(O * I);
