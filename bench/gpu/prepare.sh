@@ -10,7 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-grep -qx '/.gpu-prebuilt/' .git/info/exclude 2>/dev/null || echo '/.gpu-prebuilt/' >> "$(git rev-parse --git-path info/exclude)"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF >/dev/null
 cmake --build build-gpu --target cuda_op_check -j2
 rm -rf .gpu-prebuilt && mkdir -p .gpu-prebuilt/lib
