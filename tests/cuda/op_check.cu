@@ -378,7 +378,7 @@ void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
       Dev<float> dx(x);
       const double c = cpu.sum_squares(x.data(), n), g = gpu.sum_squares(dx.p, n);
       r.max_abs = std::fabs(c - g);
-      r.max_ratio = r.max_abs / (1e-12 * std::fabs(c) + 1e-300);
+      r.max_ratio = r.max_abs / (1e-10 * std::fabs(c) + 1e-300);  // double sums, other order
       r.pass = r.max_ratio <= 1.0;
     });
     run_case("adamw", sh, [&](Result& r) {
