@@ -19,13 +19,10 @@ void check_shape(int64_t rows, int64_t cols) {
 
 uint8_t encode_fp8(float v, Format fmt, const RoundingOptions& ro, int64_t index) {
   const uint32_t rand = ro.stochastic ? ro.rng.bits(uint64_t(index)) : 0u;
-  return fmt == Format::kE5M2 ? encode_e5m2(v, Saturation::kSatFinite, ro.stochastic, rand)
-                              : encode_e4m3(v, Saturation::kSatFinite, ro.stochastic, rand);
+  return encode_fp8_elem(v, fmt, ro.stochastic, rand);
 }
 
-float decode_fp8(uint8_t code, Format fmt) {
-  return fmt == Format::kE5M2 ? decode_e5m2(code) : decode_e4m3(code);
-}
+float decode_fp8(uint8_t code, Format fmt) { return decode_fp8_elem(code, fmt); }
 
 void check_fp8_format(Format fmt) {
   MX_REQUIRE(fmt == Format::kE4M3 || fmt == Format::kE5M2,
@@ -36,7 +33,7 @@ void check_fp8_format(Format fmt) {
 float block_amax(const float* x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   float m = 0.0f;
   for (int64_t r = r0; r < r1; ++r)
-    for (int64_t c = c0; c < c1; ++c) m = std::fmax(m, std::fabs(x[r * cols + c]));
+    for (int64_t c = c0; c < c1; ++c) m = amax_fold(m, x[r * cols + c]);
   return m;
 }
 
@@ -54,26 +51,13 @@ float abs_max(const float* x, int64_t n) {
   // max is exact and order-free, so threads give the same bits; fmax skips NaN in each part.
   float m = 0.0f;
 #pragma omp parallel for schedule(static) reduction(max : m) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));
+  for (int64_t i = 0; i < n; ++i) m = amax_fold(m, x[i]);
   return m;
 }
 
 float fp8_max(Format fmt) {
   check_fp8_format(fmt);
   return fmt == Format::kE5M2 ? kE5M2Max : kE4M3Max;
-}
-
-float fp8_scale_from_amax(float amax, float max_value, float margin, bool pow2) {
-  if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;  // 0, NaN, inf: keep the unit scale
-  float scale = max_value / amax;
-  if (margin != 0.0f) scale = scale / std::exp2(margin);
-  if (std::isinf(scale)) scale = FLT_MAX;
-  if (std::isnan(scale)) scale = 1.0f;
-  if (pow2) {
-    const uint32_t b = float_bits(scale) & 0xFF800000u;  // drop the mantissa: 2^floor(log2)
-    scale = b ? bits_float(b) : 1.0f;
-  }
-  return scale;
 }
 
 Quantized quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format fmt,
@@ -173,9 +157,6 @@ Quantized quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool column
   q.scale_rows = columnwise ? ceil_div(rows, kBlock) : rows;
   q.scale_cols = columnwise ? cols : ceil_div(cols, kBlock);
   q.scales_u8.assign(size_t(q.scale_rows * q.scale_cols), 0);
-  const float elem_max = fp8_max(elem);
-  const float max_rcp = 1.0f / elem_max;      // TE's Quantized_Limits::max_norm_rcp
-  const int emax_elem = elem == Format::kE5M2 ? 15 : 8;
   const int64_t nblocks = q.scale_rows * q.scale_cols;
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
   for (int64_t b = 0; b < nblocks; ++b) {
@@ -183,24 +164,9 @@ Quantized quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool column
     const int64_t r0 = columnwise ? br * kBlock : br, r1 = columnwise ? std::min(rows, r0 + kBlock) : r0 + 1;
     const int64_t c0 = columnwise ? bc : bc * kBlock, c1 = columnwise ? c0 + 1 : std::min(cols, c0 + kBlock);
     const float amax = block_amax(x, cols, r0, r1, c0, c1);
-    uint8_t e8;
-    float multiplier;
-    if (rule == MxScaleRule::kCeil) {
-      e8 = encode_e8m0(amax * max_rcp, E8M0Rounding::kUp, Saturation::kSatFinite);
-      // TE's exp2f_rcp: 2^(127 - b) from the bits, and 1 for b = 0.
-      multiplier = e8 == 0 ? 1.0f : bits_float(uint32_t(254 - int(e8)) << 23);
-    } else {
-      int code = 0;
-      if (amax > 0.0f) {  // ilogb: floor(log2 |amax|), exact for subnormals too
-        code = std::ilogb(amax) - emax_elem + 127;
-        if (code < 0) code = 0;
-        if (code > 254) code = 254;
-      }
-      e8 = uint8_t(code);
-      multiplier = std::ldexp(1.0f, 127 - code);  // exact: 2^(127 - b) is in fp32 range
-    }
-    q.scales_u8[b] = e8;
-    const float scale = decode_e8m0(e8);
+    const Mxfp8BlockScale bs = mxfp8_block_scale(amax, elem, rule);
+    q.scales_u8[b] = bs.code;
+    const float multiplier = bs.encode_multiplier, scale = bs.decode_scale;
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t i = r * cols + c;
@@ -209,13 +175,6 @@ Quantized quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool column
       }
   }
   return q;
-}
-
-float nvfp4_global_encode_scale(float global_amax) {
-  float s = (kE4M3Max * kE2M1Max) / global_amax;  // 2688 / amax
-  s = std::fmin(s, FLT_MAX);
-  if (global_amax == 0.0f || s == 0.0f || std::isnan(s)) return 1.0f;
-  return s;
 }
 
 Quantized quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
@@ -229,7 +188,6 @@ Quantized quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks
   q.scale_cols = ceil_div(cols, kBlock);
   q.scales_u8.assign(size_t(q.scale_rows * q.scale_cols), 0);
   const float s_enc = nvfp4_global_encode_scale(abs_max(x, rows * cols));
-  const float s_dec = 1.0f / s_enc;
   q.global_scale = s_enc;
   const int64_t nblocks = q.scale_rows * q.scale_cols;
   // Elements of one byte (columns 2j, 2j+1) always share a block (16 is even), so blocks never
@@ -240,12 +198,9 @@ Quantized quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks
     const int64_t r0 = br * block_rows, r1 = std::min(rows, r0 + block_rows);
     const int64_t c0 = bc * kBlock, c1 = std::min(cols, c0 + kBlock);
     const float amax = block_amax(x, cols, r0, r1, c0, c1);
-    const uint8_t sb =
-        encode_e4m3(std::fmin(amax / kE2M1Max * s_enc, FLT_MAX), Saturation::kSatFinite);
-    q.scales_u8[b] = sb;
-    const float block_scale = decode_e4m3(sb);
-    const float scale_rcp = std::fmin(1.0f / (block_scale * s_dec), FLT_MAX);
-    const float dequant_scale = block_scale * s_dec;
+    const Nvfp4BlockScale bs = nvfp4_block_scale(amax, s_enc);
+    q.scales_u8[b] = bs.code;
+    const float scale_rcp = bs.encode_multiplier, dequant_scale = bs.decode_scale;
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t i = r * cols + c;

@@ -9,7 +9,13 @@
 //   dequant = decode(code) * (decode(block_scale) / global_scale)      (NVFP4)
 // Blocks at the right/bottom edge may be partial (cols or rows not a multiple of the block):
 // a partial block's amax is taken over the elements it has. Exact formulas: docs/numerics.md.
+//
+// The per-element and per-block rules (scale from amax, E8M0 / UE4M3 block scales) are inline
+// MX_HOST_DEVICE functions at the bottom of this file, so the CPU quantizers below and the CUDA
+// kernels (backend/cuda/quantize_kernels.cu) compute the same bytes with the same code.
 #pragma once
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -47,7 +53,8 @@ float abs_max(const float* x, int64_t n);
 //   scale = fp8_max / amax / 2^margin; 1 when amax is 0, inf or NaN; FLT_MAX when that
 //   overflows; with pow2 the fp32 mantissa bits are cleared (rounds the scale down, i.e. the
 //   decode multiplier 1/scale up, so no value saturates).
-float fp8_scale_from_amax(float amax, float fp8_max, float margin = 0.0f, bool pow2 = false);
+MX_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float fp8_max, float margin = 0.0f,
+                                                bool pow2 = false);
 
 // codes = fmt(x * scale) (RNE or stochastic, SATFINITE); scales_f32 = {1 / scale}.
 // fmt is Format::kE4M3 or Format::kE5M2.
@@ -110,7 +117,7 @@ Quantized quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool column
 // 1x16 blocks (blocks_2d = false) or 16x16 blocks (weights). See docs/numerics.md.
 Quantized quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d = false,
                          const RoundingOptions& rounding = {});
-float nvfp4_global_encode_scale(float global_amax);  // TE: 2688 / amax, guarded
+MX_HOST_DEVICE inline float nvfp4_global_encode_scale(float global_amax);  // TE: 2688 / amax
 
 // ---- 16-point random Hadamard transform -----------------------------------------------------
 // y = (1/4) * H16 * diag(s) * x on each group of 16 consecutive elements of a row, H16 the
@@ -120,5 +127,93 @@ float nvfp4_global_encode_scale(float global_amax);  // TE: 2688 / amax, guarded
 void rht16_signs(uint32_t seed, float signs[16]);
 void rht16_forward(float* x, int64_t rows, int64_t cols, uint32_t seed);
 void rht16_inverse(float* x, int64_t rows, int64_t cols, uint32_t seed);
+
+// ---- inline rules shared with the CUDA kernels ----------------------------------------------
+// Only fminf/fmaxf/fabsf/exp2f/ilogbf/ldexpf (the same C functions on the host as std::fmin etc.
+// of a float; CUDA's device versions are exact for these arguments) and bit tests for inf/NaN.
+
+MX_HOST_DEVICE inline bool is_inf_f32(float x) { return (float_bits(x) & 0x7FFFFFFFu) == 0x7F800000u; }
+MX_HOST_DEVICE inline bool is_nan_f32(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
+
+// The amax fold: NaN values are skipped (fmaxf returns the other operand), so the result does
+// not depend on the order of the fold (the CUDA reductions fold in another order).
+MX_HOST_DEVICE inline float amax_fold(float m, float x) { return fmaxf(m, fabsf(x)); }
+
+MX_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float max_value, float margin,
+                                                bool pow2) {
+  if (!(amax > 0.0f) || is_inf_f32(amax)) return 1.0f;  // 0, NaN, inf: keep the unit scale
+  float scale = max_value / amax;
+  if (margin != 0.0f) scale = scale / exp2f(margin);
+  if (is_inf_f32(scale)) scale = FLT_MAX;
+  if (is_nan_f32(scale)) scale = 1.0f;
+  if (pow2) {
+    const uint32_t b = float_bits(scale) & 0xFF800000u;  // drop the mantissa: 2^floor(log2)
+    scale = b ? bits_float(b) : 1.0f;
+  }
+  return scale;
+}
+
+// FP8 element encode (SATFINITE) of one quantizer; `rand` is used only when stochastic.
+MX_HOST_DEVICE inline uint8_t encode_fp8_elem(float v, Format fmt, bool stochastic, uint32_t rand) {
+  return fmt == Format::kE5M2 ? encode_e5m2(v, Saturation::kSatFinite, stochastic, rand)
+                              : encode_e4m3(v, Saturation::kSatFinite, stochastic, rand);
+}
+MX_HOST_DEVICE inline float decode_fp8_elem(uint8_t code, Format fmt) {
+  return fmt == Format::kE5M2 ? decode_e5m2(code) : decode_e4m3(code);
+}
+
+// One MXFP8 block's E8M0 scale from its amax: the code, the multiplier applied before encoding
+// (2^(127 - code)) and the decode scale (decode_e8m0(code)).
+struct Mxfp8BlockScale {
+  uint8_t code;
+  float encode_multiplier;
+  float decode_scale;
+};
+MX_HOST_DEVICE inline Mxfp8BlockScale mxfp8_block_scale(float amax, Format elem, MxScaleRule rule) {
+  const float elem_max = elem == Format::kE5M2 ? kE5M2Max : kE4M3Max;
+  Mxfp8BlockScale s;
+  if (rule == MxScaleRule::kCeil) {
+    const float max_rcp = 1.0f / elem_max;  // TE's Quantized_Limits::max_norm_rcp
+    s.code = encode_e8m0(amax * max_rcp, E8M0Rounding::kUp, Saturation::kSatFinite);
+    // TE's exp2f_rcp: 2^(127 - b) from the bits, and 1 for b = 0.
+    s.encode_multiplier = s.code == 0 ? 1.0f : bits_float(uint32_t(254 - int(s.code)) << 23);
+  } else {
+    const int emax_elem = elem == Format::kE5M2 ? 15 : 8;
+    int code = 0;
+    if (amax > 0.0f) {  // ilogb: floor(log2 |amax|), exact for subnormals too
+      code = ilogbf(amax) - emax_elem + 127;
+      if (code < 0) code = 0;
+      if (code > 254) code = 254;
+    }
+    s.code = uint8_t(code);
+    s.encode_multiplier = ldexpf(1.0f, 127 - code);  // exact: 2^(127 - b) is in fp32 range
+  }
+  s.decode_scale = decode_e8m0(s.code);
+  return s;
+}
+
+MX_HOST_DEVICE inline float nvfp4_global_encode_scale(float global_amax) {
+  float s = (kE4M3Max * kE2M1Max) / global_amax;  // 2688 / amax
+  s = fminf(s, FLT_MAX);
+  if (global_amax == 0.0f || s == 0.0f || is_nan_f32(s)) return 1.0f;
+  return s;
+}
+
+// One NVFP4 block's UE4M3 scale from its amax and the global encode scale s_enc: the code, the
+// multiplier applied before the E2M1 encode, and the dequantization scale.
+struct Nvfp4BlockScale {
+  uint8_t code;
+  float encode_multiplier;
+  float decode_scale;
+};
+MX_HOST_DEVICE inline Nvfp4BlockScale nvfp4_block_scale(float amax, float s_enc) {
+  const float s_dec = 1.0f / s_enc;
+  Nvfp4BlockScale s;
+  s.code = encode_e4m3(fminf(amax / kE2M1Max * s_enc, FLT_MAX), Saturation::kSatFinite);
+  const float block_scale = decode_e4m3(s.code);
+  s.encode_multiplier = fminf(1.0f / (block_scale * s_dec), FLT_MAX);
+  s.decode_scale = block_scale * s_dec;
+  return s;
+}
 
 }  // namespace mx::numerics

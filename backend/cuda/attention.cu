@@ -1,0 +1,392 @@
+// Causal grouped-query attention in fp32: a FlashAttention-2 style kernel of our own, written for
+// correctness and readability first (no tensor cores yet; see docs/cuda.md).
+//
+// Layout (backend.h): q, out [B, T, H, D]; k, v [B, T, KV, D]; lse [B, H, T]. Query head h reads
+// kv head h / (H / KV). Scores are scaled by 1/sqrt(D); lse = max + log(sum exp) of the scaled
+// scores, natural log, as the CPU backend writes it.
+//
+// Work split, forward: one thread block per (32-query tile, head, batch), 4 warps, each warp
+// owns 8 query rows. Keys come in tiles of 32 through shared memory; lane j of a warp scores key
+// j of the tile against the warp's row, so a row's max and sum are warp shuffles, and the output
+// accumulator of a row is spread over the lanes by head dimension (lane owns d = lane + 32 c).
+// Backward recomputes P = exp(S - lse) (never stored) in two kernels: dq per query tile
+// (loops over key tiles), dk/dv per key tile (loops over the heads of its group and the query
+// tiles at or after it). No atomics: results are deterministic.
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.cuh"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int kTile = 32;        // queries per query tile = keys per key tile = warp size
+constexpr int kWarps = 4;        // warps per block
+constexpr int kRowsPerWarp = kTile / kWarps;
+// Head dimension per lane: lane owns d = lane + 32 c, c < kPerLane. One instantiation only
+// (compile time on CI): D <= 128 covers Llama's 64 and 128.
+constexpr int kPerLane = kMaxHeadDim / 32;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+__device__ inline float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+}
+__device__ inline float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+// dot(a[0..D), b[0..D)) by one thread.
+__device__ inline float dot_row(const float* a, const float* b, int D) {
+  float s = 0.0f;
+  for (int d = 0; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// Copies rows [t0, t0 + kTile) of one head of a [B, T, heads, D] tensor into smem rows of
+// stride `ld` (zeros past T).
+__device__ inline void load_tile(float* dst, int ld, const float* src, int64_t b, int64_t t0,
+                                 int64_t T, int64_t heads, int64_t head, int D) {
+  for (int idx = threadIdx.x; idx < kTile * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D;
+    const int64_t t = t0 + r;
+    dst[r * ld + d] = t < T ? src[((b * T + t) * heads + head) * D + d] : 0.0f;
+  }
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+template <int kPerLane>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
+                     const float* __restrict__ k, const float* __restrict__ v, int64_t T,
+                     int64_t H, int64_t KV, int D, float scale) {
+  extern __shared__ float smem[];
+  float* Qs = smem;                       // [kTile][D]      rows read whole by one warp
+  float* Ks = Qs + kTile * D;             // [kTile][D + 1]  lane j reads row j: padded
+  float* Vs = Ks + kTile * (D + 1);       // [kTile][D]      lane reads column d
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+  const int64_t kvh = h / (H / KV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  load_tile(Qs, D, q, b, i0, T, H, h, D);
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kPerLane];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) acc[rr][c] = 0.0f;
+  }
+  const int64_t i_last = min(T, i0 + kTile) - 1;  // the tile's last query: keys up to it
+  for (int64_t j0 = 0; j0 <= i_last; j0 += kTile) {
+    __syncthreads();
+    load_tile(Ks, D + 1, k, b, j0, T, KV, kvh, D);
+    load_tile(Vs, D, v, b, j0, T, KV, kvh, D);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp * kRowsPerWarp + rr;
+      const int64_t i = i0 + r, j = j0 + lane;
+      if (i >= T || j0 > i) continue;  // uniform across the warp
+      const float s = j <= i ? dot_row(Qs + r * D, Ks + lane * (D + 1), D) * scale : -INFINITY;
+      const float m_new = fmaxf(m[rr], warp_max(s));  // finite: key j0 <= i is in this tile
+      const float p = j <= i ? expf(s - m_new) : 0.0f;
+      const float alpha = expf(m[rr] - m_new);        // 0 on the first tile (m = -inf)
+      l[rr] = l[rr] * alpha + warp_sum(p);
+      m[rr] = m_new;
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        const int d = c * 32 + lane;
+        float a = acc[rr][c] * alpha;
+        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+        for (int jj = 0; jj < kTile; ++jj) {
+          const float pj = __shfl_sync(kFull, p, jj);
+          if (d < D) a += pj * Vs[jj * D + d];
+        }
+        acc[rr][c] = a;
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    if (i >= T) continue;
+    const float inv_l = 1.0f / l[rr];
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) out[((b * T + i) * H + h) * D + d] = acc[rr][c] * inv_l;
+    }
+    if (lane == 0) lse[(b * H + h) * T + i] = m[rr] + logf(l[rr]);
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+// delta[b, h, i] = sum_d dout * out (the row term of the softmax backward).
+__global__ void row_dot_kernel(float* __restrict__ delta, const float* __restrict__ dout,
+                               const float* __restrict__ out, int64_t B, int64_t T, int64_t H,
+                               int D) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // (b, i, h)
+  const int lane = threadIdx.x % 32;
+  if (row >= B * T * H) return;
+  float s = 0.0f;
+  for (int d = lane; d < D; d += 32) s += dout[row * D + d] * out[row * D + d];
+  s = warp_sum(s);
+  const int64_t h = row % H, bt = row / H, i = bt % T, b = bt / T;
+  if (lane == 0) delta[(b * H + h) * T + i] = s;
+}
+
+// dq for one (query tile, head, batch): dq_i = scale * sum_j P_ij (dP_ij - delta_i) k_j.
+template <int kPerLane>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
+                         const float* __restrict__ q, const float* __restrict__ k,
+                         const float* __restrict__ v, const float* __restrict__ lse,
+                         const float* __restrict__ delta, int64_t T, int64_t H, int64_t KV, int D,
+                         float scale) {
+  extern __shared__ float smem[];
+  float* Qs = smem;                   // [kTile][D]
+  float* dOs = Qs + kTile * D;        // [kTile][D]
+  float* Ks = dOs + kTile * D;        // [kTile][D + 1]
+  float* Vs = Ks + kTile * (D + 1);   // [kTile][D + 1]
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+  const int64_t kvh = h / (H / KV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile(Qs, D, q, b, i0, T, H, h, D);
+  load_tile(dOs, D, dout, b, i0, T, H, h, D);
+  float acc[kRowsPerWarp][kPerLane];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr)
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) acc[rr][c] = 0.0f;
+  const int64_t i_last = min(T, i0 + kTile) - 1;
+  for (int64_t j0 = 0; j0 <= i_last; j0 += kTile) {
+    __syncthreads();
+    load_tile(Ks, D + 1, k, b, j0, T, KV, kvh, D);
+    load_tile(Vs, D + 1, v, b, j0, T, KV, kvh, D);
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp * kRowsPerWarp + rr;
+      const int64_t i = i0 + r, j = j0 + lane;
+      if (i >= T || j0 > i) continue;
+      const float row_lse = lse[(b * H + h) * T + i], row_delta = delta[(b * H + h) * T + i];
+      float ds = 0.0f;
+      if (j <= i) {
+        const float p = expf(dot_row(Qs + r * D, Ks + lane * (D + 1), D) * scale - row_lse);
+        const float dp = dot_row(dOs + r * D, Vs + lane * (D + 1), D);
+        ds = p * (dp - row_delta);
+      }
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        const int d = c * 32 + lane;
+        float a = acc[rr][c];
+        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+        for (int jj = 0; jj < kTile; ++jj) {
+          const float dsj = __shfl_sync(kFull, ds, jj);
+          if (d < D) a += dsj * Ks[jj * (D + 1) + d];
+        }
+        acc[rr][c] = a;
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    if (i >= T) continue;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) dq[((b * T + i) * H + h) * D + d] = acc[rr][c] * scale;
+    }
+  }
+}
+
+// dk, dv for one (key tile, kv head, batch), summed over the query heads of the group and the
+// query tiles at or after the key tile: dv_j = sum_i P_ij dout_i; dk_j = scale sum_i dS_ij q_i.
+template <int kPerLane>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
+                           const float* __restrict__ dout, const float* __restrict__ q,
+                           const float* __restrict__ k, const float* __restrict__ v,
+                           const float* __restrict__ lse, const float* __restrict__ delta,
+                           int64_t T, int64_t H, int64_t KV, int D, float scale) {
+  extern __shared__ float smem[];
+  float* Ks = smem;                   // [kTile][D]      one key row read whole by a warp
+  float* Vs = Ks + kTile * D;         // [kTile][D]
+  float* Qs = Vs + kTile * D;         // [kTile][D + 1]  lane i reads query row i: padded
+  float* dOs = Qs + kTile * (D + 1);  // [kTile][D + 1]
+  float* lse_s = dOs + kTile * (D + 1);
+  float* delta_s = lse_s + kTile;
+  const int64_t b = blockIdx.z, kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
+  const int64_t group = H / KV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  load_tile(Ks, D, k, b, j0, T, KV, kvh, D);
+  load_tile(Vs, D, v, b, j0, T, KV, kvh, D);
+  float dk_acc[kRowsPerWarp][kPerLane], dv_acc[kRowsPerWarp][kPerLane];
+#pragma unroll
+  for (int kk = 0; kk < kRowsPerWarp; ++kk)
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) dk_acc[kk][c] = dv_acc[kk][c] = 0.0f;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int64_t i0 = j0; i0 < T; i0 += kTile) {  // query tiles at or after the key tile
+      __syncthreads();
+      load_tile(Qs, D + 1, q, b, i0, T, H, h, D);
+      load_tile(dOs, D + 1, dout, b, i0, T, H, h, D);
+      if (threadIdx.x < kTile) {
+        const int64_t i = i0 + threadIdx.x;
+        lse_s[threadIdx.x] = i < T ? lse[(b * H + h) * T + i] : 0.0f;
+        delta_s[threadIdx.x] = i < T ? delta[(b * H + h) * T + i] : 0.0f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kRowsPerWarp; ++kk) {
+        const int jl = warp * kRowsPerWarp + kk;
+        const int64_t j = j0 + jl, i = i0 + lane;
+        if (j >= T) continue;  // uniform across the warp
+        float p = 0.0f, ds = 0.0f;
+        if (i < T && i >= j) {
+          p = expf(dot_row(Qs + lane * (D + 1), Ks + jl * D, D) * scale - lse_s[lane]);
+          const float dp = dot_row(dOs + lane * (D + 1), Vs + jl * D, D);
+          ds = p * (dp - delta_s[lane]);
+        }
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) {
+          const int d = c * 32 + lane;
+          float a_v = dv_acc[kk][c], a_k = dk_acc[kk][c];
+          #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+          for (int ii = 0; ii < kTile; ++ii) {
+            const float pi = __shfl_sync(kFull, p, ii), dsi = __shfl_sync(kFull, ds, ii);
+            if (d < D) {
+              a_v += pi * dOs[ii * (D + 1) + d];
+              a_k += dsi * Qs[ii * (D + 1) + d];
+            }
+          }
+          dv_acc[kk][c] = a_v;
+          dk_acc[kk][c] = a_k;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kRowsPerWarp; ++kk) {
+    const int64_t j = j0 + warp * kRowsPerWarp + kk;
+    if (j >= T) continue;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) {
+        dk[((b * T + j) * KV + kvh) * D + d] = dk_acc[kk][c] * scale;
+        dv[((b * T + j) * KV + kvh) * D + d] = dv_acc[kk][c];
+      }
+    }
+  }
+}
+
+// ---- decode -----------------------------------------------------------------------------------
+// One warp per query head; the query is at position T_ctx - 1, so every cached key is visible.
+template <int kPerLane>
+__global__ void decode_kernel(float* __restrict__ out, const float* __restrict__ q,
+                              const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                              int64_t T_ctx, int64_t H, int64_t KV, int D, float scale) {
+  const int64_t h = blockIdx.x, kvh = h / (H / KV);
+  const int lane = threadIdx.x;
+  const float* qh = q + h * D;
+  float m = -INFINITY, l = 0.0f, acc[kPerLane];
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) acc[c] = 0.0f;
+  for (int64_t t0 = 0; t0 < T_ctx; t0 += 32) {
+    const int64_t t = t0 + lane;
+    const float s = t < T_ctx ? dot_row(qh, k_cache + (t * KV + kvh) * D, D) * scale : -INFINITY;
+    const float m_new = fmaxf(m, warp_max(s));
+    const float p = t < T_ctx ? expf(s - m_new) : 0.0f;
+    const float alpha = expf(m - m_new);
+    l = l * alpha + warp_sum(p);
+    m = m_new;
+    const int n = T_ctx - t0 < 32 ? int(T_ctx - t0) : 32;
+#pragma unroll
+    for (int c = 0; c < kPerLane; ++c) {
+      const int d = c * 32 + lane;
+      float a = acc[c] * alpha;
+      for (int jj = 0; jj < n; ++jj) {
+        const float pj = __shfl_sync(kFull, p, jj);
+        if (d < D) a += pj * v_cache[((t0 + jj) * KV + kvh) * D + d];
+      }
+      acc[c] = a;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kPerLane; ++c) {
+    const int d = c * 32 + lane;
+    if (d < D) out[h * D + d] = acc[c] / l;
+  }
+}
+
+void check_shape(const char* op, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  MX_ASSERT(B >= 0 && T >= 0 && H > 0 && KV > 0 && H % KV == 0, op, ": B=", B, " T=", T,
+            " H=", H, " KV=", KV);
+  MX_REQUIRE(D > 0 && D <= kMaxHeadDim, op, ": head_dim ", D,
+             " is not supported by the CUDA attention kernel (1..", kMaxHeadDim, ")");
+}
+
+// Dynamic shared memory beyond 48 KiB must be allowed per kernel first.
+template <typename Kernel>
+void launch_prepare(const char* op, Kernel kernel, size_t smem_bytes) {
+  MX_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(smem_bytes)));
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
+  check_shape("attention_forward", B, T, H, KV, D);
+  if (B == 0 || T == 0) return;
+  const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(H), unsigned(B));
+  const size_t smem = sizeof(float) * (kTile * D * 2 + kTile * (D + 1));
+  const float scale = 1.0f / std::sqrt(float(D));
+  launch_prepare("attention_forward", flash_forward_kernel<kPerLane>, smem);
+  flash_forward_kernel<kPerLane><<<grid, kWarps * 32, smem, s>>>(out, lse, q, k, v, T, H, KV,
+                                                                 int(D), scale);
+  MX_CUDA_LAUNCH_CHECK("attention_forward");
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                        DeviceArena& scratch, cudaStream_t s) {
+  check_shape("attention_backward", B, T, H, KV, D);
+  if (B == 0 || T == 0) return;
+  DeviceArenaScope scope(scratch);
+  float* delta = scratch.alloc_f32(B * H * T);
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t rows = B * T * H;
+  row_dot_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(delta, dout, out, B, T, H, int(D));
+  MX_CUDA_LAUNCH_CHECK("attention_backward (row dots)");
+
+  const unsigned tiles = unsigned((T + kTile - 1) / kTile);
+  const size_t smem_dq = sizeof(float) * (kTile * D * 2 + kTile * (D + 1) * 2);
+  const size_t smem_dkdv = sizeof(float) * (kTile * D * 2 + kTile * (D + 1) * 2 + 2 * kTile);
+  const dim3 grid_dq(tiles, unsigned(H), unsigned(B)), grid_dkdv(tiles, unsigned(KV), unsigned(B));
+  const int d = int(D);
+  launch_prepare("attention_backward", flash_backward_dq_kernel<kPerLane>, smem_dq);
+  launch_prepare("attention_backward", flash_backward_dkdv_kernel<kPerLane>, smem_dkdv);
+  flash_backward_dq_kernel<kPerLane><<<grid_dq, kWarps * 32, smem_dq, s>>>(
+      dq, dout, q, k, v, lse, delta, T, H, KV, d, scale);
+  flash_backward_dkdv_kernel<kPerLane><<<grid_dkdv, kWarps * 32, smem_dkdv, s>>>(
+      dk, dv, dout, q, k, v, lse, delta, T, H, KV, d, scale);
+  MX_CUDA_LAUNCH_CHECK("attention_backward");
+}
+
+void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
+                      int64_t T_ctx, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
+  check_shape("attention_decode", 1, T_ctx, H, KV, D);
+  MX_REQUIRE(T_ctx > 0, "attention_decode: empty KV cache");
+  const float scale = 1.0f / std::sqrt(float(D));
+  decode_kernel<kPerLane><<<unsigned(H), 32, 0, s>>>(out, q, k_cache, v_cache, T_ctx, H, KV,
+                                                     int(D), scale);
+  MX_CUDA_LAUNCH_CHECK("attention_decode");
+}
+
+}  // namespace mx::cuda

@@ -1,0 +1,482 @@
+// The CUDA backend: elementwise and row kernels written out here, GEMMs through cuBLASLt
+// (gemm.cu), attention in attention.cu. Each kernel mirrors the CPU backend's loop it replaces
+// (backend/cpu/cpu_backend.cpp), with the same accumulation types (double where the CPU sums in
+// double), so the op check can hold them to tight tolerances.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_arena.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.cuh"
+
+namespace mx {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+unsigned grid_1d(int64_t n) {  // grid-stride loops: enough blocks to fill any GPU, capped
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return unsigned(blocks < 8192 ? (blocks > 0 ? blocks : 1) : 8192);
+}
+
+#define MX_GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+// Block-wide sum of a double (blockDim.x a multiple of 32, at most 1024); result in thread 0.
+__device__ double block_sum(double x) {
+  __shared__ double partial[32];
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  x = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+__device__ float block_max(float x) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  x = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : -INFINITY;
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+}
+
+// ---- rmsnorm ----------------------------------------------------------------------------------
+__global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict__ rstd,
+                                       const float* __restrict__ x, const float* __restrict__ w,
+                                       int64_t C, float eps) {
+  const int64_t n = blockIdx.x;
+  const float* xr = x + n * C;
+  double ss = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += double(xr[c]) * xr[c];
+  ss = block_sum(ss);
+  __shared__ float r_shared;
+  if (threadIdx.x == 0) {
+    r_shared = float(1.0 / sqrt(ss / double(C) + double(eps)));
+    rstd[n] = r_shared;
+  }
+  __syncthreads();
+  const float r = r_shared;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[n * C + c] = xr[c] * r * w[c];
+}
+
+// dx += r w dy - x r^3 / C * sum(dy w x), one block per row.
+__global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* __restrict__ dy,
+                                           const float* __restrict__ x,
+                                           const float* __restrict__ w,
+                                           const float* __restrict__ rstd, int64_t C) {
+  const int64_t n = blockIdx.x;
+  const float* xr = x + n * C;
+  const float* dyr = dy + n * C;
+  double dot = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += double(dyr[c]) * w[c] * xr[c];
+  dot = block_sum(dot);
+  __shared__ float k_shared;
+  const float r = rstd[n];
+  if (threadIdx.x == 0) k_shared = float(dot * double(r) * r * r / double(C));
+  __syncthreads();
+  const float k = k_shared;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[n * C + c] += r * w[c] * dyr[c] - xr[c] * k;
+}
+
+// dw partials: part[s, c] = sum over rows n = s, s + splits, ... of dy x r (in double).
+__global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ part,
+                                                   const float* __restrict__ dy,
+                                                   const float* __restrict__ x,
+                                                   const float* __restrict__ rstd, int64_t N,
+                                                   int64_t C) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t split = blockIdx.y, splits = gridDim.y;
+  if (c >= C) return;
+  double s = 0;
+  for (int64_t n = split; n < N; n += splits) s += double(dy[n * C + c]) * x[n * C + c] * rstd[n];
+  part[split * C + c] = s;
+}
+
+__global__ void rmsnorm_backward_dw_reduce_kernel(float* __restrict__ dw,
+                                                  const double* __restrict__ part, int64_t splits,
+                                                  int64_t C) {
+  MX_GRID_STRIDE(c, C) {
+    double s = 0;
+    for (int64_t k = 0; k < splits; ++k) s += part[k * C + c];
+    dw[c] += float(s);
+  }
+}
+
+// ---- rope -------------------------------------------------------------------------------------
+__global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos_t,
+                            const float* __restrict__ sin_t, int64_t B, int64_t T, int64_t heads,
+                            int64_t D, float sign) {
+  const int64_t half = D / 2;
+  MX_GRID_STRIDE(idx, B * T * heads * half) {
+    const int64_t i = idx % half, row = idx / half;  // row = (b, t, h)
+    const int64_t t = (row / heads) % T;
+    float* xr = x + row * D;
+    const float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
+    const float x1 = xr[i], x2 = xr[i + half];
+    xr[i] = x1 * c - x2 * s;
+    xr[i + half] = x2 * c + x1 * s;
+  }
+}
+
+// ---- swiglu -----------------------------------------------------------------------------------
+__global__ void swiglu_forward_kernel(float* __restrict__ s, const float* __restrict__ g,
+                                      const float* __restrict__ u, int64_t n) {
+  MX_GRID_STRIDE(i, n) {
+    const float gi = g[i];
+    s[i] = gi / (1.0f + expf(-gi)) * u[i];
+  }
+}
+
+// dg may alias ds (as on the CPU): each element reads ds before writing dg.
+__global__ void swiglu_backward_kernel(float* dg, float* du, const float* ds,
+                                       const float* __restrict__ g, const float* __restrict__ u,
+                                       int64_t n) {
+  MX_GRID_STRIDE(i, n) {
+    const float gi = g[i], ui = u[i], dsi = ds[i];
+    const float sig = 1.0f / (1.0f + expf(-gi));
+    du[i] = dsi * gi * sig;
+    dg[i] = dsi * ui * sig * (1.0f + gi * (1.0f - sig));
+  }
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+__global__ void embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
+                                         const float* __restrict__ table, int64_t N, int64_t C) {
+  MX_GRID_STRIDE(idx, N * C) {
+    const int64_t n = idx / C, c = idx % C;
+    out[idx] = table[int64_t(tokens[n]) * C + c];
+  }
+}
+
+// One thread per column, tokens in order: deterministic and in the CPU backend's summation
+// order (a row repeated in the batch is summed n = 0, 1, ...). Parallel over C only.
+__global__ void embedding_backward_kernel(float* __restrict__ dtable,
+                                          const int32_t* __restrict__ tokens,
+                                          const float* __restrict__ dout, int64_t N, int64_t C) {
+  MX_GRID_STRIDE(c, C) {
+    for (int64_t n = 0; n < N; ++n) dtable[int64_t(tokens[n]) * C + c] += dout[n * C + c];
+  }
+}
+
+// ---- cross-entropy over one chunk of logits [R, V], in place ------------------------------------
+// loss[r] = max + log(sum exp(l - max)) - l[target] (in double, as the CPU sums chunk losses);
+// with grad: row <- grad_scale * (softmax - onehot).
+__global__ void cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
+                                          const int32_t* __restrict__ targets, int64_t V,
+                                          float grad_scale, bool grad) {
+  const int64_t r = blockIdx.x;
+  float* row = logits + r * V;
+  const int32_t tgt = targets[r];
+  const float target_logit = row[tgt];
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  mx = block_max(mx);
+  __shared__ float mx_shared;
+  if (threadIdx.x == 0) mx_shared = mx;
+  __syncthreads();
+  mx = mx_shared;
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float e = expf(row[j] - mx);
+    sum += e;
+    if (grad) row[j] = e;
+  }
+  sum = block_sum(sum);
+  __shared__ float sum_shared;
+  if (threadIdx.x == 0) {
+    sum_shared = float(sum);
+    loss[r] = double(mx) + log(double(float(sum))) - double(target_logit);
+  }
+  __syncthreads();
+  if (grad) {
+    const float k = grad_scale / sum_shared;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) row[j] *= k;
+    __syncthreads();
+    if (threadIdx.x == 0) row[tgt] -= grad_scale;
+  }
+}
+
+// ---- elementwise, reductions, optimizer -------------------------------------------------------
+__global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) {
+  MX_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+__global__ void scale_kernel(float* x, float s, int64_t n) { MX_GRID_STRIDE(i, n) x[i] *= s; }
+__global__ void fill_kernel(float* x, float value, int64_t n) { MX_GRID_STRIDE(i, n) x[i] = value; }
+
+// Per-block partial sums of squares in double, then one block folds the partials: a fixed grid
+// and a fixed fold order, so the result is deterministic.
+__global__ void sum_squares_partial_kernel(double* __restrict__ part, const float* __restrict__ x,
+                                           int64_t n) {
+  double s = 0;
+  MX_GRID_STRIDE(i, n) s += double(x[i]) * x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+__global__ void sum_doubles_kernel(double* __restrict__ out, const double* __restrict__ in,
+                                   int64_t n) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
+                             float* __restrict__ m, float* __restrict__ v, int64_t n, float beta1,
+                             float beta2, float eps, float step_size, float bc2_sqrt,
+                             float decay) {
+  MX_GRID_STRIDE(i, n) {
+    const float g = grad[i];
+    const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float p = param[i] * decay;
+    param[i] = p - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+  }
+}
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  explicit CudaBackendImpl(const CudaBackendOptions& o)
+      : opt_(o), scratch_(select_device(o.device), o.scratch_bytes, o.tracker) {
+    MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const char* env = std::getenv("MXTRAIN_CUDA_SYNC");
+    if (env && env[0] == '1') opt_.sync_after_each_op = true;
+  }
+  ~CudaBackendImpl() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  cudaStream_t stream() const override { return stream_; }
+  void synchronize() override { MX_CUDA_CHECK("synchronize", cudaStreamSynchronize(stream_)); }
+  void set_gemm_precision(CudaGemmPrecision p) override { opt_.gemm_precision = p; }
+  size_t scratch_peak_bytes() const override { return scratch_.peak(); }
+
+  // GEMM FLOPs are counted; GEMM seconds are not measured yet (0): timing asynchronous work
+  // needs events read back at the step's end (TODO with the CUDA step loop).
+  GemmStats gemm_stats() const override { return stats_; }
+  void reset_gemm_stats() override { stats_ = {}; }
+
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, const float* B, float beta, float* C) override {
+    DeviceArenaScope scope(scratch_);
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C, opt_.gemm_precision, ws, ws_bytes,
+             scratch_, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("gemm");
+  }
+
+  void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
+                          const float* x_scale, const uint8_t* w, numerics::Format w_fmt,
+                          const float* w_scale, int64_t N, int64_t in, int64_t out) override {
+    DeviceArenaScope scope(scratch_);
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.fp8_linear_forward(y, x, x_fmt, x_scale, w, w_fmt, w_scale, N, in, out, ws, ws_bytes,
+                           stream_);
+    stats_.flops += 2.0 * double(N) * double(in) * double(out);
+    done("fp8_linear_forward");
+  }
+
+  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
+                       int64_t C, float eps) override {
+    if (N == 0) return;
+    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(y, rstd, x, w, C, eps);
+    launched("rmsnorm_forward");
+  }
+
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                        const float* rstd, int64_t N, int64_t C) override {
+    if (N == 0) return;
+    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(dx, dy, x, w, rstd, C);
+    launched("rmsnorm_backward");
+    if (!dw) return;
+    DeviceArenaScope scope(scratch_);
+    const int64_t splits = N < 64 ? N : 64;
+    double* part = scratch_.alloc_as<double>(splits * C);
+    const dim3 grid(unsigned((C + kThreads - 1) / kThreads), unsigned(splits));
+    rmsnorm_backward_dw_partial_kernel<<<grid, kThreads, 0, stream_>>>(part, dy, x, rstd, N, C);
+    rmsnorm_backward_dw_reduce_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dw, part, splits, C);
+    launched("rmsnorm_backward");
+    done("rmsnorm_backward");  // the scratch partials are released when this returns
+  }
+
+  void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                    int64_t heads, int64_t D) override {
+    rope(x, cos, sin, B, T, heads, D, 1.0f, "rope_forward");
+  }
+  void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                     int64_t heads, int64_t D) override {
+    rope(dx, cos, sin, B, T, heads, D, -1.0f, "rope_backward");
+  }
+
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    cuda::attention_forward(out, lse, q, k, v, B, T, H, KV, D, stream_);
+    done("attention_forward");
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                          const float* k, const float* v, const float* out, const float* lse,
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_,
+                             stream_);
+    done("attention_backward");
+  }
+  void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
+                        int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
+    cuda::attention_decode(out, q, k_cache, v_cache, T_ctx, H, KV, D, stream_);
+    done("attention_decode");
+  }
+
+  void swiglu_forward(float* s, const float* g, const float* u, int64_t n) override {
+    if (n == 0) return;
+    swiglu_forward_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(s, g, u, n);
+    launched("swiglu_forward");
+  }
+  void swiglu_backward(float* dg, float* du, const float* ds, const float* g, const float* u,
+                       int64_t n) override {
+    if (n == 0) return;
+    swiglu_backward_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(dg, du, ds, g, u, n);
+    launched("swiglu_backward");
+  }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
+                         int64_t C) override {
+    if (N * C == 0) return;
+    embedding_forward_kernel<<<grid_1d(N * C), kThreads, 0, stream_>>>(out, tokens, table, N, C);
+    launched("embedding_forward");
+  }
+  void embedding_backward(float* dtable, const int32_t* tokens, const float* dout, int64_t N,
+                          int64_t C) override {
+    if (N * C == 0) return;
+    embedding_backward_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dtable, tokens, dout, N, C);
+    launched("embedding_backward");
+  }
+
+  double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
+                            const int32_t* targets, int64_t N, int64_t C, int64_t V,
+                            float grad_scale, float* workspace, int64_t chunk_rows) override {
+    if (N == 0) return 0.0;
+    MX_ASSERT(chunk_rows > 0, "head_cross_entropy: chunk_rows ", chunk_rows);
+    DeviceArenaScope scope(scratch_);
+    double* row_loss = scratch_.alloc_as<double>(N);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+      const int64_t R = std::min(chunk_rows, N - r0);
+      linear_forward(workspace, h + r0 * C, w, R, C, V);  // logits [R, V]
+      cross_entropy_rows_kernel<<<unsigned(R), kThreads, 0, stream_>>>(
+          workspace, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr);
+      launched("head_cross_entropy");
+      if (dh) linear_backward(dh + r0 * C, dw, workspace, h + r0 * C, w, R, C, V, false);
+    }
+    return fold_doubles(row_loss, N, "head_cross_entropy");
+  }
+
+  void add(float* y, const float* a, const float* b, int64_t n) override {
+    if (n == 0) return;
+    add_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, a, b, n);
+    launched("add");
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    if (n == 0) return 0.0;
+    DeviceArenaScope scope(scratch_);
+    const unsigned blocks = grid_1d(n);
+    double* part = scratch_.alloc_as<double>(blocks);
+    sum_squares_partial_kernel<<<blocks, kThreads, 0, stream_>>>(part, x, n);
+    launched("sum_squares");
+    return fold_doubles(part, blocks, "sum_squares");
+  }
+  void scale(float* x, float s, int64_t n) override {
+    if (n == 0) return;
+    scale_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(x, s, n);
+    launched("scale");
+  }
+  void fill(float* x, float value, int64_t n) override {
+    if (n == 0) return;
+    fill_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(x, value, n);
+    launched("fill");
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    if (n == 0) return;
+    MX_CUDA_CHECK("copy", cudaMemcpyAsync(dst, src, sizeof(float) * size_t(n),
+                                          cudaMemcpyDeviceToDevice, stream_));
+    done("copy");
+  }
+
+  void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+             float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+    if (n == 0) return;
+    // The step's scalars on the host, with the CPU backend's expressions (same float results).
+    const float bc1 = 1.0f - std::pow(beta1, float(t));
+    const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, float(t)));
+    const float step_size = lr / bc1;
+    const float decay = 1.0f - lr * weight_decay;
+    adamw_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(param, grad, m, v, n, beta1, beta2, eps,
+                                                       step_size, bc2_sqrt, decay);
+    launched("adamw");
+  }
+
+ private:
+  // Runs before the scratch arena's cudaMalloc (member order): the device comes first.
+  static std::string select_device(int device) {
+    MX_CUDA_CHECK("make_cuda_backend", cudaSetDevice(device));
+    return "cuda-scratch";
+  }
+
+  void rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
+            int64_t D, float sign, const char* op) {
+    const int64_t n = B * T * heads * (D / 2);
+    if (n == 0) return;
+    rope_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(x, cos, sin, B, T, heads, D, sign);
+    launched(op);
+  }
+
+  // Sums n doubles on the device in a fixed order and returns the result (synchronizes).
+  double fold_doubles(const double* x, int64_t n, const char* op) {
+    double* out = scratch_.alloc_as<double>(1);
+    sum_doubles_kernel<<<1, 1024, 0, stream_>>>(out, x, n);
+    launched(op);
+    double host = 0;
+    MX_CUDA_CHECK(op, cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, stream_));
+    MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+    return host;
+  }
+
+  void launched(const char* op) {
+    MX_CUDA_LAUNCH_CHECK(op);
+    done(op);
+  }
+  void done(const char* op) {
+    if (opt_.sync_after_each_op) MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+  }
+
+  CudaBackendOptions opt_;
+  DeviceArena scratch_;
+  cudaStream_t stream_ = nullptr;
+  cuda::LtGemm lt_;
+  GemmStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackendImpl>(options);
+}
+
+}  // namespace mx

@@ -1,0 +1,55 @@
+// The CUDA backend: every Backend op on device pointers (cudaMalloc'd or from a DeviceArena).
+// All work is queued on one stream (the backend's); ops that return a value (sum_squares,
+// head_cross_entropy) synchronize it. Scratch memory for per-op temporaries (the attention
+// backward's row dots, reduction partials, the cuBLASLt workspace, bf16 copies of GEMM
+// operands) comes from a DeviceArena sized at construction, released at the end of each op.
+// Releasing while the op's kernels are still queued is safe: every user of that memory runs on
+// the same stream, so stream order keeps a later op's writes after this op's reads.
+//
+// Never run on a GPU yet: see docs/cuda.md for what has and has not been checked.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+#include "numerics/formats.h"
+
+namespace mx {
+
+// How the fp32 GEMMs of the interface run on tensor cores.
+enum class CudaGemmPrecision : uint8_t {
+  kFp32,  // CUBLAS_COMPUTE_32F: IEEE fp32 products (matches the CPU backend to fp32 rounding)
+  kTf32,  // CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to tf32 inside the GEMM
+  kBf16,  // operands rounded to bf16 (RNE, numerics/formats.h) into scratch, fp32 accumulate
+};
+
+struct CudaBackendOptions {
+  int device = 0;
+  CudaGemmPrecision gemm_precision = CudaGemmPrecision::kFp32;
+  size_t scratch_bytes = size_t(512) << 20;       // per-op temporaries
+  size_t gemm_workspace_bytes = size_t(32) << 20;  // cuBLASLt workspace (inside scratch)
+  bool sync_after_each_op = false;  // debugging: surface async faults at the op that caused them
+  MemoryTracker* tracker = nullptr;
+};
+
+class CudaBackend;
+std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options = {});
+
+class CudaBackend : public Backend {
+ public:
+  virtual cudaStream_t stream() const = 0;
+  virtual void synchronize() = 0;
+  virtual void set_gemm_precision(CudaGemmPrecision p) = 0;
+  virtual size_t scratch_peak_bytes() const = 0;
+  // Beyond the Backend interface: the per-tensor FP8 Linear forward on FP8 tensor cores
+  // (cuda::LtGemm::fp8_linear_forward; codes and decode scales in device memory).
+  virtual void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
+                                  const float* x_scale, const uint8_t* w,
+                                  numerics::Format w_fmt, const float* w_scale, int64_t N,
+                                  int64_t in, int64_t out) = 0;
+};
+
+}  // namespace mx

@@ -1,0 +1,41 @@
+#include "backend/cuda/device_arena.h"
+
+#include <stdexcept>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace mx {
+
+DeviceArena::DeviceArena(std::string name, size_t capacity, MemoryTracker* tracker)
+    : name_(std::move(name)), capacity_(round_up(capacity)), tracker_(tracker) {
+  if (capacity_ > 0) {
+    void* p = nullptr;
+    MX_CUDA_CHECK("DeviceArena", cudaMalloc(&p, capacity_));
+    base_ = static_cast<char*>(p);
+  }
+}
+
+DeviceArena::~DeviceArena() {
+  if (tracker_ && used_) tracker_->sub(int64_t(used_));
+  if (base_) cudaFree(base_);  // no throw from a destructor; a failure here is reported nowhere
+}
+
+void* DeviceArena::alloc(size_t bytes) {
+  const size_t n = round_up(bytes);
+  if (used_ + n > capacity_)
+    throw std::runtime_error(str("device arena '", name_, "' is full: ", used_, " + ", n,
+                                 " bytes > capacity ", capacity_));
+  void* p = base_ + used_;
+  used_ += n;
+  if (used_ > peak_) peak_ = used_;
+  if (tracker_) tracker_->add(int64_t(n));
+  return p;
+}
+
+void DeviceArena::release(size_t m) {
+  MX_ASSERT(m <= used_, "device arena '", name_, "': release(", m, ") above used ", used_);
+  if (tracker_) tracker_->sub(int64_t(used_ - m));
+  used_ = m;
+}
+
+}  // namespace mx

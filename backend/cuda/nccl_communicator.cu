@@ -1,0 +1,164 @@
+#include "backend/cuda/nccl_communicator.h"
+
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace mx {
+namespace {
+
+void nccl_check(ncclResult_t r, const char* op) {
+  if (r != ncclSuccess) throw CommError(str("nccl: ", op, ": ", ncclGetErrorString(r)));
+}
+
+ncclDataType_t nccl_type(CommDtype d) {
+  switch (d) {
+    case CommDtype::kF32: return ncclFloat32;
+    case CommDtype::kBF16: return ncclBfloat16;  // gathered and broadcast only, never reduced
+    case CommDtype::kI64: return ncclInt64;
+    case CommDtype::kF64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;  // sum, then divided in the element type (NCCL >= 2.10)
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// A queued collective: complete when the event recorded after it has been reached.
+struct EventImpl final : CommHandle::Impl {
+  cudaEvent_t event = nullptr;
+  ~EventImpl() override {
+    if (event) cudaEventDestroy(event);
+  }
+  void wait() override { MX_CUDA_CHECK("nccl wait", cudaEventSynchronize(event)); }
+  bool test() override {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaErrorNotReady) return false;
+    MX_CUDA_CHECK("nccl test", e);
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap, int device) {
+  MX_CUDA_CHECK("nccl init", cudaSetDevice(device));
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (bootstrap.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  // The id travels as int64 words over the host communicator (128 bytes = 16 words).
+  static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0, "ncclUniqueId size");
+  std::vector<int64_t> words(sizeof(ncclUniqueId) / sizeof(int64_t));
+  std::memcpy(words.data(), &id, sizeof id);
+  bootstrap.broadcast(std::span<int64_t>(words), 0);
+  std::memcpy(&id, words.data(), sizeof id);
+  ncclComm_t comm = nullptr;
+  nccl_check(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), "ncclCommInitRank");
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comm, device));
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device) : comm_(comm), device_(device) {
+  nccl_check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+  nccl_check(ncclCommCount(comm_, &size_), "ncclCommCount");
+  MX_CUDA_CHECK("nccl init", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (comm_) ncclCommDestroy(comm_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void NcclCommunicator::wait_for(cudaStream_t s) {
+  cudaEvent_t e;
+  MX_CUDA_CHECK("nccl wait_for", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  MX_CUDA_CHECK("nccl wait_for", cudaEventRecord(e, s));
+  MX_CUDA_CHECK("nccl wait_for", cudaStreamWaitEvent(stream_, e, 0));
+  MX_CUDA_CHECK("nccl wait_for", cudaEventDestroy(e));  // released once the wait is done
+}
+
+void NcclCommunicator::sync(const char* op) {
+  MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+}
+
+CommHandle NcclCommunicator::handle_for_stream(const char* op) {
+  auto impl = std::make_unique<EventImpl>();
+  MX_CUDA_CHECK(op, cudaEventCreateWithFlags(&impl->event, cudaEventDisableTiming));
+  MX_CUDA_CHECK(op, cudaEventRecord(impl->event, stream_));
+  return CommHandle(std::move(impl));
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, CommDtype dtype) {
+  all_gather_async(send, recv, count, dtype);  // the handle's destructor waits
+  sync("all_gather");
+}
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t count,
+                                      CommDtype dtype, ReduceOp op) {
+  reduce_scatter_async(send, recv, count, dtype, op);
+  sync("reduce_scatter");
+}
+void NcclCommunicator::all_reduce(const void* send, void* recv, int64_t count, CommDtype dtype,
+                                  ReduceOp op) {
+  all_reduce_async(send, recv, count, dtype, op);
+  sync("all_reduce");
+}
+
+void NcclCommunicator::broadcast(void* buffer, int64_t count, CommDtype dtype, int root) {
+  check_collective_args("broadcast", count, dtype);
+  nccl_check(ncclBroadcast(buffer, buffer, size_t(count), nccl_type(dtype), root, comm_, stream_),
+             "ncclBroadcast");
+  sync("broadcast");
+}
+
+void NcclCommunicator::barrier() {
+  // NCCL has no barrier: an all-reduce of one float on a scratch word.
+  float* word = nullptr;
+  MX_CUDA_CHECK("barrier", cudaMallocAsync(reinterpret_cast<void**>(&word), sizeof(float), stream_));
+  MX_CUDA_CHECK("barrier", cudaMemsetAsync(word, 0, sizeof(float), stream_));
+  nccl_check(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
+  MX_CUDA_CHECK("barrier", cudaFreeAsync(word, stream_));
+  sync("barrier");
+}
+
+CommHandle NcclCommunicator::all_gather_async(const void* send, void* recv, int64_t count,
+                                              CommDtype dtype) {
+  check_collective_args("all_gather", count, dtype);
+  nccl_check(ncclAllGather(send, recv, size_t(count), nccl_type(dtype), comm_, stream_),
+             "ncclAllGather");
+  return handle_for_stream("all_gather");
+}
+
+CommHandle NcclCommunicator::reduce_scatter_async(const void* send, void* recv, int64_t count,
+                                                  CommDtype dtype, ReduceOp op) {
+  check_collective_args("reduce_scatter", count, dtype);
+  check_reduce_args("reduce_scatter", dtype, op);
+  nccl_check(ncclReduceScatter(send, recv, size_t(count), nccl_type(dtype), nccl_op(op), comm_,
+                               stream_),
+             "ncclReduceScatter");
+  return handle_for_stream("reduce_scatter");
+}
+
+CommHandle NcclCommunicator::all_reduce_async(const void* send, void* recv, int64_t count,
+                                              CommDtype dtype, ReduceOp op) {
+  check_collective_args("all_reduce", count, dtype);
+  check_reduce_args("all_reduce", dtype, op);
+  nccl_check(ncclAllReduce(send, recv, size_t(count), nccl_type(dtype), nccl_op(op), comm_,
+                           stream_),
+             "ncclAllReduce");
+  return handle_for_stream("all_reduce");
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  ncclComm_t sub = nullptr;
+  nccl_check(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+  return std::unique_ptr<Communicator>(new NcclCommunicator(sub, device_));
+}
+
+}  // namespace mx

@@ -1,0 +1,260 @@
+// Quantization kernels: one warp per scaling block (amax by warp shuffles, then each lane encodes
+// a strided share of the block's elements). The rules are the numerics headers' inline functions;
+// only the loop structure is new. amax is a fold of fmaxf, which is exact and order-independent,
+// so the parallel reduction finds the same amax as the CPU's sequential loop.
+#include "backend/cuda/quantize_kernels.h"
+
+#include "backend/cuda/cuda_check.h"
+
+namespace mx::cuda {
+namespace {
+
+using numerics::Format;
+using numerics::RandomStream;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+constexpr int kWarpsPerBlock = 8;
+
+__device__ inline float warp_amax(float m) {
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
+  return m;
+}
+
+__device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, int64_t i) {
+  return stochastic ? rng.bits(uint64_t(i)) : 0u;
+}
+
+// ---- whole-tensor amax ------------------------------------------------------------------------
+__global__ void amax_partial_kernel(float* part, const float* __restrict__ x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    m = numerics::amax_fold(m, x[i]);
+  m = warp_amax(m);
+  __shared__ float warp_m[32];
+  if (threadIdx.x % 32 == 0) warp_m[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float b = 0.0f;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) b = fmaxf(b, warp_m[w]);
+    part[blockIdx.x] = b;
+  }
+}
+
+__global__ void amax_final_kernel(float* amax, const float* part, int n) {
+  float m = 0.0f;
+  for (int i = threadIdx.x; i < n; i += 32) m = fmaxf(m, part[i]);
+  m = warp_amax(m);
+  if (threadIdx.x == 0) *amax = m;
+}
+
+// ---- per-tensor FP8 ---------------------------------------------------------------------------
+// scale[0] <- fp8_scale_from_amax(amax[0], ...) (current scaling) or the given value.
+__global__ void fp8_scale_kernel(float* scale, const float* amax, float given, float fmt_max,
+                                 float margin) {
+  *scale = amax ? numerics::fp8_scale_from_amax(*amax, fmt_max, margin, false) : given;
+}
+
+__global__ void fp8_tensor_kernel(const float* __restrict__ x, int64_t n, Format fmt,
+                                  const float* __restrict__ scale_ptr, bool stochastic,
+                                  RandomStream rng, uint8_t* __restrict__ codes,
+                                  float* __restrict__ scale_inv, float* __restrict__ dequant) {
+  const float scale = *scale_ptr, inv = 1.0f / scale;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = inv;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint8_t c = numerics::encode_fp8_elem(x[i] * scale, fmt, stochastic,
+                                                rand_bits(stochastic, rng, i));
+    codes[i] = c;
+    dequant[i] = numerics::decode_fp8_elem(c, fmt) * inv;
+  }
+}
+
+// ---- block quantizers: one warp per block -----------------------------------------------------
+struct BlockGeom {  // block b of a [rows, cols] matrix cut into br x bc blocks
+  int64_t r0, c0, nr, nc;
+};
+__device__ inline BlockGeom block_geom(int64_t b, int64_t scale_cols, int64_t rows, int64_t cols,
+                                       int64_t br, int64_t bc) {
+  BlockGeom g;
+  g.r0 = (b / scale_cols) * br;
+  g.c0 = (b % scale_cols) * bc;
+  g.nr = min(rows - g.r0, br);
+  g.nc = min(cols - g.c0, bc);
+  return g;
+}
+__device__ inline float block_amax(const float* x, int64_t cols, const BlockGeom& g, int lane) {
+  float m = 0.0f;
+  for (int64_t e = lane; e < g.nr * g.nc; e += 32)
+    m = numerics::amax_fold(m, x[(g.r0 + e / g.nc) * cols + g.c0 + e % g.nc]);
+  return warp_amax(m);
+}
+
+__global__ void fp8_block_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                 int64_t br, int64_t bc, int64_t scale_rows, int64_t scale_cols,
+                                 bool pow2, bool stochastic, RandomStream rng,
+                                 uint8_t* __restrict__ codes, float* __restrict__ scales,
+                                 float* __restrict__ dequant) {
+  const int64_t b = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= scale_rows * scale_cols) return;  // whole warps leave together
+  const BlockGeom g = block_geom(b, scale_cols, rows, cols, br, bc);
+  const float amax = block_amax(x, cols, g, lane);
+  const float scale = numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, 0.0f, pow2);
+  const float inv = 1.0f / scale;
+  if (lane == 0) scales[b] = inv;
+  for (int64_t e = lane; e < g.nr * g.nc; e += 32) {
+    const int64_t i = (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc;
+    const uint8_t c = numerics::encode_fp8_elem(x[i] * scale, Format::kE4M3, stochastic,
+                                                rand_bits(stochastic, rng, i));
+    codes[i] = c;
+    dequant[i] = numerics::decode_e4m3(c) * inv;
+  }
+}
+
+__global__ void mxfp8_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t br,
+                             int64_t bc, int64_t scale_rows, int64_t scale_cols, Format elem,
+                             numerics::MxScaleRule rule, bool stochastic, RandomStream rng,
+                             uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
+                             float* __restrict__ dequant) {
+  const int64_t b = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= scale_rows * scale_cols) return;
+  const BlockGeom g = block_geom(b, scale_cols, rows, cols, br, bc);
+  const float amax = block_amax(x, cols, g, lane);
+  const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(amax, elem, rule);
+  if (lane == 0) scales[b] = bs.code;
+  for (int64_t e = lane; e < g.nr * g.nc; e += 32) {
+    const int64_t i = (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc;
+    const uint8_t c = numerics::encode_fp8_elem(x[i] * bs.encode_multiplier, elem, stochastic,
+                                                rand_bits(stochastic, rng, i));
+    codes[i] = c;
+    dequant[i] = numerics::decode_fp8_elem(c, elem) * bs.decode_scale;
+  }
+}
+
+// NVFP4: a lane writes whole bytes (columns 2j, 2j + 1 share a byte and always a block, since
+// blocks are 16 wide and start at even columns), so no two lanes touch one byte.
+__global__ void nvfp4_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t br,
+                             int64_t scale_rows, int64_t scale_cols,
+                             const float* __restrict__ global_amax, bool stochastic,
+                             RandomStream rng, uint8_t* __restrict__ codes,
+                             uint8_t* __restrict__ scales, float* __restrict__ global_scale,
+                             float* __restrict__ dequant) {
+  const int64_t b = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const float s_enc = numerics::nvfp4_global_encode_scale(*global_amax);
+  if (b == 0 && lane == 0) *global_scale = s_enc;
+  if (b >= scale_rows * scale_cols) return;
+  const BlockGeom g = block_geom(b, scale_cols, rows, cols, br, 16);
+  const float amax = block_amax(x, cols, g, lane);
+  const numerics::Nvfp4BlockScale bs = numerics::nvfp4_block_scale(amax, s_enc);
+  if (lane == 0) scales[b] = bs.code;
+  const int64_t code_cols = (cols + 1) / 2, pairs = (g.nc + 1) / 2;
+  for (int64_t e = lane; e < g.nr * pairs; e += 32) {
+    const int64_t r = g.r0 + e / pairs, c = g.c0 + 2 * (e % pairs);
+    uint8_t byte = 0;
+    for (int64_t k = 0; k < 2 && c + k < g.c0 + g.nc; ++k) {
+      const int64_t i = r * cols + c + k;
+      const uint8_t code =
+          numerics::encode_e2m1(x[i] * bs.encode_multiplier, numerics::Saturation::kSatFinite,
+                                stochastic, rand_bits(stochastic, rng, i));
+      byte = uint8_t(byte | (k ? code << 4 : code));
+      dequant[i] = numerics::decode_e2m1(code) * bs.decode_scale;
+    }
+    codes[r * code_cols + c / 2] = byte;
+  }
+}
+
+unsigned warp_grid(int64_t nblocks) {
+  return unsigned((nblocks + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+unsigned elem_grid(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void check_fp8(Format fmt, const char* op) {
+  MX_REQUIRE(fmt == Format::kE4M3 || fmt == Format::kE5M2, op, ": E4M3 or E5M2 elements only");
+}
+
+}  // namespace
+
+void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+  DeviceArenaScope scope(scratch);
+  const unsigned blocks = n > 0 ? elem_grid(n) : 1;
+  float* part = scratch.alloc_f32(blocks);
+  amax_partial_kernel<<<blocks, 256, 0, s>>>(part, x, n);
+  amax_final_kernel<<<1, 32, 0, s>>>(amax, part, int(blocks));
+  MX_CUDA_LAUNCH_CHECK("abs_max");
+}
+
+void quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format fmt, float scale,
+                         const numerics::RoundingOptions& ro, uint8_t* codes, float* scale_inv,
+                         float* dequant, DeviceArena& scratch, cudaStream_t s) {
+  check_fp8(fmt, "quantize_fp8_tensor");
+  DeviceArenaScope scope(scratch);
+  float* scale_dev = scratch.alloc_f32(1);
+  fp8_scale_kernel<<<1, 1, 0, s>>>(scale_dev, nullptr, scale, 0.0f, 0.0f);
+  fp8_tensor_kernel<<<elem_grid(rows * cols), 256, 0, s>>>(x, rows * cols, fmt, scale_dev,
+                                                           ro.stochastic, ro.rng, codes,
+                                                           scale_inv, dequant);
+  MX_CUDA_LAUNCH_CHECK("quantize_fp8_tensor");
+}
+
+void quantize_fp8_current(const float* x, int64_t rows, int64_t cols, Format fmt, float margin,
+                          const numerics::RoundingOptions& ro, uint8_t* codes, float* scale_inv,
+                          float* dequant, DeviceArena& scratch, cudaStream_t s) {
+  check_fp8(fmt, "quantize_fp8_current");
+  DeviceArenaScope scope(scratch);
+  float* amax = scratch.alloc_f32(1);
+  float* scale_dev = scratch.alloc_f32(1);
+  abs_max(amax, x, rows * cols, scratch, s);
+  const float fmt_max = fmt == Format::kE5M2 ? numerics::kE5M2Max : numerics::kE4M3Max;
+  fp8_scale_kernel<<<1, 1, 0, s>>>(scale_dev, amax, 0.0f, fmt_max, margin);
+  fp8_tensor_kernel<<<elem_grid(rows * cols), 256, 0, s>>>(x, rows * cols, fmt, scale_dev,
+                                                           ro.stochastic, ro.rng, codes,
+                                                           scale_inv, dequant);
+  MX_CUDA_LAUNCH_CHECK("quantize_fp8_current");
+}
+
+void quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_rows,
+                        int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                        uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
+  MX_REQUIRE(block_rows >= 1 && block_cols >= 1, "block shape must be positive");
+  const int64_t sr = ceil_div(rows, block_rows), sc = ceil_div(cols, block_cols);
+  if (sr * sc == 0) return;
+  fp8_block_kernel<<<warp_grid(sr * sc), kWarpsPerBlock * 32, 0, s>>>(
+      x, rows, cols, block_rows, block_cols, sr, sc, pow2_scales, ro.stochastic, ro.rng, codes,
+      scales_f32, dequant);
+  MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
+}
+
+void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise, Format elem,
+                    numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
+                    uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
+  check_fp8(elem, "quantize_mxfp8");
+  const int64_t br = columnwise ? 32 : 1, bc = columnwise ? 1 : 32;
+  const int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, bc);
+  if (sr * sc == 0) return;
+  mxfp8_kernel<<<warp_grid(sr * sc), kWarpsPerBlock * 32, 0, s>>>(
+      x, rows, cols, br, bc, sr, sc, elem, rule, ro.stochastic, ro.rng, codes, scales_u8,
+      dequant);
+  MX_CUDA_LAUNCH_CHECK("quantize_mxfp8");
+}
+
+void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
+                    const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
+                    float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s) {
+  DeviceArenaScope scope(scratch);
+  const int64_t br = blocks_2d ? 16 : 1;
+  const int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, 16);
+  float* amax = scratch.alloc_f32(1);
+  abs_max(amax, x, rows * cols, scratch, s);
+  nvfp4_kernel<<<warp_grid(sr * sc > 0 ? sr * sc : 1), kWarpsPerBlock * 32, 0, s>>>(
+      x, rows, cols, br, sr, sc, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
+      dequant);
+  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4");
+}
+
+}  // namespace mx::cuda

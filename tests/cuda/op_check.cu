@@ -1,0 +1,568 @@
+// Every CUDA backend op against the CPU backend (the reference), and the CUDA quantizers against
+// the CPU quantizers byte for byte. Needs a GPU, so it is a program run by bench/gpu/check.sh,
+// not a ctest test (CI has no GPU).
+//
+//   cuda_op_check [--json PATH] [--filter SUBSTRING]
+//
+// Each case: random inputs (several shapes, odd sizes included), outputs that the op writes are
+// poisoned with NaN (all bytes 0xFF) before the run so an element left unwritten fails; outputs
+// that the op accumulates into start from the same random values on both sides. Comparison:
+// err = |cuda - cpu| / (atol + rtol |cpu|) per element; PASS when max err <= 1 and no NaN
+// appears where the CPU has none. One line per case; JSON summary; exit 1 on any FAIL.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_arena.h"
+#include "backend/cuda/quantize_kernels.h"
+#include "numerics/formats.h"
+#include "numerics/quantize.h"
+
+using namespace mx;
+using numerics::Format;
+
+namespace {
+
+// ---- device buffers ---------------------------------------------------------------------------
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    MX_CUDA_CHECK("op_check alloc", cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    poison();
+  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { upload(h); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  void upload(const std::vector<T>& h) {
+    MX_CUDA_CHECK("op_check upload", cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void poison() { MX_CUDA_CHECK("op_check poison", cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T))); }
+  std::vector<T> download() const {
+    MX_CUDA_CHECK("op_check sync", cudaDeviceSynchronize());
+    std::vector<T> h(n);
+    MX_CUDA_CHECK("op_check download", cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::mt19937_64 rng(1234);
+std::vector<float> randn(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+std::vector<float> uniform(size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+std::vector<int32_t> randint(size_t n, int32_t hi) {
+  std::uniform_int_distribution<int32_t> d(0, hi - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ---- results ----------------------------------------------------------------------------------
+struct Result {
+  std::string op, shape;
+  bool pass = true;
+  double max_abs = 0, max_ratio = 0;
+  std::string note;
+};
+std::vector<Result> results;
+std::string filter;
+
+struct Tol {
+  double atol, rtol;
+};
+
+// Folds one output tensor into r.
+void compare(Result& r, const char* what, const std::vector<float>& got,
+             const std::vector<float>& want, Tol tol) {
+  if (got.size() != want.size()) {
+    r.pass = false;
+    r.note += std::string(what) + ": size mismatch; ";
+    return;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w) && std::isnan(g)) continue;
+    if (std::isnan(g) || std::isnan(w)) {
+      if (r.pass) r.note += std::string(what) + ": NaN at " + std::to_string(i) + "; ";
+      r.pass = false;
+      r.max_ratio = INFINITY;
+      continue;
+    }
+    const double e = std::fabs(g - w);
+    r.max_abs = std::max(r.max_abs, e);
+    const double ratio = e / (tol.atol + tol.rtol * std::fabs(w));
+    r.max_ratio = std::max(r.max_ratio, ratio);
+  }
+  if (r.max_ratio > 1.0) r.pass = false;
+}
+
+void run_case(const std::string& op, const std::string& shape, const std::function<void(Result&)>& body) {
+  if (!filter.empty() && op.find(filter) == std::string::npos) return;
+  Result r;
+  r.op = op;
+  r.shape = shape;
+  try {
+    body(r);
+  } catch (const std::exception& e) {
+    r.pass = false;
+    r.note += std::string("exception: ") + e.what();
+  }
+  std::printf("%-4s %-28s %-34s max_abs=%-11.3g err/tol=%-9.3g %s\n", r.pass ? "PASS" : "FAIL",
+              op.c_str(), shape.c_str(), r.max_abs, r.max_ratio, r.note.c_str());
+  std::fflush(stdout);
+  results.push_back(r);
+}
+
+std::string dims(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (auto x : d) s += (s.empty() ? "" : "x") + std::to_string(x);
+  return s;
+}
+
+const Tol kElementwise{1e-6, 1e-5};  // expf vs the CPU's vector exp: a few ulp
+const Tol kReduction{1e-5, 1e-4};    // different summation order
+const Tol kGemm{1e-4, 1e-4};         // fp32 GEMM, different blocking
+const Tol kAttention{2e-5, 2e-4};
+
+// ---- op checks ------------------------------------------------------------------------------------
+void check_gemm(Backend& cpu, CudaBackend& gpu) {
+  const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {127, 33, 257}, {256, 512, 384}};
+  for (auto& s : shapes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (float beta : {0.0f, 1.0f}) {
+          const int64_t M = s[0], N = s[1], K = s[2];
+          run_case("gemm", dims({M, N, K}) + " ta" + std::to_string(ta) + " tb" + std::to_string(tb) +
+                               " beta" + std::to_string(int(beta)),
+                   [&](Result& r) {
+                     auto A = randn(M * K), B = randn(K * N), C = randn(M * N);
+                     Dev<float> dA(A), dB(B), dC(M * N);
+                     if (beta != 0.0f) dC.upload(C);
+                     cpu.gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), beta, C.data());
+                     gpu.gemm(ta, tb, M, N, K, 0.5f, dA.p, dB.p, beta, dC.p);
+                     compare(r, "C", dC.download(), C, {kGemm.atol * std::sqrt(double(K)), kGemm.rtol});
+                   });
+        }
+  // bf16 path: against the CPU GEMM of the bf16-rounded operands (products of bf16 values are
+  // exact in fp32, so only the summation order differs).
+  for (auto& s : shapes) {
+    const int64_t M = s[0], N = s[1], K = s[2];
+    run_case("gemm_bf16", dims({M, N, K}) + " tb1", [&](Result& r) {
+      auto A = randn(M * K), B = randn(N * K), C = std::vector<float>(M * N);
+      Dev<float> dA(A), dB(B), dC(M * N);
+      for (auto* v : {&A, &B})
+        for (auto& x : *v) x = numerics::decode_bf16(numerics::encode_bf16(x));
+      cpu.gemm(false, true, M, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data());
+      gpu.set_gemm_precision(CudaGemmPrecision::kBf16);
+      gpu.gemm(false, true, M, N, K, 1.0f, dA.p, dB.p, 0.0f, dC.p);
+      gpu.set_gemm_precision(CudaGemmPrecision::kFp32);
+      compare(r, "C", dC.download(), C, {kGemm.atol * std::sqrt(double(K)), kGemm.rtol});
+    });
+  }
+  // Per-tensor FP8 on tensor cores: against the CPU fp32 GEMM of the dequantized operands (FP8
+  // products are exact in fp32; only the accumulation order differs).
+  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{16, 16, 16}, {37, 64, 80}, {256, 512, 384}})
+    for (Format xf : {Format::kE4M3, Format::kE5M2})
+      run_case(xf == Format::kE4M3 ? "fp8_linear_e4m3xe4m3" : "fp8_linear_e5m2xe4m3", dims({N, I, O}), [&](Result& r) {
+        auto x = randn(N * I), w = randn(O * I, 0.05f);
+        const auto qx = numerics::quantize_fp8_current(x.data(), N, I, xf);
+        const auto qw = numerics::quantize_fp8_current(w.data(), O, I, Format::kE4M3);
+        std::vector<float> y(N * O);
+        cpu.linear_forward(y.data(), qx.dequant.data(), qw.dequant.data(), N, I, O);
+        Dev<uint8_t> dx(qx.codes), dw(qw.codes);
+        Dev<float> dxs(qx.scales_f32), dws(qw.scales_f32), dy(N * O);
+        gpu.fp8_linear_forward(dy.p, dx.p, xf, dxs.p, dw.p, Format::kE4M3, dws.p, N, I, O);
+        compare(r, "y", dy.download(), y, {kGemm.atol * std::sqrt(double(I)), 1e-3});
+      });
+  run_case("linear_backward", "N=67 in=96 out=80", [&](Result& r) {
+    const int64_t N = 67, I = 96, O = 80;
+    auto x = randn(N * I), w = randn(O * I), dy = randn(N * O), dx = randn(N * I), dw = randn(O * I);
+    Dev<float> dX(x), dW(w), dDY(dy), dDX(dx), dDW(dw);
+    cpu.linear_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), N, I, O, true);
+    gpu.linear_backward(dDX.p, dDW.p, dDY.p, dX.p, dW.p, N, I, O, true);
+    compare(r, "dx", dDX.download(), dx, {1e-4 * 10, 1e-4});
+    compare(r, "dw", dDW.download(), dw, {1e-4 * 10, 1e-4});
+  });
+}
+
+void check_rows(Backend& cpu, CudaBackend& gpu) {
+  for (auto [N, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 33}, {64, 256}, {129, 2049}}) {
+    run_case("rmsnorm_forward", dims({N, C}), [&](Result& r) {
+      auto x = randn(N * C), w = uniform(C, 0.5f, 1.5f);
+      std::vector<float> y(N * C), rstd(N);
+      Dev<float> dx(x), dw(w), dy(N * C), dr(N);
+      cpu.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      gpu.rmsnorm_forward(dy.p, dr.p, dx.p, dw.p, N, C, 1e-5f);
+      compare(r, "y", dy.download(), y, kReduction);
+      compare(r, "rstd", dr.download(), rstd, kReduction);
+    });
+    run_case("rmsnorm_backward", dims({N, C}), [&](Result& r) {
+      auto x = randn(N * C), w = uniform(C, 0.5f, 1.5f), g = randn(N * C), dxv = randn(N * C),
+           dwv = randn(C);
+      std::vector<float> y(N * C), rstd(N);
+      cpu.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      Dev<float> dX(x), dW(w), dG(g), dR(rstd), dDX(dxv), dDW(dwv);
+      cpu.rmsnorm_backward(dxv.data(), dwv.data(), g.data(), x.data(), w.data(), rstd.data(), N, C);
+      gpu.rmsnorm_backward(dDX.p, dDW.p, dG.p, dX.p, dW.p, dR.p, N, C);
+      compare(r, "dx", dDX.download(), dxv, kReduction);
+      compare(r, "dw", dDW.download(), dwv, kReduction);
+    });
+  }
+  for (auto [B, T, Hh, D] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 2}, {2, 17, 3, 64}, {1, 100, 8, 128}}) {
+    for (int bwd = 0; bwd < 2; ++bwd)
+      run_case(bwd ? "rope_backward" : "rope_forward", dims({B, T, Hh, D}), [&](Result& r) {
+        auto x = randn(B * T * Hh * D), c = uniform(T * D / 2, -1, 1), s = uniform(T * D / 2, -1, 1);
+        Dev<float> dx(x), dc(c), ds(s);
+        if (bwd) {
+          cpu.rope_backward(x.data(), c.data(), s.data(), B, T, Hh, D);
+          gpu.rope_backward(dx.p, dc.p, ds.p, B, T, Hh, D);
+        } else {
+          cpu.rope_forward(x.data(), c.data(), s.data(), B, T, Hh, D);
+          gpu.rope_forward(dx.p, dc.p, ds.p, B, T, Hh, D);
+        }
+        compare(r, "x", dx.download(), x, kElementwise);
+      });
+  }
+  for (int64_t n : {1, 7, 1000, 65537}) {
+    run_case("swiglu_forward", dims({n}), [&](Result& r) {
+      auto g = randn(n, 3.0f), u = randn(n);
+      std::vector<float> s(n);
+      Dev<float> dg(g), du(u), dsv(n);
+      cpu.swiglu_forward(s.data(), g.data(), u.data(), n);
+      gpu.swiglu_forward(dsv.p, dg.p, du.p, n);
+      compare(r, "s", dsv.download(), s, kElementwise);
+    });
+    run_case("swiglu_backward", dims({n}), [&](Result& r) {
+      auto g = randn(n, 3.0f), u = randn(n), ds = randn(n);
+      std::vector<float> dg(n), du(n);
+      Dev<float> dG(g), dU(u), dDS(ds), dDG(n), dDU(n);
+      cpu.swiglu_backward(dg.data(), du.data(), ds.data(), g.data(), u.data(), n);
+      gpu.swiglu_backward(dDG.p, dDU.p, dDS.p, dG.p, dU.p, n);
+      compare(r, "dg", dDG.download(), dg, kElementwise);
+      compare(r, "du", dDU.download(), du, kElementwise);
+    });
+  }
+  for (auto [N, C, V] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {33, 17, 10}, {512, 256, 1000}}) {
+    run_case("embedding_forward", dims({N, C, V}), [&](Result& r) {
+      auto table = randn(V * C);
+      auto tok = randint(N, int32_t(V));
+      std::vector<float> out(N * C);
+      Dev<float> dT(table), dO(N * C);
+      Dev<int32_t> dTok(tok);
+      cpu.embedding_forward(out.data(), tok.data(), table.data(), N, C);
+      gpu.embedding_forward(dO.p, dTok.p, dT.p, N, C);
+      compare(r, "out", dO.download(), out, {0, 0});
+    });
+    run_case("embedding_backward", dims({N, C, V}), [&](Result& r) {
+      auto dtable = randn(V * C), dout = randn(N * C);
+      auto tok = randint(N, int32_t(V));
+      Dev<float> dT(dtable), dO(dout);
+      Dev<int32_t> dTok(tok);
+      cpu.embedding_backward(dtable.data(), tok.data(), dout.data(), N, C);
+      gpu.embedding_backward(dT.p, dTok.p, dO.p, N, C);
+      compare(r, "dtable", dT.download(), dtable, kElementwise);
+    });
+  }
+  for (auto [N, C, V, chunk] : std::vector<std::array<int64_t, 4>>{{1, 8, 5, 1}, {37, 64, 1000, 16}, {256, 128, 5003, 100}}) {
+    run_case("head_cross_entropy", dims({N, C, V}) + " chunk" + std::to_string(chunk), [&](Result& r) {
+      auto h = randn(N * C), w = randn(V * C, 0.1f), dwv = randn(V * C);
+      auto tgt = randint(N, int32_t(V));
+      std::vector<float> dh(N * C), ws(chunk * V);
+      Dev<float> dH(h), dW(w), dDW(dwv), dDH(N * C), dWS(chunk * V);
+      Dev<int32_t> dT(tgt);
+      const float gs = 1.0f / float(N);
+      const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk);
+      const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk);
+      compare(r, "loss", {float(lg)}, {float(lc)}, kReduction);
+      compare(r, "dh", dDH.download(), dh, {1e-5, 1e-3});
+      compare(r, "dw", dDW.download(), dwv, {1e-5, 1e-3});
+    });
+  }
+}
+
+void check_attention(Backend& cpu, CudaBackend& gpu) {
+  for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
+           {1, 1, 1, 1, 8}, {2, 37, 4, 2, 64}, {1, 130, 8, 8, 128}, {1, 65, 6, 2, 80},
+           {1, 40, 2, 1, 96}, {2, 256, 8, 2, 64}}) {
+    const std::string sh = dims({B, T, H, KV, D});
+    auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
+    std::vector<float> out(B * T * H * D), lse(B * H * T);
+    cpu.attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+    run_case("attention_forward", sh, [&](Result& r) {
+      Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
+      gpu.attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      compare(r, "out", dout.download(), out, kAttention);
+      compare(r, "lse", dlse.download(), lse, kAttention);
+    });
+    run_case("attention_backward", sh, [&](Result& r) {
+      auto g = randn(out.size());
+      std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+      cpu.attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), B, T, H, KV, D);
+      Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()), dDV(dv.size());
+      gpu.attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+      const Tol t{1e-4, 1e-3};
+      compare(r, "dq", dDQ.download(), dq, t);
+      compare(r, "dk", dDK.download(), dk, t);
+      compare(r, "dv", dDV.download(), dv, t);
+    });
+  }
+  for (auto [T, H, KV, D] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 16}, {33, 4, 2, 64}, {1000, 8, 2, 128}, {77, 2, 2, 100}}) {
+    run_case("attention_decode", dims({T, H, KV, D}), [&](Result& r) {
+      auto q = randn(H * D), kc = randn(T * KV * D), vc = randn(T * KV * D);
+      std::vector<float> out(H * D);
+      Dev<float> dq(q), dk(kc), dv(vc), dout(H * D);
+      cpu.attention_decode(out.data(), q.data(), kc.data(), vc.data(), T, H, KV, D);
+      gpu.attention_decode(dout.p, dq.p, dk.p, dv.p, T, H, KV, D);
+      compare(r, "out", dout.download(), out, kAttention);
+    });
+  }
+}
+
+void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
+  for (int64_t n : {1, 31, 4097, 1 << 20}) {
+    const std::string sh = dims({n});
+    run_case("add", sh, [&](Result& r) {
+      auto a = randn(n), b = randn(n);
+      std::vector<float> y(n);
+      Dev<float> da(a), db(b), dy(n);
+      cpu.add(y.data(), a.data(), b.data(), n);
+      gpu.add(dy.p, da.p, db.p, n);
+      compare(r, "y", dy.download(), y, {0, 0});
+      gpu.add(da.p, da.p, db.p, n);  // y aliasing a
+      compare(r, "y(alias)", da.download(), y, {0, 0});
+    });
+    run_case("scale", sh, [&](Result& r) {
+      auto x = randn(n);
+      Dev<float> dx(x);
+      cpu.scale(x.data(), 0.37f, n);
+      gpu.scale(dx.p, 0.37f, n);
+      compare(r, "x", dx.download(), x, {0, 0});
+    });
+    run_case("fill", sh, [&](Result& r) {
+      std::vector<float> x(n);
+      Dev<float> dx(n);
+      cpu.fill(x.data(), -2.5f, n);
+      gpu.fill(dx.p, -2.5f, n);
+      compare(r, "x", dx.download(), x, {0, 0});
+    });
+    run_case("copy", sh, [&](Result& r) {
+      auto x = randn(n);
+      Dev<float> dx(x), dy(n);
+      gpu.copy(dy.p, dx.p, n);
+      compare(r, "y", dy.download(), x, {0, 0});
+    });
+    run_case("sum_squares", sh, [&](Result& r) {
+      auto x = randn(n);
+      Dev<float> dx(x);
+      const double c = cpu.sum_squares(x.data(), n), g = gpu.sum_squares(dx.p, n);
+      r.max_abs = std::fabs(c - g);
+      r.max_ratio = r.max_abs / (1e-10 * std::fabs(c) + 1e-300);  // double sums, other order
+      r.pass = r.max_ratio <= 1.0;
+    });
+    run_case("adamw", sh, [&](Result& r) {
+      auto p = randn(n), g = randn(n), m = randn(n, 0.1f), v = uniform(n, 0.0f, 0.1f);
+      Dev<float> dp(p), dg(g), dm(m), dv(v);
+      for (int64_t t = 1; t <= 3; ++t) {
+        cpu.adamw(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        gpu.adamw(dp.p, dg.p, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+      }
+      compare(r, "param", dp.download(), p, kElementwise);
+      compare(r, "m", dm.download(), m, kElementwise);
+      compare(r, "v", dv.download(), v, kElementwise);
+    });
+  }
+}
+
+// ---- quantizers: byte identity ---------------------------------------------------------------
+// Inputs over a wide dynamic range, with zeros, a zero block, and (in one case) inf and NaN.
+std::vector<float> quant_input(int64_t rows, int64_t cols, bool specials) {
+  auto x = randn(rows * cols);
+  auto e = uniform(rows * cols, -8.0f, 8.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= std::exp2(e[i]);
+  for (int64_t c = 0; c < std::min<int64_t>(cols, 40); ++c) x[c] = 0.0f;  // a zero block
+  if (specials && x.size() > 100) {
+    x[50] = NAN;
+    x[77] = -INFINITY;
+    x[99] = 1e-42f;  // fp32 subnormal
+  }
+  return x;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b, std::string& note) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;  // GPUs write the canonical NaN
+    uint32_t x, y;
+    std::memcpy(&x, &a[i], 4);
+    std::memcpy(&y, &b[i], 4);
+    if (x != y) {
+      note += "first diff at " + std::to_string(i) + "; ";
+      return false;
+    }
+  }
+  return true;
+}
+
+void expect_bytes(Result& r, const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+  if (got != want) {
+    r.pass = false;
+    size_t i = 0;
+    while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+    r.note += std::string(what) + " differ at " + std::to_string(i) + "; ";
+  }
+}
+void expect_floats(Result& r, const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+  std::string note;
+  if (got.size() != want.size() || !same_bits(got, want, note)) {
+    r.pass = false;
+    r.note += std::string(what) + ": " + note;
+  }
+}
+
+void check_quantizers(CudaBackend& gpu) {
+  DeviceArena scratch("op_check-quant", size_t(64) << 20, nullptr);
+  const cudaStream_t s = gpu.stream();
+  const int64_t shapes[][2] = {{1, 1}, {3, 37}, {37, 77}, {128, 256}, {130, 300}};
+  for (auto& sh : shapes)
+    for (int stoch = 0; stoch < 2; ++stoch)
+      for (int specials = 0; specials < 2; ++specials) {
+        const int64_t R = sh[0], C = sh[1];
+        const std::string name = dims({R, C}) + (stoch ? " sr" : "") + (specials ? " nan/inf" : "");
+        const auto x = quant_input(R, C, specials);
+        numerics::RoundingOptions ro;
+        ro.stochastic = stoch;
+        ro.rng = {7, 3, 1, 5};
+        Dev<float> dx(x);
+        for (Format fmt : {Format::kE4M3, Format::kE5M2})
+          run_case(fmt == Format::kE4M3 ? "quant_fp8_current_e4m3" : "quant_fp8_current_e5m2", name, [&](Result& r) {
+            const auto q = numerics::quantize_fp8_current(x.data(), R, C, fmt, 0.0f, ro);
+            Dev<uint8_t> codes(R * C);
+            Dev<float> sinv(1), deq(R * C);
+            cuda::quantize_fp8_current(dx.p, R, C, fmt, 0.0f, ro, codes.p, sinv.p, deq.p, scratch, s);
+            expect_bytes(r, "codes", codes.download(), q.codes);
+            expect_floats(r, "scale", sinv.download(), q.scales_f32);
+            expect_floats(r, "dequant", deq.download(), q.dequant);
+          });
+        for (auto [br, bc] : std::vector<std::pair<int, int>>{{1, 128}, {128, 128}})
+          run_case("quant_fp8_block_" + std::to_string(br) + "x" + std::to_string(bc), name, [&](Result& r) {
+            const auto q = numerics::quantize_fp8_block(x.data(), R, C, br, bc, true, ro);
+            Dev<uint8_t> codes(R * C);
+            Dev<float> sc(q.scales_f32.size()), deq(R * C);
+            cuda::quantize_fp8_block(dx.p, R, C, br, bc, true, ro, codes.p, sc.p, deq.p, s);
+            expect_bytes(r, "codes", codes.download(), q.codes);
+            expect_floats(r, "scales", sc.download(), q.scales_f32);
+            expect_floats(r, "dequant", deq.download(), q.dequant);
+          });
+        for (int colwise = 0; colwise < 2; ++colwise)
+          for (auto rule : {numerics::MxScaleRule::kCeil, numerics::MxScaleRule::kFloor})
+            run_case(std::string("quant_mxfp8") + (colwise ? "_col" : "_row") +
+                         (rule == numerics::MxScaleRule::kCeil ? "_ceil" : "_floor"),
+                     name, [&](Result& r) {
+                       const auto q = numerics::quantize_mxfp8(x.data(), R, C, colwise, Format::kE4M3, rule, ro);
+                       Dev<uint8_t> codes(R * C), sc(q.scales_u8.size());
+                       Dev<float> deq(R * C);
+                       cuda::quantize_mxfp8(dx.p, R, C, colwise, Format::kE4M3, rule, ro, codes.p, sc.p, deq.p, s);
+                       expect_bytes(r, "codes", codes.download(), q.codes);
+                       expect_bytes(r, "scales", sc.download(), q.scales_u8);
+                       expect_floats(r, "dequant", deq.download(), q.dequant);
+                     });
+        for (int b2d = 0; b2d < 2; ++b2d)
+          run_case(b2d ? "quant_nvfp4_16x16" : "quant_nvfp4_1x16", name, [&](Result& r) {
+            const auto q = numerics::quantize_nvfp4(x.data(), R, C, b2d, ro);
+            Dev<uint8_t> codes(q.codes.size()), sc(q.scales_u8.size());
+            Dev<float> gs(1), deq(R * C);
+            cuda::quantize_nvfp4(dx.p, R, C, b2d, ro, codes.p, sc.p, gs.p, deq.p, scratch, s);
+            expect_bytes(r, "codes", codes.download(), q.codes);
+            expect_bytes(r, "scales", sc.download(), q.scales_u8);
+            expect_floats(r, "global_scale", gs.download(), {q.global_scale});
+            expect_floats(r, "dequant", deq.download(), q.dequant);
+          });
+      }
+}
+
+void write_json(const std::string& path, const std::string& device) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "error: cannot write %s\n", path.c_str());
+    return;
+  }
+  int passed = 0, failed = 0;
+  for (auto& r : results) (r.pass ? passed : failed)++;
+  std::fprintf(f, "{\"device\": \"%s\", \"passed\": %d, \"failed\": %d, \"results\": [\n", device.c_str(), passed, failed);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    std::string note;
+    for (char c : r.note) note += (c == '"' || c == '\\') ? '\'' : c;
+    std::fprintf(f, "  {\"op\": \"%s\", \"shape\": \"%s\", \"pass\": %s, \"max_abs_err\": %.6g, \"err_over_tol\": %.6g, \"note\": \"%s\"}%s\n",
+                 r.op.c_str(), r.shape.c_str(), r.pass ? "true" : "false", r.max_abs,
+                 std::isfinite(r.max_ratio) ? r.max_ratio : 1e300, note.c_str(), i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: cuda_op_check [--json PATH] [--filter SUBSTRING]\n");
+      return 2;
+    }
+  }
+  std::string device = "unknown";
+  try {
+    cudaDeviceProp prop{};
+    MX_CUDA_CHECK("op_check", cudaGetDeviceProperties(&prop, 0));
+    device = std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+    std::printf("device: %s\n", device.c_str());
+    auto cpu = make_cpu_backend();
+    CudaBackendOptions opt;
+    opt.sync_after_each_op = true;  // a fault is reported at the op that caused it
+    auto gpu = make_cuda_backend(opt);
+    const auto t0 = std::chrono::steady_clock::now();
+    check_vector_ops(*cpu, *gpu);
+    check_gemm(*cpu, *gpu);
+    check_rows(*cpu, *gpu);
+    check_attention(*cpu, *gpu);
+    check_quantizers(*gpu);
+    std::printf("%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    Result r;
+    r.op = "setup";
+    r.pass = false;
+    r.note = e.what();
+    results.push_back(r);
+  }
+  int failed = 0;
+  for (auto& r : results) failed += !r.pass;
+  std::printf("%zu cases, %d failed\n", results.size(), failed);
+  if (!json.empty()) write_json(json, device);
+  return failed ? 1 : 0;
+}
