@@ -330,6 +330,13 @@ std::unique_ptr<CheckpointStore> open_checkpoint_store(const std::string& root) 
                "' must be a byte count of at least 5 MiB (", s3::kMinPartSize, ")");
     cfg.part_size = cfg.multipart_threshold = v;
   }
+  if (const char* ma = std::getenv("MXTRAIN_S3_MAX_ATTEMPTS"); ma && *ma) {
+    char* end = nullptr;
+    long v = std::strtol(ma, &end, 10);
+    MX_REQUIRE(end && *end == '\0' && v >= 1 && v <= 100, "MXTRAIN_S3_MAX_ATTEMPTS='", ma,
+               "' must be a number of tries from 1 to 100");
+    cfg.retry.max_attempts = int(v);
+  }
   auto client = std::make_shared<s3::S3Client>(cfg, std::make_shared<s3::DefaultCredentialsChain>());
   return std::make_unique<S3Store>(std::move(client), std::move(uri));
 }

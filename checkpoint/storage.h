@@ -69,7 +69,8 @@ class CheckpointStore {
 
 // "s3://bucket/prefix" (trailing '/' ignored) or a local directory. S3 uses the environment's
 // credentials chain, region and endpoint (see checkpoint/s3/client.h); MXTRAIN_S3_PART_SIZE
-// (bytes, at least 5 MiB) sets the multipart part size.
+// (bytes, at least 5 MiB) sets the multipart part size, MXTRAIN_S3_MAX_ATTEMPTS (default 8)
+// the tries per request.
 std::unique_ptr<CheckpointStore> open_checkpoint_store(const std::string& root);
 // For tests: an S3 store over a given client.
 std::unique_ptr<CheckpointStore> open_s3_checkpoint_store(std::shared_ptr<s3::S3Client> client,

@@ -203,7 +203,9 @@ class FaultyProxy:
         self.upstream = upstream.replace("http://", "")
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
-        self.counts = {"forwarded": 0, "dropped": 0, "500": 0, "503": 0, "delayed": 0}
+        self.counts = {"forwarded": 0, "dropped": 0, "500": 0, "503": 0, "delayed": 0,
+                       "upstream_errors": 0}
+        self.log = []  # (method, path, injected or upstream status), for a failure's message
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -218,6 +220,10 @@ class FaultyProxy:
                 with proxy.lock:
                     x = proxy.rng.random()
                 # Listings and the first requests of a run are failed like any other.
+                with proxy.lock:
+                    proxy.log.append((self.command, self.path[:80],
+                                      "drop" if x < p_drop else "500" if x < p_drop + p_500
+                                      else "503" if x < p_drop + p_500 + p_503 else "fwd"))
                 if x < p_drop:
                     proxy.count("dropped")
                     self.close_connection = True
@@ -244,6 +250,10 @@ class FaultyProxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                if resp.status >= 500:
+                    proxy.count("upstream_errors")
+                with proxy.lock:
+                    proxy.log.append((self.command, self.path[:80], resp.status))
                 self.send_response(resp.status)
                 length = str(len(data))
                 for k, v in resp.getheaders():
@@ -281,6 +291,10 @@ def test_fault_injection_every_checkpoint_commits(moto, common, tmp_path):
     proxy = FaultyProxy(moto.endpoint, seed)
     try:
         env = s3_env(moto, endpoint=proxy.url)
+        # About a quarter of all requests fail here, far more than S3 ever does: more tries per
+        # request than the default 8, so a run of bad luck is not mistaken for a bug (1 run in
+        # ~20 saw one request fail 8 times in a row).
+        env["MXTRAIN_S3_MAX_ATTEMPTS"] = "16"
         uri = f"s3://{moto.bucket}/faulty"
         r = run(["train"] + set_args(dict(base, **{
             "train.steps": 8, "checkpoint.every": 2, "checkpoint.s3_uri": uri,
@@ -292,7 +306,8 @@ def test_fault_injection_every_checkpoint_commits(moto, common, tmp_path):
         assert manifests == [f"faulty/step_{s:08d}/manifest.json" for s in (2, 4, 6, 8)], keys
         # ... and verifies, every byte, read through the faulty proxy.
         v = run(["ckpt", "verify", uri, "--full"], env)
-        assert v.returncode == 0 and v.stdout.count("OK") == 4, (seed, v.stdout, v.stderr)
+        assert v.returncode == 0 and v.stdout.count("OK") == 4, (seed, v.stdout, v.stderr,
+                                                                 proxy.counts, proxy.log[-30:])
         # A resume through the proxy reads the newest one and goes on.
         r = run(["train"] + set_args(dict(base, **{
             "train.steps": 10, "checkpoint.every": 2, "checkpoint.s3_uri": uri,
