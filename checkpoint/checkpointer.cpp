@@ -49,10 +49,7 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, Communicator& wor
     : opt_(options), world_(world), fsdp_(fsdp), config_(config), layout_(layout) {
   MX_REQUIRE(opt_.max_attempts >= 1, "checkpoint write attempts must be at least 1");
   store_ = open_checkpoint_store(opt_.root);
-  view_.layout = &layout_;
-  view_.units = fsdp.unit_shards();
-  view_.local_offset = fsdp.unit_local_offsets();
-  view_.shard_rank = fsdp.shard_rank();
+  view_ = fsdp_shard_view(fsdp, layout_);
   writer_ = fsdp.replica_rank() == 0;
   config_text_ = hf_config_text(config_);
   // The staging image is allocated and its pages touched now, not inside the first checkpoint:
@@ -192,6 +189,15 @@ void Checkpointer::commit() {
   store_->commit(step, build_manifest(info, config_, layout_, files));
   last_committed_ = store_->step_location(step);
   prune_checkpoints(*store_, opt_.keep);
+}
+
+ShardView fsdp_shard_view(const Fsdp& fsdp, const ParamLayout& layout) {
+  ShardView view;
+  view.layout = &layout;
+  view.units = fsdp.unit_shards();
+  view.local_offset = fsdp.unit_local_offsets();
+  view.shard_rank = fsdp.shard_rank();
+  return view;
 }
 
 std::vector<ExtraTensor> recipe_extra_tensors(const LinearRecipe& recipe) {

@@ -39,6 +39,9 @@ struct CheckpointerOptions {
   std::string sharding = "full";
 };
 
+// This rank's view of FSDP's shards, as the checkpoint format reads and writes them.
+ShardView fsdp_shard_view(const Fsdp& fsdp, const ParamLayout& layout);
+
 // An extra float tensor a rank stores in its file (recipe state).
 struct ExtraTensor {
   std::string name;

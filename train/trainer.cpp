@@ -137,12 +137,8 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
                "checkpoint ", reader.location(), " holds a different model than this config");
     auto state = reader.state();
-    ShardView view;
-    view.layout = &engine.layout;
-    view.units = fsdp.unit_shards();
-    view.local_offset = fsdp.unit_local_offsets();
-    view.shard_rank = fsdp.shard_rank();
-    load_shards(reader, view, fsdp.master_shard(), fsdp.exp_avg_shard(), fsdp.exp_avg_sq_shard());
+    load_shards(reader, fsdp_shard_view(fsdp, engine.layout), fsdp.master_shard(),
+                fsdp.exp_avg_shard(), fsdp.exp_avg_sq_shard());
     restore_recipe_state(linear_recipe, reader, fsdp.shard_rank());
     start_step = resume_step;
     MX_REQUIRE(start_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
