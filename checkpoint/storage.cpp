@@ -58,12 +58,9 @@ CheckpointLocation parse_checkpoint_location(const std::string& location) {
 
 namespace {
 
-void fsync_path(const fs::path& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw StorageError(str("cannot open ", path.string(), " to fsync"));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw StorageError(str("cannot fsync ", path.string()));
+void fsync_dir(const fs::path& dir) {
+  if (!fsync_directory(dir.string()))
+    throw StorageError(str("cannot open ", dir.string(), " to fsync"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -102,7 +99,7 @@ class LocalStore final : public CheckpointStore {
   void commit(int64_t step, const std::string& manifest) override {
     fs::path dir = partial_dir(step);
     write_file_atomic((dir / kManifestName).string(), manifest);
-    fsync_path(dir, true);
+    fsync_dir(dir);
     fs::path final_dir = step_dir(step);
     std::error_code ec;
     if (fs::exists(final_dir, ec)) {  // a rerun of the same step: replaced only now
@@ -118,7 +115,7 @@ class LocalStore final : public CheckpointStore {
     }
     if (ec)
       throw StorageError(str("cannot commit checkpoint ", final_dir.string(), ": ", ec.message()));
-    fsync_path(root_, true);
+    fsync_dir(root_);
   }
 
   void remove_step(int64_t step) override {

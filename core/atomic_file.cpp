@@ -58,14 +58,18 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
   if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename", errno);
   // The rename is durable only once the directory entry is. A failure here leaves a complete
   // file at `path`, so it is reported but nothing is removed.
-  int dir_fd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    int rc = ::fsync(dir_fd);
-    int err = errno;
-    ::close(dir_fd);
-    if (rc != 0 && err != EINVAL)
-      throw StorageError(str("fsync of the directory of '", path, "' failed: ", std::strerror(err)));
-  }
+  fsync_directory(parent_dir(path));
+}
+
+bool fsync_directory(const std::string& dir) {
+  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return false;
+  int rc = ::fsync(dir_fd);
+  int err = errno;
+  ::close(dir_fd);
+  if (rc != 0 && err != EINVAL)
+    throw StorageError(str("fsync of directory '", dir, "' failed: ", std::strerror(err)));
+  return true;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -17,4 +17,9 @@ struct ByteSpan {
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// fsyncs a directory so that renames into it are durable. Returns false (and does nothing) if
+// the directory cannot be opened; an fsync failure throws StorageError, except EINVAL: a
+// filesystem that cannot fsync a directory is tolerated.
+bool fsync_directory(const std::string& dir);
+
 }  // namespace mx
