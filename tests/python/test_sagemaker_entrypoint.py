@@ -3,6 +3,7 @@
 failure reason out; stopped with SIGTERM (a spot reclaim) and started again, it resumes."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -241,3 +242,174 @@ def test_a_worker_host_serves_ssh_instead_of_training(tmp_path):
     assert "waits for the master algo-1" in r.stderr
     assert "/bin/false" in (root / "output" / "failure").read_text()
     assert not (root / "checkpoints").exists() and not (root / "output" / "data").exists()
+
+
+# --- two hosts on this one machine -------------------------------------------------------------
+# SageMaker gives every host its own /opt/ml and the names algo-1, algo-2. Here: two trees under
+# tmp_path, the names in a private /etc/hosts (bind-mounted in a mount namespace of the master's
+# own, `unshare --mount`; nothing outside it sees the file) on two loopback addresses, a fake
+# `ssh` (OMPI_MCA_plm_rsh_agent) that runs Open MPI's remote command here with a bare
+# environment and the named host's /opt/ml, as a login on that host would, and a fake `sshd`
+# (MXTRAIN_SSHD) that listens on port 22 of algo-2's address, as the master checks.
+
+FAKE_SSH = """#!/bin/sh
+# ssh [options] HOST COMMAND: what Open MPI's rsh launcher runs; here HOST is this machine
+# with its own /opt/ml, and only the variables mpirun passes on (-x) reach the ranks.
+echo "$@" >> "{log}"
+while [ $# -gt 0 ]; do case "$1" in -[bcDEeFIiJLlmOopQRSWw]) shift 2;; -*) shift;; *) break;; esac; done
+host=$1; shift
+exec env -i PATH="$PATH" HOME="$HOME" MXTRAIN_SM_ROOT="{hosts_dir}/$host/opt_ml" /bin/sh -c "$*"
+"""
+
+FAKE_SSHD = """#!{python}
+# sshd as the entrypoint starts it: returns once listening on port 22 (of this host's address),
+# serves until the entrypoint that started it has exited.
+import os, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("{ip}", 22))
+s.listen(16)
+owner = os.getppid()
+if os.fork():
+    os._exit(0)
+os.setsid()
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+s.settimeout(0.5)
+while True:
+    try:
+        s.accept()[0].close()
+    except OSError:
+        pass
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        break
+"""
+
+
+def _can_unshare_mounts():
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def _two_host_setup(tmp_path, hp):
+    import random
+    import sys
+    hosts_dir = tmp_path / "hosts"
+    roots = {}
+    for host in ("algo-1", "algo-2"):
+        roots[host] = make_root(hosts_dir / host, hp)
+        (roots[host] / "input" / "config" / "resourceconfig.json").write_text(json.dumps(
+            {"current_host": host, "current_instance_type": "ml.c5.xlarge",
+             "current_group_name": "homogeneousCluster", "hosts": ["algo-2", "algo-1"],
+             "network_interface_name": "lo"}))
+    rnd = random.Random()
+    net = f"127.{rnd.randint(1, 250)}.{rnd.randint(1, 250)}"
+    ips = {"algo-1": f"{net}.11", "algo-2": f"{net}.12"}  # not 127.0.0.1: not "this host"
+    etc_hosts = tmp_path / "etc_hosts"
+    etc_hosts.write_text(open("/etc/hosts").read() + "".join(
+        f"{ip} {h}\n" for h, ip in ips.items()))
+    ssh = tmp_path / "fake_ssh"
+    ssh.write_text(FAKE_SSH.format(log=tmp_path / "ssh.log", hosts_dir=hosts_dir))
+    sshd = tmp_path / "fake_sshd"
+    sshd.write_text(FAKE_SSHD.format(python=sys.executable, ip=ips["algo-2"]))
+    for f in (ssh, sshd):
+        f.chmod(0o755)
+    return roots, etc_hosts, ssh, sshd
+
+
+def _run_two_hosts(tmp_path, roots, etc_hosts, ssh, sshd, base_env):
+    """Starts algo-2 (the worker), then algo-1 (the master) in its mount namespace; returns
+    (master CompletedProcess-like, worker (rc, stderr))."""
+    worker = subprocess.Popen(
+        [MXTRAIN_BIN, "sagemaker", "train"],
+        env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-2"]), MXTRAIN_SSHD=str(sshd)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        master = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+             str(etc_hosts), MXTRAIN_BIN, "sagemaker", "train"],
+            env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-1"]),
+                     OMPI_MCA_plm_rsh_agent=str(ssh)),
+            capture_output=True, text=True, timeout=400)
+        # the worker ends once the MPI daemon the master started on it is gone
+        _, werr = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    return master, (worker.returncode, werr)
+
+
+def test_two_hosts_train_checkpoint_to_s3_and_resume(tmp_path):
+    """hosts algo-1 and algo-2, one rank each: algo-1 runs mpirun over ssh to both, algo-2
+    serves sshd and waits; FSDP over the two, checkpoints straight to S3 (moto), the model
+    exported on algo-1; then both start again, as after a spot reclaim, and resume from S3."""
+    require_binary()
+    if not _can_unshare_mounts():
+        pytest.skip("no mount namespaces here (unshare --mount): the private /etc/hosts that "
+                    "names algo-1 / algo-2 cannot be set up")
+    from test_checkpoint_s3 import Moto, s3_env
+    moto = Moto()
+    try:
+        prefix = f"two-hosts-{os.getpid()}"
+        hp = dict(TINY, **{"train.steps": "6", "checkpoint.every": "3", "checkpoint.keep": "5",
+                           "checkpoint.s3_uri": f"s3://{moto.bucket}/{prefix}",
+                           "sagemaker.processes_per_host": "1"})
+        roots, etc_hosts, ssh, sshd = _two_host_setup(tmp_path, hp)
+        env = s3_env(moto)
+        master, (wrc, werr) = _run_two_hosts(tmp_path, roots, etc_hosts, ssh, sshd, env)
+        assert master.returncode == 0, master.stderr[-4000:]
+        assert wrc == 0, werr
+        assert "sagemaker: algo-2 waits for the master algo-1" in werr
+        assert "the MPI job runs on algo-2" in werr and "has ended" in werr
+        # mpirun reached both hosts through ssh (neither name is this machine's)
+        calls = (tmp_path / "ssh.log").read_text().splitlines()
+        hosts_reached = [next(w for w in c.split() if not w.startswith("-")) for c in calls]
+        assert sorted(hosts_reached) == ["algo-1", "algo-2"], calls
+        assert all(" orted " in c for c in calls), calls
+        assert "--host algo-1:1,algo-2:1 -np 2" in master.stderr
+        _, summary = read_metrics(roots["algo-1"] / "output" / "data" / "metrics.jsonl")
+        assert summary["steps"] == 6 and summary["world_size"] == 2
+        # the rank on algo-2 read algo-2's /opt/ml (its output folder is made there)
+        assert (roots["algo-2"] / "output" / "data").is_dir()
+        assert not (roots["algo-2"] / "model" / "model.safetensors").exists()
+        assert not (roots["algo-2"] / "output" / "failure").exists()
+        keys = moto.keys(prefix + "/")
+        for step in (3, 6):
+            d = f"{prefix}/step_{step:08d}/"
+            assert d + "manifest.json" in keys, sorted(keys)
+            assert len([k for k in keys if k.startswith(d + "rank_")]) == 2, sorted(keys)
+        # the exported model is the last checkpoint's weights (read back with boto3)
+        local = tmp_path / "step6"
+        local.mkdir()
+        for k in keys:
+            if k.startswith(f"{prefix}/step_00000006/"):
+                moto.call(op="download", key=k, path=str(local / k.rsplit("/", 1)[1]))
+        saved = hf_io.read_checkpoint_weights(str(local))
+        _, tensors = hf_io.read_hf_dir(str(roots["algo-1"] / "model"))
+        assert set(saved) == set(tensors)
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(value, saved[name], err_msg=name)
+
+        # Started again with more steps (a resubmitted job, same checkpoint URI): both ranks
+        # resume from S3 at step 6.
+        hp["train.steps"] = "9"
+        for root in roots.values():
+            (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+            shutil.rmtree(root / "model", ignore_errors=True)
+        master, (wrc, werr) = _run_two_hosts(tmp_path, roots, etc_hosts, ssh, sshd, env)
+        assert master.returncode == 0, master.stderr[-4000:]
+        assert wrc == 0, werr
+        assert f"resumed from s3://{moto.bucket}/{prefix}/step_00000006 at step 6" in \
+            master.stderr, master.stderr[-4000:]
+        lines = [json.loads(l) for l in
+                 (roots["algo-1"] / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+        assert [o["step"] for o in lines if not o.get("summary")] == list(range(1, 10))
+        assert f"{prefix}/step_00000009/manifest.json" in moto.keys(prefix + "/")
+        assert (roots["algo-1"] / "model" / "model.safetensors").exists()
+    finally:
+        moto.stop()
