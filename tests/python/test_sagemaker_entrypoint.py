@@ -321,33 +321,47 @@ def _two_host_setup(tmp_path, hp):
     return roots, etc_hosts, ssh, sshd
 
 
-def _run_two_hosts(tmp_path, roots, etc_hosts, ssh, sshd, base_env):
-    """Starts algo-2 (the worker), then algo-1 (the master) in its mount namespace; returns
-    (master CompletedProcess-like, worker (rc, stderr))."""
+def _start_two_hosts(roots, etc_hosts, ssh, sshd, base_env):
+    """Starts algo-2 (the worker), then algo-1 (the master, in its own mount namespace; `exec`
+    makes the Popen's process mxtrain itself, so a signal reaches it as SageMaker's would)."""
     worker = subprocess.Popen(
         [MXTRAIN_BIN, "sagemaker", "train"],
         env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-2"]), MXTRAIN_SSHD=str(sshd)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    master = subprocess.Popen(
+        ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+         str(etc_hosts), MXTRAIN_BIN, "sagemaker", "train"],
+        env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-1"]),
+                 OMPI_MCA_plm_rsh_agent=str(ssh)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return master, worker
+
+
+def _finish_two_hosts(master, worker):
+    """(master rc, master stderr, worker rc, worker stderr); the worker must end by itself
+    once the MPI daemon the master started on it is gone."""
     try:
-        master = subprocess.run(
-            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
-             str(etc_hosts), MXTRAIN_BIN, "sagemaker", "train"],
-            env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-1"]),
-                     OMPI_MCA_plm_rsh_agent=str(ssh)),
-            capture_output=True, text=True, timeout=400)
-        # the worker ends once the MPI daemon the master started on it is gone
+        _, merr = master.communicate(timeout=400)
         _, werr = worker.communicate(timeout=60)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
-    return master, (worker.returncode, werr)
+        for p in (master, worker):
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return master.returncode, merr, worker.returncode, werr
 
 
-def test_two_hosts_train_checkpoint_to_s3_and_resume(tmp_path):
+def _s3_steps(moto, prefix):
+    keys = moto.keys(prefix + "/")
+    return sorted(int(k[len(prefix) + 6:len(prefix) + 14]) for k in keys
+                  if k.endswith("/manifest.json")), keys
+
+
+def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
     """hosts algo-1 and algo-2, one rank each: algo-1 runs mpirun over ssh to both, algo-2
     serves sshd and waits; FSDP over the two, checkpoints straight to S3 (moto), the model
-    exported on algo-1; then both start again, as after a spot reclaim, and resume from S3."""
+    exported on algo-1, algo-2 done when the job is. Then a longer run of the same job is
+    stopped with SIGTERM (a spot reclaim) and started again on both hosts: it resumes from S3."""
     require_binary()
     if not _can_unshare_mounts():
         pytest.skip("no mount namespaces here (unshare --mount): the private /etc/hosts that "
@@ -356,13 +370,14 @@ def test_two_hosts_train_checkpoint_to_s3_and_resume(tmp_path):
     moto = Moto()
     try:
         prefix = f"two-hosts-{os.getpid()}"
-        hp = dict(TINY, **{"train.steps": "6", "checkpoint.every": "3", "checkpoint.keep": "5",
+        hp = dict(TINY, **{"train.steps": "6", "checkpoint.every": "3", "checkpoint.keep": "3",
                            "checkpoint.s3_uri": f"s3://{moto.bucket}/{prefix}",
                            "sagemaker.processes_per_host": "1"})
         roots, etc_hosts, ssh, sshd = _two_host_setup(tmp_path, hp)
         env = s3_env(moto)
-        master, (wrc, werr) = _run_two_hosts(tmp_path, roots, etc_hosts, ssh, sshd, env)
-        assert master.returncode == 0, master.stderr[-4000:]
+        rc, merr, wrc, werr = _finish_two_hosts(*_start_two_hosts(roots, etc_hosts, ssh, sshd,
+                                                                  env))
+        assert rc == 0, merr[-4000:]
         assert wrc == 0, werr
         assert "sagemaker: algo-2 waits for the master algo-1" in werr
         assert "the MPI job runs on algo-2" in werr and "has ended" in werr
@@ -371,45 +386,73 @@ def test_two_hosts_train_checkpoint_to_s3_and_resume(tmp_path):
         hosts_reached = [next(w for w in c.split() if not w.startswith("-")) for c in calls]
         assert sorted(hosts_reached) == ["algo-1", "algo-2"], calls
         assert all(" orted " in c for c in calls), calls
-        assert "--host algo-1:1,algo-2:1 -np 2" in master.stderr
+        assert "--host algo-1:1,algo-2:1 -np 2" in merr
         _, summary = read_metrics(roots["algo-1"] / "output" / "data" / "metrics.jsonl")
         assert summary["steps"] == 6 and summary["world_size"] == 2
         # the rank on algo-2 read algo-2's /opt/ml (its output folder is made there)
         assert (roots["algo-2"] / "output" / "data").is_dir()
         assert not (roots["algo-2"] / "model" / "model.safetensors").exists()
         assert not (roots["algo-2"] / "output" / "failure").exists()
-        keys = moto.keys(prefix + "/")
-        for step in (3, 6):
+        steps, keys = _s3_steps(moto, prefix)
+        assert steps == [3, 6], sorted(keys)
+        for step in steps:
             d = f"{prefix}/step_{step:08d}/"
-            assert d + "manifest.json" in keys, sorted(keys)
             assert len([k for k in keys if k.startswith(d + "rank_")]) == 2, sorted(keys)
-        # the exported model is the last checkpoint's weights (read back with boto3)
-        local = tmp_path / "step6"
-        local.mkdir()
-        for k in keys:
-            if k.startswith(f"{prefix}/step_00000006/"):
-                moto.call(op="download", key=k, path=str(local / k.rsplit("/", 1)[1]))
-        saved = hf_io.read_checkpoint_weights(str(local))
-        _, tensors = hf_io.read_hf_dir(str(roots["algo-1"] / "model"))
-        assert set(saved) == set(tensors)
-        for name, value in tensors.items():
-            np.testing.assert_array_equal(value, saved[name], err_msg=name)
+        _same_weights(moto, keys, prefix, 6, roots["algo-1"] / "model", tmp_path / "dl6")
 
-        # Started again with more steps (a resubmitted job, same checkpoint URI): both ranks
-        # resume from S3 at step 6.
-        hp["train.steps"] = "9"
+        # The same job again with more steps, stopped with SIGTERM once it has checkpointed:
+        # the master passes it to mpirun, both ranks checkpoint the same step to S3.
+        total = 400
+        hp.update({"train.steps": str(total), "checkpoint.every": "25"})
         for root in roots.values():
             (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
             shutil.rmtree(root / "model", ignore_errors=True)
-        master, (wrc, werr) = _run_two_hosts(tmp_path, roots, etc_hosts, ssh, sshd, env)
-        assert master.returncode == 0, master.stderr[-4000:]
+        master, worker = _start_two_hosts(roots, etc_hosts, ssh, sshd, env)
+        deadline = time.monotonic() + 240
+        while (_s3_steps(moto, prefix)[0][-1] <= 6 and master.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert master.poll() is None, "the run ended before its first checkpoint"
+        master.send_signal(signal.SIGTERM)
+        rc, merr, wrc, werr = _finish_two_hosts(master, worker)
+        assert rc == 143, merr[-4000:]
         assert wrc == 0, werr
-        assert f"resumed from s3://{moto.bucket}/{prefix}/step_00000006 at step 6" in \
-            master.stderr, master.stderr[-4000:]
+        steps, keys = _s3_steps(moto, prefix)
+        stopped_at = steps[-1]
+        assert 25 <= stopped_at < total, (stopped_at, merr[-4000:])
+        assert len([k for k in keys
+                    if k.startswith(f"{prefix}/step_{stopped_at:08d}/rank_")]) == 2
+        assert not (roots["algo-1"] / "model" / "model.safetensors").exists()
+        assert not (roots["algo-1"] / "output" / "failure").exists()
+
+        rc, merr, wrc, werr = _finish_two_hosts(*_start_two_hosts(roots, etc_hosts, ssh, sshd,
+                                                                  env))
+        assert rc == 0, merr[-4000:]
+        assert wrc == 0, werr
+        assert (f"resumed from s3://{moto.bucket}/{prefix}/step_{stopped_at:08d} at step "
+                f"{stopped_at}") in merr, merr[-4000:]
         lines = [json.loads(l) for l in
                  (roots["algo-1"] / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
-        assert [o["step"] for o in lines if not o.get("summary")] == list(range(1, 10))
-        assert f"{prefix}/step_00000009/manifest.json" in moto.keys(prefix + "/")
-        assert (roots["algo-1"] / "model" / "model.safetensors").exists()
+        assert [o["step"] for o in lines if not o.get("summary")] == \
+            list(range(1, 7)) + list(range(7, stopped_at + 1)) + \
+            list(range(stopped_at + 1, total + 1))
+        steps, keys = _s3_steps(moto, prefix)
+        assert steps[-1] == total
+        _same_weights(moto, keys, prefix, total, roots["algo-1"] / "model",
+                      tmp_path / f"dl{total}")
     finally:
         moto.stop()
+
+
+def _same_weights(moto, keys, prefix, step, model_dir, local):
+    """The exported model holds the weights of checkpoint `step`, read back with boto3."""
+    local.mkdir()
+    d = f"{prefix}/step_{step:08d}/"
+    for k in keys:
+        if k.startswith(d):
+            moto.call(op="download", key=k, path=str(local / k[len(d):]))
+    saved = hf_io.read_checkpoint_weights(str(local))
+    _, tensors = hf_io.read_hf_dir(str(model_dir))
+    assert set(saved) == set(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(value, saved[name], err_msg=name)
