@@ -191,8 +191,8 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     a restart resumes there on 2 ranks and exports the model."""
     # Enough steps that SIGTERM (forwarded through mpirun) lands long before the end: tiny
     # steps take milliseconds and asynchronous checkpoints no longer slow them down.
-    total = 1500
-    hp = dict(TINY, **{"train.steps": str(total), "checkpoint.every": "10",
+    total = 400
+    hp = dict(TINY, **{"train.steps": str(total), "checkpoint.every": "25",
                        "checkpoint.keep": "3", "sagemaker.processes_per_host": "2"})
     root = make_root(tmp_path, hp)
     ckpts = root / "checkpoints"
@@ -212,7 +212,7 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     assert p.returncode == 143, err
     assert "sagemaker: mpirun --host localhost:2 -np 2" in err
     stopped_at = committed_steps(ckpts)[-1]
-    assert 10 <= stopped_at < total, (stopped_at, err)
+    assert 25 <= stopped_at < total, (stopped_at, err)
     state = json.loads((ckpts / f"step_{stopped_at:08d}" / "state.json").read_text())
     assert state["world_size"] == 2
     assert not (root / "model" / "model.safetensors").exists()
