@@ -250,6 +250,24 @@ def test_bad_flags_are_refused(aws, extra, needle):
     assert job_names(aws) == []
 
 
+def test_unreachable_endpoint_is_an_aws_failure(tmp_path):
+    """CreateTrainingJob that cannot be sent: exit 3 and one `error:` line, no traceback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # nothing listens there once the socket is closed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed}", AWS_MAX_ATTEMPTS="1",
+               AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_EC2_METADATA_DISABLED="true", SAGEMAKER_VALIDATE_ROLE="false")
+    r = subprocess.run([_sdk_python(), str(SUBMIT), *base_args("nowhere")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: CreateTrainingJob") and \
+        "Could not connect" in lines[0], r.stderr
+    assert r.stdout == ""
+
+
 def _output_tar(summary):
     """What the entrypoint leaves in /opt/ml/output/data, as SageMaker uploads it."""
     lines = [{"step": 1, "loss": 5.0}, dict(summary, summary=True)]
