@@ -250,6 +250,37 @@ def test_bad_flags_are_refused(aws, extra, needle):
     assert job_names(aws) == []
 
 
+_LOG_CALLS = """
+import sys, boto3
+sys.path.insert(0, sys.argv[1])
+import submit
+init = boto3.Session.__init__
+def logged(self, *a, **k):
+    init(self, *a, **k)
+    def send(request, **kw):
+        target = request.headers.get("X-Amz-Target")
+        print("CALL", target.decode() if target else request.url, file=sys.stderr)
+    self.events.register("before-send", send)
+boto3.Session.__init__ = logged
+sys.exit(submit.main(sys.argv[2:]))
+"""
+
+
+def test_modeltrainer_sends_only_the_training_job(aws):
+    """With a ready image and no source code, ModelTrainer uploads nothing, looks up no
+    default bucket and asks STS nothing: every HTTP request submit.py sends (botocore's
+    before-send, on every boto3 session) is CreateTrainingJob and the SDK's DescribeTrainingJob
+    after it. (Its IAM role check, off here, would add iam:SimulatePrincipalPolicy.)"""
+    r = subprocess.run([SM_PY, "-c", _LOG_CALLS, str(SUBMIT.parent), *base_args("calls"),
+                        "--spot", "--checkpoint-s3", "s3://mxtrain-test/ck",
+                        "--channel", "train=s3://mxtrain-test/data/"],
+                       env=aws["env"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    sent = [l.split()[1] for l in r.stderr.splitlines() if l.startswith("CALL ")]
+    assert sent == ["SageMaker.CreateTrainingJob", "SageMaker.DescribeTrainingJob"], r.stderr
+    assert len(submitted(r, "calls")) == 1
+
+
 def test_unreachable_endpoint_is_an_aws_failure(tmp_path):
     """CreateTrainingJob that cannot be sent: exit 3 and one `error:` line, no traceback."""
     with socket.socket() as sock:
