@@ -234,9 +234,12 @@ int sagemaker_train() {
       launch.hosts = res.hosts;
       launch.processes_per_host = hp.processes_per_host;
       launch.network_interface = res.network_interface;
-      launch.export_env = {"PATH", "LD_LIBRARY_PATH", "MXTRAIN_SM_ROOT"};
-      for (const char* v : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-        if (std::getenv(v)) launch.export_env.emplace_back(v);
+      std::vector<std::string> env_names;
+      for (char** e = environ; *e; ++e) {
+        const std::string kv = *e;
+        env_names.push_back(kv.substr(0, kv.find('=')));
+      }
+      launch.export_env = sm::mpi_export_names(env_names, res.hosts.size() > 1);
       if (!std::getenv("LD_LIBRARY_PATH")) ::setenv("LD_LIBRARY_PATH", "", 0);
       if (!std::getenv("MXTRAIN_SM_ROOT")) ::setenv("MXTRAIN_SM_ROOT", paths.root.c_str(), 0);
       launch.program_args = {self_exe(), "sagemaker", "train"};

@@ -232,6 +232,21 @@ std::vector<std::string> mpirun_command(const MpiLaunch& l) {
   return cmd;
 }
 
+std::vector<std::string> mpi_export_names(const std::vector<std::string>& names,
+                                          bool multi_host) {
+  std::set<std::string> out = {"PATH", "LD_LIBRARY_PATH"};
+  const std::set<std::string> exact = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  for (const auto& n : names) {
+    const bool prefixed = n.rfind("AWS_", 0) == 0 || n.rfind("MXTRAIN_", 0) == 0 ||
+                          n.rfind("NCCL_", 0) == 0 || n.rfind("FI_", 0) == 0;
+    if (!(prefixed || exact.count(n))) continue;
+    if (multi_host && n == "MXTRAIN_SM_ROOT") continue;
+    out.insert(n);
+  }
+  if (!multi_host) out.insert("MXTRAIN_SM_ROOT");
+  return {out.begin(), out.end()};
+}
+
 std::string shell_quote(const std::string& w) {
   const bool plain = !w.empty() && std::all_of(w.begin(), w.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || std::string("-_./:=,@%+").find(c) !=

@@ -84,6 +84,15 @@ struct MpiLaunch {
 };
 std::vector<std::string> mpirun_command(const MpiLaunch& launch);
 
+// The environment variables the master passes to every rank with -x, given the names set in
+// its own environment: PATH, LD_LIBRARY_PATH, OMP_NUM_THREADS / OPENBLAS_NUM_THREADS when set,
+// and every AWS_* (credentials, the container-credentials URI, region, endpoint), MXTRAIN_*
+// (S3 settings), NCCL_* and FI_* (EFA) variable: a rank started over ssh on another host sees
+// only sshd's environment, not the container's. MXTRAIN_SM_ROOT is passed on for a one-host
+// job only: with several hosts each host's ranks read their own host's /opt/ml. Sorted.
+std::vector<std::string> mpi_export_names(const std::vector<std::string>& environment_names,
+                                          bool multi_host);
+
 // "a b" -> 'a b': one shell word, for logging a command line.
 std::string shell_quote(const std::string& word);
 

@@ -7,20 +7,23 @@ results into the table `mxtrain sweep` writes.
               [--sweep train.lr=1e-3,3e-4 ...] [--dry-run]
     submit.py gather --sweep-name NAME --out DIR
 
-How the request is made (a deliberate choice): the job is described with the SageMaker Python
-SDK 3.x's own types (the configs ModelTrainer takes: Compute, StoppingCondition,
-CheckpointConfig, InputData, OutputDataConfig from sagemaker.core.training.configs, which
-sagemaker.train re-exports, and the sagemaker.core shapes), which validate every field; the
-CreateTrainingJob request is serialized from them with the SDK's serializer (as
-sagemaker.core's TrainingJob.create does) and sent with boto3's `sagemaker` client.
-requirements.txt pins sagemaker-core 2.27.0 (the core of SDK 3.27.0), which holds all of these. ModelTrainer.train() itself is not called: with a ready image and no source
-code it would add nothing but a default-bucket lookup, an STS call and its own job name rules,
-and it cannot print the request without sending it (--dry-run). boto3 honours AWS_ENDPOINT_URL
-(the tests point it at a moto server on 127.0.0.1) and the usual credential chain.
+How a job is submitted: with the SageMaker Python SDK 3.x's ModelTrainer (sagemaker-train,
+pinned in requirements.txt): Compute (instance type and count, volume, spot, training plan ARN,
+no warm pool), StoppingCondition (max run, max wait), CheckpointConfig, InputData channels,
+OutputDataConfig, hyperparameters (all strings), tags and metric definitions, then
+ModelTrainer.train(wait=False). The image's exec-form ENTRYPOINT is the program, so there is no
+source_code: nothing is uploaded and no default bucket is looked up. ModelTrainer names the job
+<--job-name>-<YYYYmmddHHMMSS> (printed as "submitted NAME ARN"), checks the role with IAM
+unless SAGEMAKER_VALIDATE_ROLE=false, and reads the SDK defaults config
+(~/.config/sagemaker/config.yaml); submit.py turns the SDK's telemetry off. --dry-run stops
+the CreateTrainingJob call in botocore's before-parameter-build event, before it is signed,
+and prints its parameters: nothing is sent, no credentials are needed. boto3 honours
+AWS_ENDPOINT_URL (the tests point it at a moto server on 127.0.0.1) and the usual credential
+chain.
 
 A sweep (--sweep key=v1,v2, repeatable) is the cartesian product of its axes, first axis
 slowest, with the point ids of `mxtrain sweep` (e.g. "lr-0.001_micro_batch-4"); each point is
-one job named <sweep name>-<index>-<id> and tagged mxtrain:sweep / mxtrain:point /
+one job named <sweep name>-<index>-<id>-<time stamp> and tagged mxtrain:sweep / mxtrain:point /
 mxtrain:grid. `gather` finds the sweep's jobs by those tags (ListTrainingJobs + ListTags),
 reads each job's DescribeTrainingJob (status, failure reason) and the metrics file the
 entrypoint leaves in the job's output (s3://<output>/<job>/output/output.tar.gz, member
@@ -37,7 +40,6 @@ import os
 import re
 import sys
 import tarfile
-import time
 
 DEFAULT_INSTANCE = "ml.p6-b200.48xlarge"
 MAX_SECONDS = 28 * 24 * 3600  # SageMaker's limit on MaxRuntimeInSeconds / MaxWaitTimeInSeconds
@@ -110,15 +112,20 @@ def _s3_uri(flag, value):
     return value
 
 
+# ModelTrainer names a job <base_job_name>-<YYYYmmddHHMMSS> and cuts the name at 63
+# characters: a base of at most 48 keeps the whole time stamp.
+BASE_MAX = 63 - len("-20260101000000")
+
+
 def _job_name(base, index=None, point_id=None):
-    """A valid, unique job name (63 characters at most): a sweep's jobs keep `base-index`
+    """A valid job base name (BASE_MAX characters at most): a sweep's jobs keep `base-index`
     whole and carry as much of the point id as fits."""
     clean = lambda x: re.sub(r"-+", "-", re.sub(r"[^a-zA-Z0-9-]", "-", x)).strip("-")
     if index is None:
-        return clean(base)[:63].rstrip("-")
+        return clean(base)[:BASE_MAX].rstrip("-")
     tail = f"-{index}"
-    name = clean(base)[:63 - len(tail)].rstrip("-") + tail
-    room = 63 - len(name) - 1
+    name = clean(base)[:BASE_MAX - len(tail)].rstrip("-") + tail
+    room = BASE_MAX - len(name) - 1
     pid = clean(point_id or "")[:room].rstrip("-") if room > 0 else ""
     return f"{name}-{pid}" if pid else name
 
@@ -197,57 +204,126 @@ METRIC_DEFINITIONS = [
 ]
 
 
-def build_request(args, job_name, hyperparameters, channels, tags):
-    """The CreateTrainingJob request, from the SDK's types: the same configs ModelTrainer
-    takes (Compute, StoppingCondition, CheckpointConfig, InputData, OutputDataConfig) and the
-    sagemaker.core shapes TrainingJob.create() sends, serialized as the SDK serializes them."""
+class _DryRun(Exception):
+    """Raised from the botocore hook in place of sending CreateTrainingJob (--dry-run)."""
+
+    def __init__(self, params):
+        super().__init__("dry run")
+        self.params = params
+
+
+def _sdk():
     try:
-        from pydantic import ValidationError
-        from sagemaker.core import shapes
-        from sagemaker.core.training.configs import (CheckpointConfig, Compute, InputData,
-                                                     OutputDataConfig, StoppingCondition)
-        from sagemaker.core.utils.utils import serialize
+        import boto3
+        from sagemaker.core.config.config import load_sagemaker_config
+        from sagemaker.core.helper.session_helper import Session
+        from sagemaker.core.shapes import MetricDefinition, Tag
+        from sagemaker.train import ModelTrainer
+        from sagemaker.train.configs import (CheckpointConfig, Compute, InputData,
+                                             OutputDataConfig, StoppingCondition)
     except ImportError as e:
         raise BadInput(f"the SageMaker Python SDK is not importable ({e}): pip install -r "
                        f"launch/sagemaker/requirements.txt") from e
-    try:
-        compute = Compute(instance_type=args.instance_type, instance_count=args.instance_count,
-                          volume_size_in_gb=args.volume_size,
-                          enable_managed_spot_training=True if args.spot else None,
-                          training_plan_arn=args.training_plan or None)
-        stopping = StoppingCondition(max_runtime_in_seconds=args.max_run,
-                                     max_wait_time_in_seconds=args.max_wait if args.spot
-                                     else None)
-        inputs = [InputData(channel_name=name, data_source=uri)
-                  for name, uri in sorted(channels.items())]
-        channel_shapes = [shapes.Channel(
-            channel_name=d.channel_name, input_mode="File",
-            data_source=shapes.DataSource(s3_data_source=shapes.S3DataSource(
-                s3_data_type="S3Prefix", s3_uri=d.data_source,
-                s3_data_distribution_type="FullyReplicated"))) for d in inputs]
-        request = {
-            "TrainingJobName": job_name,
-            "RoleArn": args.role,
-            "AlgorithmSpecification": shapes.AlgorithmSpecification(
-                training_image=args.image, training_input_mode="File",
-                metric_definitions=[shapes.MetricDefinition(name=m["Name"], regex=m["Regex"])
-                                    for m in METRIC_DEFINITIONS]),
-            "HyperParameters": {str(k): str(v) for k, v in sorted(hyperparameters.items())},
-            "InputDataConfig": channel_shapes or None,
-            "OutputDataConfig": OutputDataConfig(s3_output_path=args.output_s3),
-            "ResourceConfig": compute._to_resource_config(),
-            "StoppingCondition": stopping,
-            "EnableManagedSpotTraining": bool(args.spot),
-            "CheckpointConfig": CheckpointConfig(s3_uri=args.checkpoint_s3,
-                                                 local_path="/opt/ml/checkpoints")
-            if args.checkpoint_s3 else None,
-            "Tags": [shapes.Tag(key=t["Key"], value=t["Value"]) for t in tags] or None,
-        }
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        raise BadInput(f"the SageMaker SDK rejects the job: {where}: {first.get('msg')}") from e
-    return serialize(request)
+    return dict(boto3=boto3, load_sagemaker_config=load_sagemaker_config, Session=Session,
+                MetricDefinition=MetricDefinition, Tag=Tag, ModelTrainer=ModelTrainer,
+                CheckpointConfig=CheckpointConfig, Compute=Compute, InputData=InputData,
+                OutputDataConfig=OutputDataConfig, StoppingCondition=StoppingCondition)
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class Submitter:
+    """ModelTrainer jobs on one SageMaker session. The session's boto3 events see every
+    CreateTrainingJob the SDK makes: the request is recorded as sent (the job's name, which
+    the SDK makes unique, and its ARN from the response); with dry_run the hook raises instead
+    of letting botocore sign and send it, so nothing leaves the machine."""
+
+    def __init__(self, region, dry_run):
+        self.sdk = _sdk()
+        self.dry_run = dry_run
+        self.sent = []  # [(request, response)] of this session's CreateTrainingJob calls
+        if dry_run:
+            # ModelTrainer checks the role with IAM (SimulatePrincipalPolicy, the trust
+            # policy) unless told not to; a dry run makes no AWS call at all.
+            os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"
+        boto = self.sdk["boto3"].Session(region_name=region)
+        boto.events.register("before-parameter-build.sagemaker.CreateTrainingJob",
+                             self._before)
+        boto.events.register("after-call.sagemaker.CreateTrainingJob", self._after)
+        # The user's SDK defaults (~/.config/sagemaker/config.yaml and the admin config) as the
+        # SDK loads them, with its telemetry off: submit.py reports nothing to AWS but the jobs.
+        config = self.sdk["load_sagemaker_config"]() or {}
+        config.setdefault("SchemaVersion", "1.0")
+        modules = config.setdefault("SageMaker", {}).setdefault("PythonSDK", {}).setdefault(
+            "Modules", {})
+        modules.setdefault("TelemetryOptOut", True)
+        try:
+            self.session = self.sdk["Session"](boto_session=boto, sagemaker_config=config)
+        except Exception as e:  # e.g. NoRegionError, a malformed SDK defaults file
+            raise AwsFailure(f"SageMaker session: {_first_line(e)}") from e
+
+    def _before(self, params, **_):
+        if self.dry_run:
+            raise _DryRun(json.loads(json.dumps(params, default=str)))
+        self.sent.append([json.loads(json.dumps(params, default=str)), None])
+
+    def _after(self, parsed, **_):
+        if self.sent:
+            self.sent[-1][1] = parsed
+
+    def trainer(self, args, job_base, hyperparameters, channels, tags):
+        """The ModelTrainer of one job: Compute, StoppingCondition, CheckpointConfig,
+        InputData channels, OutputDataConfig, hyperparameters, tags, metric definitions."""
+        from pydantic import ValidationError
+        k = self.sdk
+        try:
+            compute = k["Compute"](
+                instance_type=args.instance_type, instance_count=args.instance_count,
+                volume_size_in_gb=args.volume_size, keep_alive_period_in_seconds=0,
+                enable_managed_spot_training=bool(args.spot),
+                training_plan_arn=args.training_plan or None)
+            stopping = k["StoppingCondition"](
+                max_runtime_in_seconds=args.max_run,
+                max_wait_time_in_seconds=args.max_wait if args.spot else None)
+            trainer = k["ModelTrainer"](
+                sagemaker_session=self.session, role=args.role, training_image=args.image,
+                base_job_name=job_base, compute=compute, stopping_condition=stopping,
+                checkpoint_config=k["CheckpointConfig"](s3_uri=args.checkpoint_s3,
+                                                        local_path="/opt/ml/checkpoints")
+                if args.checkpoint_s3 else None,
+                output_data_config=k["OutputDataConfig"](s3_output_path=args.output_s3),
+                input_data_config=[k["InputData"](channel_name=name, data_source=uri)
+                                   for name, uri in sorted(channels.items())] or None,
+                hyperparameters={str(a): str(b) for a, b in sorted(hyperparameters.items())},
+                tags=[k["Tag"](key=t["Key"], value=t["Value"]) for t in tags] or None)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            raise BadInput(f"the SageMaker SDK rejects the job: {where}: "
+                           f"{first.get('msg')}") from e
+        except Exception as e:  # the role check's IAM calls (RoleValidationError, botocore)
+            raise AwsFailure(f"ModelTrainer: {_first_line(e)}") from e
+        return trainer.with_metric_definitions(
+            [k["MetricDefinition"](name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS])
+
+    def submit(self, trainer):
+        """trainer.train() without waiting: (request, response); the response is None for a
+        dry run, whose request was stopped before it was signed."""
+        try:
+            trainer.train(wait=False, logs=False)
+        except _DryRun as d:
+            return d.params, None
+        except BadInput:
+            raise
+        except Exception as e:  # botocore's ClientError / NoCredentialsError, the SDK's errors
+            # (RoleValidationError when the role lacks permissions or trust)
+            raise AwsFailure(f"CreateTrainingJob via ModelTrainer: {_first_line(e)}") from e
+        if not self.sent or self.sent[-1][1] is None:
+            raise AwsFailure("ModelTrainer.train() returned without a CreateTrainingJob call")
+        return tuple(self.sent[-1])
 
 
 def sagemaker_client(region):
@@ -314,13 +390,14 @@ def submit(argv):
     if args.processes_per_host is not None:
         hyper["sagemaker.processes_per_host"] = str(args.processes_per_host)
     channels = parse_channels(args.channel)
-    base = args.job_name or time.strftime("mxtrain-%Y%m%d-%H%M%S", time.gmtime())
-    if not re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", base):
-        raise BadInput(f"--job-name '{base}': letters, digits and single hyphens, at most 63")
+    base = args.job_name or "mxtrain"
+    if not re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,%d}" % (BASE_MAX - 1), base):
+        raise BadInput(f"--job-name '{base}': letters, digits and hyphens, at most {BASE_MAX} "
+                       f"(the SDK appends -YYYYmmddHHMMSS)")
 
-    requests = []
+    jobs = []  # (base job name, hyperparameters, tags)
     if args.sweep:
-        axes = [parse_axis(s) for s in args.sweep]
+        axes = [parse_axis(x) for x in args.sweep]
         keys = [k for k, _ in axes]
         if len(set(keys)) != len(keys):
             raise BadInput("--sweep: a key is given twice")
@@ -332,19 +409,20 @@ def submit(argv):
             hp.update({k: _unquote(v) for k, v in overrides})
             tags = [{"Key": TAG_SWEEP, "Value": base}, {"Key": TAG_POINT, "Value": pid[:256]},
                     {"Key": TAG_GRID, "Value": grid_tag}]
-            requests.append(build_request(args, _job_name(base, i, pid), hp, channels, tags))
+            jobs.append((_job_name(base, i, pid), hp, tags))
     else:
-        requests.append(build_request(args, _job_name(base), hyper, channels, []))
+        jobs.append((_job_name(base), hyper, []))
 
+    # A dry run needs no region (nothing is sent); the SDK's session wants one.
+    sub = Submitter(args.region or "us-east-1", args.dry_run)
+    trainers = [sub.trainer(args, name, hp, channels, tags) for name, hp, tags in jobs]
     if args.dry_run:
-        out = requests[0] if len(requests) == 1 else requests
-        print(json.dumps(out, indent=2, sort_keys=True))
+        out = [sub.submit(t)[0] for t in trainers]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2, sort_keys=True))
         return 0
-    sm = sagemaker_client(args.region)
-    for req in requests:
-        resp = _aws(lambda: sm.create_training_job(**req),
-                    f"CreateTrainingJob {req['TrainingJobName']}")
-        print(f"submitted {req['TrainingJobName']} {resp['TrainingJobArn']}")
+    for t in trainers:
+        req, resp = sub.submit(t)
+        print(f"submitted {req['TrainingJobName']} {resp['TrainingJobArn']}", flush=True)
     return 0
 
 

@@ -3,6 +3,7 @@
 failure reason out; stopped with SIGTERM (a spot reclaim) and started again, it resumes."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -190,8 +191,8 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     a restart resumes there on 2 ranks and exports the model."""
     # Enough steps that SIGTERM (forwarded through mpirun) lands long before the end: tiny
     # steps take milliseconds and asynchronous checkpoints no longer slow them down.
-    total = 1500
-    hp = dict(TINY, **{"train.steps": str(total), "checkpoint.every": "10",
+    total = 400
+    hp = dict(TINY, **{"train.steps": str(total), "checkpoint.every": "25",
                        "checkpoint.keep": "3", "sagemaker.processes_per_host": "2"})
     root = make_root(tmp_path, hp)
     ckpts = root / "checkpoints"
@@ -211,7 +212,7 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     assert p.returncode == 143, err
     assert "sagemaker: mpirun --host localhost:2 -np 2" in err
     stopped_at = committed_steps(ckpts)[-1]
-    assert 10 <= stopped_at < total, (stopped_at, err)
+    assert 25 <= stopped_at < total, (stopped_at, err)
     state = json.loads((ckpts / f"step_{stopped_at:08d}" / "state.json").read_text())
     assert state["world_size"] == 2
     assert not (root / "model" / "model.safetensors").exists()
@@ -241,3 +242,217 @@ def test_a_worker_host_serves_ssh_instead_of_training(tmp_path):
     assert "waits for the master algo-1" in r.stderr
     assert "/bin/false" in (root / "output" / "failure").read_text()
     assert not (root / "checkpoints").exists() and not (root / "output" / "data").exists()
+
+
+# --- two hosts on this one machine -------------------------------------------------------------
+# SageMaker gives every host its own /opt/ml and the names algo-1, algo-2. Here: two trees under
+# tmp_path, the names in a private /etc/hosts (bind-mounted in a mount namespace of the master's
+# own, `unshare --mount`; nothing outside it sees the file) on two loopback addresses, a fake
+# `ssh` (OMPI_MCA_plm_rsh_agent) that runs Open MPI's remote command here with a bare
+# environment and the named host's /opt/ml, as a login on that host would, and a fake `sshd`
+# (MXTRAIN_SSHD) that listens on port 22 of algo-2's address, as the master checks.
+
+FAKE_SSH = """#!/bin/sh
+# ssh [options] HOST COMMAND: what Open MPI's rsh launcher runs; here HOST is this machine
+# with its own /opt/ml, and only the variables mpirun passes on (-x) reach the ranks.
+echo "$@" >> "{log}"
+while [ $# -gt 0 ]; do case "$1" in -[bcDEeFIiJLlmOopQRSWw]) shift 2;; -*) shift;; *) break;; esac; done
+host=$1; shift
+exec env -i PATH="$PATH" HOME="$HOME" MXTRAIN_SM_ROOT="{hosts_dir}/$host/opt_ml" /bin/sh -c "$*"
+"""
+
+FAKE_SSHD = """#!{python}
+# sshd as the entrypoint starts it: returns once listening on port 22 (of this host's address),
+# serves until the entrypoint that started it has exited.
+import os, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("{ip}", 22))
+s.listen(16)
+owner = os.getppid()
+if os.fork():
+    os._exit(0)
+os.setsid()
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+s.settimeout(0.5)
+while True:
+    try:
+        s.accept()[0].close()
+    except OSError:
+        pass
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        break
+"""
+
+
+def _can_unshare_mounts():
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def _two_host_setup(tmp_path, hp):
+    import random
+    import sys
+    hosts_dir = tmp_path / "hosts"
+    roots = {}
+    for host in ("algo-1", "algo-2"):
+        roots[host] = make_root(hosts_dir / host, hp)
+        (roots[host] / "input" / "config" / "resourceconfig.json").write_text(json.dumps(
+            {"current_host": host, "current_instance_type": "ml.c5.xlarge",
+             "current_group_name": "homogeneousCluster", "hosts": ["algo-2", "algo-1"],
+             "network_interface_name": "lo"}))
+    rnd = random.Random()
+    net = f"127.{rnd.randint(1, 250)}.{rnd.randint(1, 250)}"
+    ips = {"algo-1": f"{net}.11", "algo-2": f"{net}.12"}  # not 127.0.0.1: not "this host"
+    etc_hosts = tmp_path / "etc_hosts"
+    etc_hosts.write_text(open("/etc/hosts").read() + "".join(
+        f"{ip} {h}\n" for h, ip in ips.items()))
+    ssh = tmp_path / "fake_ssh"
+    ssh.write_text(FAKE_SSH.format(log=tmp_path / "ssh.log", hosts_dir=hosts_dir))
+    sshd = tmp_path / "fake_sshd"
+    sshd.write_text(FAKE_SSHD.format(python=sys.executable, ip=ips["algo-2"]))
+    for f in (ssh, sshd):
+        f.chmod(0o755)
+    return roots, etc_hosts, ssh, sshd
+
+
+def _start_two_hosts(roots, etc_hosts, ssh, sshd, base_env):
+    """Starts algo-2 (the worker), then algo-1 (the master, in its own mount namespace; `exec`
+    makes the Popen's process mxtrain itself, so a signal reaches it as SageMaker's would)."""
+    worker = subprocess.Popen(
+        [MXTRAIN_BIN, "sagemaker", "train"],
+        env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-2"]), MXTRAIN_SSHD=str(sshd)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    master = subprocess.Popen(
+        ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+         str(etc_hosts), MXTRAIN_BIN, "sagemaker", "train"],
+        env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-1"]),
+                 OMPI_MCA_plm_rsh_agent=str(ssh)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return master, worker
+
+
+def _finish_two_hosts(master, worker):
+    """(master rc, master stderr, worker rc, worker stderr); the worker must end by itself
+    once the MPI daemon the master started on it is gone."""
+    try:
+        _, merr = master.communicate(timeout=400)
+        _, werr = worker.communicate(timeout=60)
+    finally:
+        for p in (master, worker):
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return master.returncode, merr, worker.returncode, werr
+
+
+def _s3_steps(moto, prefix):
+    keys = moto.keys(prefix + "/")
+    return sorted(int(k[len(prefix) + 6:len(prefix) + 14]) for k in keys
+                  if k.endswith("/manifest.json")), keys
+
+
+def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
+    """hosts algo-1 and algo-2, one rank each: algo-1 runs mpirun over ssh to both, algo-2
+    serves sshd and waits; FSDP over the two, checkpoints straight to S3 (moto), the model
+    exported on algo-1, algo-2 done when the job is. Then a longer run of the same job is
+    stopped with SIGTERM (a spot reclaim) and started again on both hosts: it resumes from S3."""
+    require_binary()
+    if not _can_unshare_mounts():
+        pytest.skip("no mount namespaces here (unshare --mount): the private /etc/hosts that "
+                    "names algo-1 / algo-2 cannot be set up")
+    from test_checkpoint_s3 import Moto, s3_env
+    moto = Moto()
+    try:
+        prefix = f"two-hosts-{os.getpid()}"
+        hp = dict(TINY, **{"train.steps": "6", "checkpoint.every": "3", "checkpoint.keep": "3",
+                           "checkpoint.s3_uri": f"s3://{moto.bucket}/{prefix}",
+                           "sagemaker.processes_per_host": "1"})
+        roots, etc_hosts, ssh, sshd = _two_host_setup(tmp_path, hp)
+        env = s3_env(moto)
+        rc, merr, wrc, werr = _finish_two_hosts(*_start_two_hosts(roots, etc_hosts, ssh, sshd,
+                                                                  env))
+        assert rc == 0, merr[-4000:]
+        assert wrc == 0, werr
+        assert "sagemaker: algo-2 waits for the master algo-1" in werr
+        assert "the MPI job runs on algo-2" in werr and "has ended" in werr
+        # mpirun reached both hosts through ssh (neither name is this machine's)
+        calls = (tmp_path / "ssh.log").read_text().splitlines()
+        hosts_reached = [next(w for w in c.split() if not w.startswith("-")) for c in calls]
+        assert sorted(hosts_reached) == ["algo-1", "algo-2"], calls
+        assert all(" orted " in c for c in calls), calls
+        assert "--host algo-1:1,algo-2:1 -np 2" in merr
+        _, summary = read_metrics(roots["algo-1"] / "output" / "data" / "metrics.jsonl")
+        assert summary["steps"] == 6 and summary["world_size"] == 2
+        # the rank on algo-2 read algo-2's /opt/ml (its output folder is made there)
+        assert (roots["algo-2"] / "output" / "data").is_dir()
+        assert not (roots["algo-2"] / "model" / "model.safetensors").exists()
+        assert not (roots["algo-2"] / "output" / "failure").exists()
+        steps, keys = _s3_steps(moto, prefix)
+        assert steps == [3, 6], sorted(keys)
+        for step in steps:
+            d = f"{prefix}/step_{step:08d}/"
+            assert len([k for k in keys if k.startswith(d + "rank_")]) == 2, sorted(keys)
+        _same_weights(moto, keys, prefix, 6, roots["algo-1"] / "model", tmp_path / "dl6")
+
+        # The same job again with more steps, stopped with SIGTERM once it has checkpointed:
+        # the master passes it to mpirun, both ranks checkpoint the same step to S3.
+        total = 400
+        hp.update({"train.steps": str(total), "checkpoint.every": "25"})
+        for root in roots.values():
+            (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+            shutil.rmtree(root / "model", ignore_errors=True)
+        master, worker = _start_two_hosts(roots, etc_hosts, ssh, sshd, env)
+        deadline = time.monotonic() + 240
+        while (_s3_steps(moto, prefix)[0][-1] <= 6 and master.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert master.poll() is None, "the run ended before its first checkpoint"
+        master.send_signal(signal.SIGTERM)
+        rc, merr, wrc, werr = _finish_two_hosts(master, worker)
+        assert rc == 143, merr[-4000:]
+        assert wrc == 0, werr
+        steps, keys = _s3_steps(moto, prefix)
+        stopped_at = steps[-1]
+        assert 25 <= stopped_at < total, (stopped_at, merr[-4000:])
+        assert len([k for k in keys
+                    if k.startswith(f"{prefix}/step_{stopped_at:08d}/rank_")]) == 2
+        assert not (roots["algo-1"] / "model" / "model.safetensors").exists()
+        assert not (roots["algo-1"] / "output" / "failure").exists()
+
+        rc, merr, wrc, werr = _finish_two_hosts(*_start_two_hosts(roots, etc_hosts, ssh, sshd,
+                                                                  env))
+        assert rc == 0, merr[-4000:]
+        assert wrc == 0, werr
+        assert (f"resumed from s3://{moto.bucket}/{prefix}/step_{stopped_at:08d} at step "
+                f"{stopped_at}") in merr, merr[-4000:]
+        lines = [json.loads(l) for l in
+                 (roots["algo-1"] / "output" / "data" / "metrics.jsonl").read_text().splitlines()]
+        assert [o["step"] for o in lines if not o.get("summary")] == \
+            list(range(1, 7)) + list(range(7, stopped_at + 1)) + \
+            list(range(stopped_at + 1, total + 1))
+        steps, keys = _s3_steps(moto, prefix)
+        assert steps[-1] == total
+        _same_weights(moto, keys, prefix, total, roots["algo-1"] / "model",
+                      tmp_path / f"dl{total}")
+    finally:
+        moto.stop()
+
+
+def _same_weights(moto, keys, prefix, step, model_dir, local):
+    """The exported model holds the weights of checkpoint `step`, read back with boto3."""
+    local.mkdir()
+    d = f"{prefix}/step_{step:08d}/"
+    for k in keys:
+        if k.startswith(d):
+            moto.call(op="download", key=k, path=str(local / k[len(d):]))
+    saved = hf_io.read_checkpoint_weights(str(local))
+    _, tensors = hf_io.read_hf_dir(str(model_dir))
+    assert set(saved) == set(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(value, saved[name], err_msg=name)

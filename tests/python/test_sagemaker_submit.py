@@ -2,13 +2,19 @@
 127.0.0.1 (AWS_ENDPOINT_URL). What the jobs hold is read back with DescribeTrainingJob /
 ListTrainingJobs, not taken from the script's own output.
 
-Two interpreters: submit.py and the boto3 calls run in .venv-sagemaker (scripts/setup.sh
---tests installs launch/sagemaker/requirements.txt there: the SDK needs NumPy 2, which the
-test .venv's Debian torch cannot share); the moto server runs in `python3` (moto 5 with its
-server; MXTRAIN_TEST_PYTHON overrides), as for the S3 tests."""
+Two interpreters: submit.py (ModelTrainer of the SageMaker Python SDK 3.x) and the boto3
+calls run in .venv-sagemaker (scripts/setup.sh --tests installs launch/sagemaker/requirements.txt
+there: the SDK needs NumPy 2, which the test .venv's Debian torch cannot share); the moto server
+runs in `python3` (moto 5 with its server; MXTRAIN_TEST_PYTHON overrides), as for the S3 tests.
+
+ModelTrainer checks the job's role with IAM's policy simulator, which moto does not implement
+(SimulatePrincipalPolicy answers HTTP 500): the tests turn that check off with the SDK's own
+switch, SAGEMAKER_VALIDATE_ROLE=false. ModelTrainer names each job <base>-<YYYYmmddHHMMSS>;
+the tests take the names submit.py prints ("submitted NAME ARN") and read them back."""
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import tarfile
@@ -31,7 +37,7 @@ REGION = "us-west-2"
 
 def _sdk_python():
     ok = os.path.exists(SM_PY) and subprocess.run(
-        [SM_PY, "-c", "import sagemaker.core.training.configs, boto3"],
+        [SM_PY, "-c", "from sagemaker.train import ModelTrainer; import boto3"],
         capture_output=True).returncode == 0
     if not ok:
         msg = (f"{SM_PY} lacks the SageMaker SDK (scripts/setup.sh --tests installs it; "
@@ -66,7 +72,8 @@ def moto():
             time.sleep(0.1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-               AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION, AWS_EC2_METADATA_DISABLED="true")
+               AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION, AWS_EC2_METADATA_DISABLED="true",
+               SAGEMAKER_VALIDATE_ROLE="false")
     yield {"url": url, "env": env}
     server.terminate()
     try:
@@ -85,7 +92,17 @@ def aws(moto):
 
 def submit(aws, *args):
     return subprocess.run([SM_PY, str(SUBMIT), *args], env=aws["env"], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=300)
+
+
+def submitted(r, base):
+    """The jobs submit.py reports: {name: arn}, each name <base>-<14-digit time stamp>."""
+    out = {}
+    for line in r.stdout.splitlines():
+        word, name, arn = line.split()
+        assert word == "submitted" and re.fullmatch(re.escape(base) + r"-\d{14}", name), line
+        out[name] = arn
+    return out
 
 
 _CALLS = """
@@ -139,9 +156,15 @@ def test_spot_job_as_described(aws):
                "--set", "model.preset=tiny", "--set", "train.steps=100",
                "--set", "train.lr=3e-4", "--processes-per-host", "8")
     assert r.returncode == 0, r.stderr
-    d, = describe(aws, "spot-run")
+    (name, arn), = submitted(r, "spot-run").items()
+    assert job_names(aws) == [name]
+    d, = describe(aws, name)
+    assert d["TrainingJobArn"] == arn
     assert d["ResourceConfig"]["InstanceType"] == "ml.p6-b200.48xlarge"
     assert d["ResourceConfig"]["InstanceCount"] == 2
+    assert d["ResourceConfig"]["VolumeSizeInGB"] == 500
+    assert d["ResourceConfig"].get("KeepAlivePeriodInSeconds", 0) == 0  # no warm pool
+    assert "TrainingPlanArn" not in d["ResourceConfig"]
     assert d["EnableManagedSpotTraining"] is True
     stop = d["StoppingCondition"]
     assert stop["MaxRuntimeInSeconds"] == 3600 and stop["MaxWaitTimeInSeconds"] == 7200
@@ -164,7 +187,7 @@ def test_default_instance_and_spot_max_wait(aws):
     r = submit(aws, *base_args("spot-default"), "--spot", "--max-run", "5400",
                "--checkpoint-s3", "s3://mxtrain-test/ckpt/x")
     assert r.returncode == 0, r.stderr
-    d, = describe(aws, "spot-default")
+    d, = describe(aws, *submitted(r, "spot-default"))
     assert d["ResourceConfig"]["InstanceType"] == "ml.p6-b200.48xlarge"
     assert d["ResourceConfig"]["InstanceCount"] == 1
     assert d["StoppingCondition"]["MaxWaitTimeInSeconds"] >= 5400
@@ -174,7 +197,8 @@ def test_default_instance_and_spot_max_wait(aws):
 def test_training_plan(aws):
     r = submit(aws, *base_args("plan-run"), "--training-plan", PLAN, "--max-run", "3600")
     assert r.returncode == 0, r.stderr
-    d, = describe(aws, "plan-run")
+    name, = submitted(r, "plan-run")
+    d, = describe(aws, name)
     assert not d.get("EnableManagedSpotTraining")
     # moto 5.2 stores ResourceConfig as it was sent and returns it whole, so the plan ARN
     # comes back from DescribeTrainingJob. If a moto version drops it, the dry-run request
@@ -185,7 +209,8 @@ def test_training_plan(aws):
     req = json.loads(dry.stdout)
     assert req["ResourceConfig"]["TrainingPlanArn"] == PLAN
     assert req["EnableManagedSpotTraining"] is False
-    assert job_names(aws) == ["plan-run"]  # the dry run sent nothing
+    assert re.fullmatch(r"plan-dry-\d{14}", req["TrainingJobName"])
+    assert job_names(aws) == [name]  # the dry run sent nothing
 
 
 def test_dry_run_prints_the_request_and_sends_nothing(aws):
@@ -193,7 +218,11 @@ def test_dry_run_prints_the_request_and_sends_nothing(aws):
                "--checkpoint-s3", "s3://mxtrain-test/ck", "--set", "train.steps=5", "--dry-run")
     assert r.returncode == 0, r.stderr
     req = json.loads(r.stdout)
-    assert req["TrainingJobName"] == "dry"
+    assert re.fullmatch(r"dry-\d{14}", req["TrainingJobName"])
+    assert req["ResourceConfig"] == {"InstanceType": "ml.p6-b200.48xlarge", "InstanceCount": 1,
+                                     "VolumeSizeInGB": 500}
+    assert req["CheckpointConfig"] == {"S3Uri": "s3://mxtrain-test/ck",
+                                       "LocalPath": "/opt/ml/checkpoints"}
     assert req["StoppingCondition"] == {"MaxRuntimeInSeconds": 100, "MaxWaitTimeInSeconds": 200}
     assert req["EnableManagedSpotTraining"] is True
     assert req["HyperParameters"] == {"train.steps": "5"}
@@ -211,6 +240,7 @@ def test_dry_run_prints_the_request_and_sends_nothing(aws):
     (["--channel", "train=/local/path"], "S3 URI"),
     (["--sweep", "train.lr"], "--sweep"),
     (["--no-such-flag"], "unrecognized"),
+    (["--job-name", "x" * 49], "at most 48"),
 ])
 def test_bad_flags_are_refused(aws, extra, needle):
     r = submit(aws, *base_args("refused"), *extra)
@@ -218,6 +248,55 @@ def test_bad_flags_are_refused(aws, extra, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert job_names(aws) == []
+
+
+_LOG_CALLS = """
+import sys, boto3
+sys.path.insert(0, sys.argv[1])
+import submit
+init = boto3.Session.__init__
+def logged(self, *a, **k):
+    init(self, *a, **k)
+    def send(request, **kw):
+        target = request.headers.get("X-Amz-Target")
+        print("CALL", target.decode() if target else request.url, file=sys.stderr)
+    self.events.register("before-send", send)
+boto3.Session.__init__ = logged
+sys.exit(submit.main(sys.argv[2:]))
+"""
+
+
+def test_modeltrainer_sends_only_the_training_job(aws):
+    """With a ready image and no source code, ModelTrainer uploads nothing, looks up no
+    default bucket and asks STS nothing: every HTTP request submit.py sends (botocore's
+    before-send, on every boto3 session) is CreateTrainingJob and the SDK's DescribeTrainingJob
+    after it. (Its IAM role check, off here, would add iam:SimulatePrincipalPolicy.)"""
+    r = subprocess.run([SM_PY, "-c", _LOG_CALLS, str(SUBMIT.parent), *base_args("calls"),
+                        "--spot", "--checkpoint-s3", "s3://mxtrain-test/ck",
+                        "--channel", "train=s3://mxtrain-test/data/"],
+                       env=aws["env"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    sent = [l.split()[1] for l in r.stderr.splitlines() if l.startswith("CALL ")]
+    assert sent == ["SageMaker.CreateTrainingJob", "SageMaker.DescribeTrainingJob"], r.stderr
+    assert len(submitted(r, "calls")) == 1
+
+
+def test_unreachable_endpoint_is_an_aws_failure(tmp_path):
+    """CreateTrainingJob that cannot be sent: exit 3 and one `error:` line, no traceback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]  # nothing listens there once the socket is closed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed}", AWS_MAX_ATTEMPTS="1",
+               AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_EC2_METADATA_DISABLED="true", SAGEMAKER_VALIDATE_ROLE="false")
+    r = subprocess.run([_sdk_python(), str(SUBMIT), *base_args("nowhere")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: CreateTrainingJob") and \
+        "Could not connect" in lines[0], r.stderr
+    assert r.stdout == ""
 
 
 def _output_tar(summary):
@@ -237,7 +316,10 @@ def test_sweep_one_job_per_point_then_gather(aws, tmp_path):
                "--sweep", "train.lr=1e-3,3e-4", "--sweep", "train.micro_batch=2,4,8")
     assert r.returncode == 0, r.stderr
     names = job_names(aws, "lrsweep")
-    assert len(names) == 6
+    assert len(names) == 6 and sorted(re.sub(r"-\d{14}$", "", n) for n in names) == [
+        "lrsweep-0-lr-1e-3-micro-batch-2", "lrsweep-1-lr-1e-3-micro-batch-4",
+        "lrsweep-2-lr-1e-3-micro-batch-8", "lrsweep-3-lr-3e-4-micro-batch-2",
+        "lrsweep-4-lr-3e-4-micro-batch-4", "lrsweep-5-lr-3e-4-micro-batch-8"]
     by_point = {}
     for n, d in zip(names, describe(aws, *names)):
         hp = d["HyperParameters"]

@@ -221,3 +221,19 @@ TEST(SagemakerMpirun, ShellQuote) {
   EXPECT_EQ(sm::shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(sm::shell_quote(""), "''");
 }
+
+TEST(SagemakerMpirun, ExportedEnvironment) {
+  // A rank started over ssh sees only sshd's environment: the credentials URI, region and the
+  // S3 / NCCL / EFA settings must travel with -x; each host keeps its own /opt/ml.
+  const std::vector<std::string> env = {
+      "HOME", "PATH", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_REGION", "MXTRAIN_SM_ROOT",
+      "MXTRAIN_S3_PART_SIZE", "NCCL_DEBUG", "FI_PROVIDER", "OMP_NUM_THREADS", "SM_HOSTS",
+      "TERM", "AWSX", "LD_PRELOAD"};
+  EXPECT_EQ(sm::mpi_export_names(env, true),
+            (std::vector<std::string>{"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_REGION",
+                                      "FI_PROVIDER", "LD_LIBRARY_PATH", "MXTRAIN_S3_PART_SIZE",
+                                      "NCCL_DEBUG", "OMP_NUM_THREADS", "PATH"}));
+  // one host: its ranks are local, and MXTRAIN_SM_ROOT (set or not) names the one tree
+  EXPECT_EQ(sm::mpi_export_names({"PATH", "TERM"}, false),
+            (std::vector<std::string>{"LD_LIBRARY_PATH", "MXTRAIN_SM_ROOT", "PATH"}));
+}
