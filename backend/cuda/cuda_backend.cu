@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -553,6 +554,15 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
   }
   CudaBackendOptions o;
   o.device = cuda_local_device(count);
+  // MXTRAIN_CUDA_GEMM: how GEMMs outside a recipe's Linears (the head, fp32 runs) use the tensor
+  // cores: fp32 (default, the CPU backend's numbers), tf32 or bf16.
+  if (const char* g = std::getenv("MXTRAIN_CUDA_GEMM")) {
+    const std::string v = g;
+    if (v == "fp32") o.gemm_precision = CudaGemmPrecision::kFp32;
+    else if (v == "tf32") o.gemm_precision = CudaGemmPrecision::kTf32;
+    else if (v == "bf16") o.gemm_precision = CudaGemmPrecision::kBf16;
+    else throw UserError(str("MXTRAIN_CUDA_GEMM must be fp32, tf32 or bf16 (got '", v, "')"));
+  }
   if (const char* mb = std::getenv("MXTRAIN_CUDA_SCRATCH_MB"))
     o.scratch_bytes = size_t(std::strtoull(mb, nullptr, 10)) << 20;
   else
