@@ -3,7 +3,7 @@
 # device tool, from the repository root, after bench/gpu/prepare.sh here:
 #   run(command="bash bench/gpu/check.sh", carry=[".gpu-prebuilt"], timeout_s=540)
 # Everything it writes is under $OUT (check.log, op_check.json/.txt, loss_match.json,
-# speed.json); it prints a short table at the end. The whole script keeps to a budget
+# speed.json, errors.txt: six files, the device tool returns at most eight); it prints a short table at the end. The whole script keeps to a budget
 # (MXTRAIN_GPU_BUDGET_S, default 460 s: under 8 minutes), and every step has its own time limit
 # cut to what is left, so one hang cannot eat the lease.
 #
@@ -16,8 +16,8 @@
 #      same text): max relative loss difference per step; tolerance 1e-4 (fp32), 2e-3 (recipe
 #      bf16: CUDA's bf16 GEMM vs the CPU's emulation) (loss_match.json)
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 4096 and 8192, BF16 (recipe bf16, other GEMMs
-#      TF32): mxtrain, then PyTorch (fp32 master weights, BF16 autocast, SDPA, torch.compile,
-#      fused AdamW) on the same shapes (speed.json). From 16384 tokens per micro-batch down to
+#      TF32): mxtrain, then PyTorch (fp32 master weights, BF16 autocast, SDPA, torch.compile per
+#      block, fused AdamW) on the same shapes (speed.json). From 16384 tokens per micro-batch down to
 #      the largest that fits; mxtrain tries activation checkpointing none, then full.
 #      No recipe runs natively on mxtrain's GPU path yet (FP8/MXFP8/NVFP4 quantize on the host),
 #      so BF16 is the only mxtrain precision timed.
@@ -64,18 +64,18 @@ if [ "${MXTRAIN_GPU_BUILD:-0}" != 1 ] && [ -f .gpu-prebuilt/bundle.tar.xz ]; the
 fi
 if [ -z "$bindir" ]; then
   if timeout "$(cap 60)" cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release \
-       -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF > "$OUT/configure.log" 2>&1 &&
+       -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF > /tmp/mxgpu-configure.log 2>&1 &&
      timeout "$(cap 240)" cmake --build build-gpu --target cuda_op_check mxtrain -j16 \
-       > "$OUT/build.log" 2>&1; then
+       > /tmp/mxgpu-build.log 2>&1; then
     bindir=build-gpu
   else
     echo "native build failed (tails of configure.log / build.log):"
-    tail -5 "$OUT/configure.log"; tail -20 "$OUT/build.log" 2>/dev/null
+    tail -5 /tmp/mxgpu-configure.log; tail -20 /tmp/mxgpu-build.log 2>/dev/null
   fi
 fi
 echo "binaries: $(( $(date +%s) - t0 )) s"
 if [ -z "$bindir" ]; then
-  echo "RESULT: no binaries (neither carried nor built); see $OUT/configure.log"
+  echo "RESULT: no binaries (neither carried nor built); see the tails above"
   exit 3
 fi
 LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" | grep "not found" && echo "(missing libraries above)"
@@ -100,9 +100,9 @@ tail -3 "$OUT/op_check.txt"
 t0=$(date +%s)
 corpus=/tmp/mxgpu-corpus.txt
 cat docs/*.md README.md bench/*.md > "$corpus"
-LD_LIBRARY_PATH="$mx_ld" timeout "$(cap 120)" python3 bench/gpu/mxtrain_runs.py loss-match \
+MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(cap 120)" python3 bench/gpu/mxtrain_runs.py loss-match \
   --bin "$bindir/mxtrain" --corpus "$corpus" --work /tmp/mxgpu-runs --threads 16 --limit 50 \
-  --json "$OUT/loss_match.json" > /dev/null 2> "$OUT/loss_match.err"
+  --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt"
 echo "loss match: exit $?, $(( $(date +%s) - t0 )) s"
 
 # ---- 4. speed: mxtrain, then PyTorch, same shapes ----------------------------------------------
@@ -111,10 +111,10 @@ for seq in 4096 8192; do
   b=$(( 16384 / seq )); batches=""
   while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
   budget=$(cap 80)
-  LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
     python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
     --batches $batches --steps 3 --skip 1 --budget "$budget" --limit "$budget" \
-    --work /tmp/mxgpu-runs --json "$OUT/speed.json" > /dev/null 2> "$OUT/speed_mxtrain.err"
+    --work /tmp/mxgpu-runs --json "$OUT/speed.json" > /dev/null 2>> "$OUT/errors.txt"
 done
 echo "mxtrain speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
@@ -123,7 +123,7 @@ for seq in 4096 8192; do
   while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
   PYTHONUNBUFFERED=1 timeout "$(cap 100)" python3 bench/gpu/torch_llama.py --seq "$seq" \
     --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" \
-    > /dev/null 2> "$OUT/speed_torch_$seq.err" || echo "torch seq $seq: exit $? (see speed_torch_$seq.err)"
+    > /dev/null 2>> "$OUT/errors.txt" || echo "torch seq $seq: exit $? (see errors.txt)"
 done
 echo "torch speed: $(( $(date +%s) - t0 )) s"
 

@@ -60,6 +60,8 @@ def run_train(binary, sets, env_extra, out, limit, stop_after=None):
         argv += ["--set", f"{k}={v}"]
     argv += ["--set", f"run.out_dir={out}", "--set", f"run.metrics={metrics}"]
     env = dict(os.environ, **env_extra)
+    if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):  # the carried libraries: for mxtrain only
+        env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
     t0 = time.time()
     with open(out / "stderr.txt", "w") as err:
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
