@@ -6,9 +6,12 @@
 // Backward ops ACCUMULATE into parameter gradients (dw += ...) so that gradient accumulation
 // and tied weights need no extra buffers; activation gradients are written unless noted.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "core/arena.h"
 
 namespace mx {
 
@@ -16,6 +19,30 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+
+  // ---- Memory ---------------------------------------------------------------------------------
+  // The buffers the ops take (parameters, gradients, optimizer state, activations) live in the
+  // backend's memory: host memory on the CPU, device memory on CUDA. Host code (the trainer,
+  // FSDP's scatter/gather, checkpoint staging, the recipes' host quantizers) never dereferences
+  // them directly when host_addressable() is false: it goes through the copy calls below, which
+  // on the CPU are memcpy / memset, so the CPU tests run the same staging code.
+  // MXTRAIN_TEST_STAGING=1 makes the CPU backend report false (tests of the staging paths).
+  virtual bool host_addressable() const;
+  // Where arenas for this backend's buffers get their bytes (null: host memory).
+  virtual MemoryResource* memory() { return nullptr; }
+  // Byte copies between host memory and the backend's memory; both complete before returning
+  // (the host buffer may be reused at once).
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes);
+  virtual void copy_from_host(void* dst, const void* host_src, size_t bytes);
+  // The device's product name ("NVIDIA H200"; "" on the CPU): the trainer takes its MFU
+  // denominator from the datasheet table (plan/gpus.h) when it knows the GPU.
+  virtual std::string device_name() const { return ""; }
+  // Waits for every op queued so far (a no-op on the CPU, whose ops are synchronous).
+  virtual void synchronize() {}
+  // Recipe bf16 on hardware that rounds GEMM operands to bf16 itself (RNE, fp32 accumulate:
+  // the same products as the recipe's emulation): on = true asks the following GEMMs to do so,
+  // false restores fp32. Returns false when the backend cannot (then nothing changes).
+  virtual bool set_bf16_gemm_operands(bool on) { return false; }
 
   // Counters for the benchmark's "GEMM at N% of the machine's SGEMM rate" figure.
   struct GemmStats {
@@ -111,7 +138,16 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
-// "cpu" now; "cuda" in the CUDA issue. UserError for an unknown or unavailable device.
+// "cpu" or "cuda". UserError for an unknown device, and for "cuda" in a build without the CUDA
+// backend or on a machine without a usable GPU.
 std::unique_ptr<Backend> make_backend(const std::string& device);
+
+// The CUDA backend lives in its own library (mxcuda), which the engine library does not link:
+// a program built with it registers its factory once at startup (cli/main.cpp). Null: this
+// program has no CUDA backend.
+using BackendFactory = std::unique_ptr<Backend> (*)();
+void register_cuda_backend_factory(BackendFactory factory);
+// Defined in mxcuda (backend/cuda/cuda_backend.cu): registers the CUDA factory.
+void register_cuda_backend();
 
 }  // namespace mx

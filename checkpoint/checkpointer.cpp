@@ -74,9 +74,11 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state,
   for (const auto& e : extra)
     extra_bytes.push_back({e.name, "F32", {int64_t(e.values.size())}, e.values.data(),
                            e.values.size() * sizeof(float)});
-  if (writer_)
-    build_rank_file(view_, fsdp_.master_shard(), fsdp_.exp_avg_shard(),
-                    fsdp_.exp_avg_sq_shard(), extra_bytes, staging_);
+  if (writer_) {
+    // The shards live in the backend's memory: staged to the host first on a GPU.
+    const Fsdp::HostShards h = fsdp_.read_shards_to_host();
+    build_rank_file(view_, h.master, h.m, h.v, extra_bytes, staging_);
+  }
   nlohmann::json s = state;
   s["format_version"] = kCheckpointFormatVersion;
   s["step"] = step;

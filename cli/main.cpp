@@ -4,11 +4,15 @@
 #include <exception>
 #include <string>
 
+#include "backend/backend.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 
 int main(int argc, char** argv) {
+#ifdef MXTRAIN_HAVE_CUDA
+  mx::register_cuda_backend();  // run.device = cuda (backend/cuda/)
+#endif
   CLI::App app{"mxtrain: an LLM pretraining engine (Llama-style models, CPU and CUDA)"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every subcommand");

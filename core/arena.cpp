@@ -16,9 +16,11 @@ void MemoryTracker::add(int64_t bytes) {
 
 void MemoryTracker::sub(int64_t bytes) { current_ -= bytes; }
 
-Arena::Arena(std::string name, size_t capacity, MemoryTracker* tracker)
-    : name_(std::move(name)), capacity_(round_up(capacity)), tracker_(tracker) {
-  if (capacity_ > 0) {
+Arena::Arena(std::string name, size_t capacity, MemoryTracker* tracker, MemoryResource* memory)
+    : name_(std::move(name)), capacity_(round_up(capacity)), tracker_(tracker), memory_(memory) {
+  if (capacity_ > 0 && memory_) {
+    base_ = static_cast<char*>(memory_->allocate(capacity_, name_));
+  } else if (capacity_ > 0) {
     base_ = static_cast<char*>(std::aligned_alloc(kAlign, capacity_));
     if (!base_)
       throw UserError(str("out of host memory: arena '", name_, "' needs ", capacity_, " bytes"));
@@ -27,7 +29,8 @@ Arena::Arena(std::string name, size_t capacity, MemoryTracker* tracker)
 
 Arena::~Arena() {
   if (tracker_) tracker_->sub(static_cast<int64_t>(used_));
-  std::free(base_);
+  if (memory_ && base_) memory_->deallocate(base_);
+  else std::free(base_);
 }
 
 void* Arena::alloc(size_t bytes) {
@@ -45,7 +48,8 @@ void* Arena::alloc(size_t bytes) {
 
 float* Arena::alloc_f32_zero(int64_t count) {
   float* p = alloc_f32(count);
-  std::memset(p, 0, sizeof(float) * count);
+  if (memory_) memory_->zero(p, sizeof(float) * count);
+  else std::memset(p, 0, sizeof(float) * count);
   return p;
 }
 

@@ -25,12 +25,26 @@ class MemoryTracker {
   int64_t peak_ = 0;
 };
 
+// Where an arena's bytes come from when they are not host memory (a backend's device memory:
+// backend/backend.h). Host code never dereferences such memory; it goes through the backend's
+// copy calls.
+class MemoryResource {
+ public:
+  virtual ~MemoryResource() = default;
+  // `bytes` of memory for arena `arena` (UserError when the device has not got them).
+  virtual void* allocate(size_t bytes, const std::string& arena) = 0;
+  virtual void deallocate(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+};
+
 class Arena {
  public:
   static constexpr size_t kAlign = 64;  // cache line; also enough for AVX-512 loads
 
-  // capacity: bytes reserved up front (the OS commits pages only when touched).
-  Arena(std::string name, size_t capacity, MemoryTracker* tracker);
+  // capacity: bytes reserved up front (the OS commits pages only when touched). memory: null
+  // for host memory, else where the bytes come from (a device).
+  Arena(std::string name, size_t capacity, MemoryTracker* tracker,
+        MemoryResource* memory = nullptr);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -56,6 +70,7 @@ class Arena {
   std::string name_;
   size_t capacity_;
   MemoryTracker* tracker_;
+  MemoryResource* memory_;
   char* base_ = nullptr;
   size_t used_ = 0;
   size_t peak_ = 0;

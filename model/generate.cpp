@@ -101,6 +101,14 @@ int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt
   return idx[k - 1];
 }
 
+// The decoder keeps its KV cache and activations in host vectors: a backend with device memory
+// (CUDA) hands generation to the CPU backend (params are host memory here in any case).
+Backend& host_backend_for(Backend& backend, std::unique_ptr<Backend>& owned) {
+  if (!backend.memory()) return backend;
+  owned = make_cpu_backend();
+  return *owned;
+}
+
 }  // namespace
 
 std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayout& layout,
@@ -110,7 +118,9 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayou
   MX_REQUIRE(!prompt.empty(), "the prompt is empty");
   for (int32_t t : prompt)
     MX_REQUIRE(t >= 0 && t < config.vocab_size, "prompt token ", t, " is outside the vocabulary");
-  Decoder dec(config, layout, backend, params, int64_t(prompt.size()) + options.max_new_tokens);
+  std::unique_ptr<Backend> owned;
+  Decoder dec(config, layout, host_backend_for(backend, owned), params,
+              int64_t(prompt.size()) + options.max_new_tokens);
   std::mt19937_64 rng(options.seed);
   std::vector<int32_t> out = prompt;
   const std::vector<float>* logits = nullptr;
@@ -126,7 +136,8 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayou
 std::vector<float> last_logits(const ModelConfig& config, const ParamLayout& layout,
                                Backend& backend, const float* params,
                                const std::vector<int32_t>& tokens) {
-  Decoder dec(config, layout, backend, params, int64_t(tokens.size()));
+  std::unique_ptr<Backend> owned;
+  Decoder dec(config, layout, host_backend_for(backend, owned), params, int64_t(tokens.size()));
   std::vector<float> out;
   for (int32_t t : tokens) out = dec.step(t);
   return out;

@@ -237,14 +237,40 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   }
 }
 
+void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols,
+                          bool reduce_along_cols, LinearOperand op, int linear) {
+  if (be_.host_addressable())
+    return recipe_->quantize(out, x, rows, cols, reduce_along_cols, op, layer_, linear);
+  // The recipes' quantizers are host code: the operand goes to the host and its quantized copy
+  // comes back (exact, slow; the CUDA quantize kernels are not wired in yet).
+  const size_t n = size_t(rows * cols);
+  std::vector<float> host_x(n), host_out(n);
+  be_.copy_to_host(host_x.data(), x, sizeof(float) * n);
+  recipe_->quantize(host_out.data(), host_x.data(), rows, cols, reduce_along_cols, op, layer_,
+                    linear);
+  be_.copy_from_host(out, host_out.data(), sizeof(float) * n);
+}
+
+bool LlamaModel::native_bf16(bool on) {
+  // bf16 is a rounding of each GEMM operand (RNE) before an fp32 GEMM: a backend whose GEMM
+  // does that itself (CUDA) runs it natively, unless telemetry needs the quantize() calls.
+  if (on && (recipe_->recipe() != Recipe::kBf16 || recipe_->collecting_stats())) return false;
+  return be_.set_bf16_gemm_operands(on);
+}
+
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
                             int64_t in, int64_t out) {
   if (!recipe_ || !recipe_->active(layer_)) return be_.linear_forward(y, x, w, N, in, out);
+  if (native_bf16(true)) {
+    be_.linear_forward(y, x, w, N, in, out);
+    native_bf16(false);
+    return;
+  }
   const size_t m = scratch_.mark();
   float* xq = scratch_.alloc_f32(N * in);
   float* wq = scratch_.alloc_f32(out * in);
-  recipe_->quantize(xq, x, N, in, true, LinearOperand::kFwdInput, layer_, linear);
-  recipe_->quantize(wq, w, out, in, true, LinearOperand::kFwdWeight, layer_, linear);
+  quantize(xq, x, N, in, true, LinearOperand::kFwdInput, linear);
+  quantize(wq, w, out, in, true, LinearOperand::kFwdWeight, linear);
   be_.linear_forward(y, xq, wq, N, in, out);
   scratch_.release(m);
 }
@@ -254,12 +280,17 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
                             bool accumulate_dx) {
   if (!recipe_ || !recipe_->active(layer_))
     return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
+  if (native_bf16(true)) {
+    be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
+    native_bf16(false);
+    return;
+  }
   const size_t m = scratch_.mark();
   if (dx) {  // dx[N,in] = dy[N,out] W[out,in]: reduction over `out`
     float* dyq = scratch_.alloc_f32(N * out);
     float* wq = scratch_.alloc_f32(out * in);
-    recipe_->quantize(dyq, dy, N, out, true, LinearOperand::kDgradGrad, layer_, linear);
-    recipe_->quantize(wq, w, out, in, false, LinearOperand::kDgradWeight, layer_, linear);
+    quantize(dyq, dy, N, out, true, LinearOperand::kDgradGrad, linear);
+    quantize(wq, w, out, in, false, LinearOperand::kDgradWeight, linear);
     be_.gemm(false, false, N, in, out, 1.0f, dyq, wq, accumulate_dx ? 1.0f : 0.0f, dx);
     scratch_.release(m);
   }
@@ -267,23 +298,45 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     if (recipe_->hadamard_wgrad(N)) {
       // NVFP4: transform both operands along the tokens with the same random Hadamard matrix
       // (orthogonal, so dy^T x is unchanged in exact math), then quantize in 1x16 blocks.
-      float* dyt = scratch_.alloc_f32(out * N);
-      float* xt = scratch_.alloc_f32(in * N);
       float* dyq = scratch_.alloc_f32(out * N);
       float* xq = scratch_.alloc_f32(in * N);
-      transpose(dyt, dy, N, out);
-      transpose(xt, x, N, in);
+      // Host code throughout (transpose, transform, quantizers): on a backend the host cannot
+      // address, the operands come over first and the quantized ones go back.
+      const bool direct = be_.host_addressable();
+      std::vector<float> host_dy, host_x, host_dyt, host_xt, host_dyq, host_xq;
+      if (!direct) {
+        host_dy.resize(size_t(N * out));
+        host_x.resize(size_t(N * in));
+        be_.copy_to_host(host_dy.data(), dy, sizeof(float) * host_dy.size());
+        be_.copy_to_host(host_x.data(), x, sizeof(float) * host_x.size());
+        host_dyt.resize(host_dy.size());
+        host_xt.resize(host_x.size());
+        host_dyq.resize(host_dy.size());
+        host_xq.resize(host_x.size());
+      }
+      const float* dy_h = direct ? dy : host_dy.data();
+      const float* x_h = direct ? x : host_x.data();
+      float* dyt = direct ? scratch_.alloc_f32(out * N) : host_dyt.data();
+      float* xt = direct ? scratch_.alloc_f32(in * N) : host_xt.data();
+      float* dyq_h = direct ? dyq : host_dyq.data();
+      float* xq_h = direct ? xq : host_xq.data();
+      transpose(dyt, dy_h, N, out);
+      transpose(xt, x_h, N, in);
       const uint32_t seed = recipe_->hadamard_seed(layer_, linear);
       numerics::rht16_forward(dyt, out, N, seed);
       numerics::rht16_forward(xt, in, N, seed);
-      recipe_->quantize(dyq, dyt, out, N, true, LinearOperand::kWgradGrad, layer_, linear);
-      recipe_->quantize(xq, xt, in, N, true, LinearOperand::kWgradInput, layer_, linear);
+      recipe_->quantize(dyq_h, dyt, out, N, true, LinearOperand::kWgradGrad, layer_, linear);
+      recipe_->quantize(xq_h, xt, in, N, true, LinearOperand::kWgradInput, layer_, linear);
+      if (!direct) {
+        be_.copy_from_host(dyq, host_dyq.data(), sizeof(float) * host_dyq.size());
+        be_.copy_from_host(xq, host_xq.data(), sizeof(float) * host_xq.size());
+      }
       be_.gemm(false, true, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
     } else {
       float* dyq = scratch_.alloc_f32(N * out);
       float* xq = scratch_.alloc_f32(N * in);
-      recipe_->quantize(dyq, dy, N, out, false, LinearOperand::kWgradGrad, layer_, linear);
-      recipe_->quantize(xq, x, N, in, false, LinearOperand::kWgradInput, layer_, linear);
+      quantize(dyq, dy, N, out, false, LinearOperand::kWgradGrad, linear);
+      quantize(xq, x, N, in, false, LinearOperand::kWgradInput, linear);
       be_.gemm(true, false, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
     }
   }
@@ -301,12 +354,23 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   };
   const size_t saved_start = saved_.mark(), scratch_start = scratch_.mark();
 
+  // tokens are on the host; the ids and rope tables are made there and copied to the
+  // backend's memory (a memcpy on the CPU).
   auto* inputs = static_cast<int32_t*>(saved_.alloc(sizeof(int32_t) * N));
   auto* targets = static_cast<int32_t*>(saved_.alloc(sizeof(int32_t) * N));
-  split_tokens(tokens, B, T, inputs, targets);
   float* cos = saved_.alloc_f32(T * c_.head_dim / 2);
   float* sin = saved_.alloc_f32(T * c_.head_dim / 2);
-  make_rope_tables(T, cos, sin);
+  {
+    std::vector<int32_t> host_in(static_cast<size_t>(N)), host_tg(static_cast<size_t>(N));
+    split_tokens(tokens, B, T, host_in.data(), host_tg.data());
+    be_.copy_from_host(inputs, host_in.data(), sizeof(int32_t) * size_t(N));
+    be_.copy_from_host(targets, host_tg.data(), sizeof(int32_t) * size_t(N));
+    const size_t table = size_t(T * c_.head_dim / 2);
+    std::vector<float> host_cos(table), host_sin(table);
+    make_rope_tables(T, host_cos.data(), host_sin.data());
+    be_.copy_from_host(cos, host_cos.data(), sizeof(float) * table);
+    be_.copy_from_host(sin, host_sin.data(), sizeof(float) * table);
+  }
   rope_cos_ = cos;
   rope_sin_ = sin;
 

@@ -104,6 +104,12 @@ class LlamaModel {
   double forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
                  Checkpointing policy, bool training, float grad_scale);
 
+  // recipe_->quantize for the current layer, staged through the host when the backend's
+  // memory is not host-addressable.
+  void quantize(float* out, const float* x, int64_t rows, int64_t cols, bool reduce_along_cols,
+                LinearOperand op, int linear);
+  // Recipe bf16 on the backend's own bf16 GEMM (on/off around a Linear); false: emulate.
+  bool native_bf16(bool on);
   // The block Linears, through the recipe when one is active for the current layer.
   // linear: 0..6 = q, k, v, o, gate, up, down.
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,

@@ -85,7 +85,7 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
   }
   MX_ASSERT(local_numel_ == z.local_numel, "fsdp_buffer_sizes disagrees with the shards");
   auto state = [&](const char* name, float** base) {
-    auto a = std::make_unique<Arena>(name, z.state_bytes, tracker);
+    auto a = std::make_unique<Arena>(name, z.state_bytes, tracker, backend.memory());
     *base = a->alloc_f32_zero(local_numel_);
     return a;
   };
@@ -99,9 +99,12 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
     // the unit in backward, the one reduce-scattering, the embedding (tied).
     const int64_t max_padded = z.max_padded, max_shard = z.max_shard;
     const int param_slots = z.param_slots, grad_slots = z.grad_slots;
-    gathered_ = std::make_unique<Arena>("fsdp_gathered_weights", z.gathered_bytes, tracker);
-    unit_grads_ = std::make_unique<Arena>("fsdp_unit_grads", z.unit_grad_bytes, tracker);
-    rs_out_ = std::make_unique<Arena>("fsdp_reduce_scatter", z.reduce_scatter_bytes, tracker);
+    MemoryResource* mem = backend.memory();
+    gathered_ =
+        std::make_unique<Arena>("fsdp_gathered_weights", z.gathered_bytes, tracker, mem);
+    unit_grads_ = std::make_unique<Arena>("fsdp_unit_grads", z.unit_grad_bytes, tracker, mem);
+    rs_out_ =
+        std::make_unique<Arena>("fsdp_reduce_scatter", z.reduce_scatter_bytes, tracker, mem);
     param_slots_.resize(param_slots);
     for (auto& s : param_slots_) s.buf = gathered_->alloc_f32(max_padded);
     grad_slots_.resize(grad_slots);
@@ -262,60 +265,88 @@ void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weigh
   }
 }
 
+// Host code reaches the shards (backend memory) only through be_.copy_*: a memcpy on the CPU,
+// a host<->device copy on CUDA.
 void Fsdp::scatter_params(const float* full) {
   const int r = shard_comm_->rank();
   const auto& units = layout_.units();
+  std::vector<float> shard;
   for (size_t u = 0; u < units.size(); ++u) {
     const ShardLayout& sl = shards_[u];
-    float* dst = shard_of(master_base_, int(u));
-    std::fill(dst, dst + sl.shard_numel, 0.0f);
-    std::memcpy(dst, full + units[u].offset + sl.shard_begin(r),
+    shard.assign(size_t(sl.shard_numel), 0.0f);  // padding is zero
+    std::memcpy(shard.data(), full + units[u].offset + sl.shard_begin(r),
                 sizeof(float) * size_t(sl.valid_numel(r)));
+    be_.copy_from_host(shard_of(master_base_, int(u)), shard.data(),
+                       sizeof(float) * shard.size());
   }
 }
 
 void Fsdp::scatter_moments(const float* full_m, const float* full_v) {
   const int r = shard_comm_->rank();
   const auto& units = layout_.units();
+  std::vector<float> shard;
   for (size_t u = 0; u < units.size(); ++u) {
     const ShardLayout& sl = shards_[u];
     for (auto [src, base] : {std::pair{full_m, m_base_}, std::pair{full_v, v_base_}}) {
-      float* dst = shard_of(base, int(u));
-      std::fill(dst, dst + sl.shard_numel, 0.0f);
-      std::memcpy(dst, src + units[u].offset + sl.shard_begin(r),
+      shard.assign(size_t(sl.shard_numel), 0.0f);
+      std::memcpy(shard.data(), src + units[u].offset + sl.shard_begin(r),
                   sizeof(float) * size_t(sl.valid_numel(r)));
+      be_.copy_from_host(shard_of(base, int(u)), shard.data(), sizeof(float) * shard.size());
     }
   }
 }
 
-namespace {
-void gather_state(Communicator& comm, const std::vector<ShardLayout>& shards,
-                  const std::vector<int64_t>& local_offsets, const ParamLayout& layout,
-                  const float* local, float* full) {
-  const auto& units = layout.units();
-  std::vector<float> buf;
+void Fsdp::gather_state(const float* local, float* full) {
+  const auto& units = layout_.units();
+  float* gathered = nullptr;
+  if (shard_comm_->size() > 1) {
+    // A weight slot (in the backend's memory, as the communicator needs) holds each unit.
+    for (auto& s : param_slots_) MX_ASSERT(s.unit < 0, "gather during a micro-batch");
+    gathered = param_slots_[0].buf;
+  }
   for (size_t u = 0; u < units.size(); ++u) {
-    const ShardLayout& sl = shards[u];
-    if (comm.size() == 1) {
-      std::memcpy(full + units[u].offset, local + local_offsets[u],
-                  sizeof(float) * size_t(units[u].numel));
-      continue;
+    const ShardLayout& sl = shards_[u];
+    const float* src = local + unit_local_offset_[u];
+    if (gathered) {
+      shard_comm_->all_gather(src, gathered, sl.shard_numel, CommDtype::kF32);
+      src = gathered;
     }
-    buf.resize(size_t(sl.padded_numel));
-    comm.all_gather(std::span<const float>(local + local_offsets[u], size_t(sl.shard_numel)),
-                    std::span<float>(buf));
-    std::memcpy(full + units[u].offset, buf.data(), sizeof(float) * size_t(units[u].numel));
+    be_.copy_to_host(full + units[u].offset, src, sizeof(float) * size_t(units[u].numel));
   }
 }
-}  // namespace
 
-void Fsdp::gather_params(float* full) {
-  gather_state(*shard_comm_, shards_, unit_local_offset_, layout_, master_base_, full);
-}
+void Fsdp::gather_params(float* full) { gather_state(master_base_, full); }
 
 void Fsdp::gather_moments(float* full_m, float* full_v) {
-  gather_state(*shard_comm_, shards_, unit_local_offset_, layout_, m_base_, full_m);
-  gather_state(*shard_comm_, shards_, unit_local_offset_, layout_, v_base_, full_v);
+  gather_state(m_base_, full_m);
+  gather_state(v_base_, full_v);
+}
+
+Fsdp::HostShards Fsdp::shards_on_host() {
+  if (be_.host_addressable()) return {master_base_, m_base_, v_base_};
+  const size_t n = size_t(local_numel_);
+  host_master_.resize(n);
+  host_m_.resize(n);
+  host_v_.resize(n);
+  return {host_master_.data(), host_m_.data(), host_v_.data()};
+}
+
+Fsdp::HostShards Fsdp::read_shards_to_host() {
+  HostShards h = shards_on_host();
+  if (h.master == master_base_) return h;
+  const size_t bytes = sizeof(float) * size_t(local_numel_);
+  be_.copy_to_host(h.master, master_base_, bytes);
+  be_.copy_to_host(h.m, m_base_, bytes);
+  be_.copy_to_host(h.v, v_base_, bytes);
+  return h;
+}
+
+void Fsdp::write_shards_from_host(const HostShards& h) {
+  if (h.master == master_base_) return;
+  const size_t bytes = sizeof(float) * size_t(local_numel_);
+  be_.copy_from_host(master_base_, h.master, bytes);
+  be_.copy_from_host(m_base_, h.m, bytes);
+  be_.copy_from_host(v_base_, h.v, bytes);
 }
 
 }  // namespace mx

@@ -66,8 +66,21 @@ class Fsdp final : public UnitAccess {
   void gather_params(float* full);
   void gather_moments(float* full_m, float* full_v);
 
+  // This rank's three state shards (master, exp_avg, exp_avg_sq) as host memory, for the
+  // checkpoint writer and reader. On a host-addressable backend they are the shards themselves;
+  // otherwise (CUDA, or MXTRAIN_TEST_STAGING=1) host copies that Fsdp keeps:
+  // read_shards_to_host() fills them from the shards (before a save), write_shards_from_host()
+  // puts them back (after a load into shards_on_host()).
+  struct HostShards {
+    float *master = nullptr, *m = nullptr, *v = nullptr;
+  };
+  HostShards shards_on_host();
+  HostShards read_shards_to_host();
+  void write_shards_from_host(const HostShards& h);
+
   // For sharded checkpoints: this rank's flat shards (local_numel() floats each, laid out unit
-  // after unit as unit_shards() / unit_local_offsets() say; padding is zero).
+  // after unit as unit_shards() / unit_local_offsets() say; padding is zero). In the backend's
+  // memory: host code goes through the calls above.
   float* master_shard() { return master_base_; }
   float* exp_avg_shard() { return m_base_; }
   float* exp_avg_sq_shard() { return v_base_; }
@@ -93,6 +106,7 @@ class Fsdp final : public UnitAccess {
   Slot* find_slot(std::vector<Slot>& pool, int unit);
   void start_gather(int unit);
   void complete_reduce_scatter();
+  void gather_state(const float* local, float* full);
   float* shard_of(float* base, int unit) const { return base + unit_local_offset_[unit]; }
 
   const ParamLayout& layout_;
@@ -112,6 +126,7 @@ class Fsdp final : public UnitAccess {
   struct PendingReduce;
   std::unique_ptr<PendingReduce> pending_rs_;
   double comm_wait_s_ = 0;
+  std::vector<float> host_master_, host_m_, host_v_;  // shards_on_host() when staged
 };
 
 }  // namespace mx

@@ -5,8 +5,11 @@ namespace mx {
 Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
     : config(cfg), options(opt), layout(cfg), backend(make_backend(opt.device)) {
   const size_t param_bytes = sizeof(float) * size_t(layout.total_numel());
+  // Model state and activations in the backend's memory (device memory on CUDA); the token
+  // batch stays on the host, where the sampler writes it (the model copies it over).
+  MemoryResource* mem = backend->memory();
   auto persistent = [&](const char* name, bool wanted, void** base) {
-    auto arena = std::make_unique<Arena>(name, wanted ? param_bytes : 0, &tracker);
+    auto arena = std::make_unique<Arena>(name, wanted ? param_bytes : 0, &tracker, mem);
     if (wanted) {
       *base = arena->alloc_f32_zero(layout.total_numel());
     }
@@ -18,8 +21,8 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
   ActivationBytes act = activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing,
                                           opt.quantized);
-  saved = std::make_unique<Arena>("activations", act.saved, &tracker);
-  scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker);
+  saved = std::make_unique<Arena>("activations", act.saved, &tracker, mem);
+  scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker, mem);
   const size_t batch_count = size_t(opt.micro_batch) * size_t(opt.seq_len + 1);
   batch = std::make_unique<Arena>("batch", sizeof(int32_t) * batch_count, &tracker);
   batch_base_ = static_cast<int32_t*>(batch->alloc(sizeof(int32_t) * batch_count));

@@ -36,11 +36,12 @@ class Engine {
   std::unique_ptr<Arena> params, grads, adam_m, adam_v, saved, scratch, batch;
   std::unique_ptr<LlamaModel> model;
 
+  // In the backend's memory: host code reads them through backend->copy_to_host.
   float* param_data() const { return static_cast<float*>(params_base_); }
   float* grad_data() const { return static_cast<float*>(grads_base_); }
   float* m_data() const { return static_cast<float*>(m_base_); }
   float* v_data() const { return static_cast<float*>(v_base_); }
-  int32_t* batch_tokens() const { return batch_base_; }  // [micro_batch, seq_len + 1]
+  int32_t* batch_tokens() const { return batch_base_; }  // [micro_batch, seq_len + 1], host
 
  private:
   void* params_base_ = nullptr;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -24,7 +25,9 @@
 #include "model/hf_config.h"
 #include "model/hf_weights.h"
 #include "parallel/communicator.h"
+#include "parallel/device_communicator.h"
 #include "parallel/fsdp.h"
+#include "plan/gpus.h"
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -96,7 +99,10 @@ int run_training(const RunConfig& cfg) {
   FsdpOptions fo;
   fo.sharding = parse_sharding(cfg.parallel.sharding);
   fo.shard_group = int(cfg.parallel.shard_group);
-  Fsdp fsdp(engine.layout, world, fo, be, &engine.tracker);
+  // On a GPU under mpirun the shards move over NCCL (bootstrapped over the MPI world); the
+  // host world keeps the trainer's own scalars, barriers and checkpoint coordination.
+  std::unique_ptr<Communicator> device_comm = make_device_communicator(world, be);
+  Fsdp fsdp(engine.layout, device_comm ? *device_comm : world, fo, be, &engine.tracker);
   const int64_t n_params = engine.layout.total_numel();
 
   // Whole-model buffers exist only around init and the final sample.
@@ -137,8 +143,9 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
                "checkpoint ", reader.location(), " holds a different model than this config");
     auto state = reader.state();
-    load_shards(reader, fsdp_shard_view(fsdp, engine.layout), fsdp.master_shard(),
-                fsdp.exp_avg_shard(), fsdp.exp_avg_sq_shard());
+    const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
+    load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
+    fsdp.write_shards_from_host(host);
     restore_recipe_state(linear_recipe, reader, fsdp.shard_rank());
     start_step = resume_step;
     MX_REQUIRE(start_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
@@ -162,7 +169,15 @@ int run_training(const RunConfig& cfg) {
   co.sharding = cfg.parallel.sharding;
   Checkpointer checkpointer(co, world, fsdp, model_cfg, engine.layout);
 
-  const double peak_flops = measure_sgemm_flops(be, 1024, 3);
+  // MFU's denominator: a known GPU's dense BF16 datasheet rate, else the measured SGEMM rate.
+  double peak_flops = 0;
+  {
+    std::string dev = be.device_name();
+    for (char& ch : dev) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    for (const std::string& g : plan::gpu_names())
+      if (g != "cpu" && dev.find(g) != std::string::npos) peak_flops = plan::find_gpu(g).bf16_flops;
+    if (peak_flops <= 0) peak_flops = measure_sgemm_flops(be, 1024, 3);
+  }
   const int64_t tokens_per_step = B * T * tc.grad_accum * W;
   const double flops_per_token = model_cfg.flops_per_token(T);
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",
@@ -172,8 +187,8 @@ int run_training(const RunConfig& cfg) {
        B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
        " tokens/step, precision ", cfg.precision.recipe, ", checkpointing ",
        cfg.memory.activation_checkpointing, ", sharding ",
-       cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, SGEMM ",
-       format_count(peak_flops), "FLOP/s");
+       cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, device ",
+       be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
@@ -245,6 +260,7 @@ int run_training(const RunConfig& cfg) {
       fsdp.scale_grads(float(tc.grad_clip / (grad_norm + 1e-6)));
     fsdp.adamw_step(float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps),
                     float(tc.weight_decay), step + 1);
+    be.synchronize();  // a GPU queues the update: the step ends when it has run
     const double dt = seconds_since(t0);
     train_seconds += dt;
     tokens_done += double(tokens_per_step);

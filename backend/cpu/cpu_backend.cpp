@@ -280,12 +280,4 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return make_cpu_backend();
-  if (device == "cuda")
-    throw UserError(
-        "run.device = cuda: the trainer does not run on the CUDA backend yet (docs/cuda.md)");
-  throw UserError(str("unknown run.device '", device, "' (known: cpu, cuda)"));
-}
-
 }  // namespace mx

@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/nccl_communicator.h"
 
 namespace mx {
 namespace {
@@ -252,6 +254,7 @@ class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(const CudaBackendOptions& o)
       : opt_(o), scratch_(select_device(o.device), o.scratch_bytes, o.tracker) {
+    device_memory_.be = this;
     MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const char* env = std::getenv("MXTRAIN_CUDA_SYNC");
     if (env && env[0] == '1') opt_.sync_after_each_op = true;
@@ -263,8 +266,38 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::string name() const override { return "cuda"; }
   cudaStream_t stream() const override { return stream_; }
+  int device() const override { return opt_.device; }
+
+  // ---- memory: device memory, reached from the host only through these copies ----
+  bool host_addressable() const override { return false; }
+  std::string device_name() const override {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, opt_.device) != cudaSuccess) return "cuda";
+    return prop.name;
+  }
+  MemoryResource* memory() override { return &device_memory_; }
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    MX_CUDA_CHECK("copy_to_host",
+                  cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    MX_CUDA_CHECK("copy_to_host", cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+    if (!bytes) return;
+    MX_CUDA_CHECK("copy_from_host",
+                  cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    // From pageable memory the copy may still be reading host_src after the call returns on
+    // some drivers; waiting keeps the "host buffer reusable at once" contract simple.
+    MX_CUDA_CHECK("copy_from_host", cudaStreamSynchronize(stream_));
+  }
+  bool set_bf16_gemm_operands(bool on) override {
+    opt_.gemm_precision = on ? CudaGemmPrecision::kBf16 : base_precision_;
+    return true;
+  }
   void synchronize() override { MX_CUDA_CHECK("synchronize", cudaStreamSynchronize(stream_)); }
-  void set_gemm_precision(CudaGemmPrecision p) override { opt_.gemm_precision = p; }
+  void set_gemm_precision(CudaGemmPrecision p) override {
+    opt_.gemm_precision = base_precision_ = p;
+  }
   size_t scratch_peak_bytes() const override { return scratch_.peak(); }
 
   // GEMM FLOPs are counted; GEMM seconds are not measured yet (0): timing asynchronous work
@@ -466,7 +499,36 @@ class CudaBackendImpl final : public CudaBackend {
     if (opt_.sync_after_each_op) MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
   }
 
+  // Arena memory (core/arena.h) in device memory; zeroing is queued on the backend's stream, so
+  // it is ordered before every op that later uses the buffer.
+  struct DeviceMemory final : MemoryResource {
+    CudaBackendImpl* be = nullptr;
+    void* allocate(size_t bytes, const std::string& arena) override {
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, bytes);
+      if (e != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        throw UserError(str("out of GPU memory: arena '", arena, "' needs ", bytes,
+                            " bytes, the GPU has ", free_b, " of ", total_b,
+                            " free (try a smaller train.micro_batch or seq_len, or "
+                            "memory.activation_checkpointing = full; `mxtrain plan` sizes it)"));
+      }
+      return p;
+    }
+    void deallocate(void* p) override {
+      if (be->stream_) cudaStreamSynchronize(be->stream_);  // no kernel may still use it
+      cudaFree(p);
+    }
+    void zero(void* p, size_t bytes) override {
+      MX_CUDA_CHECK("arena zero", cudaMemsetAsync(p, 0, bytes, be->stream_));
+    }
+  };
+
   CudaBackendOptions opt_;
+  CudaGemmPrecision base_precision_ = opt_.gemm_precision;
+  DeviceMemory device_memory_;
   DeviceArena scratch_;
   cudaStream_t stream_ = nullptr;
   cuda::LtGemm lt_;
@@ -477,6 +539,48 @@ class CudaBackendImpl final : public CudaBackend {
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackendImpl>(options);
+}
+
+namespace {
+// make_backend("cuda"): the GPU of this process's local rank (one process per GPU under
+// mpirun), fp32 GEMMs (the CPU backend's numbers; recipe bf16 switches Linears to bf16).
+std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw UserError(str("run.device = cuda: no usable CUDA GPU on this machine (",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "no devices", ")"));
+  }
+  CudaBackendOptions o;
+  o.device = cuda_local_device(count);
+  // MXTRAIN_CUDA_GEMM: how GEMMs outside a recipe's Linears (the head, fp32 runs) use the tensor
+  // cores: fp32 (default, the CPU backend's numbers), tf32 or bf16.
+  if (const char* g = std::getenv("MXTRAIN_CUDA_GEMM")) {
+    const std::string v = g;
+    if (v == "fp32") o.gemm_precision = CudaGemmPrecision::kFp32;
+    else if (v == "tf32") o.gemm_precision = CudaGemmPrecision::kTf32;
+    else if (v == "bf16") o.gemm_precision = CudaGemmPrecision::kBf16;
+    else throw UserError(str("MXTRAIN_CUDA_GEMM must be fp32, tf32 or bf16 (got '", v, "')"));
+  }
+  if (const char* mb = std::getenv("MXTRAIN_CUDA_SCRATCH_MB"))
+    o.scratch_bytes = size_t(std::strtoull(mb, nullptr, 10)) << 20;
+  else
+    o.scratch_bytes = size_t(1) << 30;  // room for the bf16 operand copies of large GEMMs
+  return make_cuda_backend(o);
+}
+}  // namespace
+
+int cuda_local_device(int device_count) {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                          "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) return int(std::strtol(v, nullptr, 10)) % device_count;
+  return 0;
+}
+
+void register_cuda_backend() {
+  register_cuda_backend_factory(&make_cuda_backend_for_trainer);
+  register_nccl_device_communicator();  // FSDP over NCCL under mpirun
 }
 
 }  // namespace mx

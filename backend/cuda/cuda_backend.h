@@ -37,11 +37,15 @@ struct CudaBackendOptions {
 
 class CudaBackend;
 std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options = {});
+// register_cuda_backend() (declared in backend/backend.h) makes make_backend("cuda") build a
+// CudaBackend on the local rank's GPU (UserError when the machine has no usable GPU).
+// This process's GPU under an MPI launcher: the node-local rank modulo the GPU count (0 alone).
+int cuda_local_device(int device_count);
 
 class CudaBackend : public Backend {
  public:
   virtual cudaStream_t stream() const = 0;
-  virtual void synchronize() = 0;
+  virtual int device() const = 0;
   virtual void set_gemm_precision(CudaGemmPrecision p) = 0;
   virtual size_t scratch_peak_bytes() const = 0;
   // Beyond the Backend interface: the per-tensor FP8 Linear forward on FP8 tensor cores

@@ -3,7 +3,9 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "parallel/device_communicator.h"
 
 namespace mx {
 namespace {
@@ -44,6 +46,30 @@ struct EventImpl final : CommHandle::Impl {
     MX_CUDA_CHECK("nccl test", e);
     return true;
   }
+};
+
+// True for memory the GPU can address (device or managed); host memory must be staged.
+bool on_device(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // older drivers: an unknown host pointer is an error, not a type
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+// A device copy of a host buffer for one blocking collective (freed in stream order).
+class Staging {
+ public:
+  Staging(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    MX_CUDA_CHECK("nccl staging", cudaMallocAsync(&p_, bytes ? bytes : 1, stream_));
+  }
+  ~Staging() { cudaFreeAsync(p_, stream_); }
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
 };
 
 }  // namespace
@@ -95,25 +121,79 @@ CommHandle NcclCommunicator::handle_for_stream(const char* op) {
   return CommHandle(std::move(impl));
 }
 
+void NcclCommunicator::order_after_compute() {
+  if (compute_stream_) wait_for(compute_stream_);
+}
+
 void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, CommDtype dtype) {
-  all_gather_async(send, recv, count, dtype);  // the handle's destructor waits
+  if (on_device(send) && on_device(recv)) {
+    all_gather_async(send, recv, count, dtype);  // the handle's destructor waits
+    sync("all_gather");
+    return;
+  }
+  check_collective_args("all_gather", count, dtype);
+  const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
+  Staging s_send(bytes, stream_), s_recv(bytes * size_t(size_), stream_);
+  MX_CUDA_CHECK("all_gather", cudaMemcpyAsync(s_send.get(), send, bytes, cudaMemcpyHostToDevice,
+                                              stream_));
+  all_gather_async(s_send.get(), s_recv.get(), count, dtype);
+  MX_CUDA_CHECK("all_gather", cudaMemcpyAsync(recv, s_recv.get(), bytes * size_t(size_),
+                                              cudaMemcpyDeviceToHost, stream_));
   sync("all_gather");
 }
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t count,
                                       CommDtype dtype, ReduceOp op) {
-  reduce_scatter_async(send, recv, count, dtype, op);
+  if (on_device(send) && on_device(recv)) {
+    reduce_scatter_async(send, recv, count, dtype, op);
+    sync("reduce_scatter");
+    return;
+  }
+  check_collective_args("reduce_scatter", count, dtype);
+  const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
+  Staging s_send(bytes * size_t(size_), stream_), s_recv(bytes, stream_);
+  MX_CUDA_CHECK("reduce_scatter", cudaMemcpyAsync(s_send.get(), send, bytes * size_t(size_),
+                                                  cudaMemcpyHostToDevice, stream_));
+  reduce_scatter_async(s_send.get(), s_recv.get(), count, dtype, op);
+  MX_CUDA_CHECK("reduce_scatter", cudaMemcpyAsync(recv, s_recv.get(), bytes,
+                                                  cudaMemcpyDeviceToHost, stream_));
   sync("reduce_scatter");
 }
 void NcclCommunicator::all_reduce(const void* send, void* recv, int64_t count, CommDtype dtype,
                                   ReduceOp op) {
-  all_reduce_async(send, recv, count, dtype, op);
+  if (on_device(send) && on_device(recv)) {
+    all_reduce_async(send, recv, count, dtype, op);
+    sync("all_reduce");
+    return;
+  }
+  check_collective_args("all_reduce", count, dtype);
+  const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
+  Staging buf(bytes, stream_);
+  MX_CUDA_CHECK("all_reduce",
+                cudaMemcpyAsync(buf.get(), send, bytes, cudaMemcpyHostToDevice, stream_));
+  all_reduce_async(buf.get(), buf.get(), count, dtype, op);
+  MX_CUDA_CHECK("all_reduce",
+                cudaMemcpyAsync(recv, buf.get(), bytes, cudaMemcpyDeviceToHost, stream_));
   sync("all_reduce");
 }
 
 void NcclCommunicator::broadcast(void* buffer, int64_t count, CommDtype dtype, int root) {
   check_collective_args("broadcast", count, dtype);
-  nccl_check(ncclBroadcast(buffer, buffer, size_t(count), nccl_type(dtype), root, comm_, stream_),
-             "ncclBroadcast");
+  order_after_compute();
+  const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
+  if (on_device(buffer)) {
+    nccl_check(ncclBroadcast(buffer, buffer, size_t(count), nccl_type(dtype), root, comm_,
+                             stream_),
+               "ncclBroadcast");
+  } else {
+    Staging buf(bytes, stream_);
+    MX_CUDA_CHECK("broadcast",
+                  cudaMemcpyAsync(buf.get(), buffer, bytes, cudaMemcpyHostToDevice, stream_));
+    nccl_check(ncclBroadcast(buf.get(), buf.get(), size_t(count), nccl_type(dtype), root, comm_,
+                             stream_),
+               "ncclBroadcast");
+    MX_CUDA_CHECK("broadcast",
+                  cudaMemcpyAsync(buffer, buf.get(), bytes, cudaMemcpyDeviceToHost, stream_));
+  }
   sync("broadcast");
 }
 
@@ -130,6 +210,7 @@ void NcclCommunicator::barrier() {
 CommHandle NcclCommunicator::all_gather_async(const void* send, void* recv, int64_t count,
                                               CommDtype dtype) {
   check_collective_args("all_gather", count, dtype);
+  order_after_compute();
   nccl_check(ncclAllGather(send, recv, size_t(count), nccl_type(dtype), comm_, stream_),
              "ncclAllGather");
   return handle_for_stream("all_gather");
@@ -139,6 +220,7 @@ CommHandle NcclCommunicator::reduce_scatter_async(const void* send, void* recv, 
                                                   CommDtype dtype, ReduceOp op) {
   check_collective_args("reduce_scatter", count, dtype);
   check_reduce_args("reduce_scatter", dtype, op);
+  order_after_compute();
   nccl_check(ncclReduceScatter(send, recv, size_t(count), nccl_type(dtype), nccl_op(op), comm_,
                                stream_),
              "ncclReduceScatter");
@@ -149,6 +231,7 @@ CommHandle NcclCommunicator::all_reduce_async(const void* send, void* recv, int6
                                               CommDtype dtype, ReduceOp op) {
   check_collective_args("all_reduce", count, dtype);
   check_reduce_args("all_reduce", dtype, op);
+  order_after_compute();
   nccl_check(ncclAllReduce(send, recv, size_t(count), nccl_type(dtype), nccl_op(op), comm_,
                            stream_),
              "ncclAllReduce");
@@ -158,7 +241,25 @@ CommHandle NcclCommunicator::all_reduce_async(const void* send, void* recv, int6
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclComm_t sub = nullptr;
   nccl_check(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
-  return std::unique_ptr<Communicator>(new NcclCommunicator(sub, device_));
+  auto c = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, device_));
+  c->set_compute_stream(compute_stream_);
+  return c;
+}
+
+namespace {
+std::unique_ptr<Communicator> nccl_for_backend(Communicator& host, Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda)
+    throw UserError(str("no communicator for the ", backend.name(), " backend's memory"));
+  cuda->synchronize();
+  auto comm = NcclCommunicator::create(host, cuda->device());
+  comm->set_compute_stream(cuda->stream());
+  return comm;
+}
+}  // namespace
+
+void register_nccl_device_communicator() {
+  register_device_communicator_factory(&nccl_for_backend);
 }
 
 }  // namespace mx

@@ -1,5 +1,6 @@
 // NcclCommunicator: the Communicator interface (parallel/communicator.h) over NCCL, for buffers
-// in device memory. One per process and GPU; bootstrapped over an existing host communicator
+// in device memory (the blocking forms also take host buffers, staged through device memory:
+// the trainer's scalars, e.g. the gradient norm's partial sums). One per process and GPU; bootstrapped over an existing host communicator
 // (the MPI world under mpirun): rank 0 makes the ncclUniqueId and broadcasts its bytes.
 //
 // Collectives are queued on the communicator's own stream (so they can overlap the compute
@@ -30,6 +31,10 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream() const { return stream_; }
   // Makes later collectives on this communicator wait for the work queued so far on `s`.
   void wait_for(cudaStream_t s);
+  // The stream that computes the buffers (the CudaBackend's): every collective first waits
+  // for the work queued on it so far (wait_for), so FSDP needs no stream code of its own.
+  // Inherited by split(). Null: none (the caller orders).
+  void set_compute_stream(cudaStream_t s) { compute_stream_ = s; }
 
   void all_gather(const void* send, void* recv, int64_t count, CommDtype dtype) override;
   void reduce_scatter(const void* send, void* recv, int64_t count, CommDtype dtype,
@@ -50,10 +55,17 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(ncclComm_t comm, int device);
   CommHandle handle_for_stream(const char* op);
   void sync(const char* op);
+  void order_after_compute();
 
   ncclComm_t comm_ = nullptr;
   int device_ = 0, rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t compute_stream_ = nullptr;
 };
+
+// Registers make_device_communicator's CUDA factory (parallel/device_communicator.h): an
+// NcclCommunicator over the host world on the CudaBackend's device, ordered after its stream.
+// register_cuda_backend() calls it.
+void register_nccl_device_communicator();
 
 }  // namespace mx

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run HERE (the build machine, no GPU) before a GPU session: builds cuda_op_check for sm_90 and
-# copies it with the shared libraries it needs that a bare CUDA image may lack (OpenBLAS,
+# Run HERE (the build machine, no GPU) before a GPU session: builds cuda_op_check and mxtrain
+# for sm_90 and copies them with the shared libraries they need that a bare CUDA image may lack (OpenBLAS,
 # OpenMPI, libgomp, ...) into .gpu-prebuilt/, which bench/gpu/check.sh uses when the GPU
 # machine cannot configure the project itself (it lacks the Debian -dev packages). cuBLASLt and
 # NCCL are NOT bundled (hundreds of MB): check.sh finds them on the GPU machine (the CUDA
@@ -11,16 +11,24 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF >/dev/null
-cmake --build build-gpu --target cuda_op_check -j2
-rm -rf .gpu-prebuilt && mkdir -p .gpu-prebuilt/lib
-cp build-gpu/cuda_op_check .gpu-prebuilt/
+cmake --build build-gpu --target cuda_op_check mxtrain -j2
+# Staged in build-gpu/prebuilt, carried as one xz archive: the OpenBLAS and OpenSSL libraries
+# alone are ~40 MB uncompressed, and the device tool carries at most 64 MiB.
+stage=build-gpu/prebuilt
+rm -rf "$stage" .gpu-prebuilt && mkdir -p "$stage/lib" .gpu-prebuilt
+cp build-gpu/cuda_op_check build-gpu/mxtrain "$stage/"
+strip "$stage/cuda_op_check" "$stage/mxtrain" 2>/dev/null || true
 # Every resolved library except the C runtime, the driver, and the CUDA libraries named above.
-ldd build-gpu/cuda_op_check | awk '/=> \//{print $3}' | while read -r lib; do
+ldd build-gpu/cuda_op_check build-gpu/mxtrain | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
     libcublas*|libnccl*|libcudart*) ;;
-    *) cp -L "$lib" .gpu-prebuilt/lib/ ;;
+    *) cp -L "$lib" "$stage/lib/" ;;
   esac
 done
+# The commit the binaries were built from (+dirty: uncommitted changes were in the build).
+echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- . ':!.gpu-prebuilt' || echo +dirty)" \
+  > "$stage/COMMIT"
+cp "$stage/COMMIT" .gpu-prebuilt/COMMIT
+tar -C build-gpu -cJf .gpu-prebuilt/bundle.tar.xz prebuilt
 du -sh .gpu-prebuilt
-git -C "$root" rev-parse HEAD > .gpu-prebuilt/COMMIT

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""mxtrain's two trainer steps of bench/gpu/check.sh (standard library only):
+
+  loss-match  the tiny preset trained 50 steps with run.device = cuda and = cpu (same seed, same
+              text, same schedule): per step |loss_cuda - loss_cpu| / loss_cpu, its maximum
+              against a stated tolerance, for fp32 and for recipe bf16 (CUDA's bf16 GEMM vs the
+              CPU's emulation of it).
+  speed       tokens/s and MFU of a Llama-3.2-1B shape at the given sequence lengths: the
+              largest micro-batch that starts (the arenas are sized and allocated before the
+              first step, so a shape that does not fit fails within seconds), activation
+              checkpointing `none` first, then `full`. The run is stopped (SIGKILL) once its
+              timed steps are in metrics.jsonl: the end-of-run checkpoint of 1.2B parameters
+              (15 GB) is not what is measured.
+
+Each writes one JSON object per line to --json and prints it. Every subprocess has a time limit.
+Runs here without a GPU too (loss-match then reports the cuda runs' `error:` line).
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOL = {"fp32": 1e-4, "bf16": 2e-3}
+
+
+def emit(args, obj):
+    line = json.dumps(obj)
+    print(line, flush=True)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(line + "\n")
+
+
+def read_steps(path):
+    steps = []
+    try:
+        for line in Path(path).read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if not r.get("summary") and "loss" in r:
+                steps.append(r)
+    except FileNotFoundError:
+        pass
+    return steps
+
+
+def run_train(binary, sets, env_extra, out, limit, stop_after=None):
+    """Runs `mxtrain train`; returns (rc, stderr tail, metrics steps, seconds).
+    stop_after: SIGKILL once that many step records are in the metrics (rc is then 'stopped')."""
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = out / "metrics.jsonl"
+    argv = [binary, "train"]
+    for k, v in sets.items():
+        argv += ["--set", f"{k}={v}"]
+    argv += ["--set", f"run.out_dir={out}", "--set", f"run.metrics={metrics}"]
+    env = dict(os.environ, **env_extra)
+    if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):  # the carried libraries: for mxtrain only
+        env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
+    t0 = time.time()
+    with open(out / "stderr.txt", "w") as err:
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        rc = None
+        while True:
+            try:
+                rc = p.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stop_after and len(read_steps(metrics)) >= stop_after:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                rc = "stopped"
+                break
+            if time.time() - t0 > limit:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                rc = "timeout"
+                break
+    tail = (out / "stderr.txt").read_text(errors="replace").strip().splitlines()[-3:]
+    return rc, tail, read_steps(metrics), time.time() - t0
+
+
+def loss_match(args):
+    corpus = Path(args.corpus)
+    base = {"model.preset": "tiny", "train.steps": args.steps, "train.micro_batch": 4,
+            "train.seq_len": 64, "train.lr": 3e-3, "train.min_lr": 3e-4,
+            "train.warmup_steps": 5, "train.seed": 1, "train.grad_clip": 1.0,
+            "train.log_every": 1, "train.eval_every": 0, "data.path": corpus,
+            "data.format": "text", "data.val_fraction": 0.0, "run.sample_tokens": 0,
+            "checkpoint.resume": "none"}
+    for recipe in ("fp32", "bf16"):
+        runs = {}
+        for device in ("cpu", "cuda"):
+            sets = dict(base, **{"run.device": device, "precision.recipe": recipe})
+            runs[device] = run_train(args.bin, sets, {"OMP_NUM_THREADS": str(args.threads)},
+                                     Path(args.work) / f"loss_{recipe}_{device}", args.limit)
+        res = {"check": "loss_match", "recipe": recipe, "steps": args.steps,
+               "tolerance_rel": TOL[recipe]}
+        (crc, ctail, cpu, cs), (grc, gtail, gpu, gs) = runs["cpu"], runs["cuda"]
+        res["seconds"] = {"cpu": round(cs, 1), "cuda": round(gs, 1)}
+        if crc != 0 or grc != 0 or len(cpu) != args.steps or len(gpu) != args.steps:
+            res.update(ok=False, error={"cpu": [crc] + ctail, "cuda": [grc] + gtail})
+        else:
+            rel = [abs(g["loss"] - c["loss"]) / abs(c["loss"]) for c, g in zip(cpu, gpu)]
+            norm_rel = [abs(g["grad_norm"] - c["grad_norm"]) / abs(c["grad_norm"])
+                        for c, g in zip(cpu, gpu)]
+            res.update(ok=max(rel) <= TOL[recipe], max_rel=max(rel),
+                       worst_step=1 + rel.index(max(rel)), rel_per_step=rel,
+                       max_rel_grad_norm=max(norm_rel), loss_first=cpu[0]["loss"],
+                       loss_last_cpu=cpu[-1]["loss"], loss_last_cuda=gpu[-1]["loss"])
+        emit(args, res)
+
+
+def speed(args):
+    deadline = time.time() + args.budget
+    for seq in args.seq:
+        result = {"impl": "mxtrain", "seq": seq, "recipe": args.recipe,
+                  "gemm_env": os.environ.get("MXTRAIN_CUDA_GEMM", "fp32"), "tried": []}
+        for batch in args.batches:
+            done = False
+            for policy in ("none", "full"):
+                left = deadline - time.time()
+                if left < 20:
+                    result["tried"].append({"micro_batch": batch, "policy": policy,
+                                            "skipped": "time budget"})
+                    continue
+                sets = {"model.preset": args.preset, "train.steps": args.steps + 5,
+                        "train.micro_batch": batch, "train.seq_len": seq,
+                        "train.warmup_steps": 1, "train.log_every": 1, "train.eval_every": 0,
+                        "data.format": "random", "data.val_fraction": 0.0,
+                        "run.sample_tokens": 0, "run.device": "cuda",
+                        "precision.recipe": args.recipe,
+                        "memory.activation_checkpointing": policy, "checkpoint.resume": "none"}
+                out = Path(args.work) / f"speed_{seq}_{batch}_{policy}"
+                rc, tail, steps, secs = run_train(args.bin, sets, {}, out,
+                                                  min(args.limit, left), stop_after=args.steps)
+                tried = {"micro_batch": batch, "policy": policy, "rc": rc,
+                         "seconds": round(secs, 1), "steps_done": len(steps)}
+                if rc not in ("stopped", 0, "timeout") or (rc == "timeout" and len(steps) < 2):
+                    tried["error"] = tail[-1:] if tail else []
+                    result["tried"].append(tried)
+                    # Only running out of memory makes a smaller shape worth a try; a timeout
+                    # (fits, too slow) or any other failure would repeat.
+                    if rc == "timeout" or "out of GPU memory" not in " ".join(tail):
+                        done = True
+                        break
+                    continue
+                result["tried"].append(tried)
+                timed = steps[args.skip:] if len(steps) > args.skip else steps[-1:]
+                dt = sum(s["step_time_s"] for s in timed)
+                tokens = batch * seq * len(timed)
+                result.update(micro_batch=batch, checkpointing=policy,
+                              tokens_per_s=tokens / dt, mfu_reported=timed[-1]["mfu"],
+                              step_s=[s["step_time_s"] for s in steps],
+                              loss=[s["loss"] for s in steps],
+                              peak_mem_bytes=max(s["peak_mem_bytes"] for s in steps))
+                result["mfu"] = result["mfu_reported"] * result["tokens_per_s"] / \
+                    timed[-1]["tokens_per_s"]
+                done = True
+                break
+            if done:
+                break
+        emit(args, result)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=["loss-match", "speed"])
+    ap.add_argument("--bin", default="build/mxtrain")
+    ap.add_argument("--work", default="/tmp/mxtrain-gpu-runs")
+    ap.add_argument("--json")
+    ap.add_argument("--limit", type=float, default=120, help="seconds per mxtrain run")
+    ap.add_argument("--threads", type=int, default=8, help="loss-match: CPU run's threads")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--corpus", default="")
+    ap.add_argument("--preset", default="llama3.2-1b")
+    ap.add_argument("--seq", type=int, nargs="+", default=[4096, 8192])
+    ap.add_argument("--batches", type=int, nargs="+", default=[4, 2, 1])
+    ap.add_argument("--recipe", default="bf16")
+    ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
+    ap.add_argument("--budget", type=float, default=200, help="speed: seconds for all shapes")
+    args = ap.parse_args()
+    if args.what == "loss-match":
+        args.steps = args.steps or 50
+        if not args.corpus:
+            sys.exit("loss-match needs --corpus FILE (text)")
+        loss_match(args)
+    else:
+        args.steps = args.steps or 4
+        speed(args)
+
+
+if __name__ == "__main__":
+    main()
