@@ -1,6 +1,7 @@
 // CPU backend ops against naive double-precision references written from the definitions,
 // and backward ops against central finite differences of those references.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -54,6 +55,37 @@ TEST(CpuOps, GemmAllTransposes) {
       be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
       expect_close(C, ref, 1e-6, "gemm");
     }
+}
+
+// GEMMs large enough that the backend splits them between threads by hand (rows when C is
+// taller than wide, columns otherwise), on 3 threads so the blocks are uneven and not multiples
+// of 16: every element of C against the double-precision definition.
+TEST(CpuOps, GemmSplitBetweenThreadsAllTransposes) {
+  auto be = mx::make_cpu_backend();
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(3);
+  struct Dims {
+    int64_t M, N, K;
+  };
+  for (const Dims d : {Dims{301, 37, 410}, Dims{37, 299, 410}, Dims{40, 40, 3000}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t M = d.M, N = d.N, K = d.K;
+        auto A = randn(M * K, 11), B = randn(K * N, 12), C = randn(M * N, 13);
+        std::vector<double> ref(M * N);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double s = 0;
+            for (int64_t k = 0; k < K; ++k)
+              s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+            ref[i * N + j] = 0.5 * s + 2.0 * C[i * N + j];
+          }
+        be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
+        SCOPED_TRACE(::testing::Message() << M << "x" << N << "x" << K << " ta=" << ta
+                                          << " tb=" << tb);
+        expect_close(C, ref, 1e-5, "split gemm");
+      }
+  omp_set_num_threads(saved_threads);
 }
 
 TEST(CpuOps, RmsNormForwardBackward) {
