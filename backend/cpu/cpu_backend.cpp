@@ -230,14 +230,10 @@ class CpuBackend final : public Backend {
     const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, float(t)));
     const float step_size = lr / bc1;
     const float decay = 1.0f - lr * weight_decay;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float g = grad[i];
-      float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-      float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-      float p = param[i] * decay;
-      param[i] = p - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-    }
+    parallel_chunks(n, [&](int64_t i0, int64_t i1) {
+      cpu::adamw_span(param + i0, grad + i0, m + i0, v + i0, i1 - i0, beta1, beta2, eps, decay,
+                      step_size, bc2_sqrt);
+    });
   }
 
  private:
