@@ -13,14 +13,18 @@ void add_bench(CLI::App& app, Action& action) {
   auto* sgemm = bench->add_subcommand("sgemm", "measured fp32 GEMM rate (JSON)");
   auto n = std::make_shared<int64_t>(2048);
   auto device = std::make_shared<std::string>("cpu");
+  auto seconds = std::make_shared<double>(2.0);
   sgemm->add_option("--size", *n, "matrix size");
+  sgemm->add_option("--seconds", *seconds, "keep timing for this long; the best run counts");
   sgemm->add_option("--device", *device, "cpu | cuda");
-  sgemm->callback([&action, n, device] {
-    action = [n, device] {
+  sgemm->callback([&action, n, device, seconds] {
+    action = [n, device, seconds] {
       MX_REQUIRE(*n >= 16 && *n <= 16384, "--size must be in [16, 16384]");
+      MX_REQUIRE(*seconds >= 0 && *seconds <= 600, "--seconds must be in [0, 600]");
       auto be = make_backend(*device);
-      double flops = measure_sgemm_flops(*be, *n, 3);
-      std::printf("{\"size\": %lld, \"gflops\": %.3f}\n", static_cast<long long>(*n), flops / 1e9);
+      double flops = measure_sgemm_flops(*be, *n, 3, *seconds);
+      std::printf("{\"size\": %lld, \"gflops\": %.3f, \"seconds\": %.2f}\n",
+                  static_cast<long long>(*n), flops / 1e9, *seconds);
       return 0;
     };
   });

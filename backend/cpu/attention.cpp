@@ -1,7 +1,8 @@
-// Causal GQA attention, FlashAttention-2 on the CPU: a query tile (kBr rows) meets the key tiles
-// (kBc rows) at or before it; each tile product is one single-threaded sgemm on the calling
-// OpenMP thread, and softmax runs as an online (running max, running sum) pass in forward and as a
-// recomputation P = exp(S - lse) in backward. Workspace is per thread and O(tile * D).
+// Causal GQA attention, FlashAttention-2 on the CPU: a query tile (kBr positions of all the query
+// heads that share one kv head, stacked into group * kBr rows) meets the key tiles (kBc rows) at
+// or before it; each tile product is one single-threaded sgemm on the calling OpenMP thread, and
+// softmax runs as an online (running max, running sum) pass in forward and as a recomputation
+// P = exp(S - lse) in backward. Workspace is per thread and O(group * tile * D).
 #include "backend/cpu/attention.h"
 #include "backend/cpu/vec_math.h"
 
@@ -50,6 +51,24 @@ void check_shape(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
 
 }  // namespace
 
+// The query heads of one group share their keys and values, so a task takes the tile's rows of
+// all `group` heads at once: they are copied into one [group * br, D] block (row = head-major,
+// then position), which doubles (at group 2) the height of every tile GEMM and packs each key
+// and value tile once per group instead of once per head.
+namespace {
+
+// dst[(hh * br + r) * D + d] = src[(i0 + r) * ld + hh * D + d] for hh < group, r < br, where src
+// points at the group's first head of position 0 of the sequence.
+void gather_rows(float* dst, const float* src, int64_t ld, int64_t i0, int64_t br, int64_t group,
+                 int64_t D) {
+  for (int64_t hh = 0; hh < group; ++hh)
+    for (int64_t r = 0; r < br; ++r)
+      std::memcpy(dst + (hh * br + r) * D, src + (i0 + r) * ld + hh * D,
+                  static_cast<size_t>(D) * sizeof(float));
+}
+
+}  // namespace
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   check_shape(B, T, H, KV, D);
@@ -59,68 +78,70 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const int64_t q_ld = H * D;    // stride between consecutive positions of one query head
   const int64_t kv_ld = KV * D;  // same for one kv head
   const int64_t n_tiles = (T + kBr - 1) / kBr;
-  const int64_t n_tasks = B * H * n_tiles;
+  const int64_t n_tasks = B * KV * n_tiles;
+  const int64_t rows_max = group * kBr;
 
 #pragma omp parallel
   {
-    std::vector<float> s(static_cast<size_t>(kBr * kBc));  // scores, then probabilities
-    std::vector<float> o(static_cast<size_t>(kBr * D));    // unnormalized output accumulator
-    std::vector<float> m(kBr), l(kBr);                     // running row max and row sum
+    std::vector<float> qs(static_cast<size_t>(rows_max * D));   // the group's query rows
+    std::vector<float> s(static_cast<size_t>(rows_max * kBc));  // scores, then probabilities
+    std::vector<float> o(static_cast<size_t>(rows_max * D));    // unnormalized output
+    std::vector<float> m(rows_max), l(rows_max);                // running row max and row sum
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_tasks; ++task) {
       // The last query tiles see the most keys: hand them out first so the schedule's tail is
       // made of cheap tiles.
       const int64_t it = n_tiles - 1 - task % n_tiles;
-      const int64_t bh = task / n_tiles;
-      const int64_t b = bh / H, h = bh % H, g = h / group;
-      const int64_t i0 = it * kBr, br = std::min(kBr, T - i0);
-      const float* qt = q + ((b * T + i0) * H + h) * D;
+      const int64_t bg = task / n_tiles;
+      const int64_t b = bg / KV, g = bg % KV;
+      const int64_t i0 = it * kBr, br = std::min(kBr, T - i0), rows = group * br;
       const float* kb = k + (b * T * KV + g) * D;  // key j of this kv head at kb + j * kv_ld
       const float* vb = v + (b * T * KV + g) * D;
+      gather_rows(qs.data(), q + (b * T * H + g * group) * D, q_ld, i0, br, group, D);
 
-      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.0f);
-      std::fill(o.begin(), o.end(), 0.0f);
+      std::fill(m.begin(), m.begin() + rows, -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.begin() + rows, 0.0f);
+      std::fill(o.begin(), o.begin() + rows * D, 0.0f);
 
       for (int64_t j0 = 0; j0 < i0 + br; j0 += kBc) {  // key tiles with at least one allowed key
         const int64_t bc = std::min(kBc, T - j0);
         float* st = s.data();
-        gemm(false, true, br, bc, D, scale, qt, q_ld, kb + j0 * kv_ld, kv_ld, 0.0f, st, bc);
+        gemm(false, true, rows, bc, D, scale, qs.data(), D, kb + j0 * kv_ld, kv_ld, 0.0f, st, bc);
         const bool diagonal = j0 + bc - 1 > i0;  // some key of the tile is after some query
-        for (int64_t r = 0; r < br; ++r) {
-          float* sr = st + r * bc;
-          const int64_t n = diagonal ? allowed_keys(i0 + r, j0, bc) : bc;
+        for (int64_t row = 0; row < rows; ++row) {
+          float* sr = st + row * bc;
+          const int64_t n = diagonal ? allowed_keys(i0 + row % br, j0, bc) : bc;
           if (n > 0) {
             float tile_max = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : tile_max)
             for (int64_t c = 0; c < n; ++c) tile_max = sr[c] > tile_max ? sr[c] : tile_max;
-            const float m_new = std::max(m[r], tile_max);
+            const float m_new = std::max(m[row], tile_max);
             const float sum = exp_row(sr, n, m_new);
-            // First tile: m[r] = -inf gives alpha = 0 against l = 0 and o = 0.
-            const float alpha = std::exp(m[r] - m_new);
-            l[r] = l[r] * alpha + sum;
-            m[r] = m_new;
+            // First tile: m = -inf gives alpha = 0 against l = 0 and o = 0.
+            const float alpha = std::exp(m[row] - m_new);
+            l[row] = l[row] * alpha + sum;
+            m[row] = m_new;
             if (alpha != 1.0f) {
-              float* orow = o.data() + r * D;
+              float* orow = o.data() + row * D;
 #pragma omp simd
               for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;
             }
           }
           std::fill(sr + n, sr + bc, 0.0f);  // masked keys contribute nothing to P V
         }
-        gemm(false, false, br, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D);
+        gemm(false, false, rows, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D);
       }
 
-      float* lse_t = lse + (b * H + h) * T + i0;
-      for (int64_t r = 0; r < br; ++r) {
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t h = g * group + row / br, t = i0 + row % br;
         // Every row attends key 0, so l >= 1 (its maximum term is exp(0)).
-        const float inv = 1.0f / l[r];
-        const float* orow = o.data() + r * D;
-        float* dst = out + ((b * T + i0 + r) * H + h) * D;
+        const float inv = 1.0f / l[row];
+        const float* orow = o.data() + row * D;
+        float* dst = out + ((b * T + t) * H + h) * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) dst[d] = orow[d] * inv;
-        lse_t[r] = m[r] + std::log(l[r]);
+        lse[(b * H + h) * T + t] = m[row] + std::log(l[row]);
       }
     }
   }
@@ -137,12 +158,17 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t kv_ld = KV * D;
   const int64_t n_tiles = (T + kBr - 1) / kBr;
   const int64_t n_tasks = B * KV;
+  const int64_t rows_max = group * kBr;
 
 #pragma omp parallel
   {
-    std::vector<float> p(static_cast<size_t>(kBr * kBc));   // scores, then probabilities P
-    std::vector<float> dp(static_cast<size_t>(kBr * kBc));  // dP = dO V^T, then dS
-    std::vector<float> di(kBr);                              // rowsum(dO * O)
+    std::vector<float> qs(static_cast<size_t>(rows_max * D));    // the group's query rows
+    std::vector<float> dos(static_cast<size_t>(rows_max * D));   // their output gradients
+    std::vector<float> dqs(static_cast<size_t>(rows_max * D));   // their dq, accumulated
+    std::vector<float> p(static_cast<size_t>(rows_max * kBc));   // scores, then probabilities P
+    std::vector<float> dp(static_cast<size_t>(rows_max * kBc));  // dP = dO V^T, then dS
+    std::vector<float> di(rows_max);                              // rowsum(dO * O)
+    std::vector<float> lse_rows(rows_max);
 
     // One task owns a (batch, kv head): its dk and dv rows, and the dq rows of the group's
     // query heads, so every accumulation below is race-free without atomics or reductions.
@@ -153,63 +179,62 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       const float* vb = v + (b * T * KV + g) * D;
       float* dkb = dk + (b * T * KV + g) * D;
       float* dvb = dv + (b * T * KV + g) * D;
+      const int64_t head0 = (b * T * H + g * group) * D;  // the group's first head, position 0
       for (int64_t t = 0; t < T; ++t) {
         std::memset(dkb + t * kv_ld, 0, static_cast<size_t>(D) * sizeof(float));
         std::memset(dvb + t * kv_ld, 0, static_cast<size_t>(D) * sizeof(float));
       }
 
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        for (int64_t t = 0; t < T; ++t)
-          std::memset(dq + ((b * T + t) * H + h) * D, 0, static_cast<size_t>(D) * sizeof(float));
-
-        for (int64_t it = 0; it < n_tiles; ++it) {
-          const int64_t i0 = it * kBr, br = std::min(kBr, T - i0);
-          const int64_t row0 = ((b * T + i0) * H + h) * D;  // offset of the tile's first row
-          const float* qt = q + row0;
-          const float* dot = dout + row0;
-          const float* ot = out + row0;
-          float* dqt = dq + row0;
-          const float* lse_t = lse + (b * H + h) * T + i0;
-
-          for (int64_t r = 0; r < br; ++r) {
-            const float* a = dot + r * q_ld;
-            const float* o = ot + r * q_ld;
-            float acc = 0.0f;
+      for (int64_t it = 0; it < n_tiles; ++it) {
+        const int64_t i0 = it * kBr, br = std::min(kBr, T - i0), rows = group * br;
+        gather_rows(qs.data(), q + head0, q_ld, i0, br, group, D);
+        gather_rows(dos.data(), dout + head0, q_ld, i0, br, group, D);
+        std::fill(dqs.begin(), dqs.begin() + rows * D, 0.0f);
+        for (int64_t row = 0; row < rows; ++row) {
+          const int64_t h = g * group + row / br, t = i0 + row % br;
+          const float* a = dos.data() + row * D;
+          const float* o = out + ((b * T + t) * H + h) * D;
+          float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-            for (int64_t d = 0; d < D; ++d) acc += a[d] * o[d];
-            di[r] = acc;
-          }
-
-          for (int64_t j0 = 0; j0 < i0 + br; j0 += kBc) {
-            const int64_t bc = std::min(kBc, T - j0);
-            const float* kt = kb + j0 * kv_ld;
-            const float* vt = vb + j0 * kv_ld;
-            float* pt = p.data();
-            float* dpt = dp.data();
-            gemm(false, true, br, bc, D, scale, qt, q_ld, kt, kv_ld, 0.0f, pt, bc);
-            const bool diagonal = j0 + bc - 1 > i0;
-            for (int64_t r = 0; r < br; ++r) {
-              float* pr = pt + r * bc;
-              const int64_t n = diagonal ? allowed_keys(i0 + r, j0, bc) : bc;
-              exp_row(pr, n, lse_t[r]);
-              std::fill(pr + n, pr + bc, 0.0f);
-            }
-            // dV_j += P^T dO_i
-            gemm(true, false, bc, D, br, 1.0f, pt, bc, dot, q_ld, 1.0f, dvb + j0 * kv_ld, kv_ld);
-            // dP = dO_i V_j^T, then dS = P * (dP - Di) in place (masked P = 0 gives dS = 0).
-            gemm(false, true, br, bc, D, 1.0f, dot, q_ld, vt, kv_ld, 0.0f, dpt, bc);
-            for (int64_t r = 0; r < br; ++r) {
-              const float* pr = pt + r * bc;
-              float* dsr = dpt + r * bc;
-              const float dr = di[r];
-#pragma omp simd
-              for (int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
-            }
-            // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
-            gemm(false, false, br, D, bc, scale, dpt, bc, kt, kv_ld, 1.0f, dqt, q_ld);
-            gemm(true, false, bc, D, br, scale, dpt, bc, qt, q_ld, 1.0f, dkb + j0 * kv_ld, kv_ld);
-          }
+          for (int64_t d = 0; d < D; ++d) acc += a[d] * o[d];
+          di[row] = acc;
+          lse_rows[row] = lse[(b * H + h) * T + t];
         }
+
+        for (int64_t j0 = 0; j0 < i0 + br; j0 += kBc) {
+          const int64_t bc = std::min(kBc, T - j0);
+          const float* kt = kb + j0 * kv_ld;
+          const float* vt = vb + j0 * kv_ld;
+          float* pt = p.data();
+          float* dpt = dp.data();
+          gemm(false, true, rows, bc, D, scale, qs.data(), D, kt, kv_ld, 0.0f, pt, bc);
+          const bool diagonal = j0 + bc - 1 > i0;
+          for (int64_t row = 0; row < rows; ++row) {
+            float* pr = pt + row * bc;
+            const int64_t n = diagonal ? allowed_keys(i0 + row % br, j0, bc) : bc;
+            exp_row(pr, n, lse_rows[row]);
+            std::fill(pr + n, pr + bc, 0.0f);
+          }
+          // dV_j += P^T dO_i
+          gemm(true, false, bc, D, rows, 1.0f, pt, bc, dos.data(), D, 1.0f, dvb + j0 * kv_ld,
+               kv_ld);
+          // dP = dO_i V_j^T, then dS = P * (dP - Di) in place (masked P = 0 gives dS = 0).
+          gemm(false, true, rows, bc, D, 1.0f, dos.data(), D, vt, kv_ld, 0.0f, dpt, bc);
+          for (int64_t row = 0; row < rows; ++row) {
+            const float* pr = pt + row * bc;
+            float* dsr = dpt + row * bc;
+            const float dr = di[row];
+#pragma omp simd
+            for (int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+          }
+          // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
+          gemm(false, false, rows, D, bc, scale, dpt, bc, kt, kv_ld, 1.0f, dqs.data(), D);
+          gemm(true, false, bc, D, rows, scale, dpt, bc, qs.data(), D, 1.0f, dkb + j0 * kv_ld,
+               kv_ld);
+        }
+        for (int64_t row = 0; row < rows; ++row)  // the tile's dq rows, written once
+          std::memcpy(dq + head0 + (i0 + row % br) * q_ld + (row / br) * D,
+                      dqs.data() + row * D, static_cast<size_t>(D) * sizeof(float));
       }
     }
   }

@@ -36,6 +36,47 @@ inline vf8 exp_fast(vf8 x) {
   return y * two_n;
 }
 
+// Correctly rounded square root of 8 floats (vsqrtps: the same bits as std::sqrt per element).
+// std::sqrt in a loop stays scalar (a call to sqrtf for the errno of negative inputs).
+inline vf8 sqrt8(vf8 x) {
+#if defined(__AVX__)
+  return __builtin_ia32_sqrtps256(x);
+#else
+  for (int i = 0; i < 8; ++i) x[i] = __builtin_sqrtf(x[i]);
+  return x;
+#endif
+}
+
+// torch.optim.AdamW on n elements (see Backend::adamw), 8 at a time; decay = 1 - lr * wd,
+// step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). Same operations in the same order
+// as the scalar formula, so the same bits.
+inline void adamw_span(float* param, const float* grad, float* m, float* v, int64_t n,
+                       float beta1, float beta2, float eps, float decay, float step_size,
+                       float bc2_sqrt) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    vf8 g, mi, vi, p;
+    std::memcpy(&g, grad + i, sizeof g);
+    std::memcpy(&mi, m + i, sizeof mi);
+    std::memcpy(&vi, v + i, sizeof vi);
+    std::memcpy(&p, param + i, sizeof p);
+    mi = beta1 * mi + (1.0f - beta1) * g;
+    vi = beta2 * vi + (1.0f - beta2) * g * g;
+    p = p * decay;
+    p = p - step_size * mi / (sqrt8(vi) / bc2_sqrt + eps);
+    std::memcpy(m + i, &mi, sizeof mi);
+    std::memcpy(v + i, &vi, sizeof vi);
+    std::memcpy(param + i, &p, sizeof p);
+  }
+  for (; i < n; ++i) {
+    const float g = grad[i];
+    const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float p = param[i] * decay;
+    param[i] = p - step_size * mi / (__builtin_sqrtf(vi) / bc2_sqrt + eps);
+  }
+}
+
 // x[c] = exp(x[c] - shift) for c < n; returns the sum of the new x[0..n).
 inline float exp_row(float* x, int64_t n, float shift) {
   vf8 acc{};

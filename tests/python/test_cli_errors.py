@@ -212,3 +212,10 @@ def test_generate_missing_model(mxtrain, tmp_path):
     r = mxtrain(["generate", "--model", tmp_path / "no_model", "--prompt", "hi",
                  "--max-tokens", 4, "--temperature", 1.0, "--top-k", 1, "--seed", 0], timeout=60)
     check_error(r, ["no_model"])
+
+
+@pytest.mark.parametrize("args,keyword", [(["--seconds", "-1"], "--seconds"),
+                                          (["--size", "8"], "--size")])
+def test_bench_sgemm_bad_input(mxtrain, args, keyword):
+    r = mxtrain(["bench", "sgemm", *args], timeout=60)
+    check_error(r, [keyword])

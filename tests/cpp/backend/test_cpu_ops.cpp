@@ -1,6 +1,7 @@
 // CPU backend ops against naive double-precision references written from the definitions,
 // and backward ops against central finite differences of those references.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -54,6 +55,37 @@ TEST(CpuOps, GemmAllTransposes) {
       be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
       expect_close(C, ref, 1e-6, "gemm");
     }
+}
+
+// GEMMs large enough that the backend splits them between threads by hand (rows when C is
+// taller than wide, columns otherwise), on 3 threads so the blocks are uneven and not multiples
+// of 16: every element of C against the double-precision definition.
+TEST(CpuOps, GemmSplitBetweenThreadsAllTransposes) {
+  auto be = mx::make_cpu_backend();
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(3);
+  struct Dims {
+    int64_t M, N, K;
+  };
+  for (const Dims d : {Dims{301, 37, 410}, Dims{37, 299, 410}, Dims{40, 40, 3000}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t M = d.M, N = d.N, K = d.K;
+        auto A = randn(M * K, 11), B = randn(K * N, 12), C = randn(M * N, 13);
+        std::vector<double> ref(M * N);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double s = 0;
+            for (int64_t k = 0; k < K; ++k)
+              s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+            ref[i * N + j] = 0.5 * s + 2.0 * C[i * N + j];
+          }
+        be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
+        SCOPED_TRACE(::testing::Message() << M << "x" << N << "x" << K << " ta=" << ta
+                                          << " tb=" << tb);
+        expect_close(C, ref, 1e-5, "split gemm");
+      }
+  omp_set_num_threads(saved_threads);
 }
 
 TEST(CpuOps, RmsNormForwardBackward) {
@@ -226,23 +258,27 @@ TEST(CpuOps, HeadCrossEntropyChunkedMatchesDefinition) {
 
 TEST(CpuOps, AdamWMatchesTorchFormula) {
   auto be = mx::make_cpu_backend();
-  const int64_t n = 33;
-  auto p = randn(n, 15), g = randn(n, 16), m = randn(n, 17, 0.1f), v = randn(n, 18, 0.1f);
-  for (auto& x : v) x = std::fabs(x);
-  const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
-  const int64_t t = 3;
-  std::vector<double> p_ref(n);
-  for (int64_t i = 0; i < n; ++i) {
-    // torch.optim.AdamW, written from its documentation's algorithm.
-    double theta = p[i] * (1 - lr * wd);
-    double mi = b1 * m[i] + (1 - b1) * g[i];
-    double vi = b2 * v[i] + (1 - b2) * double(g[i]) * g[i];
-    double mhat = mi / (1 - std::pow(b1, t)), vhat = vi / (1 - std::pow(b2, t));
-    p_ref[i] = theta - lr * mhat / (std::sqrt(vhat) + eps);
+  // 33: one vector block per thread and a scalar tail; 1003: many blocks per thread.
+  for (const int64_t n : {int64_t{33}, int64_t{1003}}) {
+    auto p = randn(n, 15), g = randn(n, 16), m = randn(n, 17, 0.1f), v = randn(n, 18, 0.1f);
+    for (auto& x : v) x = std::fabs(x);
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    const int64_t t = 3;
+    std::vector<double> p_ref(n), m_ref(n), v_ref(n);
+    for (int64_t i = 0; i < n; ++i) {
+      // torch.optim.AdamW, written from its documentation's algorithm.
+      double theta = p[i] * (1 - lr * wd);
+      double mi = m_ref[i] = b1 * m[i] + (1 - b1) * g[i];
+      double vi = v_ref[i] = b2 * v[i] + (1 - b2) * double(g[i]) * g[i];
+      double mhat = mi / (1 - std::pow(b1, t)), vhat = vi / (1 - std::pow(b2, t));
+      p_ref[i] = theta - lr * mhat / (std::sqrt(vhat) + eps);
+    }
+    be->adamw(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2),
+              float(eps), float(wd), t);
+    expect_close(p, p_ref, 1e-6, "adamw param");
+    expect_close(m, m_ref, 1e-6, "adamw m");
+    expect_close(v, v_ref, 1e-6, "adamw v");
   }
-  be->adamw(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2),
-            float(eps), float(wd), t);
-  expect_close(p, p_ref, 1e-6, "adamw");
 }
 
 TEST(CpuOps, AttentionDecodeMatchesLastRowOfCausalAttention) {
