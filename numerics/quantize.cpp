@@ -90,25 +90,29 @@ inline float fold(float m, float x) {
 //   the sign is put back (so -0 stays -0); NaN gives what its code decodes to: +qNaN
 //     0x7FC00000 for the FP8 formats, +6 for E2M1 (which has no NaN).
 template <Format F>
-inline float fake_rne(float v) {
+__attribute__((always_inline)) inline float fake_rne(float v) {
   constexpr int kMan = F == Format::kE4M3 ? 3 : F == Format::kE5M2 ? 2 : 1;
   constexpr float kMax = F == Format::kE4M3 ? kE4M3Max : F == Format::kE5M2 ? kE5M2Max : kE2M1Max;
   constexpr float kMinNormal = F == Format::kE4M3 ? 0x1p-6f : F == Format::kE5M2 ? 0x1p-14f : 1.0f;
   constexpr float kMagic = kMinNormal * float(1u << (23 - kMan));
   constexpr int kShift = 23 - kMan;
+  // Integer compares on the magnitude bits (which order like the values, NaN above inf) keep the
+  // loop free of float compares, which the vectorizer would not if-convert.
   const uint32_t bits = float_bits(v);
   const uint32_t sign = bits & 0x80000000u;
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  float a = bits_float(bits & 0x7FFFFFFFu);
-  a = a < kMax ? a : kMax;
-  const uint32_t ab = float_bits(a);
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  const bool nan = mag > 0x7F800000u;
+  const uint32_t ab = mag < float_bits(kMax) ? mag : float_bits(kMax);
   const uint32_t nb =
       (ab + ((1u << (kShift - 1)) - 1u) + ((ab >> kShift) & 1u)) & ~((1u << kShift) - 1u);
-  const float sub = (a + kMagic) - kMagic;
-  const uint32_t rb = (a < kMinNormal ? float_bits(sub) : nb) | sign;
+  const float sub = (bits_float(ab) + kMagic) - kMagic;
+  // selects as masks: the vectorizer does not if-convert ?: between bit-cast values
+  const uint32_t sub_mask = 0u - uint32_t(ab < float_bits(kMinNormal));
+  const uint32_t rb = ((sub_mask & float_bits(sub)) | (~sub_mask & nb)) | sign;
   // E2M1 has no NaN: SATFINITE encodes NaN as +6 (formats.h)
   constexpr uint32_t kNanValue = F == Format::kE2M1 ? 0x40C00000u : 0x7FC00000u;
-  return bits_float(nan ? kNanValue : rb);
+  const uint32_t nan_mask = 0u - uint32_t(nan);
+  return bits_float((nan_mask & kNanValue) | (~nan_mask & rb));
 }
 
 // The 8-lane NaN-skipping amax of n contiguous values, starting from m (exact: max is
@@ -497,24 +501,33 @@ namespace {
 
 float hadamard16(int i, int j) { return (__builtin_popcount(unsigned(i & j)) & 1) ? -1.0f : 1.0f; }
 
+struct Hadamard16 {
+  float h[16][16];  // h[j][i] = H16[i][j] (symmetric anyway)
+  Hadamard16() {
+    for (int j = 0; j < 16; ++j)
+      for (int i = 0; i < 16; ++i) h[j][i] = hadamard16(i, j);
+  }
+};
+
 void rht16_apply(float* x, int64_t rows, int64_t cols, uint32_t seed, bool inverse) {
   MX_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0,
              "the 16-point Hadamard transform needs cols a multiple of 16, got ", cols);
   float s[16];
   rht16_signs(seed, s);
+  static const Hadamard16 table;
   const int64_t groups = rows * (cols / 16);
 #pragma omp parallel for schedule(static) if (groups > 4096)
   for (int64_t g = 0; g < groups; ++g) {
     float* v = x + g * 16;
-    float in[16], out[16];
+    float in[16], acc[16];
     for (int j = 0; j < 16; ++j) in[j] = inverse ? v[j] : s[j] * v[j];
-    for (int i = 0; i < 16; ++i) {
-      float acc = 0.0f;
-      for (int j = 0; j < 16; ++j) acc += hadamard16(i, j) * in[j];
-      out[i] = 0.25f * acc;
-    }
+    // out_i = (sum over j = 0..15 in order of H[i][j] * in[j]) / 4; the 16 sums run side by side
+    // (each in the same j order, so the bits are those of one sum at a time)
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < 16; ++j)
+      for (int i = 0; i < 16; ++i) acc[i] += table.h[j][i] * in[j];
     // forward: y = H D x / 4; inverse: x = D H y / 4 (H symmetric, H H = 16 I, D D = I).
-    for (int i = 0; i < 16; ++i) v[i] = inverse ? s[i] * out[i] : out[i];
+    for (int i = 0; i < 16; ++i) v[i] = inverse ? s[i] * (0.25f * acc[i]) : 0.25f * acc[i];
   }
 }
 
