@@ -65,6 +65,7 @@ Quantized quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format
 Quantized quantize_fp8_current(const float* x, int64_t rows, int64_t cols, Format fmt,
                                float margin = 0.0f, const RoundingOptions& rounding = {});
 
+struct QuantizeInto;
 enum class AmaxAlgo : uint8_t { kMax, kMostRecent };
 
 // Delayed scaling: a tensor is quantized with the scale computed from the amax history of the
@@ -83,6 +84,9 @@ class DelayedScaling {
   void restore(const std::vector<float>& history, float scale);
   Quantized quantize(const float* x, int64_t rows, int64_t cols,
                      const RoundingOptions& rounding = {});
+  // The same into caller memory (quantize_fp8_tensor_into); returns the scale it used.
+  float quantize_into(const float* x, int64_t rows, int64_t cols, const QuantizeInto& out,
+                      const RoundingOptions& rounding = {});
 
  private:
   Format fmt_;
@@ -118,6 +122,38 @@ Quantized quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool column
 Quantized quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d = false,
                          const RoundingOptions& rounding = {});
 MX_HOST_DEVICE inline float nvfp4_global_encode_scale(float global_amax);  // TE: 2688 / amax
+
+// ---- into caller memory (the training path) --------------------------------------------------
+// The quantizers above with no allocation: they write the dequantized tensor [rows, cols] into
+// `dequant` (which may be x itself: every element is read before it is written) and, where the
+// pointer is not null, the codes and scales in Quantized's layouts. Same bytes as the
+// Quantized-returning functions (which call these), for any OpenMP thread count.
+struct QuantizeInto {
+  float* dequant = nullptr;
+  uint8_t* codes = nullptr;       // null: not written
+  float* scales_f32 = nullptr;    // FP8 block
+  uint8_t* scales_u8 = nullptr;   // MXFP8 E8M0 / NVFP4 UE4M3
+};
+void quantize_fp8_tensor_into(const float* x, int64_t rows, int64_t cols, Format fmt,
+                              float scale, const QuantizeInto& out,
+                              const RoundingOptions& rounding = {});
+void quantize_fp8_block_into(const float* x, int64_t rows, int64_t cols, int block_rows,
+                             int block_cols, bool pow2_scales, const QuantizeInto& out,
+                             const RoundingOptions& rounding = {});
+void quantize_mxfp8_into(const float* x, int64_t rows, int64_t cols, bool columnwise,
+                         Format elem, MxScaleRule rule, const QuantizeInto& out,
+                         const RoundingOptions& rounding = {});
+// NVFP4 into caller memory; returns the global encode scale S_enc. columnwise (1-D blocks only,
+// codes must be null): the blocks are 16x1 down the columns, i.e. exactly the rowwise
+// quantization of x^T written back transposed (element (r, c) draws rng.bits(c * rows + r));
+// scales are then [ceil(rows / 16), cols].
+float quantize_nvfp4_into(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
+                          bool columnwise, const QuantizeInto& out,
+                          const RoundingOptions& rounding = {});
+
+// decode(encode(v, kSatFinite)) for E4M3, E5M2 or E2M1 with round-to-nearest-even, computed on
+// the value (the form the *_into loops vectorize); the same bits as the codecs for every input.
+float rne_satfinite_value(float v, Format fmt);
 
 // ---- 16-point random Hadamard transform -----------------------------------------------------
 // y = (1/4) * H16 * diag(s) * x on each group of 16 consecutive elements of a row, H16 the

@@ -88,11 +88,15 @@ void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
 void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t cols,
                             bool reduce_along_cols, LinearOperand op, int64_t layer,
                             int linear) {
+  // Every quantizer writes its dequantized result straight into `out` (the caller's arena
+  // buffer): no codes are kept, and scales only while telemetry needs them (into members that
+  // grow once), so a step allocates nothing outside the arenas.
   const int64_t n = rows * cols;
   const Format fp8 = is_gradient(op) ? Format::kE5M2 : Format::kE4M3;  // HYBRID
   // Telemetry: null unless this step collects (the zero-cost path is this one test).
   OperandStats* st = collect_ ? &stats_[std::make_tuple(layer, linear, int(op))] : nullptr;
-  numerics::Quantized q;
+  numerics::QuantizeInto into;
+  into.dequant = out;
   switch (recipe_) {
     case Recipe::kFp32:
       std::memcpy(out, x, sizeof(float) * size_t(n));
@@ -108,45 +112,56 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       // can move it).
       float scale = numerics::fp8_scale_from_amax(numerics::abs_max(x, n), numerics::fp8_max(fp8));
       if (layer == test_layer_) scale = std::ldexp(scale, test_shift_);
-      q = numerics::quantize_fp8_tensor(x, rows, cols, fp8, scale);
-      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, fp8,
+      numerics::quantize_fp8_tensor_into(x, rows, cols, fp8, scale, into);
+      if (st) accumulate_stats(*st, x, out, rows, cols, fp8,
                                [scale](int64_t, int64_t) { return scale; });
-      break;
+      return;
     }
     case Recipe::kFp8Delayed: {
       auto key = std::make_tuple(layer, linear, int(op));
       auto& ds = delayed_[key];
       if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8);
-      const float scale = ds->scale();  // the one this quantization uses (then it updates)
-      q = ds->quantize(x, rows, cols);
-      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, fp8,
+      // the scale this quantization uses (the state then updates)
+      const float scale = ds->quantize_into(x, rows, cols, into);
+      if (st) accumulate_stats(*st, x, out, rows, cols, fp8,
                                [scale](int64_t, int64_t) { return scale; });
-      break;
+      return;
     }
     case Recipe::kFp8Block: {
       const int br = is_weight(op) ? 128 : reduce_along_cols ? 1 : 128;
       const int bc = is_weight(op) ? 128 : reduce_along_cols ? 128 : 1;
-      q = numerics::quantize_fp8_block(x, rows, cols, br, bc);
+      const int64_t scale_cols = (cols + bc - 1) / bc;
+      if (st) {
+        scale_f32_.resize(size_t(((rows + br - 1) / br) * scale_cols));
+        into.scales_f32 = scale_f32_.data();
+      }
+      numerics::quantize_fp8_block_into(x, rows, cols, br, bc, true, into);
       // Power-of-two scales: the stored decode scale's reciprocal is the encode scale exactly.
-      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, Format::kE4M3,
-                               [&q, br, bc](int64_t r, int64_t c) {
-                                 return 1.0f / q.scales_f32[(r / br) * q.scale_cols + c / bc];
+      if (st) accumulate_stats(*st, x, out, rows, cols, Format::kE4M3,
+                               [this, scale_cols, br, bc](int64_t r, int64_t c) {
+                                 return 1.0f / scale_f32_[(r / br) * scale_cols + c / bc];
                                });
-      break;
+      return;
     }
     case Recipe::kMxfp8: {
       const bool columnwise = !reduce_along_cols;
-      q = numerics::quantize_mxfp8(x, rows, cols, columnwise);
-      if (st) accumulate_stats(*st, x, q.dequant.data(), rows, cols, Format::kE4M3,
-                               [&q, columnwise](int64_t r, int64_t c) {
-                                 const uint8_t e8 = q.scales_u8[columnwise
-                                     ? (r / 32) * q.scale_cols + c
-                                     : r * q.scale_cols + c / 32];
+      const int64_t scale_cols = columnwise ? cols : (cols + 31) / 32;
+      if (st) {
+        scale_u8_.resize(size_t((columnwise ? (rows + 31) / 32 : rows) * scale_cols));
+        into.scales_u8 = scale_u8_.data();
+      }
+      numerics::quantize_mxfp8_into(x, rows, cols, columnwise, Format::kE4M3,
+                                    numerics::MxScaleRule::kCeil, into);
+      if (st) accumulate_stats(*st, x, out, rows, cols, Format::kE4M3,
+                               [this, columnwise, scale_cols](int64_t r, int64_t c) {
+                                 const uint8_t e8 = scale_u8_[columnwise
+                                     ? (r / 32) * scale_cols + c
+                                     : r * scale_cols + c / 32];
                                  // TE's exp2f_rcp, as quantize_mxfp8 applies it
                                  return e8 == 0 ? 1.0f
                                                 : numerics::bits_float(uint32_t(254 - int(e8)) << 23);
                                });
-      break;
+      return;
     }
     case Recipe::kNvfp4: {
       numerics::RoundingOptions rounding;
@@ -156,35 +171,31 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
                                               uint32_t(layer * 64 + linear * 8 + int(op))};
       }
       const bool blocks_2d = is_weight(op);
-      const bool transposed = !blocks_2d && !reduce_along_cols;
-      // 1x16 blocks down the columns: quantize the transpose rowwise (out holds it meanwhile).
-      const float* src = x;
-      int64_t qr = rows, qc = cols;
-      if (transposed) {
-        transpose(out, x, rows, cols);
-        src = out;
-        qr = cols;
-        qc = rows;
-      }
-      q = numerics::quantize_nvfp4(src, qr, qc, blocks_2d, rounding);
+      // 1x16 blocks down the columns: the rowwise quantization of x^T, transposed back (the
+      // quantizer's column mode computes exactly that without the two transposes).
+      const bool columnwise = !blocks_2d && !reduce_along_cols;
+      const int64_t block_rows = blocks_2d || columnwise ? 16 : 1;
+      const int64_t scale_cols = columnwise ? cols : (cols + 15) / 16;
+      const int64_t scale_rows = (rows + block_rows - 1) / block_rows;
       if (st) {
-        const float s_dec = 1.0f / q.global_scale;  // the quantizer's own fp32 operations
-        const int64_t block_rows = blocks_2d ? 16 : 1;
-        accumulate_stats(*st, src, q.dequant.data(), qr, qc, Format::kE2M1,
-                         [&q, s_dec, block_rows](int64_t r, int64_t c) {
+        scale_u8_.resize(size_t(scale_rows * scale_cols));
+        into.scales_u8 = scale_u8_.data();
+      }
+      const float s_enc =
+          numerics::quantize_nvfp4_into(x, rows, cols, blocks_2d, columnwise, into, rounding);
+      if (st) {
+        const float s_dec = 1.0f / s_enc;  // the quantizer's own fp32 operations
+        const int64_t col_block = columnwise ? 1 : 16;
+        accumulate_stats(*st, x, out, rows, cols, Format::kE2M1,
+                         [this, s_dec, block_rows, col_block, scale_cols](int64_t r, int64_t c) {
                            const float sb = numerics::decode_e4m3(
-                               q.scales_u8[(r / block_rows) * q.scale_cols + c / 16]);
+                               scale_u8_[(r / block_rows) * scale_cols + c / col_block]);
                            return std::fmin(1.0f / (sb * s_dec), FLT_MAX);
                          });
       }
-      if (transposed) {
-        transpose(out, q.dequant.data(), qr, qc);
-        return;
-      }
-      break;
+      return;
     }
   }
-  std::memcpy(out, q.dequant.data(), sizeof(float) * size_t(n));
 }
 
 std::vector<LinearRecipe::DelayedState> LinearRecipe::delayed_state() const {

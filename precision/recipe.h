@@ -97,6 +97,9 @@ class LinearRecipe {
   bool collect_ = false;
   std::map<std::tuple<int64_t, int, int>, OperandStats> stats_;
   SqnrMonitor monitor_;
+  // Block scales of the operand being quantized, kept only while telemetry reads them.
+  std::vector<float> scale_f32_;
+  std::vector<uint8_t> scale_u8_;
   int64_t test_layer_ = -1;
   int test_shift_ = 0;
 };
