@@ -38,20 +38,28 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+// 0.5 op(A) op(B) + 2 C in double: the definition both GEMM tests compare against.
+std::vector<double> gemm_definition(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                    const std::vector<float>& A, const std::vector<float>& B,
+                                    const std::vector<float>& C) {
+  std::vector<double> ref(M * N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+      ref[i * N + j] = 0.5 * s + 2.0 * C[i * N + j];
+    }
+  return ref;
+}
+
 TEST(CpuOps, GemmAllTransposes) {
   auto be = mx::make_cpu_backend();
   const int64_t M = 7, N = 5, K = 9;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       auto A = randn(M * K, 1), B = randn(K * N, 2), C = randn(M * N, 3);
-      std::vector<double> ref(M * N);
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-          double s = 0;
-          for (int64_t k = 0; k < K; ++k)
-            s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
-          ref[i * N + j] = 0.5 * s + 2.0 * C[i * N + j];
-        }
+      std::vector<double> ref = gemm_definition(ta, tb, M, N, K, A, B, C);
       be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
       expect_close(C, ref, 1e-6, "gemm");
     }
@@ -72,14 +80,7 @@ TEST(CpuOps, GemmSplitBetweenThreadsAllTransposes) {
       for (bool tb : {false, true}) {
         const int64_t M = d.M, N = d.N, K = d.K;
         auto A = randn(M * K, 11), B = randn(K * N, 12), C = randn(M * N, 13);
-        std::vector<double> ref(M * N);
-        for (int64_t i = 0; i < M; ++i)
-          for (int64_t j = 0; j < N; ++j) {
-            double s = 0;
-            for (int64_t k = 0; k < K; ++k)
-              s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
-            ref[i * N + j] = 0.5 * s + 2.0 * C[i * N + j];
-          }
+        std::vector<double> ref = gemm_definition(ta, tb, M, N, K, A, B, C);
         be->gemm(ta, tb, M, N, K, 0.5f, A.data(), B.data(), 2.0f, C.data());
         SCOPED_TRACE(::testing::Message() << M << "x" << N << "x" << K << " ta=" << ta
                                           << " tb=" << tb);
