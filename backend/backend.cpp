@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "numerics/quantize.h"
 
 namespace mx {
 
@@ -28,6 +29,70 @@ void Backend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
 
 void Backend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
   if (bytes) std::memcpy(dst, host_src, bytes);
+}
+
+bool Backend::fp8_tensor_cores() const {
+  static const bool forced = [] {
+    const char* e = std::getenv("MXTRAIN_TEST_FP8_OPS");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return forced;
+}
+
+namespace {
+// LinearRecipe::quantize's FP8 cases (per-tensor, fp8-block, mxfp8): the dequantized operand into `out`.
+void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
+                 const Backend::Fp8Operand& q) {
+  numerics::QuantizeInto into;
+  into.dequant = out;
+  if (q.mx) {  // mxfp8: 1x32 blocks, or 32x1 (columnwise)
+    numerics::quantize_mxfp8_into(x, rows, cols, q.block_rows == 32, numerics::Format::kE4M3,
+                                  numerics::MxScaleRule::kCeil, into);
+    return;
+  }
+  if (q.block_rows > 0) {  // fp8-block
+    numerics::quantize_fp8_block_into(x, rows, cols, q.block_rows, q.block_cols, true, into);
+    return;
+  }
+  const int64_t n = rows * cols;
+  const float amax = numerics::abs_max(x, n);
+  if (q.amax) *q.amax = amax;
+  const float scale =
+      q.current ? numerics::fp8_scale_from_amax(amax, numerics::fp8_max(q.fmt)) : q.scale;
+  numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, scale, into);
+}
+}  // namespace
+
+// The reference forms (host memory): the recipe's emulation with the GEMM calls of
+// linear_forward / linear_backward.
+void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
+                                 const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
+                                 float* work) {
+  float* xd = work;
+  float* wd = work + N * in;
+  fp8_emulate(xd, x, N, in, xq);
+  fp8_emulate(wd, w, out, in, wq);
+  gemm(false, true, N, out, in, 1.0f, xd, wd, 0.0f, y);
+}
+
+void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
+                               const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
+                               bool accumulate_dx, float* work) {
+  float* dyd = work;
+  float* wd = work + N * out;
+  fp8_emulate(dyd, dy, N, out, dyq);
+  fp8_emulate(wd, w, out, in, wq);
+  gemm(false, false, N, in, out, 1.0f, dyd, wd, accumulate_dx ? 1.0f : 0.0f, dx);
+}
+
+void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
+                               const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
+                               float* work) {
+  float* dyd = work;
+  float* xd = work + N * out;
+  fp8_emulate(dyd, dy, N, out, dyq);
+  fp8_emulate(xd, x, N, in, xq);
+  gemm(true, false, out, in, N, 1.0f, dyd, xd, 1.0f, dw);
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/arena.h"
+#include "numerics/formats.h"
 
 namespace mx {
 
@@ -67,6 +68,58 @@ class Backend {
     if (dx) gemm(false, false, N, in, out, 1.0f, dy, w, accumulate_dx ? 1.0f : 0.0f, dx);
     if (dw) gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dw);
   }
+
+  // ---- Per-tensor FP8 Linears (recipes fp8-current / fp8-delayed) ---------------------------
+  // The Linear GEMMs with each operand quantized to FP8 with one per-tensor scale, as
+  // LinearRecipe::quantize does it (codes = fmt(x * scale), RNE, SATFINITE; decode multiplier
+  // 1 / scale). Callers (LlamaModel) use them only when fp8_tensor_cores() is true.
+  //   CUDA: the quantize kernels write FP8 codes (and the transposed copies that FP8 GEMMs need:
+  //     both operands K-major) into `work`, then one cuBLASLt FP8 GEMM per product with the
+  //     decode scales passed by device pointer (fp32 accumulate, fp32 output).
+  //   Here (the reference, host memory): the recipe's exact emulation, i.e. the fp32 GEMM over
+  //     the dequantized operands, with the same GEMM calls as linear_forward / linear_backward.
+  struct Fp8Operand {
+    numerics::Format fmt = numerics::Format::kE4M3;  // kE4M3 or kE5M2
+    // true: current scaling, scale = numerics::fp8_scale_from_amax(max|x|, fp8_max(fmt));
+    // false: the given encode scale (delayed scaling's scale from its history).
+    bool current = true;
+    float scale = 1.0f;
+    float* amax = nullptr;  // backend memory: receives max|x| (NaN skipped) unless null
+    // Recipe fp8-block instead: E4M3 in block_rows x block_cols blocks (1x128, 128x1 or
+    // 128x128), power-of-two scales (numerics::quantize_fp8_block); current/scale/amax unused.
+    // 0: per-tensor scaling as above. Both operands of one call are of the same kind.
+    int block_rows = 0, block_cols = 0;
+    // Recipe mxfp8 instead (with block_rows x block_cols = 1x32, or 32x1 when the GEMM reduces
+    // down the matrix's columns): E4M3 with one E8M0 scale per block (numerics::quantize_mxfp8,
+    // MxScaleRule::kCeil), each copy quantized from the high-precision tensor.
+    bool mx = false;
+  };
+  // True where the FP8 Linears run on FP8 tensor cores (CUDA, compute capability >= 8.9, unless
+  // MXTRAIN_CUDA_FP8=emulate). The CPU says true only under the test knob
+  // MXTRAIN_TEST_FP8_OPS=1, which routes the model through these calls (their reference form).
+  virtual bool fp8_tensor_cores() const;
+  // True where block-scaled operands (Fp8Operand::block_rows > 0) run on tensor cores too
+  // (CUDA: Hopper, compute capability 9.x, through cuBLASLt's VEC128_32F / BLK128x128_32F scale
+  // modes; every dimension a multiple of 128). The CPU: the same test knob.
+  virtual bool fp8_block_tensor_cores() const { return fp8_tensor_cores(); }
+  // True where mxfp8 operands (Fp8Operand::mx) run on tensor cores (CUDA: Blackwell, compute
+  // capability 10.x, through cuBLASLt's VEC32_UE8M0 scale mode with the scales in its swizzled
+  // layout, numerics/block_scale_layout.h; every dimension a multiple of 32). The CPU: the knob.
+  virtual bool mxfp8_tensor_cores() const { return fp8_tensor_cores(); }
+  // `work`: backend memory with room for as many floats as the two operands have elements
+  // (the model's scratch, as for the emulation's dequantized copies).
+  // y[N,out] = q(x[N,in]) q(w[out,in])^T
+  virtual void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
+                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
+                                  float* work);
+  // dx[N,in] (= or +=) q(dy[N,out]) q(w[out,in])
+  virtual void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq,
+                                const float* w, const Fp8Operand& wq, int64_t N, int64_t in,
+                                int64_t out, bool accumulate_dx, float* work);
+  // dw[out,in] += q(dy[N,out])^T q(x[N,in])
+  virtual void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq,
+                                const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
+                                int64_t out, float* work);
 
   // RMSNorm (Hugging Face LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved.
   virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,

@@ -118,6 +118,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, Bac
     : c_(config), layout_(layout), be_(backend), policy_(policy), saved_(saved),
       scratch_(scratch) {}
 
+LlamaModel::~LlamaModel() {
+  if (amax_slots_owned_ && be_.memory()) be_.memory()->deallocate(amax_slots_);
+}
+
 void LlamaModel::split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
                               int32_t* targets) {
   for (int64_t b = 0; b < B; ++b)
@@ -239,6 +243,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
 
 void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols,
                           bool reduce_along_cols, LinearOperand op, int linear) {
+  if (!amax_pending_.empty()) fp8_flush();  // the recipe's delayed state must be current
   if (be_.host_addressable())
     return recipe_->quantize(out, x, rows, cols, reduce_along_cols, op, layer_, linear);
   // The recipes' quantizers are host code: the operand goes to the host and its quantized copy
@@ -249,6 +254,74 @@ void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols
   recipe_->quantize(host_out.data(), host_x.data(), rows, cols, reduce_along_cols, op, layer_,
                     linear);
   be_.copy_from_host(out, host_out.data(), sizeof(float) * n);
+}
+
+bool LlamaModel::native_fp8(int64_t N, int64_t in, int64_t out) const {
+  // Telemetry and the test scale knob need the emulation's quantize() calls. cuBLASLt's FP8
+  // GEMMs want every dimension (each is some GEMM's reduction dimension) a multiple of 16.
+  if (recipe_->collecting_stats()) return false;
+  if (recipe_->recipe() == Recipe::kFp8Block)  // cuBLASLt's 1x128 / 128x128 scale modes
+    return be_.fp8_block_tensor_cores() && N % 128 == 0 && in % 128 == 0 && out % 128 == 0;
+  if (recipe_->recipe() == Recipe::kMxfp8)  // 1x32 blocks along every GEMM's reduction
+    return be_.mxfp8_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
+  return recipe_->per_tensor_fp8() && be_.fp8_tensor_cores() &&
+         layer_ != recipe_->test_shift_layer() && N % 16 == 0 && in % 16 == 0 &&
+         out % 16 == 0;
+}
+
+Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {
+  Backend::Fp8Operand q;
+  if (recipe_->recipe() == Recipe::kFp8Block) {  // E4M3 throughout, blocks as the recipe cuts them
+    const bool reduce_along_cols = op == LinearOperand::kFwdInput ||
+                                   op == LinearOperand::kFwdWeight ||
+                                   op == LinearOperand::kDgradGrad;
+    LinearRecipe::fp8_block_shape(op, reduce_along_cols, q.block_rows, q.block_cols);
+    return q;
+  }
+  if (recipe_->recipe() == Recipe::kMxfp8) {  // E4M3 throughout, 1x32 along the reduction
+    const bool reduce_along_cols = op == LinearOperand::kFwdInput ||
+                                   op == LinearOperand::kFwdWeight ||
+                                   op == LinearOperand::kDgradGrad;
+    q.mx = true;
+    q.block_rows = reduce_along_cols ? 1 : 32;
+    q.block_cols = reduce_along_cols ? 32 : 1;
+    return q;
+  }
+  q.fmt = LinearRecipe::fp8_format(op);
+  if (recipe_->recipe() != Recipe::kFp8Delayed) return q;  // current scaling
+  const int slots = int(c_.num_hidden_layers) * 7 * 6;
+  if (!amax_slots_) {
+    if (MemoryResource* mem = be_.memory()) {
+      amax_slots_ = static_cast<float*>(mem->allocate(sizeof(float) * slots, "fp8 amax"));
+      amax_slots_owned_ = true;
+    } else {
+      amax_host_.assign(size_t(slots), 0.0f);
+      amax_slots_ = amax_host_.data();
+    }
+    amax_is_pending_.assign(size_t(slots), 0);
+  }
+  const int slot = (int(layer_) * 7 + linear) * 6 + int(op);
+  if (amax_is_pending_[size_t(slot)]) fp8_flush();  // this key's last amax must be recorded
+  q.current = false;
+  q.scale = recipe_->delayed_scale(layer_, linear, op);
+  q.amax = amax_slots_ + slot;
+  amax_is_pending_[size_t(slot)] = 1;
+  amax_pending_.push_back(slot);
+  return q;
+}
+
+void LlamaModel::fp8_flush() {
+  if (amax_pending_.empty()) return;
+  std::vector<float>& host = amax_read_;  // sized once
+  host.resize(amax_is_pending_.size());
+  be_.copy_to_host(host.data(), amax_slots_, sizeof(float) * host.size());
+  for (int slot : amax_pending_) {
+    const int op = slot % 6, linear = (slot / 6) % 7;
+    const int64_t layer = slot / 42;
+    recipe_->delayed_record(layer, linear, LinearOperand(op), host[size_t(slot)]);
+    amax_is_pending_[size_t(slot)] = 0;
+  }
+  amax_pending_.clear();
 }
 
 bool LlamaModel::native_bf16(bool on) {
@@ -264,6 +337,15 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
   if (native_bf16(true)) {
     be_.linear_forward(y, x, w, N, in, out);
     native_bf16(false);
+    return;
+  }
+  if (native_fp8(N, in, out)) {
+    const size_t m = scratch_.mark();
+    float* work = scratch_.alloc_f32(N * in + out * in);
+    const auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
+    const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
+    be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work);
+    scratch_.release(m);
     return;
   }
   const size_t m = scratch_.mark();
@@ -283,6 +365,24 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
   if (native_bf16(true)) {
     be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
     native_bf16(false);
+    return;
+  }
+  if (native_fp8(N, in, out)) {
+    const size_t m = scratch_.mark();
+    if (dx) {
+      float* work = scratch_.alloc_f32(N * out + out * in);
+      const auto dyq = fp8_operand(LinearOperand::kDgradGrad, linear);
+      const auto wq = fp8_operand(LinearOperand::kDgradWeight, linear);
+      be_.fp8_linear_dgrad(dx, dy, dyq, w, wq, N, in, out, accumulate_dx, work);
+      scratch_.release(m);
+    }
+    if (dw) {
+      float* work = scratch_.alloc_f32(N * out + N * in);
+      const auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
+      const auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      be_.fp8_linear_wgrad(dw, dy, dyq, x, xq, N, in, out, work);
+    }
+    scratch_.release(m);
     return;
   }
   const size_t m = scratch_.mark();
@@ -439,6 +539,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   if (tied) access.release(embed_u, false);
   saved_.release(saved_start);
   scratch_.release(scratch_start);
+  fp8_flush();  // fp8-delayed: the recipe's histories are complete between steps (checkpoints)
   return loss_sum / double(N);
 }
 

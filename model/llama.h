@@ -74,6 +74,9 @@ class LlamaModel {
  public:
   LlamaModel(const ModelConfig& config, const ParamLayout& layout, Backend& backend,
              Checkpointing policy, Arena& saved, Arena& scratch);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
 
   // One forward + backward on tokens [B, T+1] (inputs [:, :T], targets [:, 1:]). Returns the
   // mean cross-entropy over the B*T tokens; ACCUMULATES grad_scale * d(mean loss)/d(param)
@@ -117,8 +120,28 @@ class LlamaModel {
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx);
 
+  // FP8 recipes on the backend's FP8 Linears (per-tensor: Backend::fp8_tensor_cores();
+  // fp8-block: fp8_block_tensor_cores(); mxfp8: mxfp8_tensor_cores()): true when this Linear
+  // of the current layer goes that way (otherwise the emulation above).
+  bool native_fp8(int64_t N, int64_t in, int64_t out) const;
+  // The operand's quantization for the backend: current scaling, or (fp8-delayed) the
+  // history's scale and a slot for its amax, recorded into the history by fp8_flush().
+  Backend::Fp8Operand fp8_operand(LinearOperand op, int linear);
+  // Records every pending fp8-delayed amax (one copy of the slots to the host). Called before a
+  // pending (layer, linear, operand) is quantized again, before the emulated path quantizes, and
+  // at the end of every forward(): the recipe's state is then what the emulation leaves.
+  void fp8_flush();
+
   ModelConfig c_;
   LinearRecipe* recipe_ = nullptr;
+  // fp8-delayed amax slots, one per (layer, linear, operand): backend memory (or amax_host_
+  // when the backend has no MemoryResource, i.e. host memory).
+  float* amax_slots_ = nullptr;
+  bool amax_slots_owned_ = false;
+  std::vector<float> amax_host_;
+  std::vector<float> amax_read_;    // fp8_flush's host copy of the slots
+  std::vector<int> amax_pending_;   // slot indices waiting for fp8_flush
+  std::vector<char> amax_is_pending_;
   int64_t layer_ = 0;  // the block being computed
   const ParamLayout& layout_;
   Backend& be_;

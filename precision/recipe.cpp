@@ -128,8 +128,8 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       return;
     }
     case Recipe::kFp8Block: {
-      const int br = is_weight(op) ? 128 : reduce_along_cols ? 1 : 128;
-      const int bc = is_weight(op) ? 128 : reduce_along_cols ? 128 : 1;
+      int br = 0, bc = 0;
+      fp8_block_shape(op, reduce_along_cols, br, bc);
       const int64_t scale_cols = (cols + bc - 1) / bc;
       if (st) {
         scale_f32_.resize(size_t(((rows + br - 1) / br) * scale_cols));
@@ -196,6 +196,28 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       return;
     }
   }
+}
+
+numerics::Format LinearRecipe::fp8_format(LinearOperand op) {
+  return is_gradient(op) ? Format::kE5M2 : Format::kE4M3;  // HYBRID, as quantize() does
+}
+
+void LinearRecipe::fp8_block_shape(LinearOperand op, bool reduce_along_cols, int& block_rows,
+                                   int& block_cols) {
+  block_rows = is_weight(op) ? 128 : reduce_along_cols ? 1 : 128;
+  block_cols = is_weight(op) ? 128 : reduce_along_cols ? 128 : 1;
+}
+
+float LinearRecipe::delayed_scale(int64_t layer, int linear, LinearOperand op) {
+  auto& ds = delayed_[std::make_tuple(layer, linear, int(op))];
+  if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8_format(op));
+  return ds->scale();
+}
+
+void LinearRecipe::delayed_record(int64_t layer, int linear, LinearOperand op, float amax) {
+  auto& ds = delayed_[std::make_tuple(layer, linear, int(op))];
+  MX_ASSERT(ds != nullptr);  // delayed_scale() made it
+  ds->record(amax);
 }
 
 std::vector<LinearRecipe::DelayedState> LinearRecipe::delayed_state() const {

@@ -64,6 +64,22 @@ class LinearRecipe {
   }
   uint32_t hadamard_seed(int64_t layer, int linear) const;
 
+  // Per-tensor FP8 (fp8-current, fp8-delayed) on a backend's FP8 Linears
+  // (Backend::fp8_linear_*): the format of an operand (HYBRID: E5M2 for gradients, E4M3
+  // otherwise) and, for fp8-delayed, the scale the next quantization of (layer, linear, op)
+  // uses and the recording of its amax afterwards: DelayedScaling::quantize_into split in two,
+  // so the bookkeeping is the same as on the emulated path.
+  bool per_tensor_fp8() const {
+    return recipe_ == Recipe::kFp8Current || recipe_ == Recipe::kFp8Delayed;
+  }
+  static numerics::Format fp8_format(LinearOperand op);
+  // fp8-block's blocks for an operand: 128x128 for weights, else 1x128 along the GEMM's
+  // reduction (1 x 128 when it runs along the matrix's columns, 128 x 1 when down them).
+  static void fp8_block_shape(LinearOperand op, bool reduce_along_cols, int& block_rows,
+                              int& block_cols);
+  float delayed_scale(int64_t layer, int linear, LinearOperand op);
+  void delayed_record(int64_t layer, int linear, LinearOperand op, float amax);
+
   // fp8-delayed state for checkpoints: every (layer, linear, operand)'s scale and amax
   // history, so that a resumed run quantizes exactly as the uninterrupted one would.
   struct DelayedState {

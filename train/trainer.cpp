@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
+#include <thread>
 #include <filesystem>
 #include <vector>
 
@@ -37,7 +39,10 @@ namespace mx {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-void on_signal(int sig) { g_stop_signal.store(sig); }
+// SIGUSR1 is a SIGTERM passed on by a launcher: Open MPI's mpirun hands SIGUSR1 to every rank
+// at once, while a SIGTERM sent to mpirun reaches the ranks only to be followed by SIGKILL one
+// second later (odls_base_sigkill_timeout), too soon for a checkpoint (docs/checkpoints.md).
+void on_signal(int sig) { g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig); }
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
@@ -189,11 +194,19 @@ int run_training(const RunConfig& cfg) {
        cfg.memory.activation_checkpointing, ", sharding ",
        cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, device ",
        be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");
+  if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block || recipe == Recipe::kMxfp8)
+    info("precision ", cfg.precision.recipe, ": block Linears ",
+         (recipe == Recipe::kFp8Block ? be.fp8_block_tensor_cores()
+          : recipe == Recipe::kMxfp8  ? be.mxfp8_tensor_cores()
+                                      : be.fp8_tensor_cores())
+             ? "on the backend's FP8 GEMMs (tensor cores on a GPU)"
+             : "emulated (fp32 GEMMs over dequantized operands)");
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGUSR1, on_signal);
 
   // Validation loss on a fixed set of held-out windows (the same on every rank).
   auto evaluate = [&]() {
@@ -314,6 +327,12 @@ int run_training(const RunConfig& cfg) {
   // The last checkpoint is always waited for: the run ends only once it has committed.
   const double loop_ckpt_stall = checkpointer.stall_seconds();
   if (step > start_step || sig) {
+    if (sig) {
+      // Tests only: a stop checkpoint that takes this long, as a large model's does, to show
+      // that the launcher leaves the ranks time to write it.
+      if (const char* d = std::getenv("MXTRAIN_TEST_SLOW_STOP_MS"))
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
+    }
     if (last_saved != step) save(step);
     checkpointer.finish();
   }

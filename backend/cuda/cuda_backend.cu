@@ -14,6 +14,8 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/nccl_communicator.h"
+#include "backend/cuda/quantize_kernels.h"
+#include "numerics/block_scale_layout.h"
 
 namespace mx {
 namespace {
@@ -258,6 +260,16 @@ class CudaBackendImpl final : public CudaBackend {
     MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const char* env = std::getenv("MXTRAIN_CUDA_SYNC");
     if (env && env[0] == '1') opt_.sync_after_each_op = true;
+    cudaDeviceProp prop{};
+    MX_CUDA_CHECK("make_cuda_backend", cudaGetDeviceProperties(&prop, opt_.device));
+    // FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x).
+    fp8_native_ = opt_.fp8_tensor_cores && prop.major * 10 + prop.minor >= 89;
+    // 1x128 / 128x128 block scales: compute capability 9.x (cuBLAS >= 12.9; Blackwell's
+    // block-scaled GEMMs take VEC32_UE8M0 / VEC16_UE4M3 scales instead).
+    fp8_block_native_ = opt_.fp8_tensor_cores && prop.major == 9 && CUBLAS_VERSION >= 120900;
+    // MXFP8 (1x32 blocks, E8M0 scales, CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0): compute
+    // capability 10.x (cuBLAS >= 12.8). Hopper has no such scale mode: mxfp8 stays emulated there.
+    mxfp8_native_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
   }
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
@@ -316,16 +328,94 @@ class CudaBackendImpl final : public CudaBackend {
     done("gemm");
   }
 
-  void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
-                          const float* x_scale, const uint8_t* w, numerics::Format w_fmt,
-                          const float* w_scale, int64_t N, int64_t in, int64_t out) override {
+  void fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+                const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
+                const float* b_scale, float beta, float* C) override {
     DeviceArenaScope scope(scratch_);
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    lt_.fp8_linear_forward(y, x, x_fmt, x_scale, w, w_fmt, w_scale, N, in, out, ws, ws_bytes,
-                           stream_);
-    stats_.flops += 2.0 * double(N) * double(in) * double(out);
-    done("fp8_linear_forward");
+    lt_.fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, ws, ws_bytes, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("fp8_gemm");
+  }
+
+  // ---- per-tensor FP8 Linears on tensor cores (recipes fp8-current / fp8-delayed) ----
+  // Each operand: its amax (current scaling, or into q.amax for delayed scaling's history), the
+  // scale on the device, then its codes (K-major for the GEMM: transposed where the reduction
+  // runs down its columns) into the caller's `work`; one cuBLASLt FP8 GEMM per product.
+  // fp8-block (Hopper): the same, with block scales in cuBLASLt's layouts (fp8_block_operand).
+  bool fp8_tensor_cores() const override { return fp8_native_; }
+  bool fp8_block_tensor_cores() const override { return fp8_block_native_; }
+  bool mxfp8_tensor_cores() const override { return mxfp8_native_; }
+
+  void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
+                          const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
+                          float* work) override {
+    DeviceArenaScope scope(scratch_);
+    uint8_t* xc = reinterpret_cast<uint8_t*>(work);
+    uint8_t* wc = xc + round_up_256(N * in);
+    if (xq.mx) {  // mxfp8 (Blackwell)
+      uint8_t* tmp = wc + round_up_256(out * in);
+      const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
+      const uint8_t* ws = mxfp8_operand(wc, tmp, w, out, in, false);
+      return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, y);
+    }
+    if (xq.block_rows > 0) {
+      uint8_t* tmp = wc + round_up_256(out * in);
+      const float* xs = fp8_block_operand(xc, tmp, x, N, in, xq, false);
+      const float* ws = fp8_block_operand(wc, tmp, w, out, in, wq, false);
+      return fp8_block_gemm(N, out, in, xc, xs, xq, wc, ws, wq, 0.0f, y);
+    }
+    const float* xs = fp8_operand(xc, x, N, in, xq, false);
+    const float* ws = fp8_operand(wc, w, out, in, wq, false);
+    fp8_gemm(N, out, in, xc, xq.fmt, xs, wc, wq.fmt, ws, 0.0f, y);
+  }
+
+  void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
+                        const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
+                        bool accumulate_dx, float* work) override {
+    DeviceArenaScope scope(scratch_);
+    uint8_t* dyc = reinterpret_cast<uint8_t*>(work);   // [N, out]: K = out innermost
+    uint8_t* wtc = dyc + round_up_256(N * out);          // W^T [in, out]
+    const float beta = accumulate_dx ? 1.0f : 0.0f;
+    if (dyq.mx) {
+      uint8_t* tmp = wtc + round_up_256(out * in);
+      const uint8_t* dys = mxfp8_operand(dyc, tmp, dy, N, out, false);
+      const uint8_t* ws = mxfp8_operand(wtc, tmp, w, out, in, true);
+      return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
+    }
+    if (dyq.block_rows > 0) {
+      uint8_t* tmp = wtc + round_up_256(out * in);
+      const float* dys = fp8_block_operand(dyc, tmp, dy, N, out, dyq, false);
+      const float* ws = fp8_block_operand(wtc, tmp, w, out, in, wq, true);
+      return fp8_block_gemm(N, in, out, dyc, dys, dyq, wtc, ws, wq, beta, dx);
+    }
+    const float* dys = fp8_operand(dyc, dy, N, out, dyq, false);
+    const float* ws = fp8_operand(wtc, w, out, in, wq, true);
+    fp8_gemm(N, in, out, dyc, dyq.fmt, dys, wtc, wq.fmt, ws, beta, dx);
+  }
+
+  void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
+                        const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
+                        float* work) override {
+    DeviceArenaScope scope(scratch_);
+    uint8_t* dytc = reinterpret_cast<uint8_t*>(work);  // dy^T [out, N]: K = N innermost
+    uint8_t* xtc = dytc + round_up_256(N * out);         // x^T [in, N]
+    if (dyq.mx) {
+      uint8_t* tmp = xtc + round_up_256(N * in);
+      const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
+      const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true);
+      return mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
+    }
+    if (dyq.block_rows > 0) {
+      uint8_t* tmp = xtc + round_up_256(N * in);
+      const float* dys = fp8_block_operand(dytc, tmp, dy, N, out, dyq, true);
+      const float* xs = fp8_block_operand(xtc, tmp, x, N, in, xq, true);
+      return fp8_block_gemm(out, in, N, dytc, dys, dyq, xtc, xs, xq, 1.0f, dw);
+    }
+    const float* dys = fp8_operand(dytc, dy, N, out, dyq, true);
+    const float* xs = fp8_operand(xtc, x, N, in, xq, true);
+    fp8_gemm(out, in, N, dytc, dyq.fmt, dys, xtc, xq.fmt, xs, 1.0f, dw);
   }
 
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
@@ -526,7 +616,96 @@ class CudaBackendImpl final : public CudaBackend {
     }
   };
 
+  static int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+  // One FP8 operand of a tensor-core Linear: codes into `codes` ([rows, cols], or [cols, rows]
+  // when transposed); returns its decode scale (device, in scratch: the caller holds a scope).
+  const float* fp8_operand(uint8_t* codes, const float* x, int64_t rows, int64_t cols,
+                           const Fp8Operand& q, bool transposed) {
+    float* scale = scratch_.alloc_f32(1);
+    float* scale_inv = scratch_.alloc_f32(1);
+    float* amax = q.amax;
+    if (!amax && q.current) amax = scratch_.alloc_f32(1);
+    if (amax) cuda::abs_max(amax, x, rows * cols, scratch_, stream_);
+    cuda::fp8_scales(scale, scale_inv, q.current ? amax : nullptr, q.scale, q.fmt, stream_);
+    cuda::fp8_codes(x, rows, cols, q.fmt, scale, codes, transposed, stream_);
+    launched("fp8_operand");
+    return scale_inv;
+  }
+
+  // One fp8-block operand as the GEMM operand [R, K] (K-major): x itself (R = rows, K = cols)
+  // or, transposed, x^T (R = cols, K = rows; the codes go through `tmp`, rows * cols bytes).
+  // Returns its scales in cuBLASLt's layout (LtGemm::fp8_block_gemm; scratch, caller's scope).
+  const float* fp8_block_operand(uint8_t* codes, uint8_t* tmp, const float* x, int64_t rows,
+                                 int64_t cols, const Fp8Operand& q, bool transposed) {
+    const int64_t br = q.block_rows, bc = q.block_cols;
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
+    cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
+                             transposed ? tmp : codes, raw, nullptr, stream_);
+    if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    auto round4 = [](int64_t v) { return (v + 3) / 4 * 4; };
+    float* dst;
+    if (br > 1 && bc > 1) {  // 128x128: [R/128, round4(K/128)], (rb, kb)
+      const int64_t rb = R / 128, kb = K / 128, ld = round4(kb);
+      dst = scratch_.alloc_f32(rb * ld);
+      cuda::relayout_f32(raw, sc, transposed, rb, kb, ld, dst, stream_);
+    } else {  // 1x128 along K: [K/128, round4(R)], (kb, r); raw is [R, K/128] or (x^T) [K/128, R]
+      const int64_t kb = K / 128, ld = round4(R);
+      dst = scratch_.alloc_f32(kb * ld);
+      cuda::relayout_f32(raw, sc, !transposed, kb, R, ld, dst, stream_);
+    }
+    launched("fp8_block_operand");
+    return dst;
+  }
+
+  void fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* as,
+                      const Fp8Operand& aq, const uint8_t* B, const float* bs,
+                      const Fp8Operand& bq, float beta, float* C) {
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.fp8_block_gemm(M, N, K, A, as, aq.block_rows > 1 && aq.block_cols > 1, B, bs,
+                       bq.block_rows > 1 && bq.block_cols > 1, beta, C, ws, ws_bytes, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("fp8_block_gemm");
+  }
+
+  // One mxfp8 operand as the GEMM operand [R, K] (K-major), E4M3 in 1 x 32 blocks along K with
+  // E8M0 scales (numerics::quantize_mxfp8, TE's round-up rule, as the recipe quantizes it):
+  // x itself (rowwise 1x32 blocks; R = rows, K = cols) or, transposed, x^T (x's columnwise 32x1
+  // blocks; R = cols, K = rows; the codes go through `tmp`, rows * cols bytes). Each copy is
+  // quantized from the fp32 tensor. Returns the scale bytes in cuBLASLt's swizzled layout
+  // (scratch, the caller's scope).
+  const uint8_t* mxfp8_operand(uint8_t* codes, uint8_t* tmp, const float* x, int64_t rows,
+                               int64_t cols, bool transposed) {
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    MX_REQUIRE(K % 32 == 0, "mxfp8_operand: K = ", K, " must be a multiple of 32");
+    const int64_t kb = K / 32;
+    uint8_t* raw = scratch_.alloc_as<uint8_t>(R * kb);  // [rows, cols/32] or [rows/32, cols]
+    cuda::quantize_mxfp8(x, rows, cols, transposed, numerics::Format::kE4M3,
+                         numerics::MxScaleRule::kCeil, numerics::RoundingOptions{},
+                         transposed ? tmp : codes, raw, nullptr, stream_);
+    if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
+    uint8_t* dst = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
+    cuda::swizzle_scales_u8(raw, transposed, R, kb, dst, stream_);
+    launched("mxfp8_operand");
+    return dst;
+  }
+
+  void mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* as,
+                  const uint8_t* B, const uint8_t* bs, float beta, float* C) {
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.mxfp8_gemm(M, N, K, A, as, B, bs, beta, C, ws, ws_bytes, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("mxfp8_gemm");
+  }
+
   CudaBackendOptions opt_;
+  bool mxfp8_native_ = false;  // Blackwell (10.x) only: cuBLASLt's VEC32_UE8M0 scale mode
+  bool fp8_block_native_ = false;  // Hopper only: cuBLASLt's VEC128 / BLK128x128 scale modes
+  bool fp8_native_ = false;  // set in the constructor (capability and opt_.fp8_tensor_cores)
   CudaGemmPrecision base_precision_ = opt_.gemm_precision;
   DeviceMemory device_memory_;
   DeviceArena scratch_;
@@ -562,6 +741,14 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
     else if (v == "tf32") o.gemm_precision = CudaGemmPrecision::kTf32;
     else if (v == "bf16") o.gemm_precision = CudaGemmPrecision::kBf16;
     else throw UserError(str("MXTRAIN_CUDA_GEMM must be fp32, tf32 or bf16 (got '", v, "')"));
+  }
+  // MXTRAIN_CUDA_FP8: `native` (default: FP8 tensor cores for fp8-current / fp8-delayed where
+  // the GPU has them) or `emulate` (the recipes' exact emulation, fp32 GEMMs).
+  if (const char* f = std::getenv("MXTRAIN_CUDA_FP8")) {
+    const std::string v = f;
+    if (v == "native") o.fp8_tensor_cores = true;
+    else if (v == "emulate") o.fp8_tensor_cores = false;
+    else throw UserError(str("MXTRAIN_CUDA_FP8 must be native or emulate (got '", v, "')"));
   }
   if (const char* mb = std::getenv("MXTRAIN_CUDA_SCRATCH_MB"))
     o.scratch_bytes = size_t(std::strtoull(mb, nullptr, 10)) << 20;

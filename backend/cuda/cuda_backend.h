@@ -32,6 +32,10 @@ struct CudaBackendOptions {
   size_t scratch_bytes = size_t(512) << 20;       // per-op temporaries
   size_t gemm_workspace_bytes = size_t(32) << 20;  // cuBLASLt workspace (inside scratch)
   bool sync_after_each_op = false;  // debugging: surface async faults at the op that caused them
+  // The per-tensor FP8 Linears (Backend::fp8_linear_*) on FP8 tensor cores when the GPU has
+  // them (compute capability >= 8.9); false: fp8_tensor_cores() says no, and the recipes run
+  // their exact emulation (the trainer reads MXTRAIN_CUDA_FP8=emulate for this).
+  bool fp8_tensor_cores = true;
   MemoryTracker* tracker = nullptr;
 };
 
@@ -48,12 +52,13 @@ class CudaBackend : public Backend {
   virtual int device() const = 0;
   virtual void set_gemm_precision(CudaGemmPrecision p) = 0;
   virtual size_t scratch_peak_bytes() const = 0;
-  // Beyond the Backend interface: the per-tensor FP8 Linear forward on FP8 tensor cores
-  // (cuda::LtGemm::fp8_linear_forward; codes and decode scales in device memory).
-  virtual void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
-                                  const float* x_scale, const uint8_t* w,
-                                  numerics::Format w_fmt, const float* w_scale, int64_t N,
-                                  int64_t in, int64_t out) = 0;
+  // Beyond the Backend interface: the per-tensor FP8 GEMM on FP8 tensor cores over codes
+  // already quantized (cuda::LtGemm::fp8_gemm: C[M,N] = (sa A[M,K]) (sb B[N,K])^T + beta C,
+  // codes and decode scales in device memory). The op check calls it directly.
+  virtual void fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+                        numerics::Format a_fmt, const float* a_scale, const uint8_t* B,
+                        numerics::Format b_fmt, const float* b_scale, float beta,
+                        float* C) = 0;
 };
 
 }  // namespace mx

@@ -141,63 +141,112 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                                          workspace, workspace_bytes, stream));
 }
 
-void LtGemm::fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
-                                const float* x_scale, const uint8_t* w, numerics::Format w_fmt,
-                                const float* w_scale, int64_t N, int64_t in, int64_t out,
-                                void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+void LtGemm::fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+                      const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
+                      const float* b_scale, float beta, float* C, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  fp8_gemm_scaled(M, N, K, A, a_fmt, a_scale, 0, B, b_fmt, b_scale, 0, beta, C, workspace,
+                  workspace_bytes, stream);
+}
+
+void LtGemm::fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+                            const float* a_scales, bool a_2d, const uint8_t* B,
+                            const float* b_scales, bool b_2d, float beta, float* C,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  MX_REQUIRE(!(a_2d && b_2d), "fp8_block_gemm: 128x128 blocks on one operand only");
+  MX_REQUIRE(M % 128 == 0 && N % 128 == 0 && K % 128 == 0, "fp8_block_gemm: M = ", M,
+             ", N = ", N, ", K = ", K, " must be multiples of 128");
+  const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, a_2d ? blk : vec, B,
+                  numerics::Format::kE4M3, b_scales, b_2d ? blk : vec, beta, C, workspace,
+                  workspace_bytes, stream);
+}
+
+void LtGemm::mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+                        const uint8_t* a_scales, const uint8_t* B, const uint8_t* b_scales,
+                        float beta, float* C, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream) {
+  MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 32 == 0, "mxfp8_gemm: M = ", M, ", N = ", N,
+             " must be multiples of 16 and K = ", K, " of 32");
+  const int32_t vec32 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+  fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, vec32, B,
+                  numerics::Format::kE4M3, b_scales, vec32, beta, C, workspace, workspace_bytes,
+                  stream);
+}
+
+void LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+                             numerics::Format a_fmt, const void* a_scale, int32_t a_mode,
+                             const uint8_t* B, numerics::Format b_fmt, const void* b_scale,
+                             int32_t b_mode, float beta, float* C, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream) {
   using numerics::Format;
-  MX_REQUIRE((x_fmt == Format::kE4M3 || x_fmt == Format::kE5M2) &&
-                 (w_fmt == Format::kE4M3 || w_fmt == Format::kE5M2) &&
-                 !(x_fmt == Format::kE5M2 && w_fmt == Format::kE5M2),
-             "fp8_linear_forward: E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3 only");
-  MX_REQUIRE(in % 16 == 0, "fp8_linear_forward: in = ", in, " must be a multiple of 16");
-  if (N == 0 || out == 0) return;
+  MX_REQUIRE((a_fmt == Format::kE4M3 || a_fmt == Format::kE5M2) &&
+                 (b_fmt == Format::kE4M3 || b_fmt == Format::kE5M2) &&
+                 !(a_fmt == Format::kE5M2 && b_fmt == Format::kE5M2),
+             "fp8_gemm: E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3 only");
+  MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "fp8_gemm: M = ", M, ", N = ", N,
+             ", K = ", K, " must be multiples of 16");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
+    MX_CUDA_LAUNCH_CHECK("fp8_gemm (K = 0)");
+    return;
+  }
   auto type = [](Format f) { return f == Format::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; };
-  // Column-major: y^T[out, N] = W[in, out]^T x^T[in, N]: cuBLASLt's A = w (transposed), B = x.
+  // Column-major: C^T[N, M] = B[K, N]^T A[K, M], where our row-major B[N, K] is the
+  // column-major [K, N] (ld K) and A[M, K] the column-major [K, M]: cuBLASLt's A is our B
+  // (transposed), its B our A: the TN form. The scale pointers follow the operands.
   LtCall call;
-  MX_CUBLAS_CHECK("fp8_linear_forward",
-                  cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulDescSetAttribute(
-                                            call.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
-  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulDescSetAttribute(
-                                            call.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
-  MX_CUBLAS_CHECK("fp8_linear_forward",
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                             &op_t, sizeof op_t));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                             &op_n, sizeof op_n));
+  MX_CUBLAS_CHECK("fp8_gemm",
                   cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                 &w_scale, sizeof w_scale));
-  MX_CUBLAS_CHECK("fp8_linear_forward",
+                                                 &b_scale, sizeof b_scale));
+  MX_CUBLAS_CHECK("fp8_gemm",
                   cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                 &x_scale, sizeof x_scale));
-  MX_CUBLAS_CHECK("fp8_linear_forward",
-                  cublasLtMatrixLayoutCreate(&call.a, type(w_fmt), uint64_t(in), uint64_t(out), in));
-  MX_CUBLAS_CHECK("fp8_linear_forward",
-                  cublasLtMatrixLayoutCreate(&call.b, type(x_fmt), uint64_t(in), uint64_t(N), in));
-  MX_CUBLAS_CHECK("fp8_linear_forward",
-                  cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(out), uint64_t(N), out));
-  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulPreferenceCreate(&call.pref));
-  MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulPreferenceSetAttribute(
-                                            call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &workspace_bytes, sizeof(workspace_bytes)));
-  const uint32_t aligns[4] = {alignment_of(w), alignment_of(x), alignment_of(y), alignment_of(y)};
+                                                 &a_scale, sizeof a_scale));
+  if (a_mode != 0 || b_mode != 0) {  // block scales; cuBLASLt's A is our B
+    MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(
+                                    call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &b_mode,
+                                    sizeof b_mode));
+    MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(
+                                    call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &a_mode,
+                                    sizeof a_mode));
+  }
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatrixLayoutCreate(&call.a, type(b_fmt), uint64_t(K),
+                                                         uint64_t(N), K));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatrixLayoutCreate(&call.b, type(a_fmt), uint64_t(K),
+                                                         uint64_t(M), K));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N),
+                                                         uint64_t(M), N));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulPreferenceCreate(&call.pref));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulPreferenceSetAttribute(
+                                  call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                  &workspace_bytes, sizeof(workspace_bytes)));
+  const uint32_t aligns[4] = {alignment_of(B), alignment_of(A), alignment_of(C), alignment_of(C)};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
-    MX_CUBLAS_CHECK("fp8_linear_forward", cublasLtMatmulPreferenceSetAttribute(
-                                              call.pref, attrs[i], &aligns[i], sizeof aligns[i]));
+    MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i],
+                                                                     &aligns[i], sizeof aligns[i]));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  MX_CUBLAS_CHECK("fp8_linear_forward",
-                  cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b, call.c,
-                                                 call.c, call.pref, 1, &heuristic, &found));
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b,
+                                                             call.c, call.c, call.pref, 1,
+                                                             &heuristic, &found));
   if (found == 0)
-    throw CudaError(str("cublasLt: fp8_linear_forward: no algorithm for N=", N, " in=", in,
-                        " out=", out, " (FP8 needs sm_89+)"));
-  const float alpha = 1.0f, beta = 0.0f;
-  MX_CUBLAS_CHECK("fp8_linear_forward",
-                  cublasLtMatmul(handle_, call.desc, &alpha, w, call.a, x, call.b, &beta, y,
-                                 call.c, y, call.c, &heuristic.algo, workspace, workspace_bytes,
-                                 stream));
+    throw CudaError(str("cublasLt: fp8_gemm: no algorithm for M=", M, " N=", N, " K=", K,
+                        " beta=", beta, " (FP8 needs sm_89+)"));
+  const float alpha = 1.0f;
+  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmul(handle_, call.desc, &alpha, B, call.a, A, call.b,
+                                             &beta, C, call.c, C, call.c, &heuristic.algo,
+                                             workspace, workspace_bytes, stream));
 }
 
 }  // namespace mx::cuda

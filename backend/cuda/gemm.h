@@ -25,17 +25,45 @@ class LtGemm {
             const float* A, const float* B, float beta, float* C, CudaGemmPrecision precision,
             void* workspace, size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream);
 
-  // Per-tensor FP8 Linear forward on FP8 tensor cores: y[N, out] (fp32) =
-  // (x_scale * x[N, in]) (w_scale * w[out, in])^T, where x and w are FP8 codes (E4M3 or E5M2,
-  // not both E5M2) and x_scale, w_scale point to the decode multipliers on the device (what
-  // numerics::quantize_fp8_* writes as scales_f32[0]). Both operands are K-major (the "TN"
-  // layout FP8 GEMMs require); `in` must be a multiple of 16.
-  void fp8_linear_forward(float* y, const uint8_t* x, numerics::Format x_fmt,
-                          const float* x_scale, const uint8_t* w, numerics::Format w_fmt,
-                          const float* w_scale, int64_t N, int64_t in, int64_t out,
-                          void* workspace, size_t workspace_bytes, cudaStream_t stream);
+  // Per-tensor FP8 GEMM on FP8 tensor cores: C[M, N] (fp32) =
+  //   (a_scale * A[M, K]) (b_scale * B[N, K])^T + beta * C,
+  // A and B FP8 codes (E4M3 or E5M2, not both E5M2), both K-major (row-major with K innermost:
+  // the "TN" layout FP8 GEMMs require), a_scale / b_scale pointing to the decode multipliers on
+  // the device (what numerics::quantize_fp8_* writes as scales_f32[0]). beta 0: C is not read.
+  // M, N, K must be multiples of 16 (cuBLASLt's FP8 leading-dimension rule).
+  void fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+                const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
+                const float* b_scale, float beta, float* C, void* workspace,
+                size_t workspace_bytes, cudaStream_t stream);
+
+  // Block-scaled FP8 GEMM (recipe fp8-block; Hopper): C[M, N] (fp32) = A[M, K] B[N, K]^T +
+  // beta C, E4M3 codes, both K-major, each element decoded with its block's scale: 1 x 128
+  // blocks along K (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or, for at most one operand
+  // (`_2d`), 128 x 128 blocks (BLK128x128_32F). Scale layouts (device, fp32), for an operand of
+  // R rows: 1x128: [K/128, round_up(R, 4)] row-major (the row index innermost); 128x128:
+  // [R/128, round_up(K/128, 4)] row-major. These are Transformer Engine's "GEMM-ready" layouts,
+  // taken as cuBLASLt's; never checked on a GPU (the op check's fp8_linear_* block cases will
+  // tell). M, N, K multiples of 128.
+  void fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_scales,
+                      bool a_2d, const uint8_t* B, const float* b_scales, bool b_2d, float beta,
+                      float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+  // MXFP8 GEMM (recipe mxfp8; Blackwell, compute capability 10.x): C[M, N] (fp32) = A[M, K]
+  // B[N, K]^T + beta C, E4M3 codes, both K-major, each 1 x 32 block along K decoded with its
+  // E8M0 scale byte (CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0). a_scales / b_scales: device
+  // bytes in the swizzled 128 x 4 tile layout of numerics/block_scale_layout.h, for a scale
+  // matrix of [M, K / 32] / [N, K / 32] (padding zero). K a multiple of 32, M and N of 16 (the
+  // FP8 GEMMs' 16-byte leading-dimension rule); never run on a GPU (op_check's mxfp8 cases).
+  void mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
+                  const uint8_t* B, const uint8_t* b_scales, float beta, float* C,
+                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
  private:
+  // scale modes: cublasLtMatmulMatrixScale_t values (0: one fp32 scalar per tensor)
+  void fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+                       const void* a_scale, int32_t a_mode, const uint8_t* B,
+                       numerics::Format b_fmt, const void* b_scale, int32_t b_mode, float beta,
+                       float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
   cublasLtHandle_t handle_ = nullptr;
 };
 

@@ -5,6 +5,7 @@
 #include "backend/cuda/quantize_kernels.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "numerics/block_scale_layout.h"
 
 namespace mx::cuda {
 namespace {
@@ -107,7 +108,7 @@ __global__ void fp8_block_kernel(const float* __restrict__ x, int64_t rows, int6
     const uint8_t c = numerics::encode_fp8_elem(x[i] * scale, Format::kE4M3, stochastic,
                                                 rand_bits(stochastic, rng, i));
     codes[i] = c;
-    dequant[i] = numerics::decode_e4m3(c) * inv;
+    if (dequant) dequant[i] = numerics::decode_e4m3(c) * inv;
   }
 }
 
@@ -128,7 +129,7 @@ __global__ void mxfp8_kernel(const float* __restrict__ x, int64_t rows, int64_t 
     const uint8_t c = numerics::encode_fp8_elem(x[i] * bs.encode_multiplier, elem, stochastic,
                                                 rand_bits(stochastic, rng, i));
     codes[i] = c;
-    dequant[i] = numerics::decode_fp8_elem(c, elem) * bs.decode_scale;
+    if (dequant) dequant[i] = numerics::decode_fp8_elem(c, elem) * bs.decode_scale;
   }
 }
 
@@ -165,6 +166,82 @@ __global__ void nvfp4_kernel(const float* __restrict__ x, int64_t rows, int64_t 
   }
 }
 
+// ---- codes-only per-tensor FP8 (tensor-core Linears) ------------------------------------------
+__global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* amax, float given,
+                                  float fmt_max) {
+  const float sc = amax ? numerics::fp8_scale_from_amax(*amax, fmt_max, 0.0f, false) : given;
+  *scale = sc;
+  *scale_inv = 1.0f / sc;  // the decode multiplier, as quantize_fp8_tensor stores it
+}
+
+__global__ void fp8_codes_kernel(const float* __restrict__ x, int64_t n, Format fmt,
+                                 const float* __restrict__ scale_ptr, uint8_t* __restrict__ codes) {
+  const float scale = *scale_ptr;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    codes[i] = numerics::encode_fp8_elem(x[i] * scale, fmt, false, 0u);
+}
+
+// 32 x 32 tiles through shared memory: reads of x and writes of codes^T both run along rows.
+constexpr int kTile = 32, kTileRows = 8;
+__global__ void fp8_codes_t_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                   Format fmt, const float* __restrict__ scale_ptr,
+                                   uint8_t* __restrict__ codes_t) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const float scale = *scale_ptr;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols)
+      tile[i][threadIdx.x] = numerics::encode_fp8_elem(x[r * cols + c] * scale, fmt, false, 0u);
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+__global__ void transpose_bytes_kernel(const uint8_t* __restrict__ src, int64_t rows,
+                                       int64_t cols, uint8_t* __restrict__ dst) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+// dst[i, j] (row-major, leading dimension ld, dst_rows x ld) = src[i, j] or src[j, i] (src
+// row-major with src_cols columns) for j < valid_cols; 0 in the padding columns.
+__global__ void relayout_f32_kernel(const float* __restrict__ src, int64_t src_cols,
+                                    bool transposed, int64_t dst_rows, int64_t valid_cols,
+                                    int64_t ld, float* __restrict__ dst) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < dst_rows * ld;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / ld, j = e % ld;
+    dst[e] = j >= valid_cols ? 0.0f : transposed ? src[j * src_cols + i] : src[i * src_cols + j];
+  }
+}
+
+// MXFP8 scale bytes into cuBLASLt's swizzled layout (numerics/block_scale_layout.h) for a GEMM
+// operand of R rows and kb = K / 32 scales per row: src is [R, kb] row-major, or [kb, R] when
+// transposed (the columnwise quantization of the untransposed matrix). Padding: dst is zeroed
+// first by the caller.
+__global__ void swizzle_scales_u8_kernel(const uint8_t* __restrict__ src, bool transposed,
+                                         int64_t R, int64_t kb, uint8_t* __restrict__ dst) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < R * kb;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / kb, k = e % kb;
+    dst[numerics::swizzled_scale_offset(r, k, kb)] = transposed ? src[k * R + r] : src[e];
+  }
+}
+
 unsigned warp_grid(int64_t nblocks) {
   return unsigned((nblocks + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
@@ -179,6 +256,55 @@ void check_fp8(Format fmt, const char* op) {
 }
 
 }  // namespace
+
+void fp8_scales(float* scale, float* scale_inv, const float* amax, float given, Format fmt,
+                cudaStream_t s) {
+  check_fp8(fmt, "fp8_scales");
+  const float fmt_max = fmt == Format::kE5M2 ? numerics::kE5M2Max : numerics::kE4M3Max;
+  fp8_scales_kernel<<<1, 1, 0, s>>>(scale, scale_inv, amax, given, fmt_max);
+  MX_CUDA_LAUNCH_CHECK("fp8_scales");
+}
+
+void fp8_codes(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+               uint8_t* codes, bool transposed, cudaStream_t s) {
+  check_fp8(fmt, "fp8_codes");
+  if (rows * cols == 0) return;
+  if (!transposed) {
+    fp8_codes_kernel<<<elem_grid(rows * cols), 256, 0, s>>>(x, rows * cols, fmt, scale, codes);
+  } else {
+    const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
+    MX_REQUIRE(grid.y <= 65535, "fp8_codes: ", rows, " rows is too many for the transposing grid");
+    fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes);
+  }
+  MX_CUDA_LAUNCH_CHECK("fp8_codes");
+}
+
+void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
+                     cudaStream_t s) {
+  if (rows * cols == 0) return;
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
+  MX_REQUIRE(grid.y <= 65535, "transpose_bytes: ", rows, " rows is too many for the grid");
+  transpose_bytes_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(src, rows, cols, dst);
+  MX_CUDA_LAUNCH_CHECK("transpose_bytes");
+}
+
+void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t dst_rows,
+                  int64_t valid_cols, int64_t ld, float* dst, cudaStream_t s) {
+  if (dst_rows * ld == 0) return;
+  relayout_f32_kernel<<<elem_grid(dst_rows * ld), 256, 0, s>>>(src, src_cols, transposed,
+                                                               dst_rows, valid_cols, ld, dst);
+  MX_CUDA_LAUNCH_CHECK("relayout_f32");
+}
+
+void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t kb,
+                       uint8_t* dst, cudaStream_t s) {
+  const int64_t bytes = numerics::swizzled_scale_bytes(R, kb);
+  if (bytes == 0) return;
+  MX_CUDA_CHECK("swizzle_scales_u8", cudaMemsetAsync(dst, 0, size_t(bytes), s));
+  if (R * kb == 0) return;
+  swizzle_scales_u8_kernel<<<elem_grid(R * kb), 256, 0, s>>>(src, transposed, R, kb, dst);
+  MX_CUDA_LAUNCH_CHECK("swizzle_scales_u8");
+}
 
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
   DeviceArenaScope scope(scratch);

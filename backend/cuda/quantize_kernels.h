@@ -26,11 +26,13 @@ void quantize_fp8_current(const float* x, int64_t rows, int64_t cols, numerics::
                           float* scale_inv, float* dequant, DeviceArena& scratch, cudaStream_t s);
 
 // Blockwise FP8 E4M3 (1x128, 128x128, ...): scales_f32 [ceil(rows/br), ceil(cols/bc)].
+// dequant may be null (codes and scales only: the tensor-core path).
 void quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_rows,
                         int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
                         uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s);
 
-// MXFP8: 1x32 (or 32x1 when columnwise) blocks, E8M0 scale bytes.
+// MXFP8: 1x32 (or 32x1 when columnwise) blocks, E8M0 scale bytes [ceil(rows/32), cols] when
+// columnwise, else [rows, ceil(cols/32)]. dequant may be null (the tensor-core path).
 void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
                     numerics::Format elem, numerics::MxScaleRule rule,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
@@ -40,6 +42,33 @@ void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
                     float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s);
+
+// The per-tensor FP8 operands of the tensor-core Linears (codes only, no dequantized copy):
+// scale[0] = the encode scale (numerics::fp8_scale_from_amax(amax[0], fp8_max(fmt)) when amax is
+// not null: current scaling; `given` otherwise) and scale_inv[0] = 1 / scale[0], on the device.
+void fp8_scales(float* scale, float* scale_inv, const float* amax, float given,
+                numerics::Format fmt, cudaStream_t s);
+// codes = fmt(x * scale[0]) (RNE, SATFINITE: the bytes numerics::quantize_fp8_tensor writes),
+// row-major [rows, cols], or with `transposed` the same codes as [cols, rows] (the K-major copy
+// an FP8 GEMM needs when the reduction runs down x's columns).
+void fp8_codes(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
+               const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
+
+// dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
+void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
+                     cudaStream_t s);
+// Scale matrices into a GEMM's layout: dst (dst_rows x ld, row-major) [i, j] = src[i, j], or
+// src[j, i] when transposed (src row-major with src_cols columns), for j < valid_cols; padding
+// columns 0.
+void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t dst_rows,
+                  int64_t valid_cols, int64_t ld, float* dst, cudaStream_t s);
+
+// MXFP8 scale bytes for a GEMM operand of R rows with kb = K / 32 scales each, into the
+// swizzled layout cuBLASLt's VEC32_UE8M0 mode reads (numerics/block_scale_layout.h;
+// swizzled_scale_bytes(R, kb) bytes, padding zeroed): src [R, kb] row-major, or with
+// `transposed` [kb, R] (quantize_mxfp8's columnwise scales of the operand's transpose).
+void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t kb,
+                       uint8_t* dst, cudaStream_t s);
 
 // max |x| over n values into amax[0] (device), NaN skipped as numerics::abs_max does.
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);

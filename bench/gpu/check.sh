@@ -14,13 +14,15 @@
 #   2. every CUDA op against the CPU backend + quantizer byte identity (op_check.json)
 #   3. 50-step loss match of `mxtrain train`, tiny preset, run.device = cuda vs cpu (same seed,
 #      same text): max relative loss difference per step; tolerance 1e-4 (fp32), 2e-3 (recipe
-#      bf16: CUDA's bf16 GEMM vs the CPU's emulation) (loss_match.json)
-#   4. tokens/s and MFU, Llama-3.2-1B shape, seq 4096 and 8192, BF16 (recipe bf16, other GEMMs
-#      TF32): mxtrain, then PyTorch (fp32 master weights, BF16 autocast, SDPA, torch.compile per
-#      block, fused AdamW) on the same shapes (speed.json). From 16384 tokens per micro-batch down to
-#      the largest that fits; mxtrain tries activation checkpointing none, then full.
-#      No recipe runs natively on mxtrain's GPU path yet (FP8/MXFP8/NVFP4 quantize on the host),
-#      so BF16 is the only mxtrain precision timed.
+#      bf16: CUDA's bf16 GEMM vs the CPU's emulation), 5e-3 (fp8-current, fp8-delayed: FP8
+#      tensor-core GEMMs vs the CPU's emulation; a guess until measured) (loss_match.json)
+#   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (other GEMMs TF32): mxtrain with recipe
+#      bf16, then the recipes that run natively on an H200's tensor cores (fp8-current,
+#      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; mxfp8 only on compute capability
+#      10.x, where it runs natively: a "skipped" row elsewhere, an H200 included), then PyTorch (fp32 master weights, BF16
+#      autocast, SDPA, torch.compile per block, fused AdamW) on the same shape (speed.json).
+#      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
+#      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
 set -uo pipefail
 OUT=${OUT:-/tmp/mxtrain-gpu-out}
 mkdir -p "$OUT"
@@ -83,7 +85,7 @@ LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" | grep "not found" && echo "(miss
 # ---- 2. op check -------------------------------------------------------------------------------
 t0=$(date +%s)
 opcheck_rc=0
-LD_LIBRARY_PATH="$mx_ld" OMP_NUM_THREADS=16 timeout "$(cap 150)" "$bindir/cuda_op_check" \
+LD_LIBRARY_PATH="$mx_ld" OMP_NUM_THREADS=16 timeout "$(cap 100)" "$bindir/cuda_op_check" \
   --json "$OUT/op_check.json" > "$OUT/op_check.txt" 2>&1 || opcheck_rc=$?
 echo "op check: exit $opcheck_rc, $(( $(date +%s) - t0 )) s"
 grep -c '^PASS' "$OUT/op_check.txt" | sed 's/^/  PASS cases: /'
@@ -100,31 +102,44 @@ tail -3 "$OUT/op_check.txt"
 t0=$(date +%s)
 corpus=/tmp/mxgpu-corpus.txt
 cat docs/*.md README.md bench/*.md > "$corpus"
-MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(cap 120)" python3 bench/gpu/mxtrain_runs.py loss-match \
-  --bin "$bindir/mxtrain" --corpus "$corpus" --work /tmp/mxgpu-runs --threads 16 --limit 50 \
+MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(cap 90)" python3 bench/gpu/mxtrain_runs.py loss-match \
+  --bin "$bindir/mxtrain" --corpus "$corpus" --work /tmp/mxgpu-runs --threads 16 --limit 25 \
+  --recipes fp32 bf16 fp8-current fp8-delayed \
   --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt"
 echo "loss match: exit $?, $(( $(date +%s) - t0 )) s"
 
-# ---- 4. speed: mxtrain, then PyTorch, same shapes ----------------------------------------------
+# ---- 4. speed: mxtrain (bf16, then the FP8 recipes on tensor cores), then PyTorch, seq 8192 ----
 t0=$(date +%s)
-for seq in 4096 8192; do
-  b=$(( 16384 / seq )); batches=""
-  while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
-  budget=$(cap 80)
+seq=8192
+b=$(( 16384 / seq )); batches=""
+while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
+for recipe in bf16 fp8-current fp8-delayed fp8-block; do
+  budget=$(cap 50)
   MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
     python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
-    --batches $batches --steps 3 --skip 1 --budget "$budget" --limit "$budget" \
-    --work /tmp/mxgpu-runs --json "$OUT/speed.json" > /dev/null 2>> "$OUT/errors.txt"
+    --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
+    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
+    > /dev/null 2>> "$OUT/errors.txt"
 done
+# mxfp8 runs natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 scale mode; an
+# H200 is 9.0, where it would only time the emulation): elsewhere a "skipped" row, no run.
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+if [[ "$cc" == 10.* ]]; then
+  budget=$(cap 50)
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
+    python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
+    --recipe mxfp8 --batches $batches --steps 3 --skip 1 --budget "$budget" \
+    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
+    > /dev/null 2>> "$OUT/errors.txt"
+else
+  echo "{\"impl\": \"mxtrain\", \"recipe\": \"mxfp8\", \"seq\": $seq, \"error\": \"skipped: runs natively on sm_100 only (this GPU: compute capability ${cc:-unknown})\"}" \
+    >> "$OUT/speed.json"
+fi
 echo "mxtrain speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
-for seq in 4096 8192; do
-  b=$(( 16384 / seq )); batches=""
-  while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
-  PYTHONUNBUFFERED=1 timeout "$(cap 100)" python3 bench/gpu/torch_llama.py --seq "$seq" \
-    --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" \
-    > /dev/null 2>> "$OUT/errors.txt" || echo "torch seq $seq: exit $? (see errors.txt)"
-done
+PYTHONUNBUFFERED=1 timeout "$(cap 80)" python3 bench/gpu/torch_llama.py --seq "$seq" \
+  --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" \
+  > /dev/null 2>> "$OUT/errors.txt" || echo "torch seq $seq: exit $? (see errors.txt)"
 echo "torch speed: $(( $(date +%s) - t0 )) s"
 
 # ---- table -------------------------------------------------------------------------------------
@@ -136,28 +151,34 @@ def rows(name):
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 for r in rows("loss_match.json"):
     if "max_rel" in r:
-        print(f"loss match {r['recipe']:5s}: max rel diff {r['max_rel']:.2e} at step "
+        print(f"loss match {r['recipe']:11s}: max rel diff {r['max_rel']:.2e} at step "
               f"{r['worst_step']} (tolerance {r['tolerance_rel']:.0e}) -> "
               f"{'PASS' if r['ok'] else 'FAIL'}; last loss cpu {r['loss_last_cpu']:.5f} "
               f"cuda {r['loss_last_cuda']:.5f}")
     else:
-        print(f"loss match {r['recipe']:5s}: FAILED TO RUN {r.get('error')}")
+        print(f"loss match {r['recipe']:11s}: FAILED TO RUN {r.get('error')}")
 speed = rows("speed.json")
-print(f"{'impl':8s} {'seq':>5s} {'batch':>5s} {'ckpt':>5s} {'tok/s':>10s} {'MFU':>6s}")
+print(f"{'impl':14s} {'seq':>5s} {'batch':>5s} {'ckpt':>5s} {'tok/s':>10s} {'MFU':>6s}")
 by = {}
 for r in speed:
     if "tokens_per_s" not in r:
         why = r.get("error") or (r.get("tried") or [{}])[-1]
-        print(f"{r['impl']:8s} {r['seq']:5d}  did not run: {why}")
+        print(f"{r['impl'] + ' ' + r.get('recipe', ''):14s} {r['seq']:5d}  did not run: {why}")
         continue
     ck = r.get("checkpointing", False)
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
-    print(f"{r['impl']:8s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
-          f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}%")
-    by[(r["impl"], r["seq"])] = r["tokens_per_s"]
+    impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
+    native = {True: " (FP8 tensor cores)", False: " (FP8 EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
+    print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
+          f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}%{native}")
+    by[(impl, r["seq"])] = r["tokens_per_s"]
 for seq in (4096, 8192):
-    if ("mxtrain", seq) in by and ("torch", seq) in by:
-        print(f"seq {seq}: mxtrain / torch = {by[('mxtrain', seq)] / by[('torch', seq)]:.3f}")
+    if ("mx bf16", seq) in by and ("torch", seq) in by:
+        print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
+    for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8"):
+        if (f"mx {fp8}", seq) in by and ("mx bf16", seq) in by:
+            print(f"seq {seq}: mxtrain {fp8} / bf16 = "
+                  f"{by[(f'mx {fp8}', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")
 PY
 echo "total: $(( $(date +%s) - t_start )) s"
 exit $opcheck_rc

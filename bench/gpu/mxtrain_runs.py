@@ -3,8 +3,9 @@
 
   loss-match  the tiny preset trained 50 steps with run.device = cuda and = cpu (same seed, same
               text, same schedule): per step |loss_cuda - loss_cpu| / loss_cpu, its maximum
-              against a stated tolerance, for fp32 and for recipe bf16 (CUDA's bf16 GEMM vs the
-              CPU's emulation of it).
+              against a stated tolerance, for each of --recipes: fp32, bf16 (CUDA's bf16 GEMM vs
+              the CPU's emulation of it), fp8-current and fp8-delayed (CUDA's FP8 tensor-core
+              GEMMs vs the CPU's emulation).
   speed       tokens/s and MFU of a Llama-3.2-1B shape at the given sequence lengths: the
               largest micro-batch that starts (the arenas are sized and allocated before the
               first step, so a shape that does not fit fails within seconds), activation
@@ -24,7 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-TOL = {"fp32": 1e-4, "bf16": 2e-3}
+# fp8-current / fp8-delayed: CUDA's FP8 tensor-core GEMMs vs the CPU's emulation over the same
+# codes differ only in fp32 accumulation order, but a last-bit difference can move an FP8 code
+# of the next operand: a guess (5e-3) until a GPU run has measured it.
+TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp8-current": 5e-3, "fp8-delayed": 5e-3}
 
 
 def emit(args, obj):
@@ -94,7 +98,7 @@ def loss_match(args):
             "train.log_every": 1, "train.eval_every": 0, "data.path": corpus,
             "data.format": "text", "data.val_fraction": 0.0, "run.sample_tokens": 0,
             "checkpoint.resume": "none"}
-    for recipe in ("fp32", "bf16"):
+    for recipe in args.recipes:
         runs = {}
         for device in ("cpu", "cuda"):
             sets = dict(base, **{"run.device": device, "precision.recipe": recipe})
@@ -137,7 +141,7 @@ def speed(args):
                         "run.sample_tokens": 0, "run.device": "cuda",
                         "precision.recipe": args.recipe,
                         "memory.activation_checkpointing": policy, "checkpoint.resume": "none"}
-                out = Path(args.work) / f"speed_{seq}_{batch}_{policy}"
+                out = Path(args.work) / f"speed_{args.recipe}_{seq}_{batch}_{policy}"
                 rc, tail, steps, secs = run_train(args.bin, sets, {}, out,
                                                   min(args.limit, left), stop_after=args.steps)
                 tried = {"micro_batch": batch, "policy": policy, "rc": rc,
@@ -152,6 +156,9 @@ def speed(args):
                         break
                     continue
                 result["tried"].append(tried)
+                if args.recipe.startswith("fp8-"):  # the trainer's line says which path ran
+                    log = (out / "stderr.txt").read_text(errors="replace")
+                    result["fp8_tensor_cores"] = "on the backend's FP8 GEMMs" in log
                 timed = steps[args.skip:] if len(steps) > args.skip else steps[-1:]
                 dt = sum(s["step_time_s"] for s in timed)
                 tokens = batch * seq * len(timed)
@@ -182,7 +189,9 @@ def main():
     ap.add_argument("--preset", default="llama3.2-1b")
     ap.add_argument("--seq", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--batches", type=int, nargs="+", default=[4, 2, 1])
-    ap.add_argument("--recipe", default="bf16")
+    ap.add_argument("--recipe", default="bf16", help="speed: precision.recipe")
+    ap.add_argument("--recipes", nargs="+", default=["fp32", "bf16"], choices=sorted(TOL),
+                    help="loss-match: the recipes compared")
     ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
     ap.add_argument("--budget", type=float, default=200, help="speed: seconds for all shapes")
     args = ap.parse_args()

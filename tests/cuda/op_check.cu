@@ -147,6 +147,187 @@ const Tol kGemm{1e-4, 1e-4};         // fp32 GEMM, different blocking
 const Tol kAttention{2e-5, 2e-4};
 
 // ---- op checks ------------------------------------------------------------------------------------
+void expect_floats(Result& r, const char* what, const std::vector<float>& got, const std::vector<float>& want);
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::fabs(x)));
+  return m > 0 ? m : 1.0;
+}
+
+// The per-tensor FP8 Linears (recipes fp8-current / fp8-delayed): CUDA's quantize kernels +
+// cuBLASLt FP8 GEMMs against the CPU backend's reference form (the recipe's exact emulation:
+// fp32 GEMM over the dequantized operands) on the same inputs. Both quantize to the same codes
+// and scales (checked byte for byte in check_quantizers), so only the accumulation order
+// differs: tolerance 1e-5 of the output's max |value|. Delayed scaling (a given scale, amax
+// reported) and current scaling; the amax must be the CPU's exactly.
+void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
+  if (!gpu.fp8_tensor_cores()) {
+    run_case("fp8_linear", "skipped", [&](Result& r) { r.note = "no FP8 tensor cores (sm < 8.9)"; });
+    return;
+  }
+  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{16, 16, 16}, {64, 96, 48}, {512, 256, 768}, {256, 2048, 512}})
+    for (int delayed = 0; delayed < 2; ++delayed) {
+      const std::string shape = "N=" + std::to_string(N) + " in=" + std::to_string(I) +
+                                " out=" + std::to_string(O) + (delayed ? " delayed" : " current");
+      auto x = randn(N * I), w = randn(O * I, 0.05f), dy = randn(N * O, 1e-3f);
+      Dev<float> dX(x), dW(w), dDY(dy);
+      // Delayed scaling quantizes with a scale from earlier steps: take ones that saturate a
+      // little (x) and underuse the range (w, dy), as stale scales do.
+      auto op = [&](Format f, const std::vector<float>& v, float* amax) {
+        Backend::Fp8Operand q;
+        q.fmt = f;
+        q.current = !delayed;
+        q.scale = numerics::fp8_scale_from_amax(float(max_abs(v)), numerics::fp8_max(f)) *
+                  (&v == &x ? 1.5f : 0.25f);
+        q.amax = amax;
+        return q;
+      };
+      Dev<float> gpu_work(size_t(N * I + O * I + N * O)), gpu_amax(2);
+      std::vector<float> cpu_work(size_t(N * I + O * I + N * O)), cpu_amax(2);
+      auto check_amax = [&](Result& r) {
+        expect_floats(r, "amax", gpu_amax.download(), cpu_amax);
+      };
+      run_case("fp8_linear_forward", shape, [&](Result& r) {
+        std::vector<float> y(N * O);
+        Dev<float> dY(N * O);
+        gpu_amax.poison();
+        cpu.fp8_linear_forward(y.data(), x.data(), op(Format::kE4M3, x, &cpu_amax[0]), w.data(),
+                               op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, cpu_work.data());
+        gpu.fp8_linear_forward(dY.p, dX.p, op(Format::kE4M3, x, gpu_amax.p), dW.p,
+                               op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p);
+        compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
+        check_amax(r);
+      });
+      for (int acc = 0; acc < 2; ++acc)
+        run_case("fp8_linear_dgrad", shape + (acc ? " +=" : " ="), [&](Result& r) {
+          auto dx = randn(N * I);
+          Dev<float> dDX(N * I);
+          if (acc) dDX.upload(dx);
+          gpu_amax.poison();
+          cpu.fp8_linear_dgrad(dx.data(), dy.data(), op(Format::kE5M2, dy, &cpu_amax[0]), w.data(),
+                               op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, acc, cpu_work.data());
+          gpu.fp8_linear_dgrad(dDX.p, dDY.p, op(Format::kE5M2, dy, gpu_amax.p), dW.p,
+                               op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, acc, gpu_work.p);
+          compare(r, "dx", dDX.download(), dx, {1e-5 * max_abs(dx), 0.0});
+          check_amax(r);
+        });
+      run_case("fp8_linear_wgrad", shape, [&](Result& r) {
+        auto dw = randn(O * I, 1e-3f);
+        Dev<float> dDW(dw);  // accumulates
+        gpu_amax.poison();
+        cpu.fp8_linear_wgrad(dw.data(), dy.data(), op(Format::kE5M2, dy, &cpu_amax[0]), x.data(),
+                             op(Format::kE4M3, x, &cpu_amax[1]), N, I, O, cpu_work.data());
+        gpu.fp8_linear_wgrad(dDW.p, dDY.p, op(Format::kE5M2, dy, gpu_amax.p), dX.p,
+                             op(Format::kE4M3, x, gpu_amax.p + 1), N, I, O, gpu_work.p);
+        compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+        check_amax(r);
+      });
+    }
+}
+
+// fp8-block (Hopper): the same three Linears with 1x128 / 128x1 / 128x128 E4M3 blocks (the
+// recipe's shapes per operand) on cuBLASLt's block-scaled GEMMs, against the CPU reference.
+// Also the test of the assumed scale layouts (LtGemm::fp8_block_gemm): a wrong layout puts
+// wrong scales on blocks, far outside the tolerance, since the inputs' block amaxes differ.
+void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
+  if (!gpu.fp8_block_tensor_cores()) {
+    run_case("fp8_block_linear", "skipped", [&](Result& r) { r.note = "not Hopper (sm_9x)"; });
+    return;
+  }
+  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{128, 128, 128}, {256, 384, 512}, {512, 1024, 256}}) {
+    const std::string shape = "N=" + std::to_string(N) + " in=" + std::to_string(I) + " out=" + std::to_string(O);
+    auto x = randn(N * I), w = randn(O * I, 0.05f), dy = randn(N * O, 1e-3f);
+    // Rows and columns of very different magnitude, so every block has its own scale.
+    for (int64_t i = 0; i < N * I; ++i) x[i] *= std::ldexp(1.0f, int((i / I) % 7) - int((i % I) / 128));
+    for (int64_t i = 0; i < O * I; ++i) w[i] *= std::ldexp(1.0f, int((i / I) / 128) - int((i % I) / 128));
+    Dev<float> dX(x), dW(w), dDY(dy);
+    auto blocks = [](int br, int bc) {
+      Backend::Fp8Operand q;
+      q.block_rows = br;
+      q.block_cols = bc;
+      return q;
+    };
+    Dev<float> gpu_work(size_t(N * I + O * I + N * O));
+    std::vector<float> cpu_work(size_t(N * I + O * I + N * O));
+    run_case("fp8_block_linear_forward", shape, [&](Result& r) {
+      std::vector<float> y(N * O);
+      Dev<float> dY(N * O);
+      cpu.fp8_linear_forward(y.data(), x.data(), blocks(1, 128), w.data(), blocks(128, 128), N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY.p, dX.p, blocks(1, 128), dW.p, blocks(128, 128), N, I, O, gpu_work.p);
+      compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
+    });
+    run_case("fp8_block_linear_dgrad", shape + " +=", [&](Result& r) {
+      auto dx = randn(N * I);
+      Dev<float> dDX(dx);
+      cpu.fp8_linear_dgrad(dx.data(), dy.data(), blocks(1, 128), w.data(), blocks(128, 128), N, I, O, true, cpu_work.data());
+      gpu.fp8_linear_dgrad(dDX.p, dDY.p, blocks(1, 128), dW.p, blocks(128, 128), N, I, O, true, gpu_work.p);
+      compare(r, "dx", dDX.download(), dx, {1e-5 * max_abs(dx), 0.0});
+    });
+    run_case("fp8_block_linear_wgrad", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);
+      cpu.fp8_linear_wgrad(dw.data(), dy.data(), blocks(128, 1), x.data(), blocks(128, 1), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, dDY.p, blocks(128, 1), dX.p, blocks(128, 1), N, I, O, gpu_work.p);
+      compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+    });
+  }
+}
+
+// mxfp8 (Blackwell): the three Linears with E4M3 in 1x32 blocks along each GEMM's reduction
+// (columnwise 32x1 copies where it runs down the columns) and E8M0 scales in cuBLASLt's
+// swizzled layout (VEC32_UE8M0), against the CPU reference (the recipe's exact emulation) on the
+// same inputs: the same codes and scales (check_quantizers), so only the accumulation order
+// differs: 1e-5 of max |out|. Rows and 32-column groups of very different magnitude give every
+// block its own scale, so a wrong scale layout fails far outside the tolerance. Shapes include
+// row counts that are not multiples of 128 (padded scale tiles).
+void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
+  if (!gpu.mxfp8_tensor_cores()) {
+    run_case("mxfp8_linear", "skipped", [&](Result& r) { r.note = "not Blackwell (sm_10x)"; });
+    return;
+  }
+  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{32, 64, 96}, {96, 160, 224}, {256, 384, 512}, {512, 1024, 256}}) {
+    const std::string shape = "N=" + std::to_string(N) + " in=" + std::to_string(I) + " out=" + std::to_string(O);
+    auto x = randn(N * I), w = randn(O * I, 0.05f), dy = randn(N * O, 1e-3f);
+    for (int64_t i = 0; i < N * I; ++i) x[i] *= std::ldexp(1.0f, int((i / I) % 7) - int((i % I) / 32 % 5));
+    for (int64_t i = 0; i < O * I; ++i) w[i] *= std::ldexp(1.0f, int((i / I) / 32 % 3) - int((i % I) / 32 % 4));
+    for (int64_t i = 0; i < N * O; ++i) dy[i] *= std::ldexp(1.0f, int((i / O) / 32 % 4) - int((i % O) % 3));
+    Dev<float> dX(x), dW(w), dDY(dy);
+    auto mx = [](bool colwise) {
+      Backend::Fp8Operand q;
+      q.mx = true;
+      q.block_rows = colwise ? 32 : 1;
+      q.block_cols = colwise ? 1 : 32;
+      return q;
+    };
+    Dev<float> gpu_work(size_t(N * I + O * I + N * O));
+    std::vector<float> cpu_work(size_t(N * I + O * I + N * O));
+    run_case("mxfp8_linear_forward", shape, [&](Result& r) {
+      std::vector<float> y(N * O);
+      Dev<float> dY(N * O);
+      cpu.fp8_linear_forward(y.data(), x.data(), mx(false), w.data(), mx(false), N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY.p, dX.p, mx(false), dW.p, mx(false), N, I, O, gpu_work.p);
+      compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
+    });
+    for (int acc = 0; acc < 2; ++acc)
+      run_case("mxfp8_linear_dgrad", shape + (acc ? " +=" : " ="), [&](Result& r) {
+        auto dx = randn(N * I);
+        Dev<float> dDX(N * I);
+        if (acc) dDX.upload(dx);
+        cpu.fp8_linear_dgrad(dx.data(), dy.data(), mx(false), w.data(), mx(true), N, I, O, acc, cpu_work.data());
+        gpu.fp8_linear_dgrad(dDX.p, dDY.p, mx(false), dW.p, mx(true), N, I, O, acc, gpu_work.p);
+        compare(r, "dx", dDX.download(), dx, {1e-5 * max_abs(dx), 0.0});
+      });
+    run_case("mxfp8_linear_wgrad", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);  // accumulates
+      cpu.fp8_linear_wgrad(dw.data(), dy.data(), mx(true), x.data(), mx(true), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, dDY.p, mx(true), dX.p, mx(true), N, I, O, gpu_work.p);
+      compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+    });
+  }
+}
+
 void check_gemm(Backend& cpu, CudaBackend& gpu) {
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {127, 33, 257}, {256, 512, 384}};
   for (auto& s : shapes)
@@ -181,21 +362,27 @@ void check_gemm(Backend& cpu, CudaBackend& gpu) {
       compare(r, "C", dC.download(), C, {kGemm.atol * std::sqrt(double(K)), kGemm.rtol});
     });
   }
-  // Per-tensor FP8 on tensor cores: against the CPU fp32 GEMM of the dequantized operands (FP8
-  // products are exact in fp32; only the accumulation order differs).
-  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{16, 16, 16}, {37, 64, 80}, {256, 512, 384}})
-    for (Format xf : {Format::kE4M3, Format::kE5M2})
-      run_case(xf == Format::kE4M3 ? "fp8_linear_e4m3xe4m3" : "fp8_linear_e5m2xe4m3", dims({N, I, O}), [&](Result& r) {
-        auto x = randn(N * I), w = randn(O * I, 0.05f);
-        const auto qx = numerics::quantize_fp8_current(x.data(), N, I, xf);
-        const auto qw = numerics::quantize_fp8_current(w.data(), O, I, Format::kE4M3);
-        std::vector<float> y(N * O);
-        cpu.linear_forward(y.data(), qx.dequant.data(), qw.dequant.data(), N, I, O);
-        Dev<uint8_t> dx(qx.codes), dw(qw.codes);
-        Dev<float> dxs(qx.scales_f32), dws(qw.scales_f32), dy(N * O);
-        gpu.fp8_linear_forward(dy.p, dx.p, xf, dxs.p, dw.p, Format::kE4M3, dws.p, N, I, O);
-        compare(r, "y", dy.download(), y, {kGemm.atol * std::sqrt(double(I)), 1e-3});
-      });
+  // Per-tensor FP8 GEMM on tensor cores over given codes: against the CPU fp32 GEMM of the
+  // dequantized operands (FP8 products are exact in fp32; only the accumulation order differs):
+  // tolerance 1e-5 of the output's max |value|.
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{16, 16, 16}, {48, 64, 80}, {256, 512, 384}, {128, 96, 2048}})
+    for (Format af : {Format::kE4M3, Format::kE5M2})
+      for (float beta : {0.0f, 1.0f})
+        run_case(af == Format::kE4M3 ? "fp8_gemm_e4m3xe4m3" : "fp8_gemm_e5m2xe4m3",
+                 dims({M, N, K}) + " beta" + std::to_string(int(beta)), [&](Result& r) {
+          auto a = randn(M * K), b = randn(N * K, 0.05f), c = randn(M * N);
+          const auto qa = numerics::quantize_fp8_current(a.data(), M, K, af);
+          const auto qb = numerics::quantize_fp8_current(b.data(), N, K, Format::kE4M3);
+          Dev<uint8_t> da(qa.codes), db(qb.codes);
+          Dev<float> das(qa.scales_f32), dbs(qb.scales_f32), dc(M * N);
+          if (beta != 0.0f) dc.upload(c);
+          cpu.gemm(false, true, M, N, K, 1.0f, qa.dequant.data(), qb.dequant.data(), beta, c.data());
+          gpu.fp8_gemm(M, N, K, da.p, af, das.p, db.p, Format::kE4M3, dbs.p, beta, dc.p);
+          compare(r, "C", dc.download(), c, {1e-5 * max_abs(c), 0.0});
+        });
+  check_fp8_linears(cpu, gpu);
+  check_fp8_block_linears(cpu, gpu);
+  check_mxfp8_linears(cpu, gpu);
   run_case("linear_backward", "N=67 in=96 out=80", [&](Result& r) {
     const int64_t N = 67, I = 96, O = 80;
     auto x = randn(N * I), w = randn(O * I), dy = randn(N * O), dx = randn(N * I), dw = randn(O * I);
@@ -443,7 +630,7 @@ void expect_floats(Result& r, const char* what, const std::vector<float>& got, c
 void check_quantizers(CudaBackend& gpu) {
   DeviceArena scratch("op_check-quant", size_t(64) << 20, nullptr);
   const cudaStream_t s = gpu.stream();
-  const int64_t shapes[][2] = {{1, 1}, {3, 37}, {37, 77}, {128, 256}, {130, 300}};
+  const int64_t shapes[][2] = {{1, 1}, {3, 37}, {37, 77}, {128, 256}, {130, 300}, {160, 416}};
   for (auto& sh : shapes)
     for (int stoch = 0; stoch < 2; ++stoch)
       for (int specials = 0; specials < 2; ++specials) {
@@ -464,6 +651,31 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "scale", sinv.download(), q.scales_f32);
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // The codes-only quantizer of the tensor-core Linears (no stochastic rounding there):
+        // current scaling and a given scale, row-major and transposed.
+        if (!stoch)
+          for (Format fmt : {Format::kE4M3, Format::kE5M2})
+            for (int given = 0; given < 2; ++given)
+              for (int tr = 0; tr < 2; ++tr)
+                run_case(std::string("quant_fp8_codes_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2") +
+                             (given ? "_given" : "_current") + (tr ? "_t" : ""),
+                         name, [&](Result& r) {
+                  const float gs = 3.0f;
+                  const auto q = given ? numerics::quantize_fp8_tensor(x.data(), R, C, fmt, gs)
+                                       : numerics::quantize_fp8_current(x.data(), R, C, fmt);
+                  std::vector<uint8_t> want = q.codes;
+                  if (tr)
+                    for (int64_t i = 0; i < R; ++i)
+                      for (int64_t j = 0; j < C; ++j) want[j * R + i] = q.codes[i * C + j];
+                  Dev<uint8_t> codes(R * C);
+                  Dev<float> amax(1), sc(1), sinv(1);
+                  cuda::abs_max(amax.p, dx.p, R * C, scratch, s);
+                  cuda::fp8_scales(sc.p, sinv.p, given ? nullptr : amax.p, gs, fmt, s);
+                  cuda::fp8_codes(dx.p, R, C, fmt, sc.p, codes.p, tr, s);
+                  expect_bytes(r, "codes", codes.download(), want);
+                  expect_floats(r, "scale_inv", sinv.download(), q.scales_f32);
+                  expect_floats(r, "amax", amax.download(), {numerics::abs_max(x.data(), R * C)});
+                });
         for (auto [br, bc] : std::vector<std::pair<int, int>>{{1, 128}, {128, 128}})
           run_case("quant_fp8_block_" + std::to_string(br) + "x" + std::to_string(bc), name, [&](Result& r) {
             const auto q = numerics::quantize_fp8_block(x.data(), R, C, br, bc, true, ro);
@@ -487,6 +699,36 @@ void check_quantizers(CudaBackend& gpu) {
                        expect_bytes(r, "scales", sc.download(), q.scales_u8);
                        expect_floats(r, "dequant", deq.download(), q.dequant);
                      });
+        // The mxfp8 GEMM operand (any GPU: no tensor cores involved): the K-major codes (x, or
+        // x^T from the columnwise quantization) and the scale bytes in cuBLASLt's swizzled
+        // 128x4-tile layout, against a host construction spelled out from the cuBLAS
+        // documentation's description (zero padding to 128 rows x 4 scale columns; inside a
+        // tile, scale (i, j) at byte 16 * (i % 32) + 4 * (i / 32) + j). K = the reduced
+        // dimension must be a multiple of 32.
+        for (int tr = 0; tr < 2; ++tr)
+          if (!stoch && (tr ? R : C) % 32 == 0)
+            run_case(std::string("quant_mxfp8_gemm_operand") + (tr ? "_t" : ""), name, [&](Result& r) {
+              const auto q = numerics::quantize_mxfp8(x.data(), R, C, tr, Format::kE4M3, numerics::MxScaleRule::kCeil);
+              const int64_t OR = tr ? C : R, K = tr ? R : C, kb = K / 32;
+              std::vector<uint8_t> want_codes(R * C);
+              for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = 0; j < C; ++j) want_codes[tr ? j * R + i : i * C + j] = q.codes[i * C + j];
+              const int64_t col_tiles = (kb + 3) / 4;
+              std::vector<uint8_t> want_scales(size_t((OR + 127) / 128 * 128 * col_tiles * 4), 0);
+              for (int64_t row = 0; row < OR; ++row)
+                for (int64_t k = 0; k < kb; ++k) {
+                  const uint8_t v = tr ? q.scales_u8[k * OR + row] : q.scales_u8[row * kb + k];
+                  const int64_t tile = (row / 128) * col_tiles + k / 4, i = row % 128;
+                  want_scales[size_t(tile * 512 + 16 * (i % 32) + 4 * (i / 32) + k % 4)] = v;
+                }
+              Dev<uint8_t> tmp(R * C), codes(R * C), raw(OR * kb), sw(want_scales.size());
+              cuda::quantize_mxfp8(dx.p, R, C, tr, Format::kE4M3, numerics::MxScaleRule::kCeil, {},
+                                   tr ? tmp.p : codes.p, raw.p, nullptr, s);
+              if (tr) cuda::transpose_bytes(tmp.p, R, C, codes.p, s);
+              cuda::swizzle_scales_u8(raw.p, tr, OR, kb, sw.p, s);
+              expect_bytes(r, "codes", codes.download(), want_codes);
+              expect_bytes(r, "swizzled scales", sw.download(), want_scales);
+            });
         for (int b2d = 0; b2d < 2; ++b2d)
           run_case(b2d ? "quant_nvfp4_16x16" : "quant_nvfp4_1x16", name, [&](Result& r) {
             const auto q = numerics::quantize_nvfp4(x.data(), R, C, b2d, ro);

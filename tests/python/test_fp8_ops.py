@@ -1,0 +1,90 @@
+"""The FP8 recipes (per-tensor; fp8-block and mxfp8 below) through the backend's FP8 Linear ops
+(Backend::fp8_linear_*), the path `run.device = cuda` takes on FP8 tensor cores, run here on the
+CPU: MXTRAIN_TEST_FP8_OPS=1 makes the CPU backend offer those ops, whose CPU form is the recipe's
+exact emulation with the same GEMM calls. So everything the model does around them (which
+operand gets which format and scale, fp8-delayed's amax slots recorded into the histories later,
+flushed before a key is reused under activation recompute, at the end of each micro-batch and
+before the emulated path) must leave the run bit-identical to the emulated one: losses, gradient
+norms and checkpoints (which hold every delayed scale and amax history). The CUDA forms of the
+ops are checked against these CPU forms by tests/cuda/op_check.cu on a GPU."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import MXTRAIN_BIN, require_binary
+from test_device import checkpoint_files, corpus
+
+
+def train(tmp_path, name, fp8_ops, staged, extra, preset="tiny", seq=32, batch=4):
+    require_binary()
+    out = tmp_path / name
+    args = [MXTRAIN_BIN, "train", "--set", f"model.preset={preset}",
+            "--set", f"data.path={corpus(tmp_path)}", "--set", "train.steps=12",
+            "--set", f"train.seq_len={seq}", "--set", f"train.micro_batch={batch}",
+            "--set", "train.warmup_steps=3", "--set", "train.grad_clip=0.5",
+            "--set", "train.eval_every=0", "--set", "train.log_every=1",
+            "--set", "checkpoint.every=6", "--set", f"run.out_dir={out}"] + list(extra)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MXTRAIN_TEST_STAGING="1" if staged else "0",
+               MXTRAIN_TEST_FP8_OPS="1" if fp8_ops else "0")
+    p = subprocess.run(args, capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, f"{args}\n{p.stderr[-3000:]}"
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["step"], r["loss"], r["grad_norm"]) for r in records if not r.get("summary")]
+    return steps, out, p.stderr
+
+
+def assert_ops_path_identical(tmp_path, extra, staged, ckpt_steps=(6, 12), ref_staged=None,
+                              **shape):
+    """Trains the emulated run and the ops run; losses, gradient norms and checkpoints equal."""
+    ref, ref_out, ref_log = train(tmp_path, "emulated", False,
+                                  staged if ref_staged is None else ref_staged, extra, **shape)
+    got, got_out, got_log = train(tmp_path, "ops", True, staged, extra, **shape)
+    assert "block Linears emulated" in ref_log
+    assert "block Linears on the backend's FP8 GEMMs" in got_log
+    assert len(ref) == 12 and got == ref
+    for step in ckpt_steps:
+        a, b = checkpoint_files(ref_out, step), checkpoint_files(got_out, step)
+        assert a and a == b, f"checkpoint at step {step} differs"
+
+
+@pytest.mark.parametrize("recipe,ckpt,staged", [
+    ("fp8-current", "none", False),
+    ("fp8-delayed", "none", False),
+    ("fp8-delayed", "full", True),  # recompute: a key quantized twice per step; staged copies
+])
+def test_fp8_ops_path_is_identical(tmp_path, recipe, ckpt, staged):
+    extra = ["--set", f"precision.recipe={recipe}",
+             "--set", f"memory.activation_checkpointing={ckpt}", "--set", "train.grad_accum=2"]
+    assert_ops_path_identical(tmp_path, extra, staged)
+
+
+def test_fp8_ops_with_stats_steps_is_identical(tmp_path):
+    # Telemetry steps take the emulated path (its quantize() calls feed the statistics), the
+    # other steps the ops: fp8-delayed's histories must carry over between the two.
+    extra = ["--set", "precision.recipe=fp8-delayed", "--set", "precision.stats_every=5"]
+    ref, ref_out, _ = train(tmp_path, "emulated", False, False, extra)
+    got, got_out, _ = train(tmp_path, "ops", True, False, extra)
+    assert len(ref) == 12 and got == ref
+    assert checkpoint_files(ref_out, 12) == checkpoint_files(got_out, 12)
+
+
+def test_fp8_block_ops_path_is_identical(tmp_path):
+    # fp8-block goes to the ops only when every Linear dimension is a multiple of 128 (cuBLASLt's
+    # 1x128 / 128x128 scale modes): the small preset (384 / 1152 / kv 128) with 128 tokens.
+    extra = ["--set", "precision.recipe=fp8-block", "--set", "train.grad_accum=2",
+             "--set", "memory.activation_checkpointing=selective"]
+    assert_ops_path_identical(tmp_path, extra, True, ckpt_steps=(12,), ref_staged=False,
+                              preset="small", seq=64, batch=2)
+
+
+@pytest.mark.parametrize("ckpt,staged,accum", [("none", False, 2), ("full", True, 1)])
+def test_mxfp8_ops_path_is_identical(tmp_path, ckpt, staged, accum):
+    # mxfp8 goes to the ops (cuBLASLt's VEC32_UE8M0 GEMMs on Blackwell) when every Linear
+    # dimension is a multiple of 32: the tiny preset (64 / 160 / q 64 / kv 32) with 128 tokens.
+    # Rowwise 1x32 and columnwise 32x1 copies each from the fp32 tensor, as the recipe does.
+    extra = ["--set", "precision.recipe=mxfp8", "--set", f"train.grad_accum={accum}",
+             "--set", f"memory.activation_checkpointing={ckpt}"]
+    assert_ops_path_identical(tmp_path, extra, staged)
