@@ -24,6 +24,9 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # The Debian/Ubuntu packages scripts/setup.sh installs, plus sshd for multi-node jobs. Not
 # pinned to versions: the same list must install on the CUDA base and on a DLC base.
+# `apt-get clean`: a base without the official images' docker-clean apt hook (a Debian root
+# made with debootstrap, docs/sagemaker.md) would otherwise keep every downloaded .deb in
+# the image (300 MB).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
@@ -31,6 +34,7 @@ RUN apt-get update \
         nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev libcurl4-openssl-dev \
         libssl-dev fortunes python3-matplotlib ccache \
         openssh-server openssh-client ca-certificates \
+    && apt-get clean \
     && rm -rf /var/lib/apt/lists/*
 
 # Multi-node: the first host starts mpirun over ssh on the others (as root, with one key that

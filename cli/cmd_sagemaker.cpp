@@ -76,19 +76,31 @@ std::string self_exe() {
 }
 
 // --- the launcher's child process, with SIGTERM / SIGINT passed on to it -------------------
+// mpirun is told of the first SIGTERM / SIGINT with SIGUSR1, which it hands to every rank at
+// once (the trainer stops at the next step boundary and checkpoints, as for SIGTERM). A SIGTERM
+// sent to Open MPI 4's mpirun itself would reach the ranks followed by SIGKILL one second later
+// (odls_base_sigkill_timeout): too soon to write a checkpoint of any real model. A second
+// signal is passed on as it is, for a hard stop.
 volatile sig_atomic_t g_child = 0;
-volatile sig_atomic_t g_forwarded = 0;  // the last signal passed on, 0 if none
+volatile sig_atomic_t g_forwarded = 0;  // the first signal passed on, 0 if none
+volatile sig_atomic_t g_relay_as_usr1 = 0;
 void forward_signal(int sig) {
-  g_forwarded = sig;
-  if (g_child > 0) ::kill(pid_t(g_child), sig);
+  const bool first = g_forwarded == 0;
+  if (first) g_forwarded = sig;
+  if (g_child > 0) ::kill(pid_t(g_child), first && g_relay_as_usr1 ? SIGUSR1 : sig);
 }
 
-int run_child(const std::vector<std::string>& argv) {
+int run_child(const std::vector<std::string>& argv, bool relay_as_usr1 = false) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::fflush(stdout);
   std::fflush(stderr);
+  // The handlers go in before the fork (exec resets them in the child), so that no signal
+  // between the two ends this process and leaves the child running.
+  g_relay_as_usr1 = relay_as_usr1;
+  std::signal(SIGTERM, forward_signal);
+  std::signal(SIGINT, forward_signal);
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
@@ -97,8 +109,8 @@ int run_child(const std::vector<std::string>& argv) {
     ::_exit(127);
   }
   g_child = pid;
-  std::signal(SIGTERM, forward_signal);
-  std::signal(SIGINT, forward_signal);
+  // A signal that came while the child was being started is passed on now.
+  if (g_forwarded != 0) ::kill(pid, relay_as_usr1 ? SIGUSR1 : int(g_forwarded));
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) throw std::runtime_error("waitpid failed");
@@ -128,19 +140,6 @@ bool port_open(const std::string& host, int port) {
   return ok;
 }
 
-// True while a process of one of these names (/proc/PID/comm) runs on this host.
-bool process_running(const std::vector<std::string>& names) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    std::ifstream comm(e.path() / "comm");
-    std::string name;
-    if (comm && std::getline(comm, name))
-      for (const auto& n : names)
-        if (name == n) return true;
-  }
-  return false;
-}
-
 // A host other than the first: serve ssh for the master's mpirun, and end when the MPI
 // daemon it starts here (orted, or prted for Open MPI 5) has come and gone.
 int run_worker(const sm::Resources& res) {
@@ -155,13 +154,17 @@ int run_worker(const sm::Resources& res) {
   const std::vector<std::string> daemons = {"orted", "prted"};
   using clock = std::chrono::steady_clock;
   const auto give_up = clock::now() + std::chrono::minutes(30);
-  while (!process_running(daemons)) {
+  while (!sm::process_running(daemons)) {
     MX_REQUIRE(clock::now() < give_up, "the master ", res.hosts.front(),
                " did not start the MPI job on this host within 30 minutes");
+    sm::reap_orphans();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   info("sagemaker: the MPI job runs on ", res.current_host);
-  while (process_running(daemons)) std::this_thread::sleep_for(std::chrono::seconds(2));
+  do {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    sm::reap_orphans();
+  } while (sm::process_running(daemons));
   info("sagemaker: the MPI job on ", res.current_host, " has ended");
   return 0;
 }
@@ -245,7 +248,7 @@ int sagemaker_train() {
       launch.program_args = {self_exe(), "sagemaker", "train"};
       auto cmd = sm::mpirun_command(launch);
       info("sagemaker: ", joined(cmd));
-      rc = run_child(cmd);
+      rc = run_child(cmd, /*relay_as_usr1=*/true);
       // Stopped (spot reclaim, StopTrainingJob): the ranks checkpointed at the same step and
       // exited 143 / 130, whatever status mpirun makes of that; the job's status is the stop.
       if (g_forwarded == SIGTERM || g_forwarded == SIGINT) rc = 128 + int(g_forwarded);

@@ -1,9 +1,12 @@
 #include "train/sagemaker.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "core/error.h"
@@ -256,6 +259,31 @@ std::string shell_quote(const std::string& w) {
   std::string out = "'";
   for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
+}
+
+bool process_running(const std::vector<std::string>& names) {
+  // /proc/PID/stat is "PID (comm) STATE ..."; comm may itself hold ')' or spaces.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    if (!in || !std::getline(in, stat)) continue;
+    const auto open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 2 >= stat.size())
+      continue;
+    const char state = stat[close + 2];
+    if (state == 'Z' || state == 'X') continue;
+    const std::string name = stat.substr(open + 1, close - open - 1);
+    for (const auto& n : names)
+      if (name == n) return true;
+  }
+  return false;
+}
+
+void reap_orphans() {
+  int status = 0;
+  while (::waitpid(-1, &status, WNOHANG) > 0) {
+  }
 }
 
 }  // namespace mx::sagemaker

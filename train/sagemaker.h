@@ -96,4 +96,13 @@ std::vector<std::string> mpi_export_names(const std::vector<std::string>& enviro
 // "a b" -> 'a b': one shell word, for logging a command line.
 std::string shell_quote(const std::string& word);
 
+// True while a process of one of these names (the kernel's 15-character comm) runs on this
+// host; zombies (exited, not yet reaped) do not count.
+bool process_running(const std::vector<std::string>& names);
+
+// Reaps every exited child without waiting. A worker host's entrypoint is PID 1 of its
+// container, so the MPI daemon that mpirun starts there (daemonized: reparented to PID 1)
+// would otherwise stay a zombie when it ends.
+void reap_orphans();
+
 }  // namespace mx::sagemaker

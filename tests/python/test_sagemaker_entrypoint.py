@@ -198,7 +198,10 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     root = make_root(tmp_path, hp)
     ckpts = root / "checkpoints"
     require_binary()
-    p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"], env=sm_env(root),
+    # Each rank's stop checkpoint takes 3 s more, as a large model's would: the ranks must be
+    # given that time (a SIGTERM passed to mpirun as it is kills them one second later).
+    p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"],
+                         env=dict(sm_env(root), MXTRAIN_TEST_SLOW_STOP_MS="3000"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -214,6 +217,8 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     assert "sagemaker: mpirun --host localhost:2 -np 2" in err
     stopped_at = committed_steps(ckpts)[-1]
     assert 25 <= stopped_at < total, (stopped_at, err)
+    # the checkpoint is the one both ranks wrote at the step where they stopped
+    assert f"stopped by signal 15 at step {stopped_at}; checkpoint " in err, err[-4000:]
     state = json.loads((ckpts / f"step_{stopped_at:08d}" / "state.json").read_text())
     assert state["world_size"] == 2
     assert not (root / "model" / "model.safetensors").exists()
@@ -266,9 +271,17 @@ FAKE_SSHD = """#!{python}
 # sshd as the entrypoint starts it: returns once listening on port 22 (of this host's address),
 # serves until the entrypoint that started it has exited.
 import os, socket
+import time
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("{ip}", 22))
+for attempt in range(100):  # the previous job's fake sshd lets go within half a second
+    try:
+        s.bind(("{ip}", 22))
+        break
+    except OSError:
+        if attempt == 99:
+            raise
+        time.sleep(0.1)
 s.listen(16)
 owner = os.getppid()
 if os.fork():
@@ -338,17 +351,45 @@ def _start_two_hosts(roots, etc_hosts, ssh, sshd, base_env):
     return master, worker
 
 
-def _finish_two_hosts(master, worker):
+def _kill_leftovers(tag):
+    """SIGKILLs every process whose command line or environment names `tag` (this test's
+    tmp_path): mpirun, the daemonized orteds (not in any process group of ours) and the ranks.
+    Left running, they would hold the pipes of our Popen objects open, and reading those to
+    the end would never return."""
+    tag = str(tag).encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if tag in cmdline or tag in environ:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _finish_two_hosts(master, worker, tag):
     """(master rc, master stderr, worker rc, worker stderr); the worker must end by itself
-    once the MPI daemon the master started on it is gone."""
+    once the MPI daemon the master started on it is gone. A job that does not end in time
+    fails the test (everything it started is killed) instead of hanging it."""
     try:
         _, merr = master.communicate(timeout=400)
         _, werr = worker.communicate(timeout=60)
     finally:
-        for p in (master, worker):
-            if p.poll() is None:
+        if master.poll() is None or worker.poll() is None:
+            _kill_leftovers(tag)
+            for p in (master, worker):
                 p.kill()
-                p.communicate()
+                try:
+                    p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
     return master.returncode, merr, worker.returncode, werr
 
 
@@ -358,8 +399,10 @@ def _s3_steps(moto, prefix):
                   if k.endswith("/manifest.json")), keys
 
 
-@pytest.mark.skip(reason="hung in 1 of 3 back-to-back runs (mpirun/orted across the fake hosts "
-                  "never exited); disabled so CI cannot hang until it is diagnosed")
+@pytest.mark.skipif(os.environ.get("MXTRAIN_TWO_HOST_TEST") != "1", reason=(
+    "MXTRAIN_TWO_HOST_TEST=1 runs it. Passed 15 of 15 runs alone, but in a full fresh-clone "
+    "suite Open MPI's launch hung once: both orteds were started through the fake ssh, no "
+    "rank ever started, mpirun waited (failed after 400 s). Off in CI until that is found."))
 def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
     """hosts algo-1 and algo-2, one rank each: algo-1 runs mpirun over ssh to both, algo-2
     serves sshd and waits; FSDP over the two, checkpoints straight to S3 (moto), the model
@@ -378,8 +421,8 @@ def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
                            "sagemaker.processes_per_host": "1"})
         roots, etc_hosts, ssh, sshd = _two_host_setup(tmp_path, hp)
         env = s3_env(moto)
-        rc, merr, wrc, werr = _finish_two_hosts(*_start_two_hosts(roots, etc_hosts, ssh, sshd,
-                                                                  env))
+        rc, merr, wrc, werr = _finish_two_hosts(
+            *_start_two_hosts(roots, etc_hosts, ssh, sshd, env), tmp_path)
         assert rc == 0, merr[-4000:]
         assert wrc == 0, werr
         assert "sagemaker: algo-2 waits for the master algo-1" in werr
@@ -410,26 +453,29 @@ def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
         for root in roots.values():
             (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
             shutil.rmtree(root / "model", ignore_errors=True)
-        master, worker = _start_two_hosts(roots, etc_hosts, ssh, sshd, env)
+        master, worker = _start_two_hosts(roots, etc_hosts, ssh, sshd,
+                                          dict(env, MXTRAIN_TEST_SLOW_STOP_MS="3000"))
         deadline = time.monotonic() + 240
         while (_s3_steps(moto, prefix)[0][-1] <= 6 and master.poll() is None
                and time.monotonic() < deadline):
             time.sleep(0.2)
         assert master.poll() is None, "the run ended before its first checkpoint"
         master.send_signal(signal.SIGTERM)
-        rc, merr, wrc, werr = _finish_two_hosts(master, worker)
+        rc, merr, wrc, werr = _finish_two_hosts(master, worker, tmp_path)
         assert rc == 143, merr[-4000:]
         assert wrc == 0, werr
         steps, keys = _s3_steps(moto, prefix)
         stopped_at = steps[-1]
         assert 25 <= stopped_at < total, (stopped_at, merr[-4000:])
+        assert f"stopped by signal 15 at step {stopped_at}; checkpoint s3://" in merr, \
+            merr[-4000:]
         assert len([k for k in keys
                     if k.startswith(f"{prefix}/step_{stopped_at:08d}/rank_")]) == 2
         assert not (roots["algo-1"] / "model" / "model.safetensors").exists()
         assert not (roots["algo-1"] / "output" / "failure").exists()
 
-        rc, merr, wrc, werr = _finish_two_hosts(*_start_two_hosts(roots, etc_hosts, ssh, sshd,
-                                                                  env))
+        rc, merr, wrc, werr = _finish_two_hosts(
+            *_start_two_hosts(roots, etc_hosts, ssh, sshd, env), tmp_path)
         assert rc == 0, merr[-4000:]
         assert wrc == 0, werr
         assert (f"resumed from s3://{moto.bucket}/{prefix}/step_{stopped_at:08d} at step "
@@ -444,6 +490,7 @@ def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
         _same_weights(moto, keys, prefix, total, roots["algo-1"] / "model",
                       tmp_path / f"dl{total}")
     finally:
+        _kill_leftovers(tmp_path)
         moto.stop()
 
 

@@ -1,6 +1,9 @@
 // The SageMaker entrypoint's translation rules: hyperparameters.json -> config overrides,
 // resourceconfig.json -> hosts, the train channel -> data.path, and the mpirun command line.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -236,4 +239,44 @@ TEST(SagemakerMpirun, ExportedEnvironment) {
   // one host: its ranks are local, and MXTRAIN_SM_ROOT (set or not) names the one tree
   EXPECT_EQ(sm::mpi_export_names({"PATH", "TERM"}, false),
             (std::vector<std::string>{"LD_LIBRARY_PATH", "MXTRAIN_SM_ROOT", "PATH"}));
+}
+
+// The worker host waits while the MPI daemon runs; a daemon that has exited but is not yet
+// reaped (a zombie: in a container the entrypoint is PID 1, every orphan's parent) has ended.
+TEST(SagemakerWorker, ProcessRunningSkipsZombiesAndReapOrphansClearsThem) {
+  const std::string name = "mxzombie" + std::to_string(::getpid() % 100000);
+  ASSERT_LE(name.size(), 15u);  // the kernel's comm length
+  EXPECT_FALSE(sm::process_running({name}));
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // named as the daemon would be; exits when the parent says so
+    ::prctl(PR_SET_NAME, name.c_str());
+    char c;
+    ::close(go[1]);
+    (void)!::read(go[0], &c, 1);
+    ::_exit(0);
+  }
+  ::close(go[0]);
+  auto state = [&] {  // the child's state letter from /proc/PID/stat ('?' once it is gone)
+    std::ifstream in("/proc/" + std::to_string(child) + "/stat");
+    std::string s;
+    if (!std::getline(in, s)) return '?';
+    return s[s.rfind(')') + 2];
+  };
+  auto wait_for = [&](auto pred) {
+    for (int i = 0; i < 500 && !pred(); ++i) ::usleep(10000);
+    return pred();
+  };
+  // running (once the prctl has happened): seen
+  EXPECT_TRUE(wait_for([&] { return sm::process_running({name}); }));
+  EXPECT_FALSE(sm::process_running({name + "x"}));
+  ::close(go[1]);  // the child exits and, unreaped, stays a zombie
+  ASSERT_TRUE(wait_for([&] { return state() == 'Z'; }));
+  EXPECT_FALSE(sm::process_running({name}));
+  sm::reap_orphans();
+  EXPECT_EQ(state(), '?');
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, WNOHANG), -1);  // already reaped
 }
