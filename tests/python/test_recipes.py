@@ -126,9 +126,23 @@ def test_recipe_matches_quantized_reference(mxtrain, case, recipe, quant):
     # The recipe changes the numbers measurably...
     effect = max(max_rel(ref_grads[k], fp32_grads[k]) for k in ref_grads if ".layers." in k)
     assert effect > 1e-4, effect
-    # ...and mxtrain reproduces that change: far closer to the recipe reference than to fp32.
-    err = max(max_rel(grads[k], ref_grads[k]) for k in ref_grads)
-    assert err < 0.1 * effect, (recipe, err, effect)
+    # ...and mxtrain reproduces that change: far closer to the recipe reference than to fp32,
+    # measured per tensor as |mxtrain - reference| / |reference - fp32| (Frobenius norms).
+    # Leaving the recipe off one of the six GEMM operands moves the reference by, at the
+    # most affected tensor: forward input or weight 0.79-1.11, data-gradient operands
+    # 0.17-0.32, weight-gradient operands 0.09-0.11 (both recipes, measured on this case).
+    # mxfp8 matches to ~3e-6, so its bound of 0.01 pins every operand. bf16's rounding step
+    # is 1/256 of a value: mxtrain and torch order their fp32 sums differently (their fp32
+    # gradients differ by ~3e-6 of each tensor's max), and a value that lands on the other
+    # side of a rounding midpoint moves by a whole bf16 step; on this small, chaotic random
+    # model that alone puts mxtrain 0.14-0.15 from the reference, so bf16's bound of 0.35
+    # catches a forward operand left unrounded, and the backward operands (wired the same
+    # way for every recipe) rest on the mxfp8 case.
+    def as64(t):
+        return np.asarray(t.detach().numpy() if hasattr(t, "detach") else t, np.float64)
+    err = max(np.linalg.norm(as64(grads[k]) - as64(ref_grads[k]))
+              / np.linalg.norm(as64(ref_grads[k]) - as64(fp32_grads[k])) for k in ref_grads)
+    assert err < {"bf16": 0.35, "mxfp8": 0.01}[recipe], (recipe, err)
     assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), (loss, ref_loss, fp32_loss)
     assert abs(ref_loss - fp32_loss) > 0 or recipe == "bf16"
 
