@@ -1,9 +1,12 @@
 // Causal GQA attention, FlashAttention-2 on the CPU: a query tile (kBr positions of all the query
 // heads that share one kv head, stacked into group * kBr rows) meets the key tiles (kBc rows) at
-// or before it; each tile product is one single-threaded sgemm on the calling OpenMP thread, and
-// softmax runs as an online (running max, running sum) pass in forward and as a recomputation
-// P = exp(S - lse) in backward. Workspace is per thread and O(group * tile * D).
+// or before it; each tile product runs single-threaded on the calling OpenMP thread (tile_gemm for
+// the products with a row-major left operand: Q K^T, P V, dO V^T, dS K; OpenBLAS sgemm for the two
+// with a transposed one: P^T dO, dS^T Q), and softmax runs as an online (running max, running sum)
+// pass in forward and as a recomputation P = exp(S - lse) in backward. Workspace is per thread and
+// O(group * tile * D), plus one transposed copy of K (and of V in backward), the size of K.
 #include "backend/cpu/attention.h"
+#include "backend/cpu/tile_gemm.h"
 #include "backend/cpu/vec_math.h"
 
 #include <cblas.h>
@@ -39,6 +42,31 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
               beta, c, static_cast<int>(ldc));
+}
+
+// C = beta C + alpha A B (A, B row-major) through tile_gemm when n is a multiple of 16,
+// otherwise through OpenBLAS.
+inline void tile_product(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                         int64_t ldc, float* panel) {
+  if (n % 16 == 0) return tile_gemm(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, panel);
+  gemm(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// xt[((b * KV + g) * D + d) * T + t] = x[((b * T + t) * KV + g) * D + d]: each kv head's keys (or
+// values) as a [D, T] matrix, so that Q K^T and dO V^T are plain row-major products over it.
+std::vector<float> transpose_kv(const float* x, int64_t B, int64_t T, int64_t KV, int64_t D) {
+  std::vector<float> xt(static_cast<size_t>(B * KV * D * T));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bg = 0; bg < B * KV; ++bg)
+    for (int64_t t0 = 0; t0 < T; t0 += 64) {
+      const int64_t b = bg / KV, g = bg % KV, t1 = std::min(T, t0 + 64);
+      for (int64_t d = 0; d < D; ++d) {
+        float* dst = xt.data() + (bg * D + d) * T;
+        for (int64_t t = t0; t < t1; ++t) dst[t] = x[((b * T + t) * KV + g) * D + d];
+      }
+    }
+  return xt;
 }
 
 void check_shape(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
@@ -80,6 +108,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const int64_t n_tiles = (T + kBr - 1) / kBr;
   const int64_t n_tasks = B * KV * n_tiles;
   const int64_t rows_max = group * kBr;
+  const std::vector<float> kt = transpose_kv(k, B, T, KV, D);
 
 #pragma omp parallel
   {
@@ -87,6 +116,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     std::vector<float> s(static_cast<size_t>(rows_max * kBc));  // scores, then probabilities
     std::vector<float> o(static_cast<size_t>(rows_max * D));    // unnormalized output
     std::vector<float> m(rows_max), l(rows_max);                // running row max and row sum
+    std::vector<float> panel(static_cast<size_t>(std::max(D, kBc) * 16));  // tile_gemm's B panel
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_tasks; ++task) {
@@ -96,8 +126,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const int64_t bg = task / n_tiles;
       const int64_t b = bg / KV, g = bg % KV;
       const int64_t i0 = it * kBr, br = std::min(kBr, T - i0), rows = group * br;
-      const float* kb = k + (b * T * KV + g) * D;  // key j of this kv head at kb + j * kv_ld
-      const float* vb = v + (b * T * KV + g) * D;
+      const float* ktb = kt.data() + (b * KV + g) * D * T;  // this kv head's keys as [D, T]
+      const float* vb = v + (b * T * KV + g) * D;  // value j of this kv head at vb + j * kv_ld
       gather_rows(qs.data(), q + (b * T * H + g * group) * D, q_ld, i0, br, group, D);
 
       std::fill(m.begin(), m.begin() + rows, -std::numeric_limits<float>::infinity());
@@ -107,7 +137,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       for (int64_t j0 = 0; j0 < i0 + br; j0 += kBc) {  // key tiles with at least one allowed key
         const int64_t bc = std::min(kBc, T - j0);
         float* st = s.data();
-        gemm(false, true, rows, bc, D, scale, qs.data(), D, kb + j0 * kv_ld, kv_ld, 0.0f, st, bc);
+        tile_product(rows, bc, D, scale, qs.data(), D, ktb + j0, T, 0.0f, st, bc, panel.data());
         const bool diagonal = j0 + bc - 1 > i0;  // some key of the tile is after some query
         for (int64_t row = 0; row < rows; ++row) {
           float* sr = st + row * bc;
@@ -130,7 +160,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           }
           std::fill(sr + n, sr + bc, 0.0f);  // masked keys contribute nothing to P V
         }
-        gemm(false, false, rows, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D);
+        tile_product(rows, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D,
+                     panel.data());
       }
 
       for (int64_t row = 0; row < rows; ++row) {
@@ -159,6 +190,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t n_tiles = (T + kBr - 1) / kBr;
   const int64_t n_tasks = B * KV;
   const int64_t rows_max = group * kBr;
+  const std::vector<float> kt = transpose_kv(k, B, T, KV, D);
+  const std::vector<float> vt = transpose_kv(v, B, T, KV, D);
 
 #pragma omp parallel
   {
@@ -169,6 +202,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::vector<float> dp(static_cast<size_t>(rows_max * kBc));  // dP = dO V^T, then dS
     std::vector<float> di(rows_max);                              // rowsum(dO * O)
     std::vector<float> lse_rows(rows_max);
+    std::vector<float> panel(static_cast<size_t>(std::max(D, kBc) * 16));  // tile_gemm's B panel
 
     // One task owns a (batch, kv head): its dk and dv rows, and the dq rows of the group's
     // query heads, so every accumulation below is race-free without atomics or reductions.
@@ -176,7 +210,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     for (int64_t task = 0; task < n_tasks; ++task) {
       const int64_t b = task / KV, g = task % KV;
       const float* kb = k + (b * T * KV + g) * D;
-      const float* vb = v + (b * T * KV + g) * D;
+      const float* ktb = kt.data() + (b * KV + g) * D * T;  // [D, T]
+      const float* vtb = vt.data() + (b * KV + g) * D * T;
       float* dkb = dk + (b * T * KV + g) * D;
       float* dvb = dv + (b * T * KV + g) * D;
       const int64_t head0 = (b * T * H + g * group) * D;  // the group's first head, position 0
@@ -203,11 +238,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
         for (int64_t j0 = 0; j0 < i0 + br; j0 += kBc) {
           const int64_t bc = std::min(kBc, T - j0);
-          const float* kt = kb + j0 * kv_ld;
-          const float* vt = vb + j0 * kv_ld;
+          const float* kj = kb + j0 * kv_ld;  // the key tile, [bc, D] with stride kv_ld
           float* pt = p.data();
           float* dpt = dp.data();
-          gemm(false, true, rows, bc, D, scale, qs.data(), D, kt, kv_ld, 0.0f, pt, bc);
+          tile_product(rows, bc, D, scale, qs.data(), D, ktb + j0, T, 0.0f, pt, bc, panel.data());
           const bool diagonal = j0 + bc - 1 > i0;
           for (int64_t row = 0; row < rows; ++row) {
             float* pr = pt + row * bc;
@@ -219,7 +253,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           gemm(true, false, bc, D, rows, 1.0f, pt, bc, dos.data(), D, 1.0f, dvb + j0 * kv_ld,
                kv_ld);
           // dP = dO_i V_j^T, then dS = P * (dP - Di) in place (masked P = 0 gives dS = 0).
-          gemm(false, true, rows, bc, D, 1.0f, dos.data(), D, vt, kv_ld, 0.0f, dpt, bc);
+          tile_product(rows, bc, D, 1.0f, dos.data(), D, vtb + j0, T, 0.0f, dpt, bc, panel.data());
           for (int64_t row = 0; row < rows; ++row) {
             const float* pr = pt + row * bc;
             float* dsr = dpt + row * bc;
@@ -228,7 +262,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             for (int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
           }
           // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
-          gemm(false, false, rows, D, bc, scale, dpt, bc, kt, kv_ld, 1.0f, dqs.data(), D);
+          tile_product(rows, D, bc, scale, dpt, bc, kj, kv_ld, 1.0f, dqs.data(), D, panel.data());
           gemm(true, false, bc, D, rows, scale, dpt, bc, qs.data(), D, 1.0f, dkb + j0 * kv_ld,
                kv_ld);
         }

@@ -44,6 +44,9 @@ class CpuBackend final : public Backend {
       const float* xr = x + n * C;
       float* yr = y + n * C;
       double ss = 0;
+      // simd reduction: the double sum may be reordered into vector lanes (it stayed scalar,
+      // one dependent add per element, without the pragma).
+#pragma omp simd reduction(+ : ss)
       for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * xr[c];
       float r = float(1.0 / std::sqrt(ss / double(C) + double(eps)));
       rstd[n] = r;
@@ -66,6 +69,7 @@ class CpuBackend final : public Backend {
         const float* dyr = dy + n * C;
         float r = rstd[n];
         double dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t c = 0; c < C; ++c) dot += double(dyr[c]) * w[c] * xr[c];
         float k = float(dot * double(r) * r * r / double(C));
         float* dxr = dx + n * C;
