@@ -264,6 +264,10 @@ bool LlamaModel::native_fp8(int64_t N, int64_t in, int64_t out) const {
     return be_.fp8_block_tensor_cores() && N % 128 == 0 && in % 128 == 0 && out % 128 == 0;
   if (recipe_->recipe() == Recipe::kMxfp8)  // 1x32 blocks along every GEMM's reduction
     return be_.mxfp8_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
+  // nvfp4: two E2M1 codes a byte, so a K-major row of K / 2 bytes is 16-byte aligned when K is
+  // a multiple of 32; tokens a multiple of 16 also means the weight gradient takes the RHT.
+  if (recipe_->recipe() == Recipe::kNvfp4)
+    return be_.nvfp4_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
   return recipe_->per_tensor_fp8() && be_.fp8_tensor_cores() &&
          layer_ != recipe_->test_shift_layer() && N % 16 == 0 && in % 16 == 0 &&
          out % 16 == 0;
@@ -286,6 +290,17 @@ Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {
     q.block_rows = reduce_along_cols ? 1 : 32;
     q.block_cols = reduce_along_cols ? 32 : 1;
     return q;
+  }
+  if (recipe_->recipe() == Recipe::kNvfp4) {  // as LinearRecipe::quantize cuts the blocks
+    const bool reduce_along_cols = op == LinearOperand::kFwdInput ||
+                                   op == LinearOperand::kFwdWeight ||
+                                   op == LinearOperand::kDgradGrad;
+    const bool weight = op == LinearOperand::kFwdWeight || op == LinearOperand::kDgradWeight;
+    q.nvfp4 = true;
+    q.block_rows = weight || !reduce_along_cols ? 16 : 1;
+    q.block_cols = weight || reduce_along_cols ? 16 : 1;
+    q.rounding = recipe_->nvfp4_rounding(op, layer_, linear);
+    return q;  // the weight gradient's RHT: set by linear_bwd, which knows the token count
   }
   q.fmt = LinearRecipe::fp8_format(op);
   if (recipe_->recipe() != Recipe::kFp8Delayed) return q;  // current scaling
@@ -378,8 +393,12 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     }
     if (dw) {
       float* work = scratch_.alloc_f32(N * out + N * in);
-      const auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
-      const auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
+      auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
+        dyq.rht = xq.rht = true;
+        dyq.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);
+      }
       be_.fp8_linear_wgrad(dw, dy, dyq, x, xq, N, in, out, work);
     }
     scratch_.release(m);
