@@ -80,6 +80,14 @@ void nvfp4_rht_emulate(float* out, const float* x, int64_t rows, int64_t cols,
 }
 }  // namespace
 
+bool Backend::quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
+                                  const Fp8Operand& q, float* /*tmp: the host form works in place*/) {
+  MX_REQUIRE(q.mx || q.nvfp4, "quantize_dequantize: mxfp8 or nvfp4 operands only");
+  if (q.rht) nvfp4_rht_emulate(out, x, rows, cols, q);
+  else fp8_emulate(out, x, rows, cols, q);
+  return true;
+}
+
 // The reference forms (host memory): the recipe's emulation with the GEMM calls of
 // linear_forward / linear_backward.
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,

@@ -139,6 +139,21 @@ class Backend {
                                 const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                 int64_t out, float* work);
 
+  // The emulated recipes' quantize-dequantize of one Linear operand on the backend, for the
+  // path whose GEMMs run in fp32 over dequantized operands (a GPU without the recipe's tensor
+  // cores, e.g. nvfp4 / mxfp8 on Hopper): out[rows, cols] = dequantize(quantize(x)) with the
+  // bytes LinearRecipe::quantize writes, for q.mx (1x32 / 32x1) and q.nvfp4 (1x16, 16x16,
+  // 16x1; with q.rht instead out[cols, rows] = q(RHT(x^T)) in 1x16 blocks, the emulated weight
+  // gradient's operands, with `tmp` backend memory for rows * cols floats, else unused). out, x
+  // and tmp are backend memory and do not overlap. Returns false where
+  // the backend leaves it to the caller's host code (CUDA: nvfp4 16x1 without the RHT, which
+  // only Linears with a token count not a multiple of 16 take).
+  //   CUDA: the quantize kernels (quantize_kernels.cu) write the dequantized tensor directly.
+  //   Here (host memory): the recipe's quantizers; LlamaModel calls it only when the memory is
+  //   not host-addressable, i.e. on the CPU under MXTRAIN_TEST_STAGING (the twin of the GPU).
+  virtual bool quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
+                                   const Fp8Operand& q, float* tmp = nullptr);
+
   // RMSNorm (Hugging Face LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved.
   virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
                                int64_t C, float eps) = 0;

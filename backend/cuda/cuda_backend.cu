@@ -438,6 +438,46 @@ class CudaBackendImpl final : public CudaBackend {
     fp8_gemm(out, in, N, dytc, dyq.fmt, dys, xtc, xq.fmt, xs, 1.0f, dw);
   }
 
+  // mxfp8 / nvfp4 emulated (off their tensor cores): the quantize kernels write the
+  // dequantized operand straight into `out`; codes and scales are scratch, dropped at the end.
+  bool quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
+                           const Fp8Operand& q, float* tmp) override {
+    MX_REQUIRE(q.mx || q.nvfp4, "quantize_dequantize: mxfp8 or nvfp4 operands only");
+    DeviceArenaScope scope(scratch_);
+    if (q.mx) {
+      const bool colwise = q.block_rows == 32;
+      const int64_t sr = colwise ? (rows + 31) / 32 : rows, sc = colwise ? cols : (cols + 31) / 32;
+      uint8_t* codes = scratch_.alloc_as<uint8_t>(rows * cols);
+      uint8_t* scales = scratch_.alloc_as<uint8_t>(sr * sc);
+      cuda::quantize_mxfp8(x, rows, cols, colwise, numerics::Format::kE4M3,
+                           numerics::MxScaleRule::kCeil, numerics::RoundingOptions{}, codes,
+                           scales, out, stream_);
+      launched("quantize_dequantize (mxfp8)");
+      return true;
+    }
+    const float* src = x;
+    int64_t R = rows, K = cols;
+    if (q.rht) {  // out[cols, rows] = q(RHT(x^T)), 1x16 along the rows of x^T
+      MX_REQUIRE(tmp != nullptr, "quantize_dequantize: the RHT needs a temporary");
+      cuda::transpose_f32(x, rows, cols, tmp, stream_);
+      cuda::rht16_forward(tmp, cols, rows, q.rht_seed, stream_);
+      src = tmp;
+      R = cols;
+      K = rows;
+    } else if (q.block_rows == 16 && q.block_cols == 1) {
+      return false;  // 16x1 columns: no device kernel (only token counts not a multiple of 16)
+    }
+    const bool blocks_2d = !q.rht && q.block_rows == 16 && q.block_cols == 16;
+    const int64_t br = blocks_2d ? 16 : 1;
+    uint8_t* codes = scratch_.alloc_as<uint8_t>(R * ((K + 1) / 2));
+    uint8_t* scales = scratch_.alloc_as<uint8_t>(((R + br - 1) / br) * ((K + 15) / 16));
+    float* global = scratch_.alloc_f32(1);
+    cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, scales, global, out, scratch_,
+                         stream_);
+    launched("quantize_dequantize (nvfp4)");
+    return true;
+  }
+
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
                        int64_t C, float eps) override {
     if (N == 0) return;

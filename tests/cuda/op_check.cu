@@ -806,6 +806,51 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "global_scale", gs.download(), {q.global_scale});
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // The emulated path's device quantize-dequantize (Backend::quantize_dequantize: mxfp8 and
+        // nvfp4 off their tensor cores, e.g. on an H200), bit for bit against the CPU
+        // quantizers: mxfp8 rows / columns, nvfp4 1x16 / 16x16, and nvfp4's weight-gradient
+        // operand q(RHT(x^T)) formed on the host by numerics::rht16_forward.
+        for (int kind = 0; kind < 5; ++kind) {
+          if ((kind < 2 || kind == 3) && stoch) continue;  // mxfp8 and nvfp4 weights: RNE only
+          if (kind == 4 && (R % 16 || specials)) continue;
+          static const char* qd_names[] = {"quant_dequant_mxfp8_row", "quant_dequant_mxfp8_col",
+                                           "quant_dequant_nvfp4_1x16", "quant_dequant_nvfp4_16x16",
+                                           "quant_dequant_nvfp4_rht_t"};
+          run_case(qd_names[kind], name, [&](Result& r) {
+            Backend::Fp8Operand q;
+            std::vector<float> want;
+            if (kind < 2) {
+              q.mx = true;
+              q.block_rows = kind ? 32 : 1;
+              q.block_cols = kind ? 1 : 32;
+              want = numerics::quantize_mxfp8(x.data(), R, C, kind == 1, Format::kE4M3,
+                                              numerics::MxScaleRule::kCeil).dequant;
+            } else {
+              q.nvfp4 = true;
+              q.block_rows = kind == 3 ? 16 : 1;
+              q.block_cols = 16;
+              q.rounding = ro;
+              q.rht = kind == 4;
+              q.rht_seed = 0x5eedu;
+              if (kind == 4) {
+                std::vector<float> xt(size_t(R * C));
+                for (int64_t i = 0; i < R; ++i)
+                  for (int64_t j = 0; j < C; ++j) xt[size_t(j * R + i)] = x[size_t(i * C + j)];
+                numerics::rht16_forward(xt.data(), C, R, q.rht_seed);
+                want = numerics::quantize_nvfp4(xt.data(), C, R, false, ro).dequant;
+              } else {
+                want = numerics::quantize_nvfp4(x.data(), R, C, kind == 3, ro).dequant;
+              }
+            }
+            Dev<float> out(R * C), tmp(R * C);
+            if (!gpu.quantize_dequantize(out.p, dx.p, R, C, q, tmp.p)) {
+              r.pass = false;
+              r.note += "declined; ";
+              return;
+            }
+            expect_floats(r, "dequant", out.download(), want);
+          });
+        }
         // The nvfp4 GEMM operand (any GPU: no tensor cores involved), as the backend forms it:
         // 1x16 rows of x; 16x16 blocks of x (a weight) and of x^T (the data gradient's W^T,
         // built here from the quantization of x itself, codes and block scales transposed); and
