@@ -40,11 +40,16 @@ bool Backend::fp8_tensor_cores() const {
 }
 
 namespace {
-// LinearRecipe::quantize's FP8 cases (per-tensor, fp8-block, mxfp8): the dequantized operand into `out`.
+// LinearRecipe::quantize's FP8 / FP4 cases (per-tensor, fp8-block, mxfp8, nvfp4): the dequantized operand into `out`.
 void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
                  const Backend::Fp8Operand& q) {
   numerics::QuantizeInto into;
   into.dequant = out;
+  if (q.nvfp4) {  // 1x16, 16x1 (columnwise) or 16x16 (weights) blocks
+    numerics::quantize_nvfp4_into(x, rows, cols, q.block_rows == 16 && q.block_cols == 16,
+                                  q.block_rows == 16 && q.block_cols == 1, into, q.rounding);
+    return;
+  }
   if (q.mx) {  // mxfp8: 1x32 blocks, or 32x1 (columnwise)
     numerics::quantize_mxfp8_into(x, rows, cols, q.block_rows == 32, numerics::Format::kE4M3,
                                   numerics::MxScaleRule::kCeil, into);
@@ -61,7 +66,27 @@ void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
       q.current ? numerics::fp8_scale_from_amax(amax, numerics::fp8_max(q.fmt)) : q.scale;
   numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, scale, into);
 }
+
+// nvfp4's weight-gradient operand with the Hadamard transform, as LlamaModel's emulation forms
+// it: out[cols, rows] = q(RHT(x^T)) (transpose, transform along the rows, 1x16 quantization).
+void nvfp4_rht_emulate(float* out, const float* x, int64_t rows, int64_t cols,
+                       const Backend::Fp8Operand& q) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * cols + c];
+  numerics::rht16_forward(out, cols, rows, q.rht_seed);
+  numerics::QuantizeInto into;
+  into.dequant = out;  // in place: every element is read before it is written
+  numerics::quantize_nvfp4_into(out, cols, rows, false, false, into, q.rounding);
+}
 }  // namespace
+
+bool Backend::quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
+                                  const Fp8Operand& q, float* /*tmp: the host form works in place*/) {
+  MX_REQUIRE(q.mx || q.nvfp4, "quantize_dequantize: mxfp8 or nvfp4 operands only");
+  if (q.rht) nvfp4_rht_emulate(out, x, rows, cols, q);
+  else fp8_emulate(out, x, rows, cols, q);
+  return true;
+}
 
 // The reference forms (host memory): the recipe's emulation with the GEMM calls of
 // linear_forward / linear_backward.
@@ -90,6 +115,12 @@ void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq
                                float* work) {
   float* dyd = work;
   float* xd = work + N * out;
+  if (dyq.rht) {  // nvfp4: dW += q(RHT(dy^T)) q(RHT(x^T))^T, the emulation's GEMM call
+    nvfp4_rht_emulate(dyd, dy, N, out, dyq);
+    nvfp4_rht_emulate(xd, x, N, in, xq);
+    gemm(false, true, out, in, N, 1.0f, dyd, xd, 1.0f, dw);
+    return;
+  }
   fp8_emulate(dyd, dy, N, out, dyq);
   fp8_emulate(xd, x, N, in, xq);
   gemm(true, false, out, in, N, 1.0f, dyd, xd, 1.0f, dw);

@@ -13,6 +13,7 @@
 
 #include "core/arena.h"
 #include "numerics/formats.h"
+#include "numerics/quantize.h"
 
 namespace mx {
 
@@ -93,6 +94,18 @@ class Backend {
     // down the matrix's columns): E4M3 with one E8M0 scale per block (numerics::quantize_mxfp8,
     // MxScaleRule::kCeil), each copy quantized from the high-precision tensor.
     bool mx = false;
+    // Recipe nvfp4 instead (`nvfp4` true, `mx` false): E2M1 codes in 16-element blocks with UE4M3
+    // scales and the tensor's fp32 global scale (numerics::quantize_nvfp4_into, as the recipe
+    // calls it): block_rows x block_cols = 1x16 (along the GEMM's reduction), 16x1 (down the
+    // columns) or 16x16 (weights). `rounding`: the recipe's stochastic rounding (gradients) or
+    // RNE. `rht` (the weight-gradient operands, tokens a multiple of 16): the operand is
+    // transposed to [cols, rows], put through numerics::rht16_forward(rht_seed) along the
+    // tokens and quantized in 1x16 blocks along them (the block shape is then unused), exactly
+    // as LlamaModel's emulated weight gradient does.
+    bool nvfp4 = false;
+    numerics::RoundingOptions rounding;
+    bool rht = false;
+    uint32_t rht_seed = 0;
   };
   // True where the FP8 Linears run on FP8 tensor cores (CUDA, compute capability >= 8.9, unless
   // MXTRAIN_CUDA_FP8=emulate). The CPU says true only under the test knob
@@ -106,6 +119,11 @@ class Backend {
   // capability 10.x, through cuBLASLt's VEC32_UE8M0 scale mode with the scales in its swizzled
   // layout, numerics/block_scale_layout.h; every dimension a multiple of 32). The CPU: the knob.
   virtual bool mxfp8_tensor_cores() const { return fp8_tensor_cores(); }
+  // True where nvfp4 operands (Fp8Operand::nvfp4) run on tensor cores (CUDA: Blackwell, compute
+  // capability 10.x with cuBLAS >= 12.8, through CUDA_R_4F_E2M1 operands and the VEC16_UE4M3
+  // scale mode, scales in the swizzled layout; every dimension a multiple of 32). The CPU: the
+  // knob, with the recipe's exact emulation as the reference form.
+  virtual bool nvfp4_tensor_cores() const { return fp8_tensor_cores(); }
   // `work`: backend memory with room for as many floats as the two operands have elements
   // (the model's scratch, as for the emulation's dequantized copies).
   // y[N,out] = q(x[N,in]) q(w[out,in])^T
@@ -120,6 +138,21 @@ class Backend {
   virtual void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq,
                                 const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                 int64_t out, float* work);
+
+  // The emulated recipes' quantize-dequantize of one Linear operand on the backend, for the
+  // path whose GEMMs run in fp32 over dequantized operands (a GPU without the recipe's tensor
+  // cores, e.g. nvfp4 / mxfp8 on Hopper): out[rows, cols] = dequantize(quantize(x)) with the
+  // bytes LinearRecipe::quantize writes, for q.mx (1x32 / 32x1) and q.nvfp4 (1x16, 16x16,
+  // 16x1; with q.rht instead out[cols, rows] = q(RHT(x^T)) in 1x16 blocks, the emulated weight
+  // gradient's operands, with `tmp` backend memory for rows * cols floats, else unused). out, x
+  // and tmp are backend memory and do not overlap. Returns false where
+  // the backend leaves it to the caller's host code (CUDA: nvfp4 16x1 without the RHT, which
+  // only Linears with a token count not a multiple of 16 take).
+  //   CUDA: the quantize kernels (quantize_kernels.cu) write the dequantized tensor directly.
+  //   Here (host memory): the recipe's quantizers; LlamaModel calls it only when the memory is
+  //   not host-addressable, i.e. on the CPU under MXTRAIN_TEST_STAGING (the twin of the GPU).
+  virtual bool quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
+                                   const Fp8Operand& q, float* tmp = nullptr);
 
   // RMSNorm (Hugging Face LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd[N] saved.
   virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,

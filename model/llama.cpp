@@ -241,13 +241,47 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   }
 }
 
+namespace {
+// The block-scaled recipes' operands (mxfp8, nvfp4) for the backend, cut as
+// LinearRecipe::quantize cuts them: blocks along the GEMM's reduction (reduce_along_cols: along
+// the matrix's rows, else down its columns), nvfp4 weights in 16x16, nvfp4 gradients with the
+// recipe's stochastic rounding.
+Backend::Fp8Operand block_operand(const LinearRecipe& recipe, LinearOperand op,
+                                  bool reduce_along_cols, int64_t layer, int linear) {
+  Backend::Fp8Operand q;
+  if (recipe.recipe() == Recipe::kMxfp8) {
+    q.mx = true;
+    q.block_rows = reduce_along_cols ? 1 : 32;
+    q.block_cols = reduce_along_cols ? 32 : 1;
+  } else {
+    const bool weight = op == LinearOperand::kFwdWeight || op == LinearOperand::kDgradWeight;
+    q.nvfp4 = true;
+    q.block_rows = weight || !reduce_along_cols ? 16 : 1;
+    q.block_cols = weight || reduce_along_cols ? 16 : 1;
+    q.rounding = recipe.nvfp4_rounding(op, layer, linear);
+  }
+  return q;
+}
+bool reduces_along_cols(LinearOperand op) {  // the Linears' GEMMs, as linear_fwd/bwd call them
+  return op == LinearOperand::kFwdInput || op == LinearOperand::kFwdWeight ||
+         op == LinearOperand::kDgradGrad;
+}
+}  // namespace
+
 void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols,
                           bool reduce_along_cols, LinearOperand op, int linear) {
   if (!amax_pending_.empty()) fp8_flush();  // the recipe's delayed state must be current
   if (be_.host_addressable())
     return recipe_->quantize(out, x, rows, cols, reduce_along_cols, op, layer_, linear);
+  // mxfp8 / nvfp4 off their tensor cores (e.g. on Hopper): the backend's quantize kernels,
+  // same bytes, no host round trip (telemetry steps need the recipe's own calls).
+  if ((recipe_->recipe() == Recipe::kMxfp8 || recipe_->recipe() == Recipe::kNvfp4) &&
+      !recipe_->collecting_stats() &&
+      be_.quantize_dequantize(out, x, rows, cols,
+                              block_operand(*recipe_, op, reduce_along_cols, layer_, linear)))
+    return;
   // The recipes' quantizers are host code: the operand goes to the host and its quantized copy
-  // comes back (exact, slow; the CUDA quantize kernels are not wired in yet).
+  // comes back (exact, slow).
   const size_t n = size_t(rows * cols);
   std::vector<float> host_x(n), host_out(n);
   be_.copy_to_host(host_x.data(), x, sizeof(float) * n);
@@ -264,6 +298,10 @@ bool LlamaModel::native_fp8(int64_t N, int64_t in, int64_t out) const {
     return be_.fp8_block_tensor_cores() && N % 128 == 0 && in % 128 == 0 && out % 128 == 0;
   if (recipe_->recipe() == Recipe::kMxfp8)  // 1x32 blocks along every GEMM's reduction
     return be_.mxfp8_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
+  // nvfp4: two E2M1 codes a byte, so a K-major row of K / 2 bytes is 16-byte aligned when K is
+  // a multiple of 32; tokens a multiple of 16 also means the weight gradient takes the RHT.
+  if (recipe_->recipe() == Recipe::kNvfp4)
+    return be_.nvfp4_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
   return recipe_->per_tensor_fp8() && be_.fp8_tensor_cores() &&
          layer_ != recipe_->test_shift_layer() && N % 16 == 0 && in % 16 == 0 &&
          out % 16 == 0;
@@ -278,15 +316,10 @@ Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {
     LinearRecipe::fp8_block_shape(op, reduce_along_cols, q.block_rows, q.block_cols);
     return q;
   }
-  if (recipe_->recipe() == Recipe::kMxfp8) {  // E4M3 throughout, 1x32 along the reduction
-    const bool reduce_along_cols = op == LinearOperand::kFwdInput ||
-                                   op == LinearOperand::kFwdWeight ||
-                                   op == LinearOperand::kDgradGrad;
-    q.mx = true;
-    q.block_rows = reduce_along_cols ? 1 : 32;
-    q.block_cols = reduce_along_cols ? 32 : 1;
-    return q;
-  }
+  // mxfp8: E4M3 throughout, 1x32 along the reduction. nvfp4: the weight gradient's RHT is set
+  // by linear_bwd, which knows the token count.
+  if (recipe_->recipe() == Recipe::kMxfp8 || recipe_->recipe() == Recipe::kNvfp4)
+    return block_operand(*recipe_, op, reduces_along_cols(op), layer_, linear);
   q.fmt = LinearRecipe::fp8_format(op);
   if (recipe_->recipe() != Recipe::kFp8Delayed) return q;  // current scaling
   const int slots = int(c_.num_hidden_layers) * 7 * 6;
@@ -378,8 +411,12 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     }
     if (dw) {
       float* work = scratch_.alloc_f32(N * out + N * in);
-      const auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
-      const auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
+      auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
+        dyq.rht = xq.rht = true;
+        dyq.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);
+      }
       be_.fp8_linear_wgrad(dw, dy, dyq, x, xq, N, in, out, work);
     }
     scratch_.release(m);
@@ -400,36 +437,52 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
       // (orthogonal, so dy^T x is unchanged in exact math), then quantize in 1x16 blocks.
       float* dyq = scratch_.alloc_f32(out * N);
       float* xq = scratch_.alloc_f32(in * N);
-      // Host code throughout (transpose, transform, quantizers): on a backend the host cannot
-      // address, the operands come over first and the quantized ones go back.
-      const bool direct = be_.host_addressable();
-      std::vector<float> host_dy, host_x, host_dyt, host_xt, host_dyq, host_xq;
-      if (!direct) {
-        host_dy.resize(size_t(N * out));
-        host_x.resize(size_t(N * in));
-        be_.copy_to_host(host_dy.data(), dy, sizeof(float) * host_dy.size());
-        be_.copy_to_host(host_x.data(), x, sizeof(float) * host_x.size());
-        host_dyt.resize(host_dy.size());
-        host_xt.resize(host_x.size());
-        host_dyq.resize(host_dy.size());
-        host_xq.resize(host_x.size());
+      auto rht_operand = [&](LinearOperand op) {
+        auto q = block_operand(*recipe_, op, true, layer_, linear);
+        q.rht = true;
+        q.rht_seed = recipe_->hadamard_seed(layer_, linear);
+        return q;
+      };
+      // Host code throughout (transpose, transform, quantizers), or, on a backend the host
+      // cannot address, the backend's kernels (same bytes); failing those, the operands come
+      // over to the host first and the quantized ones go back.
+      bool on_backend = false;
+      if (!be_.host_addressable() && !recipe_->collecting_stats()) {
+        float* tmp = scratch_.alloc_f32(std::max(out, in) * N);  // where dyt / xt go below
+        on_backend =
+            be_.quantize_dequantize(dyq, dy, N, out, rht_operand(LinearOperand::kWgradGrad), tmp) &&
+            be_.quantize_dequantize(xq, x, N, in, rht_operand(LinearOperand::kWgradInput), tmp);
       }
-      const float* dy_h = direct ? dy : host_dy.data();
-      const float* x_h = direct ? x : host_x.data();
-      float* dyt = direct ? scratch_.alloc_f32(out * N) : host_dyt.data();
-      float* xt = direct ? scratch_.alloc_f32(in * N) : host_xt.data();
-      float* dyq_h = direct ? dyq : host_dyq.data();
-      float* xq_h = direct ? xq : host_xq.data();
-      transpose(dyt, dy_h, N, out);
-      transpose(xt, x_h, N, in);
-      const uint32_t seed = recipe_->hadamard_seed(layer_, linear);
-      numerics::rht16_forward(dyt, out, N, seed);
-      numerics::rht16_forward(xt, in, N, seed);
-      recipe_->quantize(dyq_h, dyt, out, N, true, LinearOperand::kWgradGrad, layer_, linear);
-      recipe_->quantize(xq_h, xt, in, N, true, LinearOperand::kWgradInput, layer_, linear);
-      if (!direct) {
-        be_.copy_from_host(dyq, host_dyq.data(), sizeof(float) * host_dyq.size());
-        be_.copy_from_host(xq, host_xq.data(), sizeof(float) * host_xq.size());
+      if (!on_backend) {
+        const bool direct = be_.host_addressable();
+        std::vector<float> host_dy, host_x, host_dyt, host_xt, host_dyq, host_xq;
+        if (!direct) {
+          host_dy.resize(size_t(N * out));
+          host_x.resize(size_t(N * in));
+          be_.copy_to_host(host_dy.data(), dy, sizeof(float) * host_dy.size());
+          be_.copy_to_host(host_x.data(), x, sizeof(float) * host_x.size());
+          host_dyt.resize(host_dy.size());
+          host_xt.resize(host_x.size());
+          host_dyq.resize(host_dy.size());
+          host_xq.resize(host_x.size());
+        }
+        const float* dy_h = direct ? dy : host_dy.data();
+        const float* x_h = direct ? x : host_x.data();
+        float* dyt = direct ? scratch_.alloc_f32(out * N) : host_dyt.data();
+        float* xt = direct ? scratch_.alloc_f32(in * N) : host_xt.data();
+        float* dyq_h = direct ? dyq : host_dyq.data();
+        float* xq_h = direct ? xq : host_xq.data();
+        transpose(dyt, dy_h, N, out);
+        transpose(xt, x_h, N, in);
+        const uint32_t seed = recipe_->hadamard_seed(layer_, linear);
+        numerics::rht16_forward(dyt, out, N, seed);
+        numerics::rht16_forward(xt, in, N, seed);
+        recipe_->quantize(dyq_h, dyt, out, N, true, LinearOperand::kWgradGrad, layer_, linear);
+        recipe_->quantize(xq_h, xt, in, N, true, LinearOperand::kWgradInput, layer_, linear);
+        if (!direct) {
+          be_.copy_from_host(dyq, host_dyq.data(), sizeof(float) * host_dyq.size());
+          be_.copy_from_host(xq, host_xq.data(), sizeof(float) * host_xq.size());
+        }
       }
       be_.gemm(false, true, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
     } else {

@@ -121,7 +121,8 @@ class LlamaModel {
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx);
 
   // FP8 recipes on the backend's FP8 Linears (per-tensor: Backend::fp8_tensor_cores();
-  // fp8-block: fp8_block_tensor_cores(); mxfp8: mxfp8_tensor_cores()): true when this Linear
+  // fp8-block: fp8_block_tensor_cores(); mxfp8: mxfp8_tensor_cores(); nvfp4:
+  // nvfp4_tensor_cores()): true when this Linear
   // of the current layer goes that way (otherwise the emulation above).
   bool native_fp8(int64_t N, int64_t in, int64_t out) const;
   // The operand's quantization for the backend: current scaling, or (fp8-delayed) the

@@ -164,12 +164,7 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       return;
     }
     case Recipe::kNvfp4: {
-      numerics::RoundingOptions rounding;
-      if (is_gradient(op)) {  // stochastic rounding for gradients only
-        rounding.stochastic = true;
-        rounding.rng = numerics::RandomStream{seed_, step_, rank_,
-                                              uint32_t(layer * 64 + linear * 8 + int(op))};
-      }
+      const numerics::RoundingOptions rounding = nvfp4_rounding(op, layer, linear);
       const bool blocks_2d = is_weight(op);
       // 1x16 blocks down the columns: the rowwise quantization of x^T, transposed back (the
       // quantizer's column mode computes exactly that without the two transposes).
@@ -196,6 +191,17 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       return;
     }
   }
+}
+
+numerics::RoundingOptions LinearRecipe::nvfp4_rounding(LinearOperand op, int64_t layer,
+                                                       int linear) const {
+  numerics::RoundingOptions rounding;
+  if (is_gradient(op)) {  // stochastic rounding for gradients only
+    rounding.stochastic = true;
+    rounding.rng = numerics::RandomStream{seed_, step_, rank_,
+                                          uint32_t(layer * 64 + linear * 8 + int(op))};
+  }
+  return rounding;
 }
 
 numerics::Format LinearRecipe::fp8_format(LinearOperand op) {

@@ -77,6 +77,9 @@ class LinearRecipe {
   // reduction (1 x 128 when it runs along the matrix's columns, 128 x 1 when down them).
   static void fp8_block_shape(LinearOperand op, bool reduce_along_cols, int& block_rows,
                               int& block_cols);
+  // nvfp4's rounding of an operand: stochastic for gradients (this step's random stream of
+  // (layer, linear, op)), RNE otherwise; the same options quantize() uses.
+  numerics::RoundingOptions nvfp4_rounding(LinearOperand op, int64_t layer, int linear) const;
   float delayed_scale(int64_t layer, int linear, LinearOperand op);
   void delayed_record(int64_t layer, int linear, LinearOperand op, float amax);
 

@@ -194,12 +194,15 @@ int run_training(const RunConfig& cfg) {
        cfg.memory.activation_checkpointing, ", sharding ",
        cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, device ",
        be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");
-  if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block || recipe == Recipe::kMxfp8)
+  if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block ||
+      recipe == Recipe::kMxfp8 || recipe == Recipe::kNvfp4)
     info("precision ", cfg.precision.recipe, ": block Linears ",
          (recipe == Recipe::kFp8Block ? be.fp8_block_tensor_cores()
           : recipe == Recipe::kMxfp8  ? be.mxfp8_tensor_cores()
+          : recipe == Recipe::kNvfp4  ? be.nvfp4_tensor_cores()
                                       : be.fp8_tensor_cores())
-             ? "on the backend's FP8 GEMMs (tensor cores on a GPU)"
+             ? (recipe == Recipe::kNvfp4 ? "on the backend's FP4 GEMMs (tensor cores on a GPU)"
+                                         : "on the backend's FP8 GEMMs (tensor cores on a GPU)")
              : "emulated (fp32 GEMMs over dequantized operands)");
 
   std::unique_ptr<MetricsWriter> metrics;

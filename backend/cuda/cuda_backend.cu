@@ -270,6 +270,8 @@ class CudaBackendImpl final : public CudaBackend {
     // MXFP8 (1x32 blocks, E8M0 scales, CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0): compute
     // capability 10.x (cuBLAS >= 12.8). Hopper has no such scale mode: mxfp8 stays emulated there.
     mxfp8_native_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
+    // NVFP4 (E2M1 operands, 1x16 blocks, UE4M3 scales, VEC16_UE4M3): the same GPUs.
+    nvfp4_native_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
   }
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
@@ -347,6 +349,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool fp8_tensor_cores() const override { return fp8_native_; }
   bool fp8_block_tensor_cores() const override { return fp8_block_native_; }
   bool mxfp8_tensor_cores() const override { return mxfp8_native_; }
+  bool nvfp4_tensor_cores() const override { return nvfp4_native_; }
 
   void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                           const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
@@ -354,6 +357,11 @@ class CudaBackendImpl final : public CudaBackend {
     DeviceArenaScope scope(scratch_);
     uint8_t* xc = reinterpret_cast<uint8_t*>(work);
     uint8_t* wc = xc + round_up_256(N * in);
+    if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
+      const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
+      const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
+      return nvfp4_gemm(N, out, in, a, b, 0.0f, y);
+    }
     if (xq.mx) {  // mxfp8 (Blackwell)
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
@@ -378,6 +386,11 @@ class CudaBackendImpl final : public CudaBackend {
     uint8_t* dyc = reinterpret_cast<uint8_t*>(work);   // [N, out]: K = out innermost
     uint8_t* wtc = dyc + round_up_256(N * out);          // W^T [in, out]
     const float beta = accumulate_dx ? 1.0f : 0.0f;
+    if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
+      const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
+      const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
+      return nvfp4_gemm(N, in, out, a, b, beta, dx);
+    }
     if (dyq.mx) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const uint8_t* dys = mxfp8_operand(dyc, tmp, dy, N, out, false);
@@ -401,6 +414,13 @@ class CudaBackendImpl final : public CudaBackend {
     DeviceArenaScope scope(scratch_);
     uint8_t* dytc = reinterpret_cast<uint8_t*>(work);  // dy^T [out, N]: K = N innermost
     uint8_t* xtc = dytc + round_up_256(N * out);         // x^T [in, N]
+    if (dyq.nvfp4) {  // RHT(dy^T) and RHT(x^T) in fp32 in `work`, then 1x16 along the tokens
+      MX_REQUIRE(dyq.rht && xq.rht, "fp8_linear_wgrad: nvfp4 on the device takes the RHT "
+                 "operands (tokens a multiple of 16), got none");
+      const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, true, work);
+      const Nvfp4Operand b = nvfp4_operand(x, N, in, xq, true, work + N * out);
+      return nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
+    }
     if (dyq.mx) {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
@@ -416,6 +436,46 @@ class CudaBackendImpl final : public CudaBackend {
     const float* dys = fp8_operand(dytc, dy, N, out, dyq, true);
     const float* xs = fp8_operand(xtc, x, N, in, xq, true);
     fp8_gemm(out, in, N, dytc, dyq.fmt, dys, xtc, xq.fmt, xs, 1.0f, dw);
+  }
+
+  // mxfp8 / nvfp4 emulated (off their tensor cores): the quantize kernels write the
+  // dequantized operand straight into `out`; codes and scales are scratch, dropped at the end.
+  bool quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
+                           const Fp8Operand& q, float* tmp) override {
+    MX_REQUIRE(q.mx || q.nvfp4, "quantize_dequantize: mxfp8 or nvfp4 operands only");
+    DeviceArenaScope scope(scratch_);
+    if (q.mx) {
+      const bool colwise = q.block_rows == 32;
+      const int64_t sr = colwise ? (rows + 31) / 32 : rows, sc = colwise ? cols : (cols + 31) / 32;
+      uint8_t* codes = scratch_.alloc_as<uint8_t>(rows * cols);
+      uint8_t* scales = scratch_.alloc_as<uint8_t>(sr * sc);
+      cuda::quantize_mxfp8(x, rows, cols, colwise, numerics::Format::kE4M3,
+                           numerics::MxScaleRule::kCeil, numerics::RoundingOptions{}, codes,
+                           scales, out, stream_);
+      launched("quantize_dequantize (mxfp8)");
+      return true;
+    }
+    const float* src = x;
+    int64_t R = rows, K = cols;
+    if (q.rht) {  // out[cols, rows] = q(RHT(x^T)), 1x16 along the rows of x^T
+      MX_REQUIRE(tmp != nullptr, "quantize_dequantize: the RHT needs a temporary");
+      cuda::transpose_f32(x, rows, cols, tmp, stream_);
+      cuda::rht16_forward(tmp, cols, rows, q.rht_seed, stream_);
+      src = tmp;
+      R = cols;
+      K = rows;
+    } else if (q.block_rows == 16 && q.block_cols == 1) {
+      return false;  // 16x1 columns: no device kernel (only token counts not a multiple of 16)
+    }
+    const bool blocks_2d = !q.rht && q.block_rows == 16 && q.block_cols == 16;
+    const int64_t br = blocks_2d ? 16 : 1;
+    uint8_t* codes = scratch_.alloc_as<uint8_t>(R * ((K + 1) / 2));
+    uint8_t* scales = scratch_.alloc_as<uint8_t>(((R + br - 1) / br) * ((K + 15) / 16));
+    float* global = scratch_.alloc_f32(1);
+    cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, scales, global, out, scratch_,
+                         stream_);
+    launched("quantize_dequantize (nvfp4)");
+    return true;
   }
 
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
@@ -702,7 +762,58 @@ class CudaBackendImpl final : public CudaBackend {
     done("mxfp8_gemm");
   }
 
+  // One nvfp4 operand as the GEMM operand [R, K] (K-major), as the recipe quantizes it
+  // (numerics::quantize_nvfp4_into): x itself (R = rows, K = cols; 1x16 blocks, or 16x16 for a
+  // weight) or, transposed, x^T (R = cols, K = rows) formed in fp32 in `tmp` (rows * cols
+  // floats) and, with q.rht, put through the Hadamard transform along K before its 1x16
+  // quantization (the weight gradient's operands); a transposed weight is the 16x16
+  // quantization of W^T, the same codes and block scales as W's, transposed. Codes (E2M1 two a
+  // byte), the global encode scale and the swizzled scale bytes (the 16x16 blocks' scale
+  // repeated for each of their 16 rows) come from scratch (the caller's scope).
+  struct Nvfp4Operand {
+    const uint8_t* codes;
+    const uint8_t* scales;
+    const float* global;
+  };
+  Nvfp4Operand nvfp4_operand(const float* x, int64_t rows, int64_t cols, const Fp8Operand& q,
+                             bool transposed, float* tmp) {
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    MX_REQUIRE(K % 32 == 0 && R % 16 == 0, "nvfp4_operand: K = ", K,
+               " must be a multiple of 32 and R = ", R, " of 16");
+    const bool blocks_2d = q.block_rows == 16 && q.block_cols == 16;
+    MX_REQUIRE(blocks_2d || q.rht || q.block_rows == (transposed ? 16 : 1),
+               "nvfp4_operand: blocks must run along the GEMM's reduction");
+    const float* src = x;
+    if (transposed) {
+      cuda::transpose_f32(x, rows, cols, tmp, stream_);
+      if (q.rht) cuda::rht16_forward(tmp, R, K, q.rht_seed, stream_);
+      src = tmp;
+    }
+    const int64_t kb = K / 16, scale_rows = blocks_2d ? R / 16 : R;
+    uint8_t* codes = scratch_.alloc_as<uint8_t>(R * K / 2);
+    uint8_t* raw = scratch_.alloc_as<uint8_t>(scale_rows * kb);
+    float* global = scratch_.alloc_f32(1);
+    cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, raw, global, nullptr, scratch_,
+                         stream_);
+    uint8_t* swizzled = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
+    cuda::swizzle_scales_u8(raw, false, R, kb, swizzled, stream_, blocks_2d ? 16 : 1);
+    launched("nvfp4_operand");
+    return {codes, swizzled, global};
+  }
+
+  void nvfp4_gemm(int64_t M, int64_t N, int64_t K, const Nvfp4Operand& a, const Nvfp4Operand& b,
+                  float beta, float* C) {
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    float* scalars = scratch_.alloc_f32(2);
+    lt_.nvfp4_gemm(M, N, K, a.codes, a.scales, a.global, b.codes, b.scales, b.global, beta, C,
+                   scalars, ws, ws_bytes, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("nvfp4_gemm");
+  }
+
   CudaBackendOptions opt_;
+  bool nvfp4_native_ = false;  // Blackwell (10.x) only: FP4 operands, VEC16_UE4M3 scales
   bool mxfp8_native_ = false;  // Blackwell (10.x) only: cuBLASLt's VEC32_UE8M0 scale mode
   bool fp8_block_native_ = false;  // Hopper only: cuBLASLt's VEC128 / BLK128x128 scale modes
   bool fp8_native_ = false;  // set in the constructor (capability and opt_.fp8_tensor_cores)

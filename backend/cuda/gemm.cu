@@ -55,6 +55,14 @@ unsigned grid_for(int64_t n) {
   return unsigned(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
 
+// NVFP4: alpha = the product of the two global decode scales (the emulation's s_dec = 1 / S_enc
+// per operand), beta as given; both read by cuBLASLt from the device.
+__global__ void nvfp4_scalars_kernel(float* scalars, const float* a_global,
+                                     const float* b_global, float beta) {
+  scalars[0] = (1.0f / *a_global) * (1.0f / *b_global);
+  scalars[1] = beta;
+}
+
 }  // namespace
 
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream) {
@@ -173,6 +181,73 @@ void LtGemm::mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
   fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, vec32, B,
                   numerics::Format::kE4M3, b_scales, vec32, beta, C, workspace, workspace_bytes,
                   stream);
+}
+
+void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+                        const uint8_t* a_scales, const float* a_global, const uint8_t* B,
+                        const uint8_t* b_scales, const float* b_global, float beta, float* C,
+                        float* scalars, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream) {
+  MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 32 == 0, "nvfp4_gemm: M = ", M, ", N = ", N,
+             " must be multiples of 16 and K = ", K, " of 32");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
+    MX_CUDA_LAUNCH_CHECK("nvfp4_gemm (K = 0)");
+    return;
+  }
+  // beta is read from the device, so the kernel cannot skip C when it is 0: zero C first, so
+  // that a NaN-poisoned C cannot leak (0 * NaN) into the result.
+  if (beta == 0.0f)
+    MX_CUDA_CHECK("nvfp4_gemm", cudaMemsetAsync(C, 0, sizeof(float) * size_t(M * N), stream));
+  nvfp4_scalars_kernel<<<1, 1, 0, stream>>>(scalars, a_global, b_global, beta);
+  MX_CUDA_LAUNCH_CHECK("nvfp4_gemm (alpha)");
+  // As fp8_gemm_scaled: column-major C^T[N, M] = B[K, N]^T A[K, M], cuBLASLt's A is our B.
+  // Packed FP4 layouts are described in elements (K rows, leading dimension K).
+  LtCall call;
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  const cublasLtPointerMode_t device_scalars = CUBLASLT_POINTER_MODE_DEVICE;
+  const int32_t vec16 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
+    MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulDescSetAttribute(call.desc, attr, v, bytes));
+  };
+  set(CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n);
+  set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &device_scalars, sizeof device_scalars);
+  set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales, sizeof b_scales);
+  set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales, sizeof a_scales);
+  set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec16, sizeof vec16);
+  set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec16, sizeof vec16);
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatrixLayoutCreate(&call.a, CUDA_R_4F_E2M1, uint64_t(K),
+                                                           uint64_t(N), K));
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatrixLayoutCreate(&call.b, CUDA_R_4F_E2M1, uint64_t(K),
+                                                           uint64_t(M), K));
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N),
+                                                           uint64_t(M), N));
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulPreferenceCreate(&call.pref));
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulPreferenceSetAttribute(
+                                    call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                    &workspace_bytes, sizeof(workspace_bytes)));
+  const uint32_t aligns[4] = {alignment_of(B), alignment_of(A), alignment_of(C), alignment_of(C)};
+  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulPreferenceSetAttribute(
+                                      call.pref, attrs[i], &aligns[i], sizeof aligns[i]));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a,
+                                                               call.b, call.c, call.c, call.pref,
+                                                               1, &heuristic, &found));
+  if (found == 0)
+    throw CudaError(str("cublasLt: nvfp4_gemm: no algorithm for M=", M, " N=", N, " K=", K,
+                        " beta=", beta, " (FP4 needs compute capability 10.x, cuBLAS >= 12.8)"));
+  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmul(handle_, call.desc, scalars, B, call.a, A,
+                                               call.b, scalars + 1, C, call.c, C, call.c,
+                                               &heuristic.algo, workspace, workspace_bytes,
+                                               stream));
 }
 
 void LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,

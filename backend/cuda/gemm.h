@@ -58,6 +58,21 @@ class LtGemm {
                   const uint8_t* B, const uint8_t* b_scales, float beta, float* C,
                   void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+  // NVFP4 GEMM (recipe nvfp4; Blackwell, compute capability 10.x, cuBLAS >= 12.8): C[M, N]
+  // (fp32) = alpha A[M, K] B[N, K]^T + beta C with alpha = (1 / a_global[0]) (1 / b_global[0]),
+  // A and B E2M1 codes (CUDA_R_4F_E2M1, two a byte, low nibble first), both K-major (TN, as
+  // the block-scaled FP4 kernels require), each 1 x 16 block along K decoded with its UE4M3
+  // scale byte (CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3) in the swizzled 128 x 4 tile layout
+  // of numerics/block_scale_layout.h for [M, K / 16] / [N, K / 16] scales. a_global / b_global:
+  // the operands' global encode scales S_enc on the device (what quantize_nvfp4 writes); the two
+  // are folded into alpha on the device (`scalars`: 2 device floats the call may overwrite,
+  // alpha and beta, with CUBLASLT_POINTER_MODE_DEVICE). K a multiple of 32 (16-byte rows of
+  // codes), M and N of 16; never run on a GPU (op_check's nvfp4 cases).
+  void nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
+                  const float* a_global, const uint8_t* B, const uint8_t* b_scales,
+                  const float* b_global, float beta, float* C, float* scalars, void* workspace,
+                  size_t workspace_bytes, cudaStream_t stream);
+
  private:
   // scale modes: cublasLtMatmulMatrixScale_t values (0: one fp32 scalar per tensor)
   void fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,

@@ -160,7 +160,7 @@ __global__ void nvfp4_kernel(const float* __restrict__ x, int64_t rows, int64_t 
           numerics::encode_e2m1(x[i] * bs.encode_multiplier, numerics::Saturation::kSatFinite,
                                 stochastic, rand_bits(stochastic, rng, i));
       byte = uint8_t(byte | (k ? code << 4 : code));
-      dequant[i] = numerics::decode_e2m1(code) * bs.decode_scale;
+      if (dequant) dequant[i] = numerics::decode_e2m1(code) * bs.decode_scale;
     }
     codes[r * code_cols + c / 2] = byte;
   }
@@ -202,9 +202,10 @@ __global__ void fp8_codes_t_kernel(const float* __restrict__ x, int64_t rows, in
   }
 }
 
-__global__ void transpose_bytes_kernel(const uint8_t* __restrict__ src, int64_t rows,
-                                       int64_t cols, uint8_t* __restrict__ dst) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
+template <class T>
+__global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_t cols,
+                                 T* __restrict__ dst) {
+  __shared__ T tile[kTile][kTile + 1];
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
@@ -233,12 +234,37 @@ __global__ void relayout_f32_kernel(const float* __restrict__ src, int64_t src_c
 // operand of R rows and kb = K / 32 scales per row: src is [R, kb] row-major, or [kb, R] when
 // transposed (the columnwise quantization of the untransposed matrix). Padding: dst is zeroed
 // first by the caller.
+// row_div > 1 (NVFP4 16x16 weight blocks): row r takes the scales of src row r / row_div.
 __global__ void swizzle_scales_u8_kernel(const uint8_t* __restrict__ src, bool transposed,
-                                         int64_t R, int64_t kb, uint8_t* __restrict__ dst) {
+                                         int64_t R, int64_t kb, int64_t row_div,
+                                         uint8_t* __restrict__ dst) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < R * kb;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / kb, k = e % kb;
-    dst[numerics::swizzled_scale_offset(r, k, kb)] = transposed ? src[k * R + r] : src[e];
+    dst[numerics::swizzled_scale_offset(r, k, kb)] =
+        transposed ? src[k * (R / row_div) + r / row_div] : src[(r / row_div) * kb + k];
+  }
+}
+
+// The 16-point random Hadamard transform of numerics::rht16_forward, one thread per group of
+// 16 consecutive elements, with the CPU's operations in the CPU's order: in_j = s_j v_j, then
+// for each i the sum over j = 0..15 of (+-1) in_j from 0, times 0.25 (exact). The products by
+// +-1 are exact, so a contracted fma rounds as the separate add does: same bits.
+__global__ void rht16_kernel(float* __restrict__ x, int64_t groups, uint32_t sign_bits) {
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    float* v = x + g * 16;
+    float in[16], acc[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) in[j] = ((sign_bits >> j) & 1u) ? -v[j] : v[j];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[i] += (__popc(unsigned(i & j)) & 1) ? -in[j] : in[j];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = 0.25f * acc[i];
   }
 }
 
@@ -284,8 +310,29 @@ void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* ds
   if (rows * cols == 0) return;
   const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
   MX_REQUIRE(grid.y <= 65535, "transpose_bytes: ", rows, " rows is too many for the grid");
-  transpose_bytes_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(src, rows, cols, dst);
+  transpose_kernel<uint8_t><<<grid, dim3(kTile, kTileRows), 0, s>>>(src, rows, cols, dst);
   MX_CUDA_LAUNCH_CHECK("transpose_bytes");
+}
+
+void transpose_f32(const float* src, int64_t rows, int64_t cols, float* dst, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
+  MX_REQUIRE(grid.y <= 65535, "transpose_f32: ", rows, " rows is too many for the grid");
+  transpose_kernel<float><<<grid, dim3(kTile, kTileRows), 0, s>>>(src, rows, cols, dst);
+  MX_CUDA_LAUNCH_CHECK("transpose_f32");
+}
+
+void rht16_forward(float* x, int64_t rows, int64_t cols, uint32_t seed, cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0,
+             "the 16-point Hadamard transform needs cols a multiple of 16, got ", cols);
+  float signs[16];
+  numerics::rht16_signs(seed, signs);  // the CPU's signs (host code)
+  uint32_t bits = 0;
+  for (int j = 0; j < 16; ++j) bits |= signs[j] < 0.0f ? 1u << j : 0u;
+  const int64_t groups = rows * (cols / 16);
+  if (groups == 0) return;
+  rht16_kernel<<<elem_grid(groups), 256, 0, s>>>(x, groups, bits);
+  MX_CUDA_LAUNCH_CHECK("rht16_forward");
 }
 
 void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t dst_rows,
@@ -297,12 +344,15 @@ void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t d
 }
 
 void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t kb,
-                       uint8_t* dst, cudaStream_t s) {
+                       uint8_t* dst, cudaStream_t s, int64_t row_div) {
+  MX_REQUIRE(row_div >= 1 && R % row_div == 0, "swizzle_scales_u8: R = ", R,
+             " must be a multiple of row_div = ", row_div);
   const int64_t bytes = numerics::swizzled_scale_bytes(R, kb);
   if (bytes == 0) return;
   MX_CUDA_CHECK("swizzle_scales_u8", cudaMemsetAsync(dst, 0, size_t(bytes), s));
   if (R * kb == 0) return;
-  swizzle_scales_u8_kernel<<<elem_grid(R * kb), 256, 0, s>>>(src, transposed, R, kb, dst);
+  swizzle_scales_u8_kernel<<<elem_grid(R * kb), 256, 0, s>>>(src, transposed, R, kb, row_div,
+                                                              dst);
   MX_CUDA_LAUNCH_CHECK("swizzle_scales_u8");
 }
 

@@ -39,6 +39,7 @@ void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
                     float* dequant, cudaStream_t s);
 
 // NVFP4: 1x16 (or 16x16) blocks, UE4M3 scale bytes, global_scale[0] = S_enc (device).
+// dequant may be null (codes and scales only: the tensor-core path).
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
                     float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s);
@@ -57,6 +58,11 @@ void fp8_codes(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
 // dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
                      cudaStream_t s);
+// dst[cols, rows] = src[rows, cols]^T, fp32 (32 x 32 shared-memory tiles).
+void transpose_f32(const float* src, int64_t rows, int64_t cols, float* dst, cudaStream_t s);
+// numerics::rht16_forward on the device, in place: the same signs (computed on the host by
+// numerics::rht16_signs) and the same fp32 operations in the same order, so the same bits.
+void rht16_forward(float* x, int64_t rows, int64_t cols, uint32_t seed, cudaStream_t s);
 // Scale matrices into a GEMM's layout: dst (dst_rows x ld, row-major) [i, j] = src[i, j], or
 // src[j, i] when transposed (src row-major with src_cols columns), for j < valid_cols; padding
 // columns 0.
@@ -67,8 +73,10 @@ void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t d
 // swizzled layout cuBLASLt's VEC32_UE8M0 mode reads (numerics/block_scale_layout.h;
 // swizzled_scale_bytes(R, kb) bytes, padding zeroed): src [R, kb] row-major, or with
 // `transposed` [kb, R] (quantize_mxfp8's columnwise scales of the operand's transpose).
+// NVFP4 (VEC16_UE4M3, kb = K / 16) uses the same layout; with row_div = 16 (16x16 weight
+// blocks) src holds one scale row per 16 operand rows: [R / 16, kb] (or [kb, R / 16]).
 void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t kb,
-                       uint8_t* dst, cudaStream_t s);
+                       uint8_t* dst, cudaStream_t s, int64_t row_div = 1);
 
 // max |x| over n values into amax[0] (device), NaN skipped as numerics::abs_max does.
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);

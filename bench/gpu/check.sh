@@ -18,8 +18,9 @@
 #      tensor-core GEMMs vs the CPU's emulation; a guess until measured) (loss_match.json)
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (other GEMMs TF32): mxtrain with recipe
 #      bf16, then the recipes that run natively on an H200's tensor cores (fp8-current,
-#      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; mxfp8 only on compute capability
-#      10.x, where it runs natively: a "skipped" row elsewhere, an H200 included), then PyTorch (fp32 master weights, BF16
+#      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; mxfp8 and nvfp4 only on compute
+#      capability 10.x, where they run natively: a "skipped" row each elsewhere, an H200
+#      included), then PyTorch (fp32 master weights, BF16
 #      autocast, SDPA, torch.compile per block, fused AdamW) on the same shape (speed.json).
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
@@ -121,20 +122,23 @@ for recipe in bf16 fp8-current fp8-delayed fp8-block; do
     --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
     > /dev/null 2>> "$OUT/errors.txt"
 done
-# mxfp8 runs natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 scale mode; an
-# H200 is 9.0, where it would only time the emulation): elsewhere a "skipped" row, no run.
+# mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and
+# VEC16_UE4M3 scale modes; an H200 is 9.0, where they would only time the emulation):
+# elsewhere a "skipped" row each, no run.
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-if [[ "$cc" == 10.* ]]; then
-  budget=$(cap 50)
-  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
-    python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
-    --recipe mxfp8 --batches $batches --steps 3 --skip 1 --budget "$budget" \
-    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
-    > /dev/null 2>> "$OUT/errors.txt"
-else
-  echo "{\"impl\": \"mxtrain\", \"recipe\": \"mxfp8\", \"seq\": $seq, \"error\": \"skipped: runs natively on sm_100 only (this GPU: compute capability ${cc:-unknown})\"}" \
-    >> "$OUT/speed.json"
-fi
+for recipe in mxfp8 nvfp4; do
+  if [[ "$cc" == 10.* ]]; then
+    budget=$(cap 50)
+    MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
+      python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
+      --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
+      --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
+      > /dev/null 2>> "$OUT/errors.txt"
+  else
+    echo "{\"impl\": \"mxtrain\", \"recipe\": \"$recipe\", \"seq\": $seq, \"error\": \"skipped: runs natively on sm_100 only (this GPU: compute capability ${cc:-unknown})\"}" \
+      >> "$OUT/speed.json"
+  fi
+done
 echo "mxtrain speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 PYTHONUNBUFFERED=1 timeout "$(cap 80)" python3 bench/gpu/torch_llama.py --seq "$seq" \
@@ -168,14 +172,14 @@ for r in speed:
     ck = r.get("checkpointing", False)
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
     impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
-    native = {True: " (FP8 tensor cores)", False: " (FP8 EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
+    native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
     print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
           f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}%{native}")
     by[(impl, r["seq"])] = r["tokens_per_s"]
 for seq in (4096, 8192):
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
-    for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8"):
+    for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4"):
         if (f"mx {fp8}", seq) in by and ("mx bf16", seq) in by:
             print(f"seq {seq}: mxtrain {fp8} / bf16 = "
                   f"{by[(f'mx {fp8}', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")

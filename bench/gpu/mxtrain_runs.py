@@ -156,9 +156,11 @@ def speed(args):
                         break
                     continue
                 result["tried"].append(tried)
-                if args.recipe.startswith("fp8-"):  # the trainer's line says which path ran
+                # the trainer's line says which path ran
+                if args.recipe.startswith("fp8-") or args.recipe in ("mxfp8", "nvfp4"):
                     log = (out / "stderr.txt").read_text(errors="replace")
-                    result["fp8_tensor_cores"] = "on the backend's FP8 GEMMs" in log
+                    result["fp8_tensor_cores"] = ("on the backend's FP8 GEMMs" in log or
+                                                  "on the backend's FP4 GEMMs" in log)
                 timed = steps[args.skip:] if len(steps) > args.skip else steps[-1:]
                 dt = sum(s["step_time_s"] for s in timed)
                 tokens = batch * seq * len(timed)

@@ -328,6 +328,71 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
   }
 }
 
+// nvfp4 (Blackwell): the three Linears with E2M1 codes in 16-element blocks along each GEMM's
+// reduction (16x16 for the weight, transposed on the device for the data gradient), UE4M3
+// scales swizzled for VEC16_UE4M3, the two global scales folded into alpha; stochastic rounding
+// on the gradients and the 16-point RHT on both weight-gradient operands, as the recipe does
+// them. Against the CPU reference form (the recipe's exact emulation): the same codes and
+// scales (check_quantizers' quant_nvfp4_gemm_operand*), so only the accumulation order and the
+// place of the global scale (alpha instead of each dequantized value) differ: 3e-5 of max |out|.
+// Rows and 16-column groups of very different magnitude give each block its own scale, so a
+// wrong scale layout fails far outside the tolerance.
+void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
+  if (!gpu.nvfp4_tensor_cores()) {
+    run_case("nvfp4_linear", "skipped", [&](Result& r) { r.note = "not Blackwell (sm_10x)"; });
+    return;
+  }
+  for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{32, 64, 96}, {96, 160, 224}, {256, 384, 512}, {512, 1024, 256}}) {
+    const std::string shape = "N=" + std::to_string(N) + " in=" + std::to_string(I) + " out=" + std::to_string(O);
+    auto x = randn(N * I), w = randn(O * I, 0.05f), dy = randn(N * O, 1e-3f);
+    for (int64_t i = 0; i < N * I; ++i) x[i] *= std::ldexp(1.0f, int((i / I) % 7) - int((i % I) / 16 % 5));
+    for (int64_t i = 0; i < O * I; ++i) w[i] *= std::ldexp(1.0f, int((i / I) / 16 % 3) - int((i % I) / 16 % 4));
+    for (int64_t i = 0; i < N * O; ++i) dy[i] *= std::ldexp(1.0f, int((i / O) / 16 % 4) - int((i % O) % 3));
+    Dev<float> dX(x), dW(w), dDY(dy);
+    auto fp4 = [](int br, int bc, bool gradient, uint32_t tensor_id) {
+      Backend::Fp8Operand q;
+      q.nvfp4 = true;
+      q.block_rows = br;
+      q.block_cols = bc;
+      if (gradient) {
+        q.rounding.stochastic = true;
+        q.rounding.rng = {11, 2, 0, tensor_id};
+      }
+      return q;
+    };
+    auto rht = [](Backend::Fp8Operand q) {
+      q.rht = true;
+      q.rht_seed = 0x5eedu;
+      return q;
+    };
+    Dev<float> gpu_work(size_t(N * I + O * I + N * O));
+    std::vector<float> cpu_work(size_t(N * I + O * I + N * O));
+    run_case("nvfp4_linear_forward", shape, [&](Result& r) {
+      std::vector<float> y(N * O);
+      Dev<float> dY(N * O);
+      cpu.fp8_linear_forward(y.data(), x.data(), fp4(1, 16, false, 0), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY.p, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
+      compare(r, "y", dY.download(), y, {3e-5 * max_abs(y), 0.0});
+    });
+    for (int acc = 0; acc < 2; ++acc)
+      run_case("nvfp4_linear_dgrad", shape + (acc ? " +=" : " ="), [&](Result& r) {
+        auto dx = randn(N * I);
+        Dev<float> dDX(N * I);
+        if (acc) dDX.upload(dx);
+        cpu.fp8_linear_dgrad(dx.data(), dy.data(), fp4(1, 16, true, 2), w.data(), fp4(16, 16, false, 3), N, I, O, acc, cpu_work.data());
+        gpu.fp8_linear_dgrad(dDX.p, dDY.p, fp4(1, 16, true, 2), dW.p, fp4(16, 16, false, 3), N, I, O, acc, gpu_work.p);
+        compare(r, "dx", dDX.download(), dx, {3e-5 * max_abs(dx), 0.0});
+      });
+    run_case("nvfp4_linear_wgrad_rht", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);  // accumulates
+      cpu.fp8_linear_wgrad(dw.data(), dy.data(), rht(fp4(16, 1, true, 4)), x.data(), rht(fp4(16, 1, false, 5)), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, dDY.p, rht(fp4(16, 1, true, 4)), dX.p, rht(fp4(16, 1, false, 5)), N, I, O, gpu_work.p);
+      compare(r, "dw", dDW.download(), dw, {3e-5 * max_abs(dw), 0.0});
+    });
+  }
+}
+
 void check_gemm(Backend& cpu, CudaBackend& gpu) {
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {127, 33, 257}, {256, 512, 384}};
   for (auto& s : shapes)
@@ -383,6 +448,7 @@ void check_gemm(Backend& cpu, CudaBackend& gpu) {
   check_fp8_linears(cpu, gpu);
   check_fp8_block_linears(cpu, gpu);
   check_mxfp8_linears(cpu, gpu);
+  check_nvfp4_linears(cpu, gpu);
   run_case("linear_backward", "N=67 in=96 out=80", [&](Result& r) {
     const int64_t N = 67, I = 96, O = 80;
     auto x = randn(N * I), w = randn(O * I), dy = randn(N * O), dx = randn(N * I), dw = randn(O * I);
@@ -740,6 +806,108 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "global_scale", gs.download(), {q.global_scale});
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // The emulated path's device quantize-dequantize (Backend::quantize_dequantize: mxfp8 and
+        // nvfp4 off their tensor cores, e.g. on an H200), bit for bit against the CPU
+        // quantizers: mxfp8 rows / columns, nvfp4 1x16 / 16x16, and nvfp4's weight-gradient
+        // operand q(RHT(x^T)) formed on the host by numerics::rht16_forward.
+        for (int kind = 0; kind < 5; ++kind) {
+          if ((kind < 2 || kind == 3) && stoch) continue;  // mxfp8 and nvfp4 weights: RNE only
+          if (kind == 4 && (R % 16 || specials)) continue;
+          static const char* qd_names[] = {"quant_dequant_mxfp8_row", "quant_dequant_mxfp8_col",
+                                           "quant_dequant_nvfp4_1x16", "quant_dequant_nvfp4_16x16",
+                                           "quant_dequant_nvfp4_rht_t"};
+          run_case(qd_names[kind], name, [&](Result& r) {
+            Backend::Fp8Operand q;
+            std::vector<float> want;
+            if (kind < 2) {
+              q.mx = true;
+              q.block_rows = kind ? 32 : 1;
+              q.block_cols = kind ? 1 : 32;
+              want = numerics::quantize_mxfp8(x.data(), R, C, kind == 1, Format::kE4M3,
+                                              numerics::MxScaleRule::kCeil).dequant;
+            } else {
+              q.nvfp4 = true;
+              q.block_rows = kind == 3 ? 16 : 1;
+              q.block_cols = 16;
+              q.rounding = ro;
+              q.rht = kind == 4;
+              q.rht_seed = 0x5eedu;
+              if (kind == 4) {
+                std::vector<float> xt(size_t(R * C));
+                for (int64_t i = 0; i < R; ++i)
+                  for (int64_t j = 0; j < C; ++j) xt[size_t(j * R + i)] = x[size_t(i * C + j)];
+                numerics::rht16_forward(xt.data(), C, R, q.rht_seed);
+                want = numerics::quantize_nvfp4(xt.data(), C, R, false, ro).dequant;
+              } else {
+                want = numerics::quantize_nvfp4(x.data(), R, C, kind == 3, ro).dequant;
+              }
+            }
+            Dev<float> out(R * C), tmp(R * C);
+            if (!gpu.quantize_dequantize(out.p, dx.p, R, C, q, tmp.p)) {
+              r.pass = false;
+              r.note += "declined; ";
+              return;
+            }
+            expect_floats(r, "dequant", out.download(), want);
+          });
+        }
+        // The nvfp4 GEMM operand (any GPU: no tensor cores involved), as the backend forms it:
+        // 1x16 rows of x; 16x16 blocks of x (a weight) and of x^T (the data gradient's W^T,
+        // built here from the quantization of x itself, codes and block scales transposed); and
+        // x^T put through the 16-point RHT on the device, then 1x16 (the weight gradient's
+        // operands; the transformed values bit for bit against numerics::rht16_forward). Codes
+        // K-major, E2M1 two a byte low nibble first; scale bytes in the swizzled 128x4-tile
+        // layout written out from the cuBLAS documentation's description (as for mxfp8 above),
+        // a 16x16 block's scale repeated on each of its 16 rows.
+        for (int mode = 0; mode < 4; ++mode) {  // 0: 1x16, 1: 16x16, 2: 16x16 of x^T, 3: RHT x^T
+          const bool tr = mode >= 2, b2d = mode == 1 || mode == 2;
+          const int64_t OR = tr ? C : R, K = tr ? R : C;
+          if (OR % 16 || K % 32 || (b2d && stoch) || (mode == 3 && specials)) continue;
+          static const char* names[] = {"quant_nvfp4_gemm_operand_1x16", "quant_nvfp4_gemm_operand_16x16",
+                                        "quant_nvfp4_gemm_operand_16x16_t", "quant_nvfp4_gemm_operand_rht_t"};
+          run_case(names[mode], name, [&](Result& r) {
+            const uint32_t seed = 0x5eedu;
+            const int64_t kb = K / 16, col_tiles = (kb + 3) / 4;
+            std::vector<float> xt(size_t(R * C));
+            for (int64_t i = 0; i < R; ++i)
+              for (int64_t j = 0; j < C; ++j) xt[size_t(j * R + i)] = x[size_t(i * C + j)];
+            if (mode == 3) numerics::rht16_forward(xt.data(), C, R, seed);
+            const auto q = numerics::quantize_nvfp4(mode == 3 ? xt.data() : x.data(), mode == 3 ? C : R,
+                                                    mode == 3 ? R : C, b2d, ro);
+            std::vector<uint8_t> want_codes(size_t(OR * K / 2), 0);
+            std::vector<uint8_t> want_scales(size_t((OR + 127) / 128 * 128 * col_tiles * 4), 0);
+            auto nibble = [&](int64_t row, int64_t col) {  // code (row, col) of q
+              return (q.codes[size_t(row * q.code_cols + col / 2)] >> (4 * (col % 2))) & 0xF;
+            };
+            for (int64_t row = 0; row < OR; ++row)
+              for (int64_t k = 0; k < K; ++k) {
+                const int code = mode == 2 ? nibble(k, row) : nibble(row, k);
+                want_codes[size_t(row * K / 2 + k / 2)] |= uint8_t(code << (4 * (k % 2)));
+              }
+            for (int64_t row = 0; row < OR; ++row)
+              for (int64_t k = 0; k < kb; ++k) {
+                const uint8_t v = mode == 2 ? q.scales_u8[size_t(k * q.scale_cols + row / 16)]
+                                : mode == 1 ? q.scales_u8[size_t((row / 16) * kb + k)]
+                                            : q.scales_u8[size_t(row * kb + k)];
+                const int64_t tile = (row / 128) * col_tiles + k / 4, i = row % 128;
+                want_scales[size_t(tile * 512 + 16 * (i % 32) + 4 * (i / 32) + k % 4)] = v;
+              }
+            Dev<float> tmp(R * C), gs(1);
+            Dev<uint8_t> codes(OR * K / 2), raw(b2d ? OR / 16 * kb : OR * kb), sw(want_scales.size());
+            const float* src = dx.p;
+            if (tr) {
+              cuda::transpose_f32(dx.p, R, C, tmp.p, s);
+              if (mode == 3) cuda::rht16_forward(tmp.p, C, R, seed, s);
+              src = tmp.p;
+            }
+            cuda::quantize_nvfp4(src, OR, K, b2d, ro, codes.p, raw.p, gs.p, nullptr, scratch, s);
+            cuda::swizzle_scales_u8(raw.p, false, OR, kb, sw.p, s, b2d ? 16 : 1);
+            if (mode == 3) expect_floats(r, "rht values", tmp.download(), xt);
+            expect_bytes(r, "codes", codes.download(), want_codes);
+            expect_bytes(r, "swizzled scales", sw.download(), want_scales);
+            expect_floats(r, "global_scale", gs.download(), {q.global_scale});
+          });
+        }
       }
 }
 

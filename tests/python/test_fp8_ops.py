@@ -1,4 +1,4 @@
-"""The FP8 recipes (per-tensor; fp8-block and mxfp8 below) through the backend's FP8 Linear ops
+"""The FP8 recipes (per-tensor; fp8-block and mxfp8 below) and nvfp4 through the backend's FP8 Linear ops
 (Backend::fp8_linear_*), the path `run.device = cuda` takes on FP8 tensor cores, run here on the
 CPU: MXTRAIN_TEST_FP8_OPS=1 makes the CPU backend offer those ops, whose CPU form is the recipe's
 exact emulation with the same GEMM calls. So everything the model does around them (which
@@ -37,13 +37,13 @@ def train(tmp_path, name, fp8_ops, staged, extra, preset="tiny", seq=32, batch=4
 
 
 def assert_ops_path_identical(tmp_path, extra, staged, ckpt_steps=(6, 12), ref_staged=None,
-                              **shape):
+                              gemms="FP8", **shape):
     """Trains the emulated run and the ops run; losses, gradient norms and checkpoints equal."""
     ref, ref_out, ref_log = train(tmp_path, "emulated", False,
                                   staged if ref_staged is None else ref_staged, extra, **shape)
     got, got_out, got_log = train(tmp_path, "ops", True, staged, extra, **shape)
     assert "block Linears emulated" in ref_log
-    assert "block Linears on the backend's FP8 GEMMs" in got_log
+    assert f"block Linears on the backend's {gemms} GEMMs" in got_log
     assert len(ref) == 12 and got == ref
     for step in ckpt_steps:
         a, b = checkpoint_files(ref_out, step), checkpoint_files(got_out, step)
@@ -88,3 +88,17 @@ def test_mxfp8_ops_path_is_identical(tmp_path, ckpt, staged, accum):
     extra = ["--set", "precision.recipe=mxfp8", "--set", f"train.grad_accum={accum}",
              "--set", f"memory.activation_checkpointing={ckpt}"]
     assert_ops_path_identical(tmp_path, extra, staged)
+
+
+@pytest.mark.parametrize("ckpt,staged,accum", [("none", False, 2), ("full", True, 1)])
+def test_nvfp4_ops_path_is_identical(tmp_path, ckpt, staged, accum):
+    # nvfp4 goes to the ops (cuBLASLt's FP4 GEMMs with VEC16_UE4M3 scales on Blackwell) when
+    # every Linear dimension is a multiple of 32: the tiny preset with 128 tokens. The operands
+    # must be cut and rounded as the emulation does: 1x16 blocks along the reduction, 16x16 for
+    # the weight (transposed for the data gradient), stochastic rounding of the gradients from
+    # the recipe's random stream of that (step, layer, linear, operand), and the weight
+    # gradient's operands transposed and put through the RHT of that (layer, linear) first.
+    # Full recompute quantizes a key twice a step; staged copies as on a GPU.
+    extra = ["--set", "precision.recipe=nvfp4", "--set", f"train.grad_accum={accum}",
+             "--set", f"memory.activation_checkpointing={ckpt}"]
+    assert_ops_path_identical(tmp_path, extra, staged, gemms="FP4")
