@@ -34,12 +34,23 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 // A queued collective: complete when the event recorded after it has been reached.
+// With a consumer stream (the compute stream), wait() does not block the host: it makes the
+// consumer wait for the event on the device, so the kernels that read the gathered weights or
+// reuse a reduce-scatter buffer are ordered after the collective while the host goes on queueing
+// work (the overlap: compute of unit i runs while unit i+1's gather is in flight, and the host
+// is never parked on a collective). Without one, wait() blocks the host as before.
 struct EventImpl final : CommHandle::Impl {
   cudaEvent_t event = nullptr;
+  cudaStream_t consumer = nullptr;
   ~EventImpl() override {
-    if (event) cudaEventDestroy(event);
+    if (event) cudaEventDestroy(event);  // released by the driver once reached
   }
-  void wait() override { MX_CUDA_CHECK("nccl wait", cudaEventSynchronize(event)); }
+  void wait() override {
+    if (consumer)
+      MX_CUDA_CHECK("nccl wait", cudaStreamWaitEvent(consumer, event, 0));
+    else
+      MX_CUDA_CHECK("nccl wait", cudaEventSynchronize(event));
+  }
   bool test() override {
     const cudaError_t e = cudaEventQuery(event);
     if (e == cudaErrorNotReady) return false;
@@ -118,6 +129,7 @@ CommHandle NcclCommunicator::handle_for_stream(const char* op) {
   auto impl = std::make_unique<EventImpl>();
   MX_CUDA_CHECK(op, cudaEventCreateWithFlags(&impl->event, cudaEventDisableTiming));
   MX_CUDA_CHECK(op, cudaEventRecord(impl->event, stream_));
+  impl->consumer = compute_stream_;
   return CommHandle(std::move(impl));
 }
 

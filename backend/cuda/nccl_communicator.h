@@ -5,8 +5,11 @@
 //
 // Collectives are queued on the communicator's own stream (so they can overlap the compute
 // stream); the blocking forms wait for that stream; the *_async forms record an event that the
-// handle's wait()/test() synchronize on / query. Compute that produced a send buffer on another
-// stream must be ordered before the collective by the caller (wait_for(compute_stream)).
+// handle's test() queries and its wait() orders the compute stream after (a device-side wait:
+// the host does not block, so it keeps queueing kernels while collectives run; every later use
+// of the buffers through the backend's stream sees the result). Without a compute stream,
+// wait() blocks the host on the event. Compute that produced a send buffer on another stream
+// must be ordered before the collective by the caller (wait_for(compute_stream)).
 //
 // Compiled only; never run (this machine has no GPU, and no multi-GPU machine has been lent).
 #pragma once
