@@ -3,11 +3,14 @@
 
 Model: hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1536, vocab 32000, untied, fp32.
 Shapes: seq 512 x batch 4 and seq 2048 x batch 1. Each side runs a few full training steps
-(forward + backward + AdamW); the first steps are warm-up and not timed. Prints a table of
-tokens/s and the ratio, the machine's SGEMM rate (`mxtrain bench sgemm`), mxtrain's achieved GEMM
-rate and its share of that; appends a dated section to bench/RESULTS.md.
+(forward + backward + AdamW); the first steps are warm-up and not timed. A shared 2-core VM drifts
+by 10% and more within minutes, so the two sides run in interleaved rounds (--rounds, default 3;
+the order alternates each round) and the table reports the median of the per-round ratios with
+their range, and the median tokens/s of each side. Prints that table, the machine's SGEMM rate
+(`mxtrain bench sgemm`), mxtrain's achieved GEMM rate and its share of that; appends a dated
+section to bench/RESULTS.md.
 
-Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--steps 6] [--skip 2] [--no-record]
+Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--steps 6] [--skip 2] [--rounds 3] [--no-record]
 """
 import argparse
 import datetime
@@ -156,6 +159,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved mxtrain/PyTorch rounds per shape (median reported)")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args()
     if not os.access(mxtrain_bin(), os.X_OK):
@@ -163,34 +168,55 @@ def main():
 
     load_before = loadavg()
     sgemm_before = sgemm_rate()
-    rows = []
+    if args.rounds < 1 or args.steps <= args.skip:
+        sys.exit("error: --rounds must be >= 1 and --steps greater than --skip")
+    per = {run: [] for run in RUNS}  # (seq, batch) -> [(mx, th)] per round
     with tempfile.TemporaryDirectory(prefix="mxbench_") as work:
-        for seq, batch in RUNS:
-            mx = run_mxtrain(seq, batch, args.steps, args.skip, work)
-            th = run_torch(seq, batch, args.steps, args.skip)
-            rows.append((seq, batch, mx, th))
-            print(f"seq {seq} x batch {batch}: mxtrain {mx['tokens_per_s']:.0f} tok/s, "
-                  f"torch {th['tokens_per_s']:.0f} tok/s", flush=True)
+        for r in range(args.rounds):
+            for seq, batch in RUNS:
+                # Alternate which side goes first, so a drift within a round favours neither.
+                if r % 2 == 0:
+                    mx = run_mxtrain(seq, batch, args.steps, args.skip, work)
+                    th = run_torch(seq, batch, args.steps, args.skip)
+                else:
+                    th = run_torch(seq, batch, args.steps, args.skip)
+                    mx = run_mxtrain(seq, batch, args.steps, args.skip, work)
+                per[(seq, batch)].append((mx, th))
+                print(f"round {r + 1}/{args.rounds}, seq {seq} x batch {batch}: mxtrain "
+                      f"{mx['tokens_per_s']:.0f} tok/s, torch {th['tokens_per_s']:.0f} tok/s, "
+                      f"ratio {mx['tokens_per_s'] / th['tokens_per_s']:.2f}", flush=True)
+    rows = []
+    for (seq, batch), res in per.items():
+        ratios = [m["tokens_per_s"] / t["tokens_per_s"] for m, t in res]
+        # The round with the median ratio supplies mxtrain's GEMM rate, MFU and memory.
+        mid = sorted(range(len(res)), key=lambda i: ratios[i])[len(res) // 2]
+        mx = dict(res[mid][0])
+        mx["tokens_per_s"] = float(np.median([m["tokens_per_s"] for m, _ in res]))
+        th = {"tokens_per_s": float(np.median([t["tokens_per_s"] for _, t in res]))}
+        rows.append((seq, batch, mx, th, ratios))
     # Measured before and after: a big gap means something else used the CPU meanwhile.
     sgemm_after = sgemm_rate()
     sgemm = max(sgemm_before, sgemm_after)
     load_after = loadavg()
 
     lines = [
-        "| seq x batch | mxtrain tok/s | PyTorch tok/s | ratio (mxtrain/PyTorch) | mxtrain GEMM GFLOP/s "
-        "| share of SGEMM | mxtrain MFU | mxtrain peak MiB |",
+        "| seq x batch | mxtrain tok/s | PyTorch tok/s | ratio (mxtrain/PyTorch), median "
+        "[range] | mxtrain GEMM GFLOP/s | share of SGEMM | mxtrain MFU | mxtrain peak MiB |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for seq, batch, mx, th in rows:
+    for seq, batch, mx, th, ratios in rows:
         g = mx["gemm_gflops"]
         gtxt = f"{g:.1f}" if g is not None else "n/a"
         share = f"{100 * g / sgemm:.0f}%" if g is not None else "n/a"
         lines.append(f"| {seq} x {batch} | {mx['tokens_per_s']:.0f} | {th['tokens_per_s']:.0f} | "
-                     f"{mx['tokens_per_s'] / th['tokens_per_s']:.2f} | {gtxt} | {share} | "
-                     f"{mx['model_gflops'] / sgemm:.3f} | {mx['peak_mem_bytes'] / 2**20:.0f} |")
+                     f"{float(np.median(ratios)):.2f} [{min(ratios):.2f}, {max(ratios):.2f}] | "
+                     f"{gtxt} | {share} | {mx['model_gflops'] / sgemm:.3f} | "
+                     f"{mx['peak_mem_bytes'] / 2**20:.0f} |")
     table = "\n".join(lines)
     header = (f"Model: hidden 512, 8 layers, 8 heads / 4 KV, intermediate 1536, vocab 32000, untied, "
-              f"fp32; {THREADS} threads each; {args.steps} steps, first {args.skip} untimed.\n"
+              f"fp32; {THREADS} threads each; {args.steps} steps, first {args.skip} untimed; "
+              f"{args.rounds} interleaved rounds (tokens/s: medians; ratio: median of the "
+              f"per-round ratios, range in brackets).\n"
               f"Machine SGEMM (`mxtrain bench sgemm --size 2048 --seconds {SGEMM_SECONDS}`: the "
               f"fastest of repeated 2048^3 GEMMs over {SGEMM_SECONDS} s, 2 threads), before / "
               f"after: {sgemm_before:.1f} / {sgemm_after:.1f} GFLOP/s; GEMM shares and MFU below "
