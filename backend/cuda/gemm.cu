@@ -34,6 +34,13 @@ __global__ void round_to_bf16_kernel(uint16_t* __restrict__ dst, const float* __
     dst[i] = numerics::encode_bf16(src[i], numerics::Saturation::kNoSat);
 }
 
+__global__ void widen_bf16_kernel(float* __restrict__ dst, const uint16_t* __restrict__ src,
+                                  int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = numerics::decode_bf16(src[i]);
+}
+
 __global__ void scale_kernel(float* x, float s, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -69,6 +76,12 @@ void round_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stre
   if (n == 0) return;
   round_to_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
   MX_CUDA_LAUNCH_CHECK("round_to_bf16");
+}
+
+void widen_bf16(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  widen_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
+  MX_CUDA_LAUNCH_CHECK("widen_bf16");
 }
 
 LtGemm::LtGemm() { MX_CUBLAS_CHECK("gemm", cublasLtCreate(&handle_)); }

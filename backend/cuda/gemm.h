@@ -85,5 +85,7 @@ class LtGemm {
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU
 // recipe's bf16 emulation rounds).
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream);
+// dst[i] = the fp32 value of the bf16 bits src[i] (exact).
+void widen_bf16(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream);
 
 }  // namespace mx::cuda
