@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/nccl_communicator.h"
 #include "backend/cuda/quantize_kernels.h"
+#include "core/log.h"
 #include "numerics/block_scale_layout.h"
 
 namespace mx {
@@ -913,6 +914,15 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
                         e != cudaSuccess ? cudaGetErrorString(e) : "no devices", ")"));
   }
   o.device = cuda_local_device(count);
+  // Which attention runs is said once here when it is fixed; with cuDNN, once per shape by
+  // CudnnAttention ("cuda attention: cudnn SDPA ..." or "cuda attention: fp32 kernel for ...").
+#ifdef MXTRAIN_HAVE_CUDNN
+  if (o.attention == CudaAttention::kFp32)
+    info("cuda attention: fp32 kernel (MXTRAIN_CUDA_ATTENTION=fp32)");
+#else
+  info("cuda attention: fp32 kernel (this build has no cuDNN attention: no cudnn-frontend "
+       "headers at build time, see scripts/setup.sh)");
+#endif
   return make_cuda_backend(o);
 }
 }  // namespace

@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -41,6 +42,11 @@ std::string g_load_problem = "not loaded";
 
 void load_cudnn() {
   std::call_once(g_load_once, [] {
+    // The frontend dlopens a CUDA runtime of its own for its few runtime calls: make it the
+    // major this program links (libcudart.so.13 for CUDA 13), not the first one found, unless
+    // the user chose (the frontend's own variable).
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME",
+           str("libcudart.so.", CUDART_VERSION / 1000).c_str(), 0);
     std::string errors;
     for (const char* name : {"libcudnn.so.9", "libcudnn.so"}) {
       dlerror();
