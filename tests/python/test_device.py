@@ -68,6 +68,23 @@ def test_cuda_without_gpu_is_a_clear_error(tmp_path):
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 
+def test_bad_cuda_attention_setting_is_a_clear_error(tmp_path):
+    require_binary()
+    # MXTRAIN_CUDA_ATTENTION is read before the GPU is looked for: a bad value is an error on any
+    # machine (a CPU-only build has no CUDA backend to read it, and says so instead).
+    p = subprocess.run([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+                        "--set", f"data.path={corpus(tmp_path)}", "--set", "train.steps=1",
+                        "--set", "run.device=cuda", "--set", f"run.out_dir={tmp_path / 'o'}"],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES="",
+                                MXTRAIN_CUDA_ATTENTION="flash"))
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (last == "error: MXTRAIN_CUDA_ATTENTION must be cudnn or fp32 (got 'flash')"
+            or "built without the CUDA backend" in last), p.stderr
+    assert not (tmp_path / "o" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("recipe,stats", [("fp32", 0), ("nvfp4", 0), ("nvfp4", 5), ("mxfp8", 0)])
 def test_staged_run_is_identical(tmp_path, recipe, stats):
     # nvfp4 and mxfp8 take the backend's quantize_dequantize when staged (a GPU's emulated
