@@ -87,6 +87,24 @@ std::vector<int64_t> vec(const std::array<int64_t, 4>& a) { return {a.begin(), a
 
 size_t bf16_bytes(int64_t n) { return DeviceArena::round_up(sizeof(uint16_t) * size_t(n)); }
 
+// n bf16 values in scratch (the caller's scope): src rounded (RNE), or room only (src null).
+void* bf16_copy(const float* src, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+  uint16_t* dst = scratch.alloc_as<uint16_t>(n);
+  if (src) round_to_bf16(dst, src, n, s);
+  return dst;
+}
+
+// The variant pack's inputs both directions share: q, k, v rounded to bf16 into scratch.
+std::unordered_map<int64_t, void*> qkv_pack(const float* q, const float* k, const float* v,
+                                            int64_t nq, int64_t nk, DeviceArena& scratch,
+                                            cudaStream_t s) {
+  std::unordered_map<int64_t, void*> pack;
+  pack[kQ] = bf16_copy(q, nq, scratch, s);
+  pack[kK] = bf16_copy(k, nk, scratch, s);
+  pack[kV] = bf16_copy(v, nk, scratch, s);
+  return pack;
+}
+
 struct Entry {
   std::string problem;  // "" when both graphs are built
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
@@ -146,10 +164,27 @@ struct CudnnAttention::Impl {
       return e;
     }
     if (!(e.problem = cudnn_sdpa_shape_problem(B, T, H, KV, D)).empty()) return e;
-    if (!handle) {
-      MX_CUDNN_CHECK("attention", fe::detail::create_handle(&handle));
-      MX_CUDNN_CHECK("attention", fe::detail::set_stream(handle, stream));
+    // A cuDNN that loads but cannot be used here (no handle, a symbol the frontend needs
+    // missing from an older library: the shim throws) is a reason to fall back, not a crash.
+    try {
+      if (!handle) {
+        MX_CUDNN_CHECK("attention", fe::detail::create_handle(&handle));
+        const cudnnStatus_t st = fe::detail::set_stream(handle, stream);
+        if (st != CUDNN_STATUS_SUCCESS) {
+          fe::detail::destroy_handle(handle);
+          handle = nullptr;
+          MX_CUDNN_CHECK("attention", st);
+        }
+      }
+      build_graphs(e, B, T, H, KV, D);
+    } catch (const std::exception& ex) {
+      e.problem = str("cuDNN failed while building the graphs: ", ex.what());
     }
+    if (!e.problem.empty()) e.fwd.reset(), e.bwd.reset();
+    return e;
+  }
+
+  void build_graphs(Entry& e, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     const float scale = 1.0f / std::sqrt(float(D));
     const TensorView4 qv = bshd_view(B, T, H, D), kv = bshd_view(B, T, KV, D),
                       sv = stats_view(B, H, T);
@@ -189,8 +224,6 @@ struct CudnnAttention::Impl {
       const std::string why = build(g, e.bwd_workspace);
       if (!why.empty()) e.problem = "cuDNN refuses the backward: " + why;
     }
-    if (!e.problem.empty()) e.fwd.reset(), e.bwd.reset();
-    return e;
   }
 
   Entry& entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
@@ -220,6 +253,13 @@ struct CudnnAttention::Impl {
     const int64_t nq = B * T * H * D, nk = B * T * KV * D;
     return 4 * bf16_bytes(nq) + 4 * bf16_bytes(nk) +
            DeviceArena::round_up(size_t(e.bwd_workspace));
+  }
+
+  // The shape's entry, which must have been found usable (the backend asks problem() first).
+  const Entry& ready(const char* op, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    const Entry& e = entry(B, T, H, KV, D);
+    MX_ASSERT(e.problem.empty(), op, " on cuDNN for a shape it does not take: ", e.problem);
+    return e;
   }
 
   void execute(const fe::graph::Graph& g, std::unordered_map<int64_t, void*>& pack,
@@ -253,53 +293,36 @@ size_t CudnnAttention::backward_scratch_bytes(int64_t B, int64_t T, int64_t H, i
 void CudnnAttention::forward(float* out, float* lse, const float* q, const float* k,
                              const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t D, DeviceArena& scratch) {
-  const Entry& e = impl_->entry(B, T, H, KV, D);
-  MX_ASSERT(e.problem.empty(), "cudnn attention_forward on an unsupported shape: ", e.problem);
+  const Entry& e = impl_->ready("attention_forward", B, T, H, KV, D);
   const cudaStream_t s = impl_->stream;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
   DeviceArenaScope scope(scratch);
-  uint16_t* q16 = scratch.alloc_as<uint16_t>(nq);
-  uint16_t* k16 = scratch.alloc_as<uint16_t>(nk);
-  uint16_t* v16 = scratch.alloc_as<uint16_t>(nk);
-  uint16_t* o16 = scratch.alloc_as<uint16_t>(nq);
-  round_to_bf16(q16, q, nq, s);
-  round_to_bf16(k16, k, nk, s);
-  round_to_bf16(v16, v, nk, s);
-  std::unordered_map<int64_t, void*> pack{
-      {kQ, q16}, {kK, k16}, {kV, v16}, {kO, o16}, {kStats, lse}};
+  auto pack = qkv_pack(q, k, v, nq, nk, scratch, s);
+  pack[kO] = bf16_copy(nullptr, nq, scratch, s);
+  pack[kStats] = lse;
   impl_->execute(*e.fwd, pack, e.fwd_workspace, scratch, "attention_forward");
-  widen_bf16(out, o16, nq, s);
+  widen_bf16(out, static_cast<uint16_t*>(pack[kO]), nq, s);
 }
 
 void CudnnAttention::backward(float* dq, float* dk, float* dv, const float* dout,
                               const float* q, const float* k, const float* v, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
                               int64_t D, DeviceArena& scratch) {
-  const Entry& e = impl_->entry(B, T, H, KV, D);
-  MX_ASSERT(e.problem.empty(), "cudnn attention_backward on an unsupported shape: ", e.problem);
+  const Entry& e = impl_->ready("attention_backward", B, T, H, KV, D);
   const cudaStream_t s = impl_->stream;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
   DeviceArenaScope scope(scratch);
-  uint16_t* q16 = scratch.alloc_as<uint16_t>(nq);
-  uint16_t* k16 = scratch.alloc_as<uint16_t>(nk);
-  uint16_t* v16 = scratch.alloc_as<uint16_t>(nk);
-  uint16_t* o16 = scratch.alloc_as<uint16_t>(nq);
-  uint16_t* do16 = scratch.alloc_as<uint16_t>(nq);
-  uint16_t* dq16 = scratch.alloc_as<uint16_t>(nq);
-  uint16_t* dk16 = scratch.alloc_as<uint16_t>(nk);
-  uint16_t* dv16 = scratch.alloc_as<uint16_t>(nk);
-  round_to_bf16(q16, q, nq, s);
-  round_to_bf16(k16, k, nk, s);
-  round_to_bf16(v16, v, nk, s);
-  round_to_bf16(o16, out, nq, s);
-  round_to_bf16(do16, dout, nq, s);
-  std::unordered_map<int64_t, void*> pack{
-      {kQ, q16},   {kK, k16},   {kV, v16},   {kO, o16},  {kDO, do16},
-      {kDQ, dq16}, {kDK, dk16}, {kDV, dv16}, {kStats, const_cast<float*>(lse)}};
+  auto pack = qkv_pack(q, k, v, nq, nk, scratch, s);
+  pack[kO] = bf16_copy(out, nq, scratch, s);
+  pack[kDO] = bf16_copy(dout, nq, scratch, s);
+  pack[kDQ] = bf16_copy(nullptr, nq, scratch, s);
+  pack[kDK] = bf16_copy(nullptr, nk, scratch, s);
+  pack[kDV] = bf16_copy(nullptr, nk, scratch, s);
+  pack[kStats] = const_cast<float*>(lse);
   impl_->execute(*e.bwd, pack, e.bwd_workspace, scratch, "attention_backward");
-  widen_bf16(dq, dq16, nq, s);
-  widen_bf16(dk, dk16, nk, s);
-  widen_bf16(dv, dv16, nk, s);
+  widen_bf16(dq, static_cast<uint16_t*>(pack[kDQ]), nq, s);
+  widen_bf16(dk, static_cast<uint16_t*>(pack[kDK]), nk, s);
+  widen_bf16(dv, static_cast<uint16_t*>(pack[kDV]), nk, s);
 }
 
 std::string cudnn_library_problem() {

@@ -36,8 +36,8 @@ class CudnnAttention {
   // "" when this shape runs on cuDNN, else why not (libcudnn missing, a shape rule of
   // backend/attention_choice.h, or cuDNN's own support check). The first call for a shape builds
   // both its forward and backward graphs (one decision per shape, so a backward never mixes with
-  // the other implementation's forward), caches them, and logs the outcome once. An unexpected
-  // failure (e.g. cudnnCreate) throws CudaError.
+  // the other implementation's forward), caches them, and logs the outcome once. A cuDNN that
+  // loads but fails here (cudnnCreate, a symbol missing from an older library) is a reason too.
   const std::string& problem(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
   // Both require problem(...) == "" for the shape. Scratch: the bf16 copies and cuDNN's
