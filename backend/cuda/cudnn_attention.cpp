@@ -38,7 +38,7 @@ namespace fe = cudnn_frontend;
 namespace {
 
 std::once_flag g_load_once;
-std::string g_load_problem = "not loaded";
+std::string g_load_problem;  // set by load_cudnn(): "" when loaded
 
 void load_cudnn() {
   std::call_once(g_load_once, [] {
@@ -47,19 +47,22 @@ void load_cudnn() {
     // the user chose (the frontend's own variable).
     setenv("CUDNN_FRONTEND_CUDART_LIB_NAME",
            str("libcudart.so.", CUDART_VERSION / 1000).c_str(), 0);
-    std::string errors;
-    for (const char* name : {"libcudnn.so.9", "libcudnn.so"}) {
-      dlerror();
-      if (void* h = dlopen(name, RTLD_NOW | RTLD_GLOBAL)) {
-        fe::cudnn_dlhandle = h;
-        g_load_problem.clear();
-        return;
-      }
+    // cuDNN 9 only (the unversioned libcudnn.so could be another major, with another ABI).
+    dlerror();
+    void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
       const char* e = dlerror();
-      errors += str(errors.empty() ? "" : "; ", name, ": ", e ? e : "not found");
+      g_load_problem = str("libcudnn could not be loaded (", e ? e : "libcudnn.so.9 not found",
+                           "); put cuDNN 9's library directory on LD_LIBRARY_PATH");
+      return;
     }
-    g_load_problem = "libcudnn could not be loaded (" + errors +
-                     "); put cuDNN 9's library directory on LD_LIBRARY_PATH";
+    fe::cudnn_dlhandle = h;
+    const size_t version = fe::detail::get_backend_version();
+    if (version < 90000) {
+      g_load_problem = str("libcudnn.so.9 reports version ", version, ", not cuDNN 9");
+      return;
+    }
+    g_load_problem.clear();
   });
 }
 
