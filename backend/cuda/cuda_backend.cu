@@ -10,11 +10,15 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#ifdef MXTRAIN_HAVE_CUDNN
+#include "backend/cuda/cudnn_attention.h"
+#endif
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/nccl_communicator.h"
 #include "backend/cuda/quantize_kernels.h"
+#include "core/log.h"
 #include "numerics/block_scale_layout.h"
 
 namespace mx {
@@ -275,6 +279,9 @@ class CudaBackendImpl final : public CudaBackend {
   }
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
+#ifdef MXTRAIN_HAVE_CUDNN
+    cudnn_.reset();  // its handle is bound to the stream
+#endif
     cudaStreamDestroy(stream_);
   }
 
@@ -510,17 +517,41 @@ class CudaBackendImpl final : public CudaBackend {
     rope(dx, cos, sin, B, T, heads, D, -1.0f, "rope_backward");
   }
 
+  // cuDNN's SDPA (bf16) where built, selected and supported for the shape, else the fp32 kernel.
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (use_cudnn(B, T, H, KV, D)) {
+      cudnn_->forward(out, lse, q, k, v, B, T, H, KV, D, scratch_);
+      return done("attention_forward");
+    }
+#endif
     cuda::attention_forward(out, lse, q, k, v, B, T, H, KV, D, stream_);
     done("attention_forward");
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                           const float* k, const float* v, const float* out, const float* lse,
                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (use_cudnn(B, T, H, KV, D)) {
+      cudnn_->backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_);
+      return done("attention_backward");
+    }
+#endif
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_,
                              stream_);
     done("attention_backward");
+  }
+  void set_attention(CudaAttention a) override { opt_.attention = a; }
+  std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    if (opt_.attention == CudaAttention::kFp32) return "fp32 (MXTRAIN_CUDA_ATTENTION=fp32)";
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (B == 0 || T == 0) return "fp32 (empty shape)";
+    const std::string& why = cudnn().problem(B, T, H, KV, D);
+    return why.empty() ? "cudnn" : "fp32 (" + why + ")";
+#else
+    return "fp32 (built without cuDNN attention: no cudnn-frontend headers at build time)";
+#endif
   }
   void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
                         int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
@@ -640,6 +671,17 @@ class CudaBackendImpl final : public CudaBackend {
     MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
     return host;
   }
+
+#ifdef MXTRAIN_HAVE_CUDNN
+  cuda::CudnnAttention& cudnn() {
+    if (!cudnn_) cudnn_ = std::make_unique<cuda::CudnnAttention>(stream_);
+    return *cudnn_;
+  }
+  bool use_cudnn(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    return opt_.attention == CudaAttention::kCudnn && B > 0 && T > 0 &&
+           cudnn().problem(B, T, H, KV, D).empty();
+  }
+#endif
 
   void launched(const char* op) {
     MX_CUDA_LAUNCH_CHECK(op);
@@ -822,6 +864,9 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceArena scratch_;
   cudaStream_t stream_ = nullptr;
   cuda::LtGemm lt_;
+#ifdef MXTRAIN_HAVE_CUDNN
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // created at the first attention call
+#endif
   GemmStats stats_;
 };
 
@@ -835,15 +880,11 @@ namespace {
 // make_backend("cuda"): the GPU of this process's local rank (one process per GPU under
 // mpirun), fp32 GEMMs (the CPU backend's numbers; recipe bf16 switches Linears to bf16).
 std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    throw UserError(str("run.device = cuda: no usable CUDA GPU on this machine (",
-                        e != cudaSuccess ? cudaGetErrorString(e) : "no devices", ")"));
-  }
+  // The environment first: a bad value is an error on any machine, GPU or not.
   CudaBackendOptions o;
-  o.device = cuda_local_device(count);
+  // MXTRAIN_CUDA_ATTENTION: cudnn (default: cuDNN's bf16 SDPA where built and supported, else
+  // the fp32 kernel) or fp32 (always the fp32 kernel).
+  o.attention = parse_cuda_attention(std::getenv("MXTRAIN_CUDA_ATTENTION"));
   // MXTRAIN_CUDA_GEMM: how GEMMs outside a recipe's Linears (the head, fp32 runs) use the tensor
   // cores: fp32 (default, the CPU backend's numbers), tf32 or bf16.
   if (const char* g = std::getenv("MXTRAIN_CUDA_GEMM")) {
@@ -865,6 +906,23 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
     o.scratch_bytes = size_t(std::strtoull(mb, nullptr, 10)) << 20;
   else
     o.scratch_bytes = size_t(1) << 30;  // room for the bf16 operand copies of large GEMMs
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw UserError(str("run.device = cuda: no usable CUDA GPU on this machine (",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "no devices", ")"));
+  }
+  o.device = cuda_local_device(count);
+  // Which attention runs is said once here when it is fixed; with cuDNN, once per shape by
+  // CudnnAttention ("cuda attention: cudnn SDPA ..." or "cuda attention: fp32 kernel for ...").
+#ifdef MXTRAIN_HAVE_CUDNN
+  if (o.attention == CudaAttention::kFp32)
+    info("cuda attention: fp32 kernel (MXTRAIN_CUDA_ATTENTION=fp32)");
+#else
+  info("cuda attention: fp32 kernel (this build has no cuDNN attention: no cudnn-frontend "
+       "headers at build time, see scripts/setup.sh)");
+#endif
   return make_cuda_backend(o);
 }
 }  // namespace

@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "backend/attention_choice.h"
 #include "backend/backend.h"
 #include "core/arena.h"
 #include "numerics/formats.h"
@@ -36,6 +38,10 @@ struct CudaBackendOptions {
   // them (compute capability >= 8.9); false: fp8_tensor_cores() says no, and the recipes run
   // their exact emulation (the trainer reads MXTRAIN_CUDA_FP8=emulate for this).
   bool fp8_tensor_cores = true;
+  // Causal attention: cuDNN's SDPA in bf16 where this build has it (MXTRAIN_HAVE_CUDNN) and cuDNN
+  // takes the shape, else the fp32 kernel; kFp32 always the fp32 kernel (the trainer reads
+  // MXTRAIN_CUDA_ATTENTION for this). Decode always runs the fp32 kernel.
+  CudaAttention attention = CudaAttention::kCudnn;
   MemoryTracker* tracker = nullptr;
 };
 
@@ -52,6 +58,11 @@ class CudaBackend : public Backend {
   virtual int device() const = 0;
   virtual void set_gemm_precision(CudaGemmPrecision p) = 0;
   virtual size_t scratch_peak_bytes() const = 0;
+  virtual void set_attention(CudaAttention a) = 0;
+  // Which implementation attention_forward / _backward run for this shape: "cudnn", or "fp32"
+  // followed by the reason when cuDNN was asked for but cannot take it ("fp32 (...)"). Asking
+  // builds (and caches) the shape's cuDNN graphs.
+  virtual std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
   // Beyond the Backend interface: the per-tensor FP8 GEMM on FP8 tensor cores over codes
   // already quantized (cuda::LtGemm::fp8_gemm: C[M,N] = (sa A[M,K]) (sb B[N,K])^T + beta C,
   // codes and decode scales in device memory). The op check calls it directly.

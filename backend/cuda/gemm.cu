@@ -34,6 +34,13 @@ __global__ void round_to_bf16_kernel(uint16_t* __restrict__ dst, const float* __
     dst[i] = numerics::encode_bf16(src[i], numerics::Saturation::kNoSat);
 }
 
+__global__ void widen_bf16_kernel(float* __restrict__ dst, const uint16_t* __restrict__ src,
+                                  int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = numerics::decode_bf16(src[i]);
+}
+
 __global__ void scale_kernel(float* x, float s, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -69,6 +76,12 @@ void round_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stre
   if (n == 0) return;
   round_to_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
   MX_CUDA_LAUNCH_CHECK("round_to_bf16");
+}
+
+void widen_bf16(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  widen_bf16_kernel<<<grid_for(n), 256, 0, stream>>>(dst, src, n);
+  MX_CUDA_LAUNCH_CHECK("widen_bf16");
 }
 
 LtGemm::LtGemm() { MX_CUBLAS_CHECK("gemm", cublasLtCreate(&handle_)); }
@@ -202,52 +215,12 @@ void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
     MX_CUDA_CHECK("nvfp4_gemm", cudaMemsetAsync(C, 0, sizeof(float) * size_t(M * N), stream));
   nvfp4_scalars_kernel<<<1, 1, 0, stream>>>(scalars, a_global, b_global, beta);
   MX_CUDA_LAUNCH_CHECK("nvfp4_gemm (alpha)");
-  // As fp8_gemm_scaled: column-major C^T[N, M] = B[K, N]^T A[K, M], cuBLASLt's A is our B.
   // Packed FP4 layouts are described in elements (K rows, leading dimension K).
-  LtCall call;
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-  const cublasLtPointerMode_t device_scalars = CUBLASLT_POINTER_MODE_DEVICE;
   const int32_t vec16 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
-  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
-    MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulDescSetAttribute(call.desc, attr, v, bytes));
-  };
-  set(CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t);
-  set(CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n);
-  set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &device_scalars, sizeof device_scalars);
-  set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales, sizeof b_scales);
-  set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales, sizeof a_scales);
-  set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec16, sizeof vec16);
-  set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec16, sizeof vec16);
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatrixLayoutCreate(&call.a, CUDA_R_4F_E2M1, uint64_t(K),
-                                                           uint64_t(N), K));
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatrixLayoutCreate(&call.b, CUDA_R_4F_E2M1, uint64_t(K),
-                                                           uint64_t(M), K));
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N),
-                                                           uint64_t(M), N));
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulPreferenceCreate(&call.pref));
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulPreferenceSetAttribute(
-                                    call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                    &workspace_bytes, sizeof(workspace_bytes)));
-  const uint32_t aligns[4] = {alignment_of(B), alignment_of(A), alignment_of(C), alignment_of(C)};
-  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i)
-    MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulPreferenceSetAttribute(
-                                      call.pref, attrs[i], &aligns[i], sizeof aligns[i]));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a,
-                                                               call.b, call.c, call.c, call.pref,
-                                                               1, &heuristic, &found));
-  if (found == 0)
-    throw CudaError(str("cublasLt: nvfp4_gemm: no algorithm for M=", M, " N=", N, " K=", K,
-                        " beta=", beta, " (FP4 needs compute capability 10.x, cuBLAS >= 12.8)"));
-  MX_CUBLAS_CHECK("nvfp4_gemm", cublasLtMatmul(handle_, call.desc, scalars, B, call.a, A,
-                                               call.b, scalars + 1, C, call.c, C, call.c,
-                                               &heuristic.algo, workspace, workspace_bytes,
-                                               stream));
+  scaled_tn_gemm("nvfp4_gemm", M, N, K, {A, CUDA_R_4F_E2M1, a_scales, vec16},
+                 {B, CUDA_R_4F_E2M1, b_scales, vec16}, scalars, scalars + 1, true, beta, C,
+                 workspace, workspace_bytes, stream,
+                 "FP4 needs compute capability 10.x, cuBLAS >= 12.8");
 }
 
 void LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
@@ -269,59 +242,63 @@ void LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
     return;
   }
   auto type = [](Format f) { return f == Format::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; };
+  const float alpha = 1.0f;
+  scaled_tn_gemm("fp8_gemm", M, N, K, {A, type(a_fmt), a_scale, a_mode},
+                 {B, type(b_fmt), b_scale, b_mode}, &alpha, &beta, false, beta, C, workspace,
+                 workspace_bytes, stream, "FP8 needs sm_89+");
+}
+
+void LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
+                            const ScaledOperand& a, const ScaledOperand& b, const float* alpha,
+                            const float* beta, bool device_scalars, float beta_value, float* C,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                            const char* hint) {
   // Column-major: C^T[N, M] = B[K, N]^T A[K, M], where our row-major B[N, K] is the
   // column-major [K, N] (ld K) and A[M, K] the column-major [K, M]: cuBLASLt's A is our B
-  // (transposed), its B our A: the TN form. The scale pointers follow the operands.
+  // (transposed), its B our A: the TN form. The scale pointers and modes follow the operands.
   LtCall call;
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MX_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
+    MX_CUBLAS_CHECK(op, cublasLtMatmulDescSetAttribute(call.desc, attr, v, bytes));
+  };
   const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                             &op_t, sizeof op_t));
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                             &op_n, sizeof op_n));
-  MX_CUBLAS_CHECK("fp8_gemm",
-                  cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                 &b_scale, sizeof b_scale));
-  MX_CUBLAS_CHECK("fp8_gemm",
-                  cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                 &a_scale, sizeof a_scale));
-  if (a_mode != 0 || b_mode != 0) {  // block scales; cuBLASLt's A is our B
-    MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(
-                                    call.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &b_mode,
-                                    sizeof b_mode));
-    MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulDescSetAttribute(
-                                    call.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &a_mode,
-                                    sizeof a_mode));
+  set(CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n);
+  if (device_scalars) {  // alpha and beta are read from the device
+    const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof mode);
   }
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatrixLayoutCreate(&call.a, type(b_fmt), uint64_t(K),
-                                                         uint64_t(N), K));
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatrixLayoutCreate(&call.b, type(a_fmt), uint64_t(K),
-                                                         uint64_t(M), K));
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N),
-                                                         uint64_t(M), N));
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulPreferenceCreate(&call.pref));
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulPreferenceSetAttribute(
-                                  call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                  &workspace_bytes, sizeof(workspace_bytes)));
-  const uint32_t aligns[4] = {alignment_of(B), alignment_of(A), alignment_of(C), alignment_of(C)};
+  set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b.scale, sizeof b.scale);
+  set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a.scale, sizeof a.scale);
+  if (a.mode != 0 || b.mode != 0) {  // block scales
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &b.mode, sizeof b.mode);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &a.mode, sizeof a.mode);
+  }
+  MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.a, b.type, uint64_t(K), uint64_t(N), K));
+  MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.b, a.type, uint64_t(K), uint64_t(M), K));
+  MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N), uint64_t(M), N));
+  MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&call.pref));
+  MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(
+                          call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                          sizeof(workspace_bytes)));
+  const uint32_t aligns[4] = {alignment_of(b.data), alignment_of(a.data), alignment_of(C),
+                              alignment_of(C)};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
-    MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i],
-                                                                     &aligns[i], sizeof aligns[i]));
+    MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i], &aligns[i],
+                                                             sizeof aligns[i]));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b,
-                                                             call.c, call.c, call.pref, 1,
-                                                             &heuristic, &found));
+  MX_CUBLAS_CHECK(op, cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b, call.c,
+                                                     call.c, call.pref, 1, &heuristic, &found));
   if (found == 0)
-    throw CudaError(str("cublasLt: fp8_gemm: no algorithm for M=", M, " N=", N, " K=", K,
-                        " beta=", beta, " (FP8 needs sm_89+)"));
-  const float alpha = 1.0f;
-  MX_CUBLAS_CHECK("fp8_gemm", cublasLtMatmul(handle_, call.desc, &alpha, B, call.a, A, call.b,
-                                             &beta, C, call.c, C, call.c, &heuristic.algo,
-                                             workspace, workspace_bytes, stream));
+    throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,
+                        " beta=", beta_value, " (", hint, ")"));
+  MX_CUBLAS_CHECK(op, cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b,
+                                     beta, C, call.c, C, call.c, &heuristic.algo, workspace,
+                                     workspace_bytes, stream));
 }
 
 }  // namespace mx::cuda

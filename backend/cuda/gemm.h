@@ -74,7 +74,23 @@ class LtGemm {
                   size_t workspace_bytes, cudaStream_t stream);
 
  private:
-  // scale modes: cublasLtMatmulMatrixScale_t values (0: one fp32 scalar per tensor)
+  // One operand of scaled_tn_gemm: K-major codes of `type`, their decode scale(s) on the device
+  // and the scale mode (a cublasLtMatmulMatrixScale_t value; 0: one fp32 scalar per tensor).
+  struct ScaledOperand {
+    const void* data;
+    cudaDataType_t type;
+    const void* scale;
+    int32_t mode;
+  };
+  // The one scaled "TN" GEMM every low-precision product above ends in: C[M, N] (fp32) =
+  // alpha a[M, K] b[N, K]^T + beta C, fp32 compute, the heuristic's first algorithm. alpha and
+  // beta point to host floats, or with device_scalars to device floats
+  // (CUBLASLT_POINTER_MODE_DEVICE); beta_value and `hint` are for the "no algorithm" message.
+  void scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K, const ScaledOperand& a,
+                      const ScaledOperand& b, const float* alpha, const float* beta,
+                      bool device_scalars, float beta_value, float* C, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream, const char* hint);
+  // FP8 front of scaled_tn_gemm: format and shape rules, K = 0; modes as ScaledOperand's.
   void fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const void* a_scale, int32_t a_mode, const uint8_t* B,
                        numerics::Format b_fmt, const void* b_scale, int32_t b_mode, float beta,
@@ -85,5 +101,7 @@ class LtGemm {
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU
 // recipe's bf16 emulation rounds).
 void round_to_bf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream);
+// dst[i] = the fp32 value of the bf16 bits src[i] (exact).
+void widen_bf16(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream);
 
 }  // namespace mx::cuda

@@ -11,12 +11,16 @@
 #   1. binaries: the ones prepare.sh built here (sm_90) and carried in .gpu-prebuilt/bundle.tar.xz
 #      with their non-CUDA libraries; without them (or MXTRAIN_GPU_BUILD=1) a native build
 #      (needs the OpenMPI, OpenBLAS, nlohmann-json, libcurl, OpenSSL dev packages there)
-#   2. every CUDA op against the CPU backend + quantizer byte identity (op_check.json)
+#   2. every CUDA op against the CPU backend + quantizer byte identity (op_check.json), the
+#      cuDNN attention against its bf16 CPU twin; says which attention the 1B shape gets
 #   3. 50-step loss match of `mxtrain train`, tiny preset, run.device = cuda vs cpu (same seed,
 #      same text): max relative loss difference per step; tolerance 1e-4 (fp32), 2e-3 (recipe
 #      bf16: CUDA's bf16 GEMM vs the CPU's emulation), 5e-3 (fp8-current, fp8-delayed: FP8
-#      tensor-core GEMMs vs the CPU's emulation; a guess until measured) (loss_match.json)
-#   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (other GEMMs TF32): mxtrain with recipe
+#      tensor-core GEMMs vs the CPU's emulation; a guess until measured), all four with the
+#      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
+#      a guess) (loss_match.json)
+#   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (other GEMMs TF32; attention: the
+#      default, cuDNN where it loads, the table's last column says which ran): mxtrain with recipe
 #      bf16, then the recipes that run natively on an H200's tensor cores (fp8-current,
 #      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; mxfp8 and nvfp4 only on compute
 #      capability 10.x, where they run natively: a "skipped" row each elsewhere, an H200
@@ -38,11 +42,13 @@ echo "== mxtrain GPU check: commit $(git rev-parse --short HEAD 2>/dev/null || e
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 nvcc --version | tail -1 || true
 
-# cuBLASLt / NCCL / cudart from the Python wheels, when the toolkit's own are not on the path.
+# cuBLASLt / NCCL / cudart / cuDNN from the Python wheels, when the toolkit's own are not on the
+# path. libcudnn is never carried (hundreds of MB): the attention opens it at run time (dlopen),
+# from the nvidia-cudnn-cu13 wheel's lib directory here.
 py_libs=$(python3 - <<'PY' 2>/dev/null
 import importlib, os
 dirs = []
-for m in ("nvidia.cublas", "nvidia.nccl", "nvidia.cu13", "nvidia.cuda_runtime"):
+for m in ("nvidia.cublas", "nvidia.nccl", "nvidia.cu13", "nvidia.cuda_runtime", "nvidia.cudnn"):
     try:
         p = importlib.import_module(m)
         for base in list(getattr(p, "__path__", [])):
@@ -82,6 +88,13 @@ if [ -z "$bindir" ]; then
   exit 3
 fi
 LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" | grep "not found" && echo "(missing libraries above)"
+# libcudnn is not a link dependency (dlopen'ed by the attention): say here whether it is there.
+cudnn_so=""
+for d in ${mx_ld//:/ }; do [ -e "$d/libcudnn.so.9" ] && { cudnn_so="$d/libcudnn.so.9"; break; }; done
+[ -z "$cudnn_so" ] && cudnn_so=$(ldconfig -p 2>/dev/null | awk '/libcudnn\.so\.9 /{print $NF; exit}')
+if [ -n "$cudnn_so" ]; then echo "cudnn: $cudnn_so"
+else echo "cudnn: libcudnn.so.9 NOT FOUND on the library path: attention runs the fp32 kernel," \
+  "the op check's attention_cudnn_* cases fail with the loader's message"; fi
 
 # ---- 2. op check -------------------------------------------------------------------------------
 t0=$(date +%s)
@@ -97,6 +110,7 @@ awk '/^(PASS|FAIL)/{op=$2; n[op]++; if($1=="PASS")p[op]++;
      END{printf "  %-28s %9s %10s\n","op","pass/all","worst e/t"; for(o in n) printf "  %-28s %4d/%-4d %10.3g\n",o,p[o],n[o],w[o]}' \
   "$OUT/op_check.txt" | sort
 grep '^FAIL' "$OUT/op_check.txt" | head -20
+grep '^attention path' "$OUT/op_check.txt" | sed 's/^/  /'
 tail -3 "$OUT/op_check.txt"
 
 # ---- 3. loss match -----------------------------------------------------------------------------
@@ -105,7 +119,7 @@ corpus=/tmp/mxgpu-corpus.txt
 cat docs/*.md README.md bench/*.md > "$corpus"
 MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(cap 90)" python3 bench/gpu/mxtrain_runs.py loss-match \
   --bin "$bindir/mxtrain" --corpus "$corpus" --work /tmp/mxgpu-runs --threads 16 --limit 25 \
-  --recipes fp32 bf16 fp8-current fp8-delayed \
+  --recipes fp32 bf16 fp8-current fp8-delayed bf16+cudnn \
   --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt"
 echo "loss match: exit $?, $(( $(date +%s) - t0 )) s"
 
@@ -158,11 +172,11 @@ for r in rows("loss_match.json"):
         print(f"loss match {r['recipe']:11s}: max rel diff {r['max_rel']:.2e} at step "
               f"{r['worst_step']} (tolerance {r['tolerance_rel']:.0e}) -> "
               f"{'PASS' if r['ok'] else 'FAIL'}; last loss cpu {r['loss_last_cpu']:.5f} "
-              f"cuda {r['loss_last_cuda']:.5f}")
+              f"cuda {r['loss_last_cuda']:.5f}; attention {r.get('attention')}")
     else:
         print(f"loss match {r['recipe']:11s}: FAILED TO RUN {r.get('error')}")
 speed = rows("speed.json")
-print(f"{'impl':14s} {'seq':>5s} {'batch':>5s} {'ckpt':>5s} {'tok/s':>10s} {'MFU':>6s}")
+print(f"{'impl':14s} {'seq':>5s} {'batch':>5s} {'ckpt':>5s} {'tok/s':>10s} {'MFU':>6s} attention")
 by = {}
 for r in speed:
     if "tokens_per_s" not in r:
@@ -173,8 +187,9 @@ for r in speed:
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
     impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
     native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
+    attn = r.get("attention", "torch sdpa" if r["impl"] == "torch" else None)
     print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
-          f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}%{native}")
+          f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}% {attn}{native}")
     by[(impl, r["seq"])] = r["tokens_per_s"]
 for seq in (4096, 8192):
     if ("mx bf16", seq) in by and ("torch", seq) in by:

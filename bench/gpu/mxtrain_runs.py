@@ -5,7 +5,10 @@
               text, same schedule): per step |loss_cuda - loss_cpu| / loss_cpu, its maximum
               against a stated tolerance, for each of --recipes: fp32, bf16 (CUDA's bf16 GEMM vs
               the CPU's emulation of it), fp8-current and fp8-delayed (CUDA's FP8 tensor-core
-              GEMMs vs the CPU's emulation).
+              GEMMs vs the CPU's emulation). These run the CUDA side's fp32 attention kernel
+              (MXTRAIN_CUDA_ATTENTION=fp32), so they measure what they name; a recipe written
+              NAME+cudnn (e.g. bf16+cudnn) runs the default attention instead, cuDNN's bf16
+              SDPA, against the CPU's fp32 attention.
   speed       tokens/s and MFU of a Llama-3.2-1B shape at the given sequence lengths: the
               largest micro-batch that starts (the arenas are sized and allocated before the
               first step, so a shape that does not fit fails within seconds), activation
@@ -28,7 +31,19 @@ from pathlib import Path
 # fp8-current / fp8-delayed: CUDA's FP8 tensor-core GEMMs vs the CPU's emulation over the same
 # codes differ only in fp32 accumulation order, but a last-bit difference can move an FP8 code
 # of the next operand: a guess (5e-3) until a GPU run has measured it.
-TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp8-current": 5e-3, "fp8-delayed": 5e-3}
+TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp8-current": 5e-3, "fp8-delayed": 5e-3,
+       # cuDNN's attention in bf16 (P, outputs and gradients rounded to bf16) on top of recipe
+       # bf16, against the CPU's fp32 attention: a guess until a GPU run has measured it.
+       "bf16+cudnn": 5e-3}
+
+
+def attention_of(log):
+    """Which attention the CUDA backend said it ran (its `cuda attention:` lines)."""
+    if "cuda attention: cudnn" in log:
+        return "cudnn"
+    if "cuda attention: fp32" in log:
+        return "fp32"
+    return None
 
 
 def emit(args, obj):
@@ -100,12 +115,17 @@ def loss_match(args):
             "checkpoint.resume": "none"}
     for recipe in args.recipes:
         runs = {}
+        name, _, attention = recipe.partition("+")
+        env = {"OMP_NUM_THREADS": str(args.threads),
+               "MXTRAIN_CUDA_ATTENTION": attention or "fp32"}
         for device in ("cpu", "cuda"):
-            sets = dict(base, **{"run.device": device, "precision.recipe": recipe})
-            runs[device] = run_train(args.bin, sets, {"OMP_NUM_THREADS": str(args.threads)},
+            sets = dict(base, **{"run.device": device, "precision.recipe": name})
+            runs[device] = run_train(args.bin, sets, env,
                                      Path(args.work) / f"loss_{recipe}_{device}", args.limit)
         res = {"check": "loss_match", "recipe": recipe, "steps": args.steps,
                "tolerance_rel": TOL[recipe]}
+        log = Path(args.work) / f"loss_{recipe}_cuda" / "stderr.txt"
+        res["attention"] = attention_of(log.read_text(errors="replace")) if log.exists() else None
         (crc, ctail, cpu, cs), (grc, gtail, gpu, gs) = runs["cpu"], runs["cuda"]
         res["seconds"] = {"cpu": round(cs, 1), "cuda": round(gs, 1)}
         if crc != 0 or grc != 0 or len(cpu) != args.steps or len(gpu) != args.steps:
@@ -156,6 +176,8 @@ def speed(args):
                         break
                     continue
                 result["tried"].append(tried)
+                result["attention"] = attention_of(
+                    (out / "stderr.txt").read_text(errors="replace"))
                 # the trainer's line says which path ran
                 if args.recipe.startswith("fp8-") or args.recipe in ("mxfp8", "nvfp4"):
                     log = (out / "stderr.txt").read_text(errors="replace")

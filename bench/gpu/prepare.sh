@@ -4,14 +4,21 @@
 # OpenMPI, libgomp, ...) into .gpu-prebuilt/, which bench/gpu/check.sh uses when the GPU
 # machine cannot configure the project itself (it lacks the Debian -dev packages). cuBLASLt and
 # NCCL are NOT bundled (hundreds of MB): check.sh finds them on the GPU machine (the CUDA
-# toolkit or the nvidia-cublas / nvidia-nccl Python wheels).
+# toolkit or the nvidia-cublas / nvidia-nccl Python wheels). Nor is libcudnn (hundreds of MB; not
+# a link dependency: the attention dlopens it, from the GPU machine's nvidia-cudnn-cu13 wheel);
+# the cudnn-frontend headers it is compiled against are fetched here first.
 #
 #   bench/gpu/prepare.sh            then call the device tool with carry: [".gpu-prebuilt"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
+scripts/fetch_cudnn_frontend.sh ||
+  { echo "prepare.sh: no cudnn-frontend headers: the bundle would have the fp32 attention only" >&2; exit 1; }
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF >/dev/null
 cmake --build build-gpu --target cuda_op_check mxtrain -j2
+grep -qa "cuda attention: cudnn SDPA" build-gpu/mxtrain ||
+  { echo "prepare.sh: build-gpu/mxtrain was built without the cuDNN attention (see cmake's" \
+         "'mxtrain: CUDA attention' line)" >&2; exit 1; }
 # Staged in build-gpu/prebuilt, carried as one xz archive: the OpenBLAS and OpenSSL libraries
 # alone are ~40 MB uncompressed, and the device tool carries at most 64 MiB.
 stage=build-gpu/prebuilt

@@ -137,7 +137,10 @@ void run_case(const std::string& op, const std::string& shape, const std::functi
 
 std::string dims(std::initializer_list<int64_t> d) {
   std::string s;
-  for (auto x : d) s += (s.empty() ? "" : "x") + std::to_string(x);
+  for (auto x : d) {  // appended piece by piece: g++ 12 warns (-Wrestrict) on "x" + to_string
+    if (!s.empty()) s += 'x';
+    s += std::to_string(x);
+  }
   return s;
 }
 
@@ -555,7 +558,9 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
   }
 }
 
+// The fp32 kernel (attention.cu), forced with set_attention(kFp32), against the CPU backend.
 void check_attention(Backend& cpu, CudaBackend& gpu) {
+  gpu.set_attention(CudaAttention::kFp32);
   for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
            {1, 1, 1, 1, 8}, {2, 37, 4, 2, 64}, {1, 130, 8, 8, 128}, {1, 65, 6, 2, 80},
            {1, 40, 2, 1, 96}, {2, 256, 8, 2, 64}}) {
@@ -589,6 +594,88 @@ void check_attention(Backend& cpu, CudaBackend& gpu) {
       cpu.attention_decode(out.data(), q.data(), kc.data(), vc.data(), T, H, KV, D);
       gpu.attention_decode(dout.p, dq.p, dk.p, dv.p, T, H, KV, D);
       compare(r, "out", dout.download(), out, kAttention);
+    });
+  }
+}
+
+std::vector<float> round_bf16(const std::vector<float>& x) {  // RNE, as numerics/ rounds
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
+  return y;
+}
+
+// cuDNN's SDPA (the default attention, bf16) against its CPU twin: the CPU backend's attention
+// on the same inputs rounded to bf16 (RNE), so the rounding of the inputs, which dominates,
+// is not part of the error. What remains is cuDNN's own bf16 steps: P (and, backward, dS)
+// rounded to bf16 before their GEMMs, and out / dq / dk / dv rounded to bf16 on the way out,
+// each a relative error of at most 2^-9 = 2e-3 per term; summed over keys with random signs
+// they stay well below 1e-2 of the tensor's largest value. Tolerance: |cuda - twin| <= 2e-2
+// (out) / 3e-2 (dq, dk, dv) of the twin tensor's max |value|. lse comes from fp32 scores of the
+// same bf16 inputs (no rounding of its own): 1e-3 of max |lse| (would catch a base-2 log, a
+// wrong scale or a shifted causal diagonal, each an error of order 1). The backward takes the
+// twin's out and lse, so it is checked on its own.
+void check_attention_cudnn(Backend& cpu, CudaBackend& gpu) {
+  gpu.set_attention(CudaAttention::kCudnn);
+  std::printf("attention path, Llama-3.2-1B shape B=2 T=8192 H=32 KV=8 D=64: %s\n",
+              gpu.attention_path(2, 8192, 32, 8, 64).c_str());
+  for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
+           {2, 200, 8, 2, 64}, {2, 200, 8, 2, 128}, {1, 256, 4, 4, 64}, {2, 77, 8, 1, 128},
+           {1, 2, 2, 1, 8}}) {
+    const std::string sh = dims({B, T, H, KV, D});
+    const std::string path = gpu.attention_path(B, T, H, KV, D);
+    auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
+    const auto qb = round_bf16(q), kb = round_bf16(k), vb = round_bf16(v);
+    std::vector<float> out(B * T * H * D), lse(B * H * T);
+    cpu.attention_forward(out.data(), lse.data(), qb.data(), kb.data(), vb.data(), B, T, H, KV, D);
+    run_case("attention_cudnn_forward", sh, [&](Result& r) {
+      if (path != "cudnn") {
+        r.pass = false;
+        r.note = "did not run on cuDNN: " + path;
+        return;
+      }
+      Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
+      gpu.attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      compare(r, "out", dout.download(), out, {2e-2 * max_abs(out), 0.0});
+      compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+    });
+    run_case("attention_cudnn_backward", sh, [&](Result& r) {
+      if (path != "cudnn") {
+        r.pass = false;
+        r.note = "did not run on cuDNN: " + path;
+        return;
+      }
+      const auto g = randn(out.size());
+      const auto gb = round_bf16(g), ob = round_bf16(out);
+      std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+      cpu.attention_backward(dq.data(), dk.data(), dv.data(), gb.data(), qb.data(), kb.data(),
+                             vb.data(), ob.data(), lse.data(), B, T, H, KV, D);
+      Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()),
+          dDV(dv.size());
+      gpu.attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+      compare(r, "dq", dDQ.download(), dq, {3e-2 * max_abs(dq), 0.0});
+      compare(r, "dk", dDK.download(), dk, {3e-2 * max_abs(dk), 0.0});
+      compare(r, "dv", dDV.download(), dv, {3e-2 * max_abs(dv), 0.0});
+    });
+  }
+  // A shape cuDNN's SDPA does not take (head dim not a multiple of 8): the default setting
+  // falls back to the fp32 kernel, at the fp32 kernel's tolerance against the fp32 CPU backend.
+  {
+    const int64_t B = 1, T = 65, H = 6, KV = 2, D = 100;
+    run_case("attention_cudnn_fallback", dims({B, T, H, KV, D}), [&](Result& r) {
+      const std::string path = gpu.attention_path(B, T, H, KV, D);
+      if (path.rfind("fp32 (", 0) != 0) {
+        r.pass = false;
+        r.note = "expected the fp32 kernel, got: " + path;
+        return;
+      }
+      auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
+      std::vector<float> out(B * T * H * D), lse(B * H * T);
+      cpu.attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+      Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
+      gpu.attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      compare(r, "out", dout.download(), out, kAttention);
+      compare(r, "lse", dlse.download(), lse, kAttention);
     });
   }
 }
@@ -960,6 +1047,7 @@ int main(int argc, char** argv) {
     check_gemm(*cpu, *gpu);
     check_rows(*cpu, *gpu);
     check_attention(*cpu, *gpu);
+    check_attention_cudnn(*cpu, *gpu);
     check_quantizers(*gpu);
     std::printf("%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } catch (const std::exception& e) {

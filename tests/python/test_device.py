@@ -53,18 +53,34 @@ def checkpoint_files(out, step):
     return {f.name: f.read_bytes() for f in sorted(d.glob("rank_*.safetensors"))}
 
 
-def test_cuda_without_gpu_is_a_clear_error(tmp_path):
+def train_cuda_without_gpu(tmp_path, **env):
+    """One step with run.device = cuda and no GPU visible; returns the process."""
     require_binary()
+    return subprocess.run([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+                           "--set", f"data.path={corpus(tmp_path)}", "--set", "train.steps=1",
+                           "--set", "run.device=cuda", "--set", f"run.out_dir={tmp_path / 'o'}"],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES="", **env))
+
+
+def test_cuda_without_gpu_is_a_clear_error(tmp_path):
     # This machine has no GPU: a CUDA build says so, a CPU-only build says it has no CUDA.
-    p = subprocess.run([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
-                        "--set", f"data.path={corpus(tmp_path)}", "--set", "train.steps=1",
-                        "--set", "run.device=cuda", "--set", f"run.out_dir={tmp_path / 'o'}"],
-                       capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    p = train_cuda_without_gpu(tmp_path)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert lines[-1].startswith("error: run.device = cuda: "), p.stderr
     assert "no usable CUDA GPU" in lines[-1] or "built without the CUDA backend" in lines[-1]
+    assert not (tmp_path / "o" / "checkpoints").exists()
+
+
+def test_bad_cuda_attention_setting_is_a_clear_error(tmp_path):
+    # MXTRAIN_CUDA_ATTENTION is read before the GPU is looked for: a bad value is an error on any
+    # machine (a CPU-only build has no CUDA backend to read it, and says so instead).
+    p = train_cuda_without_gpu(tmp_path, MXTRAIN_CUDA_ATTENTION="flash")
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (last == "error: MXTRAIN_CUDA_ATTENTION must be cudnn or fp32 (got 'flash')"
+            or "built without the CUDA backend" in last), p.stderr
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 

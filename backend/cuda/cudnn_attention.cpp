@@ -1,0 +1,341 @@
+// cuDNN SDPA for the CUDA backend (see cudnn_attention.h). Host code only: compiled by g++ with
+// NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING (every cuDNN call of the frontend goes through
+// dlsym on the handle opened here) and CUDNN_FRONTEND_SKIP_JSON_LIB (CMakeLists.txt).
+//
+// Facts relied on, from the frontend 1.32 headers and docs/operations/Attention.md:
+// - the softmax statistics ("Stats", generate_stats) are max + ln(sum exp) of the scaled
+//   scores, natural log (base 2 only with set_stats_use_log2), fp32, dims [B, H, T, 1]: our lse;
+// - causal = diagonal band with TOP_LEFT alignment and right bound 0 (key j <= query i);
+// - grouped-query attention: K / V with fewer heads than Q (H % KV == 0), dK / dV reduced over
+//   each group by cuDNN;
+// - head dims a multiple of 8, at most 256 on Hopper (128 elsewhere for the backward), and the
+//   backward refuses s_q = s_kv = 1 (backend/attention_choice.cpp checks these first).
+#include "backend/cuda/cudnn_attention.h"
+
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/attention_choice.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "core/log.h"
+
+// The handle the frontend's dynamic-loading shim resolves every cuDNN symbol from.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+
+namespace mx::cuda {
+namespace fe = cudnn_frontend;
+namespace {
+
+std::once_flag g_load_once;
+std::string g_load_problem;  // set by load_cudnn(): "" when loaded
+
+void load_cudnn() {
+  std::call_once(g_load_once, [] {
+    // The frontend dlopens a CUDA runtime of its own for its few runtime calls: make it the
+    // major this program links (libcudart.so.13 for CUDA 13), not the first one found, unless
+    // the user chose (the frontend's own variable).
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME",
+           str("libcudart.so.", CUDART_VERSION / 1000).c_str(), 0);
+    // cuDNN 9 only (the unversioned libcudnn.so could be another major, with another ABI).
+    dlerror();
+    void* h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+      const char* e = dlerror();
+      g_load_problem = str("libcudnn could not be loaded (", e ? e : "libcudnn.so.9 not found",
+                           "); put cuDNN 9's library directory on LD_LIBRARY_PATH");
+      return;
+    }
+    fe::cudnn_dlhandle = h;
+    const size_t version = fe::detail::get_backend_version();
+    if (version < 90000) {
+      g_load_problem = str("libcudnn.so.9 reports version ", version, ", not cuDNN 9");
+      return;
+    }
+    g_load_problem.clear();
+  });
+}
+
+// One-line errors naming the call, as MX_CUDA_CHECK does for the runtime.
+void cudnn_check(cudnnStatus_t st, const char* op, const char* call) {
+  if (st != CUDNN_STATUS_SUCCESS)
+    throw CudaError(str("cudnn: ", op, ": ", call, ": ", fe::detail::get_error_string(st),
+                        " (status ", int(st), ")"));
+}
+void fe_check(fe::error_t e, const char* op, const char* call) {
+  if (e.is_bad())
+    throw CudaError(str("cudnn: ", op, ": ", call, ": ", e.get_message(), " (frontend code ",
+                        int(e.get_code()), ")"));
+}
+#define MX_CUDNN_CHECK(op, expr) cudnn_check((expr), (op), #expr)
+#define MX_CUDNN_FE_CHECK(op, expr) fe_check((expr), (op), #expr)
+
+using Shape = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;  // B, T, H, KV, D
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// Tensor uids of the variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+std::vector<int64_t> vec(const std::array<int64_t, 4>& a) { return {a.begin(), a.end()}; }
+
+size_t bf16_bytes(int64_t n) { return DeviceArena::round_up(sizeof(uint16_t) * size_t(n)); }
+
+// n bf16 values in scratch (the caller's scope): src rounded (RNE), or room only (src null).
+void* bf16_copy(const float* src, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+  uint16_t* dst = scratch.alloc_as<uint16_t>(n);
+  if (src) round_to_bf16(dst, src, n, s);
+  return dst;
+}
+
+// The variant pack's inputs both directions share: q, k, v rounded to bf16 into scratch.
+std::unordered_map<int64_t, void*> qkv_pack(const float* q, const float* k, const float* v,
+                                            int64_t nq, int64_t nk, DeviceArena& scratch,
+                                            cudaStream_t s) {
+  std::unordered_map<int64_t, void*> pack;
+  pack[kQ] = bf16_copy(q, nq, scratch, s);
+  pack[kK] = bf16_copy(k, nk, scratch, s);
+  pack[kV] = bf16_copy(v, nk, scratch, s);
+  return pack;
+}
+
+struct Entry {
+  std::string problem;  // "" when both graphs are built
+  std::shared_ptr<fe::graph::Graph> fwd, bwd;
+  int64_t fwd_workspace = 0, bwd_workspace = 0;
+};
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  cudaStream_t stream;
+  cudnnHandle_t handle = nullptr;
+  std::map<Shape, Entry> cache;
+
+  ~Impl() {
+    if (handle) fe::detail::destroy_handle(handle);
+  }
+
+  std::shared_ptr<fe::graph::Graph> new_graph() {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+  }
+  static TensorPtr input(fe::graph::Graph& g, const char* name, Uid uid, const TensorView4& v) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim(vec(v.dim))
+                        .set_stride(vec(v.stride)));
+  }
+  static void output(const TensorPtr& t, Uid uid, const TensorView4& v) {
+    t->set_output(true).set_uid(uid).set_dim(vec(v.dim)).set_stride(vec(v.stride));
+  }
+
+  // Builds a graph for this GPU; a failure is returned as the reason (the shape then falls back).
+  std::string build(fe::graph::Graph& g, int64_t& workspace) {
+    auto step = [](fe::error_t e, const char* what) -> std::string {
+      return e.is_good() ? "" : str(what, ": ", e.get_message());
+    };
+    std::string why;
+    if (!(why = step(g.validate(), "validate")).empty()) return why;
+    if (!(why = step(g.build_operation_graph(handle), "build_operation_graph")).empty()) return why;
+    if (!(why = step(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+                     "create_execution_plans")).empty())
+      return why;
+    if (!(why = step(g.check_support(), "check_support")).empty()) return why;
+    if (!(why = step(g.build_plans(), "build_plans")).empty()) return why;
+    return step(g.get_workspace_size(workspace), "get_workspace_size");
+  }
+
+  Entry make_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    Entry e;
+    load_cudnn();
+    if (!g_load_problem.empty()) {
+      e.problem = g_load_problem;
+      return e;
+    }
+    if (!(e.problem = cudnn_sdpa_shape_problem(B, T, H, KV, D)).empty()) return e;
+    // A cuDNN that loads but cannot be used here (no handle, a symbol the frontend needs
+    // missing from an older library: the shim throws) is a reason to fall back, not a crash.
+    try {
+      if (!handle) {
+        MX_CUDNN_CHECK("attention", fe::detail::create_handle(&handle));
+        const cudnnStatus_t st = fe::detail::set_stream(handle, stream);
+        if (st != CUDNN_STATUS_SUCCESS) {
+          fe::detail::destroy_handle(handle);
+          handle = nullptr;
+          MX_CUDNN_CHECK("attention", st);
+        }
+      }
+      build_graphs(e, B, T, H, KV, D);
+    } catch (const std::exception& ex) {
+      e.problem = str("cuDNN failed while building the graphs: ", ex.what());
+    }
+    if (!e.problem.empty()) e.fwd.reset(), e.bwd.reset();
+    return e;
+  }
+
+  void build_graphs(Entry& e, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    const float scale = 1.0f / std::sqrt(float(D));
+    const TensorView4 qv = bshd_view(B, T, H, D), kv = bshd_view(B, T, KV, D),
+                      sv = stats_view(B, H, T);
+    {  // forward: O, Stats = sdpa(Q, K, V), causal
+      e.fwd = new_graph();
+      auto& g = *e.fwd;
+      auto q = input(g, "q", kQ, qv), k = input(g, "k", kK, kv), v = input(g, "v", kV, kv);
+      auto opts = fe::graph::SDPA_attributes()
+                      .set_name("mx_sdpa")
+                      .set_generate_stats(true)
+                      .set_attn_scale(scale)
+                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                      .set_diagonal_band_right_bound(0);
+      auto [o, stats] = g.sdpa(q, k, v, opts);
+      output(o, kO, qv);
+      output(stats, kStats, sv);
+      stats->set_data_type(fe::DataType_t::FLOAT);
+      const std::string why = build(g, e.fwd_workspace);
+      if (!why.empty()) e.problem = "cuDNN refuses the forward: " + why;
+    }
+    if (e.problem.empty()) {  // backward: dQ, dK, dV from Q, K, V, O, dO and Stats
+      e.bwd = new_graph();
+      auto& g = *e.bwd;
+      auto q = input(g, "q", kQ, qv), k = input(g, "k", kK, kv), v = input(g, "v", kV, kv);
+      auto o = input(g, "o", kO, qv), dout = input(g, "do", kDO, qv);
+      auto stats = input(g, "stats", kStats, sv);
+      stats->set_data_type(fe::DataType_t::FLOAT);
+      auto opts = fe::graph::SDPA_backward_attributes()
+                      .set_name("mx_sdpa_backward")
+                      .set_attn_scale(scale)
+                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                      .set_diagonal_band_right_bound(0);
+      auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dout, stats, opts);
+      output(dq, kDQ, qv);
+      output(dk, kDK, kv);
+      output(dv, kDV, kv);
+      const std::string why = build(g, e.bwd_workspace);
+      if (!why.empty()) e.problem = "cuDNN refuses the backward: " + why;
+    }
+  }
+
+  Entry& entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    const Shape key{B, T, H, KV, D};
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    Entry& e = cache.emplace(key, make_entry(B, T, H, KV, D)).first->second;
+    const std::string shape = str("B=", B, " T=", T, " H=", H, " KV=", KV, " D=", D);
+    if (e.problem.empty())
+      info("cuda attention: cudnn SDPA (bf16, fp32 accumulation; cuDNN ",
+           fe::detail::get_backend_version(), ") for ", shape, "; scratch per call: forward ",
+           format_bytes(double(forward_bytes(e, B, T, H, KV, D))), ", backward ",
+           format_bytes(double(backward_bytes(e, B, T, H, KV, D))));
+    else
+      warn(str("cuda attention: fp32 kernel for ", shape, ": ", e.problem));
+    return e;
+  }
+
+  static size_t forward_bytes(const Entry& e, int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t D) {
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    return 2 * bf16_bytes(nq) + 2 * bf16_bytes(nk) +
+           DeviceArena::round_up(size_t(e.fwd_workspace));
+  }
+  static size_t backward_bytes(const Entry& e, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D) {
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    return 4 * bf16_bytes(nq) + 4 * bf16_bytes(nk) +
+           DeviceArena::round_up(size_t(e.bwd_workspace));
+  }
+
+  // The shape's entry, which must have been found usable (the backend asks problem() first).
+  const Entry& ready(const char* op, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    const Entry& e = entry(B, T, H, KV, D);
+    MX_ASSERT(e.problem.empty(), op, " on cuDNN for a shape it does not take: ", e.problem);
+    return e;
+  }
+
+  void execute(const fe::graph::Graph& g, std::unordered_map<int64_t, void*>& pack,
+               int64_t workspace_bytes, DeviceArena& scratch, const char* op) {
+    void* ws = workspace_bytes > 0 ? scratch.alloc(size_t(workspace_bytes)) : nullptr;
+    MX_CUDNN_FE_CHECK(op, g.execute(handle, pack, ws));
+  }
+};
+
+CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = stream;
+}
+CudnnAttention::~CudnnAttention() = default;
+
+const std::string& CudnnAttention::problem(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                           int64_t D) {
+  return impl_->entry(B, T, H, KV, D).problem;
+}
+
+size_t CudnnAttention::forward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                             int64_t D) {
+  const Entry& e = impl_->entry(B, T, H, KV, D);
+  return e.problem.empty() ? Impl::forward_bytes(e, B, T, H, KV, D) : 0;
+}
+size_t CudnnAttention::backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                              int64_t D) {
+  const Entry& e = impl_->entry(B, T, H, KV, D);
+  return e.problem.empty() ? Impl::backward_bytes(e, B, T, H, KV, D) : 0;
+}
+
+void CudnnAttention::forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                             int64_t D, DeviceArena& scratch) {
+  const Entry& e = impl_->ready("attention_forward", B, T, H, KV, D);
+  const cudaStream_t s = impl_->stream;
+  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+  DeviceArenaScope scope(scratch);
+  auto pack = qkv_pack(q, k, v, nq, nk, scratch, s);
+  pack[kO] = bf16_copy(nullptr, nq, scratch, s);
+  pack[kStats] = lse;
+  impl_->execute(*e.fwd, pack, e.fwd_workspace, scratch, "attention_forward");
+  widen_bf16(out, static_cast<uint16_t*>(pack[kO]), nq, s);
+}
+
+void CudnnAttention::backward(float* dq, float* dk, float* dv, const float* dout,
+                              const float* q, const float* k, const float* v, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t D, DeviceArena& scratch) {
+  const Entry& e = impl_->ready("attention_backward", B, T, H, KV, D);
+  const cudaStream_t s = impl_->stream;
+  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+  DeviceArenaScope scope(scratch);
+  auto pack = qkv_pack(q, k, v, nq, nk, scratch, s);
+  pack[kO] = bf16_copy(out, nq, scratch, s);
+  pack[kDO] = bf16_copy(dout, nq, scratch, s);
+  pack[kDQ] = bf16_copy(nullptr, nq, scratch, s);
+  pack[kDK] = bf16_copy(nullptr, nk, scratch, s);
+  pack[kDV] = bf16_copy(nullptr, nk, scratch, s);
+  pack[kStats] = const_cast<float*>(lse);
+  impl_->execute(*e.bwd, pack, e.bwd_workspace, scratch, "attention_backward");
+  widen_bf16(dq, static_cast<uint16_t*>(pack[kDQ]), nq, s);
+  widen_bf16(dk, static_cast<uint16_t*>(pack[kDK]), nk, s);
+  widen_bf16(dv, static_cast<uint16_t*>(pack[kDV]), nk, s);
+}
+
+std::string cudnn_library_problem() {
+  load_cudnn();
+  return g_load_problem;
+}
+
+size_t cudnn_library_version() {
+  load_cudnn();
+  return g_load_problem.empty() ? fe::detail::get_backend_version() : 0;
+}
+
+}  // namespace mx::cuda

@@ -1,0 +1,66 @@
+// Causal grouped-query attention on cuDNN's fused SDPA (flash attention on tensor cores) through
+// the cudnn-frontend graph API: the CUDA backend's default attention where it is built
+// (MXTRAIN_HAVE_CUDNN, CMakeLists.txt) and cuDNN supports the shape; otherwise the backend runs
+// its fp32 kernel (attention.cu). See docs/cuda.md.
+//
+// Interface as Backend::attention_forward / _backward (fp32, q/out/dq/dout [B, T, H, D], k/v/dk/dv
+// [B, T, KV, D], lse [B, H, T]: max + ln(sum exp) of the scores scaled by 1/sqrt(D), natural log).
+// Inside: q, k, v (and out, dout for the backward) rounded to bf16 (RNE, as numerics/ rounds)
+// into the backend's scratch, cuDNN in bf16 with fp32 accumulation and fp32 softmax statistics
+// (written straight into lse), out / dq / dk / dv widened back to fp32. Both directions read our
+// BSHD layout through strides (no transposes). dq, dk, dv are written, not accumulated.
+//
+// libcudnn is opened at run time (dlopen libcudnn.so.9): a machine without it runs the fp32
+// kernel, with the reason logged once. This header has no cuDNN types, so nvcc-compiled files
+// include it; the implementation (cudnn_attention.cpp) is host code compiled by g++.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/cuda/device_arena.h"
+
+namespace mx::cuda {
+
+class CudnnAttention {
+ public:
+  // No cuDNN call here: the library is opened, the handle created (bound to `stream`) and the
+  // graphs built at the first shape asked for.
+  explicit CudnnAttention(cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // "" when this shape runs on cuDNN, else why not (libcudnn missing, a shape rule of
+  // backend/attention_choice.h, or cuDNN's own support check). The first call for a shape builds
+  // both its forward and backward graphs (one decision per shape, so a backward never mixes with
+  // the other implementation's forward), caches them, and logs the outcome once. A cuDNN that
+  // loads but fails here (cudnnCreate, a symbol missing from an older library) is a reason too.
+  const std::string& problem(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+
+  // Both require problem(...) == "" for the shape. Scratch: the bf16 copies and cuDNN's
+  // workspace, released on return (stream order keeps later users after these kernels).
+  void forward(float* out, float* lse, const float* q, const float* k, const float* v,
+               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+  void backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                const float* k, const float* v, const float* out, const float* lse, int64_t B,
+                int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+
+  // Scratch bytes one call takes for this shape (bf16 copies + cuDNN workspace); 0 when the
+  // shape does not run on cuDNN.
+  size_t forward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+  size_t backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The process's libcudnn: "" when it is loaded (opening it on the first call), else the loader's
+// error. cudnn_library_version(): cudnnGetVersion() (e.g. 91900), 0 when not loaded.
+std::string cudnn_library_problem();
+size_t cudnn_library_version();
+
+}  // namespace mx::cuda

@@ -1,0 +1,86 @@
+// The host-side rules of the CUDA backend's attention choice (backend/attention_choice.h):
+// MXTRAIN_CUDA_ATTENTION parsing, the cuDNN SDPA shape rules checked before a graph is built,
+// and the tensor views handed to cuDNN, checked element by element against our own layouts'
+// index formulas (the same ones backend/cpu/attention.cpp and backend/cuda/attention.cu use).
+#include "backend/attention_choice.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+
+namespace {
+
+using mx::CudaAttention;
+
+TEST(AttentionChoice, ParsesTheTwoValuesAndDefaultsToCudnn) {
+  EXPECT_EQ(mx::parse_cuda_attention(nullptr), CudaAttention::kCudnn);
+  EXPECT_EQ(mx::parse_cuda_attention(""), CudaAttention::kCudnn);
+  EXPECT_EQ(mx::parse_cuda_attention("cudnn"), CudaAttention::kCudnn);
+  EXPECT_EQ(mx::parse_cuda_attention("fp32"), CudaAttention::kFp32);
+  EXPECT_STREQ(mx::cuda_attention_name(CudaAttention::kCudnn), "cudnn");
+  EXPECT_STREQ(mx::cuda_attention_name(CudaAttention::kFp32), "fp32");
+}
+
+TEST(AttentionChoice, BadValuesAreUserErrorsNamingTheVariable) {
+  for (const char* bad : {"CUDNN", "bf16", "fp32 ", "flash", "1"}) {
+    try {
+      mx::parse_cuda_attention(bad);
+      FAIL() << "accepted '" << bad << "'";
+    } catch (const mx::UserError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("MXTRAIN_CUDA_ATTENTION"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::string("'") + bad + "'"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(AttentionChoice, CudnnShapeRules) {
+  // Llama shapes: 1B (32 / 8 heads, D 64), 8B (D 128), the op check's GQA case at T = 200.
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(2, 8192, 32, 8, 64), "");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(1, 4096, 32, 8, 128), "");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(2, 200, 8, 2, 64), "");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(1, 2, 1, 1, 8), "");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(1, 64, 4, 4, 256), "");
+  auto has = [](const std::string& s, const char* what) {
+    return s.find(what) != std::string::npos;
+  };
+  EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 64, 4, 4, 80 + 4), "multiple of 8"));
+  EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 64, 4, 4, 100), "multiple of 8"));
+  EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 64, 4, 4, 264), "above 256"));
+  EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 1, 4, 4, 64), "sequence length 1"));
+  EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 64, 6, 4, 64), "not a multiple of kv heads"));
+  EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(0, 64, 4, 4, 64), "empty"));
+}
+
+// Every element's offset through the view's strides is its offset in our layout.
+TEST(AttentionChoice, BshdViewAddressesOurLayout) {
+  const int64_t B = 2, T = 5, heads = 3, D = 8;
+  const mx::TensorView4 v = mx::bshd_view(B, T, heads, D);
+  EXPECT_EQ(v.dim[0], B);
+  EXPECT_EQ(v.dim[1], heads);
+  EXPECT_EQ(v.dim[2], T);
+  EXPECT_EQ(v.dim[3], D);
+  EXPECT_EQ(v.stride[3], 1);  // cuDNN's SDPA requires the head dim innermost
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t through_view = b * v.stride[0] + h * v.stride[1] + t * v.stride[2] +
+                                       d * v.stride[3];
+          ASSERT_EQ(through_view, ((b * T + t) * heads + h) * D + d) << b << h << t << d;
+        }
+}
+
+TEST(AttentionChoice, StatsViewAddressesOurLse) {
+  const int64_t B = 2, H = 3, T = 7;
+  const mx::TensorView4 v = mx::stats_view(B, H, T);
+  EXPECT_EQ(v.dim, (std::array<int64_t, 4>{B, H, T, 1}));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        ASSERT_EQ(b * v.stride[0] + h * v.stride[1] + t * v.stride[2], (b * H + h) * T + t);
+}
+
+}  // namespace
