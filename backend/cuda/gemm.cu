@@ -12,8 +12,8 @@
 namespace mx::cuda {
 namespace {
 
-// Owns the cuBLASLt descriptors of one call (created per call: cheap next to any GEMM worth
-// running on a GPU; caching them by shape is a later optimization).
+// Owns the cuBLASLt descriptors of one call (created per call: a few host microseconds; the
+// expensive part, the algorithm heuristic, is cached by LtGemm::cached_algo).
 struct LtCall {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -149,17 +149,31 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
                               call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                               sizeof(align_c)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  MX_CUBLAS_CHECK("gemm", cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b,
-                                                         call.c, call.c, call.pref, 1,
-                                                         &heuristic, &found));
-  if (found == 0)
+  const AlgoKey key{0, M, N, K, trans_a, trans_b, in_type, compute, 0, 0, align_a, align_b,
+                    align_c, int64_t(workspace_bytes)};
+  const cublasLtMatmulAlgo_t* algo =
+      cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, "gemm");
+  if (!algo)
     throw CudaError(str("cublasLt: gemm: no algorithm for M=", M, " N=", N, " K=", K,
                         " trans_a=", trans_a, " trans_b=", trans_b));
   MX_CUBLAS_CHECK("gemm", cublasLtMatmul(handle_, call.desc, &alpha, first, call.a, second,
-                                         call.b, &beta, C, call.c, C, call.c, &heuristic.algo,
-                                         workspace, workspace_bytes, stream));
+                                         call.b, &beta, C, call.c, C, call.c, algo, workspace,
+                                         workspace_bytes, stream));
+}
+
+const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatmulDesc_t desc,
+                                                cublasLtMatrixLayout_t a,
+                                                cublasLtMatrixLayout_t b,
+                                                cublasLtMatrixLayout_t c,
+                                                cublasLtMatmulPreference_t pref,
+                                                const char* op) {
+  if (auto it = algos_.find(key); it != algos_.end()) return &it->second;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  MX_CUBLAS_CHECK(op, cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, pref, 1,
+                                                     &heuristic, &found));
+  if (found == 0) return nullptr;  // not cached: the caller throws
+  return &algos_.emplace(key, heuristic.algo).first->second;
 }
 
 void LtGemm::fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
@@ -289,15 +303,16 @@ void LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   for (int i = 0; i < 4; ++i)
     MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i], &aligns[i],
                                                              sizeof aligns[i]));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  MX_CUBLAS_CHECK(op, cublasLtMatmulAlgoGetHeuristic(handle_, call.desc, call.a, call.b, call.c,
-                                                     call.c, call.pref, 1, &heuristic, &found));
-  if (found == 0)
+  const AlgoKey key{1, M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
+                    a.scale != nullptr, aligns[0], aligns[1], aligns[2],
+                    int64_t(workspace_bytes)};
+  const cublasLtMatmulAlgo_t* algo =
+      cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, op);
+  if (!algo)
     throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,
                         " beta=", beta_value, " (", hint, ")"));
   MX_CUBLAS_CHECK(op, cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b,
-                                     beta, C, call.c, C, call.c, &heuristic.algo, workspace,
+                                     beta, C, call.c, C, call.c, algo, workspace,
                                      workspace_bytes, stream));
 }
 

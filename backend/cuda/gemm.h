@@ -4,7 +4,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_arena.h"
@@ -95,7 +97,18 @@ class LtGemm {
                        const void* a_scale, int32_t a_mode, const uint8_t* B,
                        numerics::Format b_fmt, const void* b_scale, int32_t b_mode, float beta,
                        float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+  // The heuristic's first algorithm for a call whose descriptors are set: asked once per key
+  // (every attribute the descriptors were built from: shapes, transposes, data and compute
+  // types, scale modes, pointer mode, operand alignments, workspace size), then reused.
+  // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time per call, about
+  // what a small GEMM takes on the GPU, and a training step repeats the same few dozen shapes.
+  using AlgoKey = std::array<int64_t, 14>;
+  const cublasLtMatmulAlgo_t* cached_algo(const AlgoKey& key, cublasLtMatmulDesc_t desc,
+                                          cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                          cublasLtMatrixLayout_t c,
+                                          cublasLtMatmulPreference_t pref, const char* op);
   cublasLtHandle_t handle_ = nullptr;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
 };
 
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU
