@@ -175,13 +175,22 @@ int run_training(const RunConfig& cfg) {
   Checkpointer checkpointer(co, world, fsdp, model_cfg, engine.layout);
 
   // MFU's denominator: a known GPU's dense BF16 datasheet rate, else the measured SGEMM rate.
+  // A measured rate is a lower bound of what the machine can do: one taken while another
+  // process held a core reads low (MFU then showed 200%). So it is raised to the best GEMM
+  // rate the training steps themselves achieve (each step's GEMM FLOPs over its GEMM seconds).
   double peak_flops = 0;
+  bool peak_measured = false;
   {
     std::string dev = be.device_name();
     for (char& ch : dev) ch = char(std::tolower(static_cast<unsigned char>(ch)));
     for (const std::string& g : plan::gpu_names())
       if (g != "cpu" && dev.find(g) != std::string::npos) peak_flops = plan::find_gpu(g).bf16_flops;
-    if (peak_flops <= 0) peak_flops = measure_sgemm_flops(be, 1024, 3);
+    if (peak_flops <= 0) {
+      peak_measured = true;
+      peak_flops = measure_sgemm_flops(be, 1024, 3);
+      // Tests: a start-up measurement as low as a busy machine's.
+      if (const char* t = std::getenv("MXTRAIN_TEST_SGEMM_GFLOPS")) peak_flops = std::atof(t) * 1e9;
+    }
   }
   const int64_t tokens_per_step = B * T * tc.grad_accum * W;
   const double flops_per_token = model_cfg.flops_per_token(T);
@@ -247,6 +256,7 @@ int run_training(const RunConfig& cfg) {
                         : g_stop_signal.load();
     if (stop_signal) break;
     auto t0 = Clock::now();
+    const Backend::GemmStats gemm_before = be.gemm_stats();
     checkpointer.poll();  // commits a background checkpoint once every rank has written it
     const double comm_wait_before = fsdp.comm_wait_seconds();
     const double lr = lr_at(step, tc.steps, tc.warmup_steps, tc.lr, tc.min_lr);
@@ -283,6 +293,11 @@ int run_training(const RunConfig& cfg) {
     last_loss = loss;
     const int64_t done = step + 1;
     const double tok_s = double(tokens_per_step) / dt;
+    if (peak_measured) {
+      const Backend::GemmStats g = be.gemm_stats();
+      const double gemm_s = g.seconds - gemm_before.seconds;
+      if (gemm_s > 0) peak_flops = std::max(peak_flops, (g.flops - gemm_before.flops) / gemm_s);
+    }
     const double mfu = flops_per_token * tok_s / (peak_flops * W);
 
     nlohmann::json rec;

@@ -172,3 +172,28 @@ def test_resume_is_exact(mxtrain, tmp_path, corpus, shuffle):
         batch = np.stack([data[(i % W) * 32:(i % W) * 32 + 33] for i in (20, 21)])
         ref_loss, _ = llama_ref.loss_and_grads(weights, cfg, batch)
         assert abs(ref_steps[10]["loss"] - ref_loss) <= 1e-4 * ref_loss, (ref_steps[10], ref_loss)
+
+
+def test_mfu_denominator_rises_to_the_steps_gemm_rate(tmp_path, corpus):
+    """A start-up SGEMM measurement taken while another process held a core reads low; MFU
+    must not then exceed 100%: the denominator rises to the GEMM rate the steps achieve. The
+    start-up rate is forced absurdly low (1 MFLOP/s); the exact-math bound checked is
+    MFU = flops_per_token x tokens/s / peak with peak >= each step's GEMM FLOP/s."""
+    from conftest import require_binary, run_mxtrain
+    require_binary()
+    settings = dict(MODEL)
+    settings.update({
+        "train.steps": 4, "train.micro_batch": 4, "train.seq_len": 64, "train.log_every": 1,
+        "data.path": corpus, "data.format": "text", "data.val_fraction": 0.0,
+        "run.name": "mfu", "run.out_dir": tmp_path / "run", "run.sample_tokens": 0,
+        "checkpoint.resume": "none",
+    })
+    r = run_mxtrain(["train"] + set_args(settings), timeout=120,
+                    env={"MXTRAIN_TEST_SGEMM_GFLOPS": "0.001"})
+    assert r.rc == 0, r
+    steps, summary = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(steps) == 4
+    for s in steps:
+        assert 0 < s["mfu"] < 1, s  # 1 MFLOP/s as the denominator would give thousands
+    assert summary["sgemm_peak_gflops"] >= summary["gemm_gflops"] > 0.001, summary
+    assert 0 < summary["mfu"] < 1, summary
