@@ -1,7 +1,8 @@
 // The CUDA backend: elementwise and row kernels written out here, GEMMs through cuBLASLt
 // (gemm.cu), attention in attention.cu. Each kernel mirrors the CPU backend's loop it replaces
-// (backend/cpu/cpu_backend.cpp), with the same accumulation types (double where the CPU sums in
-// double), so the op check can hold them to tight tolerances.
+// (backend/cpu/cpu_backend.cpp), with sums as accurate as the CPU's (compensated float per
+// thread where the CPU sums in double, double across threads: KahanSum), so the op check can
+// hold them to tight tolerances.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cmath>
@@ -31,6 +32,23 @@ unsigned grid_1d(int64_t n) {  // grid-stride loops: enough blocks to fill any G
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return unsigned(blocks < 8192 ? (blocks > 0 ? blocks : 1) : 8192);
 }
+
+// Compensated (Kahan) float summation for the per-element loops of the row and norm kernels:
+// error about one float ulp of the sum whatever the length, like the CPU backend's double sums,
+// but without an FP64 operation per element: a B300 runs FP64 at about 1.3 TFLOP/s, 1/60 of its
+// FP32 rate, where a double per element made the norms and the cross-entropy compute-bound.
+// Only the per-thread results go on in double (block_sum). nvcc keeps float addition order
+// (no fast-math), which the compensation relies on.
+struct KahanSum {
+  float s = 0.0f, c = 0.0f;  // running sum, and the low-order part it lost (negated)
+  __device__ void add(float x) {
+    const float y = x - c;
+    const float t = s + y;
+    c = (t - s) - y;
+    s = t;
+  }
+  __device__ double value() const { return double(s) - double(c); }
+};
 
 #define MX_GRID_STRIDE(i, n)                                                   \
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
@@ -69,9 +87,9 @@ __global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict_
                                        int64_t C, float eps) {
   const int64_t n = blockIdx.x;
   const float* xr = x + n * C;
-  double ss = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += double(xr[c]) * xr[c];
-  ss = block_sum(ss);
+  KahanSum acc;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) acc.add(xr[c] * xr[c]);
+  const double ss = block_sum(acc.value());
   __shared__ float r_shared;
   if (threadIdx.x == 0) {
     r_shared = float(1.0 / sqrt(ss / double(C) + double(eps)));
@@ -90,9 +108,9 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
   const int64_t n = blockIdx.x;
   const float* xr = x + n * C;
   const float* dyr = dy + n * C;
-  double dot = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += double(dyr[c]) * w[c] * xr[c];
-  dot = block_sum(dot);
+  KahanSum acc;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) acc.add(dyr[c] * w[c] * xr[c]);
+  const double dot = block_sum(acc.value());
   __shared__ float k_shared;
   const float r = rstd[n];
   if (threadIdx.x == 0) k_shared = float(dot * double(r) * r * r / double(C));
@@ -101,7 +119,8 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[n * C + c] += r * w[c] * dyr[c] - xr[c] * k;
 }
 
-// dw partials: part[s, c] = sum over rows n = s, s + splits, ... of dy x r (in double).
+// dw partials: part[s, c] = sum over rows n = s, s + splits, ... of dy x r (compensated float,
+// stored in double).
 __global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ part,
                                                    const float* __restrict__ dy,
                                                    const float* __restrict__ x,
@@ -110,9 +129,9 @@ __global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ part,
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t split = blockIdx.y, splits = gridDim.y;
   if (c >= C) return;
-  double s = 0;
-  for (int64_t n = split; n < N; n += splits) s += double(dy[n * C + c]) * x[n * C + c] * rstd[n];
-  part[split * C + c] = s;
+  KahanSum acc;
+  for (int64_t n = split; n < N; n += splits) acc.add(dy[n * C + c] * x[n * C + c] * rstd[n]);
+  part[split * C + c] = acc.value();
 }
 
 __global__ void rmsnorm_backward_dw_reduce_kernel(float* __restrict__ dw,
@@ -198,13 +217,13 @@ __global__ void cross_entropy_rows_kernel(float* __restrict__ logits, double* __
   if (threadIdx.x == 0) mx_shared = mx;
   __syncthreads();
   mx = mx_shared;
-  double sum = 0;
+  KahanSum acc;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     const float e = expf(row[j] - mx);
-    sum += e;
+    acc.add(e);
     if (grad) row[j] = e;
   }
-  sum = block_sum(sum);
+  const double sum = block_sum(acc.value());
   __shared__ float sum_shared;
   if (threadIdx.x == 0) {
     sum_shared = float(sum);
@@ -227,7 +246,8 @@ __global__ void scale_kernel(float* x, float s, int64_t n) { MX_GRID_STRIDE(i, n
 __global__ void fill_kernel(float* x, float value, int64_t n) { MX_GRID_STRIDE(i, n) x[i] = value; }
 
 // Per-block partial sums of squares in double, then one block folds the partials: a fixed grid
-// and a fixed fold order, so the result is deterministic.
+// and a fixed fold order, so the result is deterministic. (Kept in double, unlike the norms:
+// once per step over the parameters, and the op check holds it to 1e-10 of the CPU's sum.)
 __global__ void sum_squares_partial_kernel(double* __restrict__ part, const float* __restrict__ x,
                                            int64_t n) {
   double s = 0;
