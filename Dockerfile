@@ -32,7 +32,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev openmpi-bin \
         nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev libcurl4-openssl-dev \
-        libssl-dev fortunes python3-matplotlib ccache \
+        libssl-dev fortunes python3-matplotlib ccache python3-pip \
         openssh-server openssh-client ca-certificates \
     && apt-get clean \
     && rm -rf /var/lib/apt/lists/*
@@ -56,6 +56,12 @@ WORKDIR /opt/mxtrain
 RUN if ! cmake --version | awk 'NR==1 { split($3, v, "."); exit !(v[1] > 3 || (v[1] == 3 && v[2] >= 25)) }'; then \
         python3 -m pip install --no-cache-dir "cmake>=3.25,<4"; \
     fi
+# The CUDA backend's attention on cuDNN's fused SDPA is compiled against the header-only
+# cudnn-frontend (pinned, sha256-checked, from its PyPI wheel by `pip download`; libcudnn itself
+# comes with the cudnn base image and is opened at run time). Without the headers the image
+# would train with the slow fp32 attention kernel, so a failed fetch fails the build. A base
+# without nvcc (the CPU variant) skips it.
+RUN scripts/fetch_cudnn_frontend.sh
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXTRAIN_TESTS=OFF \
         -DMXTRAIN_CPU_ARCH="${CPU_ARCH}" -DMXTRAIN_CUDA="${MXTRAIN_CUDA}" \
         -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
