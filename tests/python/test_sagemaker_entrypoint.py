@@ -413,7 +413,7 @@ def _s3_steps(moto, prefix):
     "MXTRAIN_TWO_HOST_TEST=1 runs it. Its second job's launch hung in 3 of about 17 runs on a "
     "loaded machine (stop 14): one of the two orteds vanished before making its Open MPI "
     "session directory, while both fake hosts shared /tmp/ompi.<host>.<uid> (two real hosts "
-    "never do). Each fake host now has its own TMPDIR; 16 of 16 runs passed since, under "
+    "never do). Each fake host now has its own TMPDIR; 28 of 28 runs passed since, under "
     "load. Off in CI until more runs confirm that this was the cause."))
 def test_two_hosts_train_checkpoint_to_s3_stop_and_resume(tmp_path):
     """hosts algo-1 and algo-2, one rank each: algo-1 runs mpirun over ssh to both, algo-2
