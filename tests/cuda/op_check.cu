@@ -396,6 +396,13 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
   }
 }
 
+std::vector<float> round_bf16(const std::vector<float>& x) {  // RNE, as numerics/ rounds
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
+  return y;
+}
+
 void check_gemm(Backend& cpu, CudaBackend& gpu) {
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {127, 33, 257}, {256, 512, 384}};
   for (auto& s : shapes)
@@ -421,9 +428,8 @@ void check_gemm(Backend& cpu, CudaBackend& gpu) {
     run_case("gemm_bf16", dims({M, N, K}) + " tb1", [&](Result& r) {
       auto A = randn(M * K), B = randn(N * K), C = std::vector<float>(M * N);
       Dev<float> dA(A), dB(B), dC(M * N);
-      for (auto* v : {&A, &B})
-        for (auto& x : *v) x = numerics::decode_bf16(numerics::encode_bf16(x));
-      cpu.gemm(false, true, M, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data());
+      const auto Ab = round_bf16(A), Bb = round_bf16(B);
+      cpu.gemm(false, true, M, N, K, 1.0f, Ab.data(), Bb.data(), 0.0f, C.data());
       gpu.set_gemm_precision(CudaGemmPrecision::kBf16);
       gpu.gemm(false, true, M, N, K, 1.0f, dA.p, dB.p, 0.0f, dC.p);
       gpu.set_gemm_precision(CudaGemmPrecision::kFp32);
@@ -596,13 +602,6 @@ void check_attention(Backend& cpu, CudaBackend& gpu) {
       compare(r, "out", dout.download(), out, kAttention);
     });
   }
-}
-
-std::vector<float> round_bf16(const std::vector<float>& x) {  // RNE, as numerics/ rounds
-  std::vector<float> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i)
-    y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
-  return y;
 }
 
 // cuDNN's SDPA (the default attention, bf16) against its CPU twin: the CPU backend's attention
