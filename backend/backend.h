@@ -192,12 +192,20 @@ class Backend {
                                   int64_t N, int64_t C) = 0;
 
   // Output head + softmax cross-entropy over rows of h[N, C] against W[V, C], in chunks of
-  // rows so the logits never exist for all N at once (workspace: chunk_rows * V floats).
+  // rows so the logits never exist for all N at once (workspace: head_workspace_floats(...)).
   // Returns the SUM of the per-token losses (in double). If dh is non-null, also computes the
   // gradient of (loss_sum * grad_scale): dh (written) and dw (accumulated).
+  // bf16_operands: the head of a low-precision run (precision.high_precision = bf16): every
+  // operand of the three GEMMs (h, W and the logits' gradient) is rounded to bf16 (RNE) and the
+  // products are summed in fp32, as torch autocast runs an lm_head. The softmax, the loss and
+  // the logits stay fp32. The workspace then also holds the operands' copies: W's once per
+  // call (not per chunk), the chunk's h and logits gradient.
+  //   CUDA: bf16 copies and bf16 GEMMs (the cross-entropy kernel writes the gradient's copy).
+  //   Here: fp32 copies of the rounded values, fp32 GEMMs (exact products, fp32 sums).
   virtual double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                                     const int32_t* targets, int64_t N, int64_t C, int64_t V,
-                                    float grad_scale, float* workspace, int64_t chunk_rows) = 0;
+                                    float grad_scale, float* workspace, int64_t chunk_rows,
+                                    bool bf16_operands) = 0;
   // Logits of one row block, for generation: logits[N, V] = h W^T.
   void head_logits(float* logits, const float* h, const float* w, int64_t N, int64_t C,
                    int64_t V) {
@@ -209,6 +217,11 @@ class Backend {
   virtual void attention_decode(float* out, const float* q, const float* k_cache,
                                 const float* v_cache, int64_t T_ctx, int64_t H, int64_t KV,
                                 int64_t D) = 0;
+
+  // y = x rounded to bf16 and back (RNE, numerics::encode_bf16 / decode_bf16) over n
+  // elements; y may alias x. The emulation of a bf16 GEMM operand where the backend's GEMMs do
+  // not round themselves (set_bf16_gemm_operands false).
+  virtual void round_bf16(float* y, const float* x, int64_t n) = 0;
 
   // y = a + b over n elements (residual adds); y may alias a.
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
@@ -222,6 +235,21 @@ class Backend {
   virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
 };
+
+// Floats of head_cross_entropy's workspace for chunks of chunk_rows rows: the logits chunk,
+// and with bf16_operands room for the operand copies (the larger of the CPU's fp32 copies of W
+// and an h chunk and CUDA's bf16 copies of W, the logits gradient and an h chunk; each region
+// 16-byte aligned).
+inline int64_t head_bf16_floats(int64_t n) { return (n + 7) / 8 * 4; }  // n bf16, padded
+inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
+                                     bool bf16_operands) {
+  const int64_t logits = (chunk_rows * V + 3) / 4 * 4;
+  if (!bf16_operands) return chunk_rows * V;
+  const int64_t cpu = V * C + chunk_rows * C;
+  const int64_t gpu =
+      head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V) + head_bf16_floats(chunk_rows * C);
+  return logits + (cpu > gpu ? cpu : gpu);
+}
 
 std::unique_ptr<Backend> make_cpu_backend();
 // "cpu" or "cuda". UserError for an unknown device, and for "cuda" in a build without the CUDA

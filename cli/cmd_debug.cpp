@@ -19,7 +19,8 @@ namespace {
 
 struct GradsArgs {
   std::string init, tokens, out, checkpointing = "none", device = "cpu", recipe = "fp32";
-  int64_t batch = 0, seq = 0;
+  std::string high_precision;  // "": the recipe's default
+  int64_t batch = 0, seq = 0, hp_first = 0, hp_last = 0;
 };
 
 std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t vocab) {
@@ -51,9 +52,13 @@ int run_grads(const GradsArgs& a) {
   eo.seq_len = a.seq;
   eo.optimizer = false;
   const Recipe recipe = parse_recipe(a.recipe);
+  const bool hp_bf16 = high_precision_bf16(recipe, a.high_precision);
   eo.quantized = recipe != Recipe::kFp32;
   Engine engine(cfg, eo);
-  LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, 0, 0, 0, 0);
+  MX_REQUIRE(a.hp_first >= 0 && a.hp_last >= 0,
+             "--high-precision-first / --high-precision-last must be >= 0");
+  LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, a.hp_first, a.hp_last, 0, 0);
+  linear_recipe.set_high_precision_bf16(hp_bf16);
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   load_hf_weights(a.init, engine.layout, engine.param_data());
   double loss = engine.model->forward_backward(engine.param_data(), engine.grad_data(),
@@ -83,6 +88,13 @@ void add_debug(CLI::App& app, Action& action) {
   grads->add_option("--checkpointing", a->checkpointing, "none | selective | full");
   grads->add_option("--device", a->device, "cpu | cuda");
   grads->add_option("--recipe", a->recipe, "precision recipe of the block Linears (default fp32)");
+  grads->add_option("--high-precision-first", a->hp_first,
+                    "first N blocks left in high precision (precision.high_precision_first)");
+  grads->add_option("--high-precision-last", a->hp_last,
+                    "last N blocks left in high precision (precision.high_precision_last)");
+  grads->add_option("--high-precision", a->high_precision,
+                    "bf16 | fp32: the output head under a recipe (default: bf16 unless the "
+                    "recipe is fp32), as precision.high_precision");
   grads->callback([&action, a] { action = [a] { return run_grads(*a); }; });
 }
 

@@ -102,8 +102,10 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                2 * bytes_f32(z.q) + 2 * bytes_f32(z.k) + bytes_f32(N * C));
   // a full recompute keeps the block's output and both projection temporaries in scratch too
   const size_t backward = block_all + 3 * bytes_f32(N * C) + backward_grads;
-  const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) + bytes_f32(head_chunk_rows(c, N) *
-                                                                      c.vocab_size);
+  // (with a recipe, room for the bf16 head's operand copies: precision.high_precision)
+  const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) +
+                      bytes_f32(head_workspace_floats(head_chunk_rows(c, N), C, c.vocab_size,
+                                                      quantized));
   out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
   if (quantized) {  // a Linear's quantized operand copies (NVFP4 wgrad: two transposes more)
     const int64_t widest = std::max({c.hidden_size, c.intermediate_size, c.q_dim()});
@@ -364,8 +366,58 @@ bool LlamaModel::native_bf16(bool on) {
   return be_.set_bf16_gemm_operands(on);
 }
 
+bool LlamaModel::hp_bf16_layer() const {
+  return recipe_ && !recipe_->active(layer_) && recipe_->high_precision_bf16();
+}
+
+void LlamaModel::bf16_linear_fwd(float* y, const float* x, const float* w, int64_t N,
+                                 int64_t in, int64_t out) {
+  if (be_.set_bf16_gemm_operands(true)) {
+    be_.linear_forward(y, x, w, N, in, out);
+    be_.set_bf16_gemm_operands(false);
+    return;
+  }
+  const size_t m = scratch_.mark();
+  float* xq = scratch_.alloc_f32(N * in);
+  float* wq = scratch_.alloc_f32(out * in);
+  be_.round_bf16(xq, x, N * in);
+  be_.round_bf16(wq, w, out * in);
+  be_.linear_forward(y, xq, wq, N, in, out);
+  scratch_.release(m);
+}
+
+void LlamaModel::bf16_linear_bwd(float* dx, float* dw, const float* dy, const float* x,
+                                 const float* w, int64_t N, int64_t in, int64_t out,
+                                 bool accumulate_dx) {
+  if (be_.set_bf16_gemm_operands(true)) {
+    be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
+    be_.set_bf16_gemm_operands(false);
+    return;
+  }
+  // The emulated recipes' scratch pattern (plan/memory.cpp replays it): the data gradient's
+  // two copies, released, then the weight gradient's two.
+  const size_t m = scratch_.mark();
+  if (dx) {
+    float* dyq = scratch_.alloc_f32(N * out);
+    float* wq = scratch_.alloc_f32(out * in);
+    be_.round_bf16(dyq, dy, N * out);
+    be_.round_bf16(wq, w, out * in);
+    be_.gemm(false, false, N, in, out, 1.0f, dyq, wq, accumulate_dx ? 1.0f : 0.0f, dx);
+    scratch_.release(m);
+  }
+  if (dw) {
+    float* dyq = scratch_.alloc_f32(N * out);
+    float* xq = scratch_.alloc_f32(N * in);
+    be_.round_bf16(dyq, dy, N * out);
+    be_.round_bf16(xq, x, N * in);
+    be_.gemm(true, false, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
+  }
+  scratch_.release(m);
+}
+
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
                             int64_t in, int64_t out) {
+  if (hp_bf16_layer()) return bf16_linear_fwd(y, x, w, N, in, out);
   if (!recipe_ || !recipe_->active(layer_)) return be_.linear_forward(y, x, w, N, in, out);
   if (native_bf16(true)) {
     be_.linear_forward(y, x, w, N, in, out);
@@ -393,6 +445,7 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                             const float* w, int64_t N, int64_t in, int64_t out,
                             bool accumulate_dx) {
+  if (hp_bf16_layer()) return bf16_linear_bwd(dx, dw, dy, x, w, N, in, out, accumulate_dx);
   if (!recipe_ || !recipe_->active(layer_))
     return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
   if (native_bf16(true)) {
@@ -557,13 +610,15 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   float* rstdf = scratch_.alloc_f32(N);
   be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm_in_unit(head_w), N, C, eps);
   const int64_t chunk = head_chunk_rows(c_, N);
-  float* workspace = scratch_.alloc_f32(chunk * V);
+  const bool head_bf16 = recipe_ && recipe_->high_precision_bf16();
+  float* workspace = scratch_.alloc_f32(head_workspace_floats(chunk, C, V, head_bf16));
   float* dh = training ? scratch_.alloc_f32(N * C) : nullptr;
   float* head_matrix = tied ? embed : layout_.lm_head_in_unit(head_w);
   float* head_matrix_grad =
       !training ? nullptr : tied ? access.grads(embed_u) : layout_.lm_head_in_unit(head_g);
   double loss_sum = be_.head_cross_entropy(dh, head_matrix_grad, hf, head_matrix, targets, N, C,
-                                           V, grad_scale / float(N), workspace, chunk);
+                                           V, grad_scale / float(N), workspace, chunk,
+                                           head_bf16);
   if (training) {
     be_.fill(dresid, 0.0f, N * C);
     be_.rmsnorm_backward(dresid, layout_.final_norm_in_unit(head_g), dh, xs[L],

@@ -11,6 +11,11 @@
 
 namespace mx::plan {
 
+bool plan_high_precision_bf16(const PlanInput& in) {
+  const Recipe r = parse_recipe(in.recipe);
+  return r != Recipe::kFp32 && high_precision_bf16(r, in.high_precision);
+}
+
 ActivationDtypes cpu_dtypes() { return ActivationDtypes{}; }
 
 ActivationDtypes gpu_dtypes() {
@@ -66,10 +71,12 @@ class Replay {
   Replay(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
          const ActivationDtypes& dt)
       : c_(c), B_(B), T_(T), N_(B * T), policy_(policy), dt_(dt) {
-    if (!dt.emulated_recipe.empty() && dt.emulated_recipe != "fp32")
+    if (!dt.emulated_recipe.empty() && dt.emulated_recipe != "fp32") {
       recipe_ = std::make_unique<LinearRecipe>(parse_recipe(dt.emulated_recipe),
                                                c.num_hidden_layers, dt.high_precision_first,
                                                dt.high_precision_last, 0, 0);
+      recipe_->set_high_precision_bf16(dt.high_precision_bf16);
+    }
     saved_.t = &tr_;
     scratch_.t = &tr_;
     tr_.phase = &phase_;
@@ -92,9 +99,12 @@ class Replay {
   int64_t act(int64_t n) const { return n * dt_.act; }
   int64_t stat(int64_t n) const { return n * dt_.stat; }
 
-  // LlamaModel::linear_fwd / linear_bwd of block layer_: the recipe's operand copies live in
-  // scratch only while the GEMM runs.
-  bool quantized() const { return recipe_ && recipe_->active(layer_); }
+  // LlamaModel::linear_fwd / linear_bwd of block layer_: the recipe's operand copies (or, in a
+  // high-precision block under high_precision = bf16, the rounded ones: bf16_linear_fwd /
+  // _bwd, the same pattern without the Hadamard case) live in scratch only while the GEMM runs.
+  bool quantized() const {
+    return recipe_ && (recipe_->active(layer_) || recipe_->high_precision_bf16());
+  }
   void linear_fwd(int64_t in, int64_t out) {
     if (!quantized()) return;
     const int64_t m = scratch_.mark();
@@ -108,7 +118,7 @@ class Replay {
     scratch_.alloc(4 * N_ * out);   // dyq (dgrad)
     scratch_.alloc(4 * out * in);   // wq
     scratch_.release(m);
-    if (recipe_->hadamard_wgrad(N_)) {
+    if (recipe_->active(layer_) && recipe_->hadamard_wgrad(N_)) {
       scratch_.alloc(4 * out * N_);  // dyt
       scratch_.alloc(4 * in * N_);   // xt
       scratch_.alloc(4 * out * N_);  // dyq
@@ -220,7 +230,10 @@ class Replay {
     int64_t head_mark = scratch_.mark();
     scratch_.alloc(act(N * C));  // hf
     scratch_.alloc(stat(N));     // rstdf
-    scratch_.alloc(dt_.logits * head_chunk_rows(c_, N) * V);  // logits workspace
+    if (dt_.high_precision_bf16)  // logits + the bf16 operands' copies (fp32 logits)
+      scratch_.alloc(4 * head_workspace_floats(head_chunk_rows(c_, N), C, V, true));
+    else
+      scratch_.alloc(dt_.logits * head_chunk_rows(c_, N) * V);  // logits workspace
     if (grads) scratch_.alloc(act(N * C));  // dh
     scratch_.release(head_mark);
     if (grads) {
@@ -311,6 +324,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     dt.emulated_recipe = in.recipe;
     dt.high_precision_first = in.high_precision_first;
     dt.high_precision_last = in.high_precision_last;
+    dt.high_precision_bf16 = plan_high_precision_bf16(in);
     ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, dt, true);
     ActivationPeak peak = train;
     if (in.eval) {
@@ -359,7 +373,9 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
         int64_t(r.quantized_weight_bytes_per_param * double(live_params) * frac);
     m.recipe_state = int64_t(r.scaling_state_bytes_per_linear * 7.0 * (L - hp));
   }
-  ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dtypes(), true);
+  ActivationDtypes gpu_dt = gpu_dtypes();
+  gpu_dt.high_precision_bf16 = plan_high_precision_bf16(in);
+  ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dt, true);
   m.activations = train.peak;
   m.activations_saved = train.saved_at_peak;
   m.activations_scratch = train.scratch_at_peak;

@@ -37,11 +37,17 @@ struct PlanInput {
   std::string recipe = "bf16";
   int64_t high_precision_first = 0;
   int64_t high_precision_last = 0;
+  std::string high_precision;     // precision.high_precision ("": the recipe's default)
   bool eval = false;              // validation passes run (forward only, full checkpointing)
   int64_t gpus_per_node = 1;
   int64_t nodes = 1;
   int64_t world_size() const { return gpus_per_node * nodes; }
 };
+
+// precision.high_precision for a planned recipe: the recommendation also plans recipes other
+// than the configured one, so recipe fp32 plans fp32 whatever the key says (no error here:
+// the configured pair was validated with the config).
+bool plan_high_precision_bf16(const PlanInput& in);
 
 // Element sizes of the activation replay.
 struct ActivationDtypes {
@@ -59,6 +65,10 @@ struct ActivationDtypes {
   std::string emulated_recipe;
   int64_t high_precision_first = 0;
   int64_t high_precision_last = 0;
+  // precision.high_precision = bf16 under a recipe: the head's workspace holds its operands'
+  // bf16 copies (Backend::head_cross_entropy), and on the CPU every Linear of a
+  // high-precision block copies its two operands, rounded, into scratch for the GEMM.
+  bool high_precision_bf16 = false;
 };
 ActivationDtypes cpu_dtypes();
 ActivationDtypes gpu_dtypes();

@@ -40,6 +40,16 @@ const char* recipe_name(Recipe r) {
   return "?";
 }
 
+bool high_precision_bf16(Recipe recipe, const std::string& high_precision) {
+  if (high_precision.empty()) return recipe != Recipe::kFp32;
+  MX_REQUIRE(high_precision == "bf16" || high_precision == "fp32",
+             "precision.high_precision must be bf16 or fp32 (got '", high_precision, "')");
+  MX_REQUIRE(!(high_precision == "bf16" && recipe == Recipe::kFp32),
+             "precision.high_precision = bf16 needs a low-precision recipe: recipe fp32 computes "
+             "everything in fp32 (set precision.recipe = bf16 for bf16 throughout)");
+  return high_precision == "bf16";
+}
+
 LinearRecipe::LinearRecipe(Recipe recipe, int64_t num_layers, int64_t hp_first, int64_t hp_last,
                            uint32_t seed, uint32_t rank)
     : recipe_(recipe), num_layers_(num_layers), hp_first_(hp_first), hp_last_(hp_last),

@@ -1,6 +1,10 @@
 // Precision recipes applied to the Linear layers of the transformer blocks (the q/k/v/o
-// projections and the three MLP matrices). Embeddings, the output head, norms, attention and
-// the optimizer stay in fp32. On the CPU backend a recipe is emulated exactly: each operand of
+// projections and the three MLP matrices). What a recipe leaves in high precision, the output
+// head's GEMMs and the Linears of the blocks named by high_precision_first / _last, runs in
+// precision.high_precision: bf16 (the default of every recipe but fp32: operands rounded RNE,
+// fp32 sums, as under torch autocast in Transformer Engine and torchtitan runs) or fp32.
+// Embeddings, norms, attention, the softmax and the optimizer stay in fp32 (on CUDA, cuDNN's
+// attention is bf16). On the CPU backend a recipe is emulated exactly: each operand of
 // the forward, data-gradient and weight-gradient GEMMs is quantized as Transformer Engine does
 // for that recipe and dequantized, and the GEMM runs in fp32 on the dequantized values.
 //
@@ -31,6 +35,10 @@ namespace mx {
 
 enum class Recipe { kFp32, kBf16, kFp8Current, kFp8Delayed, kFp8Block, kMxfp8, kNvfp4 };
 Recipe parse_recipe(const std::string& s);  // UserError for unknown names
+// precision.high_precision resolved for a recipe: "" means the default (bf16, or fp32 under
+// recipe fp32). True for bf16. UserError for a value other than "", bf16 or fp32, and for bf16
+// under recipe fp32 (which computes everything in fp32).
+bool high_precision_bf16(Recipe recipe, const std::string& high_precision);
 
 // dst[cols, rows] = src[rows, cols]^T (operands quantized down their columns go through this).
 void transpose(float* dst, const float* src, int64_t rows, int64_t cols);
@@ -50,6 +58,10 @@ class LinearRecipe {
                uint32_t seed, uint32_t rank);
   Recipe recipe() const { return recipe_; }
   bool active(int64_t layer) const;
+  // precision.high_precision = bf16 (see high_precision_bf16()): the head's GEMMs and the
+  // inactive blocks' Linears take bf16 operands. Off until set; never on under recipe fp32.
+  void set_high_precision_bf16(bool on) { hp_bf16_ = on && recipe_ != Recipe::kFp32; }
+  bool high_precision_bf16() const { return hp_bf16_; }
   void set_step(int64_t step) { step_ = uint32_t(step); }
 
   // out[rows, cols] = dequantize(quantize(x)). reduce_along_cols: the GEMM sums over this
@@ -110,6 +122,7 @@ class LinearRecipe {
 
  private:
   Recipe recipe_;
+  bool hp_bf16_ = false;
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;

@@ -105,6 +105,9 @@ const std::vector<Field>& schema() {
              "first N blocks kept in high precision"),
       MX_INT("precision.high_precision_last", precision.high_precision_last,
              "last N blocks kept in high precision"),
+      MX_STRING("precision.high_precision", precision.high_precision,
+                "bf16 | fp32: the output head and the high-precision blocks (default: bf16 "
+                "under every recipe but fp32)"),
       MX_INT("precision.stats_every", precision.stats_every, "numerics telemetry every N steps (0: off)"),
       MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
                 "none | selective | full"),
@@ -277,7 +280,8 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(t.log_every >= 1, "train.log_every must be >= 1 (got ", t.log_every, ")");
   MX_REQUIRE(c.data.val_fraction >= 0 && c.data.val_fraction < 1,
              "data.val_fraction must be in [0, 1) (got ", c.data.val_fraction, ")");
-  parse_recipe(c.precision.recipe);  // UserError naming the valid recipes
+  // UserError naming the valid recipes, then for a bad or contradictory high_precision
+  high_precision_bf16(parse_recipe(c.precision.recipe), c.precision.high_precision);
   MX_REQUIRE(c.precision.high_precision_first >= 0 && c.precision.high_precision_last >= 0,
              "precision.high_precision_first / high_precision_last must be >= 0");
   MX_REQUIRE(c.precision.stats_every >= 0, "precision.stats_every must be >= 0 (0: off; got ",

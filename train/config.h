@@ -43,6 +43,8 @@ struct RunConfig {
     std::string recipe = "fp32";
     int64_t high_precision_first = 0;
     int64_t high_precision_last = 0;
+    // The head and the high-precision blocks: bf16 or fp32; "" is the recipe's default.
+    std::string high_precision;
     int64_t stats_every = 0;
   } precision;
 

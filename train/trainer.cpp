@@ -99,6 +99,8 @@ int run_training(const RunConfig& cfg) {
   LinearRecipe linear_recipe(recipe, model_cfg.num_hidden_layers,
                              cfg.precision.high_precision_first,
                              cfg.precision.high_precision_last, uint32_t(tc.seed), uint32_t(rank));
+  linear_recipe.set_high_precision_bf16(
+      high_precision_bf16(recipe, cfg.precision.high_precision));
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   Backend& be = *engine.backend;
   FsdpOptions fo;
@@ -199,7 +201,11 @@ int run_training(const RunConfig& cfg) {
        model_cfg.num_attention_heads, " heads / ", model_cfg.num_key_value_heads, " kv), ",
        "data ", data_path, " (", format_count(double(data.size())), " tokens), ",
        B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
-       " tokens/step, precision ", cfg.precision.recipe, ", checkpointing ",
+       " tokens/step, precision ", cfg.precision.recipe,
+       recipe == Recipe::kFp32 ? ""
+       : linear_recipe.high_precision_bf16() ? " (head and high-precision blocks bf16)"
+                                              : " (head and high-precision blocks fp32)",
+       ", checkpointing ",
        cfg.memory.activation_checkpointing, ", sharding ",
        cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, device ",
        be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");

@@ -172,12 +172,26 @@ class CpuBackend final : public Backend {
 
   double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                             const int32_t* targets, int64_t N, int64_t C, int64_t V,
-                            float grad_scale, float* workspace, int64_t chunk_rows) override {
+                            float grad_scale, float* workspace, int64_t chunk_rows,
+                            bool bf16_operands) override {
     double loss_sum = 0;
+    // bf16 operands: W rounded once into the workspace behind the logits, each h chunk
+    // behind that, the logits gradient in place (backend.h's head_workspace_floats layout).
+    float* wq = bf16_operands ? workspace + (chunk_rows * V + 3) / 4 * 4 : nullptr;
+    float* hq = bf16_operands ? wq + V * C : nullptr;
+    if (bf16_operands) {
+      round_bf16(wq, w, V * C);
+      w = wq;
+    }
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       int64_t R = std::min(chunk_rows, N - r0);
       float* logits = workspace;  // [R, V]
-      linear_forward(logits, h + r0 * C, w, R, C, V);
+      const float* hc = h + r0 * C;
+      if (bf16_operands) {
+        round_bf16(hq, hc, R * C);
+        hc = hq;
+      }
+      linear_forward(logits, hc, w, R, C, V);
       double chunk_loss = 0;
 #pragma omp parallel for schedule(static) reduction(+ : chunk_loss)
       for (int64_t r = 0; r < R; ++r) {
@@ -197,9 +211,17 @@ class CpuBackend final : public Backend {
         }
       }
       loss_sum += chunk_loss;
-      if (dh) linear_backward(dh + r0 * C, dw, logits, h + r0 * C, w, R, C, V, false);
+      if (!dh) continue;
+      if (bf16_operands) round_bf16(logits, logits, R * V);
+      linear_backward(dh + r0 * C, dw, logits, hc, w, R, C, V, false);
     }
     return loss_sum;
+  }
+
+  void round_bf16(float* y, const float* x, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
   }
 
   void add(float* y, const float* a, const float* b, int64_t n) override {

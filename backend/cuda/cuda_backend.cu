@@ -203,9 +203,12 @@ __global__ void embedding_backward_kernel(float* __restrict__ dtable,
 // ---- cross-entropy over one chunk of logits [R, V], in place ------------------------------------
 // loss[r] = max + log(sum exp(l - max)) - l[target] (in double, as the CPU sums chunk losses);
 // with grad: row <- grad_scale * (softmax - onehot).
+// grad16 (null: not written): the bf16 head's copy of the logits gradient (RNE of the fp32
+// value the row holds afterwards), the operand of its two backward GEMMs.
 __global__ void cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
                                           const int32_t* __restrict__ targets, int64_t V,
-                                          float grad_scale, bool grad) {
+                                          float grad_scale, bool grad,
+                                          uint16_t* __restrict__ grad16) {
   const int64_t r = blockIdx.x;
   float* row = logits + r * V;
   const int32_t tgt = targets[r];
@@ -232,9 +235,22 @@ __global__ void cross_entropy_rows_kernel(float* __restrict__ logits, double* __
   __syncthreads();
   if (grad) {
     const float k = grad_scale / sum_shared;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) row[j] *= k;
+    uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      row[j] *= k;
+      if (row16) row16[j] = numerics::encode_bf16(row[j], numerics::Saturation::kNoSat);
+    }
     __syncthreads();
-    if (threadIdx.x == 0) row[tgt] -= grad_scale;
+    if (threadIdx.x == 0) {
+      row[tgt] -= grad_scale;
+      if (row16) row16[tgt] = numerics::encode_bf16(row[tgt], numerics::Saturation::kNoSat);
+    }
+  }
+}
+
+__global__ void round_bf16_kernel(float* y, const float* x, int64_t n) {
+  MX_GRID_STRIDE(i, n) {
+    y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
   }
 }
 
@@ -606,20 +622,31 @@ class CudaBackendImpl final : public CudaBackend {
 
   double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                             const int32_t* targets, int64_t N, int64_t C, int64_t V,
-                            float grad_scale, float* workspace, int64_t chunk_rows) override {
+                            float grad_scale, float* workspace, int64_t chunk_rows,
+                            bool bf16_operands) override {
     if (N == 0) return 0.0;
     MX_ASSERT(chunk_rows > 0, "head_cross_entropy: chunk_rows ", chunk_rows);
     DeviceArenaScope scope(scratch_);
     double* row_loss = scratch_.alloc_as<double>(N);
+    if (bf16_operands) {
+      head_bf16(dh, dw, h, w, targets, N, C, V, grad_scale, workspace, chunk_rows, row_loss);
+      return fold_doubles(row_loss, N, "head_cross_entropy");
+    }
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       const int64_t R = std::min(chunk_rows, N - r0);
       linear_forward(workspace, h + r0 * C, w, R, C, V);  // logits [R, V]
       cross_entropy_rows_kernel<<<unsigned(R), kThreads, 0, stream_>>>(
-          workspace, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr);
+          workspace, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr);
       launched("head_cross_entropy");
       if (dh) linear_backward(dh + r0 * C, dw, workspace, h + r0 * C, w, R, C, V, false);
     }
     return fold_doubles(row_loss, N, "head_cross_entropy");
+  }
+
+  void round_bf16(float* y, const float* x, int64_t n) override {
+    if (n == 0) return;
+    round_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, x, n);
+    launched("round_bf16");
   }
 
   void add(float* y, const float* a, const float* b, int64_t n) override {
@@ -671,6 +698,38 @@ class CudaBackendImpl final : public CudaBackend {
   static std::string select_device(int device) {
     MX_CUDA_CHECK("make_cuda_backend", cudaSetDevice(device));
     return "cuda-scratch";
+  }
+
+  // head_cross_entropy with bf16 operands, in the workspace layout of backend.h's
+  // head_workspace_floats: W's bf16 copy made once, then per chunk the h chunk's copy, the
+  // logits GEMM, the cross-entropy kernel (which also writes the gradient's bf16 copy) and the
+  // two backward GEMMs on bf16 operands.
+  void head_bf16(float* dh, float* dw, const float* h, const float* w, const int32_t* targets,
+                 int64_t N, int64_t C, int64_t V, float grad_scale, float* workspace,
+                 int64_t chunk_rows, double* row_loss) {
+    float* logits = workspace;
+    auto* w16 = reinterpret_cast<uint16_t*>(workspace + (chunk_rows * V + 3) / 4 * 4);
+    uint16_t* g16 = w16 + 2 * head_bf16_floats(V * C);
+    uint16_t* h16 = g16 + 2 * head_bf16_floats(chunk_rows * V);
+    cuda::round_to_bf16(w16, w, V * C, stream_);
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+      const int64_t R = std::min(chunk_rows, N - r0);
+      cuda::round_to_bf16(h16, h + r0 * C, R * C, stream_);
+      lt_.gemm_bf16(false, true, R, V, C, 1.0f, h16, w16, 0.0f, logits, ws, ws_bytes, stream_);
+      cross_entropy_rows_kernel<<<unsigned(R), kThreads, 0, stream_>>>(
+          logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr,
+          dh ? g16 : nullptr);
+      launched("head_cross_entropy");
+      stats_.flops += 2.0 * double(R) * double(V) * double(C);
+      if (!dh) continue;
+      lt_.gemm_bf16(false, false, R, C, V, 1.0f, g16, w16, 0.0f, dh + r0 * C, ws, ws_bytes,
+                    stream_);
+      lt_.gemm_bf16(true, false, V, C, R, 1.0f, g16, h16, 1.0f, dw, ws, ws_bytes, stream_);
+      stats_.flops += 4.0 * double(R) * double(V) * double(C);
+      done("head_cross_entropy (bf16 GEMMs)");
+    }
   }
 
   void rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,

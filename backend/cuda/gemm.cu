@@ -100,20 +100,39 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     return;
   }
   DeviceArenaScope scope(scratch);
-  const void* first = B;   // cuBLASLt's A
-  const void* second = A;  // cuBLASLt's B
-  cudaDataType_t in_type = CUDA_R_32F;
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  if (precision == CudaGemmPrecision::kTf32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
   if (precision == CudaGemmPrecision::kBf16) {
     uint16_t* a16 = scratch.alloc_as<uint16_t>(M * K);
     uint16_t* b16 = scratch.alloc_as<uint16_t>(K * N);
     round_to_bf16(a16, A, M * K, stream);
     round_to_bf16(b16, B, K * N, stream);
-    first = b16;
-    second = a16;
-    in_type = CUDA_R_16BF;
+    return matmul(trans_a, trans_b, M, N, K, alpha, a16, b16, CUDA_R_16BF, CUBLAS_COMPUTE_32F,
+                  beta, C, workspace, workspace_bytes, stream);
   }
+  matmul(trans_a, trans_b, M, N, K, alpha, A, B, CUDA_R_32F,
+         precision == CudaGemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                               : CUBLAS_COMPUTE_32F,
+         beta, C, workspace, workspace_bytes, stream);
+}
+
+void LtGemm::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t* A, const uint16_t* B, float beta, float* C,
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
+    MX_CUDA_LAUNCH_CHECK("gemm_bf16 (K = 0)");
+    return;
+  }
+  matmul(trans_a, trans_b, M, N, K, alpha, A, B, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta, C,
+         workspace, workspace_bytes, stream);
+}
+
+void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const void* A, const void* B, cudaDataType_t in_type,
+                    cublasComputeType_t compute, float beta, float* C, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream) {
+  const void* first = B;   // cuBLASLt's A
+  const void* second = A;  // cuBLASLt's B
   LtCall call;
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulDescCreate(&call.desc, compute, CUDA_R_32F));
   const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -27,6 +27,13 @@ class LtGemm {
             const float* A, const float* B, float beta, float* C, CudaGemmPrecision precision,
             void* workspace, size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream);
 
+  // The same product with operands already in bf16 (row-major, as gemm's A and B): fp32
+  // accumulate and output. The head's bf16 path keeps W's copy for a whole call this way
+  // instead of rounding it again for every chunk's GEMM.
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const uint16_t* A, const uint16_t* B, float beta, float* C, void* workspace,
+                 size_t workspace_bytes, cudaStream_t stream);
+
   // Per-tensor FP8 GEMM on FP8 tensor cores: C[M, N] (fp32) =
   //   (a_scale * A[M, K]) (b_scale * B[N, K])^T + beta * C,
   // A and B FP8 codes (E4M3 or E5M2, not both E5M2), both K-major (row-major with K innermost:
@@ -92,6 +99,11 @@ class LtGemm {
                       const ScaledOperand& b, const float* alpha, const float* beta,
                       bool device_scalars, float beta_value, float* C, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream, const char* hint);
+  // gemm / gemm_bf16 after their operand handling: one cuBLASLt call on operands of in_type.
+  void matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const void* A, const void* B, cudaDataType_t in_type, cublasComputeType_t compute,
+              float beta, float* C, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream);
   // FP8 front of scaled_tn_gemm: format and shape rules, K = 0; modes as ScaledOperand's.
   void fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const void* a_scale, int32_t a_mode, const uint8_t* B,

@@ -548,20 +548,42 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
     });
   }
   for (auto [N, C, V, chunk] : std::vector<std::array<int64_t, 4>>{{1, 8, 5, 1}, {37, 64, 1000, 16}, {256, 128, 5003, 100}}) {
-    run_case("head_cross_entropy", dims({N, C, V}) + " chunk" + std::to_string(chunk), [&](Result& r) {
-      auto h = randn(N * C), w = randn(V * C, 0.1f), dwv = randn(V * C);
-      auto tgt = randint(N, int32_t(V));
-      std::vector<float> dh(N * C), ws(chunk * V);
-      Dev<float> dH(h), dW(w), dDW(dwv), dDH(N * C), dWS(chunk * V);
-      Dev<int32_t> dT(tgt);
-      const float gs = 1.0f / float(N);
-      const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk);
-      const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk);
-      compare(r, "loss", {float(lg)}, {float(lc)}, kReduction);
-      compare(r, "dh", dDH.download(), dh, {1e-5, 1e-3});
-      compare(r, "dw", dDW.download(), dwv, {1e-5, 1e-3});
-    });
+    // bf16: the head of precision.high_precision = bf16 (W's bf16 copy made once, the
+    // cross-entropy kernel writing the gradient's bf16 copy, bf16 GEMMs) against the CPU twin
+    // (fp32 copies of the same roundings). Both round identical fp32 values except where the
+    // two fp32 logits sums differ in the last bits and land on either side of a bf16 midpoint
+    // (a 2^-8 relative step of one gradient element), hence the looser element tolerance.
+    for (bool bf16 : {false, true})
+      run_case(bf16 ? "head_cross_entropy_bf16" : "head_cross_entropy", dims({N, C, V}) + " chunk" + std::to_string(chunk), [&](Result& r) {
+        auto h = randn(N * C), w = randn(V * C, 0.1f), dwv = randn(V * C);
+        auto tgt = randint(N, int32_t(V));
+        const int64_t wsn = head_workspace_floats(chunk, C, V, bf16);
+        std::vector<float> dh(N * C), ws(wsn);
+        Dev<float> dH(h), dW(w), dDW(dwv), dDH(N * C), dWS(wsn);
+        Dev<int32_t> dT(tgt);
+        const float gs = 1.0f / float(N);
+        const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk, bf16);
+        const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, bf16);
+        const Tol tol = bf16 ? Tol{1e-4, 1e-2} : Tol{1e-5, 1e-3};
+        compare(r, "loss", {float(lg)}, {float(lc)}, kReduction);
+        compare(r, "dh", dDH.download(), dh, tol);
+        compare(r, "dw", dDW.download(), dwv, tol);
+        compare(r, "h", dH.download(), h, {0, 0});  // the inputs stay as they were
+        compare(r, "w", dW.download(), w, {0, 0});
+      });
   }
+  run_case("round_bf16", dims({4099}), [&](Result& r) {
+    auto x = randn(4099, 3.0f);
+    x[0] = 1.0f + 1.0f / 256;  // ties to even
+    x[1] = 1.0f + 3.0f / 256;
+    std::vector<float> y(x.size());
+    Dev<float> dX(x), dY(x.size());
+    cpu.round_bf16(y.data(), x.data(), int64_t(x.size()));
+    gpu.round_bf16(dY.p, dX.p, int64_t(x.size()));
+    compare(r, "y", dY.download(), y, {0, 0});
+    gpu.round_bf16(dX.p, dX.p, int64_t(x.size()));  // in place
+    compare(r, "y in place", dX.download(), y, {0, 0});
+  });
 }
 
 // The fp32 kernel (attention.cu), forced with set_attention(kFp32), against the CPU backend.

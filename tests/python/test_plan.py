@@ -75,6 +75,8 @@ MULTI_CASES = [
     ("tiny-1p-nvfp4", TINY, 1, "full", 64, 2, "none", "nvfp4", {}),
     ("tiny-1p-fp8delayed-hp", TINY, 1, "full", 48, 1, "selective", "fp8-delayed",
      {"precision.high_precision_first": 1}),
+    ("tiny-1p-mxfp8-hp-fp32", TINY, 1, "full", 64, 1, "none", "mxfp8",
+     {"precision.high_precision_last": 1, "precision.high_precision": "fp32"}),
     ("tiny-2p-full", TINY, 2, "full", 32, 2, "none", "fp32", {}),
     ("tiny-2p-gradop-sel", TINY, 2, "grad-op", 64, 1, "selective", "fp32", {}),
     ("tiny-2p-none-bf16", TINY, 2, "none", 32, 2, "full", "bf16", {}),
@@ -279,8 +281,16 @@ def test_recipe_from_config_file_as_train_reads_it(mxtrain, tmp_path):
     fp32 = plan(mxtrain, {"precision.recipe": "fp32"}, extra=["--config", cfg])
     assert fp32["config"]["recipe"] == "fp32"
     assert fp32["memory"]["total_bytes"] < out["memory"]["total_bytes"]  # the operand copies
-    both = plan(mxtrain, {"precision.high_precision_first": 2}, extra=["--config", cfg])
-    assert both["memory"]["total_bytes"] == fp32["memory"]["total_bytes"]  # no block quantized
+    # No block quantized: with an fp32 head and high-precision blocks, no copies at all; with
+    # the default bf16 ones, the rounded operand copies and the head's.
+    both = plan(mxtrain, {"precision.high_precision_first": 2,
+                          "precision.high_precision": "fp32"}, extra=["--config", cfg])
+    assert both["config"]["high_precision"] == "fp32"
+    assert both["memory"]["total_bytes"] == fp32["memory"]["total_bytes"]
+    hp = plan(mxtrain, {"precision.high_precision_first": 2}, extra=["--config", cfg])
+    assert hp["config"]["high_precision"] == "bf16" and out["config"]["high_precision"] == "bf16"
+    assert fp32["config"]["high_precision"] == "fp32"
+    assert hp["memory"]["total_bytes"] > fp32["memory"]["total_bytes"]
     names = {"fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "nvfp4"}
     assert out["recommendation"]["recipe"] in names
     gpu = plan(mxtrain, {"model.preset": "llama3-8b", "train.seq_len": 8192,

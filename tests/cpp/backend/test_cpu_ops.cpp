@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -236,7 +237,7 @@ TEST(CpuOps, HeadCrossEntropyChunkedMatchesDefinition) {
   for (int64_t chunk : {1, 3, 10}) {
     std::vector<float> dh(N * C, kNaN), dw(V * C, 1.0f), ws(chunk * V);
     double loss = be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N,
-                                         C, V, scale, ws.data(), chunk);
+                                         C, V, scale, ws.data(), chunk, false);
     EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref));
     std::vector<double> dh_ref(N * C), dw_ref(V * C);
     const double eps = 1e-6;
@@ -255,6 +256,90 @@ TEST(CpuOps, HeadCrossEntropyChunkedMatchesDefinition) {
     expect_close(dh, dh_ref, 1e-5, "head dh");
     expect_close(dw, dw_ref, 1e-5, "head dw");
   }
+}
+
+// bf16 by the usual bit formula (round to nearest, ties to even; finite inputs), written here
+// rather than taken from numerics/ so the test does not check the code against itself.
+float bf16_ref(double x) {
+  const float f = float(x);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+TEST(CpuOps, HeadCrossEntropyBf16OperandsMatchRoundedDefinition) {
+  // bf16_operands: the loss is the exact loss of the rounded h and W; the gradients are the
+  // GEMMs of the rounded logits gradient (softmax - onehot, scaled) with the rounded h / W.
+  auto be = mx::make_cpu_backend();
+  const int64_t N = 10, C = 12, V = 17;
+  auto h = randn(N * C, 23), w = randn(V * C, 24, 0.5f);
+  std::vector<int32_t> tgt = {3, 16, 0, 5, 3, 9, 1, 12, 16, 2};
+  const float scale = 0.3f;
+  std::vector<double> hq(N * C), wq(V * C);
+  for (int64_t i = 0; i < N * C; ++i) hq[i] = bf16_ref(h[i]);
+  for (int64_t i = 0; i < V * C; ++i) wq[i] = bf16_ref(w[i]);
+  double loss_ref = 0;
+  std::vector<double> g(N * V);  // the rounded logits gradient
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> z(V);
+    double mx = -1e300, se = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      for (int64_t c = 0; c < C; ++c) z[v] += hq[n * C + c] * wq[v * C + c];
+      mx = std::max(mx, z[v]);
+    }
+    for (double zz : z) se += std::exp(zz - mx);
+    loss_ref += mx + std::log(se) - z[tgt[n]];
+    for (int64_t v = 0; v < V; ++v)
+      g[n * V + v] = bf16_ref(scale * (std::exp(z[v] - mx) / se - (v == tgt[n] ? 1.0 : 0.0)));
+  }
+  std::vector<double> dh_ref(N * C, 0.0), dw_ref(V * C, 1.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t c = 0; c < C; ++c) {
+        dh_ref[n * C + c] += g[n * V + v] * wq[v * C + c];
+        dw_ref[v * C + c] += g[n * V + v] * hq[n * C + c];
+      }
+  // The fp32 head's gradient, to show the rounding is visible at this tolerance.
+  std::vector<float> dh32(N * C), dw32(V * C, 1.0f), ws32(N * V);
+  be->head_cross_entropy(dh32.data(), dw32.data(), h.data(), w.data(), tgt.data(), N, C, V,
+                         scale, ws32.data(), N, false);
+  double far = 0;
+  for (int64_t i = 0; i < N * C; ++i) far = std::max(far, std::fabs(dh32[i] - dh_ref[i]));
+  EXPECT_GT(far, 1e-4);
+  for (int64_t chunk : {1, 3, 10}) {
+    std::vector<float> dh(N * C, kNaN), dw(V * C, 1.0f),
+        ws(mx::head_workspace_floats(chunk, C, V, true), kNaN);
+    const std::vector<float> h0 = h, w0 = w;
+    double loss = be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N,
+                                         C, V, scale, ws.data(), chunk, true);
+    EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref));
+    expect_close(dh, dh_ref, 1e-5, "bf16 head dh");
+    expect_close(dw, dw_ref, 1e-5, "bf16 head dw");
+    EXPECT_EQ(h, h0);  // inputs untouched: the copies live in the workspace
+    EXPECT_EQ(w, w0);
+    // Forward only (validation): the same loss.
+    double eval = be->head_cross_entropy(nullptr, nullptr, h.data(), w.data(), tgt.data(), N, C,
+                                         V, scale, ws.data(), chunk, true);
+    EXPECT_NEAR(eval, loss_ref, 1e-5 * std::fabs(loss_ref));
+  }
+}
+
+TEST(CpuOps, RoundBf16MatchesBitFormula) {
+  auto be = mx::make_cpu_backend();
+  auto x = randn(1001, 25, 3.0f);
+  x[0] = 1.0f + 1.0f / 256;          // a tie: to even (1.0)
+  x[1] = 1.0f + 3.0f / 256;          // a tie: to even (1 + 4/256)
+  x[2] = -0.0f;
+  std::vector<float> y(x.size(), kNaN);
+  be->round_bf16(y.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], bf16_ref(x[i])) << i;
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_EQ(y[1], 1.0f + 4.0f / 256);
+  be->round_bf16(x.data(), x.data(), int64_t(x.size()));  // in place
+  EXPECT_EQ(x, y);
 }
 
 TEST(CpuOps, AdamWMatchesTorchFormula) {
