@@ -113,7 +113,9 @@ class Backend {
   virtual bool fp8_tensor_cores() const;
   // True where block-scaled operands (Fp8Operand::block_rows > 0) run on tensor cores too
   // (CUDA: Hopper, compute capability 9.x, through cuBLASLt's VEC128_32F / BLK128x128_32F scale
-  // modes; every dimension a multiple of 128). The CPU: the same test knob.
+  // modes; Blackwell, 10.x, through the MXFP8 GEMM with the power-of-two block scales rewritten
+  // as E8M0, exact: numerics/fp8_block_mx.h; every dimension a multiple of 128). The CPU: the
+  // same test knob.
   virtual bool fp8_block_tensor_cores() const { return fp8_tensor_cores(); }
   // True where mxfp8 operands (Fp8Operand::mx) run on tensor cores (CUDA: Blackwell, compute
   // capability 10.x, through cuBLASLt's VEC32_UE8M0 scale mode with the scales in its swizzled

@@ -296,7 +296,9 @@ bool LlamaModel::native_fp8(int64_t N, int64_t in, int64_t out) const {
   // Telemetry and the test scale knob need the emulation's quantize() calls. cuBLASLt's FP8
   // GEMMs want every dimension (each is some GEMM's reduction dimension) a multiple of 16.
   if (recipe_->collecting_stats()) return false;
-  if (recipe_->recipe() == Recipe::kFp8Block)  // cuBLASLt's 1x128 / 128x128 scale modes
+  // fp8-block: cuBLASLt's 1x128 / 128x128 scale modes (Hopper) or, on Blackwell, the MXFP8 GEMM
+  // with the block scales as E8M0 (each 1x32 piece inside one 128-wide block): 128 either way.
+  if (recipe_->recipe() == Recipe::kFp8Block)
     return be_.fp8_block_tensor_cores() && N % 128 == 0 && in % 128 == 0 && out % 128 == 0;
   if (recipe_->recipe() == Recipe::kMxfp8)  // 1x32 blocks along every GEMM's reduction
     return be_.mxfp8_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;

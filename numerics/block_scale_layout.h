@@ -35,4 +35,17 @@ MX_HOST_DEVICE inline int64_t swizzled_scale_offset(int64_t row, int64_t scale_c
   return tile * 512 + (i % 32) * 16 + (i / 32) * 4 + j;
 }
 
+// The inverse: which (row, scale_col) of the padded [round_up(rows, 128), round_up(scale_cols, 4)]
+// scale matrix byte `offset` of the swizzled buffer holds (row >= rows or scale_col >=
+// scale_cols: padding). Kernels that walk the buffer byte by byte (coalesced writes, padding
+// included) use it.
+MX_HOST_DEVICE inline void swizzled_scale_position(int64_t offset, int64_t scale_cols,
+                                                   int64_t* row, int64_t* scale_col) {
+  const int64_t col_tiles = (scale_cols + 3) / 4;
+  const int64_t tile = offset / 512, in_tile = offset % 512;
+  const int64_t l = in_tile / 16, s = in_tile % 16 / 4, j = in_tile % 4;
+  *row = (tile / col_tiles) * 128 + 32 * s + l;
+  *scale_col = (tile % col_tiles) * 4 + j;
+}
+
 }  // namespace mx::numerics

@@ -307,6 +307,9 @@ class CudaBackendImpl final : public CudaBackend {
     // 1x128 / 128x128 block scales: compute capability 9.x (cuBLAS >= 12.9; Blackwell's
     // block-scaled GEMMs take VEC32_UE8M0 / VEC16_UE4M3 scales instead).
     fp8_block_native_ = opt_.fp8_tensor_cores && prop.major == 9 && CUBLAS_VERSION >= 120900;
+    // fp8-block on Blackwell: the same E4M3 codes with the power-of-two block scales rewritten
+    // as E8M0 (exact, numerics/fp8_block_mx.h) on the MXFP8 GEMM, as Transformer Engine does.
+    fp8_block_via_mx_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
     // MXFP8 (1x32 blocks, E8M0 scales, CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0): compute
     // capability 10.x (cuBLAS >= 12.8). Hopper has no such scale mode: mxfp8 stays emulated there.
     mxfp8_native_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
@@ -388,9 +391,10 @@ class CudaBackendImpl final : public CudaBackend {
   // Each operand: its amax (current scaling, or into q.amax for delayed scaling's history), the
   // scale on the device, then its codes (K-major for the GEMM: transposed where the reduction
   // runs down its columns) into the caller's `work`; one cuBLASLt FP8 GEMM per product.
-  // fp8-block (Hopper): the same, with block scales in cuBLASLt's layouts (fp8_block_operand).
+  // fp8-block: the same, with block scales in cuBLASLt's layouts (Hopper: fp8_block_operand),
+  // or on Blackwell as E8M0 scales for the MXFP8 GEMM (fp8_block_mx_operand).
   bool fp8_tensor_cores() const override { return fp8_native_; }
-  bool fp8_block_tensor_cores() const override { return fp8_block_native_; }
+  bool fp8_block_tensor_cores() const override { return fp8_block_native_ || fp8_block_via_mx_; }
   bool mxfp8_tensor_cores() const override { return mxfp8_native_; }
   bool nvfp4_tensor_cores() const override { return nvfp4_native_; }
 
@@ -409,6 +413,12 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
       const uint8_t* ws = mxfp8_operand(wc, tmp, w, out, in, false);
+      return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, y);
+    }
+    if (xq.block_rows > 0 && fp8_block_via_mx_) {  // fp8-block (Blackwell): MXFP8 GEMM
+      uint8_t* tmp = wc + round_up_256(out * in);
+      const uint8_t* xs = fp8_block_mx_operand(xc, tmp, x, N, in, xq, false);
+      const uint8_t* ws = fp8_block_mx_operand(wc, tmp, w, out, in, wq, false);
       return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, y);
     }
     if (xq.block_rows > 0) {
@@ -440,6 +450,12 @@ class CudaBackendImpl final : public CudaBackend {
       const uint8_t* ws = mxfp8_operand(wtc, tmp, w, out, in, true);
       return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
     }
+    if (dyq.block_rows > 0 && fp8_block_via_mx_) {
+      uint8_t* tmp = wtc + round_up_256(out * in);
+      const uint8_t* dys = fp8_block_mx_operand(dyc, tmp, dy, N, out, dyq, false);
+      const uint8_t* ws = fp8_block_mx_operand(wtc, tmp, w, out, in, wq, true);
+      return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
+    }
     if (dyq.block_rows > 0) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const float* dys = fp8_block_operand(dyc, tmp, dy, N, out, dyq, false);
@@ -468,6 +484,12 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
       const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true);
+      return mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
+    }
+    if (dyq.block_rows > 0 && fp8_block_via_mx_) {
+      uint8_t* tmp = xtc + round_up_256(N * in);
+      const uint8_t* dys = fp8_block_mx_operand(dytc, tmp, dy, N, out, dyq, true);
+      const uint8_t* xs = fp8_block_mx_operand(xtc, tmp, x, N, in, xq, true);
       return mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
     }
     if (dyq.block_rows > 0) {
@@ -852,6 +874,30 @@ class CudaBackendImpl final : public CudaBackend {
     done("fp8_block_gemm");
   }
 
+  // One fp8-block operand for the MXFP8 GEMM (Blackwell): the same E4M3 codes as
+  // fp8_block_operand writes (x, or x^T through `tmp`), and its power-of-two block scales
+  // rewritten as E8M0 bytes in cuBLASLt's swizzled VEC32_UE8M0 layout (exact: every 1 x 32 piece
+  // along K lies in one 1x128 / 128x1 / 128x128 block and takes its scale; numerics/
+  // fp8_block_mx.h). The blocks must run along K (1x128 untransposed, 128x1 transposed) or be
+  // 128x128, as the recipe cuts them. Returns the swizzled bytes (scratch, the caller's scope).
+  const uint8_t* fp8_block_mx_operand(uint8_t* codes, uint8_t* tmp, const float* x, int64_t rows,
+                                      int64_t cols, const Fp8Operand& q, bool transposed) {
+    const int64_t br = q.block_rows, bc = q.block_cols;
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    MX_REQUIRE(K % 32 == 0 && (transposed ? br : bc) % 32 == 0, "fp8_block_mx_operand: K = ", K,
+               " and the blocks along K (", br, "x", bc, (transposed ? ", transposed" : ""),
+               ") must be multiples of 32");
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
+    cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
+                             transposed ? tmp : codes, raw, nullptr, stream_);
+    if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
+    uint8_t* dst = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, K / 32));
+    cuda::fp8_block_scales_to_mx(raw, rows, cols, int(br), int(bc), transposed, dst, stream_);
+    launched("fp8_block_mx_operand");
+    return dst;
+  }
+
   // One mxfp8 operand as the GEMM operand [R, K] (K-major), E4M3 in 1 x 32 blocks along K with
   // E8M0 scales (numerics::quantize_mxfp8, TE's round-up rule, as the recipe quantizes it):
   // x itself (rowwise 1x32 blocks; R = rows, K = cols) or, transposed, x^T (x's columnwise 32x1
@@ -937,6 +983,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool nvfp4_native_ = false;  // Blackwell (10.x) only: FP4 operands, VEC16_UE4M3 scales
   bool mxfp8_native_ = false;  // Blackwell (10.x) only: cuBLASLt's VEC32_UE8M0 scale mode
   bool fp8_block_native_ = false;  // Hopper only: cuBLASLt's VEC128 / BLK128x128 scale modes
+  bool fp8_block_via_mx_ = false;  // Blackwell (10.x): fp8-block's scales as E8M0, MXFP8 GEMM
   bool fp8_native_ = false;  // set in the constructor (capability and opt_.fp8_tensor_cores)
   CudaGemmPrecision base_precision_ = opt_.gemm_precision;
   DeviceMemory device_memory_;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "numerics/block_scale_layout.h"
+#include "numerics/fp8_block_mx.h"
 
 namespace mx::cuda {
 namespace {
@@ -246,6 +247,24 @@ __global__ void swizzle_scales_u8_kernel(const uint8_t* __restrict__ src, bool t
   }
 }
 
+// fp8-block scales -> E8M0 bytes in the swizzled layout (numerics/fp8_block_mx.h): one thread
+// per byte of dst, walking the buffer in order (coalesced writes, padding included, so no
+// memset), each reading the one fp32 block scale its MX block lies in.
+__global__ void fp8_block_scales_to_mx_kernel(const float* __restrict__ block_scales,
+                                              int64_t scale_cols, int64_t block_rows,
+                                              int64_t block_cols, bool transposed, int64_t R,
+                                              int64_t kb, int64_t bytes,
+                                              uint8_t* __restrict__ dst) {
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < bytes;
+       o += int64_t(gridDim.x) * blockDim.x) {
+    int64_t r, k;
+    numerics::swizzled_scale_position(o, kb, &r, &k);
+    dst[o] = r < R && k < kb ? numerics::fp8_block_mx_code(block_scales, scale_cols, block_rows,
+                                                           block_cols, transposed, r, k)
+                             : uint8_t(0);
+  }
+}
+
 // The 16-point random Hadamard transform of numerics::rht16_forward, one thread per group of
 // 16 consecutive elements, with the CPU's operations in the CPU's order: in_j = s_j v_j, then
 // for each i the sum over j = 0..15 of (+-1) in_j from 0, times 0.25 (exact). The products by
@@ -354,6 +373,24 @@ void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t k
   swizzle_scales_u8_kernel<<<elem_grid(R * kb), 256, 0, s>>>(src, transposed, R, kb, row_div,
                                                               dst);
   MX_CUDA_LAUNCH_CHECK("swizzle_scales_u8");
+}
+
+void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t cols,
+                            int block_rows, int block_cols, bool transposed, uint8_t* dst,
+                            cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && block_rows >= 1 && block_cols >= 1,
+             "fp8_block_scales_to_mx: bad shape [", rows, ", ", cols, "] or block ", block_rows,
+             "x", block_cols);
+  const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+  const int64_t k_extent = transposed ? block_rows : block_cols;
+  MX_REQUIRE(K % 32 == 0 && k_extent % 32 == 0, "fp8_block_scales_to_mx: K = ", K,
+             " and the blocks' extent along K (", k_extent, ") must be multiples of 32");
+  const int64_t kb = K / 32, bytes = numerics::swizzled_scale_bytes(R, kb);
+  if (bytes == 0) return;
+  fp8_block_scales_to_mx_kernel<<<elem_grid(bytes), 256, 0, s>>>(
+      block_scales, ceil_div(cols, block_cols), block_rows, block_cols, transposed, R, kb, bytes,
+      dst);
+  MX_CUDA_LAUNCH_CHECK("fp8_block_scales_to_mx");
 }
 
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {

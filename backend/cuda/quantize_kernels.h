@@ -78,6 +78,20 @@ void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t d
 void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t kb,
                        uint8_t* dst, cudaStream_t s, int64_t row_div = 1);
 
+// Recipe fp8-block on Blackwell (numerics/fp8_block_mx.h): the E8M0 scales of an fp8-block
+// operand for the MXFP8 GEMM (VEC32_UE8M0), from quantize_fp8_block's fp32 decode scales
+// `block_scales` [ceil(rows / block_rows), ceil(cols / block_cols)] of x [rows, cols]. The
+// operand is x (R = rows, K = cols) or, with `transposed`, x^T (R = cols, K = rows: its codes
+// transposed by the caller); dst gets numerics::swizzled_scale_bytes(R, K / 32) bytes in the
+// swizzled layout, every byte written (padding 0), the same bytes as the CPU twin
+// numerics::fp8_block_scales_to_mx. K and the blocks' extent along K (block_cols, or
+// block_rows when transposed) must be multiples of 32: 1x128, 128x1 transposed, 128x128. A
+// scale that is not a power of two in [2^-127, 2^127] becomes E8M0's NaN code 0xFF (never for
+// quantize_fp8_block's pow2 scales).
+void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t cols,
+                            int block_rows, int block_cols, bool transposed, uint8_t* dst,
+                            cudaStream_t s);
+
 // max |x| over n values into amax[0] (device), NaN skipped as numerics::abs_max does.
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 

@@ -22,9 +22,10 @@
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (other GEMMs TF32; attention: the
 #      default, cuDNN where it loads, the table's last column says which ran): mxtrain with recipe
 #      bf16, then the recipes that run natively on an H200's tensor cores (fp8-current,
-#      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; mxfp8 and nvfp4 only on compute
-#      capability 10.x, where they run natively: a "skipped" row each elsewhere, an H200
-#      included), then PyTorch (fp32 master weights, BF16
+#      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; on compute capability 10.x
+#      fp8-block runs natively too, its block scales as E8M0 on the MXFP8 GEMM, and its row
+#      says so; mxfp8 and nvfp4 only on 10.x, where they run natively: a "skipped" row each
+#      elsewhere, an H200 included), then PyTorch (fp32 master weights, BF16
 #      autocast, SDPA, torch.compile per block, fused AdamW) on the same shape (speed.json).
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
@@ -126,6 +127,10 @@ echo "loss match: exit $?, $(( $(date +%s) - t0 )) s"
 # ---- 4. speed: mxtrain (bf16, then the FP8 recipes on tensor cores), then PyTorch, seq 8192 ----
 t0=$(date +%s)
 seq=8192
+# Compute capability: 9.x runs fp8-block on cuBLASLt's 1x128 / 128x128 scale modes, 10.x on the
+# MXFP8 GEMM (E8M0 scales converted from the power-of-two block scales), and only 10.x runs
+# mxfp8 and nvfp4 natively.
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
 b=$(( 16384 / seq )); batches=""
 while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
 for recipe in bf16 fp8-current fp8-delayed fp8-block; do
@@ -139,7 +144,6 @@ done
 # mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and
 # VEC16_UE4M3 scale modes; an H200 is 9.0, where they would only time the emulation):
 # elsewhere a "skipped" row each, no run.
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
 for recipe in mxfp8 nvfp4; do
   if [[ "$cc" == 10.* ]]; then
     budget=$(cap 50)
@@ -161,9 +165,10 @@ PYTHONUNBUFFERED=1 timeout "$(cap 80)" python3 bench/gpu/torch_llama.py --seq "$
 echo "torch speed: $(( $(date +%s) - t0 )) s"
 
 # ---- table -------------------------------------------------------------------------------------
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "${cc:-unknown}" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
+cc = sys.argv[2]
 def rows(name):
     p = out / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
@@ -187,6 +192,9 @@ for r in speed:
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
     impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
     native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
+    if r.get("recipe") == "fp8-block" and r.get("fp8_tensor_cores"):
+        native = (" (tensor cores: MXFP8 GEMM, E8M0 scales)" if cc.startswith("10.")
+                  else " (tensor cores: VEC128/BLK128x128 GEMM)")
     attn = r.get("attention", "torch sdpa" if r["impl"] == "torch" else None)
     print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
           f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}% {attn}{native}")

@@ -27,7 +27,9 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/quantize_kernels.h"
+#include "numerics/block_scale_layout.h"
 #include "numerics/formats.h"
+#include "numerics/fp8_block_mx.h"
 #include "numerics/quantize.h"
 
 using namespace mx;
@@ -229,17 +231,23 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
     }
 }
 
-// fp8-block (Hopper): the same three Linears with 1x128 / 128x1 / 128x128 E4M3 blocks (the
-// recipe's shapes per operand) on cuBLASLt's block-scaled GEMMs, against the CPU reference.
-// Also the test of the assumed scale layouts (LtGemm::fp8_block_gemm): a wrong layout puts
-// wrong scales on blocks, far outside the tolerance, since the inputs' block amaxes differ.
+// fp8-block: the same three Linears with 1x128 / 128x1 / 128x128 E4M3 blocks (the recipe's
+// shapes per operand) on tensor cores, against the CPU reference. Hopper (9.x): cuBLASLt's
+// VEC128 / BLK128x128 modes, so this is also the test of their assumed scale layouts
+// (LtGemm::fp8_block_gemm). Blackwell (10.x, where mxfp8 runs natively: the backend's two flags
+// have the same condition): the MXFP8 GEMM with the block scales rewritten as E8M0
+// (numerics/fp8_block_mx.h), exact, so the same tolerance. Either way a wrong layout puts wrong
+// scales on blocks, far outside the tolerance, since the inputs' block amaxes differ.
 void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
   if (!gpu.fp8_block_tensor_cores()) {
-    run_case("fp8_block_linear", "skipped", [&](Result& r) { r.note = "not Hopper (sm_9x)"; });
+    run_case("fp8_block_linear", "skipped", [&](Result& r) {
+      r.note = "neither Hopper (sm_9x) nor Blackwell (sm_10x)";
+    });
     return;
   }
+  const std::string path = gpu.mxfp8_tensor_cores() ? " (mxfp8 gemm)" : " (vec128 gemm)";
   for (auto [N, I, O] : std::vector<std::array<int64_t, 3>>{{128, 128, 128}, {256, 384, 512}, {512, 1024, 256}}) {
-    const std::string shape = "N=" + std::to_string(N) + " in=" + std::to_string(I) + " out=" + std::to_string(O);
+    const std::string shape = "N=" + std::to_string(N) + " in=" + std::to_string(I) + " out=" + std::to_string(O) + path;
     auto x = randn(N * I), w = randn(O * I, 0.05f), dy = randn(N * O, 1e-3f);
     // Rows and columns of very different magnitude, so every block has its own scale.
     for (int64_t i = 0; i < N * I; ++i) x[i] *= std::ldexp(1.0f, int((i / I) % 7) - int((i % I) / 128));
@@ -860,6 +868,33 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "scales", sc.download(), q.scales_f32);
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // fp8-block as the Blackwell GEMM's operand (any GPU: no tensor cores involved): the
+        // K-major codes (x, or x^T for 128x1 and the transposed 128x128 weight) and the block
+        // scales as E8M0 bytes in the swizzled layout, byte for byte against the CPU twin
+        // numerics::fp8_block_scales_to_mx (itself tested against the index formula and the
+        // fp8-block dequantization, tests/cpp/numerics/test_fp8_block_mx.cpp) over the CPU
+        // quantizer's scales. K = the reduced dimension must be a multiple of 32.
+        for (auto [br, bc, tr] : std::vector<std::array<int, 3>>{{1, 128, 0}, {128, 1, 1}, {128, 128, 0}, {128, 128, 1}})
+          if (!stoch && (tr ? R : C) % 32 == 0)
+            run_case("quant_fp8_block_mx_operand_" + std::to_string(br) + "x" + std::to_string(bc) + (tr ? "_t" : ""),
+                     name, [&](Result& r) {
+              const auto q = numerics::quantize_fp8_block(x.data(), R, C, br, bc, true);
+              const int64_t OR = tr ? C : R, kb = (tr ? R : C) / 32;
+              std::vector<uint8_t> want_codes(R * C);
+              for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = 0; j < C; ++j) want_codes[tr ? j * R + i : i * C + j] = q.codes[i * C + j];
+              std::vector<uint8_t> want_scales(size_t(numerics::swizzled_scale_bytes(OR, kb)));
+              const int64_t bad = numerics::fp8_block_scales_to_mx(q.scales_f32.data(), R, C, br, bc, tr, want_scales.data());
+              if (bad) r.note += "CPU twin: " + std::to_string(bad) + " scales not convertible; ";
+              Dev<uint8_t> tmp(R * C), codes(R * C), sw(want_scales.size());
+              Dev<float> raw(q.scales_f32.size());
+              cuda::quantize_fp8_block(dx.p, R, C, br, bc, true, {}, tr ? tmp.p : codes.p, raw.p, nullptr, s);
+              if (tr) cuda::transpose_bytes(tmp.p, R, C, codes.p, s);
+              cuda::fp8_block_scales_to_mx(raw.p, R, C, br, bc, tr, sw.p, s);
+              expect_bytes(r, "codes", codes.download(), want_codes);
+              expect_bytes(r, "e8m0 scales", sw.download(), want_scales);
+              if (bad) r.pass = false;
+            });
         for (int colwise = 0; colwise < 2; ++colwise)
           for (auto rule : {numerics::MxScaleRule::kCeil, numerics::MxScaleRule::kFloor})
             run_case(std::string("quant_mxfp8") + (colwise ? "_col" : "_row") +

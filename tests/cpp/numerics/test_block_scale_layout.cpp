@@ -49,6 +49,25 @@ TEST(BlockScaleLayout, MatchesTheDocumentedTiling) {
   }
 }
 
+// swizzled_scale_position (byte -> padded position, for kernels that walk the buffer in order)
+// against the same reference walk: every byte, padding included.
+TEST(BlockScaleLayout, PositionOfEveryByte) {
+  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {128, 4}, {37, 3}, {129, 5}, {300, 17}, {1024, 128}}) {
+    const auto ref = reference_layout(R, C);
+    const int64_t Rp = (R + 127) / 128 * 128, Cp = (C + 3) / 4 * 4;
+    std::vector<bool> seen(size_t(Rp * Cp), false);
+    for (int64_t off = 0; off < int64_t(ref.size()); ++off) {
+      int64_t r = -1, c = -1;
+      swizzled_scale_position(off, C, &r, &c);
+      ASSERT_TRUE(r >= 0 && r < Rp && c >= 0 && c < Cp) << R << "x" << C << " byte " << off;
+      ASSERT_FALSE(seen[size_t(r * Cp + c)]) << "position twice, byte " << off;
+      seen[size_t(r * Cp + c)] = true;
+      ASSERT_EQ(ref[size_t(off)], r < R && c < C ? r * C + c : -1) << R << "x" << C << " byte " << off;
+    }
+  }
+}
+
 TEST(BlockScaleLayout, NvmathDocumentedOffsets) {
   // NVFP4 operand of shape M = 128, K = 128: 8 scale columns (16-element blocks).
   EXPECT_EQ(swizzled_scale_offset(5, 2, 8), 82);
