@@ -19,7 +19,7 @@
 #      tensor-core GEMMs vs the CPU's emulation; a guess until measured), all four with the
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
 #      a guess) (loss_match.json)
-#   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (other GEMMs TF32; attention: the
+#   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (head in bf16, precision.high_precision; attention: the
 #      default, cuDNN where it loads, the table's last column says which ran): mxtrain with recipe
 #      bf16, then the recipes that run natively on an H200's tensor cores (fp8-current,
 #      fp8-delayed, fp8-block; FP8/BF16 ratio in the table; on compute capability 10.x
@@ -135,7 +135,7 @@ b=$(( 16384 / seq )); batches=""
 while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
 for recipe in bf16 fp8-current fp8-delayed fp8-block; do
   budget=$(cap 50)
-  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(( budget + 20 ))" \
     python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
     --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
     --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
@@ -147,7 +147,7 @@ done
 for recipe in mxfp8 nvfp4; do
   if [[ "$cc" == 10.* ]]; then
     budget=$(cap 50)
-    MXTRAIN_LD_LIBRARY_PATH="$mx_ld" MXTRAIN_CUDA_GEMM=tf32 timeout "$(( budget + 20 ))" \
+    MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(( budget + 20 ))" \
       python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
       --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
       --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
