@@ -24,11 +24,15 @@ const char* checkpointing_name(Checkpointing c) {
   return "?";
 }
 
-int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens) {
-  // 32M floats (128 MiB) of logits at a time: about 1000 rows at a 32K vocabulary, where the
-  // head's three GEMMs reach the full SGEMM rate (at 256 rows they ran ~20% slower), and still
-  // a bounded workspace at Llama 3's 128K vocabulary (256 rows).
-  const int64_t budget = int64_t(32) << 20;
+int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device) {
+  // CPU: 32M floats (128 MiB) of logits at a time: about 1000 rows at a 32K vocabulary, where
+  // the head's three GEMMs reach the full SGEMM rate (at 256 rows they ran ~20% slower), and
+  // still a bounded workspace at Llama 3's 128K vocabulary (256 rows).
+  // GPU: 256M floats (1 GiB): about 2000 rows at 128K. Every chunk's GEMMs read all of W (V x
+  // C), so with 256 rows the head's GEMMs do 256 multiply-adds per bf16 weight read, about an
+  // H200's FLOP:byte balance (~200), and would run near memory-bound; 2000 rows make them
+  // compute-bound, for 1 GiB of a 141-268 GB device.
+  const int64_t budget = device ? int64_t(256) << 20 : int64_t(32) << 20;
   return std::clamp<int64_t>(budget / c.vocab_size, 1, std::max<int64_t>(tokens, 1));
 }
 
@@ -73,7 +77,7 @@ struct LlamaModel::BlockActs {
 };
 
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
-                                 Checkpointing policy, bool quantized) {
+                                 Checkpointing policy, bool quantized, bool device) {
   const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
   BlockSizes z(c, B, T);
   auto cheap = [&](Checkpointing p) {
@@ -104,7 +108,7 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
   const size_t backward = block_all + 3 * bytes_f32(N * C) + backward_grads;
   // (with a recipe, room for the bf16 head's operand copies: precision.high_precision)
   const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) +
-                      bytes_f32(head_workspace_floats(head_chunk_rows(c, N), C, c.vocab_size,
+                      bytes_f32(head_workspace_floats(head_chunk_rows(c, N, device), C, c.vocab_size,
                                                       quantized));
   out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
   if (quantized) {  // a Linear's quantized operand copies (NVFP4 wgrad: two transposes more)
@@ -611,7 +615,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   float* hf = scratch_.alloc_f32(N * C);
   float* rstdf = scratch_.alloc_f32(N);
   be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm_in_unit(head_w), N, C, eps);
-  const int64_t chunk = head_chunk_rows(c_, N);
+  const int64_t chunk = head_chunk_rows(c_, N, be_.memory() != nullptr);
   const bool head_bf16 = recipe_ && recipe_->high_precision_bf16();
   float* workspace = scratch_.alloc_f32(head_workspace_floats(chunk, C, V, head_bf16));
   float* dh = training ? scratch_.alloc_f32(N * C) : nullptr;

@@ -29,7 +29,9 @@ Checkpointing parse_checkpointing(const std::string& s);  // UserError for unkno
 const char* checkpointing_name(Checkpointing c);
 
 // Rows of the output head computed at once: the logits workspace is head_chunk_rows x vocab.
-int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens);
+// device: the backend's memory is a device's (Backend::memory() not null), where the chunks are
+// larger (model/llama.cpp says why).
+int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device = false);
 
 // Bytes of the two arenas for one forward+backward on [B, T] (upper bounds that size them).
 struct ActivationBytes {
@@ -37,7 +39,7 @@ struct ActivationBytes {
   size_t scratch = 0;
 };
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
-                                 bool quantized = false);
+                                 bool quantized = false, bool device = false);
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;

@@ -24,6 +24,7 @@ ActivationDtypes gpu_dtypes() {
   d.stat = 4;
   d.logits = 4;
   d.attention_workspace = true;
+  d.device = true;
   return d;
 }
 
@@ -231,9 +232,9 @@ class Replay {
     scratch_.alloc(act(N * C));  // hf
     scratch_.alloc(stat(N));     // rstdf
     if (dt_.high_precision_bf16)  // logits + the bf16 operands' copies (fp32 logits)
-      scratch_.alloc(4 * head_workspace_floats(head_chunk_rows(c_, N), C, V, true));
+      scratch_.alloc(4 * head_workspace_floats(head_chunk_rows(c_, N, dt_.device), C, V, true));
     else
-      scratch_.alloc(dt_.logits * head_chunk_rows(c_, N) * V);  // logits workspace
+      scratch_.alloc(dt_.logits * head_chunk_rows(c_, N, dt_.device) * V);  // logits workspace
     if (grads) scratch_.alloc(act(N * C));  // dh
     scratch_.release(head_mark);
     if (grads) {

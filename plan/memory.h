@@ -58,6 +58,8 @@ struct ActivationDtypes {
   // the row statistic D = rowsum(dO * O) [B,H,T] while it runs. The CPU kernel keeps per-thread
   // tiles on the heap instead (not in any arena), so this is off there.
   bool attention_workspace = false;
+  // Device memory: the head's larger logits chunks (model/llama.h, head_chunk_rows).
+  bool device = false;
   // The CPU engine's emulated precision recipe (precision/recipe.h): every Linear of an active
   // block copies its two GEMM operands, quantized and dequantized, into fp32 scratch for the
   // GEMM (NVFP4's weight gradient: both operands transposed and Hadamard-transformed first).

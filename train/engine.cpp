@@ -20,7 +20,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   adam_m = persistent("adam_m", opt.optimizer, &m_base_);
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
   ActivationBytes act = activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing,
-                                          opt.quantized);
+                                          opt.quantized, mem != nullptr);
   saved = std::make_unique<Arena>("activations", act.saved, &tracker, mem);
   scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker, mem);
   const size_t batch_count = size_t(opt.micro_batch) * size_t(opt.seq_len + 1);

@@ -194,13 +194,15 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
     const char* recipe;
     int64_t B, T, hp_first, hp_last;
     Checkpointing p;
+    const char* high_precision;  // precision.high_precision ("": the default, bf16)
   };
-  const Case cases[] = {{"bf16", 2, 24, 0, 0, Checkpointing::kNone},
-                        {"fp8-delayed", 1, 40, 1, 0, Checkpointing::kSelective},
-                        {"mxfp8", 2, 32, 0, 0, Checkpointing::kFull},
-                        {"nvfp4", 2, 32, 0, 0, Checkpointing::kNone},
-                        {"nvfp4", 1, 24, 0, 1, Checkpointing::kFull},
-                        {"fp8-block", 3, 16, 0, 0, Checkpointing::kSelective}};
+  const Case cases[] = {{"bf16", 2, 24, 0, 0, Checkpointing::kNone, ""},
+                        {"fp8-delayed", 1, 40, 1, 0, Checkpointing::kSelective, ""},
+                        {"fp8-delayed", 1, 40, 1, 0, Checkpointing::kSelective, "fp32"},
+                        {"mxfp8", 2, 32, 0, 0, Checkpointing::kFull, "fp32"},
+                        {"nvfp4", 2, 32, 0, 0, Checkpointing::kNone, ""},
+                        {"nvfp4", 1, 24, 0, 1, Checkpointing::kFull, ""},
+                        {"fp8-block", 3, 16, 0, 0, Checkpointing::kSelective, ""}};
   const mx::ModelConfig c = preset("tiny");
   for (const Case& k : cases) {
     mx::EngineOptions eo;
@@ -211,6 +213,7 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
     mx::Engine engine(c, eo);
     mx::LinearRecipe recipe(mx::parse_recipe(k.recipe), c.num_hidden_layers, k.hp_first,
                             k.hp_last, 1, 0);
+    recipe.set_high_precision_bf16(mx::high_precision_bf16(recipe.recipe(), k.high_precision));
     engine.model->set_recipe(&recipe);
     mx::init_params(engine.layout, engine.param_data(), 7);
     std::mt19937 gen(3);
@@ -225,8 +228,10 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
     in.recipe = k.recipe;
     in.high_precision_first = k.hp_first;
     in.high_precision_last = k.hp_last;
+    in.high_precision = k.high_precision;
     MemoryBreakdown m = plan_memory(in, fake_cpu());
-    EXPECT_EQ(m.total, engine.tracker.peak()) << k.recipe << " " << mx::checkpointing_name(k.p);
+    EXPECT_EQ(m.total, engine.tracker.peak())
+        << k.recipe << " " << mx::checkpointing_name(k.p) << " " << k.high_precision;
     in.recipe = "fp32";  // and the copies are really there: fp32 needs less
     EXPECT_LT(plan_memory(in, fake_cpu()).total, m.total) << k.recipe;
   }
