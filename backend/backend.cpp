@@ -15,6 +15,17 @@ BackendFactory g_cuda_factory = nullptr;
 
 void register_cuda_backend_factory(BackendFactory factory) { g_cuda_factory = factory; }
 
+size_t cuda_scratch_bytes() {
+  const char* mb = std::getenv("MXTRAIN_CUDA_SCRATCH_MB");
+  if (!mb) return size_t(1) << 30;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(mb, &end, 10);
+  MX_REQUIRE(*mb >= '0' && *mb <= '9' && end && *end == '\0' && v > 0 && v < (1ull << 24),
+             "MXTRAIN_CUDA_SCRATCH_MB must be a positive whole number of mebibytes (got '", mb,
+             "')");
+  return size_t(v) << 20;
+}
+
 bool Backend::host_addressable() const {
   static const bool staged = [] {
     const char* e = std::getenv("MXTRAIN_TEST_STAGING");

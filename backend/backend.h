@@ -31,6 +31,10 @@ class Backend {
   // MXTRAIN_TEST_STAGING=1 makes the CPU backend report false (tests of the staging paths).
   virtual bool host_addressable() const;
   // Where arenas for this backend's buffers get their bytes (null: host memory).
+  // MXTRAIN_TEST_DEVICE_MEMORY=1 makes the CPU backend hand out host memory through a
+  // MemoryResource, so the CPU runs the device-memory code paths (arenas allocated through it,
+  // the head's device-sized chunks) and reports what a GPU run would allocate (tests of the
+  // plan's accounting of the CUDA engine).
   virtual MemoryResource* memory() { return nullptr; }
   // Byte copies between host memory and the backend's memory; both complete before returning
   // (the host buffer may be reused at once).
@@ -252,6 +256,12 @@ inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
       head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V) + head_bf16_floats(chunk_rows * C);
   return logits + (cpu > gpu ? cpu : gpu);
 }
+
+// The CUDA backend's own scratch arena (bf16 operand copies, cuBLASLt and cuDNN workspaces,
+// FP8 scales): MXTRAIN_CUDA_SCRATCH_MB mebibytes, default 1024. UserError for a value that is
+// not a positive whole number. Read by the CUDA factory and by `mxtrain plan` (its GPU
+// accounting of this engine), so both use the same number.
+size_t cuda_scratch_bytes();
 
 std::unique_ptr<Backend> make_cpu_backend();
 // "cpu" or "cuda". UserError for an unknown device, and for "cuda" in a build without the CUDA

@@ -60,6 +60,7 @@ int run_plan(const PlanArgs& a) {
   in.sharding = cfg.parallel.sharding;
   in.shard_group = cfg.parallel.shard_group;
   in.recipe = recipe;
+  in.configured_recipe = cfg.precision.recipe;
   in.high_precision_first = cfg.precision.high_precision_first;
   in.high_precision_last = cfg.precision.high_precision_last;
   in.high_precision = cfg.precision.high_precision;
@@ -78,11 +79,20 @@ int run_plan(const PlanArgs& a) {
                       "operand copies are in the replay)");
     notes.push_back("cpu throughput: GEMMs at the measured SGEMM rate x 0.9; a rough estimate");
   } else {
-    notes.push_back("GPU memory and time are MODELLED (no CUDA engine or FSDP in this build); "
-                    "see docs/plan.md for every formula and constant");
+    notes.push_back("GPU memory and time are MODELLED for an engine with bf16 activations and "
+                    "bf16 gathered units (docs/plan.md gives every formula and constant); "
+                    "memory.engine is what this build's CUDA engine allocates instead (fp32 "
+                    "activations and FSDP slots; it has not run on a GPU yet)");
   }
 
   const plan::Evaluation given = plan::evaluate(in, gpu);
+  if (!gpu.is_cpu && given.fits && !given.engine_fits)
+    notes.push_back(str("this build's CUDA engine would need ",
+                        double(given.memory.engine.total()) / double(1 << 30),
+                        " GiB per GPU for this configuration (capacity ",
+                        given.capacity_bytes / double(1 << 30),
+                        " GiB): it does not fit yet; a smaller train.micro_batch or "
+                        "memory.activation_checkpointing = full lowers it"));
   const plan::Recommendation rec = plan::recommend(in, gpu, split_list(a.recipes));
   if (a.json) {
     std::printf("%s\n", plan::plan_json(given, rec, gpu, notes).dump(2).c_str());

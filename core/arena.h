@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 
 namespace mx {
 
@@ -35,6 +36,26 @@ class MemoryResource {
   virtual void* allocate(size_t bytes, const std::string& arena) = 0;
   virtual void deallocate(void* p) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
+  // Bytes allocated and not yet deallocated (what the resource holds now).
+  int64_t held_bytes() const { return held_; }
+
+ protected:
+  // Implementations report each allocation and deallocation here.
+  void count_allocate(void* p, size_t bytes) {
+    if (!p) return;
+    sizes_[p] = bytes;
+    held_ += int64_t(bytes);
+  }
+  void count_deallocate(void* p) {
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return;
+    held_ -= int64_t(it->second);
+    sizes_.erase(it);
+  }
+
+ private:
+  std::unordered_map<void*, size_t> sizes_;
+  int64_t held_ = 0;
 };
 
 class Arena {

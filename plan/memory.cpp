@@ -343,6 +343,23 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     return m;
   }
 
+  // GPU: this build's CUDA engine, allocation by allocation (train/trainer.cpp, Engine, Fsdp,
+  // LlamaModel's amax slots; CudaEngineBytes says what is left out of the model below).
+  {
+    const std::string& rc = in.configured_recipe.empty() ? in.recipe : in.configured_recipe;
+    const FsdpBufferSizes z = fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in));
+    m.engine.fsdp = int64_t(z.total_bytes());
+    const ActivationBytes cap = activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true);
+    m.engine.activations =
+        int64_t(Arena::round_up(cap.saved)) + int64_t(Arena::round_up(cap.scratch));
+    const int64_t lp_blocks = std::max<int64_t>(
+        0, c.num_hidden_layers - in.high_precision_first - in.high_precision_last);
+    if (rc == "fp8-delayed" && lp_blocks > 0)  // allocated on the first FP8 tensor-core Linear
+      m.engine.amax_slots = 4 * 7 * 6 * c.num_hidden_layers;
+    m.engine.backend_scratch = int64_t(cuda_scratch_bytes());
+    m.engine.allowances = kCudaContextBytes + (in.world_size() > 1 ? kNcclBufferBytes : 0);
+  }
+
   // GPU (modelled).
   const RecipeModel r = recipe_model(in.recipe);
   const int64_t S = m.shards;

@@ -38,6 +38,9 @@ struct PlanInput {
   int64_t high_precision_first = 0;
   int64_t high_precision_last = 0;
   std::string high_precision;     // precision.high_precision ("": the recipe's default)
+  // precision.recipe as configured, when `recipe` is what the GPU model plans instead (fp32 is
+  // planned as bf16); "" = recipe. What this build's CUDA engine allocates follows it.
+  std::string configured_recipe;
   bool eval = false;              // validation passes run (forward only, full checkpointing)
   int64_t gpus_per_node = 1;
   int64_t nodes = 1;
@@ -104,6 +107,24 @@ constexpr int64_t kCudaContextBytes = int64_t(1) << 30;         // context + loa
 constexpr int64_t kNcclBufferBytes = int64_t(512) << 20;        // channels x buffers, multi-rank
 constexpr double kFragmentation = 0.05;  // of the dynamic part (activations + gathered units)
 
+// What this build's CUDA engine (run.device = cuda) allocates on each GPU, as opposed to the
+// model below of an engine with bf16 activations and bf16 gathered units (the GPU terms of
+// MemoryBreakdown): the CPU engine's arenas in device memory, each one cudaMalloc of its whole
+// capacity at start-up. Activations are fp32 at the capacity activation_bytes() gives them
+// (the head's device-sized chunks); FSDP's state, weight and gradient slots are fp32 as
+// parallel/fsdp_sizes.h sizes them; fp8-delayed adds its amax slots. Then the backend's own
+// scratch arena and the allowances for the CUDA context and NCCL (as below).
+struct CudaEngineBytes {
+  int64_t fsdp = 0;             // 4 state shards + gathered weights + unit gradients + RS out
+  int64_t activations = 0;      // the saved and scratch arenas (capacities)
+  int64_t amax_slots = 0;       // fp8-delayed: 4 bytes x 7 Linears x 6 operands per block
+  int64_t backend_scratch = 0;  // cuda_scratch_bytes(): MXTRAIN_CUDA_SCRATCH_MB, 1 GiB
+  int64_t allowances = 0;       // CUDA context + NCCL buffers
+  // Through Backend::memory(): what the trainer's summary reports as device_mem_bytes.
+  int64_t arenas() const { return fsdp + activations + amax_slots; }
+  int64_t total() const { return arenas() + backend_scratch + allowances; }
+};
+
 struct MemoryBreakdown {
   int64_t master_weights = 0;    // fp32 master shard
   int64_t gradients = 0;         // fp32 gradient shard
@@ -131,6 +152,7 @@ struct MemoryBreakdown {
   int64_t shards = 1;              // shard count used for the sharded state
   bool exact = false;              // true: the CPU engine's own accounting, replayed
   FsdpBufferSizes fsdp;            // the FSDP arenas as parallel/fsdp_sizes.h sizes them
+  CudaEngineBytes engine;          // GPUs: this build's CUDA engine (zero on the CPU)
 };
 
 MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu);

@@ -52,6 +52,7 @@ Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu) {
   e.time = plan_time(in, gpu);
   e.capacity_bytes = gpu.memory_bytes;
   e.fits = double(e.memory.total) <= e.capacity_bytes;
+  e.engine_fits = gpu.is_cpu ? e.fits : double(e.memory.engine.total()) <= e.capacity_bytes;
   return e;
 }
 
@@ -265,6 +266,15 @@ nlohmann::json memory_json(const Evaluation& e) {
           {"activation_peak_at", m.activation_peak_at},
           {"shards", m.shards},
           {"exact", m.exact}};
+  if (m.engine.total() > 0)  // GPUs: what this build's CUDA engine allocates (memory.h)
+    j["engine"] = {{"total_bytes", m.engine.total()},
+                   {"fits", e.engine_fits},
+                   {"arena_bytes", m.engine.arenas()},
+                   {"fsdp_bytes", m.engine.fsdp},
+                   {"activation_arena_bytes", m.engine.activations},
+                   {"amax_slot_bytes", m.engine.amax_slots},
+                   {"backend_scratch_bytes", m.engine.backend_scratch},
+                   {"allowance_bytes", m.engine.allowances}};
   if (m.exact)  // the CPU engine's FSDP arenas, as parallel/fsdp_sizes.h sizes them
     j["fsdp"] = {{"shard_size", m.fsdp.shard_size},
                  {"local_numel", m.fsdp.local_numel},
@@ -401,6 +411,10 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
                 amount(double(m.total)).c_str(), gib(given.capacity_bytes).c_str(),
                 given.fits ? "fits" : "DOES NOT FIT");
   out += line;
+  if (m.engine.total() > 0)
+    out += str("  this build's CUDA engine (fp32 activations and FSDP slots): ",
+               amount(double(m.engine.total())), " of ", gib(given.capacity_bytes), "  -> ",
+               given.engine_fits ? "fits" : "DOES NOT FIT", "\n");
   out += str("  activation peak at ", m.activation_peak_at, " (saved ",
              amount(double(m.activations_saved)), ", scratch ",
              amount(double(m.activations_scratch)), ")\n");

@@ -19,6 +19,7 @@ struct Evaluation {
   TimeBreakdown time;
   double capacity_bytes = 0;
   bool fits = false;
+  bool engine_fits = false;  // GPUs: this build's CUDA engine (memory.engine) fits too
 };
 
 Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu);

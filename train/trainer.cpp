@@ -390,6 +390,13 @@ int run_training(const RunConfig& cfg) {
       {"checkpoint_write_seconds", checkpointer.write_seconds()},
       {"wall_seconds", seconds_since(run_t0)}};
   if (W > 1) summary["peak_mem_bytes_max_rank"] = peak_max;
+  if (MemoryResource* mem = be.memory()) {
+    // Device memory this rank's arenas hold (allocated whole up front, so their capacities),
+    // besides the backend's own scratch: what `mxtrain plan` reports as memory.engine.
+    const int64_t held = mem->held_bytes();
+    summary["device_mem_bytes"] = held;
+    if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
+  }
   if (sig) summary["stopped_by_signal"] = sig;
   if (lead) metrics->write(summary);
   if (sig) {

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,9 +19,32 @@
 namespace mx {
 namespace {
 
+// MXTRAIN_TEST_DEVICE_MEMORY=1 (backend.h): host memory handed out as a MemoryResource would
+// hand out a device's, counted.
+class CountedHostMemory final : public MemoryResource {
+ public:
+  void* allocate(size_t bytes, const std::string& arena) override {
+    void* p = std::aligned_alloc(Arena::kAlign, (bytes + Arena::kAlign - 1) / Arena::kAlign *
+                                                    Arena::kAlign);
+    if (!p) throw UserError(str("out of host memory: arena '", arena, "' needs ", bytes, " bytes"));
+    count_allocate(p, bytes);
+    return p;
+  }
+  void deallocate(void* p) override {
+    count_deallocate(p);
+    std::free(p);
+  }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+};
+
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() {
+    const char* e = std::getenv("MXTRAIN_TEST_DEVICE_MEMORY");
+    if (e && std::strcmp(e, "1") == 0) test_memory_ = std::make_unique<CountedHostMemory>();
+  }
   std::string name() const override { return "cpu"; }
+  MemoryResource* memory() override { return test_memory_.get(); }
 
   GemmStats gemm_stats() const override { return stats_; }
   void reset_gemm_stats() override { stats_ = {}; }
@@ -265,6 +290,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  std::unique_ptr<CountedHostMemory> test_memory_;
   // One GEMM on all threads, split by hand: each OpenMP thread computes a contiguous block of
   // C's rows (or columns, when C is wider than tall) with a single-threaded OpenBLAS call
   // (OpenBLAS's OpenMP build runs single-threaded inside a parallel region). OpenBLAS's own

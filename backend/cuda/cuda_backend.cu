@@ -808,10 +808,12 @@ class CudaBackendImpl final : public CudaBackend {
                             " free (try a smaller train.micro_batch or seq_len, or "
                             "memory.activation_checkpointing = full; `mxtrain plan` sizes it)"));
       }
+      count_allocate(p, bytes);
       return p;
     }
     void deallocate(void* p) override {
       if (be->stream_) cudaStreamSynchronize(be->stream_);  // no kernel may still use it
+      count_deallocate(p);
       cudaFree(p);
     }
     void zero(void* p, size_t bytes) override {
@@ -1028,10 +1030,7 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
     else if (v == "emulate") o.fp8_tensor_cores = false;
     else throw UserError(str("MXTRAIN_CUDA_FP8 must be native or emulate (got '", v, "')"));
   }
-  if (const char* mb = std::getenv("MXTRAIN_CUDA_SCRATCH_MB"))
-    o.scratch_bytes = size_t(std::strtoull(mb, nullptr, 10)) << 20;
-  else
-    o.scratch_bytes = size_t(1) << 30;  // room for the bf16 operand copies of large GEMMs
+  o.scratch_bytes = cuda_scratch_bytes();  // default 1 GiB: bf16 copies of large GEMMs' operands
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {

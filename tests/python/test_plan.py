@@ -94,14 +94,15 @@ MULTI_CASES = [
 ]
 
 
-def train_mpi(tmp_path, procs, settings, timeout=300):
+def train_mpi(tmp_path, procs, settings, timeout=300, env_extra=None):
     out = tmp_path / "run"
     run = dict(settings)
     run.update({"train.steps": 1, "run.sample_tokens": 0, "run.out_dir": str(out)})
     run.setdefault("data.format", "random")
     args = [MXTRAIN_BIN, "train"] + set_args(run)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               **(env_extra or {}))
     cmd = (["mpirun", "-np", str(procs)] + MPIRUN_FLAGS + args) if procs > 1 else args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
@@ -181,6 +182,79 @@ def test_cpu_plan_matches_debug_grads_peak(mxtrain, tmp_path, name, shape, batch
     print(f"{name} B={batch} T={seq} {policy}: measured {measured} predicted {predicted} "
           f"error {err:.2e}")
     assert err <= TOLERANCE, (measured, predicted)
+
+
+# What this build's CUDA engine allocates per GPU (`plan --gpu ...`, memory.engine) against the
+# engine itself: MXTRAIN_TEST_DEVICE_MEMORY=1 makes the CPU backend allocate its arenas through
+# a counting MemoryResource, as the CUDA backend's cudaMalloc would (device-sized head chunks
+# included), and the run reports the bytes it holds (device_mem_bytes). 1 and 2 processes,
+# every sharding strategy, recipes with and without operand copies, eval on and off.
+ENGINE_CASES = [
+    ("tiny-1p-bf16", TINY, 1, "full", 64, 2, "none", "bf16", {}),
+    ("tiny-1p-fp32-sel", TINY, 1, "full", 48, 1, "selective", "fp32", {"train.eval_every": 1}),
+    ("small-1p-mxfp8-hp", SMALL, 1, "full", 64, 1, "full", "mxfp8",
+     {"precision.high_precision_last": 1}),
+    ("tiny-2p-full-bf16", TINY, 2, "full", 32, 2, "none", "bf16", {}),
+    ("odd-2p-gradop-fp32", ODD, 2, "grad-op", 37, 1, "selective", "fp32", {}),
+    ("tied-2p-none-nvfp4", dict(TINY, **{"model.tie_word_embeddings": True}), 2, "none", 32, 1,
+     "full", "nvfp4", {}),
+]
+
+
+@pytest.mark.parametrize("name,model,procs,sharding,seq,batch,policy,recipe,extra", ENGINE_CASES,
+                         ids=[c[0] for c in ENGINE_CASES])
+def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, procs, sharding,
+                                                seq, batch, policy, recipe, extra):
+    settings = dict(model)
+    settings.update({"train.micro_batch": batch, "train.seq_len": seq,
+                     "memory.activation_checkpointing": policy, "parallel.sharding": sharding,
+                     "precision.recipe": recipe, "train.eval_every": 0})
+    settings.update(extra)
+    summary = train_mpi(tmp_path, procs, settings,
+                        env_extra={"MXTRAIN_TEST_DEVICE_MEMORY": "1"})
+    held = summary["device_mem_bytes"]
+    held_max = summary.get("device_mem_bytes_max_rank", held)
+    gpu = "b200" if recipe in ("nvfp4", "mxfp8") else "h200"  # planned only where they run
+    eng = plan(mxtrain, settings, gpu=gpu, gpus=procs)["memory"]["engine"]
+    assert held == held_max == eng["arena_bytes"], (held, held_max, eng)
+    assert eng["arena_bytes"] == eng["fsdp_bytes"] + eng["activation_arena_bytes"] + \
+        eng["amax_slot_bytes"]
+    assert eng["total_bytes"] == eng["arena_bytes"] + eng["backend_scratch_bytes"] + \
+        eng["allowance_bytes"]
+    # The device arenas hold capacities, at least what the CPU run's arenas ever used.
+    assert held >= summary["peak_mem_bytes"] - 4 * batch * (seq + 1) - 64
+
+
+def test_gpu_plan_says_when_this_engine_does_not_fit(mxtrain):
+    # llama3-8b at seq 8192, 4 sequences per GPU, no checkpointing: the bf16-activation model
+    # fits a B200 (docs/plan.md's table), this build's fp32 activations do not.
+    settings = {"model.preset": "llama3-8b", "train.seq_len": 8192, "train.micro_batch": 4,
+                "memory.activation_checkpointing": "none"}
+    out = plan(mxtrain, settings, gpu="b200", gpus=8, extra=["--recipes", "bf16"])
+    eng = out["memory"]["engine"]
+    assert out["fits"] is True and eng["fits"] is False
+    assert eng["total_bytes"] > out["memory"]["capacity_bytes"]
+    assert any("this build's CUDA engine would need" in n for n in out["notes"]), out["notes"]
+    # fp32 activations: the activation arenas hold more than the model's bf16 peak.
+    assert eng["activation_arena_bytes"] > out["memory"]["breakdown"]["activations"]
+    out = plan(mxtrain, dict(settings, **{"train.micro_batch": 1,
+                                          "memory.activation_checkpointing": "full"}),
+               gpu="b200", gpus=8)
+    assert out["memory"]["engine"]["fits"] is True
+
+
+def test_bad_cuda_scratch_setting_exits_2():
+    from conftest import run_mxtrain
+    for value in ("lots", "-5", "0", "12x"):
+        r = run_mxtrain(["plan", "--gpu", "h200", "--gpus", "1", "--json"],
+                        env={"MXTRAIN_CUDA_SCRATCH_MB": value})
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.rc == 2 and len(lines) == 1 and lines[0].startswith("error:"), (value, r)
+        assert "MXTRAIN_CUDA_SCRATCH_MB" in lines[0]
+    r = run_mxtrain(["plan", "--gpu", "h200", "--gpus", "1", "--json"],
+                    env={"MXTRAIN_CUDA_SCRATCH_MB": "256"})
+    assert r.rc == 0 and json.loads(r.stdout)["memory"]["engine"]["backend_scratch_bytes"] == \
+        256 << 20
 
 
 def test_eval_forward_is_in_the_peak(mxtrain, tmp_path):
