@@ -111,15 +111,20 @@ def train_mpi(tmp_path, procs, settings, timeout=300, env_extra=None):
     return summary
 
 
-@pytest.mark.parametrize("name,model,procs,sharding,seq,batch,policy,recipe,extra", MULTI_CASES,
-                         ids=[c[0] for c in MULTI_CASES])
-def test_cpu_plan_matches_multiprocess_peak(mxtrain, tmp_path, name, model, procs, sharding,
-                                            seq, batch, policy, recipe, extra):
+def case_settings(model, sharding, seq, batch, policy, recipe, extra):
     settings = dict(model)
     settings.update({"train.micro_batch": batch, "train.seq_len": seq,
                      "memory.activation_checkpointing": policy, "parallel.sharding": sharding,
                      "precision.recipe": recipe, "train.eval_every": 0})
     settings.update(extra)
+    return settings
+
+
+@pytest.mark.parametrize("name,model,procs,sharding,seq,batch,policy,recipe,extra", MULTI_CASES,
+                         ids=[c[0] for c in MULTI_CASES])
+def test_cpu_plan_matches_multiprocess_peak(mxtrain, tmp_path, name, model, procs, sharding,
+                                            seq, batch, policy, recipe, extra):
+    settings = case_settings(model, sharding, seq, batch, policy, recipe, extra)
     if "data.val_fraction" in settings:  # eval needs held-out text: a small file
         corpus = tmp_path / "corpus.txt"
         corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
@@ -205,11 +210,7 @@ ENGINE_CASES = [
                          ids=[c[0] for c in ENGINE_CASES])
 def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, procs, sharding,
                                                 seq, batch, policy, recipe, extra):
-    settings = dict(model)
-    settings.update({"train.micro_batch": batch, "train.seq_len": seq,
-                     "memory.activation_checkpointing": policy, "parallel.sharding": sharding,
-                     "precision.recipe": recipe, "train.eval_every": 0})
-    settings.update(extra)
+    settings = case_settings(model, sharding, seq, batch, policy, recipe, extra)
     summary = train_mpi(tmp_path, procs, settings,
                         env_extra={"MXTRAIN_TEST_DEVICE_MEMORY": "1"})
     held = summary["device_mem_bytes"]
