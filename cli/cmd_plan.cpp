@@ -13,7 +13,7 @@ namespace mx::cli {
 namespace {
 
 struct PlanArgs {
-  std::string config, gpu, recipes;
+  std::string config, gpu, recipes, memory = "model";
   std::vector<std::string> sets;
   int64_t gpus = 0, nodes = 1;
   bool json = false;
@@ -65,6 +65,9 @@ int run_plan(const PlanArgs& a) {
   in.high_precision_last = cfg.precision.high_precision_last;
   in.high_precision = cfg.precision.high_precision;
   in.eval = cfg.train.eval_every > 0;
+  MX_REQUIRE(a.memory == "model" || a.memory == "engine",
+             "--memory must be model or engine (got '", a.memory, "')");
+  in.engine_memory = a.memory == "engine";
   in.gpus_per_node = a.gpus;
   in.nodes = a.nodes;
   plan::shard_count(in);  // UserError for a shard group that does not divide the world
@@ -86,13 +89,17 @@ int run_plan(const PlanArgs& a) {
   }
 
   const plan::Evaluation given = plan::evaluate(in, gpu);
-  if (!gpu.is_cpu && given.fits && !given.engine_fits)
+  if (!gpu.is_cpu && in.engine_memory)
+    notes.push_back("--memory engine: fits and the recommendation are sized by what this "
+                    "build's CUDA engine allocates (memory.engine), not by the model");
+  if (!gpu.is_cpu && !in.engine_memory && given.fits && !given.engine_fits)
     notes.push_back(str("this build's CUDA engine would need ",
                         double(given.memory.engine.total()) / double(1 << 30),
                         " GiB per GPU for this configuration (capacity ",
                         given.capacity_bytes / double(1 << 30),
                         " GiB): it does not fit yet; a smaller train.micro_batch or "
-                        "memory.activation_checkpointing = full lowers it"));
+                        "memory.activation_checkpointing = full lowers it, and --memory engine "
+                        "recommends a configuration that fits it"));
   const plan::Recommendation rec = plan::recommend(in, gpu, split_list(a.recipes));
   if (a.json) {
     std::printf("%s\n", plan::plan_json(given, rec, gpu, notes).dump(2).c_str());
@@ -116,6 +123,9 @@ void add_plan(CLI::App& app, Action& action) {
   cmd->add_option("--nodes", a->nodes, "nodes (instances), default 1");
   cmd->add_option("--recipes", a->recipes,
                   "comma-separated recipes the recommendation may use (default: all the GPU runs)");
+  cmd->add_option("--memory", a->memory,
+                  "model | engine: on GPUs, size fits and the recommendation by the bf16-activation "
+                  "model (default) or by what this build's CUDA engine allocates (memory.engine)");
   cmd->add_flag("--json", a->json, "one JSON object instead of the table");
   cmd->callback([&action, a] { action = [a] { return run_plan(*a); }; });
 }

@@ -42,6 +42,9 @@ struct PlanInput {
   // planned as bf16); "" = recipe. What this build's CUDA engine allocates follows it.
   std::string configured_recipe;
   bool eval = false;              // validation passes run (forward only, full checkpointing)
+  // GPUs: `fits` and the recommendation go by what this build's CUDA engine allocates
+  // (MemoryBreakdown::engine) instead of the bf16-activation model (plan --memory engine).
+  bool engine_memory = false;
   int64_t gpus_per_node = 1;
   int64_t nodes = 1;
   int64_t world_size() const { return gpus_per_node * nodes; }

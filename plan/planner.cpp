@@ -51,8 +51,10 @@ Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu) {
   e.memory = plan_memory(in, gpu);
   e.time = plan_time(in, gpu);
   e.capacity_bytes = gpu.memory_bytes;
-  e.fits = double(e.memory.total) <= e.capacity_bytes;
-  e.engine_fits = gpu.is_cpu ? e.fits : double(e.memory.engine.total()) <= e.capacity_bytes;
+  e.engine_fits = gpu.is_cpu ? double(e.memory.total) <= e.capacity_bytes
+                              : double(e.memory.engine.total()) <= e.capacity_bytes;
+  e.sized_bytes = in.engine_memory && !gpu.is_cpu ? e.memory.engine.total() : e.memory.total;
+  e.fits = double(e.sized_bytes) <= e.capacity_bytes;
   return e;
 }
 
@@ -104,11 +106,11 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
           auto [it, _] = all.emplace(key(mb, p, s, r), evaluate(c, gpu));
           const Evaluation& e = it->second;
           ++rec.candidates;
-          if (!smallest || e.memory.total < smallest->memory.total) smallest = &e;
+          if (!smallest || e.sized_bytes < smallest->sized_bytes) smallest = &e;
           if (!e.fits) continue;
           if (!best || e.time.tokens_per_s > best->time.tokens_per_s * (1 + 1e-9) ||
               (e.time.tokens_per_s >= best->time.tokens_per_s * (1 - 1e-9) &&
-               e.memory.total < best->memory.total))
+               e.sized_bytes < best->sized_bytes))
             best = &e;
         }
 
@@ -118,7 +120,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
     rec.best = *smallest;
     rec.found = false;
     R.push_back(str("nothing fits on ", gpu.name, ": the smallest configuration (",
-                    describe(smallest->input), ") needs ", gib(double(smallest->memory.total)),
+                    describe(smallest->input), ") needs ", gib(double(smallest->sized_bytes)),
                     " > ", gib(cap), " per device; add GPUs or nodes, or shorten train.seq_len"));
     return rec;
   }
@@ -137,7 +139,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
     const Evaluation* e = find(b.micro_batch, p, b.sharding, b.recipe);
     if (e && !e->fits)
       R.push_back(str("activation checkpointing '", checkpointing_name(b.checkpointing),
-                      "' needed: '", checkpointing_name(p), "' needs ", gib(double(e->memory.total)),
+                      "' needed: '", checkpointing_name(p), "' needs ", gib(double(e->sized_bytes)),
                       " > ", gib(cap), " available"));
     else if (e)
       R.push_back(str("activation checkpointing '", checkpointing_name(b.checkpointing), "' (",
@@ -146,7 +148,9 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
   }
   if (b.checkpointing == Checkpointing::kNone)
     R.push_back(str("activation checkpointing 'none': everything backward needs is kept (",
-                    gib(double(best->memory.activations)), " of activations), nothing is recomputed"));
+                    gib(double(in.engine_memory && !gpu.is_cpu ? best->memory.engine.activations
+                                                               : best->memory.activations)),
+                    " of activations), nothing is recomputed"));
   else if (b.checkpointing == Checkpointing::kFull)
     R.push_back("'full' recomputes each block's forward in backward: block GEMM FLOPs x 4/3");
 
@@ -156,7 +160,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
     const Evaluation* up = find(b.micro_batch * 2, b.checkpointing, b.sharding, b.recipe);
     if (up && !up->fits)
       R.push_back(str("micro_batch ", b.micro_batch, ": micro_batch ", b.micro_batch * 2,
-                      " needs ", gib(double(up->memory.total)), " > ", gib(cap)));
+                      " needs ", gib(double(up->sized_bytes)), " > ", gib(cap)));
     else if (up)
       R.push_back(str("micro_batch ", b.micro_batch, " (", rate(best->time.tokens_per_s),
                       ") is at least as fast as micro_batch ", b.micro_batch * 2, " (",
@@ -181,7 +185,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
       if (!other) {
         const Evaluation* e = find(1, Checkpointing::kFull, s, b.recipe);
         R.push_back(str("sharding '", s, "' does not fit: even micro_batch 1 with full ",
-                        "checkpointing needs ", gib(double(e ? e->memory.total : 0)), " > ",
+                        "checkpointing needs ", gib(double(e ? e->sized_bytes : 0)), " > ",
                         gib(cap), " (", s == "none" ? "replicated" : "sharded", " state ",
                         gib(double(e ? e->memory.master_weights + e->memory.gradients +
                                            e->memory.adam_m + e->memory.adam_v
@@ -221,7 +225,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
     R.push_back(str("recipe '", b.recipe, "' on cpu is emulated (quantize, dequantize, fp32 ",
                     "GEMM): the same numerics as on GPUs, slower than fp32 here"));
   if (!gpu.is_cpu && recipe_model(b.recipe).modelled)
-    R.push_back(str("recipe '", b.recipe, "' is MODELLED (no GPU recipe runs in this build): ",
+    R.push_back(str("recipe '", b.recipe, "' is MODELLED (this build's GPU recipes have not run on a GPU yet): ",
                     "GEMMs at ", recipe_gemm_flops(b.recipe, gpu) / 1e12, " TFLOPS dense x ",
                     recipe_model(b.recipe).gemm_efficiency, " efficiency; it changes numerics, ",
                     "check convergence (mxtrain numerics) before adopting it"));
@@ -339,6 +343,8 @@ nlohmann::json plan_json(const Evaluation& given, const Recommendation& rec, con
                 {"vocab_size", in.model.vocab_size}};
   j["config"] = config_json(in, gpu);
   j["fits"] = given.fits;
+  // What `fits` and the recommendation were sized by (plan --memory).
+  j["memory_basis"] = gpu.is_cpu ? "engine" : in.engine_memory ? "engine" : "model";
   j["memory"] = memory_json(given);
   j["time"] = time_json(given.time);
   j["tokens_per_s"] = given.time.tokens_per_s;
@@ -348,7 +354,7 @@ nlohmann::json plan_json(const Evaluation& given, const Recommendation& rec, con
   nlohmann::json r = config_json(rec.best.input, gpu);
   r["found"] = rec.found;
   r["fits"] = rec.best.fits;
-  r["memory_total_bytes"] = rec.best.memory.total;
+  r["memory_total_bytes"] = rec.best.sized_bytes;
   r["tokens_per_s"] = rec.best.time.tokens_per_s;
   r["mfu"] = rec.best.time.mfu;
   r["mfu_bf16"] = rec.best.time.mfu_bf16;
@@ -436,7 +442,7 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
   out += str("recommendation", rec.found ? "" : " (NOTHING FITS)", ": micro_batch ", b.micro_batch,
              ", grad_accum ", b.grad_accum, ", seq_len ", b.seq_len, ", activation_checkpointing ",
              checkpointing_name(b.checkpointing), ", sharding ", b.sharding, ", recipe ", b.recipe,
-             "\n  ", gib(double(rec.best.memory.total)), " per device, ", rate(rec.best.time.tokens_per_s),
+             "\n  ", gib(double(rec.best.sized_bytes)), " per device, ", rate(rec.best.time.tokens_per_s),
              ", MFU ", pct(rec.best.time.mfu), "\n");
   for (auto& r : rec.reasons) out += "  - " + r + "\n";
   if (!notes.empty()) {

@@ -20,6 +20,9 @@ struct Evaluation {
   double capacity_bytes = 0;
   bool fits = false;
   bool engine_fits = false;  // GPUs: this build's CUDA engine (memory.engine) fits too
+  // The bytes `fits` compares with the capacity: memory.total, or with input.engine_memory on
+  // a GPU memory.engine.total().
+  int64_t sized_bytes = 0;
 };
 
 Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu);

@@ -242,6 +242,19 @@ def test_gpu_plan_says_when_this_engine_does_not_fit(mxtrain):
                                           "memory.activation_checkpointing": "full"}),
                gpu="b200", gpus=8)
     assert out["memory"]["engine"]["fits"] is True
+    # --memory engine: fits and the recommendation go by this engine's bytes.
+    model = plan(mxtrain, settings, gpu="b200", gpus=8, extra=["--recipes", "bf16"])
+    eng = plan(mxtrain, settings, gpu="b200", gpus=8, extra=["--recipes", "bf16", "--memory", "engine"])
+    assert model["memory_basis"] == "model" and eng["memory_basis"] == "engine"
+    assert eng["fits"] is False and eng["memory"]["engine"]["fits"] is False
+    rec = eng["recommendation"]
+    assert rec["found"] is True and rec["memory"]["engine"]["fits"] is True
+    assert rec["memory_total_bytes"] == rec["memory"]["engine"]["total_bytes"] <= \
+        rec["memory"]["capacity_bytes"]
+    # The model's recommendation (4 sequences, no checkpointing) would not fit this engine.
+    assert model["recommendation"]["memory"]["engine"]["fits"] is False
+    assert (rec["micro_batch"], rec["activation_checkpointing"]) != \
+        (model["recommendation"]["micro_batch"], model["recommendation"]["activation_checkpointing"])
 
 
 def test_bad_cuda_scratch_setting_exits_2():
@@ -336,6 +349,7 @@ def test_64b_answers_quickly(mxtrain):
      "--set", "parallel.shard_group=3"],
     ["--gpu", "h100", "--gpus", "8", "--set", "model.preset=7b"],
     ["--gpu", "h100", "--gpus", "eight"],
+    ["--gpu", "h100", "--gpus", "8", "--memory", "device"],
 ])
 def test_bad_input_exits_2(mxtrain, args):
     r = mxtrain(["plan"] + args)
