@@ -276,6 +276,8 @@ bool reduces_along_cols(LinearOperand op) {  // the Linears' GEMMs, as linear_fw
 
 void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols,
                           bool reduce_along_cols, LinearOperand op, int linear) {
+  // A block left out of the recipe, with precision.high_precision = bf16: bf16 rounding.
+  if (!recipe_->active(layer_)) return be_.round_bf16(out, x, rows * cols);
   if (!amax_pending_.empty()) fp8_flush();  // the recipe's delayed state must be current
   if (be_.host_addressable())
     return recipe_->quantize(out, x, rows, cols, reduce_along_cols, op, layer_, linear);
@@ -299,7 +301,7 @@ void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols
 bool LlamaModel::native_fp8(int64_t N, int64_t in, int64_t out) const {
   // Telemetry and the test scale knob need the emulation's quantize() calls. cuBLASLt's FP8
   // GEMMs want every dimension (each is some GEMM's reduction dimension) a multiple of 16.
-  if (recipe_->collecting_stats()) return false;
+  if (recipe_->collecting_stats() || !recipe_->active(layer_)) return false;
   // fp8-block: cuBLASLt's 1x128 / 128x128 scale modes (Hopper) or, on Blackwell, the MXFP8 GEMM
   // with the block scales as E8M0 (each 1x32 piece inside one 128-wide block): 128 either way.
   if (recipe_->recipe() == Recipe::kFp8Block)
@@ -367,64 +369,22 @@ void LlamaModel::fp8_flush() {
 
 bool LlamaModel::native_bf16(bool on) {
   // bf16 is a rounding of each GEMM operand (RNE) before an fp32 GEMM: a backend whose GEMM
-  // does that itself (CUDA) runs it natively, unless telemetry needs the quantize() calls.
-  if (on && (recipe_->recipe() != Recipe::kBf16 || recipe_->collecting_stats())) return false;
+  // does that itself (CUDA) runs it natively, unless telemetry needs the quantize() calls. A
+  // block left out of the recipe (precision.high_precision = bf16) has no telemetry.
+  const bool high_precision = !recipe_->active(layer_);
+  if (on && !high_precision &&
+      (recipe_->recipe() != Recipe::kBf16 || recipe_->collecting_stats()))
+    return false;
   return be_.set_bf16_gemm_operands(on);
 }
 
-bool LlamaModel::hp_bf16_layer() const {
-  return recipe_ && !recipe_->active(layer_) && recipe_->high_precision_bf16();
-}
-
-void LlamaModel::bf16_linear_fwd(float* y, const float* x, const float* w, int64_t N,
-                                 int64_t in, int64_t out) {
-  if (be_.set_bf16_gemm_operands(true)) {
-    be_.linear_forward(y, x, w, N, in, out);
-    be_.set_bf16_gemm_operands(false);
-    return;
-  }
-  const size_t m = scratch_.mark();
-  float* xq = scratch_.alloc_f32(N * in);
-  float* wq = scratch_.alloc_f32(out * in);
-  be_.round_bf16(xq, x, N * in);
-  be_.round_bf16(wq, w, out * in);
-  be_.linear_forward(y, xq, wq, N, in, out);
-  scratch_.release(m);
-}
-
-void LlamaModel::bf16_linear_bwd(float* dx, float* dw, const float* dy, const float* x,
-                                 const float* w, int64_t N, int64_t in, int64_t out,
-                                 bool accumulate_dx) {
-  if (be_.set_bf16_gemm_operands(true)) {
-    be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
-    be_.set_bf16_gemm_operands(false);
-    return;
-  }
-  // The emulated recipes' scratch pattern (plan/memory.cpp replays it): the data gradient's
-  // two copies, released, then the weight gradient's two.
-  const size_t m = scratch_.mark();
-  if (dx) {
-    float* dyq = scratch_.alloc_f32(N * out);
-    float* wq = scratch_.alloc_f32(out * in);
-    be_.round_bf16(dyq, dy, N * out);
-    be_.round_bf16(wq, w, out * in);
-    be_.gemm(false, false, N, in, out, 1.0f, dyq, wq, accumulate_dx ? 1.0f : 0.0f, dx);
-    scratch_.release(m);
-  }
-  if (dw) {
-    float* dyq = scratch_.alloc_f32(N * out);
-    float* xq = scratch_.alloc_f32(N * in);
-    be_.round_bf16(dyq, dy, N * out);
-    be_.round_bf16(xq, x, N * in);
-    be_.gemm(true, false, out, in, N, 1.0f, dyq, xq, 1.0f, dw);
-  }
-  scratch_.release(m);
+bool LlamaModel::lowered(int64_t layer) const {
+  return recipe_ && (recipe_->active(layer) || recipe_->high_precision_bf16());
 }
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
                             int64_t in, int64_t out) {
-  if (hp_bf16_layer()) return bf16_linear_fwd(y, x, w, N, in, out);
-  if (!recipe_ || !recipe_->active(layer_)) return be_.linear_forward(y, x, w, N, in, out);
+  if (!lowered(layer_)) return be_.linear_forward(y, x, w, N, in, out);
   if (native_bf16(true)) {
     be_.linear_forward(y, x, w, N, in, out);
     native_bf16(false);
@@ -451,9 +411,7 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                             const float* w, int64_t N, int64_t in, int64_t out,
                             bool accumulate_dx) {
-  if (hp_bf16_layer()) return bf16_linear_bwd(dx, dw, dy, x, w, N, in, out, accumulate_dx);
-  if (!recipe_ || !recipe_->active(layer_))
-    return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
+  if (!lowered(layer_)) return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
   if (native_bf16(true)) {
     be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
     native_bf16(false);
@@ -491,7 +449,7 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     scratch_.release(m);
   }
   if (dw) {  // dW[out,in] += dy^T x: reduction over the N tokens
-    if (recipe_->hadamard_wgrad(N)) {
+    if (recipe_->active(layer_) && recipe_->hadamard_wgrad(N)) {
       // NVFP4: transform both operands along the tokens with the same random Hadamard matrix
       // (orthogonal, so dy^T x is unchanged in exact math), then quantize in 1x16 blocks.
       float* dyq = scratch_.alloc_f32(out * N);

@@ -115,14 +115,11 @@ class LlamaModel {
                 LinearOperand op, int linear);
   // Recipe bf16 on the backend's own bf16 GEMM (on/off around a Linear); false: emulate.
   bool native_bf16(bool on);
-  // A block the recipe leaves in high precision, with precision.high_precision = bf16: its
-  // Linears' GEMM operands are rounded to bf16 (the backend's bf16 GEMMs where it has them,
-  // else Backend::round_bf16 copies in scratch), without the recipe or its telemetry.
-  bool hp_bf16_layer() const;
-  void bf16_linear_fwd(float* y, const float* x, const float* w, int64_t N, int64_t in,
-                       int64_t out);
-  void bf16_linear_bwd(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                       int64_t N, int64_t in, int64_t out, bool accumulate_dx);
+  // Block `layer`'s Linears are not plain fp32: the recipe is active there, or the block is
+  // left out of it with precision.high_precision = bf16 (then the same paths round to bf16: the
+  // backend's bf16 GEMMs where it has them, else Backend::round_bf16 copies in quantize()'s
+  // place, with no recipe state and no telemetry).
+  bool lowered(int64_t layer) const;
   // The block Linears, through the recipe when one is active for the current layer.
   // linear: 0..6 = q, k, v, o, gate, up, down.
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,

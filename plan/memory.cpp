@@ -101,8 +101,8 @@ class Replay {
   int64_t stat(int64_t n) const { return n * dt_.stat; }
 
   // LlamaModel::linear_fwd / linear_bwd of block layer_: the recipe's operand copies (or, in a
-  // high-precision block under high_precision = bf16, the rounded ones: bf16_linear_fwd /
-  // _bwd, the same pattern without the Hadamard case) live in scratch only while the GEMM runs.
+  // high-precision block under high_precision = bf16, the rounded ones, in the same pattern
+  // without the Hadamard case) live in scratch only while the GEMM runs.
   bool quantized() const {
     return recipe_ && (recipe_->active(layer_) || recipe_->high_precision_bf16());
   }
