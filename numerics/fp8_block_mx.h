@@ -62,6 +62,15 @@ MX_HOST_DEVICE inline uint8_t fp8_block_mx_code(const float* block_scales, int64
   return e8m0_from_pow2_scale(block_scales[(i / block_rows) * scale_cols + j / block_cols]);
 }
 
+// The converted operand's shape, checked once for the CPU twin and the CUDA launcher alike:
+// R operand rows, kb = K / 32 scales per row, scale_cols block scales per row of x, and the
+// swizzled buffer's size. UserError unless K and the blocks' extent along K are multiples of 32.
+struct Fp8BlockMxShape {
+  int64_t R = 0, kb = 0, scale_cols = 0, bytes = 0;
+};
+Fp8BlockMxShape fp8_block_mx_shape(int64_t rows, int64_t cols, int block_rows, int block_cols,
+                                   bool transposed);
+
 // CPU twin of the CUDA kernel fp8_block_scales_to_mx: the E8M0 scales of the operand above in
 // cuBLASLt's swizzled VEC32_UE8M0 layout (block_scale_layout.h), for R operand rows and
 // kb = K / 32 scales per row: dst gets swizzled_scale_bytes(R, kb) bytes, padding 0 (as

@@ -378,18 +378,11 @@ void swizzle_scales_u8(const uint8_t* src, bool transposed, int64_t R, int64_t k
 void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t cols,
                             int block_rows, int block_cols, bool transposed, uint8_t* dst,
                             cudaStream_t s) {
-  MX_REQUIRE(rows >= 0 && cols >= 0 && block_rows >= 1 && block_cols >= 1,
-             "fp8_block_scales_to_mx: bad shape [", rows, ", ", cols, "] or block ", block_rows,
-             "x", block_cols);
-  const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
-  const int64_t k_extent = transposed ? block_rows : block_cols;
-  MX_REQUIRE(K % 32 == 0 && k_extent % 32 == 0, "fp8_block_scales_to_mx: K = ", K,
-             " and the blocks' extent along K (", k_extent, ") must be multiples of 32");
-  const int64_t kb = K / 32, bytes = numerics::swizzled_scale_bytes(R, kb);
-  if (bytes == 0) return;
-  fp8_block_scales_to_mx_kernel<<<elem_grid(bytes), 256, 0, s>>>(
-      block_scales, ceil_div(cols, block_cols), block_rows, block_cols, transposed, R, kb, bytes,
-      dst);
+  const numerics::Fp8BlockMxShape z =
+      numerics::fp8_block_mx_shape(rows, cols, block_rows, block_cols, transposed);
+  if (z.bytes == 0) return;
+  fp8_block_scales_to_mx_kernel<<<elem_grid(z.bytes), 256, 0, s>>>(
+      block_scales, z.scale_cols, block_rows, block_cols, transposed, z.R, z.kb, z.bytes, dst);
   MX_CUDA_LAUNCH_CHECK("fp8_block_scales_to_mx");
 }
 
