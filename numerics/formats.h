@@ -156,6 +156,11 @@ MX_HOST_DEVICE inline uint16_t encode_bf16(float x, Saturation sat = Saturation:
 }
 
 MX_HOST_DEVICE inline float decode_bf16(uint16_t code) { return bits_float(uint32_t(code) << 16); }
+// x rounded to the nearest bf16 (RNE, no saturation) and widened back: a bf16 GEMM operand's
+// value, as the recipe's emulation, the backends' round_bf16 and the op check form it.
+MX_HOST_DEVICE inline float bf16_rounded(float x) {
+  return decode_bf16(encode_bf16(x, Saturation::kNoSat));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Decoders of the sign-magnitude minifloats: exact (every code is an fp32 value).

@@ -113,7 +113,7 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       return;
     case Recipe::kBf16:
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-      for (int64_t i = 0; i < n; ++i) out[i] = numerics::decode_bf16(numerics::encode_bf16(x[i]));
+      for (int64_t i = 0; i < n; ++i) out[i] = numerics::bf16_rounded(x[i]);
       if (st) accumulate_stats(*st, x, out, rows, cols, Format::kBF16,
                                [](int64_t, int64_t) { return 1.0f; });
       return;

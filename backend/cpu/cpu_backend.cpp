@@ -246,7 +246,7 @@ class CpuBackend final : public Backend {
   void round_bf16(float* y, const float* x, int64_t n) override {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i)
-      y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
+      y[i] = numerics::bf16_rounded(x[i]);
   }
 
   void add(float* y, const float* a, const float* b, int64_t n) override {

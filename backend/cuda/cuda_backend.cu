@@ -250,7 +250,7 @@ __global__ void cross_entropy_rows_kernel(float* __restrict__ logits, double* __
 
 __global__ void round_bf16_kernel(float* y, const float* x, int64_t n) {
   MX_GRID_STRIDE(i, n) {
-    y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
+    y[i] = numerics::bf16_rounded(x[i]);
   }
 }
 

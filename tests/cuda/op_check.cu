@@ -407,7 +407,7 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
 std::vector<float> round_bf16(const std::vector<float>& x) {  // RNE, as numerics/ rounds
   std::vector<float> y(x.size());
   for (size_t i = 0; i < x.size(); ++i)
-    y[i] = numerics::decode_bf16(numerics::encode_bf16(x[i], numerics::Saturation::kNoSat));
+    y[i] = numerics::bf16_rounded(x[i]);
   return y;
 }
 
