@@ -247,10 +247,14 @@ class Backend {
 // and an h chunk and CUDA's bf16 copies of W, the logits gradient and an h chunk; each region
 // 16-byte aligned).
 inline int64_t head_bf16_floats(int64_t n) { return (n + 7) / 8 * 4; }  // n bf16, padded
+// Where the operand copies start: after the logits chunk, 16-byte aligned.
+inline int64_t head_operands_offset(int64_t chunk_rows, int64_t V) {
+  return (chunk_rows * V + 3) / 4 * 4;
+}
 inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
                                      bool bf16_operands) {
-  const int64_t logits = (chunk_rows * V + 3) / 4 * 4;
   if (!bf16_operands) return chunk_rows * V;
+  const int64_t logits = head_operands_offset(chunk_rows, V);
   const int64_t cpu = V * C + chunk_rows * C;
   const int64_t gpu =
       head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V) + head_bf16_floats(chunk_rows * C);

@@ -202,7 +202,7 @@ class CpuBackend final : public Backend {
     double loss_sum = 0;
     // bf16 operands: W rounded once into the workspace behind the logits, each h chunk
     // behind that, the logits gradient in place (backend.h's head_workspace_floats layout).
-    float* wq = bf16_operands ? workspace + (chunk_rows * V + 3) / 4 * 4 : nullptr;
+    float* wq = bf16_operands ? workspace + head_operands_offset(chunk_rows, V) : nullptr;
     float* hq = bf16_operands ? wq + V * C : nullptr;
     if (bf16_operands) {
       round_bf16(wq, w, V * C);

@@ -730,7 +730,7 @@ class CudaBackendImpl final : public CudaBackend {
                  int64_t N, int64_t C, int64_t V, float grad_scale, float* workspace,
                  int64_t chunk_rows, double* row_loss) {
     float* logits = workspace;
-    auto* w16 = reinterpret_cast<uint16_t*>(workspace + (chunk_rows * V + 3) / 4 * 4);
+    auto* w16 = reinterpret_cast<uint16_t*>(workspace + head_operands_offset(chunk_rows, V));
     uint16_t* g16 = w16 + 2 * head_bf16_floats(V * C);
     uint16_t* h16 = g16 + 2 * head_bf16_floats(chunk_rows * V);
     cuda::round_to_bf16(w16, w, V * C, stream_);
