@@ -229,6 +229,13 @@ class Backend {
   // not round themselves (set_bf16_gemm_operands false).
   virtual void round_bf16(float* y, const float* x, int64_t n) = 0;
 
+  // Activations kept in bf16 (precision.activations = bf16): x is rounded to bf16 in place
+  // (RNE, as round_bf16) and, when codes is not null, codes[i] receives x[i]'s bf16 bit
+  // pattern (numerics::encode_bf16), the copy a block keeps for its backward at half the bytes.
+  virtual void pack_bf16(float* x, uint16_t* codes, int64_t n) = 0;
+  // x[i] = the bf16 value codes[i] holds (exact: every bf16 value is a float).
+  virtual void unpack_bf16(float* x, const uint16_t* codes, int64_t n) = 0;
+
   // y = a + b over n elements (residual adds); y may alias a.
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
   // Sum of squares over n elements, in double (for the global gradient norm).

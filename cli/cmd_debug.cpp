@@ -20,6 +20,7 @@ namespace {
 struct GradsArgs {
   std::string init, tokens, out, checkpointing = "none", device = "cpu", recipe = "fp32";
   std::string high_precision;  // "": the recipe's default
+  std::string activations;     // "": the device's default
   int64_t batch = 0, seq = 0, hp_first = 0, hp_last = 0;
 };
 
@@ -54,6 +55,7 @@ int run_grads(const GradsArgs& a) {
   const Recipe recipe = parse_recipe(a.recipe);
   const bool hp_bf16 = high_precision_bf16(recipe, a.high_precision);
   eo.quantized = recipe != Recipe::kFp32;
+  eo.bf16_activations = bf16_activations(recipe, a.activations, a.device);
   Engine engine(cfg, eo);
   MX_REQUIRE(a.hp_first >= 0 && a.hp_last >= 0,
              "--high-precision-first / --high-precision-last must be >= 0");
@@ -95,6 +97,9 @@ void add_debug(CLI::App& app, Action& action) {
   grads->add_option("--high-precision", a->high_precision,
                     "bf16 | fp32: the output head under a recipe (default: bf16 unless the "
                     "recipe is fp32), as precision.high_precision");
+  grads->add_option("--activations", a->activations,
+                    "bf16 | fp32: the blocks' activations, as precision.activations (default: "
+                    "bf16 on --device cuda under a recipe, else fp32)");
   grads->callback([&action, a] { action = [a] { return run_grads(*a); }; });
 }
 

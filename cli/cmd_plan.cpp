@@ -64,6 +64,7 @@ int run_plan(const PlanArgs& a) {
   in.high_precision_first = cfg.precision.high_precision_first;
   in.high_precision_last = cfg.precision.high_precision_last;
   in.high_precision = cfg.precision.high_precision;
+  in.activations = cfg.precision.activations;
   in.eval = cfg.train.eval_every > 0;
   MX_REQUIRE(a.memory == "model" || a.memory == "engine",
              "--memory must be model or engine (got '", a.memory, "')");
@@ -85,7 +86,8 @@ int run_plan(const PlanArgs& a) {
     notes.push_back("GPU memory and time are MODELLED for an engine with bf16 activations and "
                     "bf16 gathered units (docs/plan.md gives every formula and constant); "
                     "memory.engine is what this build's CUDA engine allocates instead (fp32 "
-                    "activations and FSDP slots; it has not run on a GPU yet)");
+                    "working activations beside bf16 kept copies under precision.activations "
+                    "= bf16, fp32 FSDP slots; it has not run on a GPU yet)");
   }
 
   const plan::Evaluation given = plan::evaluate(in, gpu);

@@ -208,6 +208,7 @@ int run_sweep(const SweepArgs& a) {
     in.high_precision_first = cfg.precision.high_precision_first;
     in.high_precision_last = cfg.precision.high_precision_last;
     in.high_precision = cfg.precision.high_precision;
+    in.activations = cfg.precision.activations;
     in.eval = cfg.train.eval_every > 0;
     in.gpus_per_node = a.np;
     in.nodes = 1;

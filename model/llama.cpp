@@ -63,43 +63,58 @@ struct BlockSizes {
 };
 
 size_t bytes_f32(int64_t n) { return Arena::round_up(sizeof(float) * size_t(n)); }
+size_t bytes_bf16(int64_t n) { return Arena::round_up(sizeof(uint16_t) * size_t(n)); }
 }  // namespace
 
 struct LlamaModel::BlockActs {
   float *h1 = nullptr, *rstd1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
         *lse = nullptr, *x_mid = nullptr, *h2 = nullptr, *rstd2 = nullptr, *g = nullptr,
         *u = nullptr, *s = nullptr;
-  // After forward, forget what lived in scratch (it is released) so backward recomputes it.
-  void drop_unsaved(Checkpointing p) {
+  // precision.activations = bf16: the kept bf16 copies in `saved` (null: not kept as bf16).
+  uint16_t *h1_16 = nullptr, *q_16 = nullptr, *k_16 = nullptr, *v_16 = nullptr,
+           *o_16 = nullptr, *h2_16 = nullptr, *g_16 = nullptr, *u_16 = nullptr, *s_16 = nullptr;
+  // After forward, forget what lived in scratch (it is released) so backward recomputes it
+  // (or, bf16, widens the kept copy again).
+  void drop_unsaved(Checkpointing p, bool bf16) {
     if (!BlockSizes::keeps(p, true)) h1 = rstd1 = h2 = rstd2 = s = nullptr;
     if (!BlockSizes::keeps(p, false)) q = k = v = o = lse = x_mid = g = u = nullptr;
+    if (bf16) h1 = q = k = v = o = h2 = g = u = s = nullptr;
   }
 };
 
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
-                                 Checkpointing policy, bool quantized, bool device) {
+                                 Checkpointing policy, bool quantized, bool device,
+                                 bool bf16_activations) {
   const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
   BlockSizes z(c, B, T);
-  auto cheap = [&](Checkpointing p) {
+  // act: a tensor that precision.activations = bf16 keeps as bf16 codes (statistics and x_mid,
+  // the residual stream, stay fp32).
+  auto cheap = [&](Checkpointing p, bool bf16) {
+    auto act = [&](int64_t n) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
     return BlockSizes::keeps(p, true)
-               ? bytes_f32(z.h1) + bytes_f32(z.rstd1) + bytes_f32(z.h2) + bytes_f32(z.rstd2) +
-                     bytes_f32(z.s)
+               ? act(z.h1) + bytes_f32(z.rstd1) + act(z.h2) + bytes_f32(z.rstd2) + act(z.s)
                : 0;
   };
-  auto gemm = [&](Checkpointing p) {
+  auto gemm = [&](Checkpointing p, bool bf16) {
+    auto act = [&](int64_t n) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
     return BlockSizes::keeps(p, false)
-               ? bytes_f32(z.q) + bytes_f32(z.k) + bytes_f32(z.v) + bytes_f32(z.o) +
-                     bytes_f32(z.lse) + bytes_f32(z.x_mid) + bytes_f32(z.g) + bytes_f32(z.u)
+               ? act(z.q) + act(z.k) + act(z.v) + act(z.o) + bytes_f32(z.lse) +
+                     bytes_f32(z.x_mid) + act(z.g) + act(z.u)
                : 0;
   };
-  const size_t block_all = cheap(Checkpointing::kNone) + gemm(Checkpointing::kNone);
+  // Every fp32 tensor of one block (with bf16 activations, the working copies in scratch).
+  const size_t block_all =
+      cheap(Checkpointing::kNone, false) + gemm(Checkpointing::kNone, false);
   ActivationBytes out;
   // saved: token ids, rope tables, the residual stream x_0..x_L, each block's kept tensors.
   out.saved = 2 * Arena::round_up(sizeof(int32_t) * N) + 2 * bytes_f32(T * c.head_dim / 2) +
-              size_t(L + 1) * bytes_f32(N * C) + size_t(L) * (cheap(policy) + gemm(policy));
+              size_t(L + 1) * bytes_f32(N * C) +
+              size_t(L) * (cheap(policy, bf16_activations) + gemm(policy, bf16_activations));
   // scratch (upper bound): the backward's residual gradient, plus the larger of a block's
   // forward temporaries and its backward (recomputed tensors + gradient temporaries), plus
-  // the head's norm output, logits chunk and gradient.
+  // the head's norm output, logits chunk and gradient. With bf16 activations the fp32 working
+  // copies of the kept tensors (forward) and their widened copies (backward) are part of a
+  // block's tensors, which both terms already count.
   const size_t forward_temps = block_all + 2 * bytes_f32(N * C);
   const size_t backward_grads =
       std::max(2 * bytes_f32(z.g) + bytes_f32(N * C),
@@ -156,38 +171,57 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   BlockSizes z(c_, B, T);
-  auto keep = [&](bool cheap, int64_t n) {
-    return BlockSizes::keeps(policy, cheap) ? saved_.alloc_f32(n) : scratch_.alloc_f32(n);
+  // A tensor the policy keeps goes to `saved`; with bf16 activations (codes given) its bf16
+  // copy goes there and the fp32 working copy to scratch.
+  auto keep = [&](bool cheap, int64_t n, uint16_t** codes) {
+    if (!BlockSizes::keeps(policy, cheap)) return scratch_.alloc_f32(n);
+    if (!bf16_acts_ || !codes) return saved_.alloc_f32(n);
+    *codes = static_cast<uint16_t*>(saved_.alloc(sizeof(uint16_t) * size_t(n)));
+    return scratch_.alloc_f32(n);
   };
+  // bf16 activations: the finished tensor rounded in place (and its kept copy written).
+  auto to_bf16 = [&](float* t, uint16_t* codes, int64_t n) {
+    if (bf16_acts_) be_.pack_bf16(t, codes, n);
+  };
+  a.h1_16 = a.q_16 = a.k_16 = a.v_16 = a.o_16 = a.h2_16 = a.g_16 = a.u_16 = a.s_16 = nullptr;
   // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
-  a.h1 = keep(true, z.h1);
-  a.rstd1 = keep(true, z.rstd1);
+  a.h1 = keep(true, z.h1, &a.h1_16);
+  a.rstd1 = keep(true, z.rstd1, nullptr);
   be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-  a.q = keep(false, z.q);
-  a.k = keep(false, z.k);
-  a.v = keep(false, z.v);
+  to_bf16(a.h1, a.h1_16, z.h1);
+  a.q = keep(false, z.q, &a.q_16);
+  a.k = keep(false, z.k, &a.k_16);
+  a.v = keep(false, z.v, &a.v_16);
   linear_fwd(0, a.q, a.h1, w.wq, N, C, c_.q_dim());
   linear_fwd(1, a.k, a.h1, w.wk, N, C, c_.kv_dim());
   linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
   be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
   be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
-  a.o = keep(false, z.o);
-  a.lse = keep(false, z.lse);
+  to_bf16(a.q, a.q_16, z.q);
+  to_bf16(a.k, a.k_16, z.k);
+  to_bf16(a.v, a.v_16, z.v);
+  a.o = keep(false, z.o, &a.o_16);
+  a.lse = keep(false, z.lse, nullptr);
   be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
-  a.x_mid = keep(false, z.x_mid);
+  to_bf16(a.o, a.o_16, z.o);
+  a.x_mid = keep(false, z.x_mid, nullptr);
   float* proj = scratch_.alloc_f32(N * C);
   linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
   be_.add(a.x_mid, x, proj, N * C);
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
-  a.h2 = keep(true, z.h2);
-  a.rstd2 = keep(true, z.rstd2);
+  a.h2 = keep(true, z.h2, &a.h2_16);
+  a.rstd2 = keep(true, z.rstd2, nullptr);
   be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
-  a.g = keep(false, z.g);
-  a.u = keep(false, z.u);
+  to_bf16(a.h2, a.h2_16, z.h2);
+  a.g = keep(false, z.g, &a.g_16);
+  a.u = keep(false, z.u, &a.u_16);
   linear_fwd(4, a.g, a.h2, w.w_gate, N, C, I);
   linear_fwd(5, a.u, a.h2, w.w_up, N, C, I);
-  a.s = keep(true, z.s);
+  to_bf16(a.g, a.g_16, z.g);
+  to_bf16(a.u, a.u_16, z.u);
+  a.s = keep(true, z.s, &a.s_16);
   be_.swiglu_forward(a.s, a.g, a.u, N * I);
+  to_bf16(a.s, a.s_16, z.s);
   float* down = scratch_.alloc_f32(N * C);
   linear_fwd(6, down, a.s, w.w_down, N, I, C);
   be_.add(y, a.x_mid, down, N * C);
@@ -198,8 +232,24 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
   const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
+  // bf16 activations: widen the kept bf16 copies into scratch (the values forward used).
+  BlockSizes z(c_, B, T);
+  auto widen = [&](float*& t, const uint16_t* codes, int64_t n) {
+    if (!codes) return;
+    t = scratch_.alloc_f32(n);
+    be_.unpack_bf16(t, codes, n);
+  };
+  widen(a.h1, a.h1_16, z.h1);
+  widen(a.q, a.q_16, z.q);
+  widen(a.k, a.k_16, z.k);
+  widen(a.v, a.v_16, z.v);
+  widen(a.o, a.o_16, z.o);
+  widen(a.h2, a.h2_16, z.h2);
+  widen(a.g, a.g_16, z.g);
+  widen(a.u, a.u_16, z.u);
+  widen(a.s, a.s_16, z.s);
   // Recompute what the policy did not keep. The same ops on the same inputs give the same
-  // bits, so every policy produces identical gradients.
+  // bits (rounded to bf16 where forward rounded), so every policy produces identical gradients.
   if (!a.q) {
     float* y = scratch_.alloc_f32(N * C);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
@@ -207,11 +257,14 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     a.h1 = scratch_.alloc_f32(N * C);
     a.rstd1 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
+    if (bf16_acts_) be_.pack_bf16(a.h1, nullptr, N * C);
     a.h2 = scratch_.alloc_f32(N * C);
     a.rstd2 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+    if (bf16_acts_) be_.pack_bf16(a.h2, nullptr, N * C);
     a.s = scratch_.alloc_f32(N * I);
     be_.swiglu_forward(a.s, a.g, a.u, N * I);
+    if (bf16_acts_) be_.pack_bf16(a.s, nullptr, N * I);
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
   {
@@ -562,7 +615,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
                   B, T);
     access.release(u, false);
     scratch_.release(sm);
-    acts[l].drop_unsaved(policy);
+    acts[l].drop_unsaved(policy, bf16_acts_);
   }
 
   // Final norm + head + cross-entropy, fused with their backward when training.

@@ -38,8 +38,10 @@ struct ActivationBytes {
   size_t saved = 0;
   size_t scratch = 0;
 };
+// bf16_activations: precision.activations = bf16 (the kept copies take 2 bytes an element).
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
-                                 bool quantized = false, bool device = false);
+                                 bool quantized = false, bool device = false,
+                                 bool bf16_activations = false);
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
@@ -94,6 +96,14 @@ class LlamaModel {
   // Low-precision Linear layers (null: fp32). The scratch arena must have room for the
   // quantized operand copies (activation_bytes(..., quantized = true)).
   void set_recipe(LinearRecipe* recipe) { recipe_ = recipe; }
+  // precision.activations = bf16: the tensors a block makes between its ops (the norm outputs,
+  // q, k and v after RoPE, the attention output, gate, up and the SwiGLU product) are rounded
+  // to bf16 as they are made (Backend::pack_bf16), so forward, backward and every
+  // checkpointing policy see the same values; what the policy keeps of them is stored as bf16
+  // codes in `saved` (the fp32 working copy lives in scratch) and widened again in backward.
+  // The residual stream, the RMSNorm and attention statistics and every gradient stay fp32.
+  // The arenas must be sized for it (activation_bytes(..., bf16_activations = true)).
+  void set_bf16_activations(bool on) { bf16_acts_ = on; }
 
  private:
   struct BlockActs;
@@ -142,6 +152,7 @@ class LlamaModel {
 
   ModelConfig c_;
   LinearRecipe* recipe_ = nullptr;
+  bool bf16_acts_ = false;
   // fp8-delayed amax slots, one per (layer, linear, operand): backend memory (or amax_host_
   // when the backend has no MemoryResource, i.e. host memory).
   float* amax_slots_ = nullptr;

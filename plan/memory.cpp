@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
@@ -14,6 +15,12 @@ namespace mx::plan {
 bool plan_high_precision_bf16(const PlanInput& in) {
   const Recipe r = parse_recipe(in.recipe);
   return r != Recipe::kFp32 && high_precision_bf16(r, in.high_precision);
+}
+
+bool plan_bf16_activations(const PlanInput& in, const std::string& recipe,
+                           const std::string& device) {
+  const Recipe r = parse_recipe(recipe);
+  return r != Recipe::kFp32 && bf16_activations(r, in.activations, device);
 }
 
 ActivationDtypes cpu_dtypes() { return ActivationDtypes{}; }
@@ -137,26 +144,32 @@ class Replay {
       if (keeps(p, cheap)) saved_.alloc(bytes);
       else scratch_.alloc(bytes);
     };
-    keep(true, act(N * C));                                // h1
+    // A tensor precision.activations = bf16 keeps as bf16 codes (n elements).
+    auto keep_act = [&](bool cheap, int64_t n) {
+      if (!keeps(p, cheap) || !dt_.bf16_activations) return keep(cheap, act(n));
+      saved_.alloc(2 * n);    // the kept bf16 copy
+      scratch_.alloc(act(n));  // the fp32 working copy
+    };
+    keep_act(true, N * C);                                 // h1
     keep(true, stat(N));                                   // rstd1
-    keep(false, act(N * c_.q_dim()));                      // q
-    keep(false, act(N * c_.kv_dim()));                     // k
-    keep(false, act(N * c_.kv_dim()));                     // v
+    keep_act(false, N * c_.q_dim());                       // q
+    keep_act(false, N * c_.kv_dim());                      // k
+    keep_act(false, N * c_.kv_dim());                      // v
     linear_fwd(C, c_.q_dim());                             // q, k, v projections
     linear_fwd(C, c_.kv_dim());
     linear_fwd(C, c_.kv_dim());
-    keep(false, act(N * c_.q_dim()));                      // o
+    keep_act(false, N * c_.q_dim());                       // o
     keep(false, stat(B_ * c_.num_attention_heads * T_));   // lse
     keep(false, act(N * C));                               // x_mid
     scratch_.alloc(act(N * C));                            // proj
     linear_fwd(c_.q_dim(), C);                             // o_proj
-    keep(true, act(N * C));                                // h2
+    keep_act(true, N * C);                                 // h2
     keep(true, stat(N));                                   // rstd2
-    keep(false, act(N * I));                               // g
-    keep(false, act(N * I));                               // u
+    keep_act(false, N * I);                                // g
+    keep_act(false, N * I);                                // u
     linear_fwd(C, I);                                      // gate, up
     linear_fwd(C, I);
-    keep(true, act(N * I));                                // s
+    keep_act(true, N * I);                                 // s
     scratch_.alloc(act(N * C));                            // down
     linear_fwd(I, C);                                      // down_proj
   }
@@ -164,6 +177,15 @@ class Replay {
   void block_backward(int64_t layer) {
     const int64_t N = N_, C = c_.hidden_size, I = c_.intermediate_size;
     phase_ = str("backward block ", layer, " recompute");
+    if (dt_.bf16_activations) {  // the kept bf16 copies widened: h1, q, k, v, o, h2, g, u, s
+      const bool cheap = keeps(policy_, true), gemm = keeps(policy_, false);
+      const int64_t Q = c_.q_dim(), K = c_.kv_dim();
+      const std::pair<bool, int64_t> tensors[] = {{cheap, N * C}, {gemm, N * Q}, {gemm, N * K},
+                                                  {gemm, N * K},  {gemm, N * Q}, {cheap, N * C},
+                                                  {gemm, N * I},  {gemm, N * I}, {cheap, N * I}};
+      for (const auto& [kept, n] : tensors)
+        if (kept) scratch_.alloc(act(n));
+    }
     if (policy_ == Checkpointing::kFull) {
       scratch_.alloc(act(N * C));  // y
       block_forward(Checkpointing::kFull);
@@ -326,6 +348,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     dt.high_precision_first = in.high_precision_first;
     dt.high_precision_last = in.high_precision_last;
     dt.high_precision_bf16 = plan_high_precision_bf16(in);
+    dt.bf16_activations = plan_bf16_activations(in, in.recipe, "cpu");
     ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, dt, true);
     ActivationPeak peak = train;
     if (in.eval) {
@@ -349,7 +372,8 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     const std::string& rc = in.configured_recipe.empty() ? in.recipe : in.configured_recipe;
     const FsdpBufferSizes z = fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in));
     m.engine.fsdp = int64_t(z.total_bytes());
-    const ActivationBytes cap = activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true);
+    const ActivationBytes cap = activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true,
+                                                 plan_bf16_activations(in, rc, "cuda"));
     m.engine.activations =
         int64_t(Arena::round_up(cap.saved)) + int64_t(Arena::round_up(cap.scratch));
     const int64_t lp_blocks = std::max<int64_t>(

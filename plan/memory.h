@@ -38,6 +38,7 @@ struct PlanInput {
   int64_t high_precision_first = 0;
   int64_t high_precision_last = 0;
   std::string high_precision;     // precision.high_precision ("": the recipe's default)
+  std::string activations;        // precision.activations ("": the device's default)
   // precision.recipe as configured, when `recipe` is what the GPU model plans instead (fp32 is
   // planned as bf16); "" = recipe. What this build's CUDA engine allocates follows it.
   std::string configured_recipe;
@@ -54,6 +55,9 @@ struct PlanInput {
 // than the configured one, so recipe fp32 plans fp32 whatever the key says (no error here:
 // the configured pair was validated with the config).
 bool plan_high_precision_bf16(const PlanInput& in);
+// precision.activations for `recipe` on `device` ("cpu" or "cuda"), likewise (false under fp32).
+bool plan_bf16_activations(const PlanInput& in, const std::string& recipe,
+                           const std::string& device);
 
 // Element sizes of the activation replay.
 struct ActivationDtypes {
@@ -77,6 +81,11 @@ struct ActivationDtypes {
   // bf16 copies (Backend::head_cross_entropy), and on the CPU every Linear of a
   // high-precision block copies its two operands, rounded, into scratch for the GEMM.
   bool high_precision_bf16 = false;
+  // precision.activations = bf16 on the CPU engine: a kept block tensor (norm outputs, q, k,
+  // v, attention output, gate, up, SwiGLU product) is a 2-byte copy in `saved` beside its fp32
+  // working copy in scratch, widened into scratch again at the start of the block's backward.
+  // (The GPU model's act = 2 describes an engine that keeps everything in bf16 instead.)
+  bool bf16_activations = false;
 };
 ActivationDtypes cpu_dtypes();
 ActivationDtypes gpu_dtypes();

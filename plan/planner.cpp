@@ -313,6 +313,9 @@ nlohmann::json config_json(const PlanInput& p, const GpuSpec& gpu) {
           {"shard_group", p.shard_group},
           {"recipe", p.recipe},
           {"high_precision", plan_high_precision_bf16(p) ? "bf16" : "fp32"},
+          // the engine's (memory.engine on GPUs: run.device = cuda)
+          {"activations",
+           plan_bf16_activations(p, p.recipe, gpu.is_cpu ? "cpu" : "cuda") ? "bf16" : "fp32"},
           // GPU recipes are modelled; on cpu the engine runs (emulates) every recipe
           {"recipe_modelled", !gpu.is_cpu && recipe_model(p.recipe).modelled}};
 }

@@ -40,14 +40,27 @@ const char* recipe_name(Recipe r) {
   return "?";
 }
 
+namespace {
+// A precision.<key> that is bf16 or fp32 where "" is resolved by the caller: true for bf16;
+// UserError for another value, and for bf16 under recipe fp32.
+bool bf16_setting(const char* key, Recipe recipe, const std::string& value) {
+  MX_REQUIRE(value == "bf16" || value == "fp32", "precision.", key,
+             " must be bf16 or fp32 (got '", value, "')");
+  MX_REQUIRE(!(value == "bf16" && recipe == Recipe::kFp32), "precision.", key,
+             " = bf16 needs a low-precision recipe: recipe fp32 computes everything in fp32 "
+             "(set precision.recipe = bf16 for bf16 throughout)");
+  return value == "bf16";
+}
+}  // namespace
+
 bool high_precision_bf16(Recipe recipe, const std::string& high_precision) {
   if (high_precision.empty()) return recipe != Recipe::kFp32;
-  MX_REQUIRE(high_precision == "bf16" || high_precision == "fp32",
-             "precision.high_precision must be bf16 or fp32 (got '", high_precision, "')");
-  MX_REQUIRE(!(high_precision == "bf16" && recipe == Recipe::kFp32),
-             "precision.high_precision = bf16 needs a low-precision recipe: recipe fp32 computes "
-             "everything in fp32 (set precision.recipe = bf16 for bf16 throughout)");
-  return high_precision == "bf16";
+  return bf16_setting("high_precision", recipe, high_precision);
+}
+
+bool bf16_activations(Recipe recipe, const std::string& activations, const std::string& device) {
+  if (activations.empty()) return device == "cuda" && recipe != Recipe::kFp32;
+  return bf16_setting("activations", recipe, activations);
 }
 
 LinearRecipe::LinearRecipe(Recipe recipe, int64_t num_layers, int64_t hp_first, int64_t hp_last,

@@ -39,6 +39,13 @@ Recipe parse_recipe(const std::string& s);  // UserError for unknown names
 // recipe fp32). True for bf16. UserError for a value other than "", bf16 or fp32, and for bf16
 // under recipe fp32 (which computes everything in fp32).
 bool high_precision_bf16(Recipe recipe, const std::string& high_precision);
+// precision.activations resolved: true when the blocks' activations are kept in bf16 (the
+// tensors between a block's ops rounded to bf16 as they are made, and the copies a block keeps
+// for its backward stored as bf16, half the bytes; the residual stream, the statistics and all
+// gradients stay fp32). "" means the default: bf16 on run.device = cuda under every recipe
+// but fp32 (the GPU's "BF16 compute"), fp32 elsewhere. UserError for a value other than "",
+// bf16 or fp32, and for bf16 under recipe fp32.
+bool bf16_activations(Recipe recipe, const std::string& activations, const std::string& device);
 
 // dst[cols, rows] = src[rows, cols]^T (operands quantized down their columns go through this).
 void transpose(float* dst, const float* src, int64_t rows, int64_t cols);

@@ -108,6 +108,9 @@ const std::vector<Field>& schema() {
       MX_STRING("precision.high_precision", precision.high_precision,
                 "bf16 | fp32: the output head and the high-precision blocks (default: bf16 "
                 "under every recipe but fp32)"),
+      MX_STRING("precision.activations", precision.activations,
+                "bf16 | fp32: the blocks' activations and what they keep for backward (default: "
+                "bf16 on run.device = cuda under every recipe but fp32, else fp32)"),
       MX_INT("precision.stats_every", precision.stats_every, "numerics telemetry every N steps (0: off)"),
       MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
                 "none | selective | full"),
@@ -282,6 +285,7 @@ void validate(const RunConfig& c) {
              "data.val_fraction must be in [0, 1) (got ", c.data.val_fraction, ")");
   // UserError naming the valid recipes, then for a bad or contradictory high_precision
   high_precision_bf16(parse_recipe(c.precision.recipe), c.precision.high_precision);
+  bf16_activations(parse_recipe(c.precision.recipe), c.precision.activations, c.run.device);
   MX_REQUIRE(c.precision.high_precision_first >= 0 && c.precision.high_precision_last >= 0,
              "precision.high_precision_first / high_precision_last must be >= 0");
   MX_REQUIRE(c.precision.stats_every >= 0, "precision.stats_every must be >= 0 (0: off; got ",

@@ -45,6 +45,8 @@ struct RunConfig {
     int64_t high_precision_last = 0;
     // The head and the high-precision blocks: bf16 or fp32; "" is the recipe's default.
     std::string high_precision;
+    // The blocks' activations: bf16 or fp32; "" is the default (bf16 on cuda under a recipe).
+    std::string activations;
     int64_t stats_every = 0;
   } precision;
 

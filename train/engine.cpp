@@ -20,7 +20,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   adam_m = persistent("adam_m", opt.optimizer, &m_base_);
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
   ActivationBytes act = activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing,
-                                          opt.quantized, mem != nullptr);
+                                          opt.quantized, mem != nullptr, opt.bf16_activations);
   saved = std::make_unique<Arena>("activations", act.saved, &tracker, mem);
   scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker, mem);
   const size_t batch_count = size_t(opt.micro_batch) * size_t(opt.seq_len + 1);
@@ -28,6 +28,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   batch_base_ = static_cast<int32_t*>(batch->alloc(sizeof(int32_t) * batch_count));
   model = std::make_unique<LlamaModel>(config, layout, *backend, opt.checkpointing, *saved,
                                        *scratch);
+  model->set_bf16_activations(opt.bf16_activations);
 }
 
 }  // namespace mx

@@ -22,6 +22,7 @@ struct EngineOptions {
   bool gradients = true;  // allocate gradients
   bool optimizer = true;  // allocate AdamW moments
   bool quantized = false;  // a precision recipe needs room for quantized operand copies
+  bool bf16_activations = false;  // precision.activations = bf16 (precision/recipe.h)
 };
 
 class Engine {

@@ -95,6 +95,7 @@ int run_training(const RunConfig& cfg) {
   eo.params = eo.gradients = eo.optimizer = false;  // FSDP holds the (sharded) state
   const Recipe recipe = parse_recipe(cfg.precision.recipe);
   eo.quantized = recipe != Recipe::kFp32;
+  eo.bf16_activations = bf16_activations(recipe, cfg.precision.activations, cfg.run.device);
   Engine engine(model_cfg, eo);
   LinearRecipe linear_recipe(recipe, model_cfg.num_hidden_layers,
                              cfg.precision.high_precision_first,
@@ -205,7 +206,7 @@ int run_training(const RunConfig& cfg) {
        recipe == Recipe::kFp32 ? ""
        : linear_recipe.high_precision_bf16() ? " (head and high-precision blocks bf16)"
                                               : " (head and high-precision blocks fp32)",
-       ", checkpointing ",
+       eo.bf16_activations ? ", bf16 activations" : "", ", checkpointing ",
        cfg.memory.activation_checkpointing, ", sharding ",
        cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, device ",
        be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");

@@ -249,6 +249,20 @@ class CpuBackend final : public Backend {
       y[i] = numerics::bf16_rounded(x[i]);
   }
 
+  void pack_bf16(float* x, uint16_t* codes, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t c = numerics::encode_bf16(x[i], numerics::Saturation::kNoSat);
+      x[i] = numerics::decode_bf16(c);
+      if (codes) codes[i] = c;
+    }
+  }
+
+  void unpack_bf16(float* x, const uint16_t* codes, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] = numerics::decode_bf16(codes[i]);
+  }
+
   void add(float* y, const float* a, const float* b, int64_t n) override {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

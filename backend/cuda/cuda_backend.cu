@@ -254,6 +254,19 @@ __global__ void round_bf16_kernel(float* y, const float* x, int64_t n) {
   }
 }
 
+// precision.activations = bf16: round in place, and write the codes a block keeps.
+__global__ void pack_bf16_kernel(float* x, uint16_t* codes, int64_t n) {
+  MX_GRID_STRIDE(i, n) {
+    const uint16_t c = numerics::encode_bf16(x[i], numerics::Saturation::kNoSat);
+    x[i] = numerics::decode_bf16(c);
+    if (codes) codes[i] = c;
+  }
+}
+
+__global__ void unpack_bf16_kernel(float* x, const uint16_t* codes, int64_t n) {
+  MX_GRID_STRIDE(i, n) x[i] = numerics::decode_bf16(codes[i]);
+}
+
 // ---- elementwise, reductions, optimizer -------------------------------------------------------
 __global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) {
   MX_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
@@ -669,6 +682,18 @@ class CudaBackendImpl final : public CudaBackend {
     if (n == 0) return;
     round_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, x, n);
     launched("round_bf16");
+  }
+
+  void pack_bf16(float* x, uint16_t* codes, int64_t n) override {
+    if (n == 0) return;
+    pack_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(x, codes, n);
+    launched("pack_bf16");
+  }
+
+  void unpack_bf16(float* x, const uint16_t* codes, int64_t n) override {
+    if (n == 0) return;
+    unpack_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(x, codes, n);
+    launched("unpack_bf16");
   }
 
   void add(float* y, const float* a, const float* b, int64_t n) override {

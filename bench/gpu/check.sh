@@ -14,7 +14,8 @@
 #   2. every CUDA op against the CPU backend + quantizer byte identity (op_check.json), the
 #      cuDNN attention against its bf16 CPU twin; says which attention the 1B shape gets
 #   3. 50-step loss match of `mxtrain train`, tiny preset, run.device = cuda vs cpu (same seed,
-#      same text): max relative loss difference per step; tolerance 1e-4 (fp32), 2e-3 (recipe
+#      same text; under a recipe both with precision.activations = bf16, the GPU's default):
+#      max relative loss difference per step; tolerance 1e-4 (fp32), 2e-3 (recipe
 #      bf16: CUDA's bf16 GEMM vs the CPU's emulation), 5e-3 (fp8-current, fp8-delayed: FP8
 #      tensor-core GEMMs vs the CPU's emulation; a guess until measured), all four with the
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,

@@ -120,6 +120,8 @@ def loss_match(args):
                "MXTRAIN_CUDA_ATTENTION": attention or "fp32"}
         for device in ("cpu", "cuda"):
             sets = dict(base, **{"run.device": device, "precision.recipe": name})
+            if name != "fp32":  # the GPU's default under a recipe, set on the CPU twin too
+                sets["precision.activations"] = "bf16"
             runs[device] = run_train(args.bin, sets, env,
                                      Path(args.work) / f"loss_{recipe}_{device}", args.limit)
         res = {"check": "loss_match", "recipe": recipe, "steps": args.steps,

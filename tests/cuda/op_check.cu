@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -153,6 +154,7 @@ const Tol kAttention{2e-5, 2e-4};
 
 // ---- op checks ------------------------------------------------------------------------------------
 void expect_floats(Result& r, const char* what, const std::vector<float>& got, const std::vector<float>& want);
+void expect_bytes(Result& r, const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want);
 
 double max_abs(const std::vector<float>& v) {
   double m = 0;
@@ -591,6 +593,37 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
     compare(r, "y", dY.download(), y, {0, 0});
     gpu.round_bf16(dX.p, dX.p, int64_t(x.size()));  // in place
     compare(r, "y in place", dX.download(), y, {0, 0});
+  });
+  // precision.activations = bf16: the rounded activation in place and its kept codes, then the
+  // codes widened back, bit for bit as the CPU twin (NaN, infinities and ties included).
+  run_case("pack_bf16", dims({4099}), [&](Result& r) {
+    auto x = randn(4099, 3.0f);
+    x[0] = 1.0f + 1.0f / 256;
+    x[1] = 1.0f + 3.0f / 256;
+    x[2] = std::numeric_limits<float>::infinity();
+    x[3] = -3.4e38f;  // rounds to -inf
+    x[4] = 1e-40f;    // subnormal
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> y = x;
+    std::vector<uint16_t> codes(x.size());
+    cpu.pack_bf16(y.data(), codes.data(), int64_t(x.size()));
+    Dev<float> dX(x);
+    Dev<uint16_t> dC(x.size());
+    gpu.pack_bf16(dX.p, dC.p, int64_t(x.size()));
+    compare(r, "x rounded", dX.download(), y, {0, 0});
+    const auto got = dC.download();
+    std::vector<uint8_t> gb(got.size() * 2), wb(codes.size() * 2);
+    std::memcpy(gb.data(), got.data(), gb.size());
+    std::memcpy(wb.data(), codes.data(), wb.size());
+    expect_bytes(r, "codes", gb, wb);
+    Dev<float> dW(x.size());
+    std::vector<float> w(x.size());
+    cpu.unpack_bf16(w.data(), codes.data(), int64_t(x.size()));
+    gpu.unpack_bf16(dW.p, dC.p, int64_t(x.size()));
+    compare(r, "unpacked", dW.download(), w, {0, 0});
+    Dev<float> dX2(x);
+    gpu.pack_bf16(dX2.p, nullptr, int64_t(x.size()));  // no codes: rounding only
+    compare(r, "x rounded, no codes", dX2.download(), y, {0, 0});
   });
 }
 

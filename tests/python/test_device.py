@@ -84,14 +84,18 @@ def test_bad_cuda_attention_setting_is_a_clear_error(tmp_path):
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("recipe,stats", [("fp32", 0), ("nvfp4", 0), ("nvfp4", 5), ("mxfp8", 0)])
-def test_staged_run_is_identical(tmp_path, recipe, stats):
+@pytest.mark.parametrize("recipe,stats,activations", [("fp32", 0, ""), ("nvfp4", 0, ""),
+                                                      ("nvfp4", 5, ""), ("mxfp8", 0, ""),
+                                                      ("bf16", 0, "bf16")])
+def test_staged_run_is_identical(tmp_path, recipe, stats, activations):
     # nvfp4 and mxfp8 take the backend's quantize_dequantize when staged (a GPU's emulated
     # path; the CPU's form is the recipe's quantizers): operands and, for nvfp4, the weight
     # gradient's transpose + Hadamard transform. Telemetry steps (precision.stats_every) take
     # the host round trip instead: the two must interleave without a difference.
     extra = ["--set", f"precision.recipe={recipe}", "--set", "run.sample_tokens=12",
              "--set", f"precision.stats_every={stats}"]
+    if activations:  # bf16 activations (a GPU's default under a recipe): pack / unpack staged
+        extra += ["--set", f"precision.activations={activations}"]
     ref, ref_out, ref_stdout = train(tmp_path, "direct", False, extra=extra)
     got, got_out, got_stdout = train(tmp_path, "staged", True, extra=extra)
     assert len(ref) == 12 and got == ref

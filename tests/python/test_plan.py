@@ -193,13 +193,16 @@ def test_cpu_plan_matches_debug_grads_peak(mxtrain, tmp_path, name, shape, batch
 # engine itself: MXTRAIN_TEST_DEVICE_MEMORY=1 makes the CPU backend allocate its arenas through
 # a counting MemoryResource, as the CUDA backend's cudaMalloc would (device-sized head chunks
 # included), and the run reports the bytes it holds (device_mem_bytes). 1 and 2 processes,
-# every sharding strategy, recipes with and without operand copies, eval on and off.
+# every sharding strategy, recipes with and without operand copies, eval on and off. Where a
+# recipe runs, precision.activations is set: its default is bf16 on a GPU but fp32 on the CPU.
 ENGINE_CASES = [
-    ("tiny-1p-bf16", TINY, 1, "full", 64, 2, "none", "bf16", {}),
+    ("tiny-1p-bf16", TINY, 1, "full", 64, 2, "none", "bf16", {"precision.activations": "bf16"}),
     ("tiny-1p-fp32-sel", TINY, 1, "full", 48, 1, "selective", "fp32", {"train.eval_every": 1}),
     ("small-1p-mxfp8-hp", SMALL, 1, "full", 64, 1, "full", "mxfp8",
      {"precision.high_precision_last": 1}),
-    ("tiny-2p-full-bf16", TINY, 2, "full", 32, 2, "none", "bf16", {}),
+    ("tiny-2p-full-bf16", TINY, 2, "full", 32, 2, "none", "bf16", {"precision.activations": "fp32"}),
+    ("tiny-1p-sel-mxfp8-bf16act", TINY, 1, "full", 48, 2, "selective", "mxfp8",
+     {"precision.activations": "bf16"}),
     ("odd-2p-gradop-fp32", ODD, 2, "grad-op", 37, 1, "selective", "fp32", {}),
     ("tied-2p-none-nvfp4", dict(TINY, **{"model.tie_word_embeddings": True}), 2, "none", 32, 1,
      "full", "nvfp4", {}),

@@ -138,12 +138,16 @@ TEST(PlanMemory, ReplayStaysWithinTheEngineArenaCapacities) {
     for (Checkpointing p : {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull})
       for (int64_t B : {1, 3}) {
         mx::ModelConfig c = preset(name);
-        ActivationPeak a = simulate_activations(c, B, 48, p, cpu_dtypes(), true);
-        mx::ActivationBytes cap = mx::activation_bytes(c, B, 48, p);
-        EXPECT_LE(a.saved_at_peak, int64_t(cap.saved)) << name;
-        EXPECT_LE(a.scratch_at_peak, int64_t(cap.scratch)) << name;
-        EXPECT_LE(a.peak, int64_t(cap.saved + cap.scratch)) << name;
-        EXPECT_GT(a.peak, 0);
+        for (bool bf16 : {false, true}) {
+          ActivationDtypes dt = cpu_dtypes();
+          dt.bf16_activations = bf16;
+          ActivationPeak a = simulate_activations(c, B, 48, p, dt, true);
+          mx::ActivationBytes cap = mx::activation_bytes(c, B, 48, p, false, false, bf16);
+          EXPECT_LE(a.saved_at_peak, int64_t(cap.saved)) << name << " " << bf16;
+          EXPECT_LE(a.scratch_at_peak, int64_t(cap.scratch)) << name << " " << bf16;
+          EXPECT_LE(a.peak, int64_t(cap.saved + cap.scratch)) << name << " " << bf16;
+          EXPECT_GT(a.peak, 0);
+        }
       }
 }
 
@@ -195,6 +199,7 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
     int64_t B, T, hp_first, hp_last;
     Checkpointing p;
     const char* high_precision;  // precision.high_precision ("": the default, bf16)
+    const char* activations = "";  // precision.activations ("": the CPU's default, fp32)
   };
   const Case cases[] = {{"bf16", 2, 24, 0, 0, Checkpointing::kNone, ""},
                         {"fp8-delayed", 1, 40, 1, 0, Checkpointing::kSelective, ""},
@@ -202,7 +207,12 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
                         {"mxfp8", 2, 32, 0, 0, Checkpointing::kFull, "fp32"},
                         {"nvfp4", 2, 32, 0, 0, Checkpointing::kNone, ""},
                         {"nvfp4", 1, 24, 0, 1, Checkpointing::kFull, ""},
-                        {"fp8-block", 3, 16, 0, 0, Checkpointing::kSelective, ""}};
+                        {"fp8-block", 3, 16, 0, 0, Checkpointing::kSelective, ""},
+                        {"bf16", 2, 24, 0, 0, Checkpointing::kNone, "", "bf16"},
+                        {"bf16", 3, 17, 0, 0, Checkpointing::kSelective, "", "bf16"},
+                        {"bf16", 1, 24, 0, 0, Checkpointing::kFull, "", "bf16"},
+                        {"mxfp8", 2, 32, 1, 0, Checkpointing::kSelective, "", "bf16"},
+                        {"nvfp4", 2, 32, 0, 0, Checkpointing::kNone, "fp32", "bf16"}};
   const mx::ModelConfig c = preset("tiny");
   for (const Case& k : cases) {
     mx::EngineOptions eo;
@@ -210,6 +220,7 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
     eo.micro_batch = k.B;
     eo.seq_len = k.T;
     eo.quantized = true;
+    eo.bf16_activations = mx::bf16_activations(mx::parse_recipe(k.recipe), k.activations, "cpu");
     mx::Engine engine(c, eo);
     mx::LinearRecipe recipe(mx::parse_recipe(k.recipe), c.num_hidden_layers, k.hp_first,
                             k.hp_last, 1, 0);
@@ -229,9 +240,17 @@ TEST(PlanMemory, CpuPredictionEqualsTheEnginePeakUnderRecipes) {
     in.high_precision_first = k.hp_first;
     in.high_precision_last = k.hp_last;
     in.high_precision = k.high_precision;
+    in.activations = k.activations;
     MemoryBreakdown m = plan_memory(in, fake_cpu());
-    EXPECT_EQ(m.total, engine.tracker.peak())
-        << k.recipe << " " << mx::checkpointing_name(k.p) << " " << k.high_precision;
+    EXPECT_EQ(m.total, engine.tracker.peak()) << k.recipe << " " << mx::checkpointing_name(k.p)
+                                              << " " << k.high_precision << " " << k.activations;
+    if (std::string(k.activations) == "bf16" && k.p != Checkpointing::kFull) {
+      // the kept copies are really half: fp32 activations need more
+      PlanInput f = in;
+      f.activations = "fp32";
+      EXPECT_GT(plan_memory(f, fake_cpu()).activations_saved, m.activations_saved) << k.recipe;
+    }
+    in.activations = "";
     in.recipe = "fp32";  // and the copies are really there: fp32 needs less
     EXPECT_LT(plan_memory(in, fake_cpu()).total, m.total) << k.recipe;
   }
