@@ -40,6 +40,7 @@ Sharding parse_sharding(const std::string& s) {
 struct Fsdp::Slot {
   int unit = -1;  // -1: free
   float* buf = nullptr;
+  int64_t capacity = 0;  // elements
   CommHandle gather;  // pending all-gather into buf
 };
 
@@ -105,10 +106,20 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
     unit_grads_ = std::make_unique<Arena>("fsdp_unit_grads", z.unit_grad_bytes, tracker, mem);
     rs_out_ =
         std::make_unique<Arena>("fsdp_reduce_scatter", z.reduce_scatter_bytes, tracker, mem);
+    // grad-op: slot u is the size of unit u (take_slot's best fit gives each unit one of its
+    // size), so the kept weights are one padded copy of the model, not L + 2 of its largest
+    // unit (a 128K-vocabulary head is 2.4x a Llama-3-8B block).
     param_slots_.resize(param_slots);
-    for (auto& s : param_slots_) s.buf = gathered_->alloc_f32(max_padded);
+    for (size_t i = 0; i < param_slots_.size(); ++i) {
+      Slot& s = param_slots_[i];
+      s.capacity = options_.sharding == Sharding::kGradOp ? shards_[i].padded_numel : max_padded;
+      s.buf = gathered_->alloc_f32(s.capacity);
+    }
     grad_slots_.resize(grad_slots);
-    for (auto& s : grad_slots_) s.buf = unit_grads_->alloc_f32(max_padded);
+    for (auto& s : grad_slots_) {
+      s.capacity = max_padded;
+      s.buf = unit_grads_->alloc_f32(max_padded);
+    }
     rs_buffer_ = rs_out_->alloc_f32(max_shard);
   }
 }
@@ -125,13 +136,20 @@ Fsdp::Slot* Fsdp::find_slot(std::vector<Slot>& pool, int unit) {
   return nullptr;
 }
 
-Fsdp::Slot* Fsdp::take_slot(std::vector<Slot>& pool, int unit) {
+Fsdp::Slot* Fsdp::free_slot(std::vector<Slot>& pool, int unit) {
+  // The smallest free slot the unit fits (all slots are one size except grad-op's).
+  Slot* best = nullptr;
   for (auto& s : pool)
-    if (s.unit < 0) {
-      s.unit = unit;
-      return &s;
-    }
-  return nullptr;
+    if (s.unit < 0 && s.capacity >= shards_[unit].padded_numel &&
+        (!best || s.capacity < best->capacity))
+      best = &s;
+  return best;
+}
+
+Fsdp::Slot* Fsdp::take_slot(std::vector<Slot>& pool, int unit) {
+  Slot* s = free_slot(pool, unit);
+  if (s) s->unit = unit;
+  return s;
 }
 
 void Fsdp::start_gather(int unit) {
@@ -159,7 +177,7 @@ const float* Fsdp::acquire(int unit, bool backward) {
   if (!backward) next = unit < head ? unit + 1 : head - 1;  // after the head: the last block
   else if (unit > 1 && unit < head) next = unit - 1;
   // (a free slot holds unit -1)
-  if (next > 0 && !find_slot(param_slots_, next) && find_slot(param_slots_, -1))
+  if (next > 0 && !find_slot(param_slots_, next) && free_slot(param_slots_, next))
     start_gather(next);
   return s->buf;
 }
@@ -300,9 +318,14 @@ void Fsdp::gather_state(const float* local, float* full) {
   const auto& units = layout_.units();
   float* gathered = nullptr;
   if (shard_comm_->size() > 1) {
-    // A weight slot (in the backend's memory, as the communicator needs) holds each unit.
-    for (auto& s : param_slots_) MX_ASSERT(s.unit < 0, "gather during a micro-batch");
-    gathered = param_slots_[0].buf;
+    // The largest weight slot (in the backend's memory, as the communicator needs) holds each
+    // unit in turn.
+    const Slot* largest = &param_slots_[0];
+    for (auto& s : param_slots_) {
+      MX_ASSERT(s.unit < 0, "gather during a micro-batch");
+      if (s.capacity > largest->capacity) largest = &s;
+    }
+    gathered = largest->buf;
   }
   for (size_t u = 0; u < units.size(); ++u) {
     const ShardLayout& sl = shards_[u];

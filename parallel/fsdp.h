@@ -102,6 +102,7 @@ class Fsdp final : public UnitAccess {
 
  private:
   struct Slot;
+  Slot* free_slot(std::vector<Slot>& pool, int unit);
   Slot* take_slot(std::vector<Slot>& pool, int unit);
   Slot* find_slot(std::vector<Slot>& pool, int unit);
   void start_gather(int unit);

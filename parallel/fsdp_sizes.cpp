@@ -24,11 +24,13 @@ FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sha
   FsdpBufferSizes z;
   z.shard_size = shard_size;
   int64_t max_padded = 0, max_shard = 0;
+  size_t per_unit_slots = 0;  // grad-op: every unit's own slot
   for (const ParamUnit& u : layout.units()) {
     const ShardLayout sl = make_shard_layout(u.numel, shard_size);
     z.local_numel += sl.shard_numel;
     max_padded = std::max(max_padded, sl.padded_numel);
     max_shard = std::max(max_shard, sl.shard_numel);
+    per_unit_slots += Arena::round_up(elem_bytes * size_t(sl.padded_numel));
   }
   z.state_bytes = Arena::round_up(elem_bytes * size_t(z.local_numel));
   if (shard_size > 1) {
@@ -37,7 +39,8 @@ FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sha
     z.param_slots = sharding == Sharding::kGradOp ? int(layout.units().size()) : 3;
     z.grad_slots = 3;
     z.slot_bytes = Arena::round_up(elem_bytes * size_t(max_padded));
-    z.gathered_bytes = z.slot_bytes * size_t(z.param_slots);
+    z.gathered_bytes = sharding == Sharding::kGradOp ? per_unit_slots
+                                                     : z.slot_bytes * size_t(z.param_slots);
     z.unit_grad_bytes = z.slot_bytes * size_t(z.grad_slots);
     z.reduce_scatter_bytes = Arena::round_up(elem_bytes * size_t(max_shard));
   }

@@ -5,14 +5,15 @@
 // Per rank (every rank holds the same sizes: shards are padded to equal length):
 //   4 state arenas     master weights, gradients, AdamW m, AdamW v: local_numel fp32 each,
 //                      local_numel = sum over units of ceil(numel_u / S)
-//   gathered weights   param_slots x one slot (S > 1 only): 3 for full / hybrid (the unit in
-//                      use, the prefetched next one, the tied embedding), every unit for grad-op
-//                      (forward's gathered weights are kept for backward)
+//   gathered weights   param_slots (S > 1 only): 3 slots of the largest unit for full / hybrid
+//                      (the unit in use, the prefetched next one, the tied embedding); for
+//                      grad-op one slot per unit, each the size of its own unit (forward's
+//                      gathered weights are kept for backward: one padded copy of the model)
 //   unit gradients     grad_slots = 3 slots (S > 1 only): the unit in backward, the one being
 //                      reduce-scattered, the tied embedding
 //   reduce-scatter     one shard of the largest unit (S > 1 only)
-// A slot holds the largest unit, padded: max_padded = max over units of ceil(numel_u / S) x S
-// elements. With S = 1 (one process, or sharding = none) nothing is gathered or scattered.
+// A shared slot holds the largest unit, padded: max_padded = max over units of
+// ceil(numel_u / S) x S elements. With S = 1 (one process, or sharding = none) nothing is gathered or scattered.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,8 +32,9 @@ struct FsdpBufferSizes {
   int grad_slots = 0;
   // Arena capacities in bytes (each a whole number of 64-byte-rounded allocations).
   size_t state_bytes = 0;           // one of master / gradients / m / v
-  size_t slot_bytes = 0;            // one slot
-  size_t gathered_bytes = 0;        // param_slots x slot_bytes
+  size_t slot_bytes = 0;            // one slot of the largest unit
+  size_t gathered_bytes = 0;        // full / hybrid: param_slots x slot_bytes; grad-op: the sum
+                                    // of every unit's own slot
   size_t unit_grad_bytes = 0;       // grad_slots x slot_bytes
   size_t reduce_scatter_bytes = 0;  // rounded 4 x max_shard
   size_t total_bytes() const {
