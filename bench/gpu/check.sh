@@ -30,6 +30,8 @@
 #      autocast, SDPA, torch.compile per block, fused AdamW) on the same shape (speed.json).
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
+#      Last, if the budget has 40 s left: recipe bf16 with precision.activations = fp32 ("mx
+#      bf16/a32"), to measure what the default bf16 activations cost or save.
 set -uo pipefail
 OUT=${OUT:-/tmp/mxtrain-gpu-out}
 mkdir -p "$OUT"
@@ -164,6 +166,18 @@ PYTHONUNBUFFERED=1 timeout "$(cap 80)" python3 bench/gpu/torch_llama.py --seq "$
   --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" \
   > /dev/null 2>> "$OUT/errors.txt" || echo "torch seq $seq: exit $? (see errors.txt)"
 echo "torch speed: $(( $(date +%s) - t0 )) s"
+# What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
+# precision.activations = fp32, if the budget has room left (it runs last for that reason).
+if (( $(cap 50) >= 40 )); then
+  t0=$(date +%s)
+  budget=$(cap 50)
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(( budget + 20 ))" \
+    python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
+    --recipe bf16 --activations fp32 --batches $batches --steps 3 --skip 1 --budget "$budget" \
+    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
+    > /dev/null 2>> "$OUT/errors.txt"
+  echo "mxtrain bf16, fp32 activations: $(( $(date +%s) - t0 )) s"
+fi
 
 # ---- table -------------------------------------------------------------------------------------
 python3 - "$OUT" "${cc:-unknown}" <<'PY'
@@ -192,6 +206,8 @@ for r in speed:
     ck = r.get("checkpointing", False)
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
     impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
+    if r.get("activations") == "fp32":
+        impl += "/a32"
     native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
     if r.get("recipe") == "fp8-block" and r.get("fp8_tensor_cores"):
         native = (" (tensor cores: MXFP8 GEMM, E8M0 scales)" if cc.startswith("10.")
@@ -203,6 +219,9 @@ for r in speed:
 for seq in (4096, 8192):
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
+    if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
+        print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
+              f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")
     for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4"):
         if (f"mx {fp8}", seq) in by and ("mx bf16", seq) in by:
             print(f"seq {seq}: mxtrain {fp8} / bf16 = "

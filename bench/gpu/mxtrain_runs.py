@@ -147,6 +147,7 @@ def speed(args):
     deadline = time.time() + args.budget
     for seq in args.seq:
         result = {"impl": "mxtrain", "seq": seq, "recipe": args.recipe,
+                  "activations": args.activations or "default",
                   "gemm_env": os.environ.get("MXTRAIN_CUDA_GEMM", "fp32"), "tried": []}
         for batch in args.batches:
             done = False
@@ -163,7 +164,9 @@ def speed(args):
                         "run.sample_tokens": 0, "run.device": "cuda",
                         "precision.recipe": args.recipe,
                         "memory.activation_checkpointing": policy, "checkpoint.resume": "none"}
-                out = Path(args.work) / f"speed_{args.recipe}_{seq}_{batch}_{policy}"
+                if args.activations:
+                    sets["precision.activations"] = args.activations
+                out = Path(args.work) / f"speed_{args.recipe}_{args.activations}_{seq}_{batch}_{policy}"
                 rc, tail, steps, secs = run_train(args.bin, sets, {}, out,
                                                   min(args.limit, left), stop_after=args.steps)
                 tried = {"micro_batch": batch, "policy": policy, "rc": rc,
@@ -216,6 +219,8 @@ def main():
     ap.add_argument("--seq", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--batches", type=int, nargs="+", default=[4, 2, 1])
     ap.add_argument("--recipe", default="bf16", help="speed: precision.recipe")
+    ap.add_argument("--activations", default="",
+                    help="speed: precision.activations (default: the GPU's, bf16 under a recipe)")
     ap.add_argument("--recipes", nargs="+", default=["fp32", "bf16"], choices=sorted(TOL),
                     help="loss-match: the recipes compared")
     ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
