@@ -369,7 +369,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   // GPU: this build's CUDA engine, allocation by allocation (train/trainer.cpp, Engine, Fsdp,
   // LlamaModel's amax slots; CudaEngineBytes says what is left out of the model below).
   {
-    const std::string& rc = in.configured_recipe.empty() ? in.recipe : in.configured_recipe;
+    const std::string& rc = in.engine_recipe();
     const FsdpBufferSizes z = fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in));
     m.engine.fsdp = int64_t(z.total_bytes());
     const ActivationBytes cap = activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true,

@@ -42,6 +42,11 @@ struct PlanInput {
   // precision.recipe as configured, when `recipe` is what the GPU model plans instead (fp32 is
   // planned as bf16); "" = recipe. What this build's CUDA engine allocates follows it.
   std::string configured_recipe;
+  // The recipe this build's engine runs for this input: configured_recipe, else recipe (a
+  // recommendation's candidates clear configured_recipe: taking one means running its recipe).
+  const std::string& engine_recipe() const {
+    return configured_recipe.empty() ? recipe : configured_recipe;
+  }
   bool eval = false;              // validation passes run (forward only, full checkpointing)
   // GPUs: `fits` and the recommendation go by what this build's CUDA engine allocates
   // (MemoryBreakdown::engine) instead of the bf16-activation model (plan --memory engine).

@@ -98,6 +98,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
         for (int64_t mb : mbs) {
           PlanInput c = in;
           c.recipe = r;
+          c.configured_recipe.clear();  // taking the recommendation means running recipe r
           c.sharding = s;
           if (s == "hybrid" && c.shard_group == 0) c.shard_group = in.gpus_per_node;
           c.checkpointing = p;
@@ -315,7 +316,8 @@ nlohmann::json config_json(const PlanInput& p, const GpuSpec& gpu) {
           {"high_precision", plan_high_precision_bf16(p) ? "bf16" : "fp32"},
           // the engine's (memory.engine on GPUs: run.device = cuda)
           {"activations",
-           plan_bf16_activations(p, p.recipe, gpu.is_cpu ? "cpu" : "cuda") ? "bf16" : "fp32"},
+           plan_bf16_activations(p, p.engine_recipe(), gpu.is_cpu ? "cpu" : "cuda") ? "bf16"
+                                                                                   : "fp32"},
           // GPU recipes are modelled; on cpu the engine runs (emulates) every recipe
           {"recipe_modelled", !gpu.is_cpu && recipe_model(p.recipe).modelled}};
 }
@@ -379,7 +381,10 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
              "B parameters) on ", in.nodes, " x ", in.gpus_per_node, " ", gpu.name, " (",
              gpu.description, gpu.instance.empty() ? "" : ", " + gpu.instance, ")\n");
   out += str("config: ", describe(in), ", seq_len ", in.seq_len, ", grad_accum ", in.grad_accum,
-             ", shards ", given.memory.shards, "\n\n");
+             ", shards ", given.memory.shards,
+             plan_bf16_activations(in, in.engine_recipe(), gpu.is_cpu ? "cpu" : "cuda")
+                 ? ", bf16 activations" : "",
+             "\n\n");
   // Small (CPU) configurations in MiB, so the table does not read 0.00 GiB everywhere.
   const bool mib = given.memory.total < (int64_t(1) << 30);
   auto amount = [&](double bytes) {
@@ -421,7 +426,9 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
                 given.fits ? "fits" : "DOES NOT FIT");
   out += line;
   if (m.engine.total() > 0)
-    out += str("  this build's CUDA engine (fp32 activations and FSDP slots): ",
+    out += str("  this build's CUDA engine (",
+               plan_bf16_activations(in, in.engine_recipe(), "cuda") ? "bf16" : "fp32",
+               " kept activations, fp32 FSDP slots): ",
                amount(double(m.engine.total())), " of ", gib(given.capacity_bytes), "  -> ",
                given.engine_fits ? "fits" : "DOES NOT FIT", "\n");
   out += str("  activation peak at ", m.activation_peak_at, " (saved ",
