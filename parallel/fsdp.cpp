@@ -109,16 +109,19 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
     // grad-op: slot u is the size of unit u (take_slot's best fit gives each unit one of its
     // size), so the kept weights are one padded copy of the model, not L + 2 of its largest
     // unit (a 128K-vocabulary head is 2.4x a Llama-3-8B block).
+    // Otherwise one large slot and two of a block's size (fsdp_sizes.h says why that is enough).
     param_slots_.resize(param_slots);
     for (size_t i = 0; i < param_slots_.size(); ++i) {
       Slot& s = param_slots_[i];
-      s.capacity = options_.sharding == Sharding::kGradOp ? shards_[i].padded_numel : max_padded;
+      s.capacity = options_.sharding == Sharding::kGradOp ? shards_[i].padded_numel
+                   : i == 0                               ? max_padded
+                                                          : z.block_padded;
       s.buf = gathered_->alloc_f32(s.capacity);
     }
     grad_slots_.resize(grad_slots);
-    for (auto& s : grad_slots_) {
-      s.capacity = max_padded;
-      s.buf = unit_grads_->alloc_f32(max_padded);
+    for (size_t i = 0; i < grad_slots_.size(); ++i) {
+      grad_slots_[i].capacity = i == 0 ? max_padded : z.block_padded;
+      grad_slots_[i].buf = unit_grads_->alloc_f32(grad_slots_[i].capacity);
     }
     rs_buffer_ = rs_out_->alloc_f32(max_shard);
   }

@@ -284,6 +284,7 @@ nlohmann::json memory_json(const Evaluation& e) {
     j["fsdp"] = {{"shard_size", m.fsdp.shard_size},
                  {"local_numel", m.fsdp.local_numel},
                  {"slot_numel", m.fsdp.max_padded},
+                 {"block_slot_numel", m.fsdp.block_padded},
                  {"param_slots", m.fsdp.param_slots},
                  {"grad_slots", m.fsdp.grad_slots},
                  {"reduce_scatter_numel", m.fsdp.max_shard}};
@@ -436,8 +437,10 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
              amount(double(m.activations_scratch)), ")\n");
   if (gpu.is_cpu && in.world_size() > 1)
     out += str("  every rank the same (FSDP shards padded to equal length); ",
-               m.fsdp.param_slots, " weight slots + ", m.fsdp.grad_slots,
-               " gradient slots of ", m.fsdp.max_padded, " floats\n");
+               m.fsdp.param_slots, " weight slots + ", m.fsdp.grad_slots, " gradient slots",
+               in.sharding == "grad-op" ? " (weight slots: one per unit, its size)" : "",
+               ": largest unit ", m.fsdp.max_padded, " floats, block ", m.fsdp.block_padded,
+               " floats\n");
   out += "\n";
   const TimeBreakdown& t = given.time;
   std::snprintf(line, sizeof line,

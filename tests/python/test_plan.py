@@ -91,6 +91,13 @@ MULTI_CASES = [
     ("small-2p-full-mxfp8", SMALL, 2, "full", 64, 1, "selective", "mxfp8", {}),
     ("small-4p-none", SMALL, 4, "none", 128, 1, "full", "fp32", {}),
     ("125m-2p-full", SHAPE_125M, 2, "full", 32, 1, "none", "fp32", {}),
+    # embedding and head larger than a block (as at a 128K vocabulary): one large FSDP slot and
+    # two block-sized ones; a tied head's unit (its final norm) takes a block-sized one
+    ("bigvocab-2p-full-eval", dict(TINY, **{"model.vocab_size": 4096}), 2, "full", 32, 1, "none",
+     "fp32", {"train.eval_every": 1, "data.val_fraction": 0.5}),
+    ("bigvocab-tied-4p-hybrid", dict(TINY, **{"model.vocab_size": 4096,
+                                             "model.tie_word_embeddings": True}), 4, "hybrid",
+     32, 1, "selective", "fp32", {"parallel.shard_group": 2}),
 ]
 
 
