@@ -227,15 +227,19 @@ int run_training(const RunConfig& cfg) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
 
-  // Validation loss on a fixed set of held-out windows (the same on every rank).
+  // Validation loss on a fixed set of held-out windows: eval_batches global batches of B x W
+  // windows, numbered as the training batches are, each rank computing its own B of them, and
+  // the ranks' means averaged (equal counts). So the set and the value are the same for every
+  // process count at the same global batch, and no rank repeats another's work.
   auto evaluate = [&]() {
     double sum = 0;
     for (int64_t i = 0; i < tc.eval_batches; ++i) {
-      val_sampler->fill(i * B, B, engine.batch_tokens());
+      val_sampler->fill((i * W + rank) * B, B, engine.batch_tokens());
       sum += engine.model->forward_loss(fsdp, engine.batch_tokens(), B, T);
       fsdp.finish_micro_batch();
     }
-    return sum / double(tc.eval_batches);
+    const double mean = sum / double(tc.eval_batches);
+    return W > 1 ? world.all_reduce(mean, ReduceOp::kAvg) : mean;
   };
 
   // Starts a checkpoint of `step` (in the background when checkpoint.async).

@@ -73,6 +73,23 @@ def test_loss_trajectory_matches_one_process(tmp_path, reference, np_, sharding)
         assert abs(a - b) <= 1e-4 * abs(b), (np_, sharding, i + 1, a, b)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_large_vocabulary_units_match_one_process(tmp_path, tied):
+    # Embedding and head 4x a block (vocab 4096 at hidden 64), as at Llama's 128K vocabulary:
+    # full sharding then holds one slot of that size and two of a block's, grad-op one slot per
+    # unit of its own size. Validation passes run too (a forward-only pass through the slots).
+    extra = ["--set", "model.vocab_size=4096", "--set", f"model.tie_word_embeddings={str(tied).lower()}",
+             "--set", "train.steps=8", "--set", "train.eval_every=4", "--set", "data.val_fraction=0.2"]
+    ref, _, _ = train(tmp_path, 1, "full", extra, name="ref")
+    for sharding in ("full", "grad-op"):
+        steps, summary, _ = train(tmp_path, 2, sharding, extra, name=f"np2_{sharding}")
+        assert len(steps) == len(ref) == 8
+        for a, b in zip(steps, ref):
+            assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (sharding, a, b)
+            if "val_loss" in b:
+                assert abs(a["val_loss"] - b["val_loss"]) <= 1e-5 * abs(b["val_loss"]), sharding
+
+
 def test_full_sharding_splits_the_state(tmp_path, reference):
     _, _, one = reference
     _, four, _ = train(tmp_path, 4, "full")
