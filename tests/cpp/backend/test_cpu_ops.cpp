@@ -342,6 +342,33 @@ TEST(CpuOps, RoundBf16MatchesBitFormula) {
   EXPECT_EQ(x, y);
 }
 
+// precision.activations = bf16: the tensor rounded in place, its codes the top 16 bits of the
+// rounded float (bit formula above), and the widened codes the rounded values exactly.
+TEST(CpuOps, PackBf16KeepsTheRoundedBitsAndUnpacksExactly) {
+  auto be = mx::make_cpu_backend();
+  auto x = randn(1003, 26, 3.0f);
+  x[0] = 1.0f + 1.0f / 256;  // ties to even
+  x[1] = 1.0f + 3.0f / 256;
+  x[2] = -0.0f;
+  x[3] = 1e-40f;  // subnormal
+  const std::vector<float> orig = x;
+  std::vector<uint16_t> codes(x.size(), 0xABCD);
+  be->pack_bf16(x.data(), codes.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float r = bf16_ref(orig[i]);
+    ASSERT_EQ(x[i], r) << i;
+    uint32_t u;
+    std::memcpy(&u, &r, 4);
+    ASSERT_EQ(codes[i], uint16_t(u >> 16)) << i;
+  }
+  std::vector<float> back(x.size(), kNaN);
+  be->unpack_bf16(back.data(), codes.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(std::memcmp(&back[i], &x[i], 4), 0) << i;
+  std::vector<float> y = orig;  // no codes: rounding only
+  be->pack_bf16(y.data(), nullptr, int64_t(y.size()));
+  EXPECT_EQ(std::memcmp(y.data(), x.data(), 4 * x.size()), 0);
+}
+
 TEST(CpuOps, AdamWMatchesTorchFormula) {
   auto be = mx::make_cpu_backend();
   // 33: one vector block per thread and a scalar tail; 1003: many blocks per thread.
