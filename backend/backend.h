@@ -275,6 +275,9 @@ inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
 size_t cuda_scratch_bytes();
 
 std::unique_ptr<Backend> make_cpu_backend();
+// The CPU backend on plain host memory whatever MXTRAIN_TEST_STAGING / _DEVICE_MEMORY say:
+// where a run on device memory falls back to the host (generation without room on the GPU).
+std::unique_ptr<Backend> make_host_backend();
 // "cpu" or "cuda". UserError for an unknown device, and for "cuda" in a build without the CUDA
 // backend or on a machine without a usable GPU.
 std::unique_ptr<Backend> make_backend(const std::string& device);

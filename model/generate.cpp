@@ -2,33 +2,78 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 
+#include "core/arena.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace mx {
 
 namespace {
 
+// Buffers in the backend's memory: MemoryResource allocations where it has one (CUDA; the CPU
+// under MXTRAIN_TEST_DEVICE_MEMORY), else host vectors. Freed on destruction.
+class BackendBuffers {
+ public:
+  explicit BackendBuffers(Backend& be) : mem_(be.memory()) {}
+  ~BackendBuffers() {
+    for (void* p : device_) mem_->deallocate(p);
+  }
+  BackendBuffers(const BackendBuffers&) = delete;
+  BackendBuffers& operator=(const BackendBuffers&) = delete;
+  float* floats(int64_t n) { return static_cast<float*>(bytes(sizeof(float) * size_t(n))); }
+  void* bytes(size_t n) {
+    if (mem_) {
+      device_.push_back(mem_->allocate(std::max<size_t>(n, 16), "generate"));
+      return device_.back();
+    }
+    host_.emplace_back((n + sizeof(float) - 1) / sizeof(float) + 1, 0.0f);
+    return host_.back().data();
+  }
+
+ private:
+  MemoryResource* mem_;
+  std::vector<void*> device_;
+  std::vector<std::vector<float>> host_;
+};
+
+// One token at a time, every tensor in the backend's memory (weights, KV cache, activations).
+// On a backend the host cannot address (CUDA; the CPU under MXTRAIN_TEST_STAGING), the weights
+// are copied over once and only the token, the RoPE angles and the logits cross per step.
 class Decoder {
  public:
   Decoder(const ModelConfig& c, const ParamLayout& layout, Backend& be, const float* params,
           int64_t max_len)
-      : c_(c), layout_(layout), be_(be), P_(const_cast<float*>(params)), max_len_(max_len) {
+      : c_(c), layout_(layout), be_(be), buf_(be), max_len_(max_len) {
     const int64_t C = c.hidden_size;
-    k_cache_.assign(c.num_hidden_layers, std::vector<float>(max_len * c.kv_dim()));
-    v_cache_.assign(c.num_hidden_layers, std::vector<float>(max_len * c.kv_dim()));
-    x_.resize(C);
-    h_.resize(C);
-    tmp_.resize(C);
-    q_.resize(c.q_dim());
-    o_.resize(c.q_dim());
-    g_.resize(c.intermediate_size);
-    u_.resize(c.intermediate_size);
-    cos_.resize(c.head_dim / 2);
-    sin_.resize(c.head_dim / 2);
-    logits_.resize(c.vocab_size);
+    if (be.host_addressable()) {
+      P_ = const_cast<float*>(params);
+    } else {
+      P_ = buf_.floats(layout.total_numel());
+      be.copy_from_host(P_, params, sizeof(float) * size_t(layout.total_numel()));
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      k_cache_.push_back(buf_.floats(max_len * c.kv_dim()));
+      v_cache_.push_back(buf_.floats(max_len * c.kv_dim()));
+    }
+    x_ = buf_.floats(C);
+    h_ = buf_.floats(C);
+    tmp_ = buf_.floats(C);
+    rstd_ = buf_.floats(1);
+    q_ = buf_.floats(c.q_dim());
+    o_ = buf_.floats(c.q_dim());
+    g_ = buf_.floats(c.intermediate_size);
+    u_ = buf_.floats(c.intermediate_size);
+    cos_ = buf_.floats(c.head_dim / 2);
+    sin_ = buf_.floats(c.head_dim / 2);
+    token_ = static_cast<int32_t*>(buf_.bytes(sizeof(int32_t)));
+    logits_dev_ = buf_.floats(c.vocab_size);
+    logits_.resize(size_t(c.vocab_size));
+    host_cos_.resize(size_t(c.head_dim / 2));
+    host_sin_.resize(size_t(c.head_dim / 2));
   }
 
   // Feeds the token at position `pos_` and returns the next-token logits.
@@ -37,36 +82,38 @@ class Decoder {
     const int64_t C = c_.hidden_size, I = c_.intermediate_size, D = c_.head_dim;
     const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads;
     const float eps = float(c_.rms_norm_eps);
-    float rstd;
     for (int64_t i = 0; i < D / 2; ++i) {  // the same angles as the trainer's tables
       double angle = double(pos_) * std::pow(c_.rope_theta, -double(2 * i) / double(D));
-      cos_[i] = float(std::cos(angle));
-      sin_[i] = float(std::sin(angle));
+      host_cos_[size_t(i)] = float(std::cos(angle));
+      host_sin_[size_t(i)] = float(std::sin(angle));
     }
-    be_.embedding_forward(x_.data(), &token, layout_.embedding(P_), 1, C);
+    be_.copy_from_host(cos_, host_cos_.data(), sizeof(float) * host_cos_.size());
+    be_.copy_from_host(sin_, host_sin_.data(), sizeof(float) * host_sin_.size());
+    be_.copy_from_host(token_, &token, sizeof(int32_t));
+    be_.embedding_forward(x_, token_, layout_.embedding(P_), 1, C);
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
       BlockParams w = layout_.block(P_, l);
-      float* k = k_cache_[l].data() + pos_ * c_.kv_dim();
-      float* v = v_cache_[l].data() + pos_ * c_.kv_dim();
-      be_.rmsnorm_forward(h_.data(), &rstd, x_.data(), w.input_norm, 1, C, eps);
-      be_.linear_forward(q_.data(), h_.data(), w.wq, 1, C, c_.q_dim());
-      be_.linear_forward(k, h_.data(), w.wk, 1, C, c_.kv_dim());
-      be_.linear_forward(v, h_.data(), w.wv, 1, C, c_.kv_dim());
-      be_.rope_forward(q_.data(), cos_.data(), sin_.data(), 1, 1, H, D);
-      be_.rope_forward(k, cos_.data(), sin_.data(), 1, 1, KV, D);
-      be_.attention_decode(o_.data(), q_.data(), k_cache_[l].data(), v_cache_[l].data(),
-                           pos_ + 1, H, KV, D);
-      be_.linear_forward(tmp_.data(), o_.data(), w.wo, 1, c_.q_dim(), C);
-      be_.add(x_.data(), x_.data(), tmp_.data(), C);
-      be_.rmsnorm_forward(h_.data(), &rstd, x_.data(), w.post_norm, 1, C, eps);
-      be_.linear_forward(g_.data(), h_.data(), w.w_gate, 1, C, I);
-      be_.linear_forward(u_.data(), h_.data(), w.w_up, 1, C, I);
-      be_.swiglu_forward(g_.data(), g_.data(), u_.data(), I);
-      be_.linear_forward(tmp_.data(), g_.data(), w.w_down, 1, I, C);
-      be_.add(x_.data(), x_.data(), tmp_.data(), C);
+      float* k = k_cache_[size_t(l)] + pos_ * c_.kv_dim();
+      float* v = v_cache_[size_t(l)] + pos_ * c_.kv_dim();
+      be_.rmsnorm_forward(h_, rstd_, x_, w.input_norm, 1, C, eps);
+      be_.linear_forward(q_, h_, w.wq, 1, C, c_.q_dim());
+      be_.linear_forward(k, h_, w.wk, 1, C, c_.kv_dim());
+      be_.linear_forward(v, h_, w.wv, 1, C, c_.kv_dim());
+      be_.rope_forward(q_, cos_, sin_, 1, 1, H, D);
+      be_.rope_forward(k, cos_, sin_, 1, 1, KV, D);
+      be_.attention_decode(o_, q_, k_cache_[size_t(l)], v_cache_[size_t(l)], pos_ + 1, H, KV, D);
+      be_.linear_forward(tmp_, o_, w.wo, 1, c_.q_dim(), C);
+      be_.add(x_, x_, tmp_, C);
+      be_.rmsnorm_forward(h_, rstd_, x_, w.post_norm, 1, C, eps);
+      be_.linear_forward(g_, h_, w.w_gate, 1, C, I);
+      be_.linear_forward(u_, h_, w.w_up, 1, C, I);
+      be_.swiglu_forward(g_, g_, u_, I);
+      be_.linear_forward(tmp_, g_, w.w_down, 1, I, C);
+      be_.add(x_, x_, tmp_, C);
     }
-    be_.rmsnorm_forward(h_.data(), &rstd, x_.data(), layout_.final_norm(P_), 1, C, eps);
-    be_.head_logits(logits_.data(), h_.data(), layout_.head(P_), 1, C, c_.vocab_size);
+    be_.rmsnorm_forward(h_, rstd_, x_, layout_.final_norm(P_), 1, C, eps);
+    be_.head_logits(logits_dev_, h_, layout_.head(P_), 1, C, c_.vocab_size);
+    be_.copy_to_host(logits_.data(), logits_dev_, sizeof(float) * logits_.size());
     ++pos_;
     return logits_;
   }
@@ -75,10 +122,13 @@ class Decoder {
   const ModelConfig& c_;
   const ParamLayout& layout_;
   Backend& be_;
-  float* P_;
+  BackendBuffers buf_;
+  float* P_ = nullptr;
   int64_t max_len_, pos_ = 0;
-  std::vector<std::vector<float>> k_cache_, v_cache_;
-  std::vector<float> x_, h_, tmp_, q_, o_, g_, u_, cos_, sin_, logits_;
+  std::vector<float*> k_cache_, v_cache_;
+  float *x_, *h_, *tmp_, *rstd_, *q_, *o_, *g_, *u_, *cos_, *sin_, *logits_dev_;
+  int32_t* token_;
+  std::vector<float> logits_, host_cos_, host_sin_;
 };
 
 int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt19937_64& rng) {
@@ -101,12 +151,19 @@ int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt
   return idx[k - 1];
 }
 
-// The decoder keeps its KV cache and activations in host vectors: a backend with device memory
-// (CUDA) hands generation to the CPU backend (params are host memory here in any case).
-Backend& host_backend_for(Backend& backend, std::unique_ptr<Backend>& owned) {
-  if (!backend.memory()) return backend;
-  owned = make_cpu_backend();
-  return *owned;
+// A decoder on `backend`, or, when the backend's memory cannot hold the weights' copy and the
+// KV cache (a GPU whose arenas the training run still holds), on the CPU backend, said once.
+std::unique_ptr<Decoder> make_decoder(const ModelConfig& c, const ParamLayout& layout,
+                                      Backend& backend, std::unique_ptr<Backend>& owned,
+                                      const float* params, int64_t max_len) {
+  if (!backend.memory()) return std::make_unique<Decoder>(c, layout, backend, params, max_len);
+  try {
+    return std::make_unique<Decoder>(c, layout, backend, params, max_len);
+  } catch (const UserError& e) {
+    warn(str("generation: ", e.what(), "; decoding on the CPU instead"));
+  }
+  owned = make_host_backend();
+  return std::make_unique<Decoder>(c, layout, *owned, params, max_len);
 }
 
 }  // namespace
@@ -119,16 +176,16 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayou
   for (int32_t t : prompt)
     MX_REQUIRE(t >= 0 && t < config.vocab_size, "prompt token ", t, " is outside the vocabulary");
   std::unique_ptr<Backend> owned;
-  Decoder dec(config, layout, host_backend_for(backend, owned), params,
-              int64_t(prompt.size()) + options.max_new_tokens);
+  auto dec = make_decoder(config, layout, backend, owned, params,
+                          int64_t(prompt.size()) + options.max_new_tokens);
   std::mt19937_64 rng(options.seed);
   std::vector<int32_t> out = prompt;
   const std::vector<float>* logits = nullptr;
-  for (int32_t t : prompt) logits = &dec.step(t);
+  for (int32_t t : prompt) logits = &dec->step(t);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     int32_t next = sample(*logits, options, rng);
     out.push_back(next);
-    if (i + 1 < options.max_new_tokens) logits = &dec.step(next);
+    if (i + 1 < options.max_new_tokens) logits = &dec->step(next);
   }
   return out;
 }
@@ -137,9 +194,9 @@ std::vector<float> last_logits(const ModelConfig& config, const ParamLayout& lay
                                Backend& backend, const float* params,
                                const std::vector<int32_t>& tokens) {
   std::unique_ptr<Backend> owned;
-  Decoder dec(config, layout, host_backend_for(backend, owned), params, int64_t(tokens.size()));
+  auto dec = make_decoder(config, layout, backend, owned, params, int64_t(tokens.size()));
   std::vector<float> out;
-  for (int32_t t : tokens) out = dec.step(t);
+  for (int32_t t : tokens) out = dec->step(t);
   return out;
 }
 

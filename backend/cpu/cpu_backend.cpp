@@ -21,9 +21,15 @@ namespace {
 
 // MXTRAIN_TEST_DEVICE_MEMORY=1 (backend.h): host memory handed out as a MemoryResource would
 // hand out a device's, counted.
+// MXTRAIN_TEST_DEVICE_MEMORY_LIMIT=BYTES caps what it holds at once, as a device's capacity
+// would (tests of what runs out of device memory).
 class CountedHostMemory final : public MemoryResource {
  public:
+  explicit CountedHostMemory(int64_t limit) : limit_(limit) {}
   void* allocate(size_t bytes, const std::string& arena) override {
+    if (limit_ > 0 && held_bytes() + int64_t(bytes) > limit_)
+      throw UserError(str("out of device memory (test limit ", limit_, " bytes): arena '", arena,
+                          "' needs ", bytes, " bytes, ", limit_ - held_bytes(), " free"));
     void* p = std::aligned_alloc(Arena::kAlign, (bytes + Arena::kAlign - 1) / Arena::kAlign *
                                                     Arena::kAlign);
     if (!p) throw UserError(str("out of host memory: arena '", arena, "' needs ", bytes, " bytes"));
@@ -35,16 +41,24 @@ class CountedHostMemory final : public MemoryResource {
     std::free(p);
   }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+
+ private:
+  int64_t limit_;
 };
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() {
+  // plain: host memory whatever the MXTRAIN_TEST_* settings say (make_host_backend).
+  explicit CpuBackend(bool plain = false) : plain_(plain) {
     const char* e = std::getenv("MXTRAIN_TEST_DEVICE_MEMORY");
-    if (e && std::strcmp(e, "1") == 0) test_memory_ = std::make_unique<CountedHostMemory>();
+    if (!plain && e && std::strcmp(e, "1") == 0) {
+      const char* lim = std::getenv("MXTRAIN_TEST_DEVICE_MEMORY_LIMIT");
+      test_memory_ = std::make_unique<CountedHostMemory>(lim ? std::atoll(lim) : 0);
+    }
   }
   std::string name() const override { return "cpu"; }
   MemoryResource* memory() override { return test_memory_.get(); }
+  bool host_addressable() const override { return plain_ || Backend::host_addressable(); }
 
   GemmStats gemm_stats() const override { return stats_; }
   void reset_gemm_stats() override { stats_ = {}; }
@@ -305,6 +319,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<CountedHostMemory> test_memory_;
+  bool plain_ = false;
   // One GEMM on all threads, split by hand: each OpenMP thread computes a contiguous block of
   // C's rows (or columns, when C is wider than tall) with a single-threaded OpenBLAS call
   // (OpenBLAS's OpenMP build runs single-threaded inside a parallel region). OpenBLAS's own
@@ -382,5 +397,6 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_host_backend() { return std::make_unique<CpuBackend>(true); }
 
 }  // namespace mx

@@ -118,3 +118,33 @@ def test_staged_two_process_fsdp_is_identical(tmp_path):
     a, b = checkpoint_files(ref_out, 12), checkpoint_files(got_out, 12)
     assert len(a) == 2 and a == b
     assert "--- sample" in ref_stdout and got_stdout == ref_stdout
+
+
+def test_generate_on_device_memory_is_identical(tmp_path):
+    # `mxtrain generate` decodes on the backend's memory: the weights copied over once, the KV
+    # cache and every activation there, only the token, the RoPE angles and the logits crossing
+    # per step. Staged, and staged on counted device memory, the text is the host run's; with
+    # too little device memory it says so once and decodes on the host, with the same text.
+    _, out, _ = train(tmp_path, "model", False, extra=["--set", "run.sample_tokens=0"])
+    args = [MXTRAIN_BIN, "generate", "--model", str(out / "checkpoints"), "--prompt", "A tale",
+            "--max-tokens", "40", "--seed", "5"]
+
+    def generate(**env):
+        p = subprocess.run(args, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+        assert p.returncode == 0, p.stderr
+        return p
+
+    ref = generate()
+    assert ref.stdout.startswith("A tale") and len(ref.stdout) > 40
+    for env in ({"MXTRAIN_TEST_STAGING": "1"},
+                {"MXTRAIN_TEST_STAGING": "1", "MXTRAIN_TEST_DEVICE_MEMORY": "1"}):
+        got = generate(**env)
+        assert got.stdout == ref.stdout, env
+        assert "warning" not in got.stderr, got.stderr
+    small = generate(MXTRAIN_TEST_STAGING="1", MXTRAIN_TEST_DEVICE_MEMORY="1",
+                     MXTRAIN_TEST_DEVICE_MEMORY_LIMIT="100000")
+    assert small.stdout == ref.stdout
+    warnings = [l for l in small.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warnings) == 1 and "out of device memory" in warnings[0] and \
+        "decoding on the CPU instead" in warnings[0], small.stderr
