@@ -177,8 +177,11 @@ def test_resume_is_exact(mxtrain, tmp_path, corpus, shuffle):
 def test_mfu_denominator_rises_to_the_steps_gemm_rate(tmp_path, corpus):
     """A start-up SGEMM measurement taken while another process held a core reads low; MFU
     must not then exceed 100%: the denominator rises to the GEMM rate the steps achieve. The
-    start-up rate is forced absurdly low (1 MFLOP/s); the exact-math bound checked is
-    MFU = flops_per_token x tokens/s / peak with peak >= each step's GEMM FLOP/s."""
+    start-up rate is forced absurdly low (1 MFLOP/s), which would give MFU in the thousands.
+    With peak >= each step's GEMM FLOP/s, MFU <= (model FLOPs / GEMM FLOPs) x (GEMM time /
+    step time): the model's FLOPs count attention, which runs outside the GEMMs, so a step
+    whose time is nearly all GEMM (seen under load from another process) can read a little
+    above 1 (1.12 measured once); the bound asserted is 1.5."""
     from conftest import require_binary, run_mxtrain
     require_binary()
     settings = dict(MODEL)
@@ -194,6 +197,6 @@ def test_mfu_denominator_rises_to_the_steps_gemm_rate(tmp_path, corpus):
     steps, summary = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(steps) == 4
     for s in steps:
-        assert 0 < s["mfu"] < 1, s  # 1 MFLOP/s as the denominator would give thousands
+        assert 0 < s["mfu"] < 1.5, s  # 1 MFLOP/s as the denominator would give thousands
     assert summary["sgemm_peak_gflops"] >= summary["gemm_gflops"] > 0.001, summary
-    assert 0 < summary["mfu"] < 1, summary
+    assert 0 < summary["mfu"] < 1.5, summary
