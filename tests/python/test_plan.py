@@ -91,6 +91,8 @@ MULTI_CASES = [
     ("small-2p-full-mxfp8", SMALL, 2, "full", 64, 1, "selective", "mxfp8", {}),
     ("small-4p-none", SMALL, 4, "none", 128, 1, "full", "fp32", {}),
     ("125m-2p-full", SHAPE_125M, 2, "full", 32, 1, "none", "fp32", {}),
+    ("tiny-2p-gradop-bf16act", TINY, 2, "grad-op", 32, 2, "none", "bf16",
+     {"precision.activations": "bf16"}),
     # embedding and head larger than a block (as at a 128K vocabulary): one large FSDP slot and
     # two block-sized ones; a tied head's unit (its final norm) takes a block-sized one
     ("bigvocab-2p-full-eval", dict(TINY, **{"model.vocab_size": 4096}), 2, "full", 32, 1, "none",
