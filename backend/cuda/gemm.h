@@ -51,8 +51,10 @@ class LtGemm {
   // (`_2d`), 128 x 128 blocks (BLK128x128_32F). Scale layouts (device, fp32), for an operand of
   // R rows: 1x128: [K/128, round_up(R, 4)] row-major (the row index innermost); 128x128:
   // [R/128, round_up(K/128, 4)] row-major. These are Transformer Engine's "GEMM-ready" layouts,
-  // taken as cuBLASLt's; never checked on a GPU (the op check's fp8_linear_* block cases will
-  // tell). M, N, K multiples of 128.
+  // and what PyTorch's _scaled_mm accepts and hands to these cuBLASLt modes (ScaledBlas.cpp:
+  // 1x128 scales (R, K/128) with strides (1, R); 128x128 (R/128, K/128) with row stride
+  // round_up(K/128, 4)); never checked on a GPU here (the op check's fp8_linear_* block cases
+  // will tell). M, N, K multiples of 128 (so R needs no padding to 4).
   void fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_scales,
                       bool a_2d, const uint8_t* B, const float* b_scales, bool b_2d, float beta,
                       float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
