@@ -5,6 +5,10 @@
 // hold them to tight tolerances.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -190,14 +194,31 @@ __global__ void embedding_forward_kernel(float* __restrict__ out, const int32_t*
   }
 }
 
-// One thread per column, tokens in order: deterministic and in the CPU backend's summation
-// order (a row repeated in the batch is summed n = 0, 1, ...). Parallel over C only.
-__global__ void embedding_backward_kernel(float* __restrict__ dtable,
-                                          const int32_t* __restrict__ tokens,
-                                          const float* __restrict__ dout, int64_t N, int64_t C) {
-  MX_GRID_STRIDE(c, C) {
-    for (int64_t n = 0; n < N; ++n) dtable[int64_t(tokens[n]) * C + c] += dout[n * C + c];
-  }
+// Embedding gradient in the CPU backend's summation order, in parallel. The positions
+// 0..N-1 are sorted by token id with a stable radix sort, so each run of equal ids lists its
+// positions in increasing order; block (i, y) starts work only where a run starts (i = 0 or a
+// new id), and its thread for column c adds the run's dout rows to the table row in that
+// order: per element the same fp32 additions as the CPU's loop over n, so the same bits.
+// Parallel over distinct tokens x columns (it was over columns only: one serial pass over all
+// N tokens per column, on a handful of SMs).
+__global__ void iota_kernel(int32_t* p, int64_t n) {
+  MX_GRID_STRIDE(i, n) p[i] = int32_t(i);
+}
+
+__global__ void embedding_backward_runs_kernel(float* __restrict__ dtable,
+                                               const int32_t* __restrict__ sorted_tokens,
+                                               const int32_t* __restrict__ sorted_positions,
+                                               const float* __restrict__ dout, int64_t N,
+                                               int64_t C) {
+  const int64_t i = blockIdx.x;
+  const int32_t t = sorted_tokens[i];
+  if (i > 0 && sorted_tokens[i - 1] == t) return;  // inside a run: its start does the work
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = dtable[int64_t(t) * C + c];
+  for (int64_t j = i; j < N && sorted_tokens[j] == t; ++j)
+    acc += dout[int64_t(sorted_positions[j]) * C + c];
+  dtable[int64_t(t) * C + c] = acc;
 }
 
 // ---- cross-entropy over one chunk of logits [R, V], in place ------------------------------------
@@ -651,7 +672,27 @@ class CudaBackendImpl final : public CudaBackend {
   void embedding_backward(float* dtable, const int32_t* tokens, const float* dout, int64_t N,
                           int64_t C) override {
     if (N * C == 0) return;
-    embedding_backward_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dtable, tokens, dout, N, C);
+    MX_ASSERT(N <= int64_t(INT32_MAX) && (C + kThreads - 1) / kThreads <= 65535,
+              "embedding_backward: N ", N, ", C ", C);
+    DeviceArenaScope scope(scratch_);
+    int32_t* positions = scratch_.alloc_as<int32_t>(N);
+    int32_t* sorted_tokens = scratch_.alloc_as<int32_t>(N);
+    int32_t* sorted_positions = scratch_.alloc_as<int32_t>(N);
+    iota_kernel<<<grid_1d(N), kThreads, 0, stream_>>>(positions, N);
+    launched("embedding_backward (positions)");
+    size_t temp_bytes = 0;
+    MX_CUDA_CHECK("embedding_backward sort size",
+                  cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, sorted_tokens,
+                                                  positions, sorted_positions, int(N), 0, 32,
+                                                  stream_));
+    void* temp = scratch_.alloc(std::max<size_t>(temp_bytes, 1));
+    MX_CUDA_CHECK("embedding_backward sort",
+                  cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted_tokens,
+                                                  positions, sorted_positions, int(N), 0, 32,
+                                                  stream_));
+    const dim3 grid(unsigned(N), unsigned((C + kThreads - 1) / kThreads));
+    embedding_backward_runs_kernel<<<grid, kThreads, 0, stream_>>>(
+        dtable, sorted_tokens, sorted_positions, dout, N, C);
     launched("embedding_backward");
   }
 

@@ -536,7 +536,10 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "du", dDU.download(), du, kElementwise);
     });
   }
-  for (auto [N, C, V] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {33, 17, 10}, {512, 256, 1000}}) {
+  // (the backward: few ids repeat at V = 1000; V = 3 makes runs of ~23000 positions; N = 70000
+  // is past the 65535 limit of a grid's y and z dimensions)
+  for (auto [N, C, V] : std::vector<std::array<int64_t, 3>>{
+           {1, 1, 1}, {33, 17, 10}, {512, 256, 1000}, {70000, 300, 3}, {4096, 2048, 32000}}) {
     run_case("embedding_forward", dims({N, C, V}), [&](Result& r) {
       auto table = randn(V * C);
       auto tok = randint(N, int32_t(V));
@@ -554,7 +557,8 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       Dev<int32_t> dTok(tok);
       cpu.embedding_backward(dtable.data(), tok.data(), dout.data(), N, C);
       gpu.embedding_backward(dT.p, dTok.p, dO.p, N, C);
-      compare(r, "dtable", dT.download(), dtable, kElementwise);
+      // the same fp32 additions in the same order (a stable sort of the positions by id)
+      compare(r, "dtable", dT.download(), dtable, {0, 0});
     });
   }
   for (auto [N, C, V, chunk] : std::vector<std::array<int64_t, 4>>{{1, 8, 5, 1}, {37, 64, 1000, 16}, {256, 128, 5003, 100}}) {
