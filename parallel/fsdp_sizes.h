@@ -13,13 +13,14 @@
 //   unit gradients     grad_slots = 3 slots (S > 1 only): the unit in backward, the one being
 //                      reduce-scattered, the tied embedding; one of the largest unit, two of
 //                      the largest block
+//   reduce-scatter     one shard of the largest unit (S > 1 only)
+// Padded sizes: max_padded = max over units of ceil(numel_u / S) x S elements; block_padded the
+// same over the blocks (and a tied head's unit). With S = 1 (one process, or sharding = none)
+// nothing is gathered or scattered.
 // Two block-sized slots are enough beside the large one: the embedding and an untied head are
 // never held at once (the embedding is released before the first block; its gradients start
 // after the head's are reduce-scattered), and a tied head's unit is its final norm alone, while
 // the embedding keeps the large slot from the lookup to its backward.
-//   reduce-scatter     one shard of the largest unit (S > 1 only)
-// Padded sizes: max_padded = max over units of ceil(numel_u / S) x S elements; block_padded the
-// same over the blocks (and a tied head's unit). With S = 1 (one process, or sharding = none) nothing is gathered or scattered.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -43,8 +44,7 @@ struct FsdpBufferSizes {
   size_t block_slot_bytes = 0;      // a block-sized slot
   size_t gathered_bytes = 0;        // full / hybrid: slot_bytes + 2 block_slot_bytes; grad-op:
                                     // the sum of every unit's own slot
-  // ... unit_grad_bytes: slot_bytes + 2 block_slot_bytes
-  size_t unit_grad_bytes = 0;       // grad_slots x slot_bytes
+  size_t unit_grad_bytes = 0;       // slot_bytes + 2 block_slot_bytes
   size_t reduce_scatter_bytes = 0;  // rounded 4 x max_shard
   size_t total_bytes() const {
     return 4 * state_bytes + gathered_bytes + unit_grad_bytes + reduce_scatter_bytes;
