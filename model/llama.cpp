@@ -89,17 +89,16 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
   BlockSizes z(c, B, T);
   // act: a tensor that precision.activations = bf16 keeps as bf16 codes (statistics and x_mid,
   // the residual stream, stay fp32).
+  auto act = [](int64_t n, bool bf16) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
   auto cheap = [&](Checkpointing p, bool bf16) {
-    auto act = [&](int64_t n) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
-    return BlockSizes::keeps(p, true)
-               ? act(z.h1) + bytes_f32(z.rstd1) + act(z.h2) + bytes_f32(z.rstd2) + act(z.s)
-               : 0;
+    return BlockSizes::keeps(p, true) ? act(z.h1, bf16) + bytes_f32(z.rstd1) + act(z.h2, bf16) +
+                                            bytes_f32(z.rstd2) + act(z.s, bf16)
+                                      : 0;
   };
   auto gemm = [&](Checkpointing p, bool bf16) {
-    auto act = [&](int64_t n) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
     return BlockSizes::keeps(p, false)
-               ? act(z.q) + act(z.k) + act(z.v) + act(z.o) + bytes_f32(z.lse) +
-                     bytes_f32(z.x_mid) + act(z.g) + act(z.u)
+               ? act(z.q, bf16) + act(z.k, bf16) + act(z.v, bf16) + act(z.o, bf16) +
+                     bytes_f32(z.lse) + bytes_f32(z.x_mid) + act(z.g, bf16) + act(z.u, bf16)
                : 0;
   };
   // Every fp32 tensor of one block (with bf16 activations, the working copies in scratch).
@@ -165,6 +164,10 @@ void LlamaModel::make_rope_tables(int64_t T, float* cos, float* sin) {
   }
 }
 
+void LlamaModel::round_activation(float* t, uint16_t* codes, int64_t n) {
+  if (bf16_acts_) be_.pack_bf16(t, codes, n);
+}
+
 void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, BlockActs& a,
                                Checkpointing policy, int64_t B, int64_t T) {
   const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
@@ -179,16 +182,12 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     *codes = static_cast<uint16_t*>(saved_.alloc(sizeof(uint16_t) * size_t(n)));
     return scratch_.alloc_f32(n);
   };
-  // bf16 activations: the finished tensor rounded in place (and its kept copy written).
-  auto to_bf16 = [&](float* t, uint16_t* codes, int64_t n) {
-    if (bf16_acts_) be_.pack_bf16(t, codes, n);
-  };
   a.h1_16 = a.q_16 = a.k_16 = a.v_16 = a.o_16 = a.h2_16 = a.g_16 = a.u_16 = a.s_16 = nullptr;
   // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
   a.h1 = keep(true, z.h1, &a.h1_16);
   a.rstd1 = keep(true, z.rstd1, nullptr);
   be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-  to_bf16(a.h1, a.h1_16, z.h1);
+  round_activation(a.h1, a.h1_16, z.h1);
   a.q = keep(false, z.q, &a.q_16);
   a.k = keep(false, z.k, &a.k_16);
   a.v = keep(false, z.v, &a.v_16);
@@ -197,13 +196,13 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
   be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
   be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
-  to_bf16(a.q, a.q_16, z.q);
-  to_bf16(a.k, a.k_16, z.k);
-  to_bf16(a.v, a.v_16, z.v);
+  round_activation(a.q, a.q_16, z.q);
+  round_activation(a.k, a.k_16, z.k);
+  round_activation(a.v, a.v_16, z.v);
   a.o = keep(false, z.o, &a.o_16);
   a.lse = keep(false, z.lse, nullptr);
   be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
-  to_bf16(a.o, a.o_16, z.o);
+  round_activation(a.o, a.o_16, z.o);
   a.x_mid = keep(false, z.x_mid, nullptr);
   float* proj = scratch_.alloc_f32(N * C);
   linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
@@ -212,16 +211,16 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   a.h2 = keep(true, z.h2, &a.h2_16);
   a.rstd2 = keep(true, z.rstd2, nullptr);
   be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
-  to_bf16(a.h2, a.h2_16, z.h2);
+  round_activation(a.h2, a.h2_16, z.h2);
   a.g = keep(false, z.g, &a.g_16);
   a.u = keep(false, z.u, &a.u_16);
   linear_fwd(4, a.g, a.h2, w.w_gate, N, C, I);
   linear_fwd(5, a.u, a.h2, w.w_up, N, C, I);
-  to_bf16(a.g, a.g_16, z.g);
-  to_bf16(a.u, a.u_16, z.u);
+  round_activation(a.g, a.g_16, z.g);
+  round_activation(a.u, a.u_16, z.u);
   a.s = keep(true, z.s, &a.s_16);
   be_.swiglu_forward(a.s, a.g, a.u, N * I);
-  to_bf16(a.s, a.s_16, z.s);
+  round_activation(a.s, a.s_16, z.s);
   float* down = scratch_.alloc_f32(N * C);
   linear_fwd(6, down, a.s, w.w_down, N, I, C);
   be_.add(y, a.x_mid, down, N * C);
@@ -257,14 +256,14 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     a.h1 = scratch_.alloc_f32(N * C);
     a.rstd1 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-    if (bf16_acts_) be_.pack_bf16(a.h1, nullptr, N * C);
+    round_activation(a.h1, nullptr, N * C);
     a.h2 = scratch_.alloc_f32(N * C);
     a.rstd2 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
-    if (bf16_acts_) be_.pack_bf16(a.h2, nullptr, N * C);
+    round_activation(a.h2, nullptr, N * C);
     a.s = scratch_.alloc_f32(N * I);
     be_.swiglu_forward(a.s, a.g, a.u, N * I);
-    if (bf16_acts_) be_.pack_bf16(a.s, nullptr, N * I);
+    round_activation(a.s, nullptr, N * I);
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
   {

@@ -113,6 +113,9 @@ class LlamaModel {
   // Forward of block `layer` from x to y; tensors land in `saved` or `scratch` per `policy`.
   void block_forward(const BlockParams& w, const float* x, float* y, BlockActs& a,
                      Checkpointing policy, int64_t B, int64_t T);
+  // bf16 activations: a finished tensor rounded in place, and its kept copy written where codes
+  // is not null (forward, and backward's recompute, which keeps nothing); else nothing.
+  void round_activation(float* t, uint16_t* codes, int64_t n);
   // dresid holds dL/dy on entry and dL/dx on return.
   void block_backward(const BlockParams& w, const BlockParams& dw, const float* x, BlockActs& a,
                       float* dresid, int64_t B, int64_t T);
