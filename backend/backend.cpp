@@ -50,6 +50,13 @@ bool Backend::fp8_tensor_cores() const {
   return forced;
 }
 
+void Backend::gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*,
+                        const uint16_t*, const float*, const uint16_t*, float, float*,
+                        uint16_t*) {
+  throw std::logic_error(str("backend ", name(), " has no bf16 GEMM (gemm_bf16 called without "
+                          "set_bf16_gemm_operands)"));
+}
+
 namespace {
 // LinearRecipe::quantize's FP8 / FP4 cases (per-tensor, fp8-block, mxfp8, nvfp4): the dequantized operand into `out`.
 void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,

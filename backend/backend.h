@@ -48,7 +48,24 @@ class Backend {
   // Recipe bf16 on hardware that rounds GEMM operands to bf16 itself (RNE, fp32 accumulate:
   // the same products as the recipe's emulation): on = true asks the following GEMMs to do so,
   // false restores fp32. Returns false when the backend cannot (then nothing changes).
+  // The CPU can under the test knob MXTRAIN_TEST_BF16_GEMM=1 (its GEMMs then round operand
+  // copies themselves), which runs the model's native-bf16 paths on the CPU.
   virtual bool set_bf16_gemm_operands(bool on) { return false; }
+
+  // The GEMM of that mode with operands the caller already holds as bf16 codes, and
+  // optionally a bf16 result, so that no tensor is rounded twice (the model's bf16 path:
+  // precision.activations = bf16 with native bf16 GEMMs). Called only while
+  // set_bf16_gemm_operands(true) holds; the base class throws.
+  //   A16 / B16 not null: that operand as bf16 codes (numerics::encode_bf16 bit patterns; A / B
+  //   are then unused and may be null); null: A / B in fp32, rounded to bf16 (RNE) by the call
+  //   as gemm does in this mode.
+  //   C16 not null: the product alpha op(A) op(B) rounded to bf16 (RNE) into C16 (beta must be
+  //   0; C unused); else C = alpha op(A) op(B) + beta C in fp32.
+  // Products are exact and summed in fp32 either way, so the result equals gemm's on the
+  // widened codes (up to the order of the fp32 sums, which is the backend's own).
+  virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         float alpha, const float* A, const uint16_t* A16, const float* B,
+                         const uint16_t* B16, float beta, float* C, uint16_t* C16 = nullptr);
 
   // Counters for the benchmark's "GEMM at N% of the machine's SGEMM rate" figure.
   struct GemmStats {
@@ -235,6 +252,18 @@ class Backend {
   virtual void pack_bf16(float* x, uint16_t* codes, int64_t n) = 0;
   // x[i] = the bf16 value codes[i] holds (exact: every bf16 value is a float).
   virtual void unpack_bf16(float* x, const uint16_t* codes, int64_t n) = 0;
+
+  // codes[i] = x[i]'s bf16 bit pattern (RNE, numerics::encode_bf16); x is not changed.
+  virtual void to_bf16(uint16_t* codes, const float* x, int64_t n) = 0;
+  // SwiGLU on bf16 codes (the bf16 path's MLP, whose gate, up and product exist only as
+  // codes): s16 = bf16(silu(g) * u) with g, u the values g16, u16 hold, i.e. exactly
+  // unpack_bf16, swiglu_forward and pack_bf16 in a row.
+  virtual void swiglu_forward_bf16(uint16_t* s16, const uint16_t* g16, const uint16_t* u16,
+                                   int64_t n) = 0;
+  // swiglu_backward with g, u as codes, its dg and du written as bf16 codes (RNE): the values
+  // the bf16 GEMMs that take them next would round them to anyway.
+  virtual void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
+                                    const uint16_t* g16, const uint16_t* u16, int64_t n) = 0;
 
   // y = a + b over n elements (residual adds); y may alias a.
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;

@@ -63,8 +63,44 @@ class CpuBackend final : public Backend {
   GemmStats gemm_stats() const override { return stats_; }
   void reset_gemm_stats() override { stats_ = {}; }
 
+  // MXTRAIN_TEST_BF16_GEMM=1: the GEMMs round their operands to bf16 themselves when asked,
+  // as CUDA's do, so the model's native-bf16 paths (and gemm_bf16's codes) run here. The
+  // products are those of the recipe's emulation (round_bf16 copies, then an fp32 GEMM).
+  bool set_bf16_gemm_operands(bool on) override {
+    const char* knob = std::getenv("MXTRAIN_TEST_BF16_GEMM");  // read per call: tests set it
+    if (!knob || std::strcmp(knob, "1") != 0 || plain_) return false;
+    bf16_gemm_ = on;
+    return true;
+  }
+
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
             const float* A, const float* B, float beta, float* C) override {
+    if (bf16_gemm_) return gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, nullptr, B, nullptr,
+                                     beta, C, nullptr);
+    fp32_gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+  }
+
+  // The bf16 GEMM's twin: each operand widened from its codes or rounded from fp32 into a
+  // copy, an fp32 GEMM (exact products, fp32 sums), the result rounded when C16 is given.
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
+                 float beta, float* C, uint16_t* C16) override {
+    MX_ASSERT(bf16_gemm_);
+    MX_ASSERT(!C16 || beta == 0.0f);
+    std::vector<float> a(size_t(M * K)), b(size_t(K * N)), c(C16 ? size_t(M * N) : 0);
+    auto operand = [&](std::vector<float>& dst, const float* x, const uint16_t* x16) {
+      if (x16) unpack_bf16(dst.data(), x16, int64_t(dst.size()));
+      else round_bf16(dst.data(), x, int64_t(dst.size()));
+    };
+    operand(a, A, A16);
+    operand(b, B, B16);
+    float* out = C16 ? c.data() : C;
+    fp32_gemm(trans_a, trans_b, M, N, K, alpha, a.data(), b.data(), C16 ? 0.0f : beta, out);
+    if (C16) to_bf16(C16, out, M * N);
+  }
+
+  void fp32_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, const float* B, float beta, float* C) {
     if (M == 0 || N == 0) return;
     auto t0 = std::chrono::steady_clock::now();
     if (K == 0) {
@@ -272,6 +308,35 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void to_bf16(uint16_t* codes, const float* x, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      codes[i] = numerics::encode_bf16(x[i], numerics::Saturation::kNoSat);
+  }
+
+  // The SwiGLU twins through the fp32 ops on widened copies, so that their bits are those of
+  // unpack + swiglu_forward / swiglu_backward + rounding, chunking included.
+  void swiglu_forward_bf16(uint16_t* s16, const uint16_t* g16, const uint16_t* u16,
+                           int64_t n) override {
+    const size_t len = static_cast<size_t>(n);
+    std::vector<float> g(len), u(len), s(len);
+    unpack_bf16(g.data(), g16, n);
+    unpack_bf16(u.data(), u16, n);
+    swiglu_forward(s.data(), g.data(), u.data(), n);
+    to_bf16(s16, s.data(), n);
+  }
+
+  void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
+                            const uint16_t* g16, const uint16_t* u16, int64_t n) override {
+    const size_t len = static_cast<size_t>(n);
+    std::vector<float> g(len), u(len), dg(len), du(len);
+    unpack_bf16(g.data(), g16, n);
+    unpack_bf16(u.data(), u16, n);
+    swiglu_backward(dg.data(), du.data(), ds, g.data(), u.data(), n);
+    to_bf16(dg16, dg.data(), n);
+    to_bf16(du16, du.data(), n);
+  }
+
   void unpack_bf16(float* x, const uint16_t* codes, int64_t n) override {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] = numerics::decode_bf16(codes[i]);
@@ -320,6 +385,7 @@ class CpuBackend final : public Backend {
  private:
   std::unique_ptr<CountedHostMemory> test_memory_;
   bool plain_ = false;
+  bool bf16_gemm_ = false;  // set_bf16_gemm_operands under MXTRAIN_TEST_BF16_GEMM
   // One GEMM on all threads, split by hand: each OpenMP thread computes a contiguous block of
   // C's rows (or columns, when C is wider than tall) with a single-threaded OpenBLAS call
   // (OpenBLAS's OpenMP build runs single-threaded inside a parallel region). OpenBLAS's own

@@ -165,12 +165,20 @@ __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos
 }
 
 // ---- swiglu -----------------------------------------------------------------------------------
+// The per-element math, shared by the fp32 kernels and the bf16-code ones (which widen g and u,
+// compute exactly this in fp32, and round the results RNE).
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+__device__ __forceinline__ void swiglu_grads(float ds, float g, float u, float& dg, float& du) {
+  const float sig = 1.0f / (1.0f + expf(-g));
+  du = ds * g * sig;
+  dg = ds * u * sig * (1.0f + g * (1.0f - sig));
+}
+
 __global__ void swiglu_forward_kernel(float* __restrict__ s, const float* __restrict__ g,
                                       const float* __restrict__ u, int64_t n) {
-  MX_GRID_STRIDE(i, n) {
-    const float gi = g[i];
-    s[i] = gi / (1.0f + expf(-gi)) * u[i];
-  }
+  MX_GRID_STRIDE(i, n) s[i] = swiglu_value(g[i], u[i]);
 }
 
 // dg may alias ds (as on the CPU): each element reads ds before writing dg.
@@ -178,10 +186,33 @@ __global__ void swiglu_backward_kernel(float* dg, float* du, const float* ds,
                                        const float* __restrict__ g, const float* __restrict__ u,
                                        int64_t n) {
   MX_GRID_STRIDE(i, n) {
-    const float gi = g[i], ui = u[i], dsi = ds[i];
-    const float sig = 1.0f / (1.0f + expf(-gi));
-    du[i] = dsi * gi * sig;
-    dg[i] = dsi * ui * sig * (1.0f + gi * (1.0f - sig));
+    float dgi, dui;
+    swiglu_grads(ds[i], g[i], u[i], dgi, dui);
+    du[i] = dui;
+    dg[i] = dgi;
+  }
+}
+
+// The bf16 path's MLP: g, u as codes, the results as RNE codes (numerics::encode_bf16).
+__global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
+                                           const uint16_t* __restrict__ g16,
+                                           const uint16_t* __restrict__ u16, int64_t n) {
+  MX_GRID_STRIDE(i, n) {
+    const float s = swiglu_value(numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]));
+    s16[i] = numerics::encode_bf16(s, numerics::Saturation::kNoSat);
+  }
+}
+
+__global__ void swiglu_backward_bf16_kernel(uint16_t* __restrict__ dg16,
+                                            uint16_t* __restrict__ du16,
+                                            const float* __restrict__ ds,
+                                            const uint16_t* __restrict__ g16,
+                                            const uint16_t* __restrict__ u16, int64_t n) {
+  MX_GRID_STRIDE(i, n) {
+    float dgi, dui;
+    swiglu_grads(ds[i], numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]), dgi, dui);
+    dg16[i] = numerics::encode_bf16(dgi, numerics::Saturation::kNoSat);
+    du16[i] = numerics::encode_bf16(dui, numerics::Saturation::kNoSat);
   }
 }
 
@@ -408,6 +439,22 @@ class CudaBackendImpl final : public CudaBackend {
              scratch_, stream_);
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("gemm");
+  }
+
+  // gemm's bf16 mode with operands given as codes or fp32 and an fp32 or bf16 result
+  // (LtGemm::gemm_bf16: the fp32 operands' copies and the cuBLASLt workspace in scratch).
+  void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
+                 float beta, float* C, uint16_t* C16 = nullptr) override {
+    MX_ASSERT(opt_.gemm_precision == CudaGemmPrecision::kBf16,
+              "gemm_bf16: called without set_bf16_gemm_operands(true)");
+    DeviceArenaScope scope(scratch_);
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, beta, C, C16, ws, ws_bytes,
+                  scratch_, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("gemm_bf16");
   }
 
   void fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
@@ -662,6 +709,19 @@ class CudaBackendImpl final : public CudaBackend {
     swiglu_backward_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(dg, du, ds, g, u, n);
     launched("swiglu_backward");
   }
+  void swiglu_forward_bf16(uint16_t* s16, const uint16_t* g16, const uint16_t* u16,
+                           int64_t n) override {
+    if (n == 0) return;
+    swiglu_forward_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(s16, g16, u16, n);
+    launched("swiglu_forward_bf16");
+  }
+  void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds, const uint16_t* g16,
+                            const uint16_t* u16, int64_t n) override {
+    if (n == 0) return;
+    swiglu_backward_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(dg16, du16, ds, g16, u16,
+                                                                      n);
+    launched("swiglu_backward_bf16");
+  }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
                          int64_t C) override {
@@ -737,6 +797,12 @@ class CudaBackendImpl final : public CudaBackend {
     launched("unpack_bf16");
   }
 
+  void to_bf16(uint16_t* codes, const float* x, int64_t n) override {
+    if (n == 0) return;
+    cuda::round_to_bf16(codes, x, n, stream_);  // checks its launch
+    done("to_bf16");
+  }
+
   void add(float* y, const float* a, const float* b, int64_t n) override {
     if (n == 0) return;
     add_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, a, b, n);
@@ -805,16 +871,18 @@ class CudaBackendImpl final : public CudaBackend {
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       const int64_t R = std::min(chunk_rows, N - r0);
       cuda::round_to_bf16(h16, h + r0 * C, R * C, stream_);
-      lt_.gemm_bf16(false, true, R, V, C, 1.0f, h16, w16, 0.0f, logits, ws, ws_bytes, stream_);
+      lt_.gemm_bf16(false, true, R, V, C, 1.0f, nullptr, h16, nullptr, w16, 0.0f, logits,
+                    nullptr, ws, ws_bytes, scratch_, stream_);
       cross_entropy_rows_kernel<<<unsigned(R), kThreads, 0, stream_>>>(
           logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr,
           dh ? g16 : nullptr);
       launched("head_cross_entropy");
       stats_.flops += 2.0 * double(R) * double(V) * double(C);
       if (!dh) continue;
-      lt_.gemm_bf16(false, false, R, C, V, 1.0f, g16, w16, 0.0f, dh + r0 * C, ws, ws_bytes,
-                    stream_);
-      lt_.gemm_bf16(true, false, V, C, R, 1.0f, g16, h16, 1.0f, dw, ws, ws_bytes, stream_);
+      lt_.gemm_bf16(false, false, R, C, V, 1.0f, nullptr, g16, nullptr, w16, 0.0f, dh + r0 * C,
+                    nullptr, ws, ws_bytes, scratch_, stream_);
+      lt_.gemm_bf16(true, false, V, C, R, 1.0f, nullptr, g16, nullptr, h16, 1.0f, dw, nullptr, ws,
+                    ws_bytes, scratch_, stream_);
       stats_.flops += 4.0 * double(R) * double(V) * double(C);
       done("head_cross_entropy (bf16 GEMMs)");
     }

@@ -49,11 +49,12 @@ __global__ void scale_kernel(float* x, float s, int64_t n) {
 
 // The largest power of two (up to 256) dividing the address. cuBLASLt's heuristic assumes
 // 256-byte-aligned operands unless told otherwise, and the backend's callers pass row offsets
-// into buffers (head_cross_entropy's chunks), which may be aligned to as little as 4 bytes.
+// into buffers (head_cross_entropy's chunks), which may be aligned to as little as one element:
+// 4 bytes for fp32, 2 for bf16 codes.
 uint32_t alignment_of(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   uint32_t align = 256;
-  while (align > 4 && a % align) align /= 2;
+  while (align > 1 && a % align) align /= 2;
   return align;
 }
 
@@ -99,38 +100,53 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     MX_CUDA_LAUNCH_CHECK("gemm (K = 0)");
     return;
   }
-  DeviceArenaScope scope(scratch);
-  if (precision == CudaGemmPrecision::kBf16) {
-    uint16_t* a16 = scratch.alloc_as<uint16_t>(M * K);
-    uint16_t* b16 = scratch.alloc_as<uint16_t>(K * N);
-    round_to_bf16(a16, A, M * K, stream);
-    round_to_bf16(b16, B, K * N, stream);
-    return matmul(trans_a, trans_b, M, N, K, alpha, a16, b16, CUDA_R_16BF, CUBLAS_COMPUTE_32F,
-                  beta, C, workspace, workspace_bytes, stream);
-  }
+  if (precision == CudaGemmPrecision::kBf16)
+    return gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, nullptr, B, nullptr, beta, C, nullptr,
+                     workspace, workspace_bytes, scratch, stream);
   matmul(trans_a, trans_b, M, N, K, alpha, A, B, CUDA_R_32F,
          precision == CudaGemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                : CUBLAS_COMPUTE_32F,
-         beta, C, workspace, workspace_bytes, stream);
+         beta, C, CUDA_R_32F, workspace, workspace_bytes, stream);
 }
 
 void LtGemm::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                       const uint16_t* A, const uint16_t* B, float beta, float* C,
-                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                       const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
+                       float beta, float* C, uint16_t* C16, void* workspace,
+                       size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream) {
+  MX_ASSERT(!C16 || beta == 0.0f, "gemm_bf16: a bf16 result takes beta = 0");
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
-    MX_CUDA_LAUNCH_CHECK("gemm_bf16 (K = 0)");
+  if (K == 0) {  // the empty product: C = beta C, or bf16 zeros (+0, code 0x0000)
+    if (C16) {
+      MX_CUDA_CHECK("gemm_bf16 (K = 0)",
+                    cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(M * N), stream));
+    } else {
+      scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
+      MX_CUDA_LAUNCH_CHECK("gemm_bf16 (K = 0)");
+    }
     return;
   }
-  matmul(trans_a, trans_b, M, N, K, alpha, A, B, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta, C,
-         workspace, workspace_bytes, stream);
+  DeviceArenaScope scope(scratch);  // the fp32 operands' bf16 copies live until the call returns
+  if (!A16) {
+    uint16_t* a16 = scratch.alloc_as<uint16_t>(M * K);
+    round_to_bf16(a16, A, M * K, stream);
+    A16 = a16;
+  }
+  if (!B16) {
+    uint16_t* b16 = scratch.alloc_as<uint16_t>(K * N);
+    round_to_bf16(b16, B, K * N, stream);
+    B16 = b16;
+  }
+  if (C16)
+    return matmul(trans_a, trans_b, M, N, K, alpha, A16, B16, CUDA_R_16BF, CUBLAS_COMPUTE_32F,
+                  0.0f, C16, CUDA_R_16BF, workspace, workspace_bytes, stream);
+  matmul(trans_a, trans_b, M, N, K, alpha, A16, B16, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta, C,
+         CUDA_R_32F, workspace, workspace_bytes, stream);
 }
 
 void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const void* A, const void* B, cudaDataType_t in_type,
-                    cublasComputeType_t compute, float beta, float* C, void* workspace,
-                    size_t workspace_bytes, cudaStream_t stream) {
+                    cublasComputeType_t compute, float beta, void* C, cudaDataType_t out_type,
+                    void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const void* first = B;   // cuBLASLt's A
   const void* second = A;  // cuBLASLt's B
   LtCall call;
@@ -148,7 +164,8 @@ void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                                                      int64_t(first_rows)));
   MX_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&call.b, in_type, second_rows, second_cols,
                                                      int64_t(second_rows)));
-  MX_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N),
+  // C and D: the row-major [M, N] output is the column-major [N, M], leading dimension N.
+  MX_CUBLAS_CHECK("gemm", cublasLtMatrixLayoutCreate(&call.c, out_type, uint64_t(N),
                                                      uint64_t(M), N));
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceCreate(&call.pref));
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
@@ -168,13 +185,15 @@ void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
                               call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                               sizeof(align_c)));
-  const AlgoKey key{0, M, N, K, trans_a, trans_b, in_type, compute, 0, 0, align_a, align_b,
-                    align_c, int64_t(workspace_bytes)};
+  const AlgoKey key{0,       M,       N,       K,       trans_a,
+                    trans_b, in_type, compute, out_type, 0,
+                    align_a, align_b, align_c, int64_t(workspace_bytes)};
   const cublasLtMatmulAlgo_t* algo =
       cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, "gemm");
   if (!algo)
     throw CudaError(str("cublasLt: gemm: no algorithm for M=", M, " N=", N, " K=", K,
-                        " trans_a=", trans_a, " trans_b=", trans_b));
+                        " trans_a=", trans_a, " trans_b=", trans_b, " in_type=", int(in_type),
+                        " out_type=", int(out_type)));
   MX_CUBLAS_CHECK("gemm", cublasLtMatmul(handle_, call.desc, &alpha, first, call.a, second,
                                          call.b, &beta, C, call.c, C, call.c, algo, workspace,
                                          workspace_bytes, stream));

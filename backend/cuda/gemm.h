@@ -27,12 +27,18 @@ class LtGemm {
             const float* A, const float* B, float beta, float* C, CudaGemmPrecision precision,
             void* workspace, size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream);
 
-  // The same product with operands already in bf16 (row-major, as gemm's A and B): fp32
-  // accumulate and output. The head's bf16 path keeps W's copy for a whole call this way
-  // instead of rounding it again for every chunk's GEMM.
+  // gemm's kBf16 product (bf16 operands, fp32 accumulate) with each operand given either as
+  // bf16 codes (row-major, as gemm's A and B; numerics::encode_bf16 bit patterns): A16 / B16
+  // not null, used as they are (A / B unused), or in fp32: A16 / B16 null, A / B rounded to
+  // bf16 (RNE) into `scratch` for the duration of the call. Output: C16 null: C = alpha op(A)
+  // op(B) + beta C in fp32; C16 not null: the fp32 result alpha op(A) op(B) converted to bf16
+  // by cuBLASLt's epilogue into C16 (beta must be 0; C unused). Backend::gemm_bf16, gemm in
+  // kBf16 mode, and the head's bf16 path (which keeps W's copy for a whole call instead of
+  // rounding it again for every chunk's GEMM) all end here.
   void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                 const uint16_t* A, const uint16_t* B, float beta, float* C, void* workspace,
-                 size_t workspace_bytes, cudaStream_t stream);
+                 const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
+                 float beta, float* C, uint16_t* C16, void* workspace, size_t workspace_bytes,
+                 DeviceArena& scratch, cudaStream_t stream);
 
   // Per-tensor FP8 GEMM on FP8 tensor cores: C[M, N] (fp32) =
   //   (a_scale * A[M, K]) (b_scale * B[N, K])^T + beta * C,
@@ -101,11 +107,13 @@ class LtGemm {
                       const ScaledOperand& b, const float* alpha, const float* beta,
                       bool device_scalars, float beta_value, float* C, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream, const char* hint);
-  // gemm / gemm_bf16 after their operand handling: one cuBLASLt call on operands of in_type.
+  // gemm / gemm_bf16 after their operand handling: one cuBLASLt call on operands of in_type,
+  // C (and D, the same buffer) of out_type (CUDA_R_32F, or CUDA_R_16BF with beta 0), fp32
+  // scale type.
   void matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const void* A, const void* B, cudaDataType_t in_type, cublasComputeType_t compute,
-              float beta, float* C, void* workspace, size_t workspace_bytes,
-              cudaStream_t stream);
+              float beta, void* C, cudaDataType_t out_type, void* workspace,
+              size_t workspace_bytes, cudaStream_t stream);
   // FP8 front of scaled_tn_gemm: format and shape rules, K = 0; modes as ScaledOperand's.
   void fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const void* a_scale, int32_t a_mode, const uint8_t* B,
@@ -113,7 +121,7 @@ class LtGemm {
                        float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
   // The heuristic's first algorithm for a call whose descriptors are set: asked once per key
   // (every attribute the descriptors were built from: shapes, transposes, data and compute
-  // types, scale modes, pointer mode, operand alignments, workspace size), then reused.
+  // types (the output's included), scale modes, pointer mode, operand alignments, workspace size), then reused.
   // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time per call, about
   // what a small GEMM takes on the GPU, and a training step repeats the same few dozen shapes.
   using AlgoKey = std::array<int64_t, 14>;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -413,6 +414,99 @@ std::vector<float> round_bf16(const std::vector<float>& x) {  // RNE, as numeric
   return y;
 }
 
+std::vector<uint16_t> bf16_codes(const std::vector<float>& x) {  // RNE codes
+  std::vector<uint16_t> c(x.size());
+  for (size_t i = 0; i < x.size(); ++i) c[i] = numerics::encode_bf16(x[i], numerics::Saturation::kNoSat);
+  return c;
+}
+std::vector<float> widen(const std::vector<uint16_t>& codes) {  // exact
+  std::vector<float> x(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) x[i] = numerics::decode_bf16(codes[i]);
+  return x;
+}
+
+// One bf16 ulp, relative. Two results that agree in fp32 up to a few fp32 ulps (CUDA's expf vs
+// the CPU's exp, a different summation order) round to the same bf16 code unless they straddle
+// a rounding boundary, and then to adjacent codes: one bf16 ulp apart. bf16 keeps 8 significant
+// bits, so in [2^e, 2^(e+1)) the ulp is 2^(e-7): between 2^-8 |x| (just below 2^(e+1)) and
+// 2^-7 |x| (at x = 2^e, e.g. 1 and its upper neighbour 1 + 2^-7). The bound relative to the
+// CPU's code is therefore 2^-7, not 2^-8 (which would fail a legitimate flip just above a power
+// of two); it is added to the fp32 tolerance of the same computation.
+constexpr double kBf16Ulp = 1.0 / 128;
+
+// Backend::gemm_bf16 (the bf16 path's GEMM: set_bf16_gemm_operands(true), each operand as bf16
+// codes or fp32 rounded by the call, fp32 or bf16 result) against the CPU twin's gemm_bf16
+// (MXTRAIN_TEST_BF16_GEMM=1, set at the start of main). Both multiply the same bf16 values
+// exactly and sum in fp32, so fp32 results differ by the summation order only: the tolerance of
+// the gemm_bf16 cases above. A bf16 result adds one bf16 ulp (kBf16Ulp). Every transpose,
+// every operand form and every output on the odd 37x53x29; one operand form per (transposes,
+// output) on the other shapes; and codes / outputs at one-element offsets (2-byte-aligned bf16
+// pointers, 4-byte-aligned fp32 C), which cuBLASLt must be told of (LtGemm's alignment_of).
+void check_gemm_bf16_operands(Backend& cpu, CudaBackend& gpu) {
+  if (!cpu.set_bf16_gemm_operands(true)) {
+    run_case("gemm_bf16", "operands", [&](Result& r) {
+      r.pass = false;
+      r.note = "the CPU backend refused set_bf16_gemm_operands(true) (MXTRAIN_TEST_BF16_GEMM=1 unseen)";
+    });
+    return;
+  }
+  gpu.set_bf16_gemm_operands(true);
+  const float alpha = 0.5f;
+  // out: 0 fp32 beta 0, 1 fp32 beta 1, 2 bf16; ops: bit 0 A as codes, bit 1 B as codes.
+  auto one = [&](int64_t M, int64_t N, int64_t K, bool ta, bool tb, int out, int ops, int64_t off) {
+    static const char* outs[] = {"C=f32 beta0", "C=f32 beta1", "C=bf16"};
+    const std::string shape = dims({M, N, K}) + " ta" + std::to_string(ta) + " tb" + std::to_string(tb) +
+                              ((ops & 1) ? " A=bf16" : " A=f32") + ((ops & 2) ? " B=bf16" : " B=f32") +
+                              " " + outs[out] + (off ? " +1 offsets" : "");
+    run_case("gemm_bf16", shape, [&](Result& r) {
+      const bool a16 = ops & 1, b16 = ops & 2, c16 = out == 2;
+      const float beta = out == 1 ? 1.0f : 0.0f;
+      const auto A = randn(M * K), B = randn(K * N), C0 = randn(M * N);
+      const auto A16 = bf16_codes(A), B16 = bf16_codes(B);
+      // Device copies start `off` elements into their buffers.
+      std::vector<float> Ah(off), Bh(off), Ch(off);
+      std::vector<uint16_t> A16h(off), B16h(off);
+      Ah.insert(Ah.end(), A.begin(), A.end());
+      Bh.insert(Bh.end(), B.begin(), B.end());
+      Ch.insert(Ch.end(), C0.begin(), C0.end());
+      A16h.insert(A16h.end(), A16.begin(), A16.end());
+      B16h.insert(B16h.end(), B16.begin(), B16.end());
+      Dev<float> dA(Ah), dB(Bh), dC(size_t(off + M * N));
+      Dev<uint16_t> dA16(A16h), dB16(B16h), dC16(size_t(off + M * N));
+      if (beta != 0.0f) dC.upload(Ch);
+      std::vector<float> C = C0;
+      std::vector<uint16_t> C16(M * N);
+      cpu.gemm_bf16(ta, tb, M, N, K, alpha, a16 ? nullptr : A.data(), a16 ? A16.data() : nullptr,
+                    b16 ? nullptr : B.data(), b16 ? B16.data() : nullptr, beta,
+                    c16 ? nullptr : C.data(), c16 ? C16.data() : nullptr);
+      gpu.gemm_bf16(ta, tb, M, N, K, alpha, a16 ? nullptr : dA.p + off, a16 ? dA16.p + off : nullptr,
+                    b16 ? nullptr : dB.p + off, b16 ? dB16.p + off : nullptr, beta,
+                    c16 ? nullptr : dC.p + off, c16 ? dC16.p + off : nullptr);
+      const Tol tol{kGemm.atol * std::sqrt(double(K)), kGemm.rtol + (c16 ? kBf16Ulp : 0.0)};
+      if (c16) {
+        auto got = dC16.download();
+        got.erase(got.begin(), got.begin() + off);
+        compare(r, "C16", widen(got), widen(C16), tol);
+      } else {
+        auto got = dC.download();
+        got.erase(got.begin(), got.begin() + off);
+        compare(r, "C", got, C, tol);
+      }
+    });
+  };
+  const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {37, 53, 29}, {256, 512, 384}};
+  for (auto& s : shapes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int out = 0; out < 3; ++out)
+          for (int ops = 0; ops < 4; ++ops)
+            if (s[0] == 37 || ops == (2 * ta + tb + out) % 4) one(s[0], s[1], s[2], ta, tb, out, ops, 0);
+  for (int out = 0; out < 3; ++out) one(37, 53, 29, false, true, out, 3, 1);
+  one(37, 53, 29, true, false, 2, 0, 1);
+  cpu.set_bf16_gemm_operands(false);
+  gpu.set_bf16_gemm_operands(false);
+}
+
 void check_gemm(Backend& cpu, CudaBackend& gpu) {
   const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 64}, {127, 33, 257}, {256, 512, 384}};
   for (auto& s : shapes)
@@ -446,6 +540,7 @@ void check_gemm(Backend& cpu, CudaBackend& gpu) {
       compare(r, "C", dC.download(), C, {kGemm.atol * std::sqrt(double(K)), kGemm.rtol});
     });
   }
+  check_gemm_bf16_operands(cpu, gpu);
   // Per-tensor FP8 GEMM on tensor cores over given codes: against the CPU fp32 GEMM of the
   // dequantized operands (FP8 products are exact in fp32; only the accumulation order differs):
   // tolerance 1e-5 of the output's max |value|.
@@ -534,6 +629,36 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       gpu.swiglu_backward(dDG.p, dDU.p, dDS.p, dG.p, dU.p, n);
       compare(r, "dg", dDG.download(), dg, kElementwise);
       compare(r, "du", dDU.download(), du, kElementwise);
+    });
+  }
+  // SwiGLU on bf16 codes (the bf16 path's MLP) against the CPU twin: g, u as codes (a few
+  // specials: 0, -0, +-100 where exp overflows or vanishes, inf), results as codes, compared
+  // widened. Tolerance: the fp32 swiglu's (kElementwise: CUDA's expf vs the CPU's exp, which
+  // also covers the cancellation in dg's 1 + g (1 - sig) near g = -1.28) plus one bf16 ulp
+  // (kBf16Ulp: fp32 results a few ulps apart can round to adjacent codes).
+  for (int64_t n : {1, 7, 1000, 65537}) {
+    auto gv = randn(n, 3.0f);
+    const float specials[] = {0.0f, -0.0f, 100.0f, -100.0f, std::numeric_limits<float>::infinity()};
+    for (size_t i = 0; i < std::size(specials) && i < size_t(n); ++i) gv[i] = specials[i];
+    const auto g16 = bf16_codes(gv), u16 = bf16_codes(randn(n));
+    const Tol tol{kElementwise.atol, kElementwise.rtol + kBf16Ulp};
+    run_case("swiglu_forward_bf16", dims({n}), [&](Result& r) {
+      std::vector<uint16_t> s16(n);
+      Dev<uint16_t> dG(g16), dU(u16), dS(n);
+      cpu.swiglu_forward_bf16(s16.data(), g16.data(), u16.data(), n);
+      gpu.swiglu_forward_bf16(dS.p, dG.p, dU.p, n);
+      compare(r, "s", widen(dS.download()), widen(s16), tol);
+    });
+    run_case("swiglu_backward_bf16", dims({n}), [&](Result& r) {
+      const auto ds = randn(n);
+      std::vector<uint16_t> dg16(n), du16(n);
+      Dev<uint16_t> dG(g16), dU(u16), dDG(n), dDU(n);
+      Dev<float> dDS(ds);
+      cpu.swiglu_backward_bf16(dg16.data(), du16.data(), ds.data(), g16.data(), u16.data(), n);
+      gpu.swiglu_backward_bf16(dDG.p, dDU.p, dDS.p, dG.p, dU.p, n);
+      compare(r, "dg", widen(dDG.download()), widen(dg16), tol);
+      compare(r, "du", widen(dDU.download()), widen(du16), tol);
+      compare(r, "ds", dDS.download(), ds, {0, 0});  // an input: unchanged
     });
   }
   // (the backward: few ids repeat at V = 1000; V = 3 makes runs of ~23000 positions; N = 70000
@@ -628,6 +753,29 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
     Dev<float> dX2(x);
     gpu.pack_bf16(dX2.p, nullptr, int64_t(x.size()));  // no codes: rounding only
     compare(r, "x rounded, no codes", dX2.download(), y, {0, 0});
+  });
+  // The codes alone (the bf16 path's GEMM operands), x untouched: bit for bit as the CPU twin,
+  // NaN, infinities, overflow to inf, ties and subnormals included.
+  run_case("to_bf16", dims({4099}), [&](Result& r) {
+    auto x = randn(4099, 3.0f);
+    x[0] = 1.0f + 1.0f / 256;  // tie, to even (down)
+    x[1] = 1.0f + 3.0f / 256;  // tie, to even (up)
+    x[2] = -std::numeric_limits<float>::infinity();
+    x[3] = 3.4e38f;  // rounds to +inf
+    x[4] = 1e-40f;   // subnormal
+    x[5] = -1e-45f;  // smallest subnormal
+    x[6] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint16_t> codes(x.size());
+    cpu.to_bf16(codes.data(), x.data(), int64_t(x.size()));
+    Dev<float> dX(x);
+    Dev<uint16_t> dC(x.size());
+    gpu.to_bf16(dC.p, dX.p, int64_t(x.size()));
+    const auto got = dC.download();
+    std::vector<uint8_t> gb(got.size() * 2), wb(codes.size() * 2);
+    std::memcpy(gb.data(), got.data(), gb.size());
+    std::memcpy(wb.data(), codes.data(), wb.size());
+    expect_bytes(r, "codes", gb, wb);
+    expect_floats(r, "x", dX.download(), x);  // unchanged, bit for bit
   });
 }
 
@@ -1125,6 +1273,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // Before any backend exists: the CPU backend reads this once, at its first use, and only
+  // then lets set_bf16_gemm_operands(true) run its gemm_bf16 (the twin of the CUDA bf16 path).
+  setenv("MXTRAIN_TEST_BF16_GEMM", "1", 1);
   std::string device = "unknown";
   try {
     cudaDeviceProp prop{};

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -367,6 +368,121 @@ TEST(CpuOps, PackBf16KeepsTheRoundedBitsAndUnpacksExactly) {
   std::vector<float> y = orig;  // no codes: rounding only
   be->pack_bf16(y.data(), nullptr, int64_t(y.size()));
   EXPECT_EQ(std::memcmp(y.data(), x.data(), 4 * x.size()), 0);
+}
+
+uint16_t bf16_code(float x) {  // the bit formula above, as a code
+  const float r = bf16_ref(x);
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  return uint16_t(u >> 16);
+}
+float bf16_value(uint16_t c) {
+  const uint32_t u = uint32_t(c) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The bf16 path's GEMM twin (MXTRAIN_TEST_BF16_GEMM): operands as codes or as fp32 rounded to
+// bf16, fp32 or bf16 results. Integer data keeps every fp32 sum exact, so the reference is
+// exact math: A holds codes of integers, B integers plus 0.003 (below half a bf16 step for
+// |k| >= 1, so bf16 rounds it back to the integer, and only bf16 does).
+TEST(CpuOps, Bf16GemmTakesCodesAndRoundsTheRest) {
+  setenv("MXTRAIN_TEST_BF16_GEMM", "1", 1);
+  auto be = mx::make_cpu_backend();
+  ASSERT_TRUE(be->set_bf16_gemm_operands(true));
+  const int64_t M = 5, N = 7, K = 29;
+  std::mt19937 rng(7);
+  auto integer = [&] {
+    const int k = int(rng() % 8) + 1;
+    return float(rng() % 2 ? k : -k);
+  };
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      std::vector<float> a(M * K), b(K * N), b_off(K * N), c0(M * N);
+      for (auto& x : a) x = integer();
+      for (size_t i = 0; i < b.size(); ++i) {
+        b[i] = integer();
+        b_off[i] = b[i] + (b[i] > 0 ? 0.003f : -0.003f);
+      }
+      for (auto& x : c0) x = integer();
+      std::vector<uint16_t> a16(a.size());
+      for (size_t i = 0; i < a.size(); ++i) a16[i] = bf16_code(a[i]);
+      auto at = [&](const std::vector<float>& m, bool t, int64_t r, int64_t col, int64_t cols,
+                    int64_t rows) { return t ? m[col * rows + r] : m[r * cols + col]; };
+      std::vector<double> ref(M * N, 0.0);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j)
+          for (int64_t k = 0; k < K; ++k)
+            ref[i * N + j] += double(at(a, ta, i, k, K, M)) * at(b, tb, k, j, N, K);
+      // fp32 result, beta 0 and beta 1 (accumulate into C)
+      std::vector<float> c(M * N, kNaN);
+      be->gemm_bf16(ta, tb, M, N, K, 1.0f, nullptr, a16.data(), b_off.data(), nullptr, 0.0f,
+                    c.data(), nullptr);
+      for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(c[i], float(ref[i])) << i;
+      c = c0;
+      be->gemm_bf16(ta, tb, M, N, K, 1.0f, nullptr, a16.data(), b_off.data(), nullptr, 1.0f,
+                    c.data(), nullptr);
+      for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(c[i], float(ref[i] + c0[i])) << i;
+      // bf16 result: the exact product's RNE code
+      std::vector<uint16_t> c16(M * N, 0xABCD);
+      be->gemm_bf16(ta, tb, M, N, K, 1.0f, nullptr, a16.data(), b_off.data(), nullptr, 0.0f,
+                    nullptr, c16.data());
+      for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(c16[i], bf16_code(float(ref[i]))) << i;
+      // plain gemm in this mode rounds both operands too; back in fp32 it does not
+      std::vector<float> a_off(a.size());
+      for (size_t i = 0; i < a.size(); ++i) a_off[i] = a[i] + (a[i] > 0 ? 0.003f : -0.003f);
+      be->gemm(ta, tb, M, N, K, 1.0f, a_off.data(), b_off.data(), 0.0f, c.data());
+      for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(c[i], float(ref[i])) << i;
+      ASSERT_TRUE(be->set_bf16_gemm_operands(false));
+      be->gemm(ta, tb, M, N, K, 1.0f, a_off.data(), b_off.data(), 0.0f, c.data());
+      int differ = 0;
+      for (int64_t i = 0; i < M * N; ++i) differ += c[i] != float(ref[i]);
+      EXPECT_GT(differ, M * N / 2);
+      ASSERT_TRUE(be->set_bf16_gemm_operands(true));
+    }
+  be->set_bf16_gemm_operands(false);
+  unsetenv("MXTRAIN_TEST_BF16_GEMM");
+  EXPECT_FALSE(be->set_bf16_gemm_operands(true));  // without the knob the CPU declines
+}
+
+TEST(CpuOps, ToBf16WritesTheRoundedCodesAndLeavesTheInput) {
+  auto be = mx::make_cpu_backend();
+  auto x = randn(1005, 27, 3.0f);
+  x[0] = 1.0f + 1.0f / 256;  // ties to even
+  x[1] = 1.0f + 3.0f / 256;
+  x[2] = -0.0f;
+  x[3] = 1e-40f;
+  const std::vector<float> orig = x;
+  std::vector<uint16_t> codes(x.size(), 0xABCD);
+  be->to_bf16(codes.data(), x.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(codes[i], bf16_code(orig[i])) << i;
+  EXPECT_EQ(std::memcmp(x.data(), orig.data(), 4 * x.size()), 0);
+}
+
+// SwiGLU on codes against the definition in double: the results are the RNE codes of values
+// within fp32 error of it, so within half a bf16 step (2^-9 relative) plus that error.
+TEST(CpuOps, SwigluOnBf16CodesMatchesDefinition) {
+  auto be = mx::make_cpu_backend();
+  const int64_t n = 1007;
+  auto g = randn(n, 28, 3.0f), u = randn(n, 29), ds = randn(n, 30);
+  std::vector<uint16_t> g16(n), u16(n), s16(n, 0xABCD), dg16(n, 0xABCD), du16(n, 0xABCD);
+  for (int64_t i = 0; i < n; ++i) {
+    g16[i] = bf16_code(g[i]);
+    u16[i] = bf16_code(u[i]);
+  }
+  be->swiglu_forward_bf16(s16.data(), g16.data(), u16.data(), n);
+  be->swiglu_backward_bf16(dg16.data(), du16.data(), ds.data(), g16.data(), u16.data(), n);
+  auto close = [](uint16_t got, double want) {
+    return std::fabs(double(bf16_value(got)) - want) <= std::ldexp(std::fabs(want), -8) + 1e-30;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const double gv = bf16_value(g16[i]), uv = bf16_value(u16[i]);
+    const double sig = 1.0 / (1.0 + std::exp(-gv));
+    ASSERT_TRUE(close(s16[i], gv * sig * uv)) << i;
+    ASSERT_TRUE(close(du16[i], ds[i] * gv * sig)) << i;
+    ASSERT_TRUE(close(dg16[i], ds[i] * uv * sig * (1 + gv * (1 - sig)))) << i;
+  }
 }
 
 TEST(CpuOps, AdamWMatchesTorchFormula) {
