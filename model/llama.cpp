@@ -71,13 +71,22 @@ struct LlamaModel::BlockActs {
         *lse = nullptr, *x_mid = nullptr, *h2 = nullptr, *rstd2 = nullptr, *g = nullptr,
         *u = nullptr, *s = nullptr;
   // precision.activations = bf16: the kept bf16 copies in `saved` (null: not kept as bf16).
+  // In the bf16 path (LlamaModel::bf16_path) the GEMMs' inputs exist as codes whether kept or
+  // not, and gate, up and the SwiGLU product only as codes.
   uint16_t *h1_16 = nullptr, *q_16 = nullptr, *k_16 = nullptr, *v_16 = nullptr,
            *o_16 = nullptr, *h2_16 = nullptr, *g_16 = nullptr, *u_16 = nullptr, *s_16 = nullptr;
+  bool bf16_path = false;  // forward took the bf16 path; backward takes it too
   // After forward, forget what lived in scratch (it is released) so backward recomputes it
   // (or, bf16, widens the kept copy again).
   void drop_unsaved(Checkpointing p, bool bf16) {
-    if (!BlockSizes::keeps(p, true)) h1 = rstd1 = h2 = rstd2 = s = nullptr;
-    if (!BlockSizes::keeps(p, false)) q = k = v = o = lse = x_mid = g = u = nullptr;
+    if (!BlockSizes::keeps(p, true)) {
+      h1 = rstd1 = h2 = rstd2 = s = nullptr;
+      h1_16 = h2_16 = s_16 = nullptr;
+    }
+    if (!BlockSizes::keeps(p, false)) {
+      q = k = v = o = lse = x_mid = g = u = nullptr;
+      q_16 = k_16 = v_16 = o_16 = g_16 = u_16 = nullptr;
+    }
     if (bf16) h1 = q = k = v = o = h2 = g = u = s = nullptr;
   }
 };
@@ -125,6 +134,19 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                       bytes_f32(head_workspace_floats(head_chunk_rows(c, N, device), C, c.vocab_size,
                                                       quantized));
   out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
+  // The bf16 path (native bf16 GEMMs, LlamaModel::bf16_path) never makes fp32 gate, up and
+  // SwiGLU product (forward, recompute or widened), which the terms above count, and instead
+  // holds codes in scratch: of what the policy does not keep (at most all nine tensors, as in a
+  // full recompute or an evaluation) and one Linear's output gradient (read by its two GEMMs).
+  // So it fits in these terms plus whatever the codes exceed the three fp32 tensors by: nothing
+  // at Llama shapes (intermediate about 3x hidden), something at small test shapes.
+  if (bf16_activations) {
+    const size_t codes = bytes_bf16(z.h1) + bytes_bf16(z.q) + 2 * bytes_bf16(z.k) +
+                         bytes_bf16(z.o) + bytes_bf16(z.h2) + 3 * bytes_bf16(z.g) +
+                         bytes_bf16(N * std::max(C, c.q_dim()));
+    const size_t fp32_mlp = 3 * bytes_f32(z.g);
+    if (codes > fp32_mlp) out.scratch += codes - fp32_mlp;
+  }
   if (quantized) {  // a Linear's quantized operand copies (NVFP4 wgrad: two transposes more)
     const int64_t widest = std::max({c.hidden_size, c.intermediate_size, c.q_dim()});
     const int64_t operand = std::max(N * widest, widest * widest);
@@ -168,32 +190,80 @@ void LlamaModel::round_activation(float* t, uint16_t* codes, int64_t n) {
   if (bf16_acts_) be_.pack_bf16(t, codes, n);
 }
 
+bool LlamaModel::bf16_path() {
+  if (!bf16_acts_ || !lowered(layer_) || !native_bf16(true)) return false;
+  native_bf16(false);
+  return true;
+}
+
+void LlamaModel::gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
+                        float beta, float* C, uint16_t* C16) {
+  be_.set_bf16_gemm_operands(true);
+  be_.gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, A, A16, B, B16, beta, C, C16);
+  be_.set_bf16_gemm_operands(false);
+}
+
+void LlamaModel::linear_bwd16(float* dx, float* dw, const float* dy, const uint16_t* dy16,
+                              const uint16_t* x16, const float* w, int64_t N, int64_t in,
+                              int64_t out, bool accumulate_dx) {
+  const size_t m = scratch_.mark();
+  if (!dy16) {  // rounded once for both GEMMs
+    uint16_t* codes = alloc_bf16(scratch_, N * out);
+    be_.to_bf16(codes, dy, N * out);
+    dy16 = codes;
+  }
+  gemm16(false, false, N, in, out, nullptr, dy16, w, nullptr, accumulate_dx ? 1.0f : 0.0f, dx,
+         nullptr);
+  gemm16(true, false, out, in, N, nullptr, dy16, nullptr, x16, 1.0f, dw, nullptr);
+  scratch_.release(m);
+}
+
+uint16_t* LlamaModel::alloc_bf16(Arena& arena, int64_t n) {
+  return static_cast<uint16_t*>(arena.alloc(sizeof(uint16_t) * size_t(n)));
+}
+
 void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, BlockActs& a,
                                Checkpointing policy, int64_t B, int64_t T) {
   const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
   const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
   BlockSizes z(c_, B, T);
+  const bool bp = a.bf16_path = bf16_path();
   // A tensor the policy keeps goes to `saved`; with bf16 activations (codes given) its bf16
-  // copy goes there and the fp32 working copy to scratch.
+  // copy goes there and the fp32 working copy to scratch. The bf16 path makes the copy of a
+  // tensor it does not keep too (in scratch: the next GEMM reads it).
   auto keep = [&](bool cheap, int64_t n, uint16_t** codes) {
-    if (!BlockSizes::keeps(policy, cheap)) return scratch_.alloc_f32(n);
-    if (!bf16_acts_ || !codes) return saved_.alloc_f32(n);
-    *codes = static_cast<uint16_t*>(saved_.alloc(sizeof(uint16_t) * size_t(n)));
+    const bool kept = BlockSizes::keeps(policy, cheap);
+    if (!bf16_acts_ || !codes || !(kept || bp))
+      return kept ? saved_.alloc_f32(n) : scratch_.alloc_f32(n);
+    *codes = alloc_bf16(kept ? saved_ : scratch_, n);
     return scratch_.alloc_f32(n);
+  };
+  // bf16 path: a tensor that exists only as codes.
+  auto codes_only = [&](bool cheap, int64_t n) {
+    return alloc_bf16(BlockSizes::keeps(policy, cheap) ? saved_ : scratch_, n);
   };
   a.h1_16 = a.q_16 = a.k_16 = a.v_16 = a.o_16 = a.h2_16 = a.g_16 = a.u_16 = a.s_16 = nullptr;
   // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
   a.h1 = keep(true, z.h1, &a.h1_16);
   a.rstd1 = keep(true, z.rstd1, nullptr);
   be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-  round_activation(a.h1, a.h1_16, z.h1);
+  // (the bf16 path's GEMMs read the codes, so its fp32 norm output is not rounded)
+  if (bp) be_.to_bf16(a.h1_16, a.h1, z.h1);
+  else round_activation(a.h1, a.h1_16, z.h1);
   a.q = keep(false, z.q, &a.q_16);
   a.k = keep(false, z.k, &a.k_16);
   a.v = keep(false, z.v, &a.v_16);
-  linear_fwd(0, a.q, a.h1, w.wq, N, C, c_.q_dim());
-  linear_fwd(1, a.k, a.h1, w.wk, N, C, c_.kv_dim());
-  linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
+  if (bp) {
+    gemm16(false, true, N, c_.q_dim(), C, nullptr, a.h1_16, w.wq, nullptr, 0.0f, a.q, nullptr);
+    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wk, nullptr, 0.0f, a.k, nullptr);
+    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wv, nullptr, 0.0f, a.v, nullptr);
+  } else {
+    linear_fwd(0, a.q, a.h1, w.wq, N, C, c_.q_dim());
+    linear_fwd(1, a.k, a.h1, w.wk, N, C, c_.kv_dim());
+    linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
+  }
   be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
   be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
   round_activation(a.q, a.q_16, z.q);
@@ -205,24 +275,40 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   round_activation(a.o, a.o_16, z.o);
   a.x_mid = keep(false, z.x_mid, nullptr);
   float* proj = scratch_.alloc_f32(N * C);
-  linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
+  if (bp) gemm16(false, true, N, C, c_.q_dim(), nullptr, a.o_16, w.wo, nullptr, 0.0f, proj,
+                 nullptr);
+  else linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
   be_.add(a.x_mid, x, proj, N * C);
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
   a.h2 = keep(true, z.h2, &a.h2_16);
   a.rstd2 = keep(true, z.rstd2, nullptr);
   be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
-  round_activation(a.h2, a.h2_16, z.h2);
-  a.g = keep(false, z.g, &a.g_16);
-  a.u = keep(false, z.u, &a.u_16);
-  linear_fwd(4, a.g, a.h2, w.w_gate, N, C, I);
-  linear_fwd(5, a.u, a.h2, w.w_up, N, C, I);
-  round_activation(a.g, a.g_16, z.g);
-  round_activation(a.u, a.u_16, z.u);
-  a.s = keep(true, z.s, &a.s_16);
-  be_.swiglu_forward(a.s, a.g, a.u, N * I);
-  round_activation(a.s, a.s_16, z.s);
-  float* down = scratch_.alloc_f32(N * C);
-  linear_fwd(6, down, a.s, w.w_down, N, I, C);
+  float* down = nullptr;
+  if (bp) {  // gate, up and their product exist only as codes
+    be_.to_bf16(a.h2_16, a.h2, z.h2);
+    a.g = a.u = a.s = nullptr;
+    a.g_16 = codes_only(false, z.g);
+    a.u_16 = codes_only(false, z.u);
+    gemm16(false, true, N, I, C, nullptr, a.h2_16, w.w_gate, nullptr, 0.0f, nullptr, a.g_16);
+    gemm16(false, true, N, I, C, nullptr, a.h2_16, w.w_up, nullptr, 0.0f, nullptr, a.u_16);
+    a.s_16 = codes_only(true, z.s);
+    be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
+    down = scratch_.alloc_f32(N * C);
+    gemm16(false, true, N, C, I, nullptr, a.s_16, w.w_down, nullptr, 0.0f, down, nullptr);
+  } else {
+    round_activation(a.h2, a.h2_16, z.h2);
+    a.g = keep(false, z.g, &a.g_16);
+    a.u = keep(false, z.u, &a.u_16);
+    linear_fwd(4, a.g, a.h2, w.w_gate, N, C, I);
+    linear_fwd(5, a.u, a.h2, w.w_up, N, C, I);
+    round_activation(a.g, a.g_16, z.g);
+    round_activation(a.u, a.u_16, z.u);
+    a.s = keep(true, z.s, &a.s_16);
+    be_.swiglu_forward(a.s, a.g, a.u, N * I);
+    round_activation(a.s, a.s_16, z.s);
+    down = scratch_.alloc_f32(N * C);
+    linear_fwd(6, down, a.s, w.w_down, N, I, C);
+  }
   be_.add(y, a.x_mid, down, N * C);
 }
 
@@ -231,42 +317,64 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
   const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
   const float eps = float(c_.rms_norm_eps);
-  // bf16 activations: widen the kept bf16 copies into scratch (the values forward used).
+  const bool bp = a.bf16_path;
+  // bf16 activations: widen the kept bf16 copies into scratch (the values forward used). The
+  // bf16 path widens only what attention reads; its GEMMs and SwiGLU read the codes.
   BlockSizes z(c_, B, T);
   auto widen = [&](float*& t, const uint16_t* codes, int64_t n) {
     if (!codes) return;
     t = scratch_.alloc_f32(n);
     be_.unpack_bf16(t, codes, n);
   };
-  widen(a.h1, a.h1_16, z.h1);
+  if (!bp) widen(a.h1, a.h1_16, z.h1);
   widen(a.q, a.q_16, z.q);
   widen(a.k, a.k_16, z.k);
   widen(a.v, a.v_16, z.v);
   widen(a.o, a.o_16, z.o);
-  widen(a.h2, a.h2_16, z.h2);
-  widen(a.g, a.g_16, z.g);
-  widen(a.u, a.u_16, z.u);
-  widen(a.s, a.s_16, z.s);
+  if (!bp) {
+    widen(a.h2, a.h2_16, z.h2);
+    widen(a.g, a.g_16, z.g);
+    widen(a.u, a.u_16, z.u);
+    widen(a.s, a.s_16, z.s);
+  }
   // Recompute what the policy did not keep. The same ops on the same inputs give the same
   // bits (rounded to bf16 where forward rounded), so every policy produces identical gradients.
   if (!a.q) {
     float* y = scratch_.alloc_f32(N * C);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
-  } else if (!a.h1) {
+  } else if (bp ? !a.h1_16 : !a.h1) {
     a.h1 = scratch_.alloc_f32(N * C);
     a.rstd1 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-    round_activation(a.h1, nullptr, N * C);
+    if (bp) be_.to_bf16(a.h1_16 = alloc_bf16(scratch_, N * C), a.h1, N * C);
+    else round_activation(a.h1, nullptr, N * C);
     a.h2 = scratch_.alloc_f32(N * C);
     a.rstd2 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
-    round_activation(a.h2, nullptr, N * C);
-    a.s = scratch_.alloc_f32(N * I);
-    be_.swiglu_forward(a.s, a.g, a.u, N * I);
-    round_activation(a.s, nullptr, N * I);
+    if (bp) {
+      be_.to_bf16(a.h2_16 = alloc_bf16(scratch_, N * C), a.h2, N * C);
+      be_.swiglu_forward_bf16(a.s_16 = alloc_bf16(scratch_, N * I), a.g_16, a.u_16, N * I);
+    } else {
+      round_activation(a.h2, nullptr, N * C);
+      a.s = scratch_.alloc_f32(N * I);
+      be_.swiglu_forward(a.s, a.g, a.u, N * I);
+      round_activation(a.s, nullptr, N * I);
+    }
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
-  {
+  if (bp) {  // the gradients of gate and up go straight to codes (their GEMMs round them)
+    size_t m = scratch_.mark();
+    float* ds = scratch_.alloc_f32(N * I);
+    uint16_t* dg16 = alloc_bf16(scratch_, N * I);
+    uint16_t* du16 = alloc_bf16(scratch_, N * I);
+    float* dh2 = scratch_.alloc_f32(N * C);
+    linear_bwd16(ds, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false);
+    be_.swiglu_backward_bf16(dg16, du16, ds, a.g_16, a.u_16, N * I);
+    linear_bwd16(dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false);
+    linear_bwd16(dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true);
+    be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
+    scratch_.release(m);
+  } else {
     size_t m = scratch_.mark();
     float* dg = scratch_.alloc_f32(N * I);  // first holds dL/ds, then dL/dg (same element)
     float* du = scratch_.alloc_f32(N * I);
@@ -287,13 +395,20 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* dk = scratch_.alloc_f32(N * c_.kv_dim());
     float* dv = scratch_.alloc_f32(N * c_.kv_dim());
     float* dh1 = scratch_.alloc_f32(N * C);
-    linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
+    if (bp) linear_bwd16(d_o, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false);
+    else linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
     be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
-    linear_bwd(0, dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
-    linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
-    linear_bwd(2, dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
+    if (bp) {
+      linear_bwd16(dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false);
+      linear_bwd16(dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true);
+      linear_bwd16(dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true);
+    } else {
+      linear_bwd(0, dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
+      linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
+      linear_bwd(2, dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
+    }
     be_.rmsnorm_backward(dresid, dw.input_norm, dh1, x, w.input_norm, a.rstd1, N, C);
     scratch_.release(m);
   }

@@ -116,6 +116,23 @@ class LlamaModel {
   // bf16 activations: a finished tensor rounded in place, and its kept copy written where codes
   // is not null (forward, and backward's recompute, which keeps nothing); else nothing.
   void round_activation(float* t, uint16_t* codes, int64_t n);
+  // The bf16 path of block layer_: bf16 activations and Linears on the backend's native bf16
+  // GEMMs (recipe bf16 without telemetry, or a block kept in bf16 by high_precision). Its
+  // GEMMs read the activations' codes instead of rounding fp32 copies again per call, gate and
+  // up are written as codes by their GEMMs, SwiGLU runs on codes both ways, and each Linear's
+  // output gradient is rounded once for its two GEMMs: the same values as the other path (the
+  // same roundings, fewer passes), bit for bit on the CPU (MXTRAIN_TEST_BF16_GEMM).
+  bool bf16_path();
+  // Backend::gemm_bf16 in native bf16 mode, alpha 1.
+  void gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+              const uint16_t* A16, const float* B, const uint16_t* B16, float beta, float* C,
+              uint16_t* C16);
+  // A Linear's backward in the bf16 path: dx (= or +=) dy W, dW += dy^T x, dy as codes (dy16)
+  // or fp32 (rounded once into scratch for both GEMMs), x as codes.
+  void linear_bwd16(float* dx, float* dw, const float* dy, const uint16_t* dy16,
+                    const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
+                    bool accumulate_dx);
+  static uint16_t* alloc_bf16(Arena& arena, int64_t n);
   // dresid holds dL/dy on entry and dL/dx on return.
   void block_backward(const BlockParams& w, const BlockParams& dw, const float* x, BlockActs& a,
                       float* dresid, int64_t B, int64_t T);

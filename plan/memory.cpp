@@ -73,7 +73,9 @@ struct SimArena {
 
 // Mirrors model/llama.cpp. Every allocation there has a line here, in the same order; a
 // change to the model's allocations must be made here too (tests/python/test_plan.py compares
-// against the engine's measured peak).
+// against the engine's measured peak). The model's bf16 path (LlamaModel::bf16_path) has no
+// lines here: it needs native bf16 GEMMs, which the CPU has only under the test knob
+// MXTRAIN_TEST_BF16_GEMM; on CUDA the arenas are activation_bytes' bounds, which cover it.
 class Replay {
  public:
   Replay(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,

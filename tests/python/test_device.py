@@ -28,7 +28,7 @@ def corpus(tmp_path):
     return path
 
 
-def train(tmp_path, name, staged, np_=1, extra=(), timeout=180):
+def train(tmp_path, name, staged, np_=1, extra=(), timeout=180, env_extra=None):
     require_binary()
     out = tmp_path / name
     args = [MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
@@ -39,7 +39,7 @@ def train(tmp_path, name, staged, np_=1, extra=(), timeout=180):
             "--set", "checkpoint.every=6", "--set", f"run.out_dir={out}"] + list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               MXTRAIN_TEST_STAGING="1" if staged else "0")
+               MXTRAIN_TEST_STAGING="1" if staged else "0", **(env_extra or {}))
     cmd = (["mpirun", "-np", str(np_)] + MPIRUN_FLAGS + args) if np_ > 1 else args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
@@ -107,6 +107,29 @@ def test_staged_run_is_identical(tmp_path, recipe, stats, activations):
     resumed, _, _ = train(tmp_path, "staged_resume", True, extra=extra + [
         "--set", f"checkpoint.resume={ref_out / 'checkpoints' / 'step_00000006'}"])
     assert resumed == ref[6:]
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_bf16_path_on_device_memory_is_identical(tmp_path, policy):
+    # What a GPU run under recipe bf16 does: bf16 activations on native bf16 GEMMs (the bf16
+    # path, MXTRAIN_TEST_BF16_GEMM on the CPU), staged, in arenas on counted device memory sized
+    # by activation_bytes (which must hold the path's codes: an overflow fails the run), with
+    # validation (a full-recompute forward). Same losses, checkpoints and text as the direct
+    # run that rounds through round_bf16 copies.
+    extra = ["--set", "precision.recipe=bf16", "--set", "precision.activations=bf16",
+             "--set", f"memory.activation_checkpointing={policy}", "--set", "train.eval_every=6",
+             "--set", "run.sample_tokens=12"]
+    ref, ref_out, ref_stdout = train(tmp_path, "direct", False, extra=extra)
+    got, got_out, got_stdout = train(tmp_path, "path", True, extra=extra, env_extra={
+        "MXTRAIN_TEST_BF16_GEMM": "1", "MXTRAIN_TEST_DEVICE_MEMORY": "1"})
+    assert len(ref) == 12 and got == ref
+    val = lambda out: [json.loads(l).get("val_loss") for l in
+                       (out / "metrics.jsonl").read_text().splitlines()]
+    assert [v for v in val(ref_out) if v] and val(got_out) == val(ref_out)
+    for step in (6, 12):
+        a, b = checkpoint_files(ref_out, step), checkpoint_files(got_out, step)
+        assert a and a == b, step
+    assert "--- sample" in ref_stdout and got_stdout == ref_stdout
 
 
 def test_staged_two_process_fsdp_is_identical(tmp_path):

@@ -114,13 +114,14 @@ def case(tmp_path_factory):
     return tmp, cfg, params, tokens, model_dir, tok
 
 
-def run_recipe(mxtrain, case, recipe, extra=()):
+def run_recipe(mxtrain, case, recipe, extra=(), env=None, peak=False):
     tmp, cfg, params, tokens, model_dir, tok = case
     out = tmp / f"grads_{recipe}_{len(extra)}.safetensors"
     r = mxtrain(["debug", "grads", "--init", model_dir, "--tokens", tok, "--batch", BATCH,
-                 "--seq", SEQ, "--out", out, "--recipe", recipe, *extra])
+                 "--seq", SEQ, "--out", out, "--recipe", recipe, *extra], env=env)
     assert r.rc == 0, r
-    return float(r.value("loss")), hf_io.read_safetensors(out)
+    got = float(r.value("loss")), hf_io.read_safetensors(out)
+    return (*got, int(r.value("peak_mem_bytes"))) if peak else got
 
 
 def max_rel(a, b):
@@ -248,6 +249,29 @@ def test_bf16_activations_agree_across_checkpointing(mxtrain, case):
     # and it is not the fp32-activation run
     plain_loss, _ = run_recipe(mxtrain, case, "mxfp8", ["--checkpointing", "none"])
     assert plain_loss != base_loss
+
+
+@pytest.mark.parametrize("policy", ["none", "selective", "full"])
+@pytest.mark.parametrize("recipe,extra", [("bf16", []),
+                                          ("mxfp8", ["--high-precision-first", "1"])])
+def test_bf16_path_gives_the_rounding_paths_bits(mxtrain, case, policy, recipe, extra):
+    # MXTRAIN_TEST_BF16_GEMM=1 gives the CPU native bf16 GEMMs, as on CUDA, so blocks with bf16
+    # activations take the bf16 path: GEMMs read the activations' codes, gate and up come out
+    # of their GEMMs as codes, SwiGLU runs on codes, each output gradient is rounded once.
+    # Without it the same roundings happen as round_bf16 copies before fp32 GEMMs (the path
+    # test_bf16_activations_match_reference pins to PyTorch). Same values, so the same bits.
+    # (mxfp8 with a bf16 first block: only that block takes the path.)
+    args = [*extra, "--activations", "bf16", "--checkpointing", policy]
+    loss, grads, peak = run_recipe(mxtrain, case, recipe, args, peak=True)
+    loss16, grads16, peak16 = run_recipe(mxtrain, case, recipe, args, peak=True,
+                                         env={"MXTRAIN_TEST_BF16_GEMM": "1"})
+    assert loss16 == loss
+    for k in grads:
+        assert np.array_equal(grads16[k], grads[k]), k
+    # The path ran: it never holds fp32 gate, up and product. (With mxfp8 the recipe's operand
+    # copies in the other block set the peak, so there the bits are the whole check.)
+    if recipe == "bf16":
+        assert peak16 < peak, (peak16, peak)
 
 
 @pytest.mark.parametrize("key", ["high_precision", "activations"])
