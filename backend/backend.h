@@ -265,6 +265,28 @@ class Backend {
   virtual void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
                                     const uint16_t* g16, const uint16_t* u16, int64_t n) = 0;
 
+  // The bf16 path's producers, each the fp32 op followed by to_bf16 (the fp32 result is never
+  // written): RMSNorm into codes (rstd fp32 as rmsnorm_forward), RoPE from fp32 x (a GEMM's
+  // output, not changed) into codes.
+  virtual void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
+                                    int64_t N, int64_t C, float eps) = 0;
+  virtual void rope_forward_bf16(uint16_t* y16, const float* x, const float* cos,
+                                 const float* sin, int64_t B, int64_t T, int64_t heads,
+                                 int64_t D) = 0;
+  // Attention on codes (the bf16 path): q16, k16, v16 hold q, k, v; out16 receives the output's
+  // codes (RNE), lse fp32: the same as widening, attention_forward and to_bf16. The backward
+  // takes dout in fp32 and q, k, v and out as codes, and writes dq, dk, dv in fp32, as
+  // attention_backward on the widened values. (CUDA's cuDNN SDPA reads and writes bf16 itself,
+  // so there the conversions around it disappear.)
+  virtual void attention_forward_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
+                                      const uint16_t* k16, const uint16_t* v16, int64_t B,
+                                      int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  virtual void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                                       const uint16_t* q16, const uint16_t* k16,
+                                       const uint16_t* v16, const uint16_t* out16,
+                                       const float* lse, int64_t B, int64_t T, int64_t H,
+                                       int64_t KV, int64_t D) = 0;
+
   // y = a + b over n elements (residual adds); y may alias a.
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;
   // Sum of squares over n elements, in double (for the global gradient norm).

@@ -337,6 +337,48 @@ class CpuBackend final : public Backend {
     to_bf16(du16, du.data(), n);
   }
 
+  // The bf16 path's producers and attention: the fp32 ops on widened copies, then the codes
+  // (bit for bit what the fp32 op followed by pack_bf16 gives).
+  void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
+                            int64_t N, int64_t C, float eps) override {
+    std::vector<float> y(static_cast<size_t>(N * C));
+    rmsnorm_forward(y.data(), rstd, x, w, N, C, eps);
+    to_bf16(y16, y.data(), N * C);
+  }
+
+  void rope_forward_bf16(uint16_t* y16, const float* x, const float* cos, const float* sin,
+                         int64_t B, int64_t T, int64_t heads, int64_t D) override {
+    std::vector<float> y(x, x + B * T * heads * D);
+    rope_forward(y.data(), cos, sin, B, T, heads, D);
+    to_bf16(y16, y.data(), int64_t(y.size()));
+  }
+
+  void attention_forward_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
+                              const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
+                              int64_t H, int64_t KV, int64_t D) override {
+    const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
+                             v = widened(v16, B * T * KV * D);
+    std::vector<float> out(q.size());
+    attention_forward(out.data(), lse, q.data(), k.data(), v.data(), B, T, H, KV, D);
+    to_bf16(out16, out.data(), int64_t(out.size()));
+  }
+
+  void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                               const uint16_t* q16, const uint16_t* k16, const uint16_t* v16,
+                               const uint16_t* out16, const float* lse, int64_t B, int64_t T,
+                               int64_t H, int64_t KV, int64_t D) override {
+    const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
+                             v = widened(v16, B * T * KV * D), o = widened(out16, B * T * H * D);
+    attention_backward(dq, dk, dv, dout, q.data(), k.data(), v.data(), o.data(), lse, B, T, H,
+                       KV, D);
+  }
+
+  std::vector<float> widened(const uint16_t* codes, int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    unpack_bf16(x.data(), codes, n);
+    return x;
+  }
+
   void unpack_bf16(float* x, const uint16_t* codes, int64_t n) override {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] = numerics::decode_bf16(codes[i]);

@@ -86,7 +86,15 @@ __device__ float block_max(float x) {
 }
 
 // ---- rmsnorm ----------------------------------------------------------------------------------
-__global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict__ rstd,
+// One output element: fp32, or the bf16 path's RNE code (numerics::encode_bf16) of that value.
+__device__ __forceinline__ void store_out(float* y, int64_t i, float v) { y[i] = v; }
+__device__ __forceinline__ void store_out(uint16_t* y, int64_t i, float v) {
+  y[i] = numerics::encode_bf16(v, numerics::Saturation::kNoSat);
+}
+
+// y fp32 (rmsnorm_forward) or bf16 codes (rmsnorm_forward_bf16): the same fp32 math either way.
+template <typename Out>
+__global__ void rmsnorm_forward_kernel(Out* __restrict__ y, float* __restrict__ rstd,
                                        const float* __restrict__ x, const float* __restrict__ w,
                                        int64_t C, float eps) {
   const int64_t n = blockIdx.x;
@@ -101,7 +109,8 @@ __global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict_
   }
   __syncthreads();
   const float r = r_shared;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[n * C + c] = xr[c] * r * w[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    store_out(y, n * C + c, xr[c] * r * w[c]);
 }
 
 // dx += r w dy - x r^3 / C * sum(dy w x), one block per row.
@@ -149,18 +158,21 @@ __global__ void rmsnorm_backward_dw_reduce_kernel(float* __restrict__ dw,
 }
 
 // ---- rope -------------------------------------------------------------------------------------
-__global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos_t,
+// y = rope(x): in place (y == x, fp32: rope_forward / rope_backward) or into bf16 codes from an
+// unchanged fp32 x (rope_forward_bf16). Each thread reads its pair before writing it, so y may
+// alias x (hence no __restrict__ on either).
+template <typename Out>
+__global__ void rope_kernel(Out* y, const float* x, const float* __restrict__ cos_t,
                             const float* __restrict__ sin_t, int64_t B, int64_t T, int64_t heads,
                             int64_t D, float sign) {
   const int64_t half = D / 2;
   MX_GRID_STRIDE(idx, B * T * heads * half) {
     const int64_t i = idx % half, row = idx / half;  // row = (b, t, h)
     const int64_t t = (row / heads) % T;
-    float* xr = x + row * D;
     const float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
-    const float x1 = xr[i], x2 = xr[i + half];
-    xr[i] = x1 * c - x2 * s;
-    xr[i + half] = x2 * c + x1 * s;
+    const float x1 = x[row * D + i], x2 = x[row * D + i + half];
+    store_out(y, row * D + i, x1 * c - x2 * s);
+    store_out(y, row * D + i + half, x2 * c + x1 * s);
   }
 }
 
@@ -630,6 +642,12 @@ class CudaBackendImpl final : public CudaBackend {
     rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(y, rstd, x, w, C, eps);
     launched("rmsnorm_forward");
   }
+  void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
+                            int64_t N, int64_t C, float eps) override {
+    if (N == 0) return;
+    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(y16, rstd, x, w, C, eps);
+    launched("rmsnorm_forward_bf16");
+  }
 
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
@@ -649,11 +667,15 @@ class CudaBackendImpl final : public CudaBackend {
 
   void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                     int64_t heads, int64_t D) override {
-    rope(x, cos, sin, B, T, heads, D, 1.0f, "rope_forward");
+    rope(x, x, cos, sin, B, T, heads, D, 1.0f, "rope_forward");
   }
   void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
                      int64_t heads, int64_t D) override {
-    rope(dx, cos, sin, B, T, heads, D, -1.0f, "rope_backward");
+    rope(dx, dx, cos, sin, B, T, heads, D, -1.0f, "rope_backward");
+  }
+  void rope_forward_bf16(uint16_t* y16, const float* x, const float* cos, const float* sin,
+                         int64_t B, int64_t T, int64_t heads, int64_t D) override {
+    rope(y16, x, cos, sin, B, T, heads, D, 1.0f, "rope_forward_bf16");
   }
 
   // cuDNN's SDPA (bf16) where built, selected and supported for the shape, else the fp32 kernel.
@@ -680,6 +702,53 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_,
                              stream_);
     done("attention_backward");
+  }
+  // The bf16 path's attention: on cuDNN the codes go in and out as they are (dout rounded,
+  // dq / dk / dv widened, as attention_backward does); on the fp32 kernel q, k, v (and out) are
+  // widened into scratch and the output rounded into out16 (the CPU twin's steps).
+  void attention_forward_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
+                              const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
+                              int64_t H, int64_t KV, int64_t D) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (use_cudnn(B, T, H, KV, D)) {
+      using A = cuda::CudnnAttention;
+      cudnn_->forward(A::Out::bf16(out16), lse, A::In::bf16(q16), A::In::bf16(k16),
+                      A::In::bf16(v16), B, T, H, KV, D, scratch_);
+      return done("attention_forward_bf16");
+    }
+#endif
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    DeviceArenaScope scope(scratch_);
+    float* q = widened(q16, nq);
+    float* k = widened(k16, nk);
+    float* v = widened(v16, nk);
+    float* out = scratch_.alloc_f32(nq);
+    cuda::attention_forward(out, lse, q, k, v, B, T, H, KV, D, stream_);
+    cuda::round_to_bf16(out16, out, nq, stream_);
+    done("attention_forward_bf16");
+  }
+  void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                               const uint16_t* q16, const uint16_t* k16, const uint16_t* v16,
+                               const uint16_t* out16, const float* lse, int64_t B, int64_t T,
+                               int64_t H, int64_t KV, int64_t D) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (use_cudnn(B, T, H, KV, D)) {
+      using A = cuda::CudnnAttention;
+      cudnn_->backward(A::Out::fp32(dq), A::Out::fp32(dk), A::Out::fp32(dv), A::In::fp32(dout),
+                       A::In::bf16(q16), A::In::bf16(k16), A::In::bf16(v16), A::In::bf16(out16),
+                       lse, B, T, H, KV, D, scratch_);
+      return done("attention_backward_bf16");
+    }
+#endif
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    DeviceArenaScope scope(scratch_);
+    float* q = widened(q16, nq);
+    float* k = widened(k16, nk);
+    float* v = widened(v16, nk);
+    float* out = widened(out16, nq);
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_,
+                             stream_);
+    done("attention_backward_bf16");
   }
   void set_attention(CudaAttention a) override { opt_.attention = a; }
   std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
@@ -888,12 +957,20 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  void rope(float* x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t heads,
-            int64_t D, float sign, const char* op) {
+  template <typename Out>
+  void rope(Out* y, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+            int64_t heads, int64_t D, float sign, const char* op) {
     const int64_t n = B * T * heads * (D / 2);
     if (n == 0) return;
-    rope_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(x, cos, sin, B, T, heads, D, sign);
+    rope_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, x, cos, sin, B, T, heads, D, sign);
     launched(op);
+  }
+
+  // n fp32 values widened from codes into scratch (the caller's scope).
+  float* widened(const uint16_t* codes, int64_t n) {
+    float* x = scratch_.alloc_f32(n);
+    cuda::widen_bf16(x, codes, n, stream_);  // checks its launch
+    return x;
   }
 
   // Sums n doubles on the device in a fixed order and returns the result (synchronizes).

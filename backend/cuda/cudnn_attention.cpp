@@ -97,15 +97,41 @@ void* bf16_copy(const float* src, int64_t n, DeviceArena& scratch, cudaStream_t 
   return dst;
 }
 
-// The variant pack's inputs both directions share: q, k, v rounded to bf16 into scratch.
-std::unordered_map<int64_t, void*> qkv_pack(const float* q, const float* k, const float* v,
-                                            int64_t nq, int64_t nk, DeviceArena& scratch,
-                                            cudaStream_t s) {
-  std::unordered_map<int64_t, void*> pack;
-  pack[kQ] = bf16_copy(q, nq, scratch, s);
-  pack[kK] = bf16_copy(k, nk, scratch, s);
-  pack[kV] = bf16_copy(v, nk, scratch, s);
-  return pack;
+// The byte alignment the graphs' tensors declare (Tensor_attributes' default, 16) and the
+// frontend's execute() checks every SDPA operand's pointer against.
+bool graph_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The bf16 buffer cuDNN reads for one input of n values (scratch in the caller's scope): the
+// caller's codes themselves where aligned, else an aligned copy of them; fp32 rounded (RNE).
+void* bf16_input(const CudnnAttention::In& x, int64_t n, DeviceArena& scratch, cudaStream_t s,
+                 const char* op) {
+  MX_ASSERT((x.f32 != nullptr) != (x.codes != nullptr), op,
+            ": a cuDNN input needs exactly one of fp32 values and bf16 codes");
+  if (x.f32) return bf16_copy(x.f32, n, scratch, s);
+  if (graph_aligned(x.codes)) return const_cast<uint16_t*>(x.codes);
+  uint16_t* dst = scratch.alloc_as<uint16_t>(n);
+  MX_CUDA_CHECK(op, cudaMemcpyAsync(dst, x.codes, sizeof(uint16_t) * size_t(n),
+                                    cudaMemcpyDeviceToDevice, s));
+  return dst;
+}
+
+// The bf16 buffer cuDNN writes one output of n values into: the caller's codes where aligned,
+// else room in scratch, which finish_output() then moves to the caller.
+void* bf16_output(const CudnnAttention::Out& y, int64_t n, DeviceArena& scratch,
+                  const char* op) {
+  MX_ASSERT((y.f32 != nullptr) != (y.codes != nullptr), op,
+            ": a cuDNN output needs exactly one of an fp32 and a bf16 destination");
+  if (y.codes && graph_aligned(y.codes)) return y.codes;
+  return scratch.alloc_as<uint16_t>(n);
+}
+// After the graph ran (stream order): widen into the fp32 destination, or copy the codes over
+// where cuDNN wrote them into scratch.
+void finish_output(const CudnnAttention::Out& y, void* buf, int64_t n, cudaStream_t s,
+                   const char* op) {
+  if (y.f32) return widen_bf16(y.f32, static_cast<const uint16_t*>(buf), n, s);
+  if (buf != y.codes)
+    MX_CUDA_CHECK(op, cudaMemcpyAsync(y.codes, buf, sizeof(uint16_t) * size_t(n),
+                                      cudaMemcpyDeviceToDevice, s));
 }
 
 struct Entry {
@@ -293,39 +319,45 @@ size_t CudnnAttention::backward_scratch_bytes(int64_t B, int64_t T, int64_t H, i
   return e.problem.empty() ? Impl::backward_bytes(e, B, T, H, KV, D) : 0;
 }
 
-void CudnnAttention::forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                             int64_t D, DeviceArena& scratch) {
-  const Entry& e = impl_->ready("attention_forward", B, T, H, KV, D);
+void CudnnAttention::forward(Out out, float* lse, In q, In k, In v, int64_t B, int64_t T,
+                             int64_t H, int64_t KV, int64_t D, DeviceArena& scratch) {
+  const char* op = "attention_forward";
+  const Entry& e = impl_->ready(op, B, T, H, KV, D);
   const cudaStream_t s = impl_->stream;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
   DeviceArenaScope scope(scratch);
-  auto pack = qkv_pack(q, k, v, nq, nk, scratch, s);
-  pack[kO] = bf16_copy(nullptr, nq, scratch, s);
+  std::unordered_map<int64_t, void*> pack;
+  pack[kQ] = bf16_input(q, nq, scratch, s, op);
+  pack[kK] = bf16_input(k, nk, scratch, s, op);
+  pack[kV] = bf16_input(v, nk, scratch, s, op);
+  pack[kO] = bf16_output(out, nq, scratch, op);
   pack[kStats] = lse;
-  impl_->execute(*e.fwd, pack, e.fwd_workspace, scratch, "attention_forward");
-  widen_bf16(out, static_cast<uint16_t*>(pack[kO]), nq, s);
+  impl_->execute(*e.fwd, pack, e.fwd_workspace, scratch, op);
+  finish_output(out, pack[kO], nq, s, op);
 }
 
-void CudnnAttention::backward(float* dq, float* dk, float* dv, const float* dout,
-                              const float* q, const float* k, const float* v, const float* out,
+void CudnnAttention::backward(Out dq, Out dk, Out dv, In dout, In q, In k, In v, In out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
                               int64_t D, DeviceArena& scratch) {
-  const Entry& e = impl_->ready("attention_backward", B, T, H, KV, D);
+  const char* op = "attention_backward";
+  const Entry& e = impl_->ready(op, B, T, H, KV, D);
   const cudaStream_t s = impl_->stream;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
   DeviceArenaScope scope(scratch);
-  auto pack = qkv_pack(q, k, v, nq, nk, scratch, s);
-  pack[kO] = bf16_copy(out, nq, scratch, s);
-  pack[kDO] = bf16_copy(dout, nq, scratch, s);
-  pack[kDQ] = bf16_copy(nullptr, nq, scratch, s);
-  pack[kDK] = bf16_copy(nullptr, nk, scratch, s);
-  pack[kDV] = bf16_copy(nullptr, nk, scratch, s);
+  std::unordered_map<int64_t, void*> pack;
+  pack[kQ] = bf16_input(q, nq, scratch, s, op);
+  pack[kK] = bf16_input(k, nk, scratch, s, op);
+  pack[kV] = bf16_input(v, nk, scratch, s, op);
+  pack[kO] = bf16_input(out, nq, scratch, s, op);
+  pack[kDO] = bf16_input(dout, nq, scratch, s, op);
+  pack[kDQ] = bf16_output(dq, nq, scratch, op);
+  pack[kDK] = bf16_output(dk, nk, scratch, op);
+  pack[kDV] = bf16_output(dv, nk, scratch, op);
   pack[kStats] = const_cast<float*>(lse);
-  impl_->execute(*e.bwd, pack, e.bwd_workspace, scratch, "attention_backward");
-  widen_bf16(dq, static_cast<uint16_t*>(pack[kDQ]), nq, s);
-  widen_bf16(dk, static_cast<uint16_t*>(pack[kDK]), nk, s);
-  widen_bf16(dv, static_cast<uint16_t*>(pack[kDV]), nk, s);
+  impl_->execute(*e.bwd, pack, e.bwd_workspace, scratch, op);
+  finish_output(dq, pack[kDQ], nq, s, op);
+  finish_output(dk, pack[kDK], nk, s, op);
+  finish_output(dv, pack[kDV], nk, s, op);
 }
 
 std::string cudnn_library_problem() {

@@ -9,6 +9,9 @@
 // into the backend's scratch, cuDNN in bf16 with fp32 accumulation and fp32 softmax statistics
 // (written straight into lse), out / dq / dk / dv widened back to fp32. Both directions read our
 // BSHD layout through strides (no transposes). dq, dk, dv are written, not accumulated.
+// The general forms take each bf16 operand either way: fp32 to round (as above) or bf16 codes
+// that cuDNN reads as they are, and write each output either widened to fp32 or straight as
+// codes (Backend::attention_forward_bf16 / _backward_bf16: q, k, v, out as codes).
 //
 // libcudnn is opened at run time (dlopen libcudnn.so.9): a machine without it runs the fp32
 // kernel, with the reason logged once. This header has no cuDNN types, so nvcc-compiled files
@@ -40,16 +43,47 @@ class CudnnAttention {
   // loads but fails here (cudnnCreate, a symbol missing from an older library) is a reason too.
   const std::string& problem(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
-  // Both require problem(...) == "" for the shape. Scratch: the bf16 copies and cuDNN's
-  // workspace, released on return (stream order keeps later users after these kernels).
+  // One bf16 input of the graphs, exactly one pointer set: f32, rounded to bf16 (RNE) into
+  // scratch for the call; or codes (numerics::encode_bf16 bit patterns), read by cuDNN as they
+  // are (copied into scratch first only when not on the 16-byte alignment the graphs declare,
+  // which the frontend's execute() enforces).
+  struct In {
+    const float* f32 = nullptr;
+    const uint16_t* codes = nullptr;
+    static In fp32(const float* p) { return {p, nullptr}; }
+    static In bf16(const uint16_t* p) { return {nullptr, p}; }
+  };
+  // One bf16 output, exactly one pointer set: f32, cuDNN's bf16 result widened into it from
+  // scratch; or codes, written by cuDNN straight (through scratch only when not 16-byte aligned).
+  struct Out {
+    float* f32 = nullptr;
+    uint16_t* codes = nullptr;
+    static Out fp32(float* p) { return {p, nullptr}; }
+    static Out bf16(uint16_t* p) { return {nullptr, p}; }
+  };
+
+  // Both require problem(...) == "" for the shape (one graph per shape, whatever form the
+  // operands take). Scratch: the bf16 copies and cuDNN's workspace, released on return (stream
+  // order keeps later users after these kernels).
+  void forward(Out out, float* lse, In q, In k, In v, int64_t B, int64_t T, int64_t H,
+               int64_t KV, int64_t D, DeviceArena& scratch);
+  void backward(Out dq, Out dk, Out dv, In dout, In q, In k, In v, In out, const float* lse,
+                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+  // The fp32 interface (Backend::attention_forward / _backward): every operand fp32.
   void forward(float* out, float* lse, const float* q, const float* k, const float* v,
-               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch) {
+    forward(Out::fp32(out), lse, In::fp32(q), In::fp32(k), In::fp32(v), B, T, H, KV, D, scratch);
+  }
   void backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                 const float* k, const float* v, const float* out, const float* lse, int64_t B,
-                int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+                int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch) {
+    backward(Out::fp32(dq), Out::fp32(dk), Out::fp32(dv), In::fp32(dout), In::fp32(q),
+             In::fp32(k), In::fp32(v), In::fp32(out), lse, B, T, H, KV, D, scratch);
+  }
 
-  // Scratch bytes one call takes for this shape (bf16 copies + cuDNN workspace); 0 when the
-  // shape does not run on cuDNN.
+  // Scratch bytes one call with every operand in fp32 takes for this shape (bf16 copies +
+  // cuDNN workspace): a bound for every form (an operand given as codes takes no copy, or, not
+  // 16-byte aligned, one of the same size); 0 when the shape does not run on cuDNN.
   size_t forward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
   size_t backward_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 

@@ -596,6 +596,21 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "dx", dDX.download(), dxv, kReduction);
       compare(r, "dw", dDW.download(), dwv, kReduction);
     });
+    // The bf16 path's RMSNorm: y as RNE codes, rstd fp32, against the CPU twin (rmsnorm_forward
+    // then to_bf16). Tolerance: the fp32 op's plus one bf16 ulp (fp32 results a few ulps apart
+    // can round to adjacent codes); rstd as the fp32 op's; x unchanged.
+    run_case("rmsnorm_forward_bf16", dims({N, C}), [&](Result& r) {
+      auto x = randn(N * C), w = uniform(C, 0.5f, 1.5f);
+      std::vector<uint16_t> y16(N * C);
+      std::vector<float> rstd(N);
+      Dev<float> dx(x), dw(w), dr(N);
+      Dev<uint16_t> dy(N * C);
+      cpu.rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      gpu.rmsnorm_forward_bf16(dy.p, dr.p, dx.p, dw.p, N, C, 1e-5f);
+      compare(r, "y", widen(dy.download()), widen(y16), {kReduction.atol, kReduction.rtol + kBf16Ulp});
+      compare(r, "rstd", dr.download(), rstd, kReduction);
+      compare(r, "x", dx.download(), x, {0, 0});
+    });
   }
   for (auto [B, T, Hh, D] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 2}, {2, 17, 3, 64}, {1, 100, 8, 128}}) {
     for (int bwd = 0; bwd < 2; ++bwd)
@@ -611,6 +626,18 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
         }
         compare(r, "x", dx.download(), x, kElementwise);
       });
+    // RoPE from fp32 x (not changed) into RNE codes, against the CPU twin (rope_forward on a
+    // copy, then to_bf16): the fp32 op's tolerance plus one bf16 ulp; x bit for bit unchanged.
+    run_case("rope_forward_bf16", dims({B, T, Hh, D}), [&](Result& r) {
+      auto x = randn(B * T * Hh * D), c = uniform(T * D / 2, -1, 1), s = uniform(T * D / 2, -1, 1);
+      std::vector<uint16_t> y16(x.size());
+      Dev<float> dx(x), dc(c), ds(s);
+      Dev<uint16_t> dy(x.size());
+      cpu.rope_forward_bf16(y16.data(), x.data(), c.data(), s.data(), B, T, Hh, D);
+      gpu.rope_forward_bf16(dy.p, dx.p, dc.p, ds.p, B, T, Hh, D);
+      compare(r, "y", widen(dy.download()), widen(y16), {kElementwise.atol, kElementwise.rtol + kBf16Ulp});
+      expect_floats(r, "x", dx.download(), x);  // an input: unchanged, bit for bit
+    });
   }
   for (int64_t n : {1, 7, 1000, 65537}) {
     run_case("swiglu_forward", dims({n}), [&](Result& r) {
@@ -806,6 +833,34 @@ void check_attention(Backend& cpu, CudaBackend& gpu) {
       compare(r, "dk", dDK.download(), dk, t);
       compare(r, "dv", dDV.download(), dv, t);
     });
+    // The bf16 entry points on the fp32 kernel (what MXTRAIN_CUDA_ATTENTION=fp32 runs): codes
+    // widened into scratch, the kernel, out rounded into codes, against the CPU twin (the same
+    // steps around the CPU's attention): the fp32 cases' tolerances on the same fp32 values,
+    // plus one bf16 ulp on out.
+    const auto q16 = bf16_codes(q), k16 = bf16_codes(k), v16 = bf16_codes(v);
+    std::vector<uint16_t> out16(q.size());
+    std::vector<float> lse16(lse.size());
+    cpu.attention_forward_bf16(out16.data(), lse16.data(), q16.data(), k16.data(), v16.data(), B, T, H, KV, D);
+    run_case("attention_forward_bf16", sh, [&](Result& r) {
+      Dev<uint16_t> dq(q16), dk(k16), dv(v16), dout(out16.size());
+      Dev<float> dlse(lse16.size());
+      gpu.attention_forward_bf16(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      compare(r, "out", widen(dout.download()), widen(out16), {kAttention.atol, kAttention.rtol + kBf16Ulp});
+      compare(r, "lse", dlse.download(), lse16, kAttention);
+    });
+    run_case("attention_backward_bf16", sh, [&](Result& r) {
+      const auto g = randn(out16.size());
+      std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+      cpu.attention_backward_bf16(dq.data(), dk.data(), dv.data(), g.data(), q16.data(), k16.data(), v16.data(), out16.data(), lse16.data(), B, T, H, KV, D);
+      Dev<uint16_t> dQ(q16), dK(k16), dV(v16), dO(out16);
+      Dev<float> dL(lse16), dG(g), dDQ(dq.size()), dDK(dk.size()), dDV(dv.size());
+      gpu.attention_backward_bf16(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+      const Tol t{1e-4, 1e-3};
+      compare(r, "dq", dDQ.download(), dq, t);
+      compare(r, "dk", dDK.download(), dk, t);
+      compare(r, "dv", dDV.download(), dv, t);
+      compare(r, "dout", dG.download(), g, {0, 0});  // an input: unchanged
+    });
   }
   for (auto [T, H, KV, D] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 16}, {33, 4, 2, 64}, {1000, 8, 2, 128}, {77, 2, 2, 100}}) {
     run_case("attention_decode", dims({T, H, KV, D}), [&](Result& r) {
@@ -817,6 +872,68 @@ void check_attention(Backend& cpu, CudaBackend& gpu) {
       compare(r, "out", dout.download(), out, kAttention);
     });
   }
+}
+
+// The bf16 entry points on cuDNN (the bf16 path: q, k, v, out as codes cuDNN reads and writes
+// as they are; dout fp32, rounded by the call; dq, dk, dv fp32) against the CPU twin's
+// attention_forward_bf16 / _backward_bf16 on the same codes, i.e. the CPU attention on the
+// bf16 values, as check_attention_cudnn's twin. The twin's backward takes dout rounded to bf16
+// (what cuDNN sees; the GPU gets it unrounded) and both take the twin's out codes and lse.
+// Tolerances: those of check_attention_cudnn, plus one bf16 ulp on out (the twin's out is now
+// rounded too). off = 1: every code pointer one element into its buffer (the out16 buffer's
+// first element must stay as poisoned).
+void check_attention_cudnn_bf16(Backend& cpu, CudaBackend& gpu, int64_t B, int64_t T, int64_t H,
+                                int64_t KV, int64_t D, const std::string& path, int64_t off) {
+  std::string sh = dims({B, T, H, KV, D});
+  if (off) sh += " +" + std::to_string(off);
+  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+  const auto q16 = bf16_codes(randn(nq)), k16 = bf16_codes(randn(nk)), v16 = bf16_codes(randn(nk));
+  std::vector<uint16_t> out16(nq);
+  std::vector<float> lse(B * H * T);
+  cpu.attention_forward_bf16(out16.data(), lse.data(), q16.data(), k16.data(), v16.data(), B, T, H, KV, D);
+  auto padded = [off](const std::vector<uint16_t>& x) {  // off poisoned codes, then x
+    std::vector<uint16_t> y(size_t(off), uint16_t(0xFFFF));
+    y.insert(y.end(), x.begin(), x.end());
+    return y;
+  };
+  Dev<uint16_t> dq(padded(q16)), dk(padded(k16)), dv(padded(v16));
+  run_case("attention_cudnn_forward_bf16", sh, [&](Result& r) {
+    if (path != "cudnn") {
+      r.pass = false;
+      r.note = "did not run on cuDNN: " + path;
+      return;
+    }
+    Dev<uint16_t> dout(size_t(nq + off));
+    Dev<float> dlse(lse.size());
+    gpu.attention_forward_bf16(dout.p + off, dlse.p, dq.p + off, dk.p + off, dv.p + off, B, T, H, KV, D);
+    auto got = dout.download();
+    if (off && got[0] != 0xFFFF) {
+      r.pass = false;
+      r.note += "out16: the element before the output was written; ";
+    }
+    got.erase(got.begin(), got.begin() + off);
+    const auto want = widen(out16);
+    compare(r, "out", widen(got), want, {2e-2 * max_abs(want), kBf16Ulp});
+    compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+  });
+  run_case("attention_cudnn_backward_bf16", sh, [&](Result& r) {
+    if (path != "cudnn") {
+      r.pass = false;
+      r.note = "did not run on cuDNN: " + path;
+      return;
+    }
+    const auto g = randn(nq);
+    const auto gb = round_bf16(g);
+    std::vector<float> gq(nq), gk(nk), gv(nk);
+    cpu.attention_backward_bf16(gq.data(), gk.data(), gv.data(), gb.data(), q16.data(), k16.data(), v16.data(), out16.data(), lse.data(), B, T, H, KV, D);
+    Dev<uint16_t> dO(padded(out16));
+    Dev<float> dL(lse), dG(g), dGQ(gq.size()), dGK(gk.size()), dGV(gv.size());
+    gpu.attention_backward_bf16(dGQ.p, dGK.p, dGV.p, dG.p, dq.p + off, dk.p + off, dv.p + off, dO.p + off, dL.p, B, T, H, KV, D);
+    compare(r, "dq", dGQ.download(), gq, {3e-2 * max_abs(gq), 0.0});
+    compare(r, "dk", dGK.download(), gk, {3e-2 * max_abs(gk), 0.0});
+    compare(r, "dv", dGV.download(), gv, {3e-2 * max_abs(gv), 0.0});
+    compare(r, "dout", dG.download(), g, {0, 0});  // an input: unchanged
+  });
 }
 
 // cuDNN's SDPA (the default attention, bf16) against its CPU twin: the CPU backend's attention
@@ -871,7 +988,11 @@ void check_attention_cudnn(Backend& cpu, CudaBackend& gpu) {
       compare(r, "dk", dDK.download(), dk, {3e-2 * max_abs(dk), 0.0});
       compare(r, "dv", dDV.download(), dv, {3e-2 * max_abs(dv), 0.0});
     });
+    check_attention_cudnn_bf16(cpu, gpu, B, T, H, KV, D, path, 0);
   }
+  // Codes and out16 one element into their buffers (2-byte aligned, not the 16 bytes the
+  // graphs declare): the copies through aligned scratch.
+  check_attention_cudnn_bf16(cpu, gpu, 2, 77, 8, 1, 128, gpu.attention_path(2, 77, 8, 1, 128), 1);
   // A shape cuDNN's SDPA does not take (head dim not a multiple of 8): the default setting
   // falls back to the fp32 kernel, at the fp32 kernel's tolerance against the fp32 CPU backend.
   {
@@ -890,6 +1011,36 @@ void check_attention_cudnn(Backend& cpu, CudaBackend& gpu) {
       gpu.attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
       compare(r, "out", dout.download(), out, kAttention);
       compare(r, "lse", dlse.download(), lse, kAttention);
+    });
+    // The bf16 entry points at that shape: the same fallback (codes widened into scratch, the
+    // fp32 kernel, out rounded), at the fp32 kernel's tolerances plus one bf16 ulp on out.
+    run_case("attention_cudnn_fallback_bf16", dims({B, T, H, KV, D}), [&](Result& r) {
+      const std::string path = gpu.attention_path(B, T, H, KV, D);
+      if (path.rfind("fp32 (", 0) != 0) {
+        r.pass = false;
+        r.note = "expected the fp32 kernel, got: " + path;
+        return;
+      }
+      const auto q16 = bf16_codes(randn(B * T * H * D)), k16 = bf16_codes(randn(B * T * KV * D)),
+                 v16 = bf16_codes(randn(B * T * KV * D));
+      std::vector<uint16_t> out16(q16.size());
+      std::vector<float> lse(B * H * T);
+      cpu.attention_forward_bf16(out16.data(), lse.data(), q16.data(), k16.data(), v16.data(), B, T, H, KV, D);
+      Dev<uint16_t> dq(q16), dk(k16), dv(v16), dout(out16.size());
+      Dev<float> dlse(lse.size());
+      gpu.attention_forward_bf16(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      compare(r, "out", widen(dout.download()), widen(out16), {kAttention.atol, kAttention.rtol + kBf16Ulp});
+      compare(r, "lse", dlse.download(), lse, kAttention);
+      const auto g = randn(out16.size());
+      std::vector<float> gq(q16.size()), gk(k16.size()), gv(v16.size());
+      cpu.attention_backward_bf16(gq.data(), gk.data(), gv.data(), g.data(), q16.data(), k16.data(), v16.data(), out16.data(), lse.data(), B, T, H, KV, D);
+      Dev<uint16_t> dO(out16);
+      Dev<float> dL(lse), dG(g), dGQ(gq.size()), dGK(gk.size()), dGV(gv.size());
+      gpu.attention_backward_bf16(dGQ.p, dGK.p, dGV.p, dG.p, dq.p, dk.p, dv.p, dO.p, dL.p, B, T, H, KV, D);
+      const Tol t{1e-4, 1e-3};
+      compare(r, "dq", dGQ.download(), gq, t);
+      compare(r, "dk", dGK.download(), gk, t);
+      compare(r, "dv", dGV.download(), gv, t);
     });
   }
 }

@@ -2,6 +2,10 @@
 // and that reference against a central finite difference of sum(out * dout).
 #include "backend/cpu/attention.h"
 
+#include <cstring>
+
+#include "backend/backend.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -147,6 +151,80 @@ void check_against_reference(const Shape& s, double magnitude, unsigned seed) {
   expect_close(dq, dq_ref, "dq");
   expect_close(dk, dk_ref, "dk");
   expect_close(dv, dv_ref, "dv");
+}
+
+uint16_t bf16_code(double x) {  // RNE of the float, as numerics::encode_bf16 (finite x)
+  const float f = static_cast<float>(x);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+double bf16_value(uint16_t c) {
+  const uint32_t u = uint32_t(c) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The bf16 path's attention (Backend::attention_forward_bf16 / _backward_bf16: q, k, v and out
+// as bf16 codes) against the reference on the codes' values: out within its own rounding (half
+// a bf16 step) of the reference plus the fp32 tolerance; lse at the fp32 tolerance; the
+// gradients, which see out rounded (through rowsum(dout * out)), within 2^-8 of each tensor's
+// largest value.
+TEST(CpuAttention, Bf16EntryPointsMatchReference) {
+  auto be = mx::make_cpu_backend();
+  for (const Shape s : {Shape{2, 37, 6, 2, 16}, Shape{1, 130, 4, 4, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " D=" << s.D);
+    std::mt19937 rng(21);
+    const size_t nq = static_cast<size_t>(s.B * s.T * s.H * s.D);
+    const size_t nk = static_cast<size_t>(s.B * s.T * s.KV * s.D);
+    auto codes = [](const std::vector<double>& x, std::vector<double>& values) {
+      std::vector<uint16_t> c(x.size());
+      values.resize(x.size());
+      for (size_t i = 0; i < x.size(); ++i) values[i] = bf16_value(c[i] = bf16_code(x[i]));
+      return c;
+    };
+    std::vector<double> q, k, v;
+    const auto q16 = codes(random_tensor(nq, rng, 1.0), q);
+    const auto k16 = codes(random_tensor(nk, rng, 1.0), k);
+    const auto v16 = codes(random_tensor(nk, rng, 1.0), v);
+    const auto dout = rounded(random_tensor(nq, rng, 1.0));
+    std::vector<double> out_ref, lse_ref, dq_ref, dk_ref, dv_ref;
+    reference_forward(s, q, k, v, out_ref, lse_ref);
+    reference_backward(s, q, k, v, dout, dq_ref, dk_ref, dv_ref);
+
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint16_t> out16(nq, 0x7FC1);
+    std::vector<float> lse(lse_ref.size(), nan);
+    be->attention_forward_bf16(out16.data(), lse.data(), q16.data(), k16.data(), v16.data(),
+                               s.B, s.T, s.H, s.KV, s.D);
+    double max_ref = 0;
+    for (double x : out_ref) max_ref = std::max(max_ref, std::fabs(x));
+    for (size_t i = 0; i < nq; ++i)
+      ASSERT_LE(std::fabs(bf16_value(out16[i]) - out_ref[i]),
+                std::ldexp(std::fabs(out_ref[i]), -8) + 1e-4 * max_ref + 1e-6)
+          << i;
+    expect_close(lse, lse_ref, "lse");
+
+    const auto doutf = to_float(dout);
+    std::vector<float> dq(nq, nan), dk(nk, nan), dv(nk, nan);
+    be->attention_backward_bf16(dq.data(), dk.data(), dv.data(), doutf.data(), q16.data(),
+                                k16.data(), v16.data(), out16.data(), lse.data(), s.B, s.T, s.H,
+                                s.KV, s.D);
+    auto within = [](const std::vector<float>& got, const std::vector<double>& want,
+                     const char* what) {
+      double mr = 0, me = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << what << i;
+        mr = std::max(mr, std::fabs(want[i]));
+        me = std::max(me, std::fabs(double(got[i]) - want[i]));
+      }
+      EXPECT_LE(me, std::ldexp(mr, -8)) << what;
+    };
+    within(dq, dq_ref, "dq");
+    within(dk, dk_ref, "dk");
+    within(dv, dv_ref, "dv");
+  }
 }
 
 TEST(CpuAttention, MatchesReferenceSmallGroups) {

@@ -461,7 +461,7 @@ TEST(CpuOps, ToBf16WritesTheRoundedCodesAndLeavesTheInput) {
 }
 
 // SwiGLU on codes against the definition in double: the results are the RNE codes of values
-// within fp32 error of it, so within half a bf16 step (2^-9 relative) plus that error.
+// within fp32 error of it, so within half a bf16 step (at most 2^-8 relative) plus that error.
 TEST(CpuOps, SwigluOnBf16CodesMatchesDefinition) {
   auto be = mx::make_cpu_backend();
   const int64_t n = 1007;
@@ -483,6 +483,54 @@ TEST(CpuOps, SwigluOnBf16CodesMatchesDefinition) {
     ASSERT_TRUE(close(du16[i], ds[i] * gv * sig)) << i;
     ASSERT_TRUE(close(dg16[i], ds[i] * uv * sig * (1 + gv * (1 - sig)))) << i;
   }
+}
+
+// The bf16 path's producers: RMSNorm and RoPE into codes, against their definitions in
+// double: each code the RNE of a value within fp32 error of the definition, so within half a
+// bf16 step (at most 2^-8 relative: 8 significant bits) plus that error. RoPE leaves its fp32
+// input as it was.
+TEST(CpuOps, NormAndRopeIntoBf16CodesMatchDefinition) {
+  auto be = mx::make_cpu_backend();
+  auto close = [](uint16_t got, double want, double scale) {
+    return std::fabs(double(bf16_value(got)) - want) <=
+           std::ldexp(std::fabs(want), -8) + 1e-6 * scale;
+  };
+  const int64_t N = 37, C = 96;
+  auto x = randn(N * C, 31, 2.0f), w = randn(C, 32);
+  std::vector<uint16_t> y16(N * C, 0xABCD);
+  std::vector<float> rstd(N, kNaN);
+  be->rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += double(x[n * C + c]) * x[n * C + c];
+    const double r = 1.0 / std::sqrt(ss / C + 1e-5);
+    ASSERT_NEAR(rstd[n], r, 1e-6 * r) << n;
+    for (int64_t c = 0; c < C; ++c)
+      ASSERT_TRUE(close(y16[n * C + c], x[n * C + c] * r * w[c], 10.0)) << n << "," << c;
+  }
+  const int64_t B = 2, T = 5, Hh = 3, D = 8, half = D / 2;
+  auto q = randn(B * T * Hh * D, 33);
+  const auto q0 = q;
+  std::vector<float> cos(T * half), sin(T * half);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = t * std::pow(10000.0, -2.0 * i / D);
+      cos[t * half + i] = float(std::cos(a));
+      sin[t * half + i] = float(std::sin(a));
+    }
+  std::vector<uint16_t> q16(q.size(), 0xABCD);
+  be->rope_forward_bf16(q16.data(), q.data(), cos.data(), sin.data(), B, T, Hh, D);
+  EXPECT_EQ(std::memcmp(q.data(), q0.data(), 4 * q.size()), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hh; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t base = ((b * T + t) * Hh + h) * D;
+          const double c = cos[t * half + i], sn = sin[t * half + i];
+          const double x1 = q[base + i], x2 = q[base + i + half];
+          ASSERT_TRUE(close(q16[base + i], x1 * c - x2 * sn, 5.0));
+          ASSERT_TRUE(close(q16[base + i + half], x2 * c + x1 * sn, 5.0));
+        }
 }
 
 TEST(CpuOps, AdamWMatchesTorchFormula) {
