@@ -71,8 +71,8 @@ struct LlamaModel::BlockActs {
         *lse = nullptr, *x_mid = nullptr, *h2 = nullptr, *rstd2 = nullptr, *g = nullptr,
         *u = nullptr, *s = nullptr;
   // precision.activations = bf16: the kept bf16 copies in `saved` (null: not kept as bf16).
-  // In the bf16 path (LlamaModel::bf16_path) the GEMMs' inputs exist as codes whether kept or
-  // not, and gate, up and the SwiGLU product only as codes.
+  // In the bf16 path (LlamaModel::bf16_path) the nine tensors exist only as codes, kept (in
+  // `saved`) or not (in scratch); their fp32 pointers stay null.
   uint16_t *h1_16 = nullptr, *q_16 = nullptr, *k_16 = nullptr, *v_16 = nullptr,
            *o_16 = nullptr, *h2_16 = nullptr, *g_16 = nullptr, *u_16 = nullptr, *s_16 = nullptr;
   bool bf16_path = false;  // forward took the bf16 path; backward takes it too
@@ -135,11 +135,12 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                                                       quantized));
   out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
   // The bf16 path (native bf16 GEMMs, LlamaModel::bf16_path) never makes fp32 gate, up and
-  // SwiGLU product (forward, recompute or widened), which the terms above count, and instead
-  // holds codes in scratch: of what the policy does not keep (at most all nine tensors, as in a
-  // full recompute or an evaluation) and one Linear's output gradient (read by its two GEMMs).
-  // So it fits in these terms plus whatever the codes exceed the three fp32 tensors by: nothing
-  // at Llama shapes (intermediate about 3x hidden), something at small test shapes.
+  // SwiGLU product (forward, recompute or widened), nor most of the other fp32 copies the terms
+  // above count, and instead holds codes in scratch: of what the policy does not keep (at most
+  // all nine tensors, as in a full recompute or an evaluation) and one Linear's output
+  // gradient (read by its two GEMMs). So it fits in these terms plus whatever the codes exceed
+  // the three fp32 MLP tensors by: nothing at Llama shapes (intermediate about 3x hidden),
+  // something at small test shapes.
   if (bf16_activations) {
     const size_t codes = bytes_bf16(z.h1) + bytes_bf16(z.q) + 2 * bytes_bf16(z.k) +
                          bytes_bf16(z.o) + bytes_bf16(z.h2) + 3 * bytes_bf16(z.g) +
@@ -246,33 +247,46 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   };
   a.h1_16 = a.q_16 = a.k_16 = a.v_16 = a.o_16 = a.h2_16 = a.g_16 = a.u_16 = a.s_16 = nullptr;
   // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
-  a.h1 = keep(true, z.h1, &a.h1_16);
-  a.rstd1 = keep(true, z.rstd1, nullptr);
-  be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-  // (the bf16 path's GEMMs read the codes, so its fp32 norm output is not rounded)
-  if (bp) be_.to_bf16(a.h1_16, a.h1, z.h1);
-  else round_activation(a.h1, a.h1_16, z.h1);
-  a.q = keep(false, z.q, &a.q_16);
-  a.k = keep(false, z.k, &a.k_16);
-  a.v = keep(false, z.v, &a.v_16);
-  if (bp) {
-    gemm16(false, true, N, c_.q_dim(), C, nullptr, a.h1_16, w.wq, nullptr, 0.0f, a.q, nullptr);
-    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wk, nullptr, 0.0f, a.k, nullptr);
-    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wv, nullptr, 0.0f, a.v, nullptr);
+  if (bp) {  // every tensor between the ops as codes only; q and k fp32 until RoPE
+    a.h1 = a.q = a.k = a.v = a.o = nullptr;
+    a.h1_16 = codes_only(true, z.h1);
+    a.rstd1 = keep(true, z.rstd1, nullptr);
+    be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
+    float* q = scratch_.alloc_f32(z.q);
+    float* k = scratch_.alloc_f32(z.k);
+    a.q_16 = codes_only(false, z.q);
+    a.k_16 = codes_only(false, z.k);
+    a.v_16 = codes_only(false, z.v);
+    gemm16(false, true, N, c_.q_dim(), C, nullptr, a.h1_16, w.wq, nullptr, 0.0f, q, nullptr);
+    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wk, nullptr, 0.0f, k, nullptr);
+    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wv, nullptr, 0.0f, nullptr,
+           a.v_16);
+    be_.rope_forward_bf16(a.q_16, q, rope_cos_, rope_sin_, B, T, H, D);
+    be_.rope_forward_bf16(a.k_16, k, rope_cos_, rope_sin_, B, T, KV, D);
+    a.o_16 = codes_only(false, z.o);
+    a.lse = keep(false, z.lse, nullptr);
+    be_.attention_forward_bf16(a.o_16, a.lse, a.q_16, a.k_16, a.v_16, B, T, H, KV, D);
   } else {
+    a.h1 = keep(true, z.h1, &a.h1_16);
+    a.rstd1 = keep(true, z.rstd1, nullptr);
+    be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
+    round_activation(a.h1, a.h1_16, z.h1);
+    a.q = keep(false, z.q, &a.q_16);
+    a.k = keep(false, z.k, &a.k_16);
+    a.v = keep(false, z.v, &a.v_16);
     linear_fwd(0, a.q, a.h1, w.wq, N, C, c_.q_dim());
     linear_fwd(1, a.k, a.h1, w.wk, N, C, c_.kv_dim());
     linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
+    be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
+    be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
+    round_activation(a.q, a.q_16, z.q);
+    round_activation(a.k, a.k_16, z.k);
+    round_activation(a.v, a.v_16, z.v);
+    a.o = keep(false, z.o, &a.o_16);
+    a.lse = keep(false, z.lse, nullptr);
+    be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
+    round_activation(a.o, a.o_16, z.o);
   }
-  be_.rope_forward(a.q, rope_cos_, rope_sin_, B, T, H, D);
-  be_.rope_forward(a.k, rope_cos_, rope_sin_, B, T, KV, D);
-  round_activation(a.q, a.q_16, z.q);
-  round_activation(a.k, a.k_16, z.k);
-  round_activation(a.v, a.v_16, z.v);
-  a.o = keep(false, z.o, &a.o_16);
-  a.lse = keep(false, z.lse, nullptr);
-  be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
-  round_activation(a.o, a.o_16, z.o);
   a.x_mid = keep(false, z.x_mid, nullptr);
   float* proj = scratch_.alloc_f32(N * C);
   if (bp) gemm16(false, true, N, C, c_.q_dim(), nullptr, a.o_16, w.wo, nullptr, 0.0f, proj,
@@ -280,13 +294,12 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   else linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
   be_.add(a.x_mid, x, proj, N * C);
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
-  a.h2 = keep(true, z.h2, &a.h2_16);
-  a.rstd2 = keep(true, z.rstd2, nullptr);
-  be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
   float* down = nullptr;
-  if (bp) {  // gate, up and their product exist only as codes
-    be_.to_bf16(a.h2_16, a.h2, z.h2);
-    a.g = a.u = a.s = nullptr;
+  if (bp) {  // the norm output, gate, up and their product as codes only
+    a.h2 = a.g = a.u = a.s = nullptr;
+    a.h2_16 = codes_only(true, z.h2);
+    a.rstd2 = keep(true, z.rstd2, nullptr);
+    be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
     a.g_16 = codes_only(false, z.g);
     a.u_16 = codes_only(false, z.u);
     gemm16(false, true, N, I, C, nullptr, a.h2_16, w.w_gate, nullptr, 0.0f, nullptr, a.g_16);
@@ -296,6 +309,9 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     down = scratch_.alloc_f32(N * C);
     gemm16(false, true, N, C, I, nullptr, a.s_16, w.w_down, nullptr, 0.0f, down, nullptr);
   } else {
+    a.h2 = keep(true, z.h2, &a.h2_16);
+    a.rstd2 = keep(true, z.rstd2, nullptr);
+    be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
     round_activation(a.h2, a.h2_16, z.h2);
     a.g = keep(false, z.g, &a.g_16);
     a.u = keep(false, z.u, &a.u_16);
@@ -319,47 +335,50 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   const float eps = float(c_.rms_norm_eps);
   const bool bp = a.bf16_path;
   // bf16 activations: widen the kept bf16 copies into scratch (the values forward used). The
-  // bf16 path widens only what attention reads; its GEMMs and SwiGLU read the codes.
+  // bf16 path's ops read the codes themselves.
   BlockSizes z(c_, B, T);
   auto widen = [&](float*& t, const uint16_t* codes, int64_t n) {
-    if (!codes) return;
+    if (!codes || bp) return;
     t = scratch_.alloc_f32(n);
     be_.unpack_bf16(t, codes, n);
   };
-  if (!bp) widen(a.h1, a.h1_16, z.h1);
+  widen(a.h1, a.h1_16, z.h1);
   widen(a.q, a.q_16, z.q);
   widen(a.k, a.k_16, z.k);
   widen(a.v, a.v_16, z.v);
   widen(a.o, a.o_16, z.o);
-  if (!bp) {
-    widen(a.h2, a.h2_16, z.h2);
-    widen(a.g, a.g_16, z.g);
-    widen(a.u, a.u_16, z.u);
-    widen(a.s, a.s_16, z.s);
-  }
+  widen(a.h2, a.h2_16, z.h2);
+  widen(a.g, a.g_16, z.g);
+  widen(a.u, a.u_16, z.u);
+  widen(a.s, a.s_16, z.s);
   // Recompute what the policy did not keep. The same ops on the same inputs give the same
   // bits (rounded to bf16 where forward rounded), so every policy produces identical gradients.
-  if (!a.q) {
+  if (bp ? !a.q_16 : !a.q) {
     float* y = scratch_.alloc_f32(N * C);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
-  } else if (bp ? !a.h1_16 : !a.h1) {
+  } else if (bp) {
+    if (!a.h1_16) {  // selective: the norms' codes and the product's
+      a.rstd1 = scratch_.alloc_f32(N);
+      a.h1_16 = alloc_bf16(scratch_, N * C);
+      be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
+      a.rstd2 = scratch_.alloc_f32(N);
+      a.h2_16 = alloc_bf16(scratch_, N * C);
+      be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+      a.s_16 = alloc_bf16(scratch_, N * I);
+      be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
+    }
+  } else if (!a.h1) {
     a.h1 = scratch_.alloc_f32(N * C);
     a.rstd1 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h1, a.rstd1, x, w.input_norm, N, C, eps);
-    if (bp) be_.to_bf16(a.h1_16 = alloc_bf16(scratch_, N * C), a.h1, N * C);
-    else round_activation(a.h1, nullptr, N * C);
+    round_activation(a.h1, nullptr, N * C);
     a.h2 = scratch_.alloc_f32(N * C);
     a.rstd2 = scratch_.alloc_f32(N);
     be_.rmsnorm_forward(a.h2, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
-    if (bp) {
-      be_.to_bf16(a.h2_16 = alloc_bf16(scratch_, N * C), a.h2, N * C);
-      be_.swiglu_forward_bf16(a.s_16 = alloc_bf16(scratch_, N * I), a.g_16, a.u_16, N * I);
-    } else {
-      round_activation(a.h2, nullptr, N * C);
-      a.s = scratch_.alloc_f32(N * I);
-      be_.swiglu_forward(a.s, a.g, a.u, N * I);
-      round_activation(a.s, nullptr, N * I);
-    }
+    round_activation(a.h2, nullptr, N * C);
+    a.s = scratch_.alloc_f32(N * I);
+    be_.swiglu_forward(a.s, a.g, a.u, N * I);
+    round_activation(a.s, nullptr, N * I);
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
   if (bp) {  // the gradients of gate and up go straight to codes (their GEMMs round them)
@@ -397,7 +416,10 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* dh1 = scratch_.alloc_f32(N * C);
     if (bp) linear_bwd16(d_o, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false);
     else linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
-    be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
+    if (bp)
+      be_.attention_backward_bf16(dq, dk, dv, d_o, a.q_16, a.k_16, a.v_16, a.o_16, a.lse, B, T,
+                                  H, KV, D);
+    else be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
     if (bp) {

@@ -117,11 +117,12 @@ class LlamaModel {
   // is not null (forward, and backward's recompute, which keeps nothing); else nothing.
   void round_activation(float* t, uint16_t* codes, int64_t n);
   // The bf16 path of block layer_: bf16 activations and Linears on the backend's native bf16
-  // GEMMs (recipe bf16 without telemetry, or a block kept in bf16 by high_precision). Its
-  // GEMMs read the activations' codes instead of rounding fp32 copies again per call, gate and
-  // up are written as codes by their GEMMs, SwiGLU runs on codes both ways, and each Linear's
-  // output gradient is rounded once for its two GEMMs: the same values as the other path (the
-  // same roundings, fewer passes), bit for bit on the CPU (MXTRAIN_TEST_BF16_GEMM).
+  // GEMMs (recipe bf16 without telemetry, or a block kept in bf16 by high_precision). The nine
+  // tensors exist only as codes, written by the ops that make them (RMSNorm, RoPE, the GEMMs
+  // of v, gate and up, attention, SwiGLU) and read by the ops after them; each Linear's output
+  // gradient is rounded once for its two GEMMs; backward widens nothing. The same values as
+  // the other path (the same roundings, no packing passes), bit for bit on the CPU
+  // (MXTRAIN_TEST_BF16_GEMM).
   bool bf16_path();
   // Backend::gemm_bf16 in native bf16 mode, alpha 1.
   void gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
