@@ -56,9 +56,11 @@ int run_grads(const GradsArgs& a) {
   const bool hp_bf16 = high_precision_bf16(recipe, a.high_precision);
   eo.quantized = recipe != Recipe::kFp32;
   eo.bf16_activations = bf16_activations(recipe, a.activations, a.device);
-  Engine engine(cfg, eo);
   MX_REQUIRE(a.hp_first >= 0 && a.hp_last >= 0,
              "--high-precision-first / --high-precision-last must be >= 0");
+  eo.bf16_path_only =
+      bf16_path_only(recipe, eo.bf16_activations, hp_bf16, a.hp_first, a.hp_last, 0);
+  Engine engine(cfg, eo);
   LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, a.hp_first, a.hp_last, 0, 0);
   linear_recipe.set_high_precision_bf16(hp_bf16);
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);

@@ -65,6 +65,7 @@ int run_plan(const PlanArgs& a) {
   in.high_precision_last = cfg.precision.high_precision_last;
   in.high_precision = cfg.precision.high_precision;
   in.activations = cfg.precision.activations;
+  in.stats_every = cfg.precision.stats_every;
   in.eval = cfg.train.eval_every > 0;
   MX_REQUIRE(a.memory == "model" || a.memory == "engine",
              "--memory must be model or engine (got '", a.memory, "')");

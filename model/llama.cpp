@@ -91,9 +91,42 @@ struct LlamaModel::BlockActs {
   }
 };
 
+namespace {
+// Scratch of the bf16 path (every block on it), from LlamaModel's allocations in scratch:
+// block_forward's under a policy (evaluation runs full) and block_backward's (recompute, then
+// the MLP's or the attention's gradients, one after the other), beside the head's.
+size_t bf16_path_scratch(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
+                         size_t head) {
+  const int64_t N = B * T, C = c.hidden_size;
+  BlockSizes z(c, B, T);
+  auto forward = [&](Checkpointing p) {
+    const bool cheap = BlockSizes::keeps(p, true), gemm = BlockSizes::keeps(p, false);
+    size_t s = bytes_f32(z.q) + bytes_f32(z.k) + 2 * bytes_f32(N * C);  // q, k; proj, down
+    if (!cheap)  // h1, rstd1, h2, rstd2, s
+      s += 2 * bytes_bf16(z.h1) + 2 * bytes_f32(z.rstd1) + bytes_bf16(z.s);
+    if (!gemm)  // q, k, v, o, g, u as codes; lse, x_mid
+      s += bytes_bf16(z.q) + 2 * bytes_bf16(z.k) + bytes_bf16(z.o) + 2 * bytes_bf16(z.g) +
+           bytes_f32(z.lse) + bytes_f32(z.x_mid);
+    return s;
+  };
+  size_t recompute = 0;
+  if (policy == Checkpointing::kFull) recompute = bytes_f32(N * C) + forward(policy);  // + y
+  if (policy == Checkpointing::kSelective)
+    recompute = 2 * bytes_f32(z.rstd1) + 2 * bytes_bf16(z.h1) + bytes_bf16(z.s);
+  // ds, dg and du as codes, dh2, the output gradient's codes (down's: N x C)
+  const size_t mlp = bytes_f32(z.g) + 2 * bytes_bf16(z.g) + bytes_f32(N * C) + bytes_bf16(N * C);
+  // d_o, dq, dk, dv, dh1, one output gradient's codes at a time (o's N x C, q's N x Q, ...)
+  const size_t attention = 2 * bytes_f32(z.q) + 2 * bytes_f32(z.k) + bytes_f32(N * C) +
+                           bytes_bf16(N * std::max(C, c.q_dim()));
+  const size_t backward = recompute + std::max(mlp, attention);
+  return bytes_f32(N * C) +  // the residual gradient
+         std::max({forward(policy), forward(Checkpointing::kFull), backward, head});
+}
+}  // namespace
+
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                                  Checkpointing policy, bool quantized, bool device,
-                                 bool bf16_activations) {
+                                 bool bf16_activations, bool bf16_path) {
   const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
   BlockSizes z(c, B, T);
   // act: a tensor that precision.activations = bf16 keeps as bf16 codes (statistics and x_mid,
@@ -133,6 +166,10 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
   const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) +
                       bytes_f32(head_workspace_floats(head_chunk_rows(c, N, device), C, c.vocab_size,
                                                       quantized));
+  if (bf16_path && bf16_activations) {  // no fp32 working copies, no operand copies
+    out.scratch = bf16_path_scratch(c, B, T, policy, head);
+    return out;
+  }
   out.scratch = bytes_f32(N * C) + std::max({forward_temps, backward, head});
   // The bf16 path (native bf16 GEMMs, LlamaModel::bf16_path) never makes fp32 gate, up and
   // SwiGLU product (forward, recompute or widened), nor most of the other fp32 copies the terms
@@ -232,16 +269,14 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   BlockSizes z(c_, B, T);
   const bool bp = a.bf16_path = bf16_path();
   // A tensor the policy keeps goes to `saved`; with bf16 activations (codes given) its bf16
-  // copy goes there and the fp32 working copy to scratch. The bf16 path makes the copy of a
-  // tensor it does not keep too (in scratch: the next GEMM reads it).
+  // copy goes there and the fp32 working copy to scratch.
   auto keep = [&](bool cheap, int64_t n, uint16_t** codes) {
-    const bool kept = BlockSizes::keeps(policy, cheap);
-    if (!bf16_acts_ || !codes || !(kept || bp))
-      return kept ? saved_.alloc_f32(n) : scratch_.alloc_f32(n);
-    *codes = alloc_bf16(kept ? saved_ : scratch_, n);
+    if (!BlockSizes::keeps(policy, cheap)) return scratch_.alloc_f32(n);
+    if (!bf16_acts_ || !codes) return saved_.alloc_f32(n);
+    *codes = alloc_bf16(saved_, n);
     return scratch_.alloc_f32(n);
   };
-  // bf16 path: a tensor that exists only as codes.
+  // bf16 path: a tensor that exists only as codes, in `saved` if kept, else in scratch.
   auto codes_only = [&](bool cheap, int64_t n) {
     return alloc_bf16(BlockSizes::keeps(policy, cheap) ? saved_ : scratch_, n);
   };

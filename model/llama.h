@@ -39,9 +39,11 @@ struct ActivationBytes {
   size_t scratch = 0;
 };
 // bf16_activations: precision.activations = bf16 (the kept copies take 2 bytes an element).
+// bf16_path: every block takes the bf16 path on every step (precision/recipe.h's
+// bf16_path_only on a backend with native bf16 GEMMs): scratch sized for that path alone.
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
                                  bool quantized = false, bool device = false,
-                                 bool bf16_activations = false);
+                                 bool bf16_activations = false, bool bf16_path = false);
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;

@@ -374,8 +374,14 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     const std::string& rc = in.engine_recipe();
     const FsdpBufferSizes z = fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in));
     m.engine.fsdp = int64_t(z.total_bytes());
-    const ActivationBytes cap = activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true,
-                                                 plan_bf16_activations(in, rc, "cuda"));
+    const bool bf16_acts = plan_bf16_activations(in, rc, "cuda");
+    const Recipe r = parse_recipe(rc);
+    const bool path_only =  // the CUDA backend always has native bf16 GEMMs
+        r == Recipe::kBf16 &&
+        bf16_path_only(r, bf16_acts, high_precision_bf16(r, in.high_precision),
+                       in.high_precision_first, in.high_precision_last, in.stats_every);
+    const ActivationBytes cap =
+        activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true, bf16_acts, path_only);
     m.engine.activations =
         int64_t(Arena::round_up(cap.saved)) + int64_t(Arena::round_up(cap.scratch));
     const int64_t lp_blocks = std::max<int64_t>(

@@ -48,6 +48,7 @@ struct PlanInput {
     return configured_recipe.empty() ? recipe : configured_recipe;
   }
   bool eval = false;              // validation passes run (forward only, full checkpointing)
+  int64_t stats_every = 0;        // precision.stats_every (telemetry steps leave the bf16 path)
   // GPUs: `fits` and the recommendation go by what this build's CUDA engine allocates
   // (MemoryBreakdown::engine) instead of the bf16-activation model (plan --memory engine).
   bool engine_memory = false;

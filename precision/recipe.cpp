@@ -63,6 +63,12 @@ bool bf16_activations(Recipe recipe, const std::string& activations, const std::
   return bf16_setting("activations", recipe, activations);
 }
 
+bool bf16_path_only(Recipe recipe, bool bf16_activations, bool high_precision_bf16,
+                    int64_t hp_first, int64_t hp_last, int64_t stats_every) {
+  return recipe == Recipe::kBf16 && bf16_activations && stats_every == 0 &&
+         (high_precision_bf16 || hp_first + hp_last == 0);
+}
+
 LinearRecipe::LinearRecipe(Recipe recipe, int64_t num_layers, int64_t hp_first, int64_t hp_last,
                            uint32_t seed, uint32_t rank)
     : recipe_(recipe), num_layers_(num_layers), hp_first_(hp_first), hp_last_(hp_last),

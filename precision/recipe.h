@@ -46,6 +46,12 @@ bool high_precision_bf16(Recipe recipe, const std::string& high_precision);
 // but fp32 (the GPU's "BF16 compute"), fp32 elsewhere. UserError for a value other than "",
 // bf16 or fp32, and for bf16 under recipe fp32.
 bool bf16_activations(Recipe recipe, const std::string& activations, const std::string& device);
+// Every block takes LlamaModel's bf16 path on every step, given a backend with native bf16
+// GEMMs (CUDA): recipe bf16 with bf16 activations, no numerics telemetry steps (they take the
+// emulated rounding path) and no block left in fp32 (precision.high_precision = fp32 with
+// high-precision blocks). Then activation_bytes can size the arenas for that path alone.
+bool bf16_path_only(Recipe recipe, bool bf16_activations, bool high_precision_bf16,
+                    int64_t hp_first, int64_t hp_last, int64_t stats_every);
 
 // dst[cols, rows] = src[rows, cols]^T (operands quantized down their columns go through this).
 void transpose(float* dst, const float* src, int64_t rows, int64_t cols);

@@ -23,6 +23,10 @@ struct EngineOptions {
   bool optimizer = true;  // allocate AdamW moments
   bool quantized = false;  // a precision recipe needs room for quantized operand copies
   bool bf16_activations = false;  // precision.activations = bf16 (precision/recipe.h)
+  // bf16_path_only (precision/recipe.h): the arenas are sized for LlamaModel's bf16 path alone
+  // when the backend has native bf16 GEMMs (Engine resolves it: false on the CPU without the
+  // test knob MXTRAIN_TEST_BF16_GEMM).
+  bool bf16_path_only = false;
 };
 
 class Engine {

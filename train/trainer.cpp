@@ -96,6 +96,11 @@ int run_training(const RunConfig& cfg) {
   const Recipe recipe = parse_recipe(cfg.precision.recipe);
   eo.quantized = recipe != Recipe::kFp32;
   eo.bf16_activations = bf16_activations(recipe, cfg.precision.activations, cfg.run.device);
+  eo.bf16_path_only =
+      bf16_path_only(recipe, eo.bf16_activations,
+                     high_precision_bf16(recipe, cfg.precision.high_precision),
+                     cfg.precision.high_precision_first, cfg.precision.high_precision_last,
+                     cfg.precision.stats_every);
   Engine engine(model_cfg, eo);
   LinearRecipe linear_recipe(recipe, model_cfg.num_hidden_layers,
                              cfg.precision.high_precision_first,
