@@ -717,14 +717,20 @@ class CudaBackendImpl final : public CudaBackend {
       return done("attention_forward_bf16");
     }
 #endif
-    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
-    DeviceArenaScope scope(scratch_);
-    float* q = widened(q16, nq);
-    float* k = widened(k16, nk);
-    float* v = widened(v16, nk);
-    float* out = scratch_.alloc_f32(nq);
-    cuda::attention_forward(out, lse, q, k, v, B, T, H, KV, D, stream_);
-    cuda::round_to_bf16(out16, out, nq, stream_);
+    // The fp32 kernel, a group of sequences at a time (attention is per sequence): their
+    // widened q, k, v and output in the scratch arena, which the model's arenas do not size.
+    const int64_t sq = T * H * D, sk = T * KV * D;  // elements per sequence
+    const int64_t g = fallback_group(B, 4 * (2 * sq + 2 * sk), "attention_forward_bf16");
+    for (int64_t b0 = 0; b0 < B; b0 += g) {
+      const int64_t n = std::min(g, B - b0);
+      DeviceArenaScope scope(scratch_);
+      float* q = widened(q16 + b0 * sq, n * sq);
+      float* k = widened(k16 + b0 * sk, n * sk);
+      float* v = widened(v16 + b0 * sk, n * sk);
+      float* out = scratch_.alloc_f32(n * sq);
+      cuda::attention_forward(out, lse + b0 * H * T, q, k, v, n, T, H, KV, D, stream_);
+      cuda::round_to_bf16(out16 + b0 * sq, out, n * sq, stream_);
+    }
     done("attention_forward_bf16");
   }
   void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
@@ -740,14 +746,19 @@ class CudaBackendImpl final : public CudaBackend {
       return done("attention_backward_bf16");
     }
 #endif
-    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
-    DeviceArenaScope scope(scratch_);
-    float* q = widened(q16, nq);
-    float* k = widened(k16, nk);
-    float* v = widened(v16, nk);
-    float* out = widened(out16, nq);
-    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_,
-                             stream_);
+    const int64_t sq = T * H * D, sk = T * KV * D;  // as in the forward, plus the kernel's
+    const int64_t g =                                // row dots (H x T per sequence)
+        fallback_group(B, 4 * (2 * sq + 2 * sk + H * T), "attention_backward_bf16");
+    for (int64_t b0 = 0; b0 < B; b0 += g) {
+      const int64_t n = std::min(g, B - b0);
+      DeviceArenaScope scope(scratch_);
+      float* q = widened(q16 + b0 * sq, n * sq);
+      float* k = widened(k16 + b0 * sk, n * sk);
+      float* v = widened(v16 + b0 * sk, n * sk);
+      float* out = widened(out16 + b0 * sq, n * sq);
+      cuda::attention_backward(dq + b0 * sq, dk + b0 * sk, dv + b0 * sk, dout + b0 * sq, q, k,
+                               v, out, lse + b0 * H * T, n, T, H, KV, D, scratch_, stream_);
+    }
     done("attention_backward_bf16");
   }
   void set_attention(CudaAttention a) override { opt_.attention = a; }
@@ -964,6 +975,20 @@ class CudaBackendImpl final : public CudaBackend {
     if (n == 0) return;
     rope_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, x, cos, sin, B, T, heads, D, sign);
     launched(op);
+  }
+
+  // How many sequences of per_sequence bytes the scratch arena has room for now (at most B):
+  // the bf16 path's fp32-attention fallback widens its operands there. An error naming
+  // MXTRAIN_CUDA_SCRATCH_MB when not even one fits.
+  int64_t fallback_group(int64_t B, int64_t per_sequence, const char* op) {
+    const size_t slack = 5 * DeviceArena::kAlign;  // each allocation's rounding
+    const size_t left = scratch_.capacity() - scratch_.used();
+    const int64_t g = left > slack ? int64_t((left - slack) / size_t(per_sequence)) : 0;
+    MX_REQUIRE(g >= 1, op, ": the fp32 attention kernel on bf16 codes needs ", per_sequence,
+               " bytes of CUDA scratch per sequence and ", left, " are free; raise "
+               "MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20,
+               ") or run cuDNN attention (MXTRAIN_CUDA_ATTENTION=cudnn)");
+    return std::min(g, B);
   }
 
   // n fp32 values widened from codes into scratch (the caller's scope).
