@@ -76,6 +76,7 @@ struct LlamaModel::BlockActs {
   uint16_t *h1_16 = nullptr, *q_16 = nullptr, *k_16 = nullptr, *v_16 = nullptr,
            *o_16 = nullptr, *h2_16 = nullptr, *g_16 = nullptr, *u_16 = nullptr, *s_16 = nullptr;
   bool bf16_path = false;  // forward took the bf16 path; backward takes it too
+  bool native16 = false;   // ... with its Linears on the backend's native bf16 GEMMs
   // After forward, forget what lived in scratch (it is released) so backward recomputes it
   // (or, bf16, widens the kept copy again).
   void drop_unsaved(Checkpointing p, bool bf16) {
@@ -229,9 +230,27 @@ void LlamaModel::round_activation(float* t, uint16_t* codes, int64_t n) {
 }
 
 bool LlamaModel::bf16_path() {
-  if (!bf16_acts_ || !lowered(layer_) || !native_bf16(true)) return false;
+  if (!bf16_acts_ || !be_.set_bf16_gemm_operands(true)) return false;
+  be_.set_bf16_gemm_operands(false);
+  return true;
+}
+
+bool LlamaModel::native16() {
+  if (!lowered(layer_) || !native_bf16(true)) return false;
   native_bf16(false);
   return true;
+}
+
+void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16,
+                              const float* w, int64_t N, int64_t in, int64_t out, bool native) {
+  if (native) return gemm16(false, true, N, out, in, nullptr, x16, w, nullptr, 0.0f, y, y16);
+  const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the widened codes
+  float* x = scratch_.alloc_f32(N * in);
+  be_.unpack_bf16(x, x16, N * in);
+  float* result = y ? y : scratch_.alloc_f32(N * out);
+  linear_fwd(linear, result, x, w, N, in, out);
+  if (y16) be_.to_bf16(y16, result, N * out);
+  scratch_.release(m);
 }
 
 void LlamaModel::gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -242,10 +261,17 @@ void LlamaModel::gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
   be_.set_bf16_gemm_operands(false);
 }
 
-void LlamaModel::linear_bwd16(float* dx, float* dw, const float* dy, const uint16_t* dy16,
-                              const uint16_t* x16, const float* w, int64_t N, int64_t in,
-                              int64_t out, bool accumulate_dx) {
+void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
+                              const uint16_t* dy16, const uint16_t* x16, const float* w, int64_t N,
+                              int64_t in, int64_t out, bool accumulate_dx, bool native) {
   const size_t m = scratch_.mark();
+  if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x widened from its codes
+    MX_ASSERT(dy && !dy16);
+    float* x = scratch_.alloc_f32(N * in);
+    be_.unpack_bf16(x, x16, N * in);
+    linear_bwd(linear, dx, dw, dy, x, w, N, in, out, accumulate_dx);
+    return scratch_.release(m);
+  }
   if (!dy16) {  // rounded once for both GEMMs
     uint16_t* codes = alloc_bf16(scratch_, N * out);
     be_.to_bf16(codes, dy, N * out);
@@ -268,6 +294,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   const float eps = float(c_.rms_norm_eps);
   BlockSizes z(c_, B, T);
   const bool bp = a.bf16_path = bf16_path();
+  const bool nat = a.native16 = bp && native16();
   // A tensor the policy keeps goes to `saved`; with bf16 activations (codes given) its bf16
   // copy goes there and the fp32 working copy to scratch.
   auto keep = [&](bool cheap, int64_t n, uint16_t** codes) {
@@ -292,10 +319,9 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.q_16 = codes_only(false, z.q);
     a.k_16 = codes_only(false, z.k);
     a.v_16 = codes_only(false, z.v);
-    gemm16(false, true, N, c_.q_dim(), C, nullptr, a.h1_16, w.wq, nullptr, 0.0f, q, nullptr);
-    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wk, nullptr, 0.0f, k, nullptr);
-    gemm16(false, true, N, c_.kv_dim(), C, nullptr, a.h1_16, w.wv, nullptr, 0.0f, nullptr,
-           a.v_16);
+    linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat);
+    linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat);
+    linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat);
     be_.rope_forward_bf16(a.q_16, q, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_forward_bf16(a.k_16, k, rope_cos_, rope_sin_, B, T, KV, D);
     a.o_16 = codes_only(false, z.o);
@@ -324,8 +350,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   }
   a.x_mid = keep(false, z.x_mid, nullptr);
   float* proj = scratch_.alloc_f32(N * C);
-  if (bp) gemm16(false, true, N, C, c_.q_dim(), nullptr, a.o_16, w.wo, nullptr, 0.0f, proj,
-                 nullptr);
+  if (bp) linear_fwd16(3, proj, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, nat);
   else linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
   be_.add(a.x_mid, x, proj, N * C);
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
@@ -337,12 +362,12 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
     a.g_16 = codes_only(false, z.g);
     a.u_16 = codes_only(false, z.u);
-    gemm16(false, true, N, I, C, nullptr, a.h2_16, w.w_gate, nullptr, 0.0f, nullptr, a.g_16);
-    gemm16(false, true, N, I, C, nullptr, a.h2_16, w.w_up, nullptr, 0.0f, nullptr, a.u_16);
+    linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat);
+    linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat);
     a.s_16 = codes_only(true, z.s);
     be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
     down = scratch_.alloc_f32(N * C);
-    gemm16(false, true, N, C, I, nullptr, a.s_16, w.w_down, nullptr, 0.0f, down, nullptr);
+    linear_fwd16(6, down, nullptr, a.s_16, w.w_down, N, I, C, nat);
   } else {
     a.h2 = keep(true, z.h2, &a.h2_16);
     a.rstd2 = keep(true, z.rstd2, nullptr);
@@ -416,16 +441,36 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     round_activation(a.s, nullptr, N * I);
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
-  if (bp) {  // the gradients of gate and up go straight to codes (their GEMMs round them)
+  const bool nat = a.native16;
+  if (bp && nat) {  // the gradients of gate and up go straight to codes (their GEMMs round them)
     size_t m = scratch_.mark();
     float* ds = scratch_.alloc_f32(N * I);
     uint16_t* dg16 = alloc_bf16(scratch_, N * I);
     uint16_t* du16 = alloc_bf16(scratch_, N * I);
     float* dh2 = scratch_.alloc_f32(N * C);
-    linear_bwd16(ds, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false);
+    linear_bwd16(6, ds, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, true);
     be_.swiglu_backward_bf16(dg16, du16, ds, a.g_16, a.u_16, N * I);
-    linear_bwd16(dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false);
-    linear_bwd16(dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true);
+    linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, true);
+    linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, true);
+    be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
+    scratch_.release(m);
+  } else if (bp) {  // the recipe's Linears quantize fp32 gradients: dg, du stay fp32
+    size_t m = scratch_.mark();
+    float* dg = scratch_.alloc_f32(N * I);  // first holds dL/ds, then dL/dg (same element)
+    float* du = scratch_.alloc_f32(N * I);
+    float* dh2 = scratch_.alloc_f32(N * C);
+    linear_bwd16(6, dg, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, false);
+    {
+      const size_t gm = scratch_.mark();
+      float* g = scratch_.alloc_f32(N * I);
+      float* u = scratch_.alloc_f32(N * I);
+      be_.unpack_bf16(g, a.g_16, N * I);
+      be_.unpack_bf16(u, a.u_16, N * I);
+      be_.swiglu_backward(dg, du, dg, g, u, N * I);
+      scratch_.release(gm);
+    }
+    linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false);
+    linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false);
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
     scratch_.release(m);
   } else {
@@ -449,7 +494,8 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* dk = scratch_.alloc_f32(N * c_.kv_dim());
     float* dv = scratch_.alloc_f32(N * c_.kv_dim());
     float* dh1 = scratch_.alloc_f32(N * C);
-    if (bp) linear_bwd16(d_o, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false);
+    if (bp)
+      linear_bwd16(3, d_o, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false, nat);
     else linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
     if (bp)
       be_.attention_backward_bf16(dq, dk, dv, d_o, a.q_16, a.k_16, a.v_16, a.o_16, a.lse, B, T,
@@ -458,9 +504,9 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
     if (bp) {
-      linear_bwd16(dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false);
-      linear_bwd16(dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true);
-      linear_bwd16(dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true);
+      linear_bwd16(0, dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat);
+      linear_bwd16(1, dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat);
+      linear_bwd16(2, dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat);
     } else {
       linear_bwd(0, dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
       linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);

@@ -118,23 +118,29 @@ class LlamaModel {
   // bf16 activations: a finished tensor rounded in place, and its kept copy written where codes
   // is not null (forward, and backward's recompute, which keeps nothing); else nothing.
   void round_activation(float* t, uint16_t* codes, int64_t n);
-  // The bf16 path of block layer_: bf16 activations and Linears on the backend's native bf16
-  // GEMMs (recipe bf16 without telemetry, or a block kept in bf16 by high_precision). The nine
-  // tensors exist only as codes, written by the ops that make them (RMSNorm, RoPE, the GEMMs
-  // of v, gate and up, attention, SwiGLU) and read by the ops after them; each Linear's output
-  // gradient is rounded once for its two GEMMs; backward widens nothing. The same values as
-  // the other path (the same roundings, no packing passes), bit for bit on the CPU
-  // (MXTRAIN_TEST_BF16_GEMM).
+  // The bf16 path: bf16 activations on a backend with native bf16 GEMMs (CUDA; the CPU under
+  // MXTRAIN_TEST_BF16_GEMM). The nine tensors between a block's ops exist only as codes,
+  // written by the ops that make them (RMSNorm, RoPE, the GEMMs of v, gate and up, attention,
+  // SwiGLU) and read by the ops after them; backward widens nothing. Where the block's Linears
+  // run on those bf16 GEMMs (native16: recipe bf16 without telemetry, or a block kept in bf16
+  // by high_precision) they read the codes themselves and each output gradient is rounded once
+  // for its two GEMMs; other Linears (FP8 and FP4 recipes, fp32 blocks, telemetry steps) take
+  // their operand widened from the codes, and their gradients stay fp32. The same values as
+  // the rounding path (the same roundings, no packing passes), bit for bit on the CPU.
   bool bf16_path();
+  bool native16();
   // Backend::gemm_bf16 in native bf16 mode, alpha 1.
   void gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
               const uint16_t* A16, const float* B, const uint16_t* B16, float beta, float* C,
               uint16_t* C16);
-  // A Linear's backward in the bf16 path: dx (= or +=) dy W, dW += dy^T x, dy as codes (dy16)
-  // or fp32 (rounded once into scratch for both GEMMs), x as codes.
-  void linear_bwd16(float* dx, float* dw, const float* dy, const uint16_t* dy16,
+  // A block Linear in the bf16 path, x as codes: y fp32, or (y null) its codes into y16.
+  void linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16, const float* w,
+                    int64_t N, int64_t in, int64_t out, bool native);
+  // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes. native: dy as codes (dy16) or
+  // fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32.
+  void linear_bwd16(int linear, float* dx, float* dw, const float* dy, const uint16_t* dy16,
                     const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
-                    bool accumulate_dx);
+                    bool accumulate_dx, bool native);
   static uint16_t* alloc_bf16(Arena& arena, int64_t n);
   // dresid holds dL/dy on entry and dL/dx on return.
   void block_backward(const BlockParams& w, const BlockParams& dw, const float* x, BlockActs& a,

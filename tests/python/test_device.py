@@ -109,14 +109,15 @@ def test_staged_run_is_identical(tmp_path, recipe, stats, activations):
     assert resumed == ref[6:]
 
 
-@pytest.mark.parametrize("policy", ["none", "full"])
-def test_bf16_path_on_device_memory_is_identical(tmp_path, policy):
-    # What a GPU run under recipe bf16 does: bf16 activations on native bf16 GEMMs (the bf16
-    # path, MXTRAIN_TEST_BF16_GEMM on the CPU), staged, in arenas on counted device memory sized
-    # by activation_bytes (which must hold the path's codes: an overflow fails the run), with
-    # validation (a full-recompute forward). Same losses, checkpoints and text as the direct
-    # run that rounds through round_bf16 copies.
-    extra = ["--set", "precision.recipe=bf16", "--set", "precision.activations=bf16",
+@pytest.mark.parametrize("recipe,policy", [("bf16", "none"), ("bf16", "full"),
+                                           ("mxfp8", "selective")])
+def test_bf16_path_on_device_memory_is_identical(tmp_path, recipe, policy):
+    # What a GPU run under a recipe does: bf16 activations on a backend with native bf16 GEMMs
+    # (the bf16 path, MXTRAIN_TEST_BF16_GEMM on the CPU; mxfp8's Linears widen its codes),
+    # staged, in arenas on counted device memory sized by activation_bytes (which must hold the
+    # path: an overflow fails the run), with validation (a full-recompute forward). Same losses,
+    # checkpoints and text as the direct run that rounds in place.
+    extra = ["--set", f"precision.recipe={recipe}", "--set", "precision.activations=bf16",
              "--set", f"memory.activation_checkpointing={policy}", "--set", "train.eval_every=6",
              "--set", "run.sample_tokens=12"]
     ref, ref_out, ref_stdout = train(tmp_path, "direct", False, extra=extra)

@@ -206,8 +206,9 @@ def test_cpu_plan_matches_debug_grads_peak(mxtrain, tmp_path, name, shape, batch
 # recipe runs, precision.activations is set: its default is bf16 on a GPU but fp32 on the CPU.
 ENGINE_CASES = [
     ("tiny-1p-bf16", TINY, 1, "full", 64, 2, "none", "bf16", {"precision.activations": "bf16"}),
-    # recipe bf16 with bf16 activations: a GPU runs every block on the bf16 path, and its arenas
-    # are sized for that alone (the CPU takes the path under MXTRAIN_TEST_BF16_GEMM, below)
+    # recipe bf16 with bf16 activations: a GPU runs every block on the bf16 path with native
+    # GEMMs, and its arenas are sized for that alone (the CPU takes the path under
+    # MXTRAIN_TEST_BF16_GEMM, below; under the other recipes it widens the Linears' operands)
     ("tiny-1p-bf16-sel-eval", TINY, 1, "full", 64, 2, "selective", "bf16",
      {"precision.activations": "bf16", "train.eval_every": 1}),
     ("small-2p-bf16-full-eval", SMALL, 2, "full", 64, 1, "full", "bf16",
@@ -231,9 +232,8 @@ ENGINE_CASES = [
 def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, procs, sharding,
                                                 seq, batch, policy, recipe, extra):
     settings = case_settings(model, sharding, seq, batch, policy, recipe, extra)
-    env = {"MXTRAIN_TEST_DEVICE_MEMORY": "1"}
-    if recipe == "bf16":  # native bf16 GEMMs, as on the GPU
-        env["MXTRAIN_TEST_BF16_GEMM"] = "1"
+    # native bf16 GEMMs, as on the GPU (with bf16 activations: the bf16 path)
+    env = {"MXTRAIN_TEST_DEVICE_MEMORY": "1", "MXTRAIN_TEST_BF16_GEMM": "1"}
     summary = train_mpi(tmp_path, procs, settings, env_extra=env)
     held = summary["device_mem_bytes"]
     held_max = summary.get("device_mem_bytes_max_rank", held)

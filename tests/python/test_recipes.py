@@ -252,19 +252,25 @@ def test_bf16_activations_agree_across_checkpointing(mxtrain, case):
 
 
 @pytest.mark.parametrize("policy", ["none", "selective", "full"])
-@pytest.mark.parametrize("recipe,extra", [("bf16", []),
-                                          ("mxfp8", ["--high-precision-first", "1"])])
-def test_bf16_path_gives_the_rounding_paths_bits(mxtrain, case, policy, recipe, extra):
-    # MXTRAIN_TEST_BF16_GEMM=1 gives the CPU native bf16 GEMMs, as on CUDA, so blocks with bf16
-    # activations take the bf16 path: GEMMs read the activations' codes, gate and up come out
-    # of their GEMMs as codes, SwiGLU runs on codes, each output gradient is rounded once.
-    # Without it the same roundings happen as round_bf16 copies before fp32 GEMMs (the path
-    # test_bf16_activations_match_reference pins to PyTorch). Same values, so the same bits.
-    # (mxfp8 with a bf16 first block: only that block takes the path.)
+@pytest.mark.parametrize("recipe,extra,env", [
+    ("bf16", [], {}),
+    ("mxfp8", ["--high-precision-first", "1"], {}),
+    ("nvfp4", ["--high-precision-last", "1", "--high-precision", "fp32"], {}),
+    ("fp8-delayed", [], {"MXTRAIN_TEST_FP8_OPS": "1"}),
+], ids=["bf16", "mxfp8-bf16-first", "nvfp4-fp32-last", "fp8-delayed-fp8-ops"])
+def test_bf16_path_gives_the_rounding_paths_bits(mxtrain, case, policy, recipe, extra, env):
+    # MXTRAIN_TEST_BF16_GEMM=1 gives the CPU native bf16 GEMMs, as on CUDA, so bf16 activations
+    # take the bf16 path: the tensors between a block's ops exist only as codes, made by their
+    # producers and read by their consumers. Blocks on the bf16 GEMMs (recipe bf16, a bf16
+    # high-precision block) hand them the codes; the others (FP8 / FP4 Linears, with their
+    # tensor-core form under MXTRAIN_TEST_FP8_OPS, or an fp32 block) widen their operand from
+    # the codes. Without the knob the same roundings happen in place (pack_bf16) with
+    # round_bf16 copies before fp32 GEMMs (the path test_bf16_activations_match_reference pins
+    # to PyTorch). Same values, so the same bits, delayed scaling's histories included.
     args = [*extra, "--activations", "bf16", "--checkpointing", policy]
-    loss, grads, peak = run_recipe(mxtrain, case, recipe, args, peak=True)
+    loss, grads, peak = run_recipe(mxtrain, case, recipe, args, env=env, peak=True)
     loss16, grads16, peak16 = run_recipe(mxtrain, case, recipe, args, peak=True,
-                                         env={"MXTRAIN_TEST_BF16_GEMM": "1"})
+                                         env={**env, "MXTRAIN_TEST_BF16_GEMM": "1"})
     assert loss16 == loss
     for k in grads:
         assert np.array_equal(grads16[k], grads[k]), k
