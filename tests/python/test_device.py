@@ -133,6 +133,29 @@ def test_bf16_path_on_device_memory_is_identical(tmp_path, recipe, policy):
     assert "--- sample" in ref_stdout and got_stdout == ref_stdout
 
 
+# Shapes where different phases set the scratch arena's peak: blocks (long sequence, small
+# vocabulary, wide MLP), the attention half (intermediate below hidden), the head (large
+# vocabulary). activation_bytes' bound for the bf16 path alone (recipe bf16) must hold every
+# allocation under every policy, evaluation included: an arena overflow fails the run.
+@pytest.mark.parametrize("shape", [
+    {"model.hidden_size": 64, "model.intermediate_size": 256, "model.vocab_size": 256},
+    {"model.hidden_size": 96, "model.intermediate_size": 40, "model.num_attention_heads": 6,
+     "model.num_key_value_heads": 2, "model.vocab_size": 256},
+    {"model.hidden_size": 64, "model.intermediate_size": 128, "model.vocab_size": 2000},
+], ids=["wide-mlp", "narrow-mlp", "large-vocab"])
+@pytest.mark.parametrize("policy", ["none", "selective", "full"])
+def test_bf16_path_arenas_hold_every_phase(tmp_path, shape, policy):
+    extra = ["--set", "precision.recipe=bf16", "--set", "precision.activations=bf16",
+             "--set", f"memory.activation_checkpointing={policy}", "--set", "train.eval_every=2",
+             "--set", "train.steps=2", "--set", "train.seq_len=96", "--set", "run.sample_tokens=0",
+             "--set", "checkpoint.every=0"]
+    for k, v in shape.items():
+        extra += ["--set", f"{k}={v}"]
+    steps, _, _ = train(tmp_path, "arena", True, extra=extra, env_extra={
+        "MXTRAIN_TEST_BF16_GEMM": "1", "MXTRAIN_TEST_DEVICE_MEMORY": "1"})
+    assert len(steps) == 2
+
+
 def test_staged_two_process_fsdp_is_identical(tmp_path):
     # Two ranks, full sharding: gathers for the sample and checkpoint staging of the shards.
     extra = ["--set", "parallel.sharding=full", "--set", "run.sample_tokens=8"]
