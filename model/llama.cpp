@@ -241,12 +241,18 @@ bool LlamaModel::native16() {
   return true;
 }
 
+float* LlamaModel::widened(const uint16_t* codes, int64_t n) {
+  float* x = scratch_.alloc_f32(n);
+  be_.unpack_bf16(x, codes, n);
+  return x;
+}
+
 void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16,
-                              const float* w, int64_t N, int64_t in, int64_t out, bool native) {
+                              const float* w, int64_t N, int64_t in, int64_t out, bool native,
+                              const float* x_wide) {
   if (native) return gemm16(false, true, N, out, in, nullptr, x16, w, nullptr, 0.0f, y, y16);
   const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the widened codes
-  float* x = scratch_.alloc_f32(N * in);
-  be_.unpack_bf16(x, x16, N * in);
+  const float* x = x_wide ? x_wide : widened(x16, N * in);
   float* result = y ? y : scratch_.alloc_f32(N * out);
   linear_fwd(linear, result, x, w, N, in, out);
   if (y16) be_.to_bf16(y16, result, N * out);
@@ -263,12 +269,12 @@ void LlamaModel::gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
 
 void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
                               const uint16_t* dy16, const uint16_t* x16, const float* w, int64_t N,
-                              int64_t in, int64_t out, bool accumulate_dx, bool native) {
+                              int64_t in, int64_t out, bool accumulate_dx, bool native,
+                              const float* x_wide) {
   const size_t m = scratch_.mark();
   if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x widened from its codes
     MX_ASSERT(dy && !dy16);
-    float* x = scratch_.alloc_f32(N * in);
-    be_.unpack_bf16(x, x16, N * in);
+    const float* x = x_wide ? x_wide : widened(x16, N * in);
     linear_bwd(linear, dx, dw, dy, x, w, N, in, out, accumulate_dx);
     return scratch_.release(m);
   }
@@ -319,9 +325,14 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.q_16 = codes_only(false, z.q);
     a.k_16 = codes_only(false, z.k);
     a.v_16 = codes_only(false, z.v);
-    linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat);
-    linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat);
-    linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat);
+    {  // (Linears off the bf16 GEMMs widen h1 once for all three)
+      const size_t m = scratch_.mark();
+      const float* h1 = nat ? nullptr : widened(a.h1_16, z.h1);
+      linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat, h1);
+      linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat, h1);
+      linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
+      scratch_.release(m);
+    }
     be_.rope_forward_bf16(a.q_16, q, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_forward_bf16(a.k_16, k, rope_cos_, rope_sin_, B, T, KV, D);
     a.o_16 = codes_only(false, z.o);
@@ -362,8 +373,13 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
     a.g_16 = codes_only(false, z.g);
     a.u_16 = codes_only(false, z.u);
-    linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat);
-    linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat);
+    {
+      const size_t m = scratch_.mark();
+      const float* h2 = nat ? nullptr : widened(a.h2_16, z.h2);
+      linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2);
+      linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
+      scratch_.release(m);
+    }
     a.s_16 = codes_only(true, z.s);
     be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
     down = scratch_.alloc_f32(N * C);
@@ -462,15 +478,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     linear_bwd16(6, dg, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, false);
     {
       const size_t gm = scratch_.mark();
-      float* g = scratch_.alloc_f32(N * I);
-      float* u = scratch_.alloc_f32(N * I);
-      be_.unpack_bf16(g, a.g_16, N * I);
-      be_.unpack_bf16(u, a.u_16, N * I);
-      be_.swiglu_backward(dg, du, dg, g, u, N * I);
+      be_.swiglu_backward(dg, du, dg, widened(a.g_16, N * I), widened(a.u_16, N * I), N * I);
       scratch_.release(gm);
     }
-    linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false);
-    linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false);
+    const float* h2 = widened(a.h2_16, z.h2);  // once for both
+    linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false, h2);
+    linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false, h2);
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
     scratch_.release(m);
   } else {
@@ -504,9 +517,10 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
     if (bp) {
-      linear_bwd16(0, dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat);
-      linear_bwd16(1, dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat);
-      linear_bwd16(2, dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat);
+      const float* h1 = nat ? nullptr : widened(a.h1_16, z.h1);  // once for all three
+      linear_bwd16(0, dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1);
+      linear_bwd16(1, dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1);
+      linear_bwd16(2, dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1);
     } else {
       linear_bwd(0, dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
       linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);

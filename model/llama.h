@@ -134,13 +134,18 @@ class LlamaModel {
               const uint16_t* A16, const float* B, const uint16_t* B16, float beta, float* C,
               uint16_t* C16);
   // A block Linear in the bf16 path, x as codes: y fp32, or (y null) its codes into y16.
+  // Off the bf16 GEMMs (native false) x is widened from x16, or taken from x_wide when the
+  // caller widened it once for several Linears.
   void linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16, const float* w,
-                    int64_t N, int64_t in, int64_t out, bool native);
-  // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes. native: dy as codes (dy16) or
-  // fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32.
+                    int64_t N, int64_t in, int64_t out, bool native,
+                    const float* x_wide = nullptr);
+  // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes (or x_wide, as above). native: dy
+  // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32.
   void linear_bwd16(int linear, float* dx, float* dw, const float* dy, const uint16_t* dy16,
                     const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
-                    bool accumulate_dx, bool native);
+                    bool accumulate_dx, bool native, const float* x_wide = nullptr);
+  // n fp32 values widened from codes into scratch (the caller's scope).
+  float* widened(const uint16_t* codes, int64_t n);
   static uint16_t* alloc_bf16(Arena& arena, int64_t n);
   // dresid holds dL/dy on entry and dL/dx on return.
   void block_backward(const BlockParams& w, const BlockParams& dw, const float* x, BlockActs& a,
