@@ -414,9 +414,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   // bf16 path's ops read the codes themselves.
   BlockSizes z(c_, B, T);
   auto widen = [&](float*& t, const uint16_t* codes, int64_t n) {
-    if (!codes || bp) return;
-    t = scratch_.alloc_f32(n);
-    be_.unpack_bf16(t, codes, n);
+    if (codes && !bp) t = widened(codes, n);
   };
   widen(a.h1, a.h1_16, z.h1);
   widen(a.q, a.q_16, z.q);
