@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/backend.h"
+#include "tests/cpp/backend/bf16_bits.h"
 
 #include <gtest/gtest.h>
 
@@ -153,18 +154,8 @@ void check_against_reference(const Shape& s, double magnitude, unsigned seed) {
   expect_close(dv, dv_ref, "dv");
 }
 
-uint16_t bf16_code(double x) {  // RNE of the float, as numerics::encode_bf16 (finite x)
-  const float f = static_cast<float>(x);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-double bf16_value(uint16_t c) {
-  const uint32_t u = uint32_t(c) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using mxtest::bf16_code;
+using mxtest::bf16_value;
 
 // The bf16 path's attention (Backend::attention_forward_bf16 / _backward_bf16: q, k, v and out
 // as bf16 codes) against the reference on the codes' values: out within its own rounding (half

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "tests/cpp/backend/bf16_bits.h"
 
 namespace {
 
@@ -261,15 +262,9 @@ TEST(CpuOps, HeadCrossEntropyChunkedMatchesDefinition) {
 
 // bf16 by the usual bit formula (round to nearest, ties to even; finite inputs), written here
 // rather than taken from numerics/ so the test does not check the code against itself.
-float bf16_ref(double x) {
-  const float f = float(x);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
+using mxtest::bf16_code;
+using mxtest::bf16_ref;
+using mxtest::bf16_value;
 
 TEST(CpuOps, HeadCrossEntropyBf16OperandsMatchRoundedDefinition) {
   // bf16_operands: the loss is the exact loss of the rounded h and W; the gradients are the
@@ -368,19 +363,6 @@ TEST(CpuOps, PackBf16KeepsTheRoundedBitsAndUnpacksExactly) {
   std::vector<float> y = orig;  // no codes: rounding only
   be->pack_bf16(y.data(), nullptr, int64_t(y.size()));
   EXPECT_EQ(std::memcmp(y.data(), x.data(), 4 * x.size()), 0);
-}
-
-uint16_t bf16_code(float x) {  // the bit formula above, as a code
-  const float r = bf16_ref(x);
-  uint32_t u;
-  std::memcpy(&u, &r, 4);
-  return uint16_t(u >> 16);
-}
-float bf16_value(uint16_t c) {
-  const uint32_t u = uint32_t(c) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 // The bf16 path's GEMM twin (MXTRAIN_TEST_BF16_GEMM): operands as codes or as fp32 rounded to
