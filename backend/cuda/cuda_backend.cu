@@ -720,17 +720,16 @@ class CudaBackendImpl final : public CudaBackend {
     // The fp32 kernel, a group of sequences at a time (attention is per sequence): their
     // widened q, k, v and output in the scratch arena, which the model's arenas do not size.
     const int64_t sq = T * H * D, sk = T * KV * D;  // elements per sequence
-    const int64_t g = fallback_group(B, 4 * (2 * sq + 2 * sk), "attention_forward_bf16");
-    for (int64_t b0 = 0; b0 < B; b0 += g) {
-      const int64_t n = std::min(g, B - b0);
-      DeviceArenaScope scope(scratch_);
-      float* q = widened(q16 + b0 * sq, n * sq);
-      float* k = widened(k16 + b0 * sk, n * sk);
-      float* v = widened(v16 + b0 * sk, n * sk);
-      float* out = scratch_.alloc_f32(n * sq);
-      cuda::attention_forward(out, lse + b0 * H * T, q, k, v, n, T, H, KV, D, stream_);
-      cuda::round_to_bf16(out16 + b0 * sq, out, n * sq, stream_);
-    }
+    in_sequence_groups(B, 4 * (2 * sq + 2 * sk), "attention_forward_bf16",
+                       [&](int64_t b0, int64_t n) {
+                         float* q = widened(q16 + b0 * sq, n * sq);
+                         float* k = widened(k16 + b0 * sk, n * sk);
+                         float* v = widened(v16 + b0 * sk, n * sk);
+                         float* out = scratch_.alloc_f32(n * sq);
+                         cuda::attention_forward(out, lse + b0 * H * T, q, k, v, n, T, H, KV, D,
+                                                 stream_);
+                         cuda::round_to_bf16(out16 + b0 * sq, out, n * sq, stream_);
+                       });
     done("attention_forward_bf16");
   }
   void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
@@ -746,19 +745,18 @@ class CudaBackendImpl final : public CudaBackend {
       return done("attention_backward_bf16");
     }
 #endif
-    const int64_t sq = T * H * D, sk = T * KV * D;  // as in the forward, plus the kernel's
-    const int64_t g =                                // row dots (H x T per sequence)
-        fallback_group(B, 4 * (2 * sq + 2 * sk + H * T), "attention_backward_bf16");
-    for (int64_t b0 = 0; b0 < B; b0 += g) {
-      const int64_t n = std::min(g, B - b0);
-      DeviceArenaScope scope(scratch_);
-      float* q = widened(q16 + b0 * sq, n * sq);
-      float* k = widened(k16 + b0 * sk, n * sk);
-      float* v = widened(v16 + b0 * sk, n * sk);
-      float* out = widened(out16 + b0 * sq, n * sq);
-      cuda::attention_backward(dq + b0 * sq, dk + b0 * sk, dv + b0 * sk, dout + b0 * sq, q, k,
-                               v, out, lse + b0 * H * T, n, T, H, KV, D, scratch_, stream_);
-    }
+    // As in the forward, plus the kernel's row dots (H x T per sequence).
+    const int64_t sq = T * H * D, sk = T * KV * D;
+    in_sequence_groups(B, 4 * (2 * sq + 2 * sk + H * T), "attention_backward_bf16",
+                       [&](int64_t b0, int64_t n) {
+                         float* q = widened(q16 + b0 * sq, n * sq);
+                         float* k = widened(k16 + b0 * sk, n * sk);
+                         float* v = widened(v16 + b0 * sk, n * sk);
+                         float* out = widened(out16 + b0 * sq, n * sq);
+                         cuda::attention_backward(dq + b0 * sq, dk + b0 * sk, dv + b0 * sk,
+                                                  dout + b0 * sq, q, k, v, out, lse + b0 * H * T,
+                                                  n, T, H, KV, D, scratch_, stream_);
+                       });
     done("attention_backward_bf16");
   }
   void set_attention(CudaAttention a) override { opt_.attention = a; }
@@ -977,10 +975,12 @@ class CudaBackendImpl final : public CudaBackend {
     launched(op);
   }
 
-  // How many sequences of per_sequence bytes the scratch arena has room for now (at most B):
-  // the bf16 path's fp32-attention fallback widens its operands there. An error naming
-  // MXTRAIN_CUDA_SCRATCH_MB when not even one fits.
-  int64_t fallback_group(int64_t B, int64_t per_sequence, const char* op) {
+  // body(b0, n) for the B sequences in groups [b0, b0 + n), each group as many sequences of
+  // per_sequence bytes as the scratch arena has room for now, its allocations released after
+  // it (the bf16 path's fp32-attention fallback widens its operands there). An error naming
+  // MXTRAIN_CUDA_SCRATCH_MB when not even one sequence fits.
+  template <typename Body>
+  void in_sequence_groups(int64_t B, int64_t per_sequence, const char* op, Body&& body) {
     const size_t slack = 5 * DeviceArena::kAlign;  // each allocation's rounding
     const size_t left = scratch_.capacity() - scratch_.used();
     const int64_t g = left > slack ? int64_t((left - slack) / size_t(per_sequence)) : 0;
@@ -988,7 +988,10 @@ class CudaBackendImpl final : public CudaBackend {
                " bytes of CUDA scratch per sequence and ", left, " are free; raise "
                "MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20,
                ") or run cuDNN attention (MXTRAIN_CUDA_ATTENTION=cudnn)");
-    return std::min(g, B);
+    for (int64_t b0 = 0; b0 < B; b0 += g) {
+      DeviceArenaScope scope(scratch_);
+      body(b0, std::min(g, B - b0));
+    }
   }
 
   // n fp32 values widened from codes into scratch (the caller's scope).
