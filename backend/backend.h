@@ -51,6 +51,12 @@ class Backend {
   // The CPU can under the test knob MXTRAIN_TEST_BF16_GEMM=1 (its GEMMs then round operand
   // copies themselves), which runs the model's native-bf16 paths on the CPU.
   virtual bool set_bf16_gemm_operands(bool on) { return false; }
+  // Whether set_bf16_gemm_operands(true) succeeds here (asked, then restored to fp32).
+  bool has_bf16_gemms() {
+    if (!set_bf16_gemm_operands(true)) return false;
+    set_bf16_gemm_operands(false);
+    return true;
+  }
 
   // The GEMM of that mode with operands the caller already holds as bf16 codes, and
   // optionally a bf16 result, so that no tensor is rounded twice (the model's bf16 path:

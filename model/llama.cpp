@@ -229,11 +229,7 @@ void LlamaModel::round_activation(float* t, uint16_t* codes, int64_t n) {
   if (bf16_acts_) be_.pack_bf16(t, codes, n);
 }
 
-bool LlamaModel::bf16_path() {
-  if (!bf16_acts_ || !be_.set_bf16_gemm_operands(true)) return false;
-  be_.set_bf16_gemm_operands(false);
-  return true;
-}
+bool LlamaModel::bf16_path() { return bf16_acts_ && be_.has_bf16_gemms(); }
 
 bool LlamaModel::native16() {
   if (!lowered(layer_) || !native_bf16(true)) return false;

@@ -19,10 +19,8 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   grads = persistent("gradients", opt.gradients, &grads_base_);
   adam_m = persistent("adam_m", opt.optimizer, &m_base_);
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
-  if (options.bf16_path_only) {  // the path needs the backend's own bf16 GEMMs
-    options.bf16_path_only = backend->set_bf16_gemm_operands(true);
-    backend->set_bf16_gemm_operands(false);
-  }
+  // the path needs the backend's own bf16 GEMMs
+  options.bf16_path_only = options.bf16_path_only && backend->has_bf16_gemms();
   ActivationBytes act =
       activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing, opt.quantized,
                        mem != nullptr, opt.bf16_activations, options.bf16_path_only);
