@@ -338,15 +338,21 @@ TEST(CpuOps, RoundBf16MatchesBitFormula) {
   EXPECT_EQ(x, y);
 }
 
+// Inputs for the bf16 roundings: random values with both kinds of tie, -0 and a subnormal first.
+std::vector<float> bf16_cases(int64_t n, uint64_t seed) {
+  auto x = randn(n, seed, 3.0f);
+  x[0] = 1.0f + 1.0f / 256;  // a tie: to even (1.0)
+  x[1] = 1.0f + 3.0f / 256;  // a tie: to even (1 + 4/256)
+  x[2] = -0.0f;
+  x[3] = 1e-40f;  // subnormal
+  return x;
+}
+
 // precision.activations = bf16: the tensor rounded in place, its codes the top 16 bits of the
 // rounded float (bit formula above), and the widened codes the rounded values exactly.
 TEST(CpuOps, PackBf16KeepsTheRoundedBitsAndUnpacksExactly) {
   auto be = mx::make_cpu_backend();
-  auto x = randn(1003, 26, 3.0f);
-  x[0] = 1.0f + 1.0f / 256;  // ties to even
-  x[1] = 1.0f + 3.0f / 256;
-  x[2] = -0.0f;
-  x[3] = 1e-40f;  // subnormal
+  auto x = bf16_cases(1003, 26);
   const std::vector<float> orig = x;
   std::vector<uint16_t> codes(x.size(), 0xABCD);
   be->pack_bf16(x.data(), codes.data(), int64_t(x.size()));
@@ -430,11 +436,7 @@ TEST(CpuOps, Bf16GemmTakesCodesAndRoundsTheRest) {
 
 TEST(CpuOps, ToBf16WritesTheRoundedCodesAndLeavesTheInput) {
   auto be = mx::make_cpu_backend();
-  auto x = randn(1005, 27, 3.0f);
-  x[0] = 1.0f + 1.0f / 256;  // ties to even
-  x[1] = 1.0f + 3.0f / 256;
-  x[2] = -0.0f;
-  x[3] = 1e-40f;
+  auto x = bf16_cases(1005, 27);
   const std::vector<float> orig = x;
   std::vector<uint16_t> codes(x.size(), 0xABCD);
   be->to_bf16(codes.data(), x.data(), int64_t(x.size()));
