@@ -59,6 +59,7 @@ int run_plan(const PlanArgs& a) {
   in.checkpointing = parse_checkpointing(cfg.memory.activation_checkpointing);
   in.sharding = cfg.parallel.sharding;
   in.shard_group = cfg.parallel.shard_group;
+  in.gather_dtype = cfg.parallel.gather_dtype;
   in.recipe = recipe;
   in.configured_recipe = cfg.precision.recipe;
   in.high_precision_first = cfg.precision.high_precision_first;

@@ -204,6 +204,7 @@ int run_sweep(const SweepArgs& a) {
     in.checkpointing = parse_checkpointing(cfg.memory.activation_checkpointing);
     in.sharding = cfg.parallel.sharding;
     in.shard_group = cfg.parallel.shard_group;
+    in.gather_dtype = cfg.parallel.gather_dtype;
     in.recipe = cfg.precision.recipe;
     in.high_precision_first = cfg.precision.high_precision_first;
     in.high_precision_last = cfg.precision.high_precision_last;

@@ -237,6 +237,25 @@ bool LlamaModel::native16() {
   return true;
 }
 
+BlockParams LlamaModel::block_weights(UnitAccess& access, int64_t layer, bool backward) {
+  const int u = layout_.block_unit(layer);
+  w16_.fill(nullptr);
+  layer_ = layer;
+  if (const float* base = access.acquire(u, backward))
+    return layout_.block_in_unit(const_cast<float*>(base), layer);  // accessors take float*
+  const UnitAccess::BlockCodes bc = access.block_codes(u);
+  MX_ASSERT(bc.codes && bc.input_norm && bc.post_norm, "unit ", u, " acquired as nothing");
+  MX_ASSERT(bf16_path() && native16(),
+            "block ", layer, " gathered as bf16 codes off the native bf16 GEMMs");
+  const std::array<int64_t, 9> o = layout_.block_offsets_in_unit(layer);
+  const int matrix[7] = {1, 2, 3, 4, 6, 7, 8};  // BlockParams order: q k v o, gate up down
+  for (size_t i = 0; i < 7; ++i) w16_[i] = bc.codes + o[size_t(matrix[i])];
+  BlockParams w{};  // matrices null: only their codes are here
+  w.input_norm = const_cast<float*>(bc.input_norm);
+  w.post_norm = const_cast<float*>(bc.post_norm);
+  return w;
+}
+
 float* LlamaModel::widened(const uint16_t* codes, int64_t n) {
   float* x = scratch_.alloc_f32(n);
   be_.unpack_bf16(x, codes, n);
@@ -246,7 +265,10 @@ float* LlamaModel::widened(const uint16_t* codes, int64_t n) {
 void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16,
                               const float* w, int64_t N, int64_t in, int64_t out, bool native,
                               const float* x_wide) {
-  if (native) return gemm16(false, true, N, out, in, nullptr, x16, w, nullptr, 0.0f, y, y16);
+  const uint16_t* w16 = w16_[size_t(linear)];
+  if (native)
+    return gemm16(false, true, N, out, in, nullptr, x16, w16 ? nullptr : w, w16, 0.0f, y, y16);
+  MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
   const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the widened codes
   const float* x = x_wide ? x_wide : widened(x16, N * in);
   float* result = y ? y : scratch_.alloc_f32(N * out);
@@ -268,8 +290,10 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
                               int64_t in, int64_t out, bool accumulate_dx, bool native,
                               const float* x_wide) {
   const size_t m = scratch_.mark();
+  const uint16_t* w16 = w16_[size_t(linear)];
   if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x widened from its codes
     MX_ASSERT(dy && !dy16);
+    MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
     const float* x = x_wide ? x_wide : widened(x16, N * in);
     linear_bwd(linear, dx, dw, dy, x, w, N, in, out, accumulate_dx);
     return scratch_.release(m);
@@ -279,8 +303,8 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
     be_.to_bf16(codes, dy, N * out);
     dy16 = codes;
   }
-  gemm16(false, false, N, in, out, nullptr, dy16, w, nullptr, accumulate_dx ? 1.0f : 0.0f, dx,
-         nullptr);
+  gemm16(false, false, N, in, out, nullptr, dy16, w16 ? nullptr : w, w16,
+         accumulate_dx ? 1.0f : 0.0f, dx, nullptr);
   gemm16(true, false, out, in, N, nullptr, dy16, nullptr, x16, 1.0f, dw, nullptr);
   scratch_.release(m);
 }
@@ -835,9 +859,8 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
     xs[l + 1] = saved_.alloc_f32(N * C);
     size_t sm = scratch_.mark();
     const int u = layout_.block_unit(l);
-    layer_ = l;
-    block_forward(layout_.block_in_unit(weights(u, false), l), xs[l], xs[l + 1], acts[l], policy,
-                  B, T);
+    block_forward(block_weights(access, l, false), xs[l], xs[l + 1], acts[l], policy, B, T);
+    w16_.fill(nullptr);
     access.release(u, false);
     scratch_.release(sm);
     acts[l].drop_unsaved(policy, bf16_acts_);
@@ -874,10 +897,10 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
     for (int64_t l = L - 1; l >= 0; --l) {
       size_t sm = scratch_.mark();
       const int u = layout_.block_unit(l);
-      float* w = weights(u, true);
-      layer_ = l;
-      block_backward(layout_.block_in_unit(w, l), layout_.block_in_unit(access.grads(u), l),
-                     xs[l], acts[l], dresid, B, T);
+      const BlockParams w = block_weights(access, l, true);
+      block_backward(w, layout_.block_in_unit(access.grads(u), l), xs[l], acts[l], dresid, B,
+                     T);
+      w16_.fill(nullptr);
       access.release(u, true);
       access.grads_ready(u);
       scratch_.release(sm);

@@ -11,6 +11,7 @@
 // The attention probabilities are never stored under any policy: the attention kernel
 // recomputes them tile by tile.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -60,6 +61,16 @@ class UnitAccess {
   virtual float* grads(int unit) = 0;
   // The model will not touch the unit's gradients again in this micro-batch.
   virtual void grads_ready(int unit) {}
+  // FSDP's bf16 gathers (Fsdp, FsdpOptions::bf16_blocks): acquire() of a block unit returns
+  // null, and this gives the block as bf16 codes (ParamLayout's unit-relative offsets; only
+  // its matrices are read from them) and its two RMSNorm weights in fp32, valid until release.
+  // The model reads such a block only on the bf16 path with native bf16 GEMMs.
+  struct BlockCodes {
+    const uint16_t* codes = nullptr;
+    const float* input_norm = nullptr;
+    const float* post_norm = nullptr;
+  };
+  virtual BlockCodes block_codes(int unit) { return {}; }
 };
 
 // UnitAccess over one process's flat parameter and gradient buffers.
@@ -144,6 +155,9 @@ class LlamaModel {
   void linear_bwd16(int linear, float* dx, float* dw, const float* dy, const uint16_t* dy16,
                     const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
                     bool accumulate_dx, bool native, const float* x_wide = nullptr);
+  // Block `layer`'s weights through `access`: fp32 pointers, or (bf16 gathers) the RMSNorm
+  // weights with null matrices and the matrices' codes in w16_.
+  BlockParams block_weights(UnitAccess& access, int64_t layer, bool backward);
   // n fp32 values widened from codes into scratch (the caller's scope).
   float* widened(const uint16_t* codes, int64_t n);
   static uint16_t* alloc_bf16(Arena& arena, int64_t n);
@@ -196,6 +210,9 @@ class LlamaModel {
   std::vector<int> amax_pending_;   // slot indices waiting for fp8_flush
   std::vector<char> amax_is_pending_;
   int64_t layer_ = 0;  // the block being computed
+  // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
+  // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
+  std::array<const uint16_t*, 7> w16_{};
   const ParamLayout& layout_;
   Backend& be_;
   Checkpointing policy_;

@@ -63,10 +63,17 @@ BlockParams ParamLayout::block(float* base, int64_t layer) const {
                      base + o[5], base + o[6], base + o[7], base + o[8]};
 }
 
-BlockParams ParamLayout::block_in_unit(float* unit_base, int64_t layer) const {
+std::array<int64_t, 9> ParamLayout::block_offsets_in_unit(int64_t layer) const {
   const int64_t* o = block_offsets_.data() + layer * 9;
   const int64_t u = units_[block_unit(layer)].offset;
-  auto at = [&](int i) { return unit_base + (o[i] - u); };
+  std::array<int64_t, 9> r;
+  for (int i = 0; i < 9; ++i) r[size_t(i)] = o[i] - u;
+  return r;
+}
+
+BlockParams ParamLayout::block_in_unit(float* unit_base, int64_t layer) const {
+  const std::array<int64_t, 9> o = block_offsets_in_unit(layer);
+  auto at = [&](int i) { return unit_base + o[size_t(i)]; };
   return BlockParams{at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8)};
 }
 

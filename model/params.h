@@ -2,6 +2,7 @@
 // (embedding, one per transformer block, head). A unit is what FSDP shards and gathers, so a
 // unit's tensors are contiguous. Gradients and optimizer state use the same layout.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ class ParamLayout {
   int block_unit(int64_t layer) const { return int(1 + layer); }
   int head_unit() const { return int(units_.size()) - 1; }
   BlockParams block_in_unit(float* unit_base, int64_t layer) const;
+  // The offsets of block `layer`'s nine tensors from its unit's start, in BlockParams order
+  // (for a unit held in another form than fp32: FSDP's bf16 gathers).
+  std::array<int64_t, 9> block_offsets_in_unit(int64_t layer) const;
   float* final_norm_in_unit(float* head_unit_base) const {
     return head_unit_base + (final_norm_offset_ - units_.back().offset);
   }

@@ -36,12 +36,25 @@ Sharding parse_sharding(const std::string& s) {
   throw UserError(str("parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')"));
 }
 
-// A full-unit buffer: gathered weights or a unit's gradient before its reduce-scatter.
+// A full-unit buffer: gathered weights or a unit's gradient before its reduce-scatter. A block
+// unit gathered as bf16 codes holds, one after the other (each 64-byte rounded): the codes
+// (padded_numel), the exact exchange's all-gather (S x per_rank fp32) and the assembled
+// RMSNorm weights (numel fp32).
 struct Fsdp::Slot {
   int unit = -1;  // -1: free
   float* buf = nullptr;
-  int64_t capacity = 0;  // elements
+  size_t bytes = 0;   // capacity
   CommHandle gather;  // pending all-gather into buf
+  CommHandle exact;   // bf16 block unit: pending all-gather of the exact exchange
+  uint16_t* codes() const { return reinterpret_cast<uint16_t*>(buf); }
+  float* exchange(const ShardLayout& sl) const {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(buf) +
+                                    Arena::round_up(sizeof(uint16_t) * size_t(sl.padded_numel)));
+  }
+  float* assembled(const ShardLayout& sl, const ExactExchange& x) const {
+    return exchange(sl) + Arena::round_up(sizeof(float) * size_t(sl.world_size * x.per_rank)) /
+                              sizeof(float);
+  }
 };
 
 struct Fsdp::PendingReduce {
@@ -78,7 +91,14 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
   }
   const int S = shard_comm_->size();
   // Every size below comes from fsdp_buffer_sizes, which `mxtrain plan` adds up too.
-  const FsdpBufferSizes z = fsdp_buffer_sizes(layout, S, options.sharding);
+  const FsdpBufferSizes z = fsdp_buffer_sizes(layout, S, options.sharding, options.bf16_blocks);
+  bf16_blocks_ = z.bf16_blocks;
+  unit_bytes_ = z.unit_bytes;
+  exchange_.resize(layout.units().size());
+  if (bf16_blocks_)
+    for (int u = 0; u < int(layout.units().size()); ++u)
+      if (u != layout.embed_unit() && u != layout.head_unit())
+        exchange_[size_t(u)] = exact_exchange(layout, u, S);
   for (const ParamUnit& u : layout.units()) {
     shards_.push_back(make_shard_layout(u.numel, S));
     unit_local_offset_.push_back(local_numel_);
@@ -113,15 +133,15 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
     param_slots_.resize(param_slots);
     for (size_t i = 0; i < param_slots_.size(); ++i) {
       Slot& s = param_slots_[i];
-      s.capacity = options_.sharding == Sharding::kGradOp ? shards_[i].padded_numel
-                   : i == 0                               ? max_padded
-                                                          : z.block_padded;
-      s.buf = gathered_->alloc_f32(s.capacity);
+      s.bytes = options_.sharding == Sharding::kGradOp ? z.unit_bytes[i]
+                : i == 0                               ? z.weight_slot_bytes
+                                                       : z.weight_block_slot_bytes;
+      s.buf = static_cast<float*>(gathered_->alloc(s.bytes));
     }
     grad_slots_.resize(grad_slots);
     for (size_t i = 0; i < grad_slots_.size(); ++i) {
-      grad_slots_[i].capacity = i == 0 ? max_padded : z.block_padded;
-      grad_slots_[i].buf = unit_grads_->alloc_f32(grad_slots_[i].capacity);
+      grad_slots_[i].bytes = sizeof(float) * size_t(i == 0 ? max_padded : z.block_padded);
+      grad_slots_[i].buf = unit_grads_->alloc_f32(int64_t(grad_slots_[i].bytes / sizeof(float)));
     }
     rs_buffer_ = rs_out_->alloc_f32(max_shard);
   }
@@ -129,7 +149,10 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
 
 Fsdp::~Fsdp() {
   // Never leave a collective in flight on buffers about to be freed.
-  for (auto& s : param_slots_) s.gather = CommHandle();
+  for (auto& s : param_slots_) {
+    s.gather = CommHandle();
+    s.exact = CommHandle();
+  }
   pending_rs_->handle = CommHandle();
 }
 
@@ -139,28 +162,44 @@ Fsdp::Slot* Fsdp::find_slot(std::vector<Slot>& pool, int unit) {
   return nullptr;
 }
 
-Fsdp::Slot* Fsdp::free_slot(std::vector<Slot>& pool, int unit) {
+bool Fsdp::code_unit(int unit) const { return !exchange_[size_t(unit)].tensor_at.empty(); }
+
+Fsdp::Slot* Fsdp::free_slot(std::vector<Slot>& pool, int unit, size_t bytes) {
   // The smallest free slot the unit fits (all slots are one size except grad-op's).
+  (void)unit;
   Slot* best = nullptr;
   for (auto& s : pool)
-    if (s.unit < 0 && s.capacity >= shards_[unit].padded_numel &&
-        (!best || s.capacity < best->capacity))
-      best = &s;
+    if (s.unit < 0 && s.bytes >= bytes && (!best || s.bytes < best->bytes)) best = &s;
   return best;
 }
 
-Fsdp::Slot* Fsdp::take_slot(std::vector<Slot>& pool, int unit) {
-  Slot* s = free_slot(pool, unit);
+Fsdp::Slot* Fsdp::take_slot(std::vector<Slot>& pool, int unit, size_t bytes) {
+  Slot* s = free_slot(pool, unit, bytes);
   if (s) s->unit = unit;
   return s;
 }
 
 void Fsdp::start_gather(int unit) {
-  Slot* s = take_slot(param_slots_, unit);
+  Slot* s = take_slot(param_slots_, unit, unit_bytes_[size_t(unit)]);
   MX_ASSERT(s, "no free FSDP weight slot for unit ", unit);
   const ShardLayout& sl = shards_[unit];
-  s->gather = shard_comm_->all_gather_async(shard_of(master_base_, unit), s->buf, sl.shard_numel,
-                                            CommDtype::kF32);
+  const float* shard = shard_of(master_base_, unit);
+  if (!code_unit(unit)) {
+    s->gather = shard_comm_->all_gather_async(shard, s->buf, sl.shard_numel, CommDtype::kF32);
+    return;
+  }
+  // bf16: this rank's shard rounded (RNE) into its place in the codes, gathered in place; the
+  // pieces of the RMSNorm weights it holds packed into its place in the exchange, gathered too.
+  const int r = shard_comm_->rank();
+  uint16_t* mine = s->codes() + int64_t(r) * sl.shard_numel;
+  be_.to_bf16(mine, shard, sl.shard_numel);
+  s->gather = shard_comm_->all_gather_async(mine, s->codes(), sl.shard_numel, CommDtype::kBF16);
+  const ExactExchange& x = exchange_[size_t(unit)];
+  float* packed = s->exchange(sl);
+  for (const ExactPiece& p : x.pieces)
+    if (p.rank == r) be_.copy(packed + r * x.per_rank + p.packed, shard + p.local, p.numel);
+  s->exact = shard_comm_->all_gather_async(packed + r * x.per_rank, packed, x.per_rank,
+                                           CommDtype::kF32);
 }
 
 const float* Fsdp::acquire(int unit, bool backward) {
@@ -173,6 +212,15 @@ const float* Fsdp::acquire(int unit, bool backward) {
   {
     CommTimer t(comm_wait_s_);
     s->gather.wait();
+    s->exact.wait();
+  }
+  if (code_unit(unit)) {  // every piece of the RMSNorm weights into place
+    const ShardLayout& sl = shards_[unit];
+    const ExactExchange& x = exchange_[size_t(unit)];
+    const float* packed = s->exchange(sl);
+    float* to = s->assembled(sl, x);
+    for (const ExactPiece& p : x.pieces)
+      be_.copy(to + p.to, packed + p.rank * x.per_rank + p.packed, p.numel);
   }
   // Prefetch the unit the model will ask for next while this one computes.
   const int head = layout_.head_unit();
@@ -180,9 +228,20 @@ const float* Fsdp::acquire(int unit, bool backward) {
   if (!backward) next = unit < head ? unit + 1 : head - 1;  // after the head: the last block
   else if (unit > 1 && unit < head) next = unit - 1;
   // (a free slot holds unit -1)
-  if (next > 0 && !find_slot(param_slots_, next) && free_slot(param_slots_, next))
+  if (next > 0 && !find_slot(param_slots_, next) &&
+      free_slot(param_slots_, next, unit_bytes_[size_t(next)]))
     start_gather(next);
-  return s->buf;
+  return code_unit(unit) ? nullptr : s->buf;
+}
+
+UnitAccess::BlockCodes Fsdp::block_codes(int unit) {
+  if (shard_comm_->size() == 1 || !code_unit(unit)) return {};
+  Slot* s = find_slot(param_slots_, unit);
+  MX_ASSERT(s, "block_codes of unit ", unit, " before acquire");
+  const ExactExchange& x = exchange_[size_t(unit)];
+  const float* norms = s->assembled(shards_[unit], x);
+  MX_ASSERT(x.tensor_at.size() == 2, "a block unit with ", x.tensor_at.size(), " 1-D tensors");
+  return {s->codes(), norms + x.tensor_at[0], norms + x.tensor_at[1]};
 }
 
 void Fsdp::release(int unit, bool backward) {
@@ -195,6 +254,7 @@ void Fsdp::release(int unit, bool backward) {
   {
     CommTimer t(comm_wait_s_);
     s->gather.wait();
+    s->exact.wait();
   }
   s->unit = -1;
 }
@@ -202,10 +262,11 @@ void Fsdp::release(int unit, bool backward) {
 float* Fsdp::grads(int unit) {
   if (shard_comm_->size() == 1) return shard_of(grad_base_, unit);
   if (Slot* s = find_slot(grad_slots_, unit)) return s->buf;
-  Slot* s = take_slot(grad_slots_, unit);
+  const size_t bytes = sizeof(float) * size_t(shards_[unit].padded_numel);
+  Slot* s = take_slot(grad_slots_, unit, bytes);
   if (!s) {
     complete_reduce_scatter();
-    s = take_slot(grad_slots_, unit);
+    s = take_slot(grad_slots_, unit, bytes);
   }
   MX_ASSERT(s, "no free FSDP gradient slot for unit ", unit);
   be_.fill(s->buf, 0.0f, shards_[unit].padded_numel);
@@ -242,6 +303,7 @@ void Fsdp::finish_micro_batch() {
   for (auto& s : param_slots_) {
     CommTimer t(comm_wait_s_);
     s.gather.wait();
+    s.exact.wait();
     s.unit = -1;
   }
   for (auto& s : grad_slots_) MX_ASSERT(s.unit < 0, "unit ", s.unit, " gradients never reduced");
@@ -321,12 +383,13 @@ void Fsdp::gather_state(const float* local, float* full) {
   const auto& units = layout_.units();
   float* gathered = nullptr;
   if (shard_comm_->size() > 1) {
-    // The largest weight slot (in the backend's memory, as the communicator needs) holds each
-    // unit in turn.
-    const Slot* largest = &param_slots_[0];
-    for (auto& s : param_slots_) {
+    // The largest gradient slot (fp32, the size of the largest unit, in the backend's memory
+    // as the communicator needs) holds each unit in turn: weight slots may hold bf16 codes.
+    for (auto& s : param_slots_) MX_ASSERT(s.unit < 0, "gather during a micro-batch");
+    const Slot* largest = &grad_slots_[0];
+    for (auto& s : grad_slots_) {
       MX_ASSERT(s.unit < 0, "gather during a micro-batch");
-      if (s.capacity > largest->capacity) largest = &s;
+      if (s.bytes > largest->bytes) largest = &s;
     }
     gathered = largest->buf;
   }

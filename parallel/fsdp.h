@@ -27,11 +27,18 @@
 namespace mx {
 
 enum class Sharding { kFull, kGradOp, kNone, kHybrid };
+struct ExactExchange;  // parallel/fsdp_sizes.h
 Sharding parse_sharding(const std::string& s);  // UserError for unknown names
 
 struct FsdpOptions {
   Sharding sharding = Sharding::kFull;
   int shard_group = 0;  // hybrid: ranks per shard group
+  // bf16 gathers (parallel.gather_dtype): block units travel as bf16 codes of the master
+  // weights (half the bytes of fp32 gathers and slots), their RMSNorm weights exactly beside
+  // them (fsdp_sizes.h: ExactExchange); the model reads them through block_codes(). Only for a
+  // model whose every block runs on native bf16 GEMMs (LlamaModel's bf16 path, recipe bf16):
+  // they round the weights to bf16 anyway, so the values are the same. Ignored with one shard.
+  bool bf16_blocks = false;
 };
 
 class Fsdp final : public UnitAccess {
@@ -45,6 +52,8 @@ class Fsdp final : public UnitAccess {
   void release(int unit, bool backward) override;
   float* grads(int unit) override;
   void grads_ready(int unit) override;
+  BlockCodes block_codes(int unit) override;
+  bool bf16_blocks() const { return bf16_blocks_; }
 
   // After a forward (or forward+backward) of one micro-batch: every gather and reduce-scatter
   // complete, every gathered buffer free.
@@ -102,8 +111,9 @@ class Fsdp final : public UnitAccess {
 
  private:
   struct Slot;
-  Slot* free_slot(std::vector<Slot>& pool, int unit);
-  Slot* take_slot(std::vector<Slot>& pool, int unit);
+  Slot* free_slot(std::vector<Slot>& pool, int unit, size_t bytes);
+  Slot* take_slot(std::vector<Slot>& pool, int unit, size_t bytes);
+  bool code_unit(int unit) const;  // a block unit gathered as bf16 codes
   Slot* find_slot(std::vector<Slot>& pool, int unit);
   void start_gather(int unit);
   void complete_reduce_scatter();
@@ -120,6 +130,9 @@ class Fsdp final : public UnitAccess {
   std::vector<ShardLayout> shards_;        // per unit, over the shard group
   std::vector<int64_t> unit_local_offset_;  // per unit, into the local shard buffers
   int64_t local_numel_ = 0;
+  bool bf16_blocks_ = false;
+  std::vector<size_t> unit_bytes_;           // a unit's gathered weights (S > 1)
+  std::vector<ExactExchange> exchange_;      // bf16 block units' exact exchange (else empty)
   std::unique_ptr<Arena> master_, grad_shards_, m_, v_, gathered_, unit_grads_, rs_out_;
   float *master_base_ = nullptr, *grad_base_ = nullptr, *m_base_ = nullptr, *v_base_ = nullptr;
   std::vector<Slot> param_slots_, grad_slots_;

@@ -17,6 +17,10 @@
 // Padded sizes: max_padded = max over units of ceil(numel_u / S) x S elements; block_padded the
 // same over the blocks (and a tied head's unit). With S = 1 (one process, or sharding = none)
 // nothing is gathered or scattered.
+// bf16 gathers (bf16_blocks, FsdpOptions): each block unit's weight slot holds the block as bf16
+// codes (2 bytes an element, padded) plus its exact fp32 exchange (ExactExchange below: the
+// all-gather's S x per_rank elements and the numel assembled ones); the other units and every
+// gradient slot stay fp32. The large slot is the largest unit's slot in either form.
 // Two block-sized slots are enough beside the large one: the embedding and an untied head are
 // never held at once (the embedding is released before the first block; its gradients start
 // after the head's are reduce-scattered), and a tied head's unit is its final norm alone, while
@@ -24,9 +28,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "model/params.h"
 #include "parallel/fsdp.h"
+#include "parallel/shard.h"
 
 namespace mx {
 
@@ -38,12 +44,16 @@ struct FsdpBufferSizes {
   int64_t max_shard = 0;    // elements of the reduce-scatter output (0 when S == 1)
   int param_slots = 0;
   int grad_slots = 0;
+  bool bf16_blocks = false;  // block units gathered as bf16 codes (S > 1 only)
   // Arena capacities in bytes (each a whole number of 64-byte-rounded allocations).
   size_t state_bytes = 0;           // one of master / gradients / m / v
-  size_t slot_bytes = 0;            // the large slot
-  size_t block_slot_bytes = 0;      // a block-sized slot
-  size_t gathered_bytes = 0;        // full / hybrid: slot_bytes + 2 block_slot_bytes; grad-op:
-                                    // the sum of every unit's own slot
+  size_t slot_bytes = 0;            // the large slot, fp32 (gradients)
+  size_t block_slot_bytes = 0;      // a block-sized slot, fp32 (gradients)
+  std::vector<size_t> unit_bytes;   // each unit's gathered weights (weight_bytes), S > 1
+  size_t weight_slot_bytes = 0;     // the large weight slot: the largest of unit_bytes
+  size_t weight_block_slot_bytes = 0;  // a block-sized weight slot: the largest block's
+  size_t gathered_bytes = 0;        // full / hybrid: weight_slot_bytes + 2
+                                    // weight_block_slot_bytes; grad-op: the sum of unit_bytes
   size_t unit_grad_bytes = 0;       // slot_bytes + 2 block_slot_bytes
   size_t reduce_scatter_bytes = 0;  // rounded 4 x max_shard
   size_t total_bytes() const {
@@ -54,8 +64,35 @@ struct FsdpBufferSizes {
 // S for a strategy: full / grad-op: the world; none: 1; hybrid: shard_group (0: the world).
 int fsdp_shard_size(Sharding sharding, int world_size, int shard_group);
 
-// elem_bytes: bytes per element of the state and the slots (fp32 on the CPU engine).
+// FSDP's bf16 gathers: a block unit travels as bf16 codes, and the tensors the model reads in
+// fp32 (its two RMSNorm weights, the unit's 1-D tensors) travel beside it exactly. Each rank
+// packs the pieces of them that its shard holds, in the unit's order, into per_rank fp32
+// elements (the most any rank holds); one all-gather of per_rank elements a rank delivers every
+// piece, and each piece is copied to its place in the assembled tensors (numel elements, the
+// tensors one after the other in the unit's order). A tensor crossing a shard boundary comes
+// in two pieces or more.
+struct ExactPiece {
+  int rank = 0;
+  int64_t local = 0;   // first element in that rank's shard
+  int64_t packed = 0;  // ... in that rank's packed elements
+  int64_t to = 0;      // ... in the assembled tensors
+  int64_t numel = 0;
+};
+struct ExactExchange {
+  int64_t per_rank = 0;
+  int64_t numel = 0;
+  std::vector<int64_t> tensor_at;  // each 1-D tensor's offset in the assembled tensors
+  std::vector<ExactPiece> pieces;  // rank-major, then in the unit's order
+};
+ExactExchange exact_exchange(const ParamLayout& layout, int unit, int shard_size);
+
+// elem_bytes: bytes per element of the state and the fp32 slots (fp32 on the CPU engine).
+// bf16_blocks: FsdpOptions::bf16_blocks (ignored when shard_size is 1).
 FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sharding sharding,
-                                  size_t elem_bytes = sizeof(float));
+                                  bool bf16_blocks = false, size_t elem_bytes = sizeof(float));
+
+// Bytes of a block unit's bf16 weight slot: its codes, the exchange's all-gather buffer and the
+// assembled tensors, each 64-byte rounded.
+size_t bf16_block_slot_bytes(const ShardLayout& shard, const ExactExchange& x);
 
 }  // namespace mx

@@ -372,14 +372,18 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   // LlamaModel's amax slots; CudaEngineBytes says what is left out of the model below).
   {
     const std::string& rc = in.engine_recipe();
-    const FsdpBufferSizes z = fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in));
-    m.engine.fsdp = int64_t(z.total_bytes());
     const bool bf16_acts = plan_bf16_activations(in, rc, "cuda");
     const Recipe r = parse_recipe(rc);
     const bool path_only =  // the CUDA backend always has native bf16 GEMMs
         r == Recipe::kBf16 &&
         bf16_path_only(r, bf16_acts, high_precision_bf16(r, in.high_precision),
                        in.high_precision_first, in.high_precision_last, in.stats_every);
+    // parallel.gather_dtype as the trainer resolves it (bf16 where it cannot apply: the
+    // trainer refuses that run; here the recipe candidates other than bf16 just gather fp32)
+    const bool bf16_blocks = path_only && in.gather_dtype != "fp32";
+    const FsdpBufferSizes z =
+        fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in), bf16_blocks);
+    m.engine.fsdp = int64_t(z.total_bytes());
     const ActivationBytes cap =
         activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true, bf16_acts, path_only);
     m.engine.activations =

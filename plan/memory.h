@@ -34,6 +34,7 @@ struct PlanInput {
   Checkpointing checkpointing = Checkpointing::kNone;
   std::string sharding = "full";  // full | grad-op | none | hybrid
   int64_t shard_group = 0;        // hybrid: ranks per shard group (0: GPUs per node)
+  std::string gather_dtype = "auto";  // parallel.gather_dtype (the engine's FSDP weight slots)
   std::string recipe = "bf16";
   int64_t high_precision_first = 0;
   int64_t high_precision_last = 0;

@@ -69,6 +69,25 @@ bool bf16_path_only(Recipe recipe, bool bf16_activations, bool high_precision_bf
          (high_precision_bf16 || hp_first + hp_last == 0);
 }
 
+namespace {
+const char* kGatherNeeds =
+    "parallel.gather_dtype = bf16 needs every block on native bf16 GEMMs: precision.recipe = "
+    "bf16 with bf16 activations, precision.stats_every = 0 and no fp32 high-precision blocks";
+}  // namespace
+
+void check_gather_dtype(const std::string& g, bool config_path_only) {
+  MX_REQUIRE(g.empty() || g == "auto" || g == "fp32" || g == "bf16",
+             "parallel.gather_dtype must be auto, fp32 or bf16 (got '", g, "')");
+  MX_REQUIRE(g != "bf16" || config_path_only, kGatherNeeds);
+}
+
+bool bf16_gathers(const std::string& g, bool path_only) {
+  check_gather_dtype(g, true);
+  if (g == "fp32") return false;
+  MX_REQUIRE(g != "bf16" || path_only, kGatherNeeds, ", on a device that has them (cuda)");
+  return path_only;
+}
+
 LinearRecipe::LinearRecipe(Recipe recipe, int64_t num_layers, int64_t hp_first, int64_t hp_last,
                            uint32_t seed, uint32_t rank)
     : recipe_(recipe), num_layers_(num_layers), hp_first_(hp_first), hp_last_(hp_last),

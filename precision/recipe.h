@@ -52,6 +52,15 @@ bool bf16_activations(Recipe recipe, const std::string& activations, const std::
 // high-precision blocks). Then activation_bytes can size the arenas for that path alone.
 bool bf16_path_only(Recipe recipe, bool bf16_activations, bool high_precision_bf16,
                     int64_t hp_first, int64_t hp_last, int64_t stats_every);
+// parallel.gather_dtype (auto | fp32 | bf16): whether FSDP gathers the blocks as bf16 codes
+// (FsdpOptions::bf16_blocks), given path_only = bf16_path_only on a backend with native bf16
+// GEMMs. Such a model's bf16 GEMMs round every weight they read to bf16, so gathering the
+// rounded weights gives the same values at half the bytes. auto ("" too): exactly then; fp32:
+// never; bf16: then, else UserError saying what it needs. UserError for another value.
+bool bf16_gathers(const std::string& gather_dtype, bool path_only);
+// The same check before the device is known: UserError for a bad value, and for bf16 where the
+// configuration (not the device) rules the bf16 path out.
+void check_gather_dtype(const std::string& gather_dtype, bool config_path_only);
 
 // dst[cols, rows] = src[rows, cols]^T (operands quantized down their columns go through this).
 void transpose(float* dst, const float* src, int64_t rows, int64_t cols);

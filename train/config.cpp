@@ -116,6 +116,9 @@ const std::vector<Field>& schema() {
                 "none | selective | full"),
       MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
       MX_INT("parallel.shard_group", parallel.shard_group, "processes per shard group (hybrid)"),
+      MX_STRING("parallel.gather_dtype", parallel.gather_dtype,
+                "auto | fp32 | bf16: the blocks' weight gathers (auto: bf16 where every block "
+                "runs on bf16 GEMMs, recipe bf16 on cuda: the same values at half the bytes)"),
       MX_STRING("checkpoint.dir", checkpoint.dir, "directory (default <out_dir>/checkpoints)"),
       MX_STRING("checkpoint.s3_uri", checkpoint.s3_uri, "s3://bucket/prefix: write checkpoints there instead of dir"),
       MX_INT("checkpoint.every", checkpoint.every, "checkpoint every N steps (0: at the end)"),
@@ -294,6 +297,14 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(s == "full" || s == "grad-op" || s == "none" || s == "hybrid",
              "parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')");
   MX_REQUIRE(c.parallel.shard_group >= 0, "parallel.shard_group must be >= 0");
+  {
+    const Recipe r = parse_recipe(c.precision.recipe);
+    const bool acts = bf16_activations(r, c.precision.activations, c.run.device);
+    check_gather_dtype(c.parallel.gather_dtype,
+                       bf16_path_only(r, acts, high_precision_bf16(r, c.precision.high_precision),
+                                      c.precision.high_precision_first,
+                                      c.precision.high_precision_last, c.precision.stats_every));
+  }
   MX_REQUIRE(c.checkpoint.every >= 0, "checkpoint.every must be >= 0 (got ", c.checkpoint.every,
              ")");
   MX_REQUIRE(c.checkpoint.keep >= 0, "checkpoint.keep must be >= 0 (got ", c.checkpoint.keep, ")");

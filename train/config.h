@@ -57,6 +57,7 @@ struct RunConfig {
   struct Parallel {
     std::string sharding = "full";
     int64_t shard_group = 0;
+    std::string gather_dtype = "auto";
   } parallel;
 
   struct Checkpoint {

@@ -112,6 +112,8 @@ int run_training(const RunConfig& cfg) {
   FsdpOptions fo;
   fo.sharding = parse_sharding(cfg.parallel.sharding);
   fo.shard_group = int(cfg.parallel.shard_group);
+  // engine.options.bf16_path_only: resolved for this backend's bf16 GEMMs
+  fo.bf16_blocks = bf16_gathers(cfg.parallel.gather_dtype, engine.options.bf16_path_only);
   // On a GPU under mpirun the shards move over NCCL (bootstrapped over the MPI world); the
   // host world keeps the trainer's own scalars, barriers and checkpoint coordination.
   std::unique_ptr<Communicator> device_comm = make_device_communicator(world, be);
@@ -213,7 +215,8 @@ int run_training(const RunConfig& cfg) {
                                               : " (head and high-precision blocks fp32)",
        eo.bf16_activations ? ", bf16 activations" : "", ", checkpointing ",
        cfg.memory.activation_checkpointing, ", sharding ",
-       cfg.parallel.sharding, ", ", omp_get_max_threads(), " threads/rank, device ",
+       cfg.parallel.sharding, fsdp.bf16_blocks() ? " (bf16 block gathers)" : "", ", ",
+       omp_get_max_threads(), " threads/rank, device ",
        be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");
   if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block ||
       recipe == Recipe::kMxfp8 || recipe == Recipe::kNvfp4)
@@ -389,6 +392,7 @@ int run_training(const RunConfig& cfg) {
       {"sgemm_peak_gflops", peak_flops / 1e9},
       {"world_size", W},
       {"sharding", cfg.parallel.sharding},
+      {"fsdp_gather_dtype", fsdp.bf16_blocks() ? "bf16" : "fp32"},
       {"fsdp_state_bytes", fsdp.state_bytes()},
       {"fsdp_transient_bytes", fsdp.transient_bytes()},
       {"comm_wait_seconds", fsdp.comm_wait_seconds()},

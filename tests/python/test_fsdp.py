@@ -29,7 +29,7 @@ def corpus(tmp_path):
     return path
 
 
-def train(tmp_path, np_, sharding, extra=(), name=None, timeout=180):
+def train(tmp_path, np_, sharding, extra=(), name=None, timeout=180, env_extra=None, log=None):
     out = tmp_path / (name or f"run_{np_}_{sharding}")
     args = [MXTRAIN_BIN, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
             "--set", f"train.steps={STEPS}", "--set", "train.seq_len=32",
@@ -42,9 +42,13 @@ def train(tmp_path, np_, sharding, extra=(), name=None, timeout=180):
     args += list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(env_extra or {})
     cmd = (["mpirun", "-np", str(np_)] + MPIRUN_FLAGS + args) if np_ > 1 else args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                       errors="replace")
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
+    if log is not None:
+        log.append(p)
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if not r.get("summary")]
     return steps, records[-1], out
@@ -145,3 +149,117 @@ def test_hybrid_group_must_divide_the_world(tmp_path):
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2, p.stderr
     assert "error: rank" in p.stderr and "shard_group" in p.stderr, p.stderr
+
+
+# bf16 gathers (parallel.gather_dtype): under recipe bf16 on the bf16 path every block Linear
+# runs on bf16 GEMMs, which round the weights they read to bf16 (RNE), so gathering the blocks
+# as bf16 codes of the master weights must give the same bits as gathering fp32, at half the
+# bytes; the RMSNorm weights travel exactly beside the codes. The CPU runs that path under
+# MXTRAIN_TEST_BF16_GEMM=1 (native bf16 GEMMs, emulated). The shape makes a shard boundary cut
+# a norm in two: hidden 32, intermediate 43, 2 heads of 16 gives 8288-element blocks, whose
+# post_attention_layernorm ([4128, 4160)) 2 shards of 4144 split, and 4 shards of 2072 do not.
+BF16_GATHER_SHAPE = ["--set", "model.hidden_size=32", "--set", "model.num_attention_heads=2",
+                     "--set", "model.num_key_value_heads=2", "--set", "model.intermediate_size=43"]
+
+
+def block_elements(C=32, I=43, H=2, KV=2, D=16):
+    return 2 * C + 2 * C * H * D + 2 * C * KV * D + 3 * C * I
+
+
+def r64(b):
+    return (b + 63) // 64 * 64
+
+
+def padded(n, S):
+    return -(-n // S) * S
+
+
+def block_slots(S, C=32):
+    """(fp32, bf16) weight-slot bytes of one block unit at S shards; the bf16 slot's exchange
+    from a brute-force walk over the unit's elements (independent of the engine's pieces)."""
+    n = block_elements()
+    shard = -(-n // S)
+    post = C + 2 * C * 32 + 2 * C * 32  # after input_layernorm, q, k, v, o
+    norms = list(range(0, C)) + list(range(post, post + C))
+    per_rank = max(sum(1 for i in norms if i // shard == r) for r in range(S))
+    return r64(4 * padded(n, S)), r64(2 * padded(n, S)) + r64(4 * S * per_rank) + r64(4 * 2 * C)
+
+
+def weight_slot_saving(S, sharding, C=32, V=256, L=2):
+    """fp32 minus bf16 bytes of all weight slots (tiny's untied embedding and head, L blocks)."""
+    fp32_block, bf16_block = block_slots(S, C)
+    others = [r64(4 * padded(V * C, S)), r64(4 * padded(C + V * C, S))]  # embed, head
+    if sharding == "grad-op":  # one slot per unit
+        return L * (fp32_block - bf16_block)
+    # full / hybrid: the largest unit's slot and two block-sized ones (the head is large here)
+    return (max(others + [fp32_block]) + 2 * fp32_block) - \
+        (max(others + [bf16_block]) + 2 * bf16_block)
+
+
+@pytest.mark.parametrize("np_,sharding,policy,env", [
+    (2, "full", "none", {"MXTRAIN_TEST_STAGING": "1"}),
+    (2, "grad-op", "selective", {"MXTRAIN_TEST_DEVICE_MEMORY": "1"}),
+    (4, "hybrid", "full", {}),
+], ids=["np2-full-staged", "np2-gradop-counted", "np4-hybrid"])
+def test_bf16_gathers_give_the_fp32_gathers_bits(tmp_path, np_, sharding, policy, env):
+    extra = BF16_GATHER_SHAPE + [
+        "--set", "precision.recipe=bf16", "--set", "precision.activations=bf16",
+        "--set", f"memory.activation_checkpointing={policy}", "--set", "train.steps=6",
+        "--set", "train.eval_every=3", "--set", "data.val_fraction=0.2",
+        "--set", "run.sample_tokens=12", "--set", "checkpoint.every=3"]
+    env = dict(env, MXTRAIN_TEST_BF16_GEMM="1")
+    runs = {}
+    for g in ("fp32", "auto"):
+        log = []
+        steps, summary, out = train(tmp_path, np_, sharding, extra + ["--set", f"parallel.gather_dtype={g}"],
+                                    name=f"{g}", env_extra=env, log=log)
+        runs[g] = (steps, summary, out, log[0].stdout)
+    (f_steps, f_sum, f_out, f_text), (b_steps, b_sum, b_out, b_text) = runs["fp32"], runs["auto"]
+    assert f_sum["fsdp_gather_dtype"] == "fp32" and b_sum["fsdp_gather_dtype"] == "bf16"
+    assert len(b_steps) == 6
+    for a, b in zip(b_steps, f_steps):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], (a, b)
+        assert a.get("val_loss") == b.get("val_loss"), (a, b)
+    assert any("val_loss" in r for r in b_steps)
+    assert "sample" in b_text and b_text.split("sample", 1)[1] == f_text.split("sample", 1)[1]
+    # Every checkpoint file (both steps, every rank's shards) byte for byte.
+    f_files = sorted(p.relative_to(f_out) for p in (f_out / "checkpoints").rglob("*.safetensors"))
+    b_files = sorted(p.relative_to(b_out) for p in (b_out / "checkpoints").rglob("*.safetensors"))
+    assert f_files == b_files and len(f_files) == 2 * (2 if sharding == "hybrid" else np_)
+    for rel in f_files:
+        assert (f_out / rel).read_bytes() == (b_out / rel).read_bytes(), rel
+    # The weight slots: grad-op keeps one per unit, full and hybrid hold two block-sized ones
+    # beside the large one; each block slot holds codes now (gradient slots stay fp32).
+    S = 2 if sharding == "hybrid" else np_
+    saving = weight_slot_saving(S, sharding)
+    assert saving > 0
+    assert f_sum["fsdp_transient_bytes"] - b_sum["fsdp_transient_bytes"] == saving, \
+        (f_sum["fsdp_transient_bytes"], b_sum["fsdp_transient_bytes"], saving)
+
+
+def test_gather_dtype_errors(tmp_path):
+    """A bad value, or bf16 gathers where the blocks do not all run on bf16 GEMMs: one error
+    line, exit 2, before anything is written."""
+    from conftest import run_mxtrain
+    base = ["train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
+            "--set", "train.seq_len=32", "--set", "train.steps=2"]
+    cases = [
+        (["--set", "parallel.gather_dtype=fp16"], {}, "must be auto, fp32 or bf16"),
+        (["--set", "parallel.gather_dtype=bf16", "--set", "precision.recipe=fp8-current",
+          "--set", "precision.activations=bf16"], {}, "needs every block on native bf16 GEMMs"),
+        (["--set", "parallel.gather_dtype=bf16", "--set", "precision.recipe=bf16",
+          "--set", "precision.activations=bf16", "--set", "precision.stats_every=2"], {},
+         "needs every block on native bf16 GEMMs"),
+        (["--set", "parallel.gather_dtype=bf16", "--set", "precision.recipe=bf16"], {},
+         "needs every block on native bf16 GEMMs"),  # fp32 activations on the CPU
+        # the configuration allows it; the CPU's GEMMs are fp32 (no test knob)
+        (["--set", "parallel.gather_dtype=bf16", "--set", "precision.recipe=bf16",
+          "--set", "precision.activations=bf16"], {}, "on a device that has them"),
+    ]
+    for i, (args, env, message) in enumerate(cases):
+        out = tmp_path / f"out{i}"
+        r = run_mxtrain(base + args + ["--set", f"run.out_dir={out}"], env=env)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.rc == 2 and len(lines) == 1 and lines[0].startswith("error:"), (args, r)
+        assert message in lines[0] and "parallel.gather_dtype" in lines[0], (args, lines)
+        assert not (out / "checkpoints").exists()

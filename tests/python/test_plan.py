@@ -224,6 +224,13 @@ ENGINE_CASES = [
     ("odd-2p-gradop-fp32", ODD, 2, "grad-op", 37, 1, "selective", "fp32", {}),
     ("tied-2p-none-nvfp4", dict(TINY, **{"model.tie_word_embeddings": True}), 2, "none", 32, 1,
      "full", "nvfp4", {}),
+    # FSDP's bf16 gathers (parallel.gather_dtype auto: the blocks' weight slots hold codes)
+    ("tiny-2p-gradop-bf16-gathers", TINY, 2, "grad-op", 32, 1, "selective", "bf16",
+     {"precision.activations": "bf16"}),
+    ("tied-2p-full-bf16-gathers", dict(TINY, **{"model.tie_word_embeddings": True}), 2, "full",
+     32, 1, "none", "bf16", {"precision.activations": "bf16", "train.eval_every": 1}),
+    ("tiny-2p-full-bf16-gather-fp32", TINY, 2, "full", 32, 1, "none", "bf16",
+     {"precision.activations": "bf16", "parallel.gather_dtype": "fp32"}),
 ]
 
 
@@ -246,6 +253,35 @@ def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, 
         eng["allowance_bytes"]
     # The device arenas hold capacities, at least what the CPU run's arenas ever used.
     assert held >= summary["peak_mem_bytes"] - 4 * batch * (seq + 1) - 64
+
+
+def test_gpu_plan_bf16_gathers_halve_the_grad_op_weight_slots(mxtrain):
+    # llama3-8b on 8 ranks, grad-op (every block's gathered weights kept from forward to
+    # backward): bf16 gathers hold each of the 32 blocks as codes. Bytes written out: a block
+    # is 2C + 2C^2 + 2 kv C + 3 C I elements; its two RMSNorm weights lie in ranks 0 and 1
+    # (post_attention_layernorm at C + 2C^2 + 2 kv C, past one shard), so the exchange sends C
+    # elements a rank.
+    C, I, kv, L, S = 4096, 14336, 1024, 32, 8
+    r64 = lambda b: (b + 63) // 64 * 64
+    padded = -(-(2 * C + 2 * C * C + 2 * kv * C + 3 * C * I) // S) * S
+    assert C + 2 * C * C + 2 * kv * C >= padded // S
+    fp32_slot = r64(4 * padded)
+    bf16_slot = r64(2 * padded) + r64(4 * S * C) + r64(4 * 2 * C)
+    settings = {"model.preset": "llama3-8b", "train.seq_len": 8192, "train.micro_batch": 2,
+                "precision.recipe": "bf16", "precision.activations": "bf16",
+                "memory.activation_checkpointing": "full", "parallel.sharding": "grad-op"}
+    eng = {g: plan(mxtrain, dict(settings, **{"parallel.gather_dtype": g}), gpu="b200",
+                   gpus=S, extra=["--recipes", "bf16"])["memory"]["engine"]
+           for g in ("fp32", "auto", "bf16")}
+    assert eng["auto"] == eng["bf16"]
+    assert eng["fp32"]["fsdp_bytes"] - eng["auto"]["fsdp_bytes"] == L * (fp32_slot - bf16_slot)
+    assert eng["fp32"]["activation_arena_bytes"] == eng["auto"]["activation_arena_bytes"]
+    # Under an FP8 recipe the blocks' Linears quantize fp32 weights: auto gathers fp32.
+    fp8 = {g: plan(mxtrain, dict(settings, **{"precision.recipe": "fp8-current",
+                                              "parallel.gather_dtype": g}),
+                   gpu="b200", gpus=S, extra=["--recipes", "fp8-current"])["memory"]["engine"]
+           for g in ("fp32", "auto")}
+    assert fp8["fp32"]["fsdp_bytes"] == fp8["auto"]["fsdp_bytes"]
 
 
 def test_gpu_plan_says_when_this_engine_does_not_fit(mxtrain):
