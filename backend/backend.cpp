@@ -3,8 +3,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
+#include "numerics/formats.h"
 #include "numerics/quantize.h"
 
 namespace mx {
@@ -108,9 +110,24 @@ bool Backend::quantize_dequantize(float* out, const float* x, int64_t rows, int6
 
 // The reference forms (host memory): the recipe's emulation with the GEMM calls of
 // linear_forward / linear_backward.
+namespace {
+// An operand given as bf16 codes (Fp8Operand::bf16), widened into `wide` (host memory: the
+// reference forms run there); otherwise x itself.
+const float* operand_values(const float* x, const Backend::Fp8Operand& q, int64_t n,
+                            std::vector<float>& wide) {
+  if (!q.bf16) return x;
+  MX_ASSERT(!x, "an operand given both as fp32 and as bf16 codes");
+  wide.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) wide[size_t(i)] = numerics::decode_bf16(q.bf16[i]);
+  return wide.data();
+}
+}  // namespace
+
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                                  float* work) {
+  std::vector<float> wide;
+  x = operand_values(x, xq, N * in, wide);
   float* xd = work;
   float* wd = work + N * in;
   fp8_emulate(xd, x, N, in, xq);
@@ -131,6 +148,8 @@ void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq
 void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
                                const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                                float* work) {
+  std::vector<float> wide;
+  x = operand_values(x, xq, N * in, wide);
   float* dyd = work;
   float* xd = work + N * out;
   if (dyq.rht) {  // nvfp4: dW += q(RHT(dy^T)) q(RHT(x^T))^T, the emulation's GEMM call

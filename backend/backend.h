@@ -133,6 +133,11 @@ class Backend {
     numerics::RoundingOptions rounding;
     bool rht = false;
     uint32_t rht_seed = 0;
+    // The operand as bf16 codes (LlamaModel's bf16 path: forward's input and the weight
+    // gradient's x): the fp32 pointer passed for it is null and the quantizers read these
+    // codes, whose values are the fp32 tensor's (bf16 widens exactly), so the same bytes come
+    // out without an fp32 copy in memory.
+    const uint16_t* bf16 = nullptr;
   };
   // True where the FP8 Linears run on FP8 tensor cores (CUDA, compute capability >= 8.9, unless
   // MXTRAIN_CUDA_FP8=emulate). The CPU says true only under the test knob

@@ -269,10 +269,11 @@ void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_
   if (native)
     return gemm16(false, true, N, out, in, nullptr, x16, w16 ? nullptr : w, w16, 0.0f, y, y16);
   MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
-  const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the widened codes
-  const float* x = x_wide ? x_wide : widened(x16, N * in);
+  const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the codes or widened
+  const bool codes = !x_wide && fp8_reads_codes(N, in, out);
+  const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
   float* result = y ? y : scratch_.alloc_f32(N * out);
-  linear_fwd(linear, result, x, w, N, in, out);
+  linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr);
   if (y16) be_.to_bf16(y16, result, N * out);
   scratch_.release(m);
 }
@@ -291,11 +292,12 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
                               const float* x_wide) {
   const size_t m = scratch_.mark();
   const uint16_t* w16 = w16_[size_t(linear)];
-  if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x widened from its codes
+  if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x as codes or widened from them
     MX_ASSERT(dy && !dy16);
     MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
-    const float* x = x_wide ? x_wide : widened(x16, N * in);
-    linear_bwd(linear, dx, dw, dy, x, w, N, in, out, accumulate_dx);
+    const bool codes = !x_wide && fp8_reads_codes(N, in, out);
+    const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
+    linear_bwd(linear, dx, dw, dy, x, w, N, in, out, accumulate_dx, codes ? x16 : nullptr);
     return scratch_.release(m);
   }
   if (!dy16) {  // rounded once for both GEMMs
@@ -321,6 +323,12 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   BlockSizes z(c_, B, T);
   const bool bp = a.bf16_path = bf16_path();
   const bool nat = a.native16 = bp && native16();
+  // Off the bf16 GEMMs, Linears on the FP8 / FP4 tensor cores read the codes; an input is
+  // widened (once for the Linears sharing it) only where one of them does not.
+  auto qkv_codes = [&] {
+    return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
+  };
+  auto mlp_codes = [&] { return fp8_reads_codes(N, C, I); };
   // A tensor the policy keeps goes to `saved`; with bf16 activations (codes given) its bf16
   // copy goes there and the fp32 working copy to scratch.
   auto keep = [&](bool cheap, int64_t n, uint16_t** codes) {
@@ -347,7 +355,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.v_16 = codes_only(false, z.v);
     {  // (Linears off the bf16 GEMMs widen h1 once for all three)
       const size_t m = scratch_.mark();
-      const float* h1 = nat ? nullptr : widened(a.h1_16, z.h1);
+      const float* h1 = nat || qkv_codes() ? nullptr : widened(a.h1_16, z.h1);
       linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat, h1);
       linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat, h1);
       linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
@@ -395,7 +403,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.u_16 = codes_only(false, z.u);
     {
       const size_t m = scratch_.mark();
-      const float* h2 = nat ? nullptr : widened(a.h2_16, z.h2);
+      const float* h2 = nat || mlp_codes() ? nullptr : widened(a.h2_16, z.h2);
       linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2);
       linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
       scratch_.release(m);
@@ -431,8 +439,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   const float eps = float(c_.rms_norm_eps);
   const bool bp = a.bf16_path;
   // bf16 activations: widen the kept bf16 copies into scratch (the values forward used). The
-  // bf16 path's ops read the codes themselves.
+  // bf16 path's ops read the codes themselves (FP8 / FP4 Linears too, as in block_forward).
   BlockSizes z(c_, B, T);
+  auto qkv_codes = [&] {
+    return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
+  };
+  auto mlp_codes = [&] { return fp8_reads_codes(N, C, I); };
   auto widen = [&](float*& t, const uint16_t* codes, int64_t n) {
     if (codes && !bp) t = widened(codes, n);
   };
@@ -499,7 +511,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       be_.swiglu_backward(dg, du, dg, widened(a.g_16, N * I), widened(a.u_16, N * I), N * I);
       scratch_.release(gm);
     }
-    const float* h2 = widened(a.h2_16, z.h2);  // once for both
+    const float* h2 = mlp_codes() ? nullptr : widened(a.h2_16, z.h2);  // once for both
     linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false, h2);
     linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false, h2);
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
@@ -535,7 +547,8 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
     if (bp) {
-      const float* h1 = nat ? nullptr : widened(a.h1_16, z.h1);  // once for all three
+      // once for all three
+      const float* h1 = nat || qkv_codes() ? nullptr : widened(a.h1_16, z.h1);
       linear_bwd16(0, dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1);
       linear_bwd16(1, dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1);
       linear_bwd16(2, dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1);
@@ -684,8 +697,15 @@ bool LlamaModel::lowered(int64_t layer) const {
   return recipe_ && (recipe_->active(layer) || recipe_->high_precision_bf16());
 }
 
+bool LlamaModel::fp8_reads_codes(int64_t N, int64_t in, int64_t out) const {
+  // not nvfp4: its device path transposes and Hadamard-transforms fp32 operands
+  return lowered(layer_) && recipe_->recipe() != Recipe::kBf16 &&
+         recipe_->recipe() != Recipe::kNvfp4 && native_fp8(N, in, out);
+}
+
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
-                            int64_t in, int64_t out) {
+                            int64_t in, int64_t out, const uint16_t* x16) {
+  MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
   if (!lowered(layer_)) return be_.linear_forward(y, x, w, N, in, out);
   if (native_bf16(true)) {
     be_.linear_forward(y, x, w, N, in, out);
@@ -695,7 +715,8 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
   if (native_fp8(N, in, out)) {
     const size_t m = scratch_.mark();
     float* work = scratch_.alloc_f32(N * in + out * in);
-    const auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
+    auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
+    xq.bf16 = x16;
     const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
     be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work);
     scratch_.release(m);
@@ -712,7 +733,8 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
 
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                             const float* w, int64_t N, int64_t in, int64_t out,
-                            bool accumulate_dx) {
+                            bool accumulate_dx, const uint16_t* x16) {
+  MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
   if (!lowered(layer_)) return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
   if (native_bf16(true)) {
     be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
@@ -732,6 +754,7 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
       float* work = scratch_.alloc_f32(N * out + N * in);
       auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
       auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      xq.bf16 = x16;
       if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
         dyq.rht = xq.rht = true;
         dyq.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);

@@ -180,10 +180,16 @@ class LlamaModel {
   bool lowered(int64_t layer) const;
   // The block Linears, through the recipe when one is active for the current layer.
   // linear: 0..6 = q, k, v, o, gate, up, down.
+  // x16 (with x null): the input as bf16 codes, only where fp8_reads_codes() holds.
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
-                  int64_t out);
+                  int64_t out, const uint16_t* x16 = nullptr);
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
-                  const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx);
+                  const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
+                  const uint16_t* x16 = nullptr);
+  // This Linear of the current layer runs on the backend's FP8 Linears (native_fp8; per-tensor,
+  // fp8-block, mxfp8, not nvfp4), whose quantizers read a bf16-code input directly
+  // (Backend::Fp8Operand::bf16): on the bf16 path its input is never widened.
+  bool fp8_reads_codes(int64_t N, int64_t in, int64_t out) const;
 
   // FP8 recipes on the backend's FP8 Linears (per-tensor: Backend::fp8_tensor_cores();
   // fp8-block: fp8_block_tensor_cores(); mxfp8: mxfp8_tensor_cores(); nvfp4:

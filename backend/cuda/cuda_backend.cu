@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -491,17 +492,41 @@ class CudaBackendImpl final : public CudaBackend {
   bool mxfp8_tensor_cores() const override { return mxfp8_native_; }
   bool nvfp4_tensor_cores() const override { return nvfp4_native_; }
 
+  // An input given as bf16 codes (Fp8Operand::bf16): the quantize kernels read the codes (their
+  // const uint16_t* overloads). Not for nvfp4, whose device path transposes and transforms fp32
+  // operands (LlamaModel widens its input: fp8_reads_codes).
   void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                           const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                           float* work) override {
     DeviceArenaScope scope(scratch_);
+    if (!xq.bf16) return fp8_forward(y, x, xq, w, wq, N, in, out, work);
+    MX_REQUIRE(!x && !xq.nvfp4, "fp8_linear_forward: bf16 codes of x with x or under nvfp4");
+    fp8_forward(y, xq.bf16, xq, w, wq, N, in, out, work);
+  }
+
+  void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
+                        const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
+                        float* work) override {
+    DeviceArenaScope scope(scratch_);
+    if (!xq.bf16) return fp8_wgrad(dw, dy, dyq, x, xq, N, in, out, work);
+    MX_REQUIRE(!x && !xq.nvfp4, "fp8_linear_wgrad: bf16 codes of x with x or under nvfp4");
+    fp8_wgrad(dw, dy, dyq, xq.bf16, xq, N, in, out, work);
+  }
+
+  // X: float (fp32 input) or uint16_t (bf16 codes; never for nvfp4). The caller holds a scope.
+  template <class X>
+  void fp8_forward(float* y, const X* x, const Fp8Operand& xq, const float* w,
+                   const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work) {
     uint8_t* xc = reinterpret_cast<uint8_t*>(work);
     uint8_t* wc = xc + round_up_256(N * in);
-    if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
-      const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
-      const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
-      return nvfp4_gemm(N, out, in, a, b, 0.0f, y);
+    if constexpr (std::is_same_v<X, float>) {
+      if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
+        const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
+        const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
+        return nvfp4_gemm(N, out, in, a, b, 0.0f, y);
+      }
     }
+    MX_REQUIRE(!xq.nvfp4, "fp8_forward: nvfp4 takes fp32 operands");
     if (xq.mx) {  // mxfp8 (Blackwell)
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
@@ -560,19 +585,21 @@ class CudaBackendImpl final : public CudaBackend {
     fp8_gemm(N, in, out, dyc, dyq.fmt, dys, wtc, wq.fmt, ws, beta, dx);
   }
 
-  void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
-                        const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
-                        float* work) override {
-    DeviceArenaScope scope(scratch_);
+  template <class X>
+  void fp8_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const X* x,
+                 const Fp8Operand& xq, int64_t N, int64_t in, int64_t out, float* work) {
     uint8_t* dytc = reinterpret_cast<uint8_t*>(work);  // dy^T [out, N]: K = N innermost
     uint8_t* xtc = dytc + round_up_256(N * out);         // x^T [in, N]
-    if (dyq.nvfp4) {  // RHT(dy^T) and RHT(x^T) in fp32 in `work`, then 1x16 along the tokens
-      MX_REQUIRE(dyq.rht && xq.rht, "fp8_linear_wgrad: nvfp4 on the device takes the RHT "
-                 "operands (tokens a multiple of 16), got none");
-      const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, true, work);
-      const Nvfp4Operand b = nvfp4_operand(x, N, in, xq, true, work + N * out);
-      return nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
+    if constexpr (std::is_same_v<X, float>) {
+      if (dyq.nvfp4) {  // RHT(dy^T) and RHT(x^T) in fp32 in `work`, then 1x16 along the tokens
+        MX_REQUIRE(dyq.rht && xq.rht, "fp8_linear_wgrad: nvfp4 on the device takes the RHT "
+                   "operands (tokens a multiple of 16), got none");
+        const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, true, work);
+        const Nvfp4Operand b = nvfp4_operand(x, N, in, xq, true, work + N * out);
+        return nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
+      }
     }
+    MX_REQUIRE(!dyq.nvfp4, "fp8_wgrad: nvfp4 takes fp32 operands");
     if (dyq.mx) {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
@@ -1064,7 +1091,8 @@ class CudaBackendImpl final : public CudaBackend {
 
   // One FP8 operand of a tensor-core Linear: codes into `codes` ([rows, cols], or [cols, rows]
   // when transposed); returns its decode scale (device, in scratch: the caller holds a scope).
-  const float* fp8_operand(uint8_t* codes, const float* x, int64_t rows, int64_t cols,
+  template <class X>
+  const float* fp8_operand(uint8_t* codes, const X* x, int64_t rows, int64_t cols,
                            const Fp8Operand& q, bool transposed) {
     float* scale = scratch_.alloc_f32(1);
     float* scale_inv = scratch_.alloc_f32(1);
@@ -1080,7 +1108,8 @@ class CudaBackendImpl final : public CudaBackend {
   // One fp8-block operand as the GEMM operand [R, K] (K-major): x itself (R = rows, K = cols)
   // or, transposed, x^T (R = cols, K = rows; the codes go through `tmp`, rows * cols bytes).
   // Returns its scales in cuBLASLt's layout (LtGemm::fp8_block_gemm; scratch, caller's scope).
-  const float* fp8_block_operand(uint8_t* codes, uint8_t* tmp, const float* x, int64_t rows,
+  template <class X>
+  const float* fp8_block_operand(uint8_t* codes, uint8_t* tmp, const X* x, int64_t rows,
                                  int64_t cols, const Fp8Operand& q, bool transposed) {
     const int64_t br = q.block_rows, bc = q.block_cols;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
@@ -1121,7 +1150,8 @@ class CudaBackendImpl final : public CudaBackend {
   // along K lies in one 1x128 / 128x1 / 128x128 block and takes its scale; numerics/
   // fp8_block_mx.h). The blocks must run along K (1x128 untransposed, 128x1 transposed) or be
   // 128x128, as the recipe cuts them. Returns the swizzled bytes (scratch, the caller's scope).
-  const uint8_t* fp8_block_mx_operand(uint8_t* codes, uint8_t* tmp, const float* x, int64_t rows,
+  template <class X>
+  const uint8_t* fp8_block_mx_operand(uint8_t* codes, uint8_t* tmp, const X* x, int64_t rows,
                                       int64_t cols, const Fp8Operand& q, bool transposed) {
     const int64_t br = q.block_rows, bc = q.block_cols;
     const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
@@ -1145,7 +1175,8 @@ class CudaBackendImpl final : public CudaBackend {
   // blocks; R = cols, K = rows; the codes go through `tmp`, rows * cols bytes). Each copy is
   // quantized from the fp32 tensor. Returns the scale bytes in cuBLASLt's swizzled layout
   // (scratch, the caller's scope).
-  const uint8_t* mxfp8_operand(uint8_t* codes, uint8_t* tmp, const float* x, int64_t rows,
+  template <class X>
+  const uint8_t* mxfp8_operand(uint8_t* codes, uint8_t* tmp, const X* x, int64_t rows,
                                int64_t cols, bool transposed) {
     const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
     MX_REQUIRE(K % 32 == 0, "mxfp8_operand: K = ", K, " must be a multiple of 32");

@@ -21,16 +21,22 @@ __device__ inline float warp_amax(float m) {
   return m;
 }
 
+// An element of an input given as fp32 or as bf16 codes (widened exactly): the kernels below
+// that take either are templates over the element type.
+__device__ inline float load(const float* x, int64_t i) { return x[i]; }
+__device__ inline float load(const uint16_t* x, int64_t i) { return numerics::decode_bf16(x[i]); }
+
 __device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, int64_t i) {
   return stochastic ? rng.bits(uint64_t(i)) : 0u;
 }
 
 // ---- whole-tensor amax ------------------------------------------------------------------------
-__global__ void amax_partial_kernel(float* part, const float* __restrict__ x, int64_t n) {
+template <class T>
+__global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_t n) {
   float m = 0.0f;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    m = numerics::amax_fold(m, x[i]);
+    m = numerics::amax_fold(m, load(x, i));
   m = warp_amax(m);
   __shared__ float warp_m[32];
   if (threadIdx.x % 32 == 0) warp_m[threadIdx.x / 32] = m;
@@ -84,14 +90,16 @@ __device__ inline BlockGeom block_geom(int64_t b, int64_t scale_cols, int64_t ro
   g.nc = min(cols - g.c0, bc);
   return g;
 }
-__device__ inline float block_amax(const float* x, int64_t cols, const BlockGeom& g, int lane) {
+template <class T>
+__device__ inline float block_amax(const T* x, int64_t cols, const BlockGeom& g, int lane) {
   float m = 0.0f;
   for (int64_t e = lane; e < g.nr * g.nc; e += 32)
-    m = numerics::amax_fold(m, x[(g.r0 + e / g.nc) * cols + g.c0 + e % g.nc]);
+    m = numerics::amax_fold(m, load(x, (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc));
   return warp_amax(m);
 }
 
-__global__ void fp8_block_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+template <class T>
+__global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                  int64_t br, int64_t bc, int64_t scale_rows, int64_t scale_cols,
                                  bool pow2, bool stochastic, RandomStream rng,
                                  uint8_t* __restrict__ codes, float* __restrict__ scales,
@@ -106,14 +114,15 @@ __global__ void fp8_block_kernel(const float* __restrict__ x, int64_t rows, int6
   if (lane == 0) scales[b] = inv;
   for (int64_t e = lane; e < g.nr * g.nc; e += 32) {
     const int64_t i = (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc;
-    const uint8_t c = numerics::encode_fp8_elem(x[i] * scale, Format::kE4M3, stochastic,
+    const uint8_t c = numerics::encode_fp8_elem(load(x, i) * scale, Format::kE4M3, stochastic,
                                                 rand_bits(stochastic, rng, i));
     codes[i] = c;
     if (dequant) dequant[i] = numerics::decode_e4m3(c) * inv;
   }
 }
 
-__global__ void mxfp8_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t br,
+template <class T>
+__global__ void mxfp8_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t br,
                              int64_t bc, int64_t scale_rows, int64_t scale_cols, Format elem,
                              numerics::MxScaleRule rule, bool stochastic, RandomStream rng,
                              uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
@@ -127,8 +136,8 @@ __global__ void mxfp8_kernel(const float* __restrict__ x, int64_t rows, int64_t 
   if (lane == 0) scales[b] = bs.code;
   for (int64_t e = lane; e < g.nr * g.nc; e += 32) {
     const int64_t i = (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc;
-    const uint8_t c = numerics::encode_fp8_elem(x[i] * bs.encode_multiplier, elem, stochastic,
-                                                rand_bits(stochastic, rng, i));
+    const uint8_t c = numerics::encode_fp8_elem(load(x, i) * bs.encode_multiplier, elem,
+                                                stochastic, rand_bits(stochastic, rng, i));
     codes[i] = c;
     if (dequant) dequant[i] = numerics::decode_fp8_elem(c, elem) * bs.decode_scale;
   }
@@ -175,17 +184,19 @@ __global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* a
   *scale_inv = 1.0f / sc;  // the decode multiplier, as quantize_fp8_tensor stores it
 }
 
-__global__ void fp8_codes_kernel(const float* __restrict__ x, int64_t n, Format fmt,
+template <class T>
+__global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
                                  const float* __restrict__ scale_ptr, uint8_t* __restrict__ codes) {
   const float scale = *scale_ptr;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    codes[i] = numerics::encode_fp8_elem(x[i] * scale, fmt, false, 0u);
+    codes[i] = numerics::encode_fp8_elem(load(x, i) * scale, fmt, false, 0u);
 }
 
 // 32 x 32 tiles through shared memory: reads of x and writes of codes^T both run along rows.
 constexpr int kTile = 32, kTileRows = 8;
-__global__ void fp8_codes_t_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+template <class T>
+__global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                    Format fmt, const float* __restrict__ scale_ptr,
                                    uint8_t* __restrict__ codes_t) {
   __shared__ uint8_t tile[kTile][kTile + 1];
@@ -194,7 +205,8 @@ __global__ void fp8_codes_t_kernel(const float* __restrict__ x, int64_t rows, in
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols)
-      tile[i][threadIdx.x] = numerics::encode_fp8_elem(x[r * cols + c] * scale, fmt, false, 0u);
+      tile[i][threadIdx.x] =
+          numerics::encode_fp8_elem(load(x, r * cols + c) * scale, fmt, false, 0u);
   }
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -310,8 +322,10 @@ void fp8_scales(float* scale, float* scale_inv, const float* amax, float given, 
   MX_CUDA_LAUNCH_CHECK("fp8_scales");
 }
 
-void fp8_codes(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-               uint8_t* codes, bool transposed, cudaStream_t s) {
+namespace {
+template <class T>
+void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+                  uint8_t* codes, bool transposed, cudaStream_t s) {
   check_fp8(fmt, "fp8_codes");
   if (rows * cols == 0) return;
   if (!transposed) {
@@ -322,6 +336,17 @@ void fp8_codes(const float* x, int64_t rows, int64_t cols, Format fmt, const flo
     fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes);
   }
   MX_CUDA_LAUNCH_CHECK("fp8_codes");
+}
+}  // namespace
+
+void fp8_codes(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+               uint8_t* codes, bool transposed, cudaStream_t s) {
+  fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s);
+}
+
+void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+               uint8_t* codes, bool transposed, cudaStream_t s) {
+  fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s);
 }
 
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
@@ -386,13 +411,24 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
   MX_CUDA_LAUNCH_CHECK("fp8_block_scales_to_mx");
 }
 
-void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+namespace {
+template <class T>
+void abs_max_of(float* amax, const T* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
   DeviceArenaScope scope(scratch);
   const unsigned blocks = n > 0 ? elem_grid(n) : 1;
   float* part = scratch.alloc_f32(blocks);
   amax_partial_kernel<<<blocks, 256, 0, s>>>(part, x, n);
   amax_final_kernel<<<1, 32, 0, s>>>(amax, part, int(blocks));
   MX_CUDA_LAUNCH_CHECK("abs_max");
+}
+}  // namespace
+
+void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+  abs_max_of(amax, x, n, scratch, s);
+}
+
+void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+  abs_max_of(amax, x, n, scratch, s);
 }
 
 void quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format fmt, float scale,
@@ -424,9 +460,11 @@ void quantize_fp8_current(const float* x, int64_t rows, int64_t cols, Format fmt
   MX_CUDA_LAUNCH_CHECK("quantize_fp8_current");
 }
 
-void quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_rows,
-                        int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
-                        uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
+namespace {
+template <class T>
+void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_rows,
+                           int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                           uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
   MX_REQUIRE(block_rows >= 1 && block_cols >= 1, "block shape must be positive");
   const int64_t sr = ceil_div(rows, block_rows), sc = ceil_div(cols, block_cols);
   if (sr * sc == 0) return;
@@ -435,10 +473,27 @@ void quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_ro
       scales_f32, dequant);
   MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
 }
+}  // namespace
 
-void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise, Format elem,
-                    numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
-                    uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
+void quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_rows,
+                        int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                        uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
+  quantize_fp8_block_of(x, rows, cols, block_rows, block_cols, pow2_scales, ro, codes,
+                        scales_f32, dequant, s);
+}
+
+void quantize_fp8_block(const uint16_t* x, int64_t rows, int64_t cols, int block_rows,
+                        int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                        uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
+  quantize_fp8_block_of(x, rows, cols, block_rows, block_cols, pow2_scales, ro, codes,
+                        scales_f32, dequant, s);
+}
+
+namespace {
+template <class T>
+void quantize_mxfp8_of(const T* x, int64_t rows, int64_t cols, bool columnwise, Format elem,
+                       numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
+                       uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
   check_fp8(elem, "quantize_mxfp8");
   const int64_t br = columnwise ? 32 : 1, bc = columnwise ? 1 : 32;
   const int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, bc);
@@ -447,6 +502,19 @@ void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
       x, rows, cols, br, bc, sr, sc, elem, rule, ro.stochastic, ro.rng, codes, scales_u8,
       dequant);
   MX_CUDA_LAUNCH_CHECK("quantize_mxfp8");
+}
+}  // namespace
+
+void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise, Format elem,
+                    numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
+                    uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
+  quantize_mxfp8_of(x, rows, cols, columnwise, elem, rule, ro, codes, scales_u8, dequant, s);
+}
+
+void quantize_mxfp8(const uint16_t* x, int64_t rows, int64_t cols, bool columnwise, Format elem,
+                    numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
+                    uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
+  quantize_mxfp8_of(x, rows, cols, columnwise, elem, rule, ro, codes, scales_u8, dequant, s);
 }
 
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,

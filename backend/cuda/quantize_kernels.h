@@ -30,10 +30,20 @@ void quantize_fp8_current(const float* x, int64_t rows, int64_t cols, numerics::
 void quantize_fp8_block(const float* x, int64_t rows, int64_t cols, int block_rows,
                         int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
                         uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s);
+// The same reading x as bf16 codes (the bf16 path's activations; values widened exactly, so the
+// same bytes as the fp32 form on the widened tensor). So for every `const uint16_t* x` overload
+// below.
+void quantize_fp8_block(const uint16_t* x, int64_t rows, int64_t cols, int block_rows,
+                        int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                        uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s);
 
 // MXFP8: 1x32 (or 32x1 when columnwise) blocks, E8M0 scale bytes [ceil(rows/32), cols] when
 // columnwise, else [rows, ceil(cols/32)]. dequant may be null (the tensor-core path).
 void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
+                    numerics::Format elem, numerics::MxScaleRule rule,
+                    const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
+                    float* dequant, cudaStream_t s);
+void quantize_mxfp8(const uint16_t* x, int64_t rows, int64_t cols, bool columnwise,
                     numerics::Format elem, numerics::MxScaleRule rule,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
                     float* dequant, cudaStream_t s);
@@ -53,6 +63,8 @@ void fp8_scales(float* scale, float* scale_inv, const float* amax, float given,
 // row-major [rows, cols], or with `transposed` the same codes as [cols, rows] (the K-major copy
 // an FP8 GEMM needs when the reduction runs down x's columns).
 void fp8_codes(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
+               const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
+void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format fmt,
                const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
 
 // dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
@@ -94,5 +106,6 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
 
 // max |x| over n values into amax[0] (device), NaN skipped as numerics::abs_max does.
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
+void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 
 }  // namespace mx::cuda

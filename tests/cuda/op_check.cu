@@ -157,6 +157,25 @@ const Tol kAttention{2e-5, 2e-4};
 void expect_floats(Result& r, const char* what, const std::vector<float>& got, const std::vector<float>& want);
 void expect_bytes(Result& r, const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want);
 
+std::vector<uint16_t> bf16_codes(const std::vector<float>& x);  // RNE codes (below)
+std::vector<float> widen(const std::vector<uint16_t>& codes);     // exact (below)
+
+// A Linear's input given as bf16 codes (the bf16 path; Backend::Fp8Operand::bf16, the fp32
+// pointer null): x rounded to bf16 once, its codes on the device for the CUDA quantizers,
+// which read them directly, and the widened values (exact) for the CPU reference. So the
+// codes, scales and tolerances are those of the fp32 cases.
+struct Bf16Input {
+  std::vector<uint16_t> codes;
+  std::vector<float> wide;
+  Dev<uint16_t> dev;
+  explicit Bf16Input(const std::vector<float>& x)
+      : codes(bf16_codes(x)), wide(widen(codes)), dev(codes) {}
+  Backend::Fp8Operand on_gpu(Backend::Fp8Operand q) const {
+    q.bf16 = dev.p;
+    return q;
+  }
+};
+
 double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, double(std::fabs(x)));
@@ -231,6 +250,32 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
         check_amax(r);
       });
+      const Bf16Input xb(x);  // x as bf16 codes: forward and the weight gradient read it
+      run_case("fp8_linear_forward_bf16x", shape, [&](Result& r) {
+        std::vector<float> y(N * O);
+        Dev<float> dY(N * O);
+        gpu_amax.poison();
+        cpu.fp8_linear_forward(y.data(), xb.wide.data(), op(Format::kE4M3, x, &cpu_amax[0]),
+                               w.data(), op(Format::kE4M3, w, &cpu_amax[1]), N, I, O,
+                               cpu_work.data());
+        gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)), dW.p,
+                               op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p);
+        compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
+        check_amax(r);
+      });
+      run_case("fp8_linear_wgrad_bf16x", shape, [&](Result& r) {
+        auto dw = randn(O * I, 1e-3f);
+        Dev<float> dDW(dw);
+        gpu_amax.poison();
+        cpu.fp8_linear_wgrad(dw.data(), dy.data(), op(Format::kE5M2, dy, &cpu_amax[0]),
+                             xb.wide.data(), op(Format::kE4M3, x, &cpu_amax[1]), N, I, O,
+                             cpu_work.data());
+        gpu.fp8_linear_wgrad(dDW.p, dDY.p, op(Format::kE5M2, dy, gpu_amax.p), nullptr,
+                             xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p + 1)), N, I, O,
+                             gpu_work.p);
+        compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+        check_amax(r);
+      });
     }
 }
 
@@ -285,6 +330,21 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_wgrad(dDW.p, dDY.p, blocks(128, 1), dX.p, blocks(128, 1), N, I, O, gpu_work.p);
       compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
     });
+    const Bf16Input xb(x);
+    run_case("fp8_block_linear_forward_bf16x", shape, [&](Result& r) {
+      std::vector<float> y(N * O);
+      Dev<float> dY(N * O);
+      cpu.fp8_linear_forward(y.data(), xb.wide.data(), blocks(1, 128), w.data(), blocks(128, 128), N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p);
+      compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
+    });
+    run_case("fp8_block_linear_wgrad_bf16x", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);
+      cpu.fp8_linear_wgrad(dw.data(), dy.data(), blocks(128, 1), xb.wide.data(), blocks(128, 1), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, dDY.p, blocks(128, 1), nullptr, xb.on_gpu(blocks(128, 1)), N, I, O, gpu_work.p);
+      compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+    });
   }
 }
 
@@ -337,6 +397,21 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
       Dev<float> dDW(dw);  // accumulates
       cpu.fp8_linear_wgrad(dw.data(), dy.data(), mx(true), x.data(), mx(true), N, I, O, cpu_work.data());
       gpu.fp8_linear_wgrad(dDW.p, dDY.p, mx(true), dX.p, mx(true), N, I, O, gpu_work.p);
+      compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+    });
+    const Bf16Input xb(x);
+    run_case("mxfp8_linear_forward_bf16x", shape, [&](Result& r) {
+      std::vector<float> y(N * O);
+      Dev<float> dY(N * O);
+      cpu.fp8_linear_forward(y.data(), xb.wide.data(), mx(false), w.data(), mx(false), N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p);
+      compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
+    });
+    run_case("mxfp8_linear_wgrad_bf16x", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);
+      cpu.fp8_linear_wgrad(dw.data(), dy.data(), mx(true), xb.wide.data(), mx(true), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, dDY.p, mx(true), nullptr, xb.on_gpu(mx(true)), N, I, O, gpu_work.p);
       compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
     });
   }

@@ -257,14 +257,19 @@ def test_bf16_activations_agree_across_checkpointing(mxtrain, case):
     ("mxfp8", ["--high-precision-first", "1"], {}),
     ("nvfp4", ["--high-precision-last", "1", "--high-precision", "fp32"], {}),
     ("fp8-delayed", [], {"MXTRAIN_TEST_FP8_OPS": "1"}),
-], ids=["bf16", "mxfp8-bf16-first", "nvfp4-fp32-last", "fp8-delayed-fp8-ops"])
+    ("fp8-current", ["--high-precision-first", "1"], {"MXTRAIN_TEST_FP8_OPS": "1"}),
+    ("mxfp8", [], {"MXTRAIN_TEST_FP8_OPS": "1"}),
+    ("nvfp4", [], {"MXTRAIN_TEST_FP8_OPS": "1"}),
+], ids=["bf16", "mxfp8-bf16-first", "nvfp4-fp32-last", "fp8-delayed-fp8-ops",
+        "fp8-current-fp8-ops-bf16-first", "mxfp8-fp8-ops", "nvfp4-fp8-ops"])
 def test_bf16_path_gives_the_rounding_paths_bits(mxtrain, case, policy, recipe, extra, env):
     # MXTRAIN_TEST_BF16_GEMM=1 gives the CPU native bf16 GEMMs, as on CUDA, so bf16 activations
     # take the bf16 path: the tensors between a block's ops exist only as codes, made by their
     # producers and read by their consumers. Blocks on the bf16 GEMMs (recipe bf16, a bf16
     # high-precision block) hand them the codes; the others (FP8 / FP4 Linears, with their
-    # tensor-core form under MXTRAIN_TEST_FP8_OPS, or an fp32 block) widen their operand from
-    # the codes. Without the knob the same roundings happen in place (pack_bf16) with
+    # tensor-core form under MXTRAIN_TEST_FP8_OPS, whose quantizers read the codes of x
+    # themselves (Backend::Fp8Operand::bf16), or an fp32 block) widen their operand from the
+    # codes. Without the knob the same roundings happen in place (pack_bf16) with
     # round_bf16 copies before fp32 GEMMs (the path test_bf16_activations_match_reference pins
     # to PyTorch). Same values, so the same bits, delayed scaling's histories included.
     args = [*extra, "--activations", "bf16", "--checkpointing", policy]
