@@ -881,6 +881,65 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
   });
 }
 
+// The bf16 entry points' fp32-kernel fallback, a group of sequences at a time
+// (in_sequence_groups): on a backend whose scratch holds one sequence's widened operands
+// (about 1.0 MB at 200 x 8 x 64 with 2 KV heads), 3 sequences take 3 groups, against the CPU
+// twin at attention_forward_bf16's tolerances; with a scratch too small for one sequence, an
+// error naming MXTRAIN_CUDA_SCRATCH_MB.
+void check_attention_groups(Backend& cpu) {
+  const int64_t B = 3, T = 200, H = 8, KV = 2, D = 64;
+  const std::string sh = dims({B, T, H, KV, D});
+  auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
+  const auto q16 = bf16_codes(q), k16 = bf16_codes(k), v16 = bf16_codes(v);
+  std::vector<uint16_t> out16(q.size());
+  std::vector<float> lse(B * H * T);
+  cpu.attention_forward_bf16(out16.data(), lse.data(), q16.data(), k16.data(), v16.data(), B, T, H, KV, D);
+  auto backend = [](size_t scratch) {
+    CudaBackendOptions o;
+    o.sync_after_each_op = true;
+    o.attention = CudaAttention::kFp32;
+    o.scratch_bytes = scratch;
+    o.gemm_workspace_bytes = 0;
+    return make_cuda_backend(o);
+  };
+  const size_t one_sequence = 4 * (2 * T * H * D + 2 * T * KV * D + H * T);  // backward's
+  auto gpu = backend(one_sequence + one_sequence / 2);
+  run_case("attention_bf16_groups", sh + " fwd", [&](Result& r) {
+    Dev<uint16_t> dq(q16), dk(k16), dv(v16), dout(out16.size());
+    Dev<float> dlse(lse.size());
+    gpu->attention_forward_bf16(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+    compare(r, "out", widen(dout.download()), widen(out16), {kAttention.atol, kAttention.rtol + kBf16Ulp});
+    compare(r, "lse", dlse.download(), lse, kAttention);
+  });
+  run_case("attention_bf16_groups", sh + " bwd", [&](Result& r) {
+    const auto g = randn(out16.size());
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    cpu.attention_backward_bf16(dq.data(), dk.data(), dv.data(), g.data(), q16.data(), k16.data(), v16.data(), out16.data(), lse.data(), B, T, H, KV, D);
+    Dev<uint16_t> dQ(q16), dK(k16), dV(v16), dO(out16);
+    Dev<float> dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()), dDV(dv.size());
+    gpu->attention_backward_bf16(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+    const Tol t{1e-4, 1e-3};
+    compare(r, "dq", dDQ.download(), dq, t);
+    compare(r, "dk", dDK.download(), dk, t);
+    compare(r, "dv", dDV.download(), dv, t);
+  });
+  run_case("attention_bf16_groups", sh + " no room", [&](Result& r) {
+    auto small = backend(one_sequence / 2);
+    Dev<uint16_t> dq(q16), dk(k16), dv(v16), dout(out16.size());
+    Dev<float> dlse(lse.size());
+    try {
+      small->attention_forward_bf16(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      r.pass = false;
+      r.note = "no error";
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("MXTRAIN_CUDA_SCRATCH_MB") == std::string::npos) {
+        r.pass = false;
+        r.note = std::string("wrong error: ") + e.what();
+      }
+    }
+  });
+}
+
 // The fp32 kernel (attention.cu), forced with set_attention(kFp32), against the CPU backend.
 void check_attention(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kFp32);
@@ -1517,6 +1576,7 @@ int main(int argc, char** argv) {
     check_gemm(*cpu, *gpu);
     check_rows(*cpu, *gpu);
     check_attention(*cpu, *gpu);
+    check_attention_groups(*cpu);
     check_attention_cudnn(*cpu, *gpu);
     check_quantizers(*gpu);
     std::printf("%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
