@@ -164,9 +164,8 @@ Fsdp::Slot* Fsdp::find_slot(std::vector<Slot>& pool, int unit) {
 
 bool Fsdp::code_unit(int unit) const { return !exchange_[size_t(unit)].tensor_at.empty(); }
 
-Fsdp::Slot* Fsdp::free_slot(std::vector<Slot>& pool, int unit, size_t bytes) {
-  // The smallest free slot the unit fits (all slots are one size except grad-op's).
-  (void)unit;
+Fsdp::Slot* Fsdp::free_slot(std::vector<Slot>& pool, size_t bytes) {
+  // The smallest free slot of at least `bytes` (all slots are one size except grad-op's).
   Slot* best = nullptr;
   for (auto& s : pool)
     if (s.unit < 0 && s.bytes >= bytes && (!best || s.bytes < best->bytes)) best = &s;
@@ -174,7 +173,7 @@ Fsdp::Slot* Fsdp::free_slot(std::vector<Slot>& pool, int unit, size_t bytes) {
 }
 
 Fsdp::Slot* Fsdp::take_slot(std::vector<Slot>& pool, int unit, size_t bytes) {
-  Slot* s = free_slot(pool, unit, bytes);
+  Slot* s = free_slot(pool, bytes);
   if (s) s->unit = unit;
   return s;
 }
@@ -229,7 +228,7 @@ const float* Fsdp::acquire(int unit, bool backward) {
   else if (unit > 1 && unit < head) next = unit - 1;
   // (a free slot holds unit -1)
   if (next > 0 && !find_slot(param_slots_, next) &&
-      free_slot(param_slots_, next, unit_bytes_[size_t(next)]))
+      free_slot(param_slots_, unit_bytes_[size_t(next)]))
     start_gather(next);
   return code_unit(unit) ? nullptr : s->buf;
 }

@@ -111,7 +111,7 @@ class Fsdp final : public UnitAccess {
 
  private:
   struct Slot;
-  Slot* free_slot(std::vector<Slot>& pool, int unit, size_t bytes);
+  Slot* free_slot(std::vector<Slot>& pool, size_t bytes);
   Slot* take_slot(std::vector<Slot>& pool, int unit, size_t bytes);
   bool code_unit(int unit) const;  // a block unit gathered as bf16 codes
   Slot* find_slot(std::vector<Slot>& pool, int unit);
