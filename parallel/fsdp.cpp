@@ -195,8 +195,14 @@ void Fsdp::start_gather(int unit) {
   s->gather = shard_comm_->all_gather_async(mine, s->codes(), sl.shard_numel, CommDtype::kBF16);
   const ExactExchange& x = exchange_[size_t(unit)];
   float* packed = s->exchange(sl);
+  int64_t mine_n = 0;
   for (const ExactPiece& p : x.pieces)
-    if (p.rank == r) be_.copy(packed + r * x.per_rank + p.packed, shard + p.local, p.numel);
+    if (p.rank == r) {
+      be_.copy(packed + r * x.per_rank + p.packed, shard + p.local, p.numel);
+      mine_n += p.numel;
+    }
+  // the rest of this rank's share is padding: zeros, not whatever the slot held
+  if (mine_n < x.per_rank) be_.fill(packed + r * x.per_rank + mine_n, 0.0f, x.per_rank - mine_n);
   s->exact = shard_comm_->all_gather_async(packed + r * x.per_rank, packed, x.per_rank,
                                            CommDtype::kF32);
 }
