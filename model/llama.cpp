@@ -323,8 +323,8 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   BlockSizes z(c_, B, T);
   const bool bp = a.bf16_path = bf16_path();
   const bool nat = a.native16 = bp && native16();
-  // Off the bf16 GEMMs, Linears on the FP8 / FP4 tensor cores read the codes; an input is
-  // widened (once for the Linears sharing it) only where one of them does not.
+  // Off the bf16 GEMMs, Linears on the FP8 tensor cores read the codes (fp8_reads_codes); an
+  // input is widened (once for the Linears sharing it) only where one of them does not.
   auto qkv_codes = [&] {
     return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
   };
@@ -439,7 +439,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   const float eps = float(c_.rms_norm_eps);
   const bool bp = a.bf16_path;
   // bf16 activations: widen the kept bf16 copies into scratch (the values forward used). The
-  // bf16 path's ops read the codes themselves (FP8 / FP4 Linears too, as in block_forward).
+  // bf16 path's ops read the codes themselves (the FP8 Linears too, as in block_forward).
   BlockSizes z(c_, B, T);
   auto qkv_codes = [&] {
     return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
