@@ -323,12 +323,6 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   BlockSizes z(c_, B, T);
   const bool bp = a.bf16_path = bf16_path();
   const bool nat = a.native16 = bp && native16();
-  // Off the bf16 GEMMs, Linears on the FP8 tensor cores read the codes (fp8_reads_codes); an
-  // input is widened (once for the Linears sharing it) only where one of them does not.
-  auto qkv_codes = [&] {
-    return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
-  };
-  auto mlp_codes = [&] { return fp8_reads_codes(N, C, I); };
   // A tensor the policy keeps goes to `saved`; with bf16 activations (codes given) its bf16
   // copy goes there and the fp32 working copy to scratch.
   auto keep = [&](bool cheap, int64_t n, uint16_t** codes) {
@@ -355,7 +349,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.v_16 = codes_only(false, z.v);
     {  // (Linears off the bf16 GEMMs widen h1 once for all three)
       const size_t m = scratch_.mark();
-      const float* h1 = nat || qkv_codes() ? nullptr : widened(a.h1_16, z.h1);
+      const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);
       linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat, h1);
       linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat, h1);
       linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
@@ -403,7 +397,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.u_16 = codes_only(false, z.u);
     {
       const size_t m = scratch_.mark();
-      const float* h2 = nat || mlp_codes() ? nullptr : widened(a.h2_16, z.h2);
+      const float* h2 = nat || mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);
       linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2);
       linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
       scratch_.release(m);
@@ -441,10 +435,6 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   // bf16 activations: widen the kept bf16 copies into scratch (the values forward used). The
   // bf16 path's ops read the codes themselves (the FP8 Linears too, as in block_forward).
   BlockSizes z(c_, B, T);
-  auto qkv_codes = [&] {
-    return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
-  };
-  auto mlp_codes = [&] { return fp8_reads_codes(N, C, I); };
   auto widen = [&](float*& t, const uint16_t* codes, int64_t n) {
     if (codes && !bp) t = widened(codes, n);
   };
@@ -511,7 +501,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       be_.swiglu_backward(dg, du, dg, widened(a.g_16, N * I), widened(a.u_16, N * I), N * I);
       scratch_.release(gm);
     }
-    const float* h2 = mlp_codes() ? nullptr : widened(a.h2_16, z.h2);  // once for both
+    const float* h2 = mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);  // once for both
     linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false, h2);
     linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false, h2);
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
@@ -548,7 +538,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
     if (bp) {
       // once for all three
-      const float* h1 = nat || qkv_codes() ? nullptr : widened(a.h1_16, z.h1);
+      const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);
       linear_bwd16(0, dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1);
       linear_bwd16(1, dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1);
       linear_bwd16(2, dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1);
@@ -701,6 +691,15 @@ bool LlamaModel::fp8_reads_codes(int64_t N, int64_t in, int64_t out) const {
   // not nvfp4: its device path transposes and Hadamard-transforms fp32 operands
   return lowered(layer_) && recipe_->recipe() != Recipe::kBf16 &&
          recipe_->recipe() != Recipe::kNvfp4 && native_fp8(N, in, out);
+}
+
+bool LlamaModel::qkv_read_codes(int64_t N) const {
+  const int64_t C = c_.hidden_size;
+  return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
+}
+
+bool LlamaModel::mlp_read_codes(int64_t N) const {
+  return fp8_reads_codes(N, c_.hidden_size, c_.intermediate_size);
 }
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,

@@ -93,8 +93,6 @@ FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sha
                            : z.weight_slot_bytes + 2 * z.weight_block_slot_bytes;
     z.unit_grad_bytes = z.slot_bytes + 2 * z.block_slot_bytes;
     z.reduce_scatter_bytes = Arena::round_up(elem_bytes * size_t(max_shard));
-  } else {
-    z.unit_bytes.clear();
   }
   return z;
 }

@@ -49,7 +49,7 @@ struct FsdpBufferSizes {
   size_t state_bytes = 0;           // one of master / gradients / m / v
   size_t slot_bytes = 0;            // the large slot, fp32 (gradients)
   size_t block_slot_bytes = 0;      // a block-sized slot, fp32 (gradients)
-  std::vector<size_t> unit_bytes;   // each unit's gathered weights (weight_bytes), S > 1
+  std::vector<size_t> unit_bytes;   // each unit's gathered weights (used when S > 1)
   size_t weight_slot_bytes = 0;     // the large weight slot: the largest of unit_bytes
   size_t weight_block_slot_bytes = 0;  // a block-sized weight slot: the largest block's
   size_t gathered_bytes = 0;        // full / hybrid: weight_slot_bytes + 2

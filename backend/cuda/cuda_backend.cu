@@ -498,19 +498,24 @@ class CudaBackendImpl final : public CudaBackend {
   void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                           const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                           float* work) override {
-    DeviceArenaScope scope(scratch_);
-    if (!xq.bf16) return fp8_forward(y, x, xq, w, wq, N, in, out, work);
-    MX_REQUIRE(!x && !xq.nvfp4, "fp8_linear_forward: bf16 codes of x with x or under nvfp4");
-    fp8_forward(y, xq.bf16, xq, w, wq, N, in, out, work);
+    with_input(x, xq, "fp8_linear_forward",
+               [&](const auto* xs) { fp8_forward(y, xs, xq, w, wq, N, in, out, work); });
   }
 
   void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
                         const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                         float* work) override {
+    with_input(x, xq, "fp8_linear_wgrad",
+               [&](const auto* xs) { fp8_wgrad(dw, dy, dyq, xs, xq, N, in, out, work); });
+  }
+
+  // f(x) or, given as codes, f(xq.bf16), in a scratch scope.
+  template <class F>
+  void with_input(const float* x, const Fp8Operand& xq, const char* op, F&& f) {
     DeviceArenaScope scope(scratch_);
-    if (!xq.bf16) return fp8_wgrad(dw, dy, dyq, x, xq, N, in, out, work);
-    MX_REQUIRE(!x && !xq.nvfp4, "fp8_linear_wgrad: bf16 codes of x with x or under nvfp4");
-    fp8_wgrad(dw, dy, dyq, xq.bf16, xq, N, in, out, work);
+    if (!xq.bf16) return f(x);
+    MX_REQUIRE(!x && !xq.nvfp4, op, ": bf16 codes of x given with x, or under nvfp4");
+    f(xq.bf16);
   }
 
   // X: float (fp32 input) or uint16_t (bf16 codes; never for nvfp4). The caller holds a scope.
