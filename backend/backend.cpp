@@ -125,7 +125,7 @@ const float* operand_values(const float* x, const Backend::Fp8Operand& q, int64_
 
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                                 float* work) {
+                                 float* work, uint16_t* y16) {
   std::vector<float> wide;
   x = operand_values(x, xq, N * in, wide);
   float* xd = work;
@@ -133,6 +133,7 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
   fp8_emulate(xd, x, N, in, xq);
   fp8_emulate(wd, w, out, in, wq);
   gemm(false, true, N, out, in, 1.0f, xd, wd, 0.0f, y);
+  if (y16) to_bf16(y16, y, N * out);
 }
 
 void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,

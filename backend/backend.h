@@ -161,9 +161,13 @@ class Backend {
   // `work`: backend memory with room for as many floats as the two operands have elements
   // (the model's scratch, as for the emulation's dequantized copies).
   // y[N,out] = q(x[N,in]) q(w[out,in])^T
+  // y16 not null: the result is wanted as bf16 codes (RNE of each fp32 element, as to_bf16)
+  // in y16 instead; y is still backend memory for N * out floats, which the call may use as
+  // scratch (its contents after are unspecified). CUDA writes y16 from the GEMM's epilogue
+  // (the bf16 path's v, gate and up: no fp32 copy written and read back); here y, then to_bf16.
   virtual void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                   const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                                  float* work);
+                                  float* work, uint16_t* y16 = nullptr);
   // dx[N,in] (= or +=) q(dy[N,out]) q(w[out,in])
   virtual void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq,
                                 const float* w, const Fp8Operand& wq, int64_t N, int64_t in,

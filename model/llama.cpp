@@ -272,9 +272,9 @@ void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_
   const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the codes or widened
   const bool codes = !x_wide && fp8_reads_codes(N, in, out);
   const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
-  float* result = y ? y : scratch_.alloc_f32(N * out);
-  linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr);
-  if (y16) be_.to_bf16(y16, result, N * out);
+  float* result = y ? y : scratch_.alloc_f32(N * out);  // with y16 alone: the Linear's scratch
+  linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr, y ? nullptr : y16);
+  if (y && y16) be_.to_bf16(y16, y, N * out);
   scratch_.release(m);
 }
 
@@ -703,31 +703,32 @@ bool LlamaModel::mlp_read_codes(int64_t N) const {
 }
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
-                            int64_t in, int64_t out, const uint16_t* x16) {
+                            int64_t in, int64_t out, const uint16_t* x16, uint16_t* y16) {
   MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
-  if (!lowered(layer_)) return be_.linear_forward(y, x, w, N, in, out);
-  if (native_bf16(true)) {
+  if (!lowered(layer_)) {
+    be_.linear_forward(y, x, w, N, in, out);
+  } else if (native_bf16(true)) {
     be_.linear_forward(y, x, w, N, in, out);
     native_bf16(false);
-    return;
-  }
-  if (native_fp8(N, in, out)) {
+  } else if (native_fp8(N, in, out)) {
     const size_t m = scratch_.mark();
     float* work = scratch_.alloc_f32(N * in + out * in);
     auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
     xq.bf16 = x16;
     const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
-    be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work);
+    be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16);  // writes y16 itself
     scratch_.release(m);
     return;
+  } else {
+    const size_t m = scratch_.mark();
+    float* xq = scratch_.alloc_f32(N * in);
+    float* wq = scratch_.alloc_f32(out * in);
+    quantize(xq, x, N, in, true, LinearOperand::kFwdInput, linear);
+    quantize(wq, w, out, in, true, LinearOperand::kFwdWeight, linear);
+    be_.linear_forward(y, xq, wq, N, in, out);
+    scratch_.release(m);
   }
-  const size_t m = scratch_.mark();
-  float* xq = scratch_.alloc_f32(N * in);
-  float* wq = scratch_.alloc_f32(out * in);
-  quantize(xq, x, N, in, true, LinearOperand::kFwdInput, linear);
-  quantize(wq, w, out, in, true, LinearOperand::kFwdWeight, linear);
-  be_.linear_forward(y, xq, wq, N, in, out);
-  scratch_.release(m);
+  if (y16) be_.to_bf16(y16, y, N * out);
 }
 
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,

@@ -181,8 +181,11 @@ class LlamaModel {
   // The block Linears, through the recipe when one is active for the current layer.
   // linear: 0..6 = q, k, v, o, gate, up, down.
   // x16 (with x null): the input as bf16 codes, only where fp8_reads_codes() holds.
+  // y16 (not null): the output is wanted as bf16 codes there (to_bf16's); y is then scratch
+  // whose contents after are unspecified (the FP8 Linears on CUDA write y16 straight from the
+  // GEMM: Backend::fp8_linear_forward).
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
-                  int64_t out, const uint16_t* x16 = nullptr);
+                  int64_t out, const uint16_t* x16 = nullptr, uint16_t* y16 = nullptr);
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
                   const uint16_t* x16 = nullptr);

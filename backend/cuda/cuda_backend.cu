@@ -474,12 +474,10 @@ class CudaBackendImpl final : public CudaBackend {
                 const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                 const float* b_scale, float beta, float* C) override {
     DeviceArenaScope scope(scratch_);
-    const size_t ws_bytes = opt_.gemm_workspace_bytes;
-    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    lt_.fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, ws, ws_bytes, stream_);
-    stats_.flops += 2.0 * double(M) * double(N) * double(K);
-    done("fp8_gemm");
+    tensor_fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, nullptr);
   }
+  void set_fp8_bf16_output(bool on) override { fp8_bf16_output_ = on; }
+  int64_t fp8_bf16_output_fallbacks() const override { return fp8_bf16_fallbacks_; }
 
   // ---- per-tensor FP8 Linears on tensor cores (recipes fp8-current / fp8-delayed) ----
   // Each operand: its amax (current scaling, or into q.amax for delayed scaling's history), the
@@ -495,11 +493,12 @@ class CudaBackendImpl final : public CudaBackend {
   // An input given as bf16 codes (Fp8Operand::bf16): the quantize kernels read the codes (their
   // const uint16_t* overloads). Not for nvfp4, whose device path transposes and transforms fp32
   // operands (LlamaModel widens its input: fp8_reads_codes).
+  // An output wanted as bf16 codes (y16): the GEMM's epilogue writes them (fp8_output).
   void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
-                          const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                          float* work) override {
+                          const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work,
+                          uint16_t* y16) override {
     with_input(x, xq, "fp8_linear_forward",
-               [&](const auto* xs) { fp8_forward(y, xs, xq, w, wq, N, in, out, work); });
+               [&](const auto* xs) { fp8_forward(y, y16, xs, xq, w, wq, N, in, out, work); });
   }
 
   void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
@@ -520,15 +519,19 @@ class CudaBackendImpl final : public CudaBackend {
 
   // X: float (fp32 input) or uint16_t (bf16 codes; never for nvfp4). The caller holds a scope.
   template <class X>
-  void fp8_forward(float* y, const X* x, const Fp8Operand& xq, const float* w,
+  void fp8_forward(float* y, uint16_t* y16, const X* x, const Fp8Operand& xq, const float* w,
                    const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work) {
     uint8_t* xc = reinterpret_cast<uint8_t*>(work);
     uint8_t* wc = xc + round_up_256(N * in);
+    // gemm(C, C16): the product into C (fp32) or C16 (bf16 codes); false: no such algorithm
+    auto output = [&](auto&& gemm) { fp8_output(y, y16, N * out, gemm); };
     if constexpr (std::is_same_v<X, float>) {
       if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
         const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
         const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
-        return nvfp4_gemm(N, out, in, a, b, 0.0f, y);
+        nvfp4_gemm(N, out, in, a, b, 0.0f, y);  // fp32 only (device-side alpha)
+        if (y16) round_output(y16, y, N * out);
+        return;
       }
     }
     MX_REQUIRE(!xq.nvfp4, "fp8_forward: nvfp4 takes fp32 operands");
@@ -536,23 +539,67 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
       const uint8_t* ws = mxfp8_operand(wc, tmp, w, out, in, false);
-      return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, y);
+      return output([&](float* C, uint16_t* C16) {
+        return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, C, C16);
+      });
     }
     if (xq.block_rows > 0 && fp8_block_via_mx_) {  // fp8-block (Blackwell): MXFP8 GEMM
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = fp8_block_mx_operand(xc, tmp, x, N, in, xq, false);
       const uint8_t* ws = fp8_block_mx_operand(wc, tmp, w, out, in, wq, false);
-      return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, y);
+      return output([&](float* C, uint16_t* C16) {
+        return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, C, C16);
+      });
     }
     if (xq.block_rows > 0) {
       uint8_t* tmp = wc + round_up_256(out * in);
       const float* xs = fp8_block_operand(xc, tmp, x, N, in, xq, false);
       const float* ws = fp8_block_operand(wc, tmp, w, out, in, wq, false);
-      return fp8_block_gemm(N, out, in, xc, xs, xq, wc, ws, wq, 0.0f, y);
+      return output([&](float* C, uint16_t* C16) {
+        return fp8_block_gemm(N, out, in, xc, xs, xq, wc, ws, wq, 0.0f, C, C16);
+      });
     }
     const float* xs = fp8_operand(xc, x, N, in, xq, false);
     const float* ws = fp8_operand(wc, w, out, in, wq, false);
-    fp8_gemm(N, out, in, xc, xq.fmt, xs, wc, wq.fmt, ws, 0.0f, y);
+    output([&](float* C, uint16_t* C16) {
+      return tensor_fp8_gemm(N, out, in, xc, xq.fmt, xs, wc, wq.fmt, ws, 0.0f, C, C16);
+    });
+  }
+
+  // A forward FP8 Linear's output: y16 null: gemm(y, null), fp32. y16 given: gemm(null, y16)
+  // writes the bf16 codes directly (cuBLASLt's epilogue rounds the fp32 value it would have
+  // written to y: the same codes as rounding y) where cuBLASLt has an algorithm for it and
+  // set_fp8_bf16_output is on; else gemm(y, null) and y rounded into y16 (y is then the
+  // caller's scratch). Saves the fp32 copy's write and read: 8 of 10 bytes an element.
+  template <class G>
+  void fp8_output(float* y, uint16_t* y16, int64_t n, G&& gemm) {
+    if (y16 && fp8_bf16_output_) {
+      if (gemm(nullptr, y16)) return;
+      if (fp8_bf16_fallbacks_++ == 0)
+        info("cuda: an FP8 Linear has no bf16-output GEMM at its shape; its output is written "
+             "in fp32 and rounded (slower, same values)");
+    }
+    MX_REQUIRE(y, "fp8_linear_forward: y is null (it is the fallback's fp32 buffer)");
+    gemm(y, nullptr);
+    if (y16) round_output(y16, y, n);
+  }
+  void round_output(uint16_t* y16, const float* y, int64_t n) {
+    cuda::round_to_bf16(y16, y, n, stream_);  // checks its launch
+    done("fp8_linear_forward (round)");
+  }
+
+  // The per-tensor FP8 GEMM (LtGemm::fp8_gemm), fp32 C or bf16 C16; the caller holds a scope.
+  bool tensor_fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+                       const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
+                       const float* b_scale, float beta, float* C, uint16_t* C16) {
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    if (!lt_.fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, ws, ws_bytes,
+                      stream_, C16))
+      return false;
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("fp8_gemm");
+    return true;
   }
 
   void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
@@ -571,19 +618,22 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const uint8_t* dys = mxfp8_operand(dyc, tmp, dy, N, out, false);
       const uint8_t* ws = mxfp8_operand(wtc, tmp, w, out, in, true);
-      return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
+      mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
+      return;
     }
     if (dyq.block_rows > 0 && fp8_block_via_mx_) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const uint8_t* dys = fp8_block_mx_operand(dyc, tmp, dy, N, out, dyq, false);
       const uint8_t* ws = fp8_block_mx_operand(wtc, tmp, w, out, in, wq, true);
-      return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
+      mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
+      return;
     }
     if (dyq.block_rows > 0) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const float* dys = fp8_block_operand(dyc, tmp, dy, N, out, dyq, false);
       const float* ws = fp8_block_operand(wtc, tmp, w, out, in, wq, true);
-      return fp8_block_gemm(N, in, out, dyc, dys, dyq, wtc, ws, wq, beta, dx);
+      fp8_block_gemm(N, in, out, dyc, dys, dyq, wtc, ws, wq, beta, dx);
+      return;
     }
     const float* dys = fp8_operand(dyc, dy, N, out, dyq, false);
     const float* ws = fp8_operand(wtc, w, out, in, wq, true);
@@ -609,19 +659,22 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
       const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true);
-      return mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
+      mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
+      return;
     }
     if (dyq.block_rows > 0 && fp8_block_via_mx_) {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = fp8_block_mx_operand(dytc, tmp, dy, N, out, dyq, true);
       const uint8_t* xs = fp8_block_mx_operand(xtc, tmp, x, N, in, xq, true);
-      return mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
+      mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
+      return;
     }
     if (dyq.block_rows > 0) {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const float* dys = fp8_block_operand(dytc, tmp, dy, N, out, dyq, true);
       const float* xs = fp8_block_operand(xtc, tmp, x, N, in, xq, true);
-      return fp8_block_gemm(out, in, N, dytc, dys, dyq, xtc, xs, xq, 1.0f, dw);
+      fp8_block_gemm(out, in, N, dytc, dys, dyq, xtc, xs, xq, 1.0f, dw);
+      return;
     }
     const float* dys = fp8_operand(dytc, dy, N, out, dyq, true);
     const float* xs = fp8_operand(xtc, x, N, in, xq, true);
@@ -1138,15 +1191,19 @@ class CudaBackendImpl final : public CudaBackend {
     return dst;
   }
 
-  void fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* as,
+  // (C16: LtGemm's bf16 output; false where it has no algorithm for one, nothing written.)
+  bool fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* as,
                       const Fp8Operand& aq, const uint8_t* B, const float* bs,
-                      const Fp8Operand& bq, float beta, float* C) {
+                      const Fp8Operand& bq, float beta, float* C, uint16_t* C16 = nullptr) {
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    lt_.fp8_block_gemm(M, N, K, A, as, aq.block_rows > 1 && aq.block_cols > 1, B, bs,
-                       bq.block_rows > 1 && bq.block_cols > 1, beta, C, ws, ws_bytes, stream_);
+    if (!lt_.fp8_block_gemm(M, N, K, A, as, aq.block_rows > 1 && aq.block_cols > 1, B, bs,
+                            bq.block_rows > 1 && bq.block_cols > 1, beta, C, ws, ws_bytes,
+                            stream_, C16))
+      return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("fp8_block_gemm");
+    return true;
   }
 
   // One fp8-block operand for the MXFP8 GEMM (Blackwell): the same E4M3 codes as
@@ -1197,13 +1254,15 @@ class CudaBackendImpl final : public CudaBackend {
     return dst;
   }
 
-  void mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* as,
-                  const uint8_t* B, const uint8_t* bs, float beta, float* C) {
+  bool mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* as,
+                  const uint8_t* B, const uint8_t* bs, float beta, float* C,
+                  uint16_t* C16 = nullptr) {
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    lt_.mxfp8_gemm(M, N, K, A, as, B, bs, beta, C, ws, ws_bytes, stream_);
+    if (!lt_.mxfp8_gemm(M, N, K, A, as, B, bs, beta, C, ws, ws_bytes, stream_, C16)) return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("mxfp8_gemm");
+    return true;
   }
 
   // One nvfp4 operand as the GEMM operand [R, K] (K-major), as the recipe quantizes it
@@ -1262,6 +1321,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool fp8_block_native_ = false;  // Hopper only: cuBLASLt's VEC128 / BLK128x128 scale modes
   bool fp8_block_via_mx_ = false;  // Blackwell (10.x): fp8-block's scales as E8M0, MXFP8 GEMM
   bool fp8_native_ = false;  // set in the constructor (capability and opt_.fp8_tensor_cores)
+  bool fp8_bf16_output_ = true;      // set_fp8_bf16_output
+  int64_t fp8_bf16_fallbacks_ = 0;   // fp8_output's fallbacks to fp32 + rounding
   CudaGemmPrecision base_precision_ = opt_.gemm_precision;
   DeviceMemory device_memory_;
   DeviceArena scratch_;

@@ -70,6 +70,13 @@ class CudaBackend : public Backend {
                         numerics::Format a_fmt, const float* a_scale, const uint8_t* B,
                         numerics::Format b_fmt, const float* b_scale, float beta,
                         float* C) = 0;
+  // The FP8 Linears' bf16 outputs (fp8_linear_forward's y16): true (the default): cuBLASLt
+  // writes them straight as bf16 codes where it has an algorithm for that; false: always fp32
+  // into y, then rounded (the fallback's path; the op check runs both).
+  virtual void set_fp8_bf16_output(bool on) = 0;
+  // How many FP8 Linear forwards asked for a bf16 output and fell back to fp32 + rounding
+  // because cuBLASLt had no bf16-output algorithm (not counting set_fp8_bf16_output(false)).
+  virtual int64_t fp8_bf16_output_fallbacks() const = 0;
 };
 
 }  // namespace mx

@@ -206,46 +206,51 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
                                                 cublasLtMatmulPreference_t pref,
                                                 const char* op) {
   if (auto it = algos_.find(key); it != algos_.end()) return &it->second;
+  if (no_algo_.count(key)) return nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   MX_CUBLAS_CHECK(op, cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, pref, 1,
                                                      &heuristic, &found));
-  if (found == 0) return nullptr;  // not cached: the caller throws
+  if (found == 0) {  // the caller throws, or (a bf16 output) falls back
+    no_algo_.insert(key);
+    return nullptr;
+  }
   return &algos_.emplace(key, heuristic.algo).first->second;
 }
 
-void LtGemm::fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+bool LtGemm::fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                       const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                       const float* b_scale, float beta, float* C, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream) {
-  fp8_gemm_scaled(M, N, K, A, a_fmt, a_scale, 0, B, b_fmt, b_scale, 0, beta, C, workspace,
-                  workspace_bytes, stream);
+                      size_t workspace_bytes, cudaStream_t stream, uint16_t* C16) {
+  return fp8_gemm_scaled(M, N, K, A, a_fmt, a_scale, 0, B, b_fmt, b_scale, 0, beta, C,
+                         workspace, workspace_bytes, stream, C16);
 }
 
-void LtGemm::fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+bool LtGemm::fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                             const float* a_scales, bool a_2d, const uint8_t* B,
                             const float* b_scales, bool b_2d, float beta, float* C,
-                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                            uint16_t* C16) {
   MX_REQUIRE(!(a_2d && b_2d), "fp8_block_gemm: 128x128 blocks on one operand only");
   MX_REQUIRE(M % 128 == 0 && N % 128 == 0 && K % 128 == 0, "fp8_block_gemm: M = ", M,
              ", N = ", N, ", K = ", K, " must be multiples of 128");
   const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
                 blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-  fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, a_2d ? blk : vec, B,
-                  numerics::Format::kE4M3, b_scales, b_2d ? blk : vec, beta, C, workspace,
-                  workspace_bytes, stream);
+  return fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, a_2d ? blk : vec, B,
+                         numerics::Format::kE4M3, b_scales, b_2d ? blk : vec, beta, C, workspace,
+                         workspace_bytes, stream, C16);
 }
 
-void LtGemm::mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+bool LtGemm::mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                         const uint8_t* a_scales, const uint8_t* B, const uint8_t* b_scales,
                         float beta, float* C, void* workspace, size_t workspace_bytes,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, uint16_t* C16) {
   MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 32 == 0, "mxfp8_gemm: M = ", M, ", N = ", N,
              " must be multiples of 16 and K = ", K, " of 32");
   const int32_t vec32 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
-  fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, vec32, B,
-                  numerics::Format::kE4M3, b_scales, vec32, beta, C, workspace, workspace_bytes,
-                  stream);
+  return fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, vec32, B,
+                         numerics::Format::kE4M3, b_scales, vec32, beta, C, workspace,
+                         workspace_bytes, stream, C16);
 }
 
 void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
@@ -275,11 +280,11 @@ void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                  "FP4 needs compute capability 10.x, cuBLAS >= 12.8");
 }
 
-void LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                              numerics::Format a_fmt, const void* a_scale, int32_t a_mode,
                              const uint8_t* B, numerics::Format b_fmt, const void* b_scale,
                              int32_t b_mode, float beta, float* C, void* workspace,
-                             size_t workspace_bytes, cudaStream_t stream) {
+                             size_t workspace_bytes, cudaStream_t stream, uint16_t* C16) {
   using numerics::Format;
   MX_REQUIRE((a_fmt == Format::kE4M3 || a_fmt == Format::kE5M2) &&
                  (b_fmt == Format::kE4M3 || b_fmt == Format::kE5M2) &&
@@ -287,27 +292,39 @@ void LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
              "fp8_gemm: E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3 only");
   MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "fp8_gemm: M = ", M, ", N = ", N,
              ", K = ", K, " must be multiples of 16");
-  if (M == 0 || N == 0) return;
+  MX_REQUIRE(!C16 || beta == 0.0f, "fp8_gemm: a bf16 output takes beta 0, got ", beta);
+  if (M == 0 || N == 0) return true;
   if (K == 0) {
+    if (C16) {
+      MX_CUDA_CHECK("fp8_gemm (K = 0)",
+                    cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(M * N), stream));
+      return true;
+    }
     scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
     MX_CUDA_LAUNCH_CHECK("fp8_gemm (K = 0)");
-    return;
+    return true;
   }
   auto type = [](Format f) { return f == Format::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; };
   const float alpha = 1.0f;
-  scaled_tn_gemm("fp8_gemm", M, N, K, {A, type(a_fmt), a_scale, a_mode},
-                 {B, type(b_fmt), b_scale, b_mode}, &alpha, &beta, false, beta, C, workspace,
-                 workspace_bytes, stream, "FP8 needs sm_89+");
+  return scaled_tn_gemm("fp8_gemm", M, N, K, {A, type(a_fmt), a_scale, a_mode},
+                        {B, type(b_fmt), b_scale, b_mode}, &alpha, &beta, false, beta, C,
+                        workspace, workspace_bytes, stream, "FP8 needs sm_89+", C16);
 }
 
-void LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
+bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
                             const ScaledOperand& a, const ScaledOperand& b, const float* alpha,
                             const float* beta, bool device_scalars, float beta_value, float* C,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                            const char* hint) {
+                            const char* hint, uint16_t* D16) {
   // Column-major: C^T[N, M] = B[K, N]^T A[K, M], where our row-major B[N, K] is the
   // column-major [K, N] (ld K) and A[M, K] the column-major [K, M]: cuBLASLt's A is our B
   // (transposed), its B our A: the TN form. The scale pointers and modes follow the operands.
+  // A bf16 output (D16): C and D both described as bf16 (the FP8 kernels' "C type BF16, D type
+  // BF16" form; beta 0, so C is not read).
+  MX_REQUIRE(!D16 || (beta_value == 0.0f && !device_scalars), op,
+             ": a bf16 output takes beta 0 on the host");
+  void* D = D16 ? static_cast<void*>(D16) : static_cast<void*>(C);
+  const cudaDataType_t out_type = D16 ? CUDA_R_16BF : CUDA_R_32F;
   LtCall call;
   MX_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t bytes) {
@@ -328,30 +345,33 @@ void LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   }
   MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.a, b.type, uint64_t(K), uint64_t(N), K));
   MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.b, a.type, uint64_t(K), uint64_t(M), K));
-  MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.c, CUDA_R_32F, uint64_t(N), uint64_t(M), N));
+  MX_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&call.c, out_type, uint64_t(N), uint64_t(M), N));
   MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&call.pref));
   MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(
                           call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                           sizeof(workspace_bytes)));
-  const uint32_t aligns[4] = {alignment_of(b.data), alignment_of(a.data), alignment_of(C),
-                              alignment_of(C)};
+  const uint32_t aligns[4] = {alignment_of(b.data), alignment_of(a.data), alignment_of(D),
+                              alignment_of(D)};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; ++i)
     MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i], &aligns[i],
                                                              sizeof aligns[i]));
-  const AlgoKey key{1, M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
+  const AlgoKey key{D16 ? 2 : 1, M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
                     a.scale != nullptr, aligns[0], aligns[1], aligns[2],
                     int64_t(workspace_bytes)};
   const cublasLtMatmulAlgo_t* algo =
       cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, op);
-  if (!algo)
+  if (!algo) {
+    if (D16) return false;  // the caller writes fp32 and rounds
     throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,
                         " beta=", beta_value, " (", hint, ")"));
+  }
   MX_CUBLAS_CHECK(op, cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b,
-                                     beta, C, call.c, C, call.c, algo, workspace,
+                                     beta, D, call.c, D, call.c, algo, workspace,
                                      workspace_bytes, stream));
+  return true;
 }
 
 }  // namespace mx::cuda

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <set>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_arena.h"
@@ -46,10 +47,17 @@ class LtGemm {
   // the "TN" layout FP8 GEMMs require), a_scale / b_scale pointing to the decode multipliers on
   // the device (what numerics::quantize_fp8_* writes as scales_f32[0]). beta 0: C is not read.
   // M, N, K must be multiples of 16 (cuBLASLt's FP8 leading-dimension rule).
-  void fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+  //
+  // C16 (fp8_gemm, fp8_block_gemm and mxfp8_gemm): not null, with beta 0: the result goes to
+  // C16 as bf16 codes instead (cuBLASLt's epilogue converts the same fp32 value it would write
+  // to C; C unused), the bf16 path's Linear outputs that are only wanted as codes. Returns
+  // false, writing nothing, where cuBLASLt has no algorithm for the bf16 output at this shape
+  // (remembered per shape, so asked once): the caller then writes C in fp32 and rounds it. An
+  // fp32 output with no algorithm throws, as ever; the functions return true otherwise.
+  bool fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                 const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                 const float* b_scale, float beta, float* C, void* workspace,
-                size_t workspace_bytes, cudaStream_t stream);
+                size_t workspace_bytes, cudaStream_t stream, uint16_t* C16 = nullptr);
 
   // Block-scaled FP8 GEMM (recipe fp8-block; Hopper): C[M, N] (fp32) = A[M, K] B[N, K]^T +
   // beta C, E4M3 codes, both K-major, each element decoded with its block's scale: 1 x 128
@@ -61,9 +69,10 @@ class LtGemm {
   // 1x128 scales (R, K/128) with strides (1, R); 128x128 (R/128, K/128) with row stride
   // round_up(K/128, 4)); never checked on a GPU here (the op check's fp8_linear_* block cases
   // will tell). M, N, K multiples of 128 (so R needs no padding to 4).
-  void fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_scales,
+  bool fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_scales,
                       bool a_2d, const uint8_t* B, const float* b_scales, bool b_2d, float beta,
-                      float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                      float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                      uint16_t* C16 = nullptr);
 
   // MXFP8 GEMM (recipe mxfp8; Blackwell, compute capability 10.x): C[M, N] (fp32) = A[M, K]
   // B[N, K]^T + beta C, E4M3 codes, both K-major, each 1 x 32 block along K decoded with its
@@ -71,9 +80,10 @@ class LtGemm {
   // bytes in the swizzled 128 x 4 tile layout of numerics/block_scale_layout.h, for a scale
   // matrix of [M, K / 32] / [N, K / 32] (padding zero). K a multiple of 32, M and N of 16 (the
   // FP8 GEMMs' 16-byte leading-dimension rule); never run on a GPU (op_check's mxfp8 cases).
-  void mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
+  bool mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
                   const uint8_t* B, const uint8_t* b_scales, float beta, float* C,
-                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                  void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                  uint16_t* C16 = nullptr);
 
   // NVFP4 GEMM (recipe nvfp4; Blackwell, compute capability 10.x, cuBLAS >= 12.8): C[M, N]
   // (fp32) = alpha A[M, K] B[N, K]^T + beta C with alpha = (1 / a_global[0]) (1 / b_global[0]),
@@ -103,10 +113,13 @@ class LtGemm {
   // alpha a[M, K] b[N, K]^T + beta C, fp32 compute, the heuristic's first algorithm. alpha and
   // beta point to host floats, or with device_scalars to device floats
   // (CUBLASLT_POINTER_MODE_DEVICE); beta_value and `hint` are for the "no algorithm" message.
-  void scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K, const ScaledOperand& a,
+  // D16 not null (beta 0, host scalars): the output is bf16 codes in D16 (C unused), and a
+  // missing algorithm returns false instead of throwing.
+  bool scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K, const ScaledOperand& a,
                       const ScaledOperand& b, const float* alpha, const float* beta,
                       bool device_scalars, float beta_value, float* C, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, const char* hint);
+                      size_t workspace_bytes, cudaStream_t stream, const char* hint,
+                      uint16_t* D16 = nullptr);
   // gemm / gemm_bf16 after their operand handling: one cuBLASLt call on operands of in_type,
   // C (and D, the same buffer) of out_type (CUDA_R_32F, or CUDA_R_16BF with beta 0), fp32
   // scale type.
@@ -115,15 +128,17 @@ class LtGemm {
               float beta, void* C, cudaDataType_t out_type, void* workspace,
               size_t workspace_bytes, cudaStream_t stream);
   // FP8 front of scaled_tn_gemm: format and shape rules, K = 0; modes as ScaledOperand's.
-  void fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
+  bool fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const void* a_scale, int32_t a_mode, const uint8_t* B,
                        numerics::Format b_fmt, const void* b_scale, int32_t b_mode, float beta,
-                       float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                       float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                       uint16_t* C16);
   // The heuristic's first algorithm for a call whose descriptors are set: asked once per key
   // (every attribute the descriptors were built from: shapes, transposes, data and compute
   // types (the output's included), scale modes, pointer mode, operand alignments, workspace size), then reused.
   // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time per call, about
   // what a small GEMM takes on the GPU, and a training step repeats the same few dozen shapes.
+  // A key with no algorithm is remembered too (no_algo_), for the bf16 outputs' fallback.
   using AlgoKey = std::array<int64_t, 14>;
   const cublasLtMatmulAlgo_t* cached_algo(const AlgoKey& key, cublasLtMatmulDesc_t desc,
                                           cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
@@ -131,6 +146,7 @@ class LtGemm {
                                           cublasLtMatmulPreference_t pref, const char* op);
   cublasLtHandle_t handle_ = nullptr;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
+  std::set<AlgoKey> no_algo_;
 };
 
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU

@@ -182,6 +182,46 @@ double max_abs(const std::vector<float>& v) {
   return m > 0 ? m : 1.0;
 }
 
+// One bf16 ulp, relative. Two results that agree in fp32 up to a few fp32 ulps (CUDA's expf vs
+// the CPU's exp, a different summation order) round to the same bf16 code unless they straddle
+// a rounding boundary, and then to adjacent codes: one bf16 ulp apart. bf16 keeps 8 significant
+// bits, so in [2^e, 2^(e+1)) the ulp is 2^(e-7): between 2^-8 |x| (just below 2^(e+1)) and
+// 2^-7 |x| (at x = 2^e, e.g. 1 and its upper neighbour 1 + 2^-7). The bound relative to the
+// CPU's code is therefore 2^-7, not 2^-8 (which would fail a legitimate flip just above a power
+// of two); it is added to the fp32 tolerance of the same computation.
+constexpr double kBf16Ulp = 1.0 / 128;
+
+// The forward's bf16 output (Backend::fp8_linear_forward's y16: the bf16 path's v, gate and up,
+// whose input comes as codes too, as the trainer calls it): CUDA writes the codes from
+// cuBLASLt's epilogue, the CPU twin computes y in fp32 and rounds it (to_bf16). Run twice: as
+// the trainer runs it ("epilogue"), and with set_fp8_bf16_output(false) ("fp32+round", the
+// fallback: fp32 into y, then rounded). y and y16 are poisoned before; tolerance: the fp32
+// case's (1e-5 of max |y|) plus one bf16 ulp. The note says when the first run fell back (no
+// bf16-output algorithm at the shape). fwd(on_gpu, y, y16) runs the Linear on one backend.
+template <class F>
+void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend& gpu, int64_t n,
+                           F&& fwd) {
+  for (int fallback = 0; fallback < 2; ++fallback)
+    run_case(op, shape + (fallback ? " fp32+round" : " epilogue"), [&](Result& r) {
+      struct Restore {
+        CudaBackend& g;
+        ~Restore() { g.set_fp8_bf16_output(true); }
+      } restore{gpu};
+      std::vector<float> y(n);
+      std::vector<uint16_t> y16(n);
+      Dev<float> dY(n);
+      Dev<uint16_t> dY16(n);
+      gpu.set_fp8_bf16_output(!fallback);
+      const int64_t before = gpu.fp8_bf16_output_fallbacks();
+      fwd(false, y.data(), y16.data());
+      fwd(true, dY.p, dY16.p);
+      const std::vector<float> want = widen(y16);
+      compare(r, "y16", widen(dY16.download()), want, {1e-5 * max_abs(want), kBf16Ulp});
+      if (!fallback && gpu.fp8_bf16_output_fallbacks() > before)
+        r.note += "no bf16-output algorithm at this shape: fp32 + round; ";
+    });
+}
+
 // The per-tensor FP8 Linears (recipes fp8-current / fp8-delayed): CUDA's quantize kernels +
 // cuBLASLt FP8 GEMMs against the CPU backend's reference form (the recipe's exact emulation:
 // fp32 GEMM over the dequantized operands) on the same inputs. Both quantize to the same codes
@@ -263,6 +303,15 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
         check_amax(r);
       });
+      check_fp8_bf16_output("fp8_linear_forward_bf16out", shape, gpu, N * O,
+                            [&](bool on_gpu, float* y, uint16_t* y16) {
+        if (on_gpu)
+          gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)), dW.p,
+                                 op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p, y16);
+        else
+          cpu.fp8_linear_forward(y, xb.wide.data(), op(Format::kE4M3, x, &cpu_amax[0]), w.data(),
+                                 op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, cpu_work.data(), y16);
+      });
       run_case("fp8_linear_wgrad_bf16x", shape, [&](Result& r) {
         auto dw = randn(O * I, 1e-3f);
         Dev<float> dDW(dw);
@@ -338,6 +387,13 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p);
       compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
     });
+    check_fp8_bf16_output("fp8_block_linear_forward_bf16out", shape, gpu, N * O,
+                          [&](bool on_gpu, float* y, uint16_t* y16) {
+      if (on_gpu)
+        gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p, y16);
+      else
+        cpu.fp8_linear_forward(y, xb.wide.data(), blocks(1, 128), w.data(), blocks(128, 128), N, I, O, cpu_work.data(), y16);
+    });
     run_case("fp8_block_linear_wgrad_bf16x", shape, [&](Result& r) {
       auto dw = randn(O * I, 1e-3f);
       Dev<float> dDW(dw);
@@ -407,6 +463,13 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p);
       compare(r, "y", dY.download(), y, {1e-5 * max_abs(y), 0.0});
     });
+    check_fp8_bf16_output("mxfp8_linear_forward_bf16out", shape, gpu, N * O,
+                          [&](bool on_gpu, float* y, uint16_t* y16) {
+      if (on_gpu)
+        gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p, y16);
+      else
+        cpu.fp8_linear_forward(y, xb.wide.data(), mx(false), w.data(), mx(false), N, I, O, cpu_work.data(), y16);
+    });
     run_case("mxfp8_linear_wgrad_bf16x", shape, [&](Result& r) {
       auto dw = randn(O * I, 1e-3f);
       Dev<float> dDW(dw);
@@ -463,6 +526,16 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
       compare(r, "y", dY.download(), y, {3e-5 * max_abs(y), 0.0});
     });
+    run_case("nvfp4_linear_forward_bf16out", shape, [&](Result& r) {  // fp32, then rounded
+      std::vector<float> y(N * O);
+      std::vector<uint16_t> y16(N * O);
+      Dev<float> dY(N * O);
+      Dev<uint16_t> dY16(N * O);
+      cpu.fp8_linear_forward(y.data(), x.data(), fp4(1, 16, false, 0), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data(), y16.data());
+      gpu.fp8_linear_forward(dY.p, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p, dY16.p);
+      const std::vector<float> want = widen(y16);
+      compare(r, "y16", widen(dY16.download()), want, {3e-5 * max_abs(want), kBf16Ulp});
+    });
     for (int acc = 0; acc < 2; ++acc)
       run_case("nvfp4_linear_dgrad", shape + (acc ? " +=" : " ="), [&](Result& r) {
         auto dx = randn(N * I);
@@ -499,15 +572,6 @@ std::vector<float> widen(const std::vector<uint16_t>& codes) {  // exact
   for (size_t i = 0; i < codes.size(); ++i) x[i] = numerics::decode_bf16(codes[i]);
   return x;
 }
-
-// One bf16 ulp, relative. Two results that agree in fp32 up to a few fp32 ulps (CUDA's expf vs
-// the CPU's exp, a different summation order) round to the same bf16 code unless they straddle
-// a rounding boundary, and then to adjacent codes: one bf16 ulp apart. bf16 keeps 8 significant
-// bits, so in [2^e, 2^(e+1)) the ulp is 2^(e-7): between 2^-8 |x| (just below 2^(e+1)) and
-// 2^-7 |x| (at x = 2^e, e.g. 1 and its upper neighbour 1 + 2^-7). The bound relative to the
-// CPU's code is therefore 2^-7, not 2^-8 (which would fail a legitimate flip just above a power
-// of two); it is added to the fp32 tolerance of the same computation.
-constexpr double kBf16Ulp = 1.0 / 128;
 
 // Backend::gemm_bf16 (the bf16 path's GEMM: set_bf16_gemm_operands(true), each operand as bf16
 // codes or fp32 rounded by the call, fp32 or bf16 result) against the CPU twin's gemm_bf16
