@@ -37,10 +37,12 @@ bool Backend::host_addressable() const {
 }
 
 void Backend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  OpScope scope(*this, "copy_to_host");
   if (bytes) std::memcpy(host_dst, src, bytes);
 }
 
 void Backend::copy_from_host(void* dst, const void* host_src, size_t bytes) {
+  OpScope scope(*this, "copy_from_host");
   if (bytes) std::memcpy(dst, host_src, bytes);
 }
 
@@ -102,6 +104,7 @@ void nvfp4_rht_emulate(float* out, const float* x, int64_t rows, int64_t cols,
 
 bool Backend::quantize_dequantize(float* out, const float* x, int64_t rows, int64_t cols,
                                   const Fp8Operand& q, float* /*tmp: the host form works in place*/) {
+  OpScope scope(*this, "quantize_dequantize");
   MX_REQUIRE(q.mx || q.nvfp4, "quantize_dequantize: mxfp8 or nvfp4 operands only");
   if (q.rht) nvfp4_rht_emulate(out, x, rows, cols, q);
   else fp8_emulate(out, x, rows, cols, q);
@@ -126,6 +129,7 @@ const float* operand_values(const float* x, const Backend::Fp8Operand& q, int64_
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                                  float* work, uint16_t* y16) {
+  OpScope scope(*this, "fp8_linear_forward");
   std::vector<float> wide;
   x = operand_values(x, xq, N * in, wide);
   float* xd = work;
@@ -139,6 +143,7 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
 void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
                                const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                                bool accumulate_dx, float* work) {
+  OpScope scope(*this, "fp8_linear_dgrad");
   float* dyd = work;
   float* wd = work + N * out;
   fp8_emulate(dyd, dy, N, out, dyq);
@@ -149,6 +154,7 @@ void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq
 void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
                                const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                                float* work) {
+  OpScope scope(*this, "fp8_linear_wgrad");
   std::vector<float> wide;
   x = operand_values(x, xq, N * in, wide);
   float* dyd = work;

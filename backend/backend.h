@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "backend/op_profile.h"
 #include "core/arena.h"
 #include "numerics/formats.h"
 #include "numerics/quantize.h"
@@ -80,6 +82,14 @@ class Backend {
   };
   virtual GemmStats gemm_stats() const { return {}; }
   virtual void reset_gemm_stats() {}
+
+  // Per-op time (run.profile; backend/op_profile.h says how it is attributed): on from
+  // set_profiling(true) until set_profiling(false) (toggled between ops only). op_profile():
+  // every op's time since the last reset_op_profile() (CUDA: once the ops queued so far have
+  // run). Off, an op costs one branch more. A backend without it returns no rows.
+  virtual void set_profiling(bool on) {}
+  virtual std::vector<OpProfile::Row> op_profile() { return {}; }
+  virtual void reset_op_profile() {}
 
   // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T; A is [M,K] (or [K,M] if trans_a),
   // B is [K,N] (or [N,K] if trans_b). Row-major, contiguous.
@@ -313,6 +323,20 @@ class Backend {
   // AdamW (decoupled weight decay, PyTorch's torch.optim.AdamW): step t starts at 1.
   virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+
+ protected:
+  // run.profile's host-clock hooks: an OpScope at the top of each op (the CPU backend's and the
+  // base class's), timed by a backend that implements them (CpuBackend); CUDA times its ops on
+  // the device instead and leaves these empty.
+  virtual void op_begin(const char* op) {}
+  virtual void op_end() {}
+  struct OpScope {
+    Backend& be;
+    OpScope(Backend& b, const char* op) : be(b) { be.op_begin(op); }
+    ~OpScope() { be.op_end(); }
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+  };
 };
 
 // Floats of head_cross_entropy's workspace for chunks of chunk_rows rows: the logits chunk,

@@ -166,7 +166,9 @@ void rht16_inverse(float* x, int64_t rows, int64_t cols, uint32_t seed);
 
 // ---- inline rules shared with the CUDA kernels ----------------------------------------------
 // Only fminf/fmaxf/fabsf/exp2f/ilogbf/ldexpf (the same C functions on the host as std::fmin etc.
-// of a float; CUDA's device versions are exact for these arguments) and bit tests for inf/NaN.
+// of a float; CUDA's device versions are exact for these arguments: exp2f only for whole-number
+// arguments, so a margin must be a whole number for the device to match) and bit tests for
+// inf/NaN.
 
 MX_HOST_DEVICE inline bool is_inf_f32(float x) { return (float_bits(x) & 0x7FFFFFFFu) == 0x7F800000u; }
 MX_HOST_DEVICE inline bool is_nan_f32(float x) { return (float_bits(x) & 0x7FFFFFFFu) > 0x7F800000u; }
@@ -216,7 +218,9 @@ MX_HOST_DEVICE inline Mxfp8BlockScale mxfp8_block_scale(float amax, Format elem,
   } else {
     const int emax_elem = elem == Format::kE5M2 ? 15 : 8;
     int code = 0;
-    if (amax > 0.0f) {  // ilogb: floor(log2 |amax|), exact for subnormals too
+    if (is_inf_f32(amax)) {  // ilogbf(inf) is INT_MAX: the sum below would overflow (UB)
+      code = 254;            // the largest scale, as kCeil's saturating encode gives inf
+    } else if (amax > 0.0f) {  // ilogb: floor(log2 |amax|), exact for subnormals too
       code = ilogbf(amax) - emax_elem + 127;
       if (code < 0) code = 0;
       if (code > 254) code = 254;

@@ -133,6 +133,9 @@ const std::vector<Field>& schema() {
       MX_INT("run.sample_tokens", run.sample_tokens, "tokens of sample text at the end"),
       MX_STRING("run.sample_prompt", run.sample_prompt, "prompt of the sample"),
       MX_INT("run.threads", run.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)"),
+      MX_BOOL("run.profile", run.profile,
+              "time each backend op over the training steps after the first; a table at the "
+              "end and op_profile in the summary"),
   };
   return fields;
 }

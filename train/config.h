@@ -81,6 +81,7 @@ struct RunConfig {
     int64_t sample_tokens = 200;
     std::string sample_prompt = "The ";
     int64_t threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS or all cores)
+    bool profile = false;  // per-op time of the training steps (backend/op_profile.h)
   } run;
 
   // Paths with their defaults filled in.

@@ -267,6 +267,21 @@ int run_training(const RunConfig& cfg) {
   auto run_t0 = Clock::now();
   double tokens_done = 0, last_loss = NAN, train_seconds = 0;
   be.reset_gemm_stats();
+  // run.profile: every op of the training steps after this run's first (which builds cuDNN
+  // graphs, asks cuBLASLt's heuristics, touches fresh memory); validation and checkpoints are
+  // left out. A run of one step profiles that step.
+  double profile_from = 0;  // train_seconds when the profile was last reset
+  int64_t profile_first = start_step + 1;
+  if (cfg.run.profile) be.set_profiling(true);
+  // The profile so far, for the metrics (each logged step's, and the summary's): a run that is
+  // stopped early still leaves one.
+  auto profile_json = [&](int64_t last_step) {
+    const double wall = train_seconds - profile_from;
+    return nlohmann::json{{"first_step", profile_first},
+                          {"last_step", last_step},
+                          {"seconds", wall},
+                          {"ops", op_profile_json(be.op_profile(), wall)}};
+  };
   int64_t step = start_step;
   int64_t stop_signal = 0;
   for (; step < tc.steps; ++step) {
@@ -308,6 +323,11 @@ int run_training(const RunConfig& cfg) {
     be.synchronize();  // a GPU queues the update: the step ends when it has run
     const double dt = seconds_since(t0);
     train_seconds += dt;
+    if (cfg.run.profile && step == start_step && step + 1 < tc.steps) {
+      be.reset_op_profile();
+      profile_from = train_seconds;
+      profile_first = step + 2;
+    }
     tokens_done += double(tokens_per_step);
     last_loss = loss;
     const int64_t done = step + 1;
@@ -326,7 +346,9 @@ int run_training(const RunConfig& cfg) {
       if (!numerics.is_null()) rec["numerics"] = std::move(numerics);
     }
     if (val_sampler && (done % tc.eval_every == 0 || done == tc.steps)) {
+      be.set_profiling(false);
       rec["val_loss"] = evaluate();
+      be.set_profiling(cfg.run.profile);
       log_now = true;
     }
     const int64_t peak = engine.tracker.peak();
@@ -342,6 +364,7 @@ int run_training(const RunConfig& cfg) {
       if (W > 1) rec["peak_mem_bytes_max_rank"] = peak_max;
       rec["step_time_s"] = dt;
       if (W > 1) rec["comm_wait_s"] = fsdp.comm_wait_seconds() - comm_wait_before;
+      if (cfg.run.profile && done >= profile_first) rec["op_profile"] = profile_json(done);
       metrics->write(rec);
       const double eta = train_seconds / double(done - start_step) * double(tc.steps - done);
       std::string line = str("step ", done, "/", tc.steps, " | loss ", loss);
@@ -357,8 +380,13 @@ int run_training(const RunConfig& cfg) {
         std::fprintf(stderr, "\r%s\033[K\n", line.c_str());
       std::fflush(stderr);
     }
-    if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0 && done != tc.steps) save(done);
+    if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0 && done != tc.steps) {
+      be.set_profiling(false);
+      save(done);
+      be.set_profiling(cfg.run.profile);
+    }
   }
+  be.set_profiling(false);
 
   const int sig = int(stop_signal);
   // The last checkpoint is always waited for: the run ends only once it has committed.
@@ -412,6 +440,20 @@ int run_training(const RunConfig& cfg) {
     if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
   }
   if (sig) summary["stopped_by_signal"] = sig;
+  if (cfg.run.profile && step >= profile_first) {  // rank 0's ops (every rank runs the same)
+    auto str_seconds = [](double s) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.3f s", s);
+      return std::string(b);
+    };
+    const std::vector<OpProfile::Row> rows = be.op_profile();
+    const double wall = train_seconds - profile_from;
+    summary["op_profile"] = profile_json(step);
+    if (lead)
+      info("profile of steps ", profile_first, "-", step, " (", str_seconds(wall),
+           ", rank 0; each op's own time, docs/config.md):\n",
+           format_op_profile(rows, wall, 20));
+  }
   if (lead) metrics->write(summary);
   if (sig) {
     info("stopped by signal ", sig, " at step ", step, "; checkpoint ", final_dir);

@@ -63,6 +63,11 @@ class CpuBackend final : public Backend {
   GemmStats gemm_stats() const override { return stats_; }
   void reset_gemm_stats() override { stats_ = {}; }
 
+  // run.profile: each op's host time, exclusive of the ops it calls (OpScope in each op).
+  void set_profiling(bool on) override { profiling_ = on; }
+  std::vector<OpProfile::Row> op_profile() override { return profile_.rows(); }
+  void reset_op_profile() override { profile_.clear(); }
+
   // MXTRAIN_TEST_BF16_GEMM=1: the GEMMs round their operands to bf16 themselves when asked,
   // as CUDA's do, so the model's native-bf16 paths (and gemm_bf16's codes) run here. The
   // products are those of the recipe's emulation (round_bf16 copies, then an fp32 GEMM).
@@ -75,6 +80,7 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
             const float* A, const float* B, float beta, float* C) override {
+    OpScope scope(*this, "gemm");
     if (bf16_gemm_) return gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, nullptr, B, nullptr,
                                      beta, C, nullptr);
     fp32_gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
@@ -85,6 +91,7 @@ class CpuBackend final : public Backend {
   void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
                  float beta, float* C, uint16_t* C16) override {
+    OpScope scope(*this, "gemm_bf16");
     MX_ASSERT(bf16_gemm_);
     MX_ASSERT(!C16 || beta == 0.0f);
     std::vector<float> a(size_t(M * K)), b(size_t(K * N)), c(C16 ? size_t(M * N) : 0);
@@ -114,6 +121,7 @@ class CpuBackend final : public Backend {
 
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
                        int64_t C, float eps) override {
+    OpScope scope(*this, "rmsnorm_forward");
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = x + n * C;
@@ -131,6 +139,7 @@ class CpuBackend final : public Backend {
 
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
+    OpScope scope(*this, "rmsnorm_backward");
     // y_c = x_c r w_c, r = (mean(x^2) + eps)^-1/2
     // dx_c = r w_c dy_c - x_c r^3 / C * sum_i dy_i w_i x_i ;  dw_c = sum_n dy_c x_c r
     int threads = omp_get_max_threads();
@@ -163,25 +172,30 @@ class CpuBackend final : public Backend {
 
   void rope_forward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                     int64_t heads, int64_t D) override {
+    OpScope scope(*this, "rope_forward");
     rope(x, cos, sin, B, T, heads, D, 1.0f);
   }
   void rope_backward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
                      int64_t heads, int64_t D) override {
+    OpScope scope(*this, "rope_backward");
     rope(dx, cos, sin, B, T, heads, D, -1.0f);
   }
 
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_forward");
     cpu::attention_forward(out, lse, q, k, v, B, T, H, KV, D);
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                           const float* k, const float* v, const float* out, const float* lse,
                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_backward");
     cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
   }
 
   void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
                         int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_decode");
     const int64_t group = H / KV;
     const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel for schedule(static)
@@ -210,6 +224,7 @@ class CpuBackend final : public Backend {
   }
 
   void swiglu_forward(float* s, const float* g, const float* u, int64_t n) override {
+    OpScope scope(*this, "swiglu_forward");
     parallel_chunks(n, [&](int64_t i0, int64_t i1) {
       cpu::silu_mul(s + i0, g + i0, u + i0, i1 - i0);
     });
@@ -217,6 +232,7 @@ class CpuBackend final : public Backend {
 
   void swiglu_backward(float* dg, float* du, const float* ds, const float* g, const float* u,
                        int64_t n) override {
+    OpScope scope(*this, "swiglu_backward");
     parallel_chunks(n, [&](int64_t i0, int64_t i1) {
       cpu::silu_mul_backward(dg + i0, du + i0, ds + i0, g + i0, u + i0, i1 - i0);
     });
@@ -224,6 +240,7 @@ class CpuBackend final : public Backend {
 
   void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
                          int64_t C) override {
+    OpScope scope(*this, "embedding_forward");
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       std::memcpy(out + n * C, table + int64_t(tokens[n]) * C, sizeof(float) * C);
@@ -231,6 +248,7 @@ class CpuBackend final : public Backend {
 
   void embedding_backward(float* dtable, const int32_t* tokens, const float* dout, int64_t N,
                           int64_t C) override {
+    OpScope scope(*this, "embedding_backward");
     // Rows repeat, so split the columns between threads: no two threads touch the same float,
     // and the sum over tokens happens in token order (deterministic).
 #pragma omp parallel
@@ -249,6 +267,7 @@ class CpuBackend final : public Backend {
                             const int32_t* targets, int64_t N, int64_t C, int64_t V,
                             float grad_scale, float* workspace, int64_t chunk_rows,
                             bool bf16_operands) override {
+    OpScope scope(*this, "head_cross_entropy");
     double loss_sum = 0;
     // bf16 operands: W rounded once into the workspace behind the logits, each h chunk
     // behind that, the logits gradient in place (backend.h's head_workspace_floats layout).
@@ -294,12 +313,14 @@ class CpuBackend final : public Backend {
   }
 
   void round_bf16(float* y, const float* x, int64_t n) override {
+    OpScope scope(*this, "round_bf16");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i)
       y[i] = numerics::bf16_rounded(x[i]);
   }
 
   void pack_bf16(float* x, uint16_t* codes, int64_t n) override {
+    OpScope scope(*this, "pack_bf16");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t c = numerics::encode_bf16(x[i], numerics::Saturation::kNoSat);
@@ -309,6 +330,7 @@ class CpuBackend final : public Backend {
   }
 
   void to_bf16(uint16_t* codes, const float* x, int64_t n) override {
+    OpScope scope(*this, "to_bf16");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i)
       codes[i] = numerics::encode_bf16(x[i], numerics::Saturation::kNoSat);
@@ -318,6 +340,7 @@ class CpuBackend final : public Backend {
   // unpack + swiglu_forward / swiglu_backward + rounding, chunking included.
   void swiglu_forward_bf16(uint16_t* s16, const uint16_t* g16, const uint16_t* u16,
                            int64_t n) override {
+    OpScope scope(*this, "swiglu_forward_bf16");
     const size_t len = static_cast<size_t>(n);
     std::vector<float> g(len), u(len), s(len);
     unpack_bf16(g.data(), g16, n);
@@ -328,6 +351,7 @@ class CpuBackend final : public Backend {
 
   void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
                             const uint16_t* g16, const uint16_t* u16, int64_t n) override {
+    OpScope scope(*this, "swiglu_backward_bf16");
     const size_t len = static_cast<size_t>(n);
     std::vector<float> g(len), u(len), dg(len), du(len);
     unpack_bf16(g.data(), g16, n);
@@ -341,6 +365,7 @@ class CpuBackend final : public Backend {
   // (bit for bit what the fp32 op followed by pack_bf16 gives).
   void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
                             int64_t N, int64_t C, float eps) override {
+    OpScope scope(*this, "rmsnorm_forward_bf16");
     std::vector<float> y(static_cast<size_t>(N * C));
     rmsnorm_forward(y.data(), rstd, x, w, N, C, eps);
     to_bf16(y16, y.data(), N * C);
@@ -348,6 +373,7 @@ class CpuBackend final : public Backend {
 
   void rope_forward_bf16(uint16_t* y16, const float* x, const float* cos, const float* sin,
                          int64_t B, int64_t T, int64_t heads, int64_t D) override {
+    OpScope scope(*this, "rope_forward_bf16");
     std::vector<float> y(x, x + B * T * heads * D);
     rope_forward(y.data(), cos, sin, B, T, heads, D);
     to_bf16(y16, y.data(), int64_t(y.size()));
@@ -356,6 +382,7 @@ class CpuBackend final : public Backend {
   void attention_forward_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
                               const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
                               int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_forward_bf16");
     const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
                              v = widened(v16, B * T * KV * D);
     std::vector<float> out(q.size());
@@ -367,6 +394,7 @@ class CpuBackend final : public Backend {
                                const uint16_t* q16, const uint16_t* k16, const uint16_t* v16,
                                const uint16_t* out16, const float* lse, int64_t B, int64_t T,
                                int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_backward_bf16");
     const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
                              v = widened(v16, B * T * KV * D), o = widened(out16, B * T * H * D);
     attention_backward(dq, dk, dv, dout, q.data(), k.data(), v.data(), o.data(), lse, B, T, H,
@@ -380,16 +408,19 @@ class CpuBackend final : public Backend {
   }
 
   void unpack_bf16(float* x, const uint16_t* codes, int64_t n) override {
+    OpScope scope(*this, "unpack_bf16");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] = numerics::decode_bf16(codes[i]);
   }
 
   void add(float* y, const float* a, const float* b, int64_t n) override {
+    OpScope scope(*this, "add");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
   }
 
   double sum_squares(const float* x, int64_t n) override {
+    OpScope scope(*this, "sum_squares");
     double s = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
@@ -397,21 +428,25 @@ class CpuBackend final : public Backend {
   }
 
   void scale(float* x, float s, int64_t n) override {
+    OpScope scope(*this, "scale");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] *= s;
   }
 
   void fill(float* x, float value, int64_t n) override {
+    OpScope scope(*this, "fill");
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] = value;
   }
 
   void copy(float* dst, const float* src, int64_t n) override {
+    OpScope scope(*this, "copy");
     std::memcpy(dst, src, sizeof(float) * n);
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+    OpScope scope(*this, "adamw");
     // torch.optim.AdamW (single-tensor path): p *= 1 - lr wd; m, v updated;
     // p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
     const float bc1 = 1.0f - std::pow(beta1, float(t));
@@ -428,6 +463,14 @@ class CpuBackend final : public Backend {
   std::unique_ptr<CountedHostMemory> test_memory_;
   bool plain_ = false;
   bool bf16_gemm_ = false;  // set_bf16_gemm_operands under MXTRAIN_TEST_BF16_GEMM
+  bool profiling_ = false;
+  OpProfile profile_;
+  void op_begin(const char* op) override {
+    if (profiling_) profile_.begin(op, stats_.flops);
+  }
+  void op_end() override {
+    if (profiling_) profile_.end(stats_.flops);
+  }
   // One GEMM on all threads, split by hand: each OpenMP thread computes a contiguous block of
   // C's rows (or columns, when C is wider than tall) with a single-threaded OpenBLAS call
   // (OpenBLAS's OpenMP build runs single-threaded inside a parallel region). OpenBLAS's own

@@ -11,6 +11,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -396,6 +397,9 @@ class CudaBackendImpl final : public CudaBackend {
   }
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
+    for (const PendingEvent& p : pending_) cudaEventDestroy(p.ev);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    if (last_event_) cudaEventDestroy(last_event_);
 #ifdef MXTRAIN_HAVE_CUDNN
     cudnn_.reset();  // its handle is bound to the stream
 #endif
@@ -433,6 +437,27 @@ class CudaBackendImpl final : public CudaBackend {
     return true;
   }
   void synchronize() override { MX_CUDA_CHECK("synchronize", cudaStreamSynchronize(stream_)); }
+
+  // ---- run.profile (backend/op_profile.h, device form): an event on the stream as each op
+  // finishes queueing (done()); the time from the previous op's event to it is the op's. ----
+  void set_profiling(bool on) override {
+    if (on && !profiling_) {  // the first op's time starts here
+      resolve_events(true);
+      if (last_event_) free_events_.push_back(last_event_);
+      last_event_ = take_event();
+      MX_CUDA_CHECK("profile", cudaEventRecord(last_event_, stream_));
+      last_flops_ = stats_.flops;
+    }
+    profiling_ = on;
+  }
+  std::vector<OpProfile::Row> op_profile() override {
+    resolve_events(true);
+    return profile_.rows();
+  }
+  void reset_op_profile() override {
+    resolve_events(true);  // what ran so far belongs before the reset
+    profile_.clear();
+  }
   void set_gemm_precision(CudaGemmPrecision p) override {
     opt_.gemm_precision = base_precision_ = p;
   }
@@ -592,6 +617,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool tensor_fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                        const float* b_scale, float beta, float* C, uint16_t* C16) {
+    DeviceArenaScope scope(scratch_);  // the workspace, released after queueing (one stream)
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     if (!lt_.fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, ws, ws_bytes,
@@ -768,7 +794,11 @@ class CudaBackendImpl final : public CudaBackend {
                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
-      cudnn_->forward(out, lse, q, k, v, B, T, H, KV, D, scratch_);
+      const int64_t sq = T * H * D, sk = T * KV * D;
+      cudnn_in_groups(B, T, H, KV, D, false, "attention_forward", [&](int64_t b0, int64_t n) {
+        cudnn_->forward(out + b0 * sq, lse + b0 * H * T, q + b0 * sq, k + b0 * sk,
+                        v + b0 * sk, n, T, H, KV, D, scratch_);
+      });
       return done("attention_forward");
     }
 #endif
@@ -780,7 +810,12 @@ class CudaBackendImpl final : public CudaBackend {
                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
-      cudnn_->backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_);
+      const int64_t sq = T * H * D, sk = T * KV * D;
+      cudnn_in_groups(B, T, H, KV, D, true, "attention_backward", [&](int64_t b0, int64_t n) {
+        cudnn_->backward(dq + b0 * sq, dk + b0 * sk, dv + b0 * sk, dout + b0 * sq, q + b0 * sq,
+                         k + b0 * sk, v + b0 * sk, out + b0 * sq, lse + b0 * H * T, n, T, H, KV,
+                         D, scratch_);
+      });
       return done("attention_backward");
     }
 #endif
@@ -797,8 +832,13 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
       using A = cuda::CudnnAttention;
-      cudnn_->forward(A::Out::bf16(out16), lse, A::In::bf16(q16), A::In::bf16(k16),
-                      A::In::bf16(v16), B, T, H, KV, D, scratch_);
+      const int64_t sq = T * H * D, sk = T * KV * D;
+      cudnn_in_groups(B, T, H, KV, D, false, "attention_forward_bf16",
+                      [&](int64_t b0, int64_t n) {
+        cudnn_->forward(A::Out::bf16(out16 + b0 * sq), lse + b0 * H * T,
+                        A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
+                        A::In::bf16(v16 + b0 * sk), n, T, H, KV, D, scratch_);
+      });
       return done("attention_forward_bf16");
     }
 #endif
@@ -824,9 +864,15 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
       using A = cuda::CudnnAttention;
-      cudnn_->backward(A::Out::fp32(dq), A::Out::fp32(dk), A::Out::fp32(dv), A::In::fp32(dout),
-                       A::In::bf16(q16), A::In::bf16(k16), A::In::bf16(v16), A::In::bf16(out16),
-                       lse, B, T, H, KV, D, scratch_);
+      const int64_t sq = T * H * D, sk = T * KV * D;
+      cudnn_in_groups(B, T, H, KV, D, true, "attention_backward_bf16",
+                      [&](int64_t b0, int64_t n) {
+        cudnn_->backward(A::Out::fp32(dq + b0 * sq), A::Out::fp32(dk + b0 * sk),
+                         A::Out::fp32(dv + b0 * sk), A::In::fp32(dout + b0 * sq),
+                         A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
+                         A::In::bf16(v16 + b0 * sk), A::In::bf16(out16 + b0 * sq),
+                         lse + b0 * H * T, n, T, H, KV, D, scratch_);
+      });
       return done("attention_backward_bf16");
     }
 #endif
@@ -845,6 +891,14 @@ class CudaBackendImpl final : public CudaBackend {
     done("attention_backward_bf16");
   }
   void set_attention(CudaAttention a) override { opt_.attention = a; }
+  size_t cudnn_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                       bool backward) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (B > 0 && T > 0 && cudnn().problem(B, T, H, KV, D).empty())
+      return cudnn_need(B, T, H, KV, D, backward);
+#endif
+    return 0;
+  }
   std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
     if (opt_.attention == CudaAttention::kFp32) return "fp32 (MXTRAIN_CUDA_ATTENTION=fp32)";
 #ifdef MXTRAIN_HAVE_CUDNN
@@ -1044,9 +1098,10 @@ class CudaBackendImpl final : public CudaBackend {
       if (!dh) continue;
       lt_.gemm_bf16(false, false, R, C, V, 1.0f, nullptr, g16, nullptr, w16, 0.0f, dh + r0 * C,
                     nullptr, ws, ws_bytes, scratch_, stream_);
-      lt_.gemm_bf16(true, false, V, C, R, 1.0f, nullptr, g16, nullptr, h16, 1.0f, dw, nullptr, ws,
-                    ws_bytes, scratch_, stream_);
-      stats_.flops += 4.0 * double(R) * double(V) * double(C);
+      if (dw)  // (as linear_backward: no weight gradient asked for, none computed)
+        lt_.gemm_bf16(true, false, V, C, R, 1.0f, nullptr, g16, nullptr, h16, 1.0f, dw, nullptr,
+                      ws, ws_bytes, scratch_, stream_);
+      stats_.flops += (dw ? 4.0 : 2.0) * double(R) * double(V) * double(C);
       done("head_cross_entropy (bf16 GEMMs)");
     }
   }
@@ -1106,6 +1161,32 @@ class CudaBackendImpl final : public CudaBackend {
     return opt_.attention == CudaAttention::kCudnn && B > 0 && T > 0 &&
            cudnn().problem(B, T, H, KV, D).empty();
   }
+  // call(b0, n) for cuDNN's attention over sequences [b0, b0 + n): all B at once where the
+  // shape's bf16 copies and workspace fit in the scratch arena's free bytes (the usual case),
+  // else in groups of half as many, and half again (each group size's graphs are built and
+  // cached like any shape's). The bytes are those of fp32 operands (CudnnAttention's
+  // *_scratch_bytes), an upper bound for the bf16 path's, which copies less. An error naming
+  // MXTRAIN_CUDA_SCRATCH_MB when one sequence does not fit: before, the arena's own "full"
+  // error came out of the middle of cuDNN's setup.
+  size_t cudnn_need(int64_t n, int64_t T, int64_t H, int64_t KV, int64_t D, bool backward) {
+    const size_t slack = 8 * DeviceArena::kAlign;  // the copies' rounding
+    return (backward ? cudnn().backward_scratch_bytes(n, T, H, KV, D)
+                     : cudnn().forward_scratch_bytes(n, T, H, KV, D)) + slack;
+  }
+  template <typename Call>
+  void cudnn_in_groups(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool backward,
+                       const char* op, Call&& call) {
+    const size_t left = scratch_.capacity() - scratch_.used();
+    auto need = [&](int64_t n) { return cudnn_need(n, T, H, KV, D, backward); };
+    int64_t g = B;
+    while (g > 1 && need(g) > left) g = (g + 1) / 2;
+    const std::string& why = cudnn().problem(g, T, H, KV, D);
+    MX_REQUIRE(why.empty(), op, ": cuDNN attention in groups of ", g, " sequences: ", why);
+    MX_REQUIRE(need(g) <= left, op, ": cuDNN attention needs ", need(g), " bytes of CUDA "
+               "scratch for one sequence of ", T, " tokens and ", left, " are free; raise "
+               "MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20, ")");
+    for (int64_t b0 = 0; b0 < B; b0 += g) call(b0, std::min(g, B - b0));
+  }
 #endif
 
   void launched(const char* op) {
@@ -1114,6 +1195,54 @@ class CudaBackendImpl final : public CudaBackend {
   }
   void done(const char* op) {
     if (opt_.sync_after_each_op) MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+    if (profiling_) profile_mark(op);
+  }
+
+  // run.profile's bookkeeping: events recorded, not yet read (oldest first), and a pool.
+  struct PendingEvent {
+    std::string op;
+    cudaEvent_t ev;
+    double flops;  // stats_.flops when recorded
+  };
+  cudaEvent_t take_event() {
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    MX_CUDA_CHECK("profile", cudaEventCreate(&e));
+    return e;
+  }
+  void profile_mark(const char* op) {
+    cudaEvent_t ev = take_event();
+    MX_CUDA_CHECK(op, cudaEventRecord(ev, stream_));
+    pending_.push_back({op, ev, stats_.flops});
+    if (pending_.size() >= 256) resolve_events(false);  // read what has run, without waiting
+  }
+  // Charges each pending op the time from the previous event to its own, oldest first; wait:
+  // for all of them, else only those already reached (cudaEventQuery).
+  void resolve_events(bool wait) {
+    while (!pending_.empty()) {
+      const PendingEvent& p = pending_.front();
+      if (wait) {
+        MX_CUDA_CHECK("profile", cudaEventSynchronize(p.ev));
+      } else {
+        const cudaError_t q = cudaEventQuery(p.ev);
+        if (q == cudaErrorNotReady) {
+          (void)cudaGetLastError();  // "not ready" is no error: do not leave it for a check
+          break;
+        }
+        MX_CUDA_CHECK("profile", q);
+      }
+      float ms = 0;
+      if (last_event_) MX_CUDA_CHECK("profile", cudaEventElapsedTime(&ms, last_event_, p.ev));
+      profile_.add(p.op, double(ms) / 1e3, p.flops - last_flops_);
+      if (last_event_) free_events_.push_back(last_event_);
+      last_event_ = p.ev;
+      last_flops_ = p.flops;
+      pending_.pop_front();
+    }
   }
 
   // Arena memory (core/arena.h) in device memory; zeroing is queued on the backend's stream, so
@@ -1195,6 +1324,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* as,
                       const Fp8Operand& aq, const uint8_t* B, const float* bs,
                       const Fp8Operand& bq, float beta, float* C, uint16_t* C16 = nullptr) {
+    DeviceArenaScope scope(scratch_);  // as tensor_fp8_gemm
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     if (!lt_.fp8_block_gemm(M, N, K, A, as, aq.block_rows > 1 && aq.block_cols > 1, B, bs,
@@ -1257,6 +1387,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* as,
                   const uint8_t* B, const uint8_t* bs, float beta, float* C,
                   uint16_t* C16 = nullptr) {
+    DeviceArenaScope scope(scratch_);  // as tensor_fp8_gemm
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     if (!lt_.mxfp8_gemm(M, N, K, A, as, B, bs, beta, C, ws, ws_bytes, stream_, C16)) return false;
@@ -1322,6 +1453,12 @@ class CudaBackendImpl final : public CudaBackend {
   bool fp8_block_via_mx_ = false;  // Blackwell (10.x): fp8-block's scales as E8M0, MXFP8 GEMM
   bool fp8_native_ = false;  // set in the constructor (capability and opt_.fp8_tensor_cores)
   bool fp8_bf16_output_ = true;      // set_fp8_bf16_output
+  bool profiling_ = false;           // run.profile (set_profiling)
+  OpProfile profile_;
+  std::deque<PendingEvent> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  cudaEvent_t last_event_ = nullptr;  // the last op's event: the next op's time starts there
+  double last_flops_ = 0;
   int64_t fp8_bf16_fallbacks_ = 0;   // fp8_output's fallbacks to fp32 + rounding
   CudaGemmPrecision base_precision_ = opt_.gemm_precision;
   DeviceMemory device_memory_;

@@ -63,6 +63,13 @@ class CudaBackend : public Backend {
   // followed by the reason when cuDNN was asked for but cannot take it ("fp32 (...)"). Asking
   // builds (and caches) the shape's cuDNN graphs.
   virtual std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  // Scratch bytes cuDNN's attention takes for B sequences of this shape, forward or backward
+  // (CudnnAttention::*_scratch_bytes: fp32 operands, a bound for the bf16 path's), the arena
+  // slack the backend adds included; 0 where cuDNN does not run the shape. The attention entry
+  // points run cuDNN in groups of sequences when all B do not fit; the op check sizes a small
+  // scratch arena with this to exercise that.
+  virtual size_t cudnn_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                               int64_t D, bool backward) = 0;
   // Beyond the Backend interface: the per-tensor FP8 GEMM on FP8 tensor cores over codes
   // already quantized (cuda::LtGemm::fp8_gemm: C[M,N] = (sa A[M,K]) (sb B[N,K])^T + beta C,
   // codes and decode scales in device memory). The op check calls it directly.

@@ -148,6 +148,7 @@ struct CudnnAttention::Impl {
   std::map<Shape, Entry> cache;
 
   ~Impl() {
+    cache.clear();  // the graphs' plans were built against the handle: they go first
     if (handle) fe::detail::destroy_handle(handle);
   }
 

@@ -209,9 +209,13 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
   if (no_algo_.count(key)) return nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  MX_CUBLAS_CHECK(op, cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, pref, 1,
-                                                     &heuristic, &found));
-  if (found == 0) {  // the caller throws, or (a bf16 output) falls back
+  // No algorithm shows as CUBLAS_STATUS_NOT_SUPPORTED (as Transformer Engine reads it) or as
+  // success with none found: both are "none" here, any other status an error.
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, pref, 1,
+                                                           &heuristic, &found);
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) MX_CUBLAS_CHECK(op, st);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 ||
+      heuristic.state != CUBLAS_STATUS_SUCCESS) {  // the caller throws, or falls back
     no_algo_.insert(key);
     return nullptr;
   }

@@ -137,6 +137,9 @@ void NcclCommunicator::order_after_compute() {
   if (compute_stream_) wait_for(compute_stream_);
 }
 
+// The blocking forms below stage through device buffers unless both pointers are device memory;
+// one of them may still be, so the staging copies say cudaMemcpyDefault (unified addressing
+// tells the direction from each pointer) rather than assume host memory on the far side.
 void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, CommDtype dtype) {
   if (on_device(send) && on_device(recv)) {
     all_gather_async(send, recv, count, dtype);  // the handle's destructor waits
@@ -146,11 +149,11 @@ void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, C
   check_collective_args("all_gather", count, dtype);
   const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
   Staging s_send(bytes, stream_), s_recv(bytes * size_t(size_), stream_);
-  MX_CUDA_CHECK("all_gather", cudaMemcpyAsync(s_send.get(), send, bytes, cudaMemcpyHostToDevice,
+  MX_CUDA_CHECK("all_gather", cudaMemcpyAsync(s_send.get(), send, bytes, cudaMemcpyDefault,
                                               stream_));
   all_gather_async(s_send.get(), s_recv.get(), count, dtype);
   MX_CUDA_CHECK("all_gather", cudaMemcpyAsync(recv, s_recv.get(), bytes * size_t(size_),
-                                              cudaMemcpyDeviceToHost, stream_));
+                                              cudaMemcpyDefault, stream_));
   sync("all_gather");
 }
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t count,
@@ -164,10 +167,10 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t coun
   const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
   Staging s_send(bytes * size_t(size_), stream_), s_recv(bytes, stream_);
   MX_CUDA_CHECK("reduce_scatter", cudaMemcpyAsync(s_send.get(), send, bytes * size_t(size_),
-                                                  cudaMemcpyHostToDevice, stream_));
+                                                  cudaMemcpyDefault, stream_));
   reduce_scatter_async(s_send.get(), s_recv.get(), count, dtype, op);
   MX_CUDA_CHECK("reduce_scatter", cudaMemcpyAsync(recv, s_recv.get(), bytes,
-                                                  cudaMemcpyDeviceToHost, stream_));
+                                                  cudaMemcpyDefault, stream_));
   sync("reduce_scatter");
 }
 void NcclCommunicator::all_reduce(const void* send, void* recv, int64_t count, CommDtype dtype,
@@ -181,10 +184,10 @@ void NcclCommunicator::all_reduce(const void* send, void* recv, int64_t count, C
   const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
   Staging buf(bytes, stream_);
   MX_CUDA_CHECK("all_reduce",
-                cudaMemcpyAsync(buf.get(), send, bytes, cudaMemcpyHostToDevice, stream_));
+                cudaMemcpyAsync(buf.get(), send, bytes, cudaMemcpyDefault, stream_));
   all_reduce_async(buf.get(), buf.get(), count, dtype, op);
   MX_CUDA_CHECK("all_reduce",
-                cudaMemcpyAsync(recv, buf.get(), bytes, cudaMemcpyDeviceToHost, stream_));
+                cudaMemcpyAsync(recv, buf.get(), bytes, cudaMemcpyDefault, stream_));
   sync("all_reduce");
 }
 
@@ -199,12 +202,12 @@ void NcclCommunicator::broadcast(void* buffer, int64_t count, CommDtype dtype, i
   } else {
     Staging buf(bytes, stream_);
     MX_CUDA_CHECK("broadcast",
-                  cudaMemcpyAsync(buf.get(), buffer, bytes, cudaMemcpyHostToDevice, stream_));
+                  cudaMemcpyAsync(buf.get(), buffer, bytes, cudaMemcpyDefault, stream_));
     nccl_check(ncclBroadcast(buf.get(), buf.get(), size_t(count), nccl_type(dtype), root, comm_,
                              stream_),
                "ncclBroadcast");
     MX_CUDA_CHECK("broadcast",
-                  cudaMemcpyAsync(buffer, buf.get(), bytes, cudaMemcpyDeviceToHost, stream_));
+                  cudaMemcpyAsync(buffer, buf.get(), bytes, cudaMemcpyDefault, stream_));
   }
   sync("broadcast");
 }

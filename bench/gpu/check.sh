@@ -136,12 +136,14 @@ seq=8192
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
 b=$(( 16384 / seq )); batches=""
 while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
+# Every mxtrain speed run is profiled (run.profile: one CUDA event as each op finishes
+# queueing, resolved while the GPU works), so the one GPU session also says where the time goes.
 for recipe in bf16 fp8-current fp8-delayed fp8-block; do
   budget=$(cap 50)
   MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(( budget + 20 ))" \
     python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
     --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
-    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
+    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" --profile \
     > /dev/null 2>> "$OUT/errors.txt"
 done
 # mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and
@@ -153,7 +155,7 @@ for recipe in mxfp8 nvfp4; do
     MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout "$(( budget + 20 ))" \
       python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
       --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
-      --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" \
+      --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" --profile \
       > /dev/null 2>> "$OUT/errors.txt"
   else
     echo "{\"impl\": \"mxtrain\", \"recipe\": \"$recipe\", \"seq\": $seq, \"error\": \"skipped: runs natively on sm_100 only (this GPU: compute capability ${cc:-unknown})\"}" \
@@ -216,6 +218,15 @@ for r in speed:
     print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
           f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}% {attn}{native}")
     by[(impl, r["seq"])] = r["tokens_per_s"]
+for r in speed:  # where each profiled run's step time went: its top ops
+    prof = r.get("op_profile")
+    if not prof:
+        continue
+    print(f"profile mx {r.get('recipe')} seq {r['seq']} x {r['micro_batch']} (steps "
+          f"{prof['first_step']}-{prof['last_step']}, {prof['seconds']:.3f} s):")
+    for o in prof["ops"][:8]:
+        rate = f" {o['gflops'] / 1e3:7.1f} TFLOP/s" if o["gflops"] > 0 else ""
+        print(f"  {o['op'][:40]:40s} {o['calls']:6d} calls {100 * o['share']:5.1f}%{rate}")
 for seq in (4096, 8192):
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")

@@ -166,6 +166,8 @@ def speed(args):
                         "memory.activation_checkpointing": policy, "checkpoint.resume": "none"}
                 if args.activations:
                     sets["precision.activations"] = args.activations
+                if args.profile:  # each op's own GPU time (one CUDA event per op)
+                    sets["run.profile"] = "true"
                 out = Path(args.work) / f"speed_{args.recipe}_{args.activations}_{seq}_{batch}_{policy}"
                 rc, tail, steps, secs = run_train(args.bin, sets, {}, out,
                                                   min(args.limit, left), stop_after=args.steps)
@@ -198,6 +200,9 @@ def speed(args):
                               peak_mem_bytes=max(s["peak_mem_bytes"] for s in steps))
                 result["mfu"] = result["mfu_reported"] * result["tokens_per_s"] / \
                     timed[-1]["tokens_per_s"]
+                prof = steps[-1].get("op_profile")
+                if prof:  # the steps after the first, as timed (--skip 1): the top ops
+                    result["op_profile"] = dict(prof, ops=prof["ops"][:15])
                 done = True
                 break
             if done:
@@ -225,6 +230,9 @@ def main():
                     help="loss-match: the recipes compared")
     ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
     ap.add_argument("--budget", type=float, default=200, help="speed: seconds for all shapes")
+    ap.add_argument("--profile", action="store_true",
+                    help="speed: run.profile on; the top ops of the last step's profile go "
+                         "into the result")
     args = ap.parse_args()
     if args.what == "loss-match":
         args.steps = args.steps or 50

@@ -51,10 +51,17 @@ struct Dev {
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) { upload(h); }
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
+  // Both finish before returning: the backend's kernels run on a non-blocking stream, which
+  // does not wait for the legacy default stream these calls use (cudaMemset and a pageable
+  // cudaMemcpy may return early).
   void upload(const std::vector<T>& h) {
     MX_CUDA_CHECK("op_check upload", cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    MX_CUDA_CHECK("op_check upload", cudaDeviceSynchronize());
   }
-  void poison() { MX_CUDA_CHECK("op_check poison", cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T))); }
+  void poison() {
+    MX_CUDA_CHECK("op_check poison", cudaMemset(p, 0xFF, std::max<size_t>(1, n) * sizeof(T)));
+    MX_CUDA_CHECK("op_check poison", cudaDeviceSynchronize());
+  }
   std::vector<T> download() const {
     MX_CUDA_CHECK("op_check sync", cudaDeviceSynchronize());
     std::vector<T> h(n);
@@ -1004,6 +1011,86 @@ void check_attention_groups(Backend& cpu) {
   });
 }
 
+// cuDNN's attention in groups of sequences (cudnn_in_groups): on a backend whose scratch arena
+// holds the bf16 copies and workspace of two sequences (backward's, from
+// cudnn_attention_scratch_bytes) but not three, B = 3 runs as 2 + 1, against the CPU twin at
+// attention_cudnn_*'s tolerances (fp32 entry points, and the bf16 path's forward); with room for
+// less than one sequence, an error naming MXTRAIN_CUDA_SCRATCH_MB.
+void check_attention_cudnn_groups(Backend& cpu, CudaBackend& gpu) {
+  const int64_t B = 3, T = 200, H = 8, KV = 2, D = 64;
+  const std::string sh = dims({B, T, H, KV, D});
+  gpu.set_attention(CudaAttention::kCudnn);
+  const size_t two = gpu.cudnn_attention_scratch_bytes(2, T, H, KV, D, true);
+  const size_t three = gpu.cudnn_attention_scratch_bytes(3, T, H, KV, D, true);
+  const size_t one = gpu.cudnn_attention_scratch_bytes(1, T, H, KV, D, true);
+  if (two == 0 || one == 0) {
+    run_case("attention_cudnn_groups", sh, [&](Result& r) {
+      r.pass = false;
+      r.note = "cuDNN does not run the shape: " + gpu.attention_path(B, T, H, KV, D);
+    });
+    return;
+  }
+  auto backend = [](size_t scratch) {
+    CudaBackendOptions o;
+    o.sync_after_each_op = true;
+    o.attention = CudaAttention::kCudnn;
+    o.scratch_bytes = scratch;
+    o.gemm_workspace_bytes = 0;
+    return make_cuda_backend(o);
+  };
+  auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
+  const auto qb = round_bf16(q), kb = round_bf16(k), vb = round_bf16(v);
+  std::vector<float> out(B * T * H * D), lse(B * H * T);
+  cpu.attention_forward(out.data(), lse.data(), qb.data(), kb.data(), vb.data(), B, T, H, KV, D);
+  auto small = backend(two);
+  const std::string note = "scratch " + std::to_string(two) + " B: two sequences (" +
+                           std::to_string(three) + " for three)";
+  run_case("attention_cudnn_groups", sh + " fwd", [&](Result& r) {
+    r.note = note;
+    Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
+    small->attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+    compare(r, "out", dout.download(), out, {2e-2 * max_abs(out), 0.0});
+    compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+  });
+  run_case("attention_cudnn_groups", sh + " bwd", [&](Result& r) {
+    r.note = note;
+    const auto g = randn(out.size());
+    const auto gb = round_bf16(g), ob = round_bf16(out);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    cpu.attention_backward(dq.data(), dk.data(), dv.data(), gb.data(), qb.data(), kb.data(),
+                           vb.data(), ob.data(), lse.data(), B, T, H, KV, D);
+    Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()),
+        dDV(dv.size());
+    small->attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+    compare(r, "dq", dDQ.download(), dq, {3e-2 * max_abs(dq), 0.0});
+    compare(r, "dk", dDK.download(), dk, {3e-2 * max_abs(dk), 0.0});
+    compare(r, "dv", dDV.download(), dv, {3e-2 * max_abs(dv), 0.0});
+  });
+  run_case("attention_cudnn_groups", sh + " fwd bf16", [&](Result& r) {
+    r.note = note;
+    const auto q16 = bf16_codes(q), k16 = bf16_codes(k), v16 = bf16_codes(v);
+    Dev<uint16_t> dq(q16), dk(k16), dv(v16), dout(out.size());
+    Dev<float> dlse(lse.size());
+    small->attention_forward_bf16(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+    compare(r, "out", widen(dout.download()), out, {2e-2 * max_abs(out), kBf16Ulp});
+    compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+  });
+  run_case("attention_cudnn_groups", sh + " no room", [&](Result& r) {
+    auto tiny = backend(one / 2);
+    Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
+    try {
+      tiny->attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      r.pass = false;
+      r.note = "no error";
+    } catch (const std::exception& e) {
+      if (std::string(e.what()).find("MXTRAIN_CUDA_SCRATCH_MB") == std::string::npos) {
+        r.pass = false;
+        r.note = std::string("wrong error: ") + e.what();
+      }
+    }
+  });
+}
+
 // The fp32 kernel (attention.cu), forced with set_attention(kFp32), against the CPU backend.
 void check_attention(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kFp32);
@@ -1642,6 +1729,7 @@ int main(int argc, char** argv) {
     check_attention(*cpu, *gpu);
     check_attention_groups(*cpu);
     check_attention_cudnn(*cpu, *gpu);
+    check_attention_cudnn_groups(*cpu, *gpu);
     check_quantizers(*gpu);
     std::printf("%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } catch (const std::exception& e) {

@@ -140,7 +140,7 @@ def mxfp8_ref(x, columnwise=False, elem="e4m3", rule="ceil"):
     ceil (TE/cuBLAS): b = float_to_e8m0(amax * fp32(1/max)); the elements are cast with the
       multiplier exp2f_rcp(b).
     floor (OCP MX v1.0 section 6.3): b = floor(log2(amax)) - emax_elem + 127 clamped to [0, 254]
-      (amax = 0 -> 0); multiplier 2^(127 - b).
+      (amax = 0 -> 0, amax = inf -> 254); multiplier 2^(127 - b).
     Elements: SATFINITE RNE cast of x * multiplier. Dequant: decode(code) * 2^(b - 127)."""
     x2 = view_2d(x)
     rows, cols = x2.shape
@@ -157,7 +157,9 @@ def mxfp8_ref(x, columnwise=False, elem="e4m3", rule="ceil"):
             e8 = e8m0_up_satfinite(amax * max_rcp)
             mult = exp2f_rcp(e8)
         else:
-            if amax > 0:
+            if np.isinf(amax):
+                e8 = 254  # the largest scale, as ceil's saturating encode gives
+            elif amax > 0:
                 _, exp = np.frexp(np.float64(amax))  # amax = m * 2^exp, m in [0.5, 1)
                 e8 = int(np.clip(int(exp) - 1 - emax + 127, 0, 254))
             else:

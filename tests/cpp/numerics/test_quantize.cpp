@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -98,6 +99,23 @@ TEST(Quantize, Mxfp8ScalesAndShapes) {
   EXPECT_EQ(col.scale_cols, 70);
   Quantized ocp = quantize_mxfp8(x.data(), rows, cols, false, Format::kE4M3, MxScaleRule::kFloor);
   for (int64_t i = 0; i < 15; ++i) EXPECT_LE(ocp.scales_u8[i], q.scales_u8[i]);
+}
+
+// The floor rule with an infinite amax: ilogbf(inf) is INT_MAX, which the rule's sum used to
+// overflow (undefined: gcc -O2 then decoded the block's scale as 0, the GPU as 2^-127). Now the
+// largest scale, 254 (what the ceil rule's saturating encode gives), for both, in every build.
+TEST(Quantize, Mxfp8FloorRuleWithInfinity) {
+  std::vector<float> x(64, 1.0f);
+  x[5] = -std::numeric_limits<float>::infinity();
+  x[40] = 3.0f;
+  for (MxScaleRule rule : {MxScaleRule::kFloor, MxScaleRule::kCeil})
+    EXPECT_EQ(quantize_mxfp8(x.data(), 1, 64, false, Format::kE4M3, rule).scales_u8[0], 254);
+  Quantized q = quantize_mxfp8(x.data(), 1, 64, false, Format::kE4M3, MxScaleRule::kFloor);
+  // multiplier 2^(127 - 254) = 2^-127: -inf saturates to -448, whose dequantization 448 x 2^127
+  // overflows fp32; 1 x 2^-127 encodes to 0 in E4M3
+  EXPECT_EQ(q.dequant[5], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(q.dequant[0], 0.0f);
+  EXPECT_EQ(q.scales_u8[1], 120);  // the finite block: floor(log2 3) - 8 + 127
 }
 
 TEST(Quantize, Nvfp4PackingAndScales) {
