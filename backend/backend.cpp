@@ -170,6 +170,15 @@ void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq
   gemm(true, false, out, in, N, 1.0f, dyd, xd, 1.0f, dw);
 }
 
+void Backend::fp8_linear_backward(float* dx, float* dw, const float* dy,
+                                  const Fp8Operand& dyq_dgrad, const float* w,
+                                  const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
+                                  const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
+                                  int64_t out, bool accumulate_dx, float* work) {
+  if (dx) fp8_linear_dgrad(dx, dy, dyq_dgrad, w, wq, N, in, out, accumulate_dx, work);
+  if (dw) fp8_linear_wgrad(dw, dy, dyq_wgrad, x, xq, N, in, out, work);
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return make_cpu_backend();
   if (device == "cuda") {

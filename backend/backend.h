@@ -186,6 +186,17 @@ class Backend {
   virtual void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq,
                                 const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                 int64_t out, float* work);
+  // A Linear's whole backward: fp8_linear_dgrad (dx null: skipped) then fp8_linear_wgrad (dw
+  // null: skipped), dy's operand given for each (the recipe's data-gradient and
+  // weight-gradient quantizations of it); `work` as large as the larger of the two calls'.
+  // CUDA, where dy's two quantizations are the same per-tensor one (fp8-current; fp8-delayed
+  // when its two scales agree), takes dy's amax once and writes its codes in both layouts in
+  // one pass (cuda::fp8_codes_both: the same bytes), and records the amax for both operands.
+  virtual void fp8_linear_backward(float* dx, float* dw, const float* dy,
+                                   const Fp8Operand& dyq_dgrad, const float* w,
+                                   const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
+                                   const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
+                                   int64_t out, bool accumulate_dx, float* work);
 
   // The emulated recipes' quantize-dequantize of one Linear operand on the backend, for the
   // path whose GEMMs run in fp32 over dequantized operands (a GPU without the recipe's tensor

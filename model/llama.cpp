@@ -741,26 +741,26 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     native_bf16(false);
     return;
   }
-  if (native_fp8(N, in, out)) {
+  if (native_fp8(N, in, out)) {  // both GEMMs in one call (dy quantized once where it can be)
     const size_t m = scratch_.mark();
+    float* work = scratch_.alloc_f32(std::max(dx ? N * out + out * in : 0,
+                                              dw ? N * out + N * in : 0));
+    Backend::Fp8Operand dyq_dgrad, wq, dyq_wgrad, xq;
     if (dx) {
-      float* work = scratch_.alloc_f32(N * out + out * in);
-      const auto dyq = fp8_operand(LinearOperand::kDgradGrad, linear);
-      const auto wq = fp8_operand(LinearOperand::kDgradWeight, linear);
-      be_.fp8_linear_dgrad(dx, dy, dyq, w, wq, N, in, out, accumulate_dx, work);
-      scratch_.release(m);
+      dyq_dgrad = fp8_operand(LinearOperand::kDgradGrad, linear);
+      wq = fp8_operand(LinearOperand::kDgradWeight, linear);
     }
     if (dw) {
-      float* work = scratch_.alloc_f32(N * out + N * in);
-      auto dyq = fp8_operand(LinearOperand::kWgradGrad, linear);
-      auto xq = fp8_operand(LinearOperand::kWgradInput, linear);
+      dyq_wgrad = fp8_operand(LinearOperand::kWgradGrad, linear);
+      xq = fp8_operand(LinearOperand::kWgradInput, linear);
       xq.bf16 = x16;
       if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
-        dyq.rht = xq.rht = true;
-        dyq.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);
+        dyq_wgrad.rht = xq.rht = true;
+        dyq_wgrad.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);
       }
-      be_.fp8_linear_wgrad(dw, dy, dyq, x, xq, N, in, out, work);
     }
+    be_.fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in, out,
+                            accumulate_dx, work);
     scratch_.release(m);
     return;
   }

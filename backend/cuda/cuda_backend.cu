@@ -533,6 +533,54 @@ class CudaBackendImpl final : public CudaBackend {
                [&](const auto* xs) { fp8_wgrad(dw, dy, dyq, xs, xq, N, in, out, work); });
   }
 
+  // Both GEMMs of a Linear's backward. Where dy's two quantizations are one per-tensor
+  // quantization (same format and scaling; fp8-delayed's two scales equal), dy's amax is taken
+  // once and its codes written in both layouts from one read (fp8_codes_both); the amax goes to
+  // both operands' slots. The codes are the bytes the two separate calls write. Otherwise, or
+  // where `work` (the larger of the two calls' floats) cannot hold the four code buffers, the
+  // two calls.
+  void fp8_linear_backward(float* dx, float* dw, const float* dy, const Fp8Operand& dyq_dgrad,
+                           const float* w, const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
+                           const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
+                           int64_t out, bool accumulate_dx, float* work) override {
+    auto per_tensor = [](const Fp8Operand& q) {
+      return !q.mx && !q.nvfp4 && q.block_rows == 0 && q.block_cols == 0;
+    };
+    const bool same = dyq_dgrad.fmt == dyq_wgrad.fmt && dyq_dgrad.current == dyq_wgrad.current &&
+                      (dyq_dgrad.current || dyq_dgrad.scale == dyq_wgrad.scale);
+    const int64_t have = 4 * std::max(N * out + out * in, N * out + N * in);
+    const int64_t need = 2 * round_up_256(N * out) + round_up_256(out * in) + N * in;
+    if (!dx || !dw || !per_tensor(dyq_dgrad) || !per_tensor(dyq_wgrad) || !same ||
+        need > have) {
+      return Backend::fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in,
+                                          out, accumulate_dx, work);
+    }
+    with_input(x, xq, "fp8_linear_backward", [&](const auto* xs) {
+      uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
+      uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
+      uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
+      uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
+      float* scale = scratch_.alloc_f32(1);
+      float* scale_inv = scratch_.alloc_f32(1);
+      float* amax = dyq_dgrad.amax ? dyq_dgrad.amax : dyq_wgrad.amax;
+      if (!amax && dyq_dgrad.current) amax = scratch_.alloc_f32(1);
+      if (amax) cuda::abs_max(amax, dy, N * out, scratch_, stream_);
+      if (dyq_wgrad.amax && dyq_wgrad.amax != amax)
+        MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, amax, sizeof(float),
+                                                             cudaMemcpyDeviceToDevice, stream_));
+      cuda::fp8_scales(scale, scale_inv, dyq_dgrad.current ? amax : nullptr, dyq_dgrad.scale,
+                       dyq_dgrad.fmt, stream_);
+      cuda::fp8_codes_both(dy, N, out, dyq_dgrad.fmt, scale, dyc, dytc, stream_);
+      launched("fp8_operand (dy, both layouts)");
+      const float* ws = fp8_operand(wtc, w, out, in, wq, true);
+      tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
+                      accumulate_dx ? 1.0f : 0.0f, dx, nullptr);
+      const float* xsc = fp8_operand(xtc, xs, N, in, xq, true);
+      tensor_fp8_gemm(out, in, N, dytc, dyq_dgrad.fmt, scale_inv, xtc, xq.fmt, xsc, 1.0f, dw,
+                      nullptr);
+    });
+  }
+
   // f(x) or, given as codes, f(xq.bf16), in a scratch scope.
   template <class F>
   void with_input(const float* x, const Fp8Operand& xq, const char* op, F&& f) {

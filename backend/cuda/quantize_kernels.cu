@@ -215,6 +215,29 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
   }
 }
 
+// fp8_codes_t_kernel that also writes the row-major codes as it reads x.
+__global__ void fp8_codes_both_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                                      Format fmt, const float* __restrict__ scale_ptr,
+                                      uint8_t* __restrict__ codes,
+                                      uint8_t* __restrict__ codes_t) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const float scale = *scale_ptr;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      const uint8_t code = numerics::encode_fp8_elem(x[r * cols + c] * scale, fmt, false, 0u);
+      codes[r * cols + c] = code;
+      tile[i][threadIdx.x] = code;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 template <class T>
 __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_t cols,
                                  T* __restrict__ dst) {
@@ -347,6 +370,17 @@ void fp8_codes(const float* x, int64_t rows, int64_t cols, Format fmt, const flo
 void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
                uint8_t* codes, bool transposed, cudaStream_t s) {
   fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s);
+}
+
+void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+                    uint8_t* codes, uint8_t* codes_t, cudaStream_t s) {
+  check_fp8(fmt, "fp8_codes_both");
+  if (rows * cols == 0) return;
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
+  MX_REQUIRE(grid.y <= 65535, "fp8_codes_both: ", rows, " rows is too many for the grid");
+  fp8_codes_both_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes,
+                                                                 codes_t);
+  MX_CUDA_LAUNCH_CHECK("fp8_codes_both");
 }
 
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,

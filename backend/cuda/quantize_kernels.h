@@ -66,6 +66,12 @@ void fp8_codes(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
                const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
 void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format fmt,
                const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
+// Both layouts of fp8_codes from one read of x (the cast + transpose Transformer Engine fuses):
+// codes [rows, cols] and codes_t [cols, rows], the same bytes as the two fp8_codes calls. For a
+// Linear's output gradient, which the data gradient reads row-major and the weight gradient
+// transposed.
+void fp8_codes_both(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
+                    const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s);
 
 // dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,

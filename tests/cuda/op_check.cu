@@ -332,6 +332,31 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
         check_amax(r);
       });
+      // The whole backward in one call: on CUDA dy's amax once and its codes in both layouts
+      // from one read (fp8_codes_both), the amax recorded for both of dy's operands; the CPU
+      // twin runs dgrad then wgrad. x as fp32, then as codes (the bf16 path).
+      for (int codes = 0; codes < 2; ++codes)
+        run_case("fp8_linear_backward", shape + (codes ? " x bf16" : ""), [&](Result& r) {
+          auto dx = randn(N * I), dw = randn(O * I, 1e-3f);
+          Dev<float> dDX(dx), dDW(dw), amax4(4);  // both accumulate (dx +=)
+          std::vector<float> camax(4);
+          const std::vector<float>& xin = codes ? xb.wide : x;
+          cpu.fp8_linear_backward(dx.data(), dw.data(), dy.data(),
+                                  op(Format::kE5M2, dy, &camax[0]), w.data(),
+                                  op(Format::kE4M3, w, &camax[1]),
+                                  op(Format::kE5M2, dy, &camax[2]), xin.data(),
+                                  op(Format::kE4M3, x, &camax[3]), N, I, O, true,
+                                  cpu_work.data());
+          auto gx = op(Format::kE4M3, x, amax4.p + 3);
+          if (codes) gx = xb.on_gpu(gx);
+          gpu.fp8_linear_backward(dDX.p, dDW.p, dDY.p, op(Format::kE5M2, dy, amax4.p), dW.p,
+                                  op(Format::kE4M3, w, amax4.p + 1),
+                                  op(Format::kE5M2, dy, amax4.p + 2), codes ? nullptr : dX.p,
+                                  gx, N, I, O, true, gpu_work.p);
+          compare(r, "dx", dDX.download(), dx, {1e-5 * max_abs(dx), 0.0});
+          compare(r, "dw", dDW.download(), dw, {1e-5 * max_abs(dw), 0.0});
+          expect_floats(r, "amax", amax4.download(), camax);
+        });
     }
 }
 
