@@ -316,9 +316,19 @@ void Fsdp::finish_micro_batch() {
 
 double Fsdp::reduce_gradients_and_norm() {
   complete_reduce_scatter();
+  // A GPU's host reaches this point with the backward still queued: wait for it outside the
+  // timer, so that comm_wait_s counts the all-reduce and the norm, not the compute.
+  be_.synchronize();
   CommTimer t(comm_wait_s_);
-  if (replica_comm_->size() > 1)
-    replica_comm_->all_reduce(std::span<float>(grad_base_, size_t(local_numel_)), ReduceOp::kAvg);
+  if (replica_comm_->size() > 1) {
+    // In pieces: a collective's count is an int (MPI), and a replicated shard is the whole
+    // model with sharding = none (Llama-3-8B: 8e9 elements).
+    constexpr int64_t kPiece = int64_t(1) << 30;
+    for (int64_t i = 0; i < local_numel_; i += kPiece)
+      replica_comm_->all_reduce(
+          std::span<float>(grad_base_ + i, size_t(std::min(kPiece, local_numel_ - i))),
+          ReduceOp::kAvg);
+  }
   double local = be_.sum_squares(grad_base_, local_numel_);  // padding holds zeros
   return std::sqrt(shard_comm_->all_reduce(local, ReduceOp::kSum));
 }

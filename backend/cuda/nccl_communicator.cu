@@ -147,6 +147,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, C
     return;
   }
   check_collective_args("all_gather", count, dtype);
+  order_after_compute();  // the staging copy may read device memory the compute stream writes
   const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
   Staging s_send(bytes, stream_), s_recv(bytes * size_t(size_), stream_);
   MX_CUDA_CHECK("all_gather", cudaMemcpyAsync(s_send.get(), send, bytes, cudaMemcpyDefault,
@@ -164,6 +165,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t coun
     return;
   }
   check_collective_args("reduce_scatter", count, dtype);
+  order_after_compute();  // the staging copy may read device memory the compute stream writes
   const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
   Staging s_send(bytes * size_t(size_), stream_), s_recv(bytes, stream_);
   MX_CUDA_CHECK("reduce_scatter", cudaMemcpyAsync(s_send.get(), send, bytes * size_t(size_),
@@ -181,6 +183,7 @@ void NcclCommunicator::all_reduce(const void* send, void* recv, int64_t count, C
     return;
   }
   check_collective_args("all_reduce", count, dtype);
+  order_after_compute();  // the staging copy may read device memory the compute stream writes
   const size_t bytes = size_t(count * comm_dtype_bytes(dtype));
   Staging buf(bytes, stream_);
   MX_CUDA_CHECK("all_reduce",
