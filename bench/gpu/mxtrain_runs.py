@@ -78,6 +78,7 @@ def run_train(binary, sets, env_extra, out, limit, stop_after=None):
     for k, v in sets.items():
         argv += ["--set", f"{k}={v}"]
     argv += ["--set", f"run.out_dir={out}", "--set", f"run.metrics={metrics}"]
+    metrics.unlink(missing_ok=True)  # a rerun must not read the last run's steps
     env = dict(os.environ, **env_extra)
     if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):  # the carried libraries: for mxtrain only
         env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]

@@ -14,7 +14,9 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 scripts/fetch_cudnn_frontend.sh ||
   { echo "prepare.sh: no cudnn-frontend headers: the bundle would have the fp32 attention only" >&2; exit 1; }
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF >/dev/null
+# A baseline CPU target, not this machine's (-march=native): the GPU machine's CPU is unknown.
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF \
+  -DMXTRAIN_CPU_ARCH=x86-64-v3 >/dev/null
 cmake --build build-gpu --target cuda_op_check mxtrain -j2
 grep -qa "cuda attention: cudnn SDPA" build-gpu/mxtrain ||
   { echo "prepare.sh: build-gpu/mxtrain was built without the cuDNN attention (see cmake's" \

@@ -137,9 +137,21 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def progress(msg):
+    """A timestamped line on stderr (check.sh keeps it in errors.txt), so a run cut short by its
+    time limit still says how far it got."""
+    print(f"torch [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def run_shape(args, p, seq, batch, device):
     torch.manual_seed(0)
-    model = Llama(p, args.checkpointing).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # a failed larger micro-batch's peak is not ours
+    # Built on the device: 1.2B parameters initialized on one CPU thread (twice: the default
+    # init, then normal_) took 35 s of the check's budget.
+    with device:
+        model = Llama(p, args.checkpointing)
+    progress(f"seq {seq} micro-batch {batch}: model built")
     fused = dict(fused=True) if device.type == "cuda" else {}  # (old CPU torch: no such arg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, **fused)
     cos, sin = rope_tables(seq, p["head_dim"], p["theta"], device)
@@ -170,6 +182,7 @@ def run_shape(args, p, seq, batch, device):
         losses.append(float(loss))  # synchronizes
         sync(device)
         times.append(time.perf_counter() - t0)
+        progress(f"step {i + 1}/{args.steps}: {times[-1]:.3f} s, loss {losses[-1]:.4f}")
     timed = times[args.warmup:] or times[-1:]
     tok_s = batch * seq * len(timed) / sum(timed)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
