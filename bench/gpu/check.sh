@@ -212,7 +212,8 @@ by = {}
 for r in speed:
     if "tokens_per_s" not in r:
         why = r.get("error") or (r.get("tried") or [{}])[-1]
-        print(f"{r['impl'] + ' ' + r.get('recipe', ''):14s} {r['seq']:5d}  did not run: {why}")
+        label = r["impl"] + " " + r.get("recipe", "") + ("/a32" if r.get("activations") == "fp32" else "")
+        print(f"{label:14s} {r['seq']:5d}  did not run: {why}")
         continue
     ck = r.get("checkpointing", False)
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
