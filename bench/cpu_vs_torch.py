@@ -59,6 +59,7 @@ def run_mxtrain(seq, batch, steps, skip, workdir):
         "data.val_fraction": 0.0, "run.name": f"bench_{seq}x{batch}",
         "run.out_dir": Path(workdir) / f"run_{seq}x{batch}", "run.metrics": metrics,
         "run.sample_tokens": 0, "checkpoint.resume": "none",
+        "run.profile": True,  # where the step time goes: GEMMs, attention, the rest
     })
     argv = [mxtrain_bin(), "train"]
     for k, v in sets.items():
@@ -82,9 +83,13 @@ def run_mxtrain(seq, batch, steps, skip, workdir):
     # The trainer's MFU is model FLOP/s over its own start-up SGEMM measurement; keep the model
     # FLOP/s so the table can divide by the bench's (longer, before-and-after) measurement.
     model_gflops = float(np.mean([s["mfu"] for s in timed])) * summary["sgemm_peak_gflops"]
+    # Shares of the profiled steps' time (the steps after the first: run.profile)
+    ops = {o["op"]: o["share"] for o in summary.get("op_profile", {}).get("ops", [])}
+    gemm_share = ops.get("gemm", 0.0)
+    attn_share = ops.get("attention_forward", 0.0) + ops.get("attention_backward", 0.0)
     return dict(tokens_per_s=tok_s, gemm_gflops=summary.get("gemm_gflops"),
                 peak_mem_bytes=max(s["peak_mem_bytes"] for s in steps_m), wall_s=wall,
-                model_gflops=model_gflops)
+                model_gflops=model_gflops, time_gemm=gemm_share, time_attention=attn_share)
 
 
 def run_torch(seq, batch, steps, skip):
@@ -201,8 +206,9 @@ def main():
 
     lines = [
         "| seq x batch | mxtrain tok/s | PyTorch tok/s | ratio (mxtrain/PyTorch), median "
-        "[range] | mxtrain GEMM GFLOP/s | share of SGEMM | mxtrain MFU | mxtrain peak MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "[range] | mxtrain GEMM GFLOP/s | share of SGEMM | mxtrain MFU | mxtrain peak MiB | "
+        "mxtrain step time: GEMM / attention / rest |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for seq, batch, mx, th, ratios in rows:
         g = mx["gemm_gflops"]
@@ -211,7 +217,9 @@ def main():
         lines.append(f"| {seq} x {batch} | {mx['tokens_per_s']:.0f} | {th['tokens_per_s']:.0f} | "
                      f"{float(np.median(ratios)):.2f} [{min(ratios):.2f}, {max(ratios):.2f}] | "
                      f"{gtxt} | {share} | {mx['model_gflops'] / sgemm:.3f} | "
-                     f"{mx['peak_mem_bytes'] / 2**20:.0f} |")
+                     f"{mx['peak_mem_bytes'] / 2**20:.0f} | "
+                     f"{100 * mx['time_gemm']:.0f}% / {100 * mx['time_attention']:.0f}% / "
+                     f"{100 * (1 - mx['time_gemm'] - mx['time_attention']):.0f}% |")
     table = "\n".join(lines)
     header = (f"Model: hidden 512, 8 layers, 8 heads / 4 KV, intermediate 1536, vocab 32000, untied, "
               f"fp32; {THREADS} threads each; {args.steps} steps, first {args.skip} untimed; "
@@ -221,7 +229,9 @@ def main():
               f"fastest of repeated 2048^3 GEMMs over {SGEMM_SECONDS} s, 2 threads), before / "
               f"after: {sgemm_before:.1f} / {sgemm_after:.1f} GFLOP/s; GEMM shares and MFU below "
               f"use the higher, {sgemm:.1f}. Load average (1/5/15 min) at start: {load_before}; "
-              f"at end: {load_after}. PyTorch {torch.__version__}.")
+              f"at end: {load_after}. PyTorch {torch.__version__}. The last column: shares of "
+              f"mxtrain's step time (`run.profile`, steps after the first) in `gemm` and in "
+              f"attention forward + backward.")
     if (min(sgemm_before, sgemm_after) < 0.85 * sgemm
             or float(load_before.split()[0]) > 1.0):
         # (The load at the end includes the benchmark's own two threads: only the start counts.)
