@@ -275,12 +275,12 @@ int run_training(const RunConfig& cfg) {
   if (cfg.run.profile) be.set_profiling(true);
   // The profile so far, for the metrics (each logged step's, and the summary's): a run that is
   // stopped early still leaves one.
-  auto profile_json = [&](int64_t last_step) {
+  auto profile_json = [&](int64_t last_step, const std::vector<OpProfile::Row>& rows) {
     const double wall = train_seconds - profile_from;
     return nlohmann::json{{"first_step", profile_first},
                           {"last_step", last_step},
                           {"seconds", wall},
-                          {"ops", op_profile_json(be.op_profile(), wall)}};
+                          {"ops", op_profile_json(rows, wall)}};
   };
   int64_t step = start_step;
   int64_t stop_signal = 0;
@@ -364,7 +364,7 @@ int run_training(const RunConfig& cfg) {
       if (W > 1) rec["peak_mem_bytes_max_rank"] = peak_max;
       rec["step_time_s"] = dt;
       if (W > 1) rec["comm_wait_s"] = fsdp.comm_wait_seconds() - comm_wait_before;
-      if (cfg.run.profile && done >= profile_first) rec["op_profile"] = profile_json(done);
+      if (cfg.run.profile && done >= profile_first) rec["op_profile"] = profile_json(done, be.op_profile());
       metrics->write(rec);
       const double eta = train_seconds / double(done - start_step) * double(tc.steps - done);
       std::string line = str("step ", done, "/", tc.steps, " | loss ", loss);
@@ -448,7 +448,7 @@ int run_training(const RunConfig& cfg) {
     };
     const std::vector<OpProfile::Row> rows = be.op_profile();
     const double wall = train_seconds - profile_from;
-    summary["op_profile"] = profile_json(step);
+    summary["op_profile"] = profile_json(step, rows);
     if (lead)
       info("profile of steps ", profile_first, "-", step, " (", str_seconds(wall),
            ", rank 0; each op's own time, docs/config.md):\n",

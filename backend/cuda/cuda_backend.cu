@@ -560,18 +560,13 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
       uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
       uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
-      float* scale = scratch_.alloc_f32(1);
-      float* scale_inv = scratch_.alloc_f32(1);
-      float* amax = dyq_dgrad.amax ? dyq_dgrad.amax : dyq_wgrad.amax;
-      if (!amax && dyq_dgrad.current) amax = scratch_.alloc_f32(1);
-      if (amax) cuda::abs_max(amax, dy, N * out, scratch_, stream_);
-      if (dyq_wgrad.amax && dyq_wgrad.amax != amax)
-        MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, amax, sizeof(float),
+      Fp8Operand dyq = dyq_dgrad;  // dy's amax goes to the wgrad operand's slot too
+      if (!dyq.amax) dyq.amax = dyq_wgrad.amax;
+      const float* scale_inv = fp8_operand(dytc, dy, N, out, dyq, true, dyc);
+      if (dyq_wgrad.amax && dyq_wgrad.amax != dyq.amax)
+        MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, dyq.amax,
+                                                             sizeof(float),
                                                              cudaMemcpyDeviceToDevice, stream_));
-      cuda::fp8_scales(scale, scale_inv, dyq_dgrad.current ? amax : nullptr, dyq_dgrad.scale,
-                       dyq_dgrad.fmt, stream_);
-      cuda::fp8_codes_both(dy, N, out, dyq_dgrad.fmt, scale, dyc, dytc, stream_);
-      launched("fp8_operand (dy, both layouts)");
       const float* ws = fp8_operand(wtc, w, out, in, wq, true);
       tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
                       accumulate_dx ? 1.0f : 0.0f, dx, nullptr);
@@ -1326,15 +1321,25 @@ class CudaBackendImpl final : public CudaBackend {
 
   // One FP8 operand of a tensor-core Linear: codes into `codes` ([rows, cols], or [cols, rows]
   // when transposed); returns its decode scale (device, in scratch: the caller holds a scope).
+  // codes_rows (transposed only): the row-major codes as well, from the same read of x.
   template <class X>
   const float* fp8_operand(uint8_t* codes, const X* x, int64_t rows, int64_t cols,
-                           const Fp8Operand& q, bool transposed) {
+                           const Fp8Operand& q, bool transposed, uint8_t* codes_rows = nullptr) {
     float* scale = scratch_.alloc_f32(1);
     float* scale_inv = scratch_.alloc_f32(1);
     float* amax = q.amax;
     if (!amax && q.current) amax = scratch_.alloc_f32(1);
     if (amax) cuda::abs_max(amax, x, rows * cols, scratch_, stream_);
     cuda::fp8_scales(scale, scale_inv, q.current ? amax : nullptr, q.scale, q.fmt, stream_);
+    if constexpr (std::is_same_v<X, float>) {
+      if (codes_rows) {
+        MX_ASSERT(transposed, "fp8_operand: the row-major copy goes with the transposed codes");
+        cuda::fp8_codes_both(x, rows, cols, q.fmt, scale, codes_rows, codes, stream_);
+        launched("fp8_operand (both layouts)");
+        return scale_inv;
+      }
+    }
+    MX_ASSERT(!codes_rows, "fp8_operand: both layouts of bf16 codes");
     cuda::fp8_codes(x, rows, cols, q.fmt, scale, codes, transposed, stream_);
     launched("fp8_operand");
     return scale_inv;

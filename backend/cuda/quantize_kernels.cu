@@ -194,41 +194,22 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
 }
 
 // 32 x 32 tiles through shared memory: reads of x and writes of codes^T both run along rows.
+// codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
 constexpr int kTile = 32, kTileRows = 8;
 template <class T>
 __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                    Format fmt, const float* __restrict__ scale_ptr,
-                                   uint8_t* __restrict__ codes_t) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
-  const float scale = *scale_ptr;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-    const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols)
-      tile[i][threadIdx.x] =
-          numerics::encode_fp8_elem(load(x, r * cols + c) * scale, fmt, false, 0u);
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-    const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
-  }
-}
-
-// fp8_codes_t_kernel that also writes the row-major codes as it reads x.
-__global__ void fp8_codes_both_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
-                                      Format fmt, const float* __restrict__ scale_ptr,
-                                      uint8_t* __restrict__ codes,
-                                      uint8_t* __restrict__ codes_t) {
+                                   uint8_t* __restrict__ codes_t, uint8_t* __restrict__ codes) {
   __shared__ uint8_t tile[kTile][kTile + 1];
   const float scale = *scale_ptr;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const uint8_t code = numerics::encode_fp8_elem(x[r * cols + c] * scale, fmt, false, 0u);
-      codes[r * cols + c] = code;
+      const uint8_t code =
+          numerics::encode_fp8_elem(load(x, r * cols + c) * scale, fmt, false, 0u);
       tile[i][threadIdx.x] = code;
+      if (codes) codes[r * cols + c] = code;
     }
   }
   __syncthreads();
@@ -356,7 +337,8 @@ void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const floa
   } else {
     const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
     MX_REQUIRE(grid.y <= 65535, "fp8_codes: ", rows, " rows is too many for the transposing grid");
-    fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes);
+    fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes,
+                                                                nullptr);
   }
   MX_CUDA_LAUNCH_CHECK("fp8_codes");
 }
@@ -378,8 +360,8 @@ void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, cons
   if (rows * cols == 0) return;
   const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
   MX_REQUIRE(grid.y <= 65535, "fp8_codes_both: ", rows, " rows is too many for the grid");
-  fp8_codes_both_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes,
-                                                                 codes_t);
+  fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
+                                                              codes);
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both");
 }
 

@@ -977,6 +977,30 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
   });
 }
 
+// A backend with a small scratch arena (and no cuBLASLt workspace), for the attention cases
+// that run in groups of sequences, and the error where not even one fits: `call` must throw
+// an error naming MXTRAIN_CUDA_SCRATCH_MB.
+std::unique_ptr<CudaBackend> small_scratch_backend(size_t scratch, CudaAttention attention) {
+  CudaBackendOptions o;
+  o.sync_after_each_op = true;
+  o.attention = attention;
+  o.scratch_bytes = scratch;
+  o.gemm_workspace_bytes = 0;
+  return make_cuda_backend(o);
+}
+void expect_scratch_error(Result& r, const std::function<void()>& call) {
+  try {
+    call();
+    r.pass = false;
+    r.note = "no error";
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("MXTRAIN_CUDA_SCRATCH_MB") == std::string::npos) {
+      r.pass = false;
+      r.note = std::string("wrong error: ") + e.what();
+    }
+  }
+}
+
 // The bf16 entry points' fp32-kernel fallback, a group of sequences at a time
 // (in_sequence_groups): on a backend whose scratch holds one sequence's widened operands
 // (about 1.0 MB at 200 x 8 x 64 with 2 KV heads), 3 sequences take 3 groups, against the CPU
@@ -990,14 +1014,7 @@ void check_attention_groups(Backend& cpu) {
   std::vector<uint16_t> out16(q.size());
   std::vector<float> lse(B * H * T);
   cpu.attention_forward_bf16(out16.data(), lse.data(), q16.data(), k16.data(), v16.data(), B, T, H, KV, D);
-  auto backend = [](size_t scratch) {
-    CudaBackendOptions o;
-    o.sync_after_each_op = true;
-    o.attention = CudaAttention::kFp32;
-    o.scratch_bytes = scratch;
-    o.gemm_workspace_bytes = 0;
-    return make_cuda_backend(o);
-  };
+  auto backend = [](size_t scratch) { return small_scratch_backend(scratch, CudaAttention::kFp32); };
   const size_t one_sequence = 4 * (2 * T * H * D + 2 * T * KV * D + H * T);  // backward's
   auto gpu = backend(one_sequence + one_sequence / 2);
   run_case("attention_bf16_groups", sh + " fwd", [&](Result& r) {
@@ -1023,16 +1040,9 @@ void check_attention_groups(Backend& cpu) {
     auto small = backend(one_sequence / 2);
     Dev<uint16_t> dq(q16), dk(k16), dv(v16), dout(out16.size());
     Dev<float> dlse(lse.size());
-    try {
+    expect_scratch_error(r, [&] {
       small->attention_forward_bf16(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
-      r.pass = false;
-      r.note = "no error";
-    } catch (const std::exception& e) {
-      if (std::string(e.what()).find("MXTRAIN_CUDA_SCRATCH_MB") == std::string::npos) {
-        r.pass = false;
-        r.note = std::string("wrong error: ") + e.what();
-      }
-    }
+    });
   });
 }
 
@@ -1055,14 +1065,7 @@ void check_attention_cudnn_groups(Backend& cpu, CudaBackend& gpu) {
     });
     return;
   }
-  auto backend = [](size_t scratch) {
-    CudaBackendOptions o;
-    o.sync_after_each_op = true;
-    o.attention = CudaAttention::kCudnn;
-    o.scratch_bytes = scratch;
-    o.gemm_workspace_bytes = 0;
-    return make_cuda_backend(o);
-  };
+  auto backend = [](size_t scratch) { return small_scratch_backend(scratch, CudaAttention::kCudnn); };
   auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
   const auto qb = round_bf16(q), kb = round_bf16(k), vb = round_bf16(v);
   std::vector<float> out(B * T * H * D), lse(B * H * T);
@@ -1103,16 +1106,9 @@ void check_attention_cudnn_groups(Backend& cpu, CudaBackend& gpu) {
   run_case("attention_cudnn_groups", sh + " no room", [&](Result& r) {
     auto tiny = backend(one / 2);
     Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
-    try {
+    expect_scratch_error(r, [&] {
       tiny->attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
-      r.pass = false;
-      r.note = "no error";
-    } catch (const std::exception& e) {
-      if (std::string(e.what()).find("MXTRAIN_CUDA_SCRATCH_MB") == std::string::npos) {
-        r.pass = false;
-        r.note = std::string("wrong error: ") + e.what();
-      }
-    }
+    });
   });
 }
 
