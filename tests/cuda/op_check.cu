@@ -1046,6 +1046,40 @@ void check_attention_groups(Backend& cpu) {
   });
 }
 
+// One cuDNN attention shape against its CPU twin: random q, k, v, the twin's forward on them
+// rounded to bf16 (RNE, what cuDNN reads), and the two checks at the attention_cudnn_*
+// tolerances: out 2e-2 of max |out|, lse 1e-3 of max |lse|; dq, dk, dv 3e-2 of each tensor's
+// max (the twin's backward takes dout and out rounded to bf16, as cuDNN sees them).
+struct CudnnAttentionCase {
+  int64_t B, T, H, KV, D;
+  std::vector<float> q, k, v, qb, kb, vb, out, lse;
+  CudnnAttentionCase(Backend& cpu, int64_t B_, int64_t T_, int64_t H_, int64_t KV_, int64_t D_)
+      : B(B_), T(T_), H(H_), KV(KV_), D(D_), q(randn(B * T * H * D)), k(randn(B * T * KV * D)),
+        v(randn(B * T * KV * D)), qb(round_bf16(q)), kb(round_bf16(k)), vb(round_bf16(v)),
+        out(B * T * H * D), lse(B * H * T) {
+    cpu.attention_forward(out.data(), lse.data(), qb.data(), kb.data(), vb.data(), B, T, H, KV, D);
+  }
+  void forward(Result& r, CudaBackend& gpu) const {
+    Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
+    gpu.attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+    compare(r, "out", dout.download(), out, {2e-2 * max_abs(out), 0.0});
+    compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+  }
+  void backward(Result& r, Backend& cpu, CudaBackend& gpu) const {
+    const auto g = randn(out.size());
+    const auto gb = round_bf16(g), ob = round_bf16(out);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    cpu.attention_backward(dq.data(), dk.data(), dv.data(), gb.data(), qb.data(), kb.data(),
+                           vb.data(), ob.data(), lse.data(), B, T, H, KV, D);
+    Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()),
+        dDV(dv.size());
+    gpu.attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+    compare(r, "dq", dDQ.download(), dq, {3e-2 * max_abs(dq), 0.0});
+    compare(r, "dk", dDK.download(), dk, {3e-2 * max_abs(dk), 0.0});
+    compare(r, "dv", dDV.download(), dv, {3e-2 * max_abs(dv), 0.0});
+  }
+};
+
 // cuDNN's attention in groups of sequences (cudnn_in_groups): on a backend whose scratch arena
 // holds the bf16 copies and workspace of two sequences (backward's, from
 // cudnn_attention_scratch_bytes) but not three, B = 3 runs as 2 + 1, against the CPU twin at
@@ -1066,33 +1100,18 @@ void check_attention_cudnn_groups(Backend& cpu, CudaBackend& gpu) {
     return;
   }
   auto backend = [](size_t scratch) { return small_scratch_backend(scratch, CudaAttention::kCudnn); };
-  auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
-  const auto qb = round_bf16(q), kb = round_bf16(k), vb = round_bf16(v);
-  std::vector<float> out(B * T * H * D), lse(B * H * T);
-  cpu.attention_forward(out.data(), lse.data(), qb.data(), kb.data(), vb.data(), B, T, H, KV, D);
+  const CudnnAttentionCase c(cpu, B, T, H, KV, D);
+  const std::vector<float>&q = c.q, &k = c.k, &v = c.v, &out = c.out, &lse = c.lse;
   auto small = backend(two);
   const std::string note = "scratch " + std::to_string(two) + " B: two sequences (" +
                            std::to_string(three) + " for three)";
   run_case("attention_cudnn_groups", sh + " fwd", [&](Result& r) {
     r.note = note;
-    Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
-    small->attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
-    compare(r, "out", dout.download(), out, {2e-2 * max_abs(out), 0.0});
-    compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+    c.forward(r, *small);
   });
   run_case("attention_cudnn_groups", sh + " bwd", [&](Result& r) {
     r.note = note;
-    const auto g = randn(out.size());
-    const auto gb = round_bf16(g), ob = round_bf16(out);
-    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    cpu.attention_backward(dq.data(), dk.data(), dv.data(), gb.data(), qb.data(), kb.data(),
-                           vb.data(), ob.data(), lse.data(), B, T, H, KV, D);
-    Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()),
-        dDV(dv.size());
-    small->attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
-    compare(r, "dq", dDQ.download(), dq, {3e-2 * max_abs(dq), 0.0});
-    compare(r, "dk", dDK.download(), dk, {3e-2 * max_abs(dk), 0.0});
-    compare(r, "dv", dDV.download(), dv, {3e-2 * max_abs(dv), 0.0});
+    c.backward(r, cpu, *small);
   });
   run_case("attention_cudnn_groups", sh + " fwd bf16", [&](Result& r) {
     r.note = note;
@@ -1261,38 +1280,18 @@ void check_attention_cudnn(Backend& cpu, CudaBackend& gpu) {
            {1, 2, 2, 1, 8}}) {
     const std::string sh = dims({B, T, H, KV, D});
     const std::string path = gpu.attention_path(B, T, H, KV, D);
-    auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
-    const auto qb = round_bf16(q), kb = round_bf16(k), vb = round_bf16(v);
-    std::vector<float> out(B * T * H * D), lse(B * H * T);
-    cpu.attention_forward(out.data(), lse.data(), qb.data(), kb.data(), vb.data(), B, T, H, KV, D);
+    const CudnnAttentionCase c(cpu, B, T, H, KV, D);
+    auto on_cudnn = [&](Result& r) {
+      if (path == "cudnn") return true;
+      r.pass = false;
+      r.note = "did not run on cuDNN: " + path;
+      return false;
+    };
     run_case("attention_cudnn_forward", sh, [&](Result& r) {
-      if (path != "cudnn") {
-        r.pass = false;
-        r.note = "did not run on cuDNN: " + path;
-        return;
-      }
-      Dev<float> dq(q), dk(k), dv(v), dout(out.size()), dlse(lse.size());
-      gpu.attention_forward(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
-      compare(r, "out", dout.download(), out, {2e-2 * max_abs(out), 0.0});
-      compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+      if (on_cudnn(r)) c.forward(r, gpu);
     });
     run_case("attention_cudnn_backward", sh, [&](Result& r) {
-      if (path != "cudnn") {
-        r.pass = false;
-        r.note = "did not run on cuDNN: " + path;
-        return;
-      }
-      const auto g = randn(out.size());
-      const auto gb = round_bf16(g), ob = round_bf16(out);
-      std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-      cpu.attention_backward(dq.data(), dk.data(), dv.data(), gb.data(), qb.data(), kb.data(),
-                             vb.data(), ob.data(), lse.data(), B, T, H, KV, D);
-      Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(dq.size()), dDK(dk.size()),
-          dDV(dv.size());
-      gpu.attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
-      compare(r, "dq", dDQ.download(), dq, {3e-2 * max_abs(dq), 0.0});
-      compare(r, "dk", dDK.download(), dk, {3e-2 * max_abs(dk), 0.0});
-      compare(r, "dv", dDV.download(), dv, {3e-2 * max_abs(dv), 0.0});
+      if (on_cudnn(r)) c.backward(r, cpu, gpu);
     });
     check_attention_cudnn_bf16(cpu, gpu, B, T, H, KV, D, path, 0);
   }
