@@ -126,15 +126,77 @@ const float* operand_values(const float* x, const Backend::Fp8Operand& q, int64_
 }
 }  // namespace
 
+void Backend::begin_shared_input(const void* x, int64_t rows, int64_t cols,
+                                 int64_t /*widest_out: the host needs no room check*/) {
+  static const bool off = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_SHARED_INPUT");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  MX_ASSERT(!shared_x_, "begin_shared_input: brackets do not nest");
+  shared_full_ = false;
+  if (off || !x) return;
+  shared_x_ = x;
+  shared_rows_ = rows;
+  shared_cols_ = cols;
+}
+
+void Backend::end_shared_input() {
+  shared_x_ = nullptr;
+  shared_full_ = false;
+}
+
+Backend::SharedKey Backend::shared_key(const void* x, int64_t rows, int64_t cols,
+                                       const Fp8Operand& q, bool transposed) {
+  SharedKey k;
+  k.x = x;
+  k.rows = rows;
+  k.cols = cols;
+  k.transposed = transposed;
+  k.fmt = q.fmt;
+  k.current = q.current;
+  k.scale = q.current ? 0.0f : q.scale;
+  k.block_rows = q.block_rows;
+  k.block_cols = q.block_cols;
+  k.mx = q.mx;
+  return k;
+}
+
+Backend::Share Backend::share(const SharedKey& k) {
+  if (!shared_x_ || k.x != shared_x_ || k.rows * k.cols > shared_rows_ * shared_cols_)
+    return Share::kNone;
+  if (!shared_full_) return Share::kFill;
+  if (!(k == shared_key_)) return Share::kNone;
+  ++shared_hits_;
+  return Share::kHit;
+}
+
+void Backend::fp8_input(float* out, const void* id, const float* x, int64_t rows, int64_t cols,
+                        const Fp8Operand& q, bool transposed) {
+  const Share s = q.nvfp4 ? Share::kNone : share(shared_key(id, rows, cols, q, transposed));
+  const size_t n = size_t(rows * cols);
+  if (s == Share::kHit) {
+    MX_ASSERT(shared_values_.size() == n, "shared input: the kept operand has another size");
+    std::memcpy(out, shared_values_.data(), sizeof(float) * n);
+    if (q.amax && !q.mx && q.block_rows == 0) *q.amax = shared_amax_;  // per-tensor only
+    return;
+  }
+  fp8_emulate(out, x, rows, cols, q);
+  if (s != Share::kFill) return;
+  shared_values_.assign(out, out + n);
+  shared_amax_ = numerics::abs_max(x, int64_t(n));
+  shared_kept(shared_key(id, rows, cols, q, transposed));
+}
+
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                                  float* work, uint16_t* y16) {
   OpScope scope(*this, "fp8_linear_forward");
   std::vector<float> wide;
+  const void* id = xq.bf16 ? static_cast<const void*>(xq.bf16) : x;
   x = operand_values(x, xq, N * in, wide);
   float* xd = work;
   float* wd = work + N * in;
-  fp8_emulate(xd, x, N, in, xq);
+  fp8_input(xd, id, x, N, in, xq, false);
   fp8_emulate(wd, w, out, in, wq);
   gemm(false, true, N, out, in, 1.0f, xd, wd, 0.0f, y);
   if (y16) to_bf16(y16, y, N * out);
@@ -156,6 +218,7 @@ void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq
                                float* work) {
   OpScope scope(*this, "fp8_linear_wgrad");
   std::vector<float> wide;
+  const void* id = xq.bf16 ? static_cast<const void*>(xq.bf16) : x;
   x = operand_values(x, xq, N * in, wide);
   float* dyd = work;
   float* xd = work + N * out;
@@ -166,7 +229,7 @@ void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq
     return;
   }
   fp8_emulate(dyd, dy, N, out, dyq);
-  fp8_emulate(xd, x, N, in, xq);
+  fp8_input(xd, id, x, N, in, xq, true);
   gemm(true, false, out, in, N, 1.0f, dyd, xd, 1.0f, dw);
 }
 

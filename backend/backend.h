@@ -198,6 +198,26 @@ class Backend {
                                    const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                    int64_t out, bool accumulate_dx, float* work);
 
+  // ---- Shared inputs: one quantization for the Linears that read the same tensor -----------
+  // q, k and v read one normalized input (h1), gate and up another (h2). Between
+  // begin_shared_input(x, rows, cols) and end_shared_input(), the FP8 Linear calls above that
+  // quantize exactly that tensor (x: the fp32 pointer they are given, or Fp8Operand::bf16)
+  // quantize it once and reuse its codes and scales for each later operand of the same
+  // quantization in the same layout (same format and block shape; fp8-delayed: the same
+  // scale), where they would quantize it again. An operand's amax slot still receives the
+  // tensor's amax. The bytes are those a fresh quantization writes, so results do not change.
+  // One quantization is kept per bracket (the first made); one of another kind (e.g. the
+  // weight gradient's transposed copy) is made as usual. nvfp4 operands are not shared. The
+  // caller must not change x in between, and brackets do not nest. A backend may decline
+  // (CUDA: its scratch arena has no room for the kept codes), and MXTRAIN_FP8_SHARED_INPUT=0
+  // turns sharing off (for comparisons).
+  // widest_out: the largest output width of the Linears in the bracket (their own scratch
+  // needs, for the backend's room check).
+  virtual void begin_shared_input(const void* x, int64_t rows, int64_t cols, int64_t widest_out);
+  virtual void end_shared_input();
+  // Operands taken from a kept quantization since the backend was made (tests, the op check).
+  int64_t shared_input_hits() const { return shared_hits_; }
+
   // The emulated recipes' quantize-dequantize of one Linear operand on the backend, for the
   // path whose GEMMs run in fp32 over dequantized operands (a GPU without the recipe's tensor
   // cores, e.g. nvfp4 / mxfp8 on Hopper): out[rows, cols] = dequantize(quantize(x)) with the
@@ -339,6 +359,32 @@ class Backend {
   // run.profile's host-clock hooks: an OpScope at the top of each op (the CPU backend's and the
   // base class's), timed by a backend that implements them (CpuBackend); CUDA times its ops on
   // the device instead and leaves these empty.
+  // The shared input (begin_shared_input) and the key of the quantization kept from it.
+  struct SharedKey {
+    const void* x = nullptr;
+    int64_t rows = 0, cols = 0;  // x's shape as the call gives it
+    bool transposed = false;  // the operand's layout (CUDA: x^T, the weight gradient's copy)
+    numerics::Format fmt = numerics::Format::kE4M3;
+    bool current = true;
+    float scale = 0.0f;  // fp8-delayed's given scale (0 under current scaling)
+    int block_rows = 0, block_cols = 0;
+    bool mx = false;
+    bool operator==(const SharedKey&) const = default;
+  };
+  static SharedKey shared_key(const void* x, int64_t rows, int64_t cols, const Fp8Operand& q,
+                              bool transposed);
+  // What an operand of key k does: kNone, quantize as usual (not the shared input, larger
+  // than the bracket's rows x cols, or another quantization is kept); kHit, take the kept one
+  // (counted); kFill, quantize and keep it (then shared_kept(k)).
+  enum class Share { kNone, kHit, kFill };
+  Share share(const SharedKey& k);
+  void shared_kept(const SharedKey& k) {
+    shared_key_ = k;
+    shared_full_ = true;
+  }
+  const void* shared_x_ = nullptr;  // null: no bracket open (or declined)
+  int64_t shared_rows_ = 0, shared_cols_ = 0;
+
   virtual void op_begin(const char* op) {}
   virtual void op_end() {}
   struct OpScope {
@@ -348,6 +394,37 @@ class Backend {
     OpScope(const OpScope&) = delete;
     OpScope& operator=(const OpScope&) = delete;
   };
+
+ private:
+  // One operand of the reference forms (host memory, dequantized into out), through the kept
+  // quantization where the shared input's key matches. `id`: the tensor's pointer as the caller
+  // gave it (x, or the bf16 codes x was widened from).
+  void fp8_input(float* out, const void* id, const float* x, int64_t rows, int64_t cols,
+                 const Fp8Operand& q, bool transposed);
+  SharedKey shared_key_;
+  bool shared_full_ = false;
+  int64_t shared_hits_ = 0;
+  std::vector<float> shared_values_;  // the reference form's kept operand (dequantized)
+  float shared_amax_ = 0.0f;
+};
+
+// A begin_shared_input / end_shared_input bracket for a scope (LlamaModel: around the Linears
+// that read h1, and those that read h2). x null: no bracket.
+class SharedInputScope {
+ public:
+  SharedInputScope(Backend& be, const void* x, int64_t rows, int64_t cols, int64_t widest_out)
+      : be_(be), open_(x) {
+    if (open_) be_.begin_shared_input(x, rows, cols, widest_out);
+  }
+  ~SharedInputScope() {
+    if (open_) be_.end_shared_input();
+  }
+  SharedInputScope(const SharedInputScope&) = delete;
+  SharedInputScope& operator=(const SharedInputScope&) = delete;
+
+ private:
+  Backend& be_;
+  bool open_;
 };
 
 // Floats of head_cross_entropy's workspace for chunks of chunk_rows rows: the logits chunk,

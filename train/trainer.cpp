@@ -94,6 +94,7 @@ int run_training(const RunConfig& cfg) {
   eo.seq_len = T;
   eo.params = eo.gradients = eo.optimizer = false;  // FSDP holds the (sharded) state
   const Recipe recipe = parse_recipe(cfg.precision.recipe);
+  const bool fp8_recipe = recipe != Recipe::kFp32 && recipe != Recipe::kBf16;  // FP8 / FP4
   eo.quantized = recipe != Recipe::kFp32;
   eo.bf16_activations = bf16_activations(recipe, cfg.precision.activations, cfg.run.device);
   eo.bf16_path_only =
@@ -365,6 +366,7 @@ int run_training(const RunConfig& cfg) {
       rec["step_time_s"] = dt;
       if (W > 1) rec["comm_wait_s"] = fsdp.comm_wait_seconds() - comm_wait_before;
       if (cfg.run.profile && done >= profile_first) rec["op_profile"] = profile_json(done, be.op_profile());
+      if (fp8_recipe) rec["fp8_shared_operands"] = be.shared_input_hits();  // so far, rank 0
       metrics->write(rec);
       const double eta = train_seconds / double(done - start_step) * double(tc.steps - done);
       std::string line = str("step ", done, "/", tc.steps, " | loss ", loss);
@@ -440,6 +442,9 @@ int run_training(const RunConfig& cfg) {
     if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
   }
   if (sig) summary["stopped_by_signal"] = sig;
+  // FP8 operands taken from another Linear's quantization of the same input (q, k and v share
+  // h1's, gate and up h2's: Backend::begin_shared_input), rank 0, whole run.
+  if (fp8_recipe) summary["fp8_shared_operands"] = be.shared_input_hits();
   if (cfg.run.profile && step >= profile_first) {  // rank 0's ops (every rank runs the same)
     auto str_seconds = [](double s) {
       char b[32];

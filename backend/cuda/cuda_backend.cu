@@ -14,6 +14,7 @@
 #include <deque>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -503,6 +504,44 @@ class CudaBackendImpl final : public CudaBackend {
   }
   void set_fp8_bf16_output(bool on) override { fp8_bf16_output_ = on; }
   int64_t fp8_bf16_output_fallbacks() const override { return fp8_bf16_fallbacks_; }
+
+  // ---- shared inputs (Backend::begin_shared_input) ----
+  // The kept quantization lives in scratch reserved here, below the Linear calls' own scopes:
+  // its codes (rows * cols bytes), its scales in the form the operand function returns (a
+  // float decode scale, fp8-block's relaid float scales, swizzled E8M0 bytes), and the amax.
+  // Declined (no sharing, logged once) where scratch has not got that beside the Linears' own
+  // needs (a GEMM workspace, their gradients' block scales, 16 MiB for the rest).
+  void begin_shared_input(const void* x, int64_t rows, int64_t cols,
+                          int64_t widest_out) override {
+    Backend::begin_shared_input(x, rows, cols, widest_out);
+    if (!shared_x_) return;
+    const size_t codes = size_t(round_up_256(rows * cols));
+    const size_t scales = size_t(round_up_256(shared_scale_bound(rows, cols)));
+    const size_t need = codes + scales + DeviceArena::kAlign;
+    // A Linear's own scratch: the GEMM workspace, and under the block-scaled recipes its
+    // output gradient's raw and relaid scales (about twice the bound: N * out / 16 bytes).
+    const size_t reserve = opt_.gemm_workspace_bytes +
+                           2 * size_t(shared_scale_bound(rows, std::max<int64_t>(widest_out, 1))) +
+                           (size_t(16) << 20);
+    if (scratch_.capacity() - scratch_.used() < need + reserve) {
+      if (!shared_declined_++)
+        info("cuda: FP8 Linears do not share their input's quantization: the scratch arena "
+             "has not got ", need + reserve, " bytes free (MXTRAIN_CUDA_SCRATCH_MB)");
+      Backend::end_shared_input();
+      return;
+    }
+    shared_mark_ = scratch_.mark();
+    shared_codes_ = scratch_.alloc_as<uint8_t>(int64_t(codes));
+    shared_scales_ = scratch_.alloc(scales);
+    shared_amax_ = scratch_.alloc_f32(1);
+    shared_scale_room_ = scales;
+    shared_open_ = true;
+  }
+  void end_shared_input() override {
+    if (shared_open_) scratch_.release(shared_mark_);  // the stream orders reuse after the GEMMs
+    shared_open_ = false;
+    Backend::end_shared_input();
+  }
 
   // ---- per-tensor FP8 Linears on tensor cores (recipes fp8-current / fp8-delayed) ----
   // Each operand: its amax (current scaling, or into q.amax for delayed scaling's history), the
@@ -1322,54 +1361,107 @@ class CudaBackendImpl final : public CudaBackend {
   // One FP8 operand of a tensor-core Linear: codes into `codes` ([rows, cols], or [cols, rows]
   // when transposed); returns its decode scale (device, in scratch: the caller holds a scope).
   // codes_rows (transposed only): the row-major codes as well, from the same read of x.
+  // The shared input's kept quantization (begin_shared_input) stands in where its key matches:
+  // `codes` is then pointed at the kept codes (so it is a reference), and where this operand
+  // is the first of the shared input, its codes and scales are written there and kept.
   template <class X>
-  const float* fp8_operand(uint8_t* codes, const X* x, int64_t rows, int64_t cols,
+  const float* fp8_operand(uint8_t*& codes, const X* x, int64_t rows, int64_t cols,
                            const Fp8Operand& q, bool transposed, uint8_t* codes_rows = nullptr) {
+    const Share s = codes_rows ? Share::kNone : share_operand(x, rows, cols, q, transposed, sizeof(float));
+    if (s == Share::kHit) return shared_hit<float>(codes, q.amax);
+    const bool fill = s == Share::kFill;
+    if (fill) codes = shared_codes_;
     float* scale = scratch_.alloc_f32(1);
-    float* scale_inv = scratch_.alloc_f32(1);
-    float* amax = q.amax;
+    float* scale_inv = fill ? static_cast<float*>(shared_scales_) : scratch_.alloc_f32(1);
+    float* amax = fill ? shared_amax_ : q.amax;  // kept: a later operand's slot takes it too
     if (!amax && q.current) amax = scratch_.alloc_f32(1);
-    if (amax) cuda::abs_max(amax, x, rows * cols, scratch_, stream_);
+    // Current scaling needs the amax before the codes: a pass of its own. Delayed scaling's
+    // scale is given, so its amax (for the history) comes from the codes' own read.
+    if (amax && q.current) cuda::abs_max(amax, x, rows * cols, scratch_, stream_);
+    float* fused_amax = q.current ? nullptr : amax;
     cuda::fp8_scales(scale, scale_inv, q.current ? amax : nullptr, q.scale, q.fmt, stream_);
-    if constexpr (std::is_same_v<X, float>) {
-      if (codes_rows) {
-        MX_ASSERT(transposed, "fp8_operand: the row-major copy goes with the transposed codes");
-        cuda::fp8_codes_both(x, rows, cols, q.fmt, scale, codes_rows, codes, stream_);
-        launched("fp8_operand (both layouts)");
-        return scale_inv;
+    [&] {
+      if constexpr (std::is_same_v<X, float>) {
+        if (codes_rows) {
+          MX_ASSERT(transposed, "fp8_operand: the row-major copy goes with the transposed codes");
+          cuda::fp8_codes_both(x, rows, cols, q.fmt, scale, codes_rows, codes, stream_,
+                               fused_amax);
+          launched("fp8_operand (both layouts)");
+          return;
+        }
       }
+      MX_ASSERT(!codes_rows, "fp8_operand: both layouts of bf16 codes");
+      cuda::fp8_codes(x, rows, cols, q.fmt, scale, codes, transposed, stream_, fused_amax);
+      launched("fp8_operand");
+    }();
+    if (fill) {
+      if (q.amax) copy_amax(q.amax, shared_amax_);
+      shared_kept(shared_key(x, rows, cols, q, transposed));
     }
-    MX_ASSERT(!codes_rows, "fp8_operand: both layouts of bf16 codes");
-    cuda::fp8_codes(x, rows, cols, q.fmt, scale, codes, transposed, stream_);
-    launched("fp8_operand");
     return scale_inv;
+  }
+
+  // What an operand of x does with the shared input (Backend::share), where its kept scales
+  // would take scale_bytes: kFill only where they fit the store.
+  Share share_operand(const void* x, int64_t rows, int64_t cols, const Fp8Operand& q,
+                      bool transposed, int64_t scale_bytes) {
+    if (!shared_open_) return Share::kNone;
+    const Share s = share(shared_key(x, rows, cols, q, transposed));
+    return s == Share::kFill && size_t(scale_bytes) > shared_scale_room_ ? Share::kNone : s;
+  }
+  // The kept quantization: its codes into `codes`, its amax into the operand's slot (if any);
+  // returns its scales.
+  template <class S>
+  const S* shared_hit(uint8_t*& codes, float* amax) {
+    codes = shared_codes_;
+    if (amax) copy_amax(amax, shared_amax_);
+    return static_cast<const S*>(shared_scales_);
+  }
+  void copy_amax(float* dst, const float* src) {
+    MX_CUDA_CHECK("shared input amax", cudaMemcpyAsync(dst, src, sizeof(float),
+                                                       cudaMemcpyDeviceToDevice, stream_));
+  }
+  // The most bytes an operand of a rows x cols tensor, either way round, keeps as scales: the
+  // larger of fp8-block's 1x128 float scales ([K/128, round4(R)]) and the swizzled E8M0 bytes
+  // of 1x32 blocks; a per-tensor scale and 128x128 blocks' scales are smaller.
+  static int64_t shared_scale_bound(int64_t rows, int64_t cols) {
+    int64_t most = sizeof(float);
+    for (auto [R, K] : {std::pair{rows, cols}, std::pair{cols, rows}}) {
+      most = std::max(most, int64_t(sizeof(float)) * ((K + 127) / 128) * ((R + 3) / 4 * 4));
+      most = std::max(most, numerics::swizzled_scale_bytes(R, (K + 31) / 32));
+    }
+    return most;
   }
 
   // One fp8-block operand as the GEMM operand [R, K] (K-major): x itself (R = rows, K = cols)
   // or, transposed, x^T (R = cols, K = rows; the codes go through `tmp`, rows * cols bytes).
   // Returns its scales in cuBLASLt's layout (LtGemm::fp8_block_gemm; scratch, caller's scope).
+  // (`codes`: a reference, as fp8_operand's, for the shared input.)
   template <class X>
-  const float* fp8_block_operand(uint8_t* codes, uint8_t* tmp, const X* x, int64_t rows,
+  const float* fp8_block_operand(uint8_t*& codes, uint8_t* tmp, const X* x, int64_t rows,
                                  int64_t cols, const Fp8Operand& q, bool transposed) {
     const int64_t br = q.block_rows, bc = q.block_cols;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    auto round4 = [](int64_t v) { return (v + 3) / 4 * 4; };
+    const bool square = br > 1 && bc > 1;
+    // 128x128: [R/128, round4(K/128)], (rb, kb); 1x128 along K: [K/128, round4(R)], (kb, r)
+    const int64_t dst_floats = square ? R / 128 * round4(K / 128) : K / 128 * round4(R);
+    const Share s = share_operand(x, rows, cols, q, transposed, int64_t(sizeof(float)) * dst_floats);
+    if (s == Share::kHit) return shared_hit<float>(codes, nullptr);  // no amax: blocks
+    const bool fill = s == Share::kFill;
+    if (fill) codes = shared_codes_;
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
     cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
                              transposed ? tmp : codes, raw, nullptr, stream_);
     if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
-    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
-    auto round4 = [](int64_t v) { return (v + 3) / 4 * 4; };
-    float* dst;
-    if (br > 1 && bc > 1) {  // 128x128: [R/128, round4(K/128)], (rb, kb)
-      const int64_t rb = R / 128, kb = K / 128, ld = round4(kb);
-      dst = scratch_.alloc_f32(rb * ld);
-      cuda::relayout_f32(raw, sc, transposed, rb, kb, ld, dst, stream_);
-    } else {  // 1x128 along K: [K/128, round4(R)], (kb, r); raw is [R, K/128] or (x^T) [K/128, R]
-      const int64_t kb = K / 128, ld = round4(R);
-      dst = scratch_.alloc_f32(kb * ld);
-      cuda::relayout_f32(raw, sc, !transposed, kb, R, ld, dst, stream_);
-    }
+    float* dst = fill ? static_cast<float*>(shared_scales_) : scratch_.alloc_f32(dst_floats);
+    if (square)
+      cuda::relayout_f32(raw, sc, transposed, R / 128, K / 128, round4(K / 128), dst, stream_);
+    else  // raw is [R, K/128] or (x^T) [K/128, R]
+      cuda::relayout_f32(raw, sc, !transposed, K / 128, R, round4(R), dst, stream_);
     launched("fp8_block_operand");
+    if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
   }
 
@@ -1395,22 +1487,30 @@ class CudaBackendImpl final : public CudaBackend {
   // along K lies in one 1x128 / 128x1 / 128x128 block and takes its scale; numerics/
   // fp8_block_mx.h). The blocks must run along K (1x128 untransposed, 128x1 transposed) or be
   // 128x128, as the recipe cuts them. Returns the swizzled bytes (scratch, the caller's scope).
+  // (`codes`: a reference, as fp8_operand's, for the shared input.)
   template <class X>
-  const uint8_t* fp8_block_mx_operand(uint8_t* codes, uint8_t* tmp, const X* x, int64_t rows,
+  const uint8_t* fp8_block_mx_operand(uint8_t*& codes, uint8_t* tmp, const X* x, int64_t rows,
                                       int64_t cols, const Fp8Operand& q, bool transposed) {
     const int64_t br = q.block_rows, bc = q.block_cols;
     const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
     MX_REQUIRE(K % 32 == 0 && (transposed ? br : bc) % 32 == 0, "fp8_block_mx_operand: K = ", K,
                " and the blocks along K (", br, "x", bc, (transposed ? ", transposed" : ""),
                ") must be multiples of 32");
+    const int64_t dst_bytes = numerics::swizzled_scale_bytes(R, K / 32);
+    const Share s = share_operand(x, rows, cols, q, transposed, dst_bytes);
+    if (s == Share::kHit) return shared_hit<uint8_t>(codes, nullptr);  // no amax: blocks
+    const bool fill = s == Share::kFill;
+    if (fill) codes = shared_codes_;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
     cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
                              transposed ? tmp : codes, raw, nullptr, stream_);
     if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
-    uint8_t* dst = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, K / 32));
+    uint8_t* dst = fill ? static_cast<uint8_t*>(shared_scales_)
+                        : scratch_.alloc_as<uint8_t>(dst_bytes);
     cuda::fp8_block_scales_to_mx(raw, rows, cols, int(br), int(bc), transposed, dst, stream_);
     launched("fp8_block_mx_operand");
+    if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
   }
 
@@ -1420,20 +1520,33 @@ class CudaBackendImpl final : public CudaBackend {
   // blocks; R = cols, K = rows; the codes go through `tmp`, rows * cols bytes). Each copy is
   // quantized from the fp32 tensor. Returns the scale bytes in cuBLASLt's swizzled layout
   // (scratch, the caller's scope).
+  // (`codes`: a reference, as fp8_operand's, for the shared input, keyed as the recipe's
+  // 1x32 / 32x1 operand.)
   template <class X>
-  const uint8_t* mxfp8_operand(uint8_t* codes, uint8_t* tmp, const X* x, int64_t rows,
+  const uint8_t* mxfp8_operand(uint8_t*& codes, uint8_t* tmp, const X* x, int64_t rows,
                                int64_t cols, bool transposed) {
     const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
     MX_REQUIRE(K % 32 == 0, "mxfp8_operand: K = ", K, " must be a multiple of 32");
     const int64_t kb = K / 32;
+    Fp8Operand q;  // the key: as LlamaModel cuts it (block_operand)
+    q.mx = true;
+    q.block_rows = transposed ? 32 : 1;
+    q.block_cols = transposed ? 1 : 32;
+    const int64_t dst_bytes = numerics::swizzled_scale_bytes(R, kb);
+    const Share s = share_operand(x, rows, cols, q, transposed, dst_bytes);
+    if (s == Share::kHit) return shared_hit<uint8_t>(codes, nullptr);
+    const bool fill = s == Share::kFill;
+    if (fill) codes = shared_codes_;
     uint8_t* raw = scratch_.alloc_as<uint8_t>(R * kb);  // [rows, cols/32] or [rows/32, cols]
     cuda::quantize_mxfp8(x, rows, cols, transposed, numerics::Format::kE4M3,
                          numerics::MxScaleRule::kCeil, numerics::RoundingOptions{},
                          transposed ? tmp : codes, raw, nullptr, stream_);
     if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
-    uint8_t* dst = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
+    uint8_t* dst = fill ? static_cast<uint8_t*>(shared_scales_)
+                        : scratch_.alloc_as<uint8_t>(dst_bytes);
     cuda::swizzle_scales_u8(raw, transposed, R, kb, dst, stream_);
     launched("mxfp8_operand");
+    if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
   }
 
@@ -1513,6 +1626,14 @@ class CudaBackendImpl final : public CudaBackend {
   cudaEvent_t last_event_ = nullptr;  // the last op's event: the next op's time starts there
   double last_flops_ = 0;
   int64_t fp8_bf16_fallbacks_ = 0;   // fp8_output's fallbacks to fp32 + rounding
+  // begin_shared_input's store in scratch (shared_open_: reserved)
+  bool shared_open_ = false;
+  size_t shared_mark_ = 0;
+  uint8_t* shared_codes_ = nullptr;
+  void* shared_scales_ = nullptr;
+  size_t shared_scale_room_ = 0;
+  float* shared_amax_ = nullptr;
+  int64_t shared_declined_ = 0;
   CudaGemmPrecision base_precision_ = opt_.gemm_precision;
   DeviceMemory device_memory_;
   DeviceArena scratch_;

@@ -48,6 +48,23 @@ __global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_
   }
 }
 
+// The block's max of each thread's m into *amax, which the launch zeroed: one atomic max a
+// block on the bits (non-negative floats, +inf included, order as unsigned ints; the folds
+// skip NaN). Every thread of the block calls it (blocks of whole warps, x fastest).
+__device__ void block_amax_to(float m, float* amax) {
+  m = warp_amax(m);
+  __shared__ float warp_m[32];
+  const int tid = int(threadIdx.x + threadIdx.y * blockDim.x);
+  const int warps = int(blockDim.x * blockDim.y) / 32;
+  if (tid % 32 == 0) warp_m[tid / 32] = m;
+  __syncthreads();
+  if (tid == 0) {
+    float b = 0.0f;
+    for (int w = 0; w < warps; ++w) b = fmaxf(b, warp_m[w]);
+    atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(b));
+  }
+}
+
 __global__ void amax_final_kernel(float* amax, const float* part, int n) {
   float m = 0.0f;
   for (int i = threadIdx.x; i < n; i += 32) m = fmaxf(m, part[i]);
@@ -184,30 +201,41 @@ __global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* a
   *scale_inv = 1.0f / sc;  // the decode multiplier, as quantize_fp8_tensor stores it
 }
 
+// amax (may be null): max |x| as well, from the same read (block_amax_to).
 template <class T>
 __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
-                                 const float* __restrict__ scale_ptr, uint8_t* __restrict__ codes) {
+                                 const float* __restrict__ scale_ptr, uint8_t* __restrict__ codes,
+                                 float* amax) {
   const float scale = *scale_ptr;
+  float m = 0.0f;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    codes[i] = numerics::encode_fp8_elem(load(x, i) * scale, fmt, false, 0u);
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = load(x, i);
+    m = numerics::amax_fold(m, v);
+    codes[i] = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
+  }
+  if (amax) block_amax_to(m, amax);
 }
 
 // 32 x 32 tiles through shared memory: reads of x and writes of codes^T both run along rows.
 // codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
 constexpr int kTile = 32, kTileRows = 8;
+// amax (may be null): max |x| too, as fp8_codes_kernel.
 template <class T>
 __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                    Format fmt, const float* __restrict__ scale_ptr,
-                                   uint8_t* __restrict__ codes_t, uint8_t* __restrict__ codes) {
+                                   uint8_t* __restrict__ codes_t, uint8_t* __restrict__ codes,
+                                   float* amax) {
   __shared__ uint8_t tile[kTile][kTile + 1];
   const float scale = *scale_ptr;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  float m = 0.0f;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const uint8_t code =
-          numerics::encode_fp8_elem(load(x, r * cols + c) * scale, fmt, false, 0u);
+      const float v = load(x, r * cols + c);
+      m = numerics::amax_fold(m, v);
+      const uint8_t code = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
       tile[i][threadIdx.x] = code;
       if (codes) codes[r * cols + c] = code;
     }
@@ -217,6 +245,7 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
     if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
   }
+  if (amax) block_amax_to(m, amax);
 }
 
 template <class T>
@@ -327,41 +356,49 @@ void fp8_scales(float* scale, float* scale_inv, const float* amax, float given, 
 }
 
 namespace {
+// amax given: zeroed here, then each block's max folded in by the kernel.
+void zero_amax(float* amax, cudaStream_t s) {
+  if (amax) MX_CUDA_CHECK("fp8_codes amax", cudaMemsetAsync(amax, 0, sizeof(float), s));
+}
+
 template <class T>
 void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-                  uint8_t* codes, bool transposed, cudaStream_t s) {
+                  uint8_t* codes, bool transposed, cudaStream_t s, float* amax) {
   check_fp8(fmt, "fp8_codes");
+  zero_amax(amax, s);
   if (rows * cols == 0) return;
   if (!transposed) {
-    fp8_codes_kernel<<<elem_grid(rows * cols), 256, 0, s>>>(x, rows * cols, fmt, scale, codes);
+    fp8_codes_kernel<<<elem_grid(rows * cols), 256, 0, s>>>(x, rows * cols, fmt, scale, codes,
+                                                             amax);
   } else {
     const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
     MX_REQUIRE(grid.y <= 65535, "fp8_codes: ", rows, " rows is too many for the transposing grid");
     fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes,
-                                                                nullptr);
+                                                                nullptr, amax);
   }
   MX_CUDA_LAUNCH_CHECK("fp8_codes");
 }
 }  // namespace
 
 void fp8_codes(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-               uint8_t* codes, bool transposed, cudaStream_t s) {
-  fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s);
+               uint8_t* codes, bool transposed, cudaStream_t s, float* amax) {
+  fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s, amax);
 }
 
 void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-               uint8_t* codes, bool transposed, cudaStream_t s) {
-  fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s);
+               uint8_t* codes, bool transposed, cudaStream_t s, float* amax) {
+  fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s, amax);
 }
 
 void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-                    uint8_t* codes, uint8_t* codes_t, cudaStream_t s) {
+                    uint8_t* codes, uint8_t* codes_t, cudaStream_t s, float* amax) {
   check_fp8(fmt, "fp8_codes_both");
+  zero_amax(amax, s);
   if (rows * cols == 0) return;
   const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
   MX_REQUIRE(grid.y <= 65535, "fp8_codes_both: ", rows, " rows is too many for the grid");
   fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
-                                                              codes);
+                                                              codes, amax);
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both");
 }
 

@@ -62,16 +62,22 @@ void fp8_scales(float* scale, float* scale_inv, const float* amax, float given,
 // codes = fmt(x * scale[0]) (RNE, SATFINITE: the bytes numerics::quantize_fp8_tensor writes),
 // row-major [rows, cols], or with `transposed` the same codes as [cols, rows] (the K-major copy
 // an FP8 GEMM needs when the reduction runs down x's columns).
+// amax (device, may be null): max |x| (NaN skipped, as abs_max) into amax[0] from the same
+// read, for a scale that does not depend on it (delayed scaling: the cast + amax Transformer
+// Engine fuses); one atomic max a block.
 void fp8_codes(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
-               const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
+               const float* scale, uint8_t* codes, bool transposed, cudaStream_t s,
+               float* amax = nullptr);
 void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format fmt,
-               const float* scale, uint8_t* codes, bool transposed, cudaStream_t s);
+               const float* scale, uint8_t* codes, bool transposed, cudaStream_t s,
+               float* amax = nullptr);
 // Both layouts of fp8_codes from one read of x (the cast + transpose Transformer Engine fuses):
 // codes [rows, cols] and codes_t [cols, rows], the same bytes as the two fp8_codes calls. For a
 // Linear's output gradient, which the data gradient reads row-major and the weight gradient
 // transposed.
 void fp8_codes_both(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
-                    const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s);
+                    const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s,
+                    float* amax = nullptr);
 
 // dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,

@@ -224,6 +224,8 @@ for r in speed:
     if r.get("recipe") == "fp8-block" and r.get("fp8_tensor_cores"):
         native = (" (tensor cores: MXFP8 GEMM, E8M0 scales)" if cc.startswith("10.")
                   else " (tensor cores: VEC128/BLK128x128 GEMM)")
+    if r.get("fp8_shared_operands") is not None:  # FP8 operands taken from a shared input
+        native += f" shared {r['fp8_shared_operands']}"
     attn = r.get("attention", "torch sdpa" if r["impl"] == "torch" else None)
     print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
           f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}% {attn}{native}")

@@ -201,6 +201,8 @@ def speed(args):
                               peak_mem_bytes=max(s["peak_mem_bytes"] for s in steps))
                 result["mfu"] = result["mfu_reported"] * result["tokens_per_s"] / \
                     timed[-1]["tokens_per_s"]
+                if "fp8_shared_operands" in steps[-1]:  # q/k/v and gate/up sharing x's codes
+                    result["fp8_shared_operands"] = steps[-1]["fp8_shared_operands"]
                 prof = steps[-1].get("op_profile")
                 if prof:  # the steps after the first, as timed (--skip 1): the top ops
                     result["op_profile"] = dict(prof, ops=prof["ops"][:15])

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -613,6 +614,159 @@ std::vector<float> widen(const std::vector<uint16_t>& codes) {  // exact
 // every operand form and every output on the odd 37x53x29; one operand form per (transposes,
 // output) on the other shapes; and codes / outputs at one-element offsets (2-byte-aligned bf16
 // pointers, 4-byte-aligned fp32 C), which cuBLASLt must be told of (LtGemm's alignment_of).
+// Shared inputs (Backend::begin_shared_input): inside a bracket on each backend, three Linears
+// (q, k, v: outputs 256, 128, 128) read one x; on CUDA k and v take the codes and scales that q's
+// quantization of x kept (its amax into their slots), on the CPU the kept dequantized values.
+// Forward, then the whole backward of each (its weight gradient's transposed copy of x kept in
+// its own bracket), x as fp32 and as bf16 codes, for each recipe the GPU runs natively:
+// per-tensor current and delayed (one amax slot per operand, all compared exactly; delayed's
+// forward adds a fourth Linear whose x scale differs, quantized afresh beside the kept one),
+// fp8-block, mxfp8. Outputs against the CPU twin with the separate calls' tolerances; the
+// GPU's shared-operand count must rise by 2 a bracket, as the CPU's does.
+void check_shared_inputs(Backend& cpu, CudaBackend& gpu) {
+  if (!gpu.fp8_tensor_cores()) {
+    run_case("shared_input", "skipped", [&](Result& r) { r.note = "no FP8 tensor cores (sm < 8.9)"; });
+    return;
+  }
+  enum Role { kFwdX, kFwdW, kDgradDy, kDgradW, kWgradDy, kWgradX };
+  struct Kind {
+    std::string name;
+    std::function<Backend::Fp8Operand(Role, const std::vector<float>&, float*)> op;
+  };
+  auto tensor = [](bool delayed) {
+    return [delayed](Role role, const std::vector<float>& v, float* amax) {
+      Backend::Fp8Operand q;
+      q.fmt = role == kDgradDy || role == kWgradDy ? Format::kE5M2 : Format::kE4M3;
+      q.current = !delayed;
+      q.scale = numerics::fp8_scale_from_amax(float(max_abs(v)), numerics::fp8_max(q.fmt)) * 0.5f;
+      q.amax = amax;
+      return q;
+    };
+  };
+  std::vector<Kind> kinds = {{"current", tensor(false)}, {"delayed", tensor(true)}};
+  if (gpu.fp8_block_tensor_cores())
+    kinds.push_back({"fp8-block", [](Role role, const std::vector<float>&, float*) {
+                       Backend::Fp8Operand q;
+                       const bool weight = role == kFwdW || role == kDgradW;
+                       const bool down = role == kWgradDy || role == kWgradX;
+                       q.block_rows = weight || down ? 128 : 1;
+                       q.block_cols = weight || !down ? 128 : 1;
+                       return q;
+                     }});
+  if (gpu.mxfp8_tensor_cores())
+    kinds.push_back({"mxfp8", [](Role role, const std::vector<float>&, float*) {
+                       Backend::Fp8Operand q;
+                       const bool down = role == kDgradW || role == kWgradDy || role == kWgradX;
+                       q.mx = true;
+                       q.block_rows = down ? 32 : 1;
+                       q.block_cols = down ? 1 : 32;
+                       return q;
+                     }});
+  const int64_t N = 256, I = 256;
+  const std::array<int64_t, 3> outs = {256, 128, 128};
+  const auto x = randn(N * I);
+  const Bf16Input xb(x);
+  Dev<float> dX(x);
+  std::vector<std::vector<float>> w, dy;
+  std::vector<std::unique_ptr<Dev<float>>> dW, dDY;
+  for (int64_t o : outs) {
+    w.push_back(randn(o * I, 0.05f));
+    dy.push_back(randn(N * o, 1e-3f));
+    dW.push_back(std::make_unique<Dev<float>>(w.back()));
+    dDY.push_back(std::make_unique<Dev<float>>(dy.back()));
+  }
+  const int64_t work_floats = N * I + 256 * I + N * 256;
+  Dev<float> gpu_work(work_floats);
+  std::vector<float> cpu_work(work_floats);
+  for (const Kind& kind : kinds)
+    for (int codes = 0; codes < 2; ++codes) {
+      const std::string shape = kind.name + (codes ? " x bf16" : " x fp32");
+      const std::vector<float>& xin = codes ? xb.wide : x;
+      auto gx = [&](Backend::Fp8Operand q) { return codes ? xb.on_gpu(q) : q; };
+      const void* cpu_id = xin.data();  // the pointers the Linears are given
+      const void* gpu_id = codes ? static_cast<const void*>(xb.dev.p) : dX.p;
+      const float* gpu_x = codes ? nullptr : dX.p;
+      auto check_hits = [&](Result& r, int64_t cpu0, int64_t gpu0) {
+        const int64_t c = cpu.shared_input_hits() - cpu0, g = gpu.shared_input_hits() - gpu0;
+        if (c != 2 || g != 2) {
+          r.pass = false;
+          r.note += "shared operands: cpu " + std::to_string(c) + ", gpu " + std::to_string(g) +
+                    " (want 2); ";
+        }
+      };
+      run_case("shared_input_forward", shape, [&](Result& r) {
+        Dev<float> amax(8);
+        std::vector<float> camax(8);
+        const int64_t cpu0 = cpu.shared_input_hits(), gpu0 = gpu.shared_input_hits();
+        {
+          SharedInputScope cs(cpu, cpu_id, N, I, 256), gs(gpu, gpu_id, N, I, 256);
+          // A fourth Linear (delayed only) with another scale for x: not the kept
+          // quantization, so quantized afresh into its own buffer (no hit).
+          const int linears = kind.name == "delayed" ? 4 : 3;
+          for (int l = 0; l < linears; ++l) {
+            const int wl = l % 3;
+            const int64_t O = outs[size_t(wl)];
+            std::vector<float> y(N * O);
+            Dev<float> dY(N * O);
+            auto xq = [&](float* slot) {
+              Backend::Fp8Operand q = kind.op(kFwdX, x, slot);
+              if (l == 3) q.scale *= 0.5f;
+              return q;
+            };
+            cpu.fp8_linear_forward(y.data(), xin.data(), xq(&camax[2 * l]), w[wl].data(),
+                                   kind.op(kFwdW, w[wl], &camax[2 * l + 1]), N, I, O,
+                                   cpu_work.data());
+            gpu.fp8_linear_forward(dY.p, gpu_x, gx(xq(amax.p + 2 * l)), dW[wl]->p,
+                                   kind.op(kFwdW, w[wl], amax.p + 2 * l + 1), N, I, O,
+                                   gpu_work.p);
+            compare(r, ("y" + std::to_string(l)).c_str(), dY.download(), y,
+                    {1e-5 * max_abs(y), 0.0});
+          }
+        }
+        if (kind.name == "current")
+          camax.resize(6);  // slots 6 and 7 belong to the delayed case's fourth Linear
+        if (kind.name == "current" || kind.name == "delayed") {
+          std::vector<float> got = amax.download();
+          got.resize(camax.size());
+          expect_floats(r, "amax", got, camax);
+        }
+        check_hits(r, cpu0, gpu0);
+      });
+      run_case("shared_input_backward", shape, [&](Result& r) {
+        Dev<float> amax(12);
+        std::vector<float> camax(12);
+        auto dx = randn(N * I);
+        Dev<float> dDX(dx);  // accumulates over the three
+        const int64_t cpu0 = cpu.shared_input_hits(), gpu0 = gpu.shared_input_hits();
+        {
+          SharedInputScope cs(cpu, cpu_id, N, I, 256), gs(gpu, gpu_id, N, I, 256);
+          for (int l = 0; l < 3; ++l) {
+            const int64_t O = outs[size_t(l)];
+            auto dw = randn(O * I, 1e-3f);
+            Dev<float> dDW(dw);
+            float* c = camax.data() + 4 * l;
+            float* g = amax.p + 4 * l;
+            cpu.fp8_linear_backward(dx.data(), dw.data(), dy[l].data(),
+                                    kind.op(kDgradDy, dy[l], c), w[l].data(),
+                                    kind.op(kDgradW, w[l], c + 1), kind.op(kWgradDy, dy[l], c + 2),
+                                    xin.data(), kind.op(kWgradX, x, c + 3), N, I, O, true,
+                                    cpu_work.data());
+            gpu.fp8_linear_backward(dDX.p, dDW.p, dDY[l]->p, kind.op(kDgradDy, dy[l], g),
+                                    dW[l]->p, kind.op(kDgradW, w[l], g + 1),
+                                    kind.op(kWgradDy, dy[l], g + 2), gpu_x,
+                                    gx(kind.op(kWgradX, x, g + 3)), N, I, O, true, gpu_work.p);
+            compare(r, ("dw" + std::to_string(l)).c_str(), dDW.download(), dw,
+                    {1e-5 * max_abs(dw), 0.0});
+          }
+        }
+        compare(r, "dx", dDX.download(), dx, {1e-5 * max_abs(dx), 0.0});
+        if (kind.name == "current" || kind.name == "delayed")
+          expect_floats(r, "amax", amax.download(), camax);
+        check_hits(r, cpu0, gpu0);
+      });
+    }
+}
+
 void check_gemm_bf16_operands(Backend& cpu, CudaBackend& gpu) {
   if (!cpu.set_bf16_gemm_operands(true)) {
     run_case("gemm_bf16", "operands", [&](Result& r) {
@@ -734,6 +888,7 @@ void check_gemm(Backend& cpu, CudaBackend& gpu) {
   check_fp8_block_linears(cpu, gpu);
   check_mxfp8_linears(cpu, gpu);
   check_nvfp4_linears(cpu, gpu);
+  check_shared_inputs(cpu, gpu);
   run_case("linear_backward", "N=67 in=96 out=80", [&](Result& r) {
     const int64_t N = 67, I = 96, O = 80;
     auto x = randn(N * I), w = randn(O * I), dy = randn(N * O), dx = randn(N * I), dw = randn(O * I);
@@ -1475,7 +1630,9 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
         // The codes-only quantizer of the tensor-core Linears (no stochastic rounding there):
-        // current scaling and a given scale, row-major and transposed.
+        // current scaling (amax by abs_max first) and a given scale (delayed scaling: the amax
+        // from the codes' own read, into a poisoned slot the call zeroes), row-major and
+        // transposed.
         if (!stoch)
           for (Format fmt : {Format::kE4M3, Format::kE5M2})
             for (int given = 0; given < 2; ++given)
@@ -1492,13 +1649,30 @@ void check_quantizers(CudaBackend& gpu) {
                       for (int64_t j = 0; j < C; ++j) want[j * R + i] = q.codes[i * C + j];
                   Dev<uint8_t> codes(R * C);
                   Dev<float> amax(1), sc(1), sinv(1);
-                  cuda::abs_max(amax.p, dx.p, R * C, scratch, s);
+                  if (!given) cuda::abs_max(amax.p, dx.p, R * C, scratch, s);
                   cuda::fp8_scales(sc.p, sinv.p, given ? nullptr : amax.p, gs, fmt, s);
-                  cuda::fp8_codes(dx.p, R, C, fmt, sc.p, codes.p, tr, s);
+                  cuda::fp8_codes(dx.p, R, C, fmt, sc.p, codes.p, tr, s, given ? amax.p : nullptr);
                   expect_bytes(r, "codes", codes.download(), want);
                   expect_floats(r, "scale_inv", sinv.download(), q.scales_f32);
                   expect_floats(r, "amax", amax.download(), {numerics::abs_max(x.data(), R * C)});
                 });
+        // Both layouts from one read (a Linear's output gradient), with the fused amax.
+        if (!stoch)
+          for (Format fmt : {Format::kE4M3, Format::kE5M2})
+            run_case(std::string("quant_fp8_codes_both_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2"),
+                     name, [&](Result& r) {
+              const auto q = numerics::quantize_fp8_tensor(x.data(), R, C, fmt, 3.0f);
+              std::vector<uint8_t> want_t(q.codes.size());
+              for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = 0; j < C; ++j) want_t[j * R + i] = q.codes[i * C + j];
+              Dev<uint8_t> codes(R * C), codes_t(R * C);
+              Dev<float> amax(1), sc(1), sinv(1);
+              cuda::fp8_scales(sc.p, sinv.p, nullptr, 3.0f, fmt, s);
+              cuda::fp8_codes_both(dx.p, R, C, fmt, sc.p, codes.p, codes_t.p, s, amax.p);
+              expect_bytes(r, "codes", codes.download(), q.codes);
+              expect_bytes(r, "codes_t", codes_t.download(), want_t);
+              expect_floats(r, "amax", amax.download(), {numerics::abs_max(x.data(), R * C)});
+            });
         for (auto [br, bc] : std::vector<std::pair<int, int>>{{1, 128}, {128, 128}})
           run_case("quant_fp8_block_" + std::to_string(br) + "x" + std::to_string(bc), name, [&](Result& r) {
             const auto q = numerics::quantize_fp8_block(x.data(), R, C, br, bc, true, ro);

@@ -17,7 +17,7 @@ from conftest import MXTRAIN_BIN, require_binary
 from test_device import checkpoint_files, corpus
 
 
-def train(tmp_path, name, fp8_ops, staged, extra, preset="tiny", seq=32, batch=4):
+def train(tmp_path, name, fp8_ops, staged, extra, preset="tiny", seq=32, batch=4, env_extra=()):
     require_binary()
     out = tmp_path / name
     args = [MXTRAIN_BIN, "train", "--set", f"model.preset={preset}",
@@ -28,7 +28,7 @@ def train(tmp_path, name, fp8_ops, staged, extra, preset="tiny", seq=32, batch=4
             "--set", "checkpoint.every=6", "--set", f"run.out_dir={out}"] + list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                MXTRAIN_TEST_STAGING="1" if staged else "0",
-               MXTRAIN_TEST_FP8_OPS="1" if fp8_ops else "0")
+               MXTRAIN_TEST_FP8_OPS="1" if fp8_ops else "0", **dict(env_extra))
     p = subprocess.run(args, capture_output=True, text=True, timeout=180, env=env)
     assert p.returncode == 0, f"{args}\n{p.stderr[-3000:]}"
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -36,29 +36,52 @@ def train(tmp_path, name, fp8_ops, staged, extra, preset="tiny", seq=32, batch=4
     return steps, out, p.stderr
 
 
+def shared_operands(out):
+    """The run's count of FP8 operands taken from a kept quantization of a shared input."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(l) for l in lines if '"summary"' in l][-1]["fp8_shared_operands"]
+
+
+def expected_shares(layers, accum, ckpt, steps=12):
+    """Exact count: per block and micro-batch, k and v take q's quantization of h1 and up takes
+    gate's of h2, in forward (3) and in the weight gradients (3); full recompute runs the
+    forward again (3 more). No validation runs (eval_every = 0)."""
+    return layers * steps * accum * (6 + (3 if ckpt == "full" else 0))
+
+
 def assert_ops_path_identical(tmp_path, extra, staged, ckpt_steps=(6, 12), ref_staged=None,
-                              gemms="FP8", **shape):
-    """Trains the emulated run and the ops run; losses, gradient norms and checkpoints equal."""
+                              gemms="FP8", shares=None, env_extra=(), **shape):
+    """Trains the emulated run and the ops run; losses, gradient norms and checkpoints equal.
+    shares: the ops run's exact count of shared-input operands (the emulated run has none)."""
     ref, ref_out, ref_log = train(tmp_path, "emulated", False,
                                   staged if ref_staged is None else ref_staged, extra, **shape)
-    got, got_out, got_log = train(tmp_path, "ops", True, staged, extra, **shape)
+    got, got_out, got_log = train(tmp_path, "ops", True, staged, extra, env_extra=env_extra,
+                                  **shape)
     assert "block Linears emulated" in ref_log
     assert f"block Linears on the backend's {gemms} GEMMs" in got_log
     assert len(ref) == 12 and got == ref
     for step in ckpt_steps:
         a, b = checkpoint_files(ref_out, step), checkpoint_files(got_out, step)
         assert a and a == b, f"checkpoint at step {step} differs"
+    assert shared_operands(ref_out) == 0
+    if shares is not None:
+        assert shared_operands(got_out) == shares
 
 
-@pytest.mark.parametrize("recipe,ckpt,staged", [
-    ("fp8-current", "none", False),
-    ("fp8-delayed", "none", False),
-    ("fp8-delayed", "full", True),  # recompute: a key quantized twice per step; staged copies
+@pytest.mark.parametrize("recipe,ckpt,staged,share", [
+    ("fp8-current", "none", False, True),
+    ("fp8-current", "none", False, False),  # MXTRAIN_FP8_SHARED_INPUT=0: every operand its own
+    ("fp8-delayed", "none", False, True),
+    ("fp8-delayed", "full", True, True),  # recompute: a key quantized twice per step; staged
 ])
-def test_fp8_ops_path_is_identical(tmp_path, recipe, ckpt, staged):
+def test_fp8_ops_path_is_identical(tmp_path, recipe, ckpt, staged, share):
+    # q, k and v share h1's quantization, gate and up h2's (fp8-delayed: each Linear's amax
+    # slot still receives the amax, or its history, and so the checkpoints, would differ).
     extra = ["--set", f"precision.recipe={recipe}",
              "--set", f"memory.activation_checkpointing={ckpt}", "--set", "train.grad_accum=2"]
-    assert_ops_path_identical(tmp_path, extra, staged)
+    assert_ops_path_identical(tmp_path, extra, staged,
+                              shares=expected_shares(2, 2, ckpt) if share else 0,
+                              env_extra={} if share else {"MXTRAIN_FP8_SHARED_INPUT": "0"})
 
 
 def test_fp8_ops_with_stats_steps_is_identical(tmp_path):
@@ -77,7 +100,8 @@ def test_fp8_block_ops_path_is_identical(tmp_path):
     extra = ["--set", "precision.recipe=fp8-block", "--set", "train.grad_accum=2",
              "--set", "memory.activation_checkpointing=selective"]
     assert_ops_path_identical(tmp_path, extra, True, ckpt_steps=(12,), ref_staged=False,
-                              preset="small", seq=64, batch=2)
+                              preset="small", seq=64, batch=2,
+                              shares=expected_shares(6, 2, "selective"))
 
 
 @pytest.mark.parametrize("ckpt,staged,accum", [("none", False, 2), ("full", True, 1)])
@@ -87,7 +111,7 @@ def test_mxfp8_ops_path_is_identical(tmp_path, ckpt, staged, accum):
     # Rowwise 1x32 and columnwise 32x1 copies each from the fp32 tensor, as the recipe does.
     extra = ["--set", "precision.recipe=mxfp8", "--set", f"train.grad_accum={accum}",
              "--set", f"memory.activation_checkpointing={ckpt}"]
-    assert_ops_path_identical(tmp_path, extra, staged)
+    assert_ops_path_identical(tmp_path, extra, staged, shares=expected_shares(2, accum, ckpt))
 
 
 @pytest.mark.parametrize("ckpt,staged,accum", [("none", False, 2), ("full", True, 1)])
@@ -101,4 +125,22 @@ def test_nvfp4_ops_path_is_identical(tmp_path, ckpt, staged, accum):
     # Full recompute quantizes a key twice a step; staged copies as on a GPU.
     extra = ["--set", "precision.recipe=nvfp4", "--set", f"train.grad_accum={accum}",
              "--set", f"memory.activation_checkpointing={ckpt}"]
-    assert_ops_path_identical(tmp_path, extra, staged, gemms="FP4")
+    assert_ops_path_identical(tmp_path, extra, staged, gemms="FP4", shares=0)  # not shared
+
+
+def test_bf16_path_shares_inputs(tmp_path):
+    # The bf16 path (bf16 activations on native bf16 GEMMs, as on CUDA): the FP8 Linears read
+    # h1 and h2 as bf16 codes (Fp8Operand::bf16), and the kept quantization is keyed by the
+    # codes' pointer. Exact count, and the same run with sharing off gives the same bits (the
+    # bits of this path against the rounding path: test_recipes.py).
+    extra = ["--set", "precision.recipe=fp8-delayed", "--set", "precision.activations=bf16",
+             "--set", "memory.activation_checkpointing=full"]
+    on, on_out, _ = train(tmp_path, "on", True, False, extra,
+                          env_extra={"MXTRAIN_TEST_BF16_GEMM": "1"})
+    off, off_out, _ = train(tmp_path, "off", True, False, extra,
+                            env_extra={"MXTRAIN_TEST_BF16_GEMM": "1",
+                                       "MXTRAIN_FP8_SHARED_INPUT": "0"})
+    assert len(on) == 12 and on == off
+    assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
+    assert shared_operands(on_out) == expected_shares(2, 1, "full")
+    assert shared_operands(off_out) == 0
