@@ -1367,7 +1367,8 @@ class CudaBackendImpl final : public CudaBackend {
   template <class X>
   const float* fp8_operand(uint8_t*& codes, const X* x, int64_t rows, int64_t cols,
                            const Fp8Operand& q, bool transposed, uint8_t* codes_rows = nullptr) {
-    const Share s = codes_rows ? Share::kNone : share_operand(x, rows, cols, q, transposed, sizeof(float));
+    const Share s = codes_rows ? Share::kNone
+                               : share_operand(x, rows, cols, q, transposed, sizeof(float));
     if (s == Share::kHit) return shared_hit<float>(codes, q.amax);
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
@@ -1447,7 +1448,8 @@ class CudaBackendImpl final : public CudaBackend {
     const bool square = br > 1 && bc > 1;
     // 128x128: [R/128, round4(K/128)], (rb, kb); 1x128 along K: [K/128, round4(R)], (kb, r)
     const int64_t dst_floats = square ? R / 128 * round4(K / 128) : K / 128 * round4(R);
-    const Share s = share_operand(x, rows, cols, q, transposed, int64_t(sizeof(float)) * dst_floats);
+    const Share s =
+        share_operand(x, rows, cols, q, transposed, int64_t(sizeof(float)) * dst_floats);
     if (s == Share::kHit) return shared_hit<float>(codes, nullptr);  // no amax: blocks
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;

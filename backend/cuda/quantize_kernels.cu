@@ -26,17 +26,39 @@ __device__ inline float warp_amax(float m) {
 __device__ inline float load(const float* x, int64_t i) { return x[i]; }
 __device__ inline float load(const uint16_t* x, int64_t i) { return numerics::decode_bf16(x[i]); }
 
+// Four consecutive elements from 4-element-aligned i (one 16-byte fp32 or 8-byte bf16 load).
+__device__ inline float4 load4(const float* x, int64_t i) {
+  return *reinterpret_cast<const float4*>(x + i);
+}
+__device__ inline float4 load4(const uint16_t* x, int64_t i) {
+  const uint2 p = *reinterpret_cast<const uint2*>(x + i);
+  return make_float4(numerics::decode_bf16(uint16_t(p.x & 0xFFFFu)),
+                     numerics::decode_bf16(uint16_t(p.x >> 16)),
+                     numerics::decode_bf16(uint16_t(p.y & 0xFFFFu)),
+                     numerics::decode_bf16(uint16_t(p.y >> 16)));
+}
+
 __device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, int64_t i) {
   return stochastic ? rng.bits(uint64_t(i)) : 0u;
 }
 
 // ---- whole-tensor amax ------------------------------------------------------------------------
+// vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for load4).
 template <class T>
-__global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_t n) {
+__global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_t n,
+                                    bool vec4) {
   float m = 0.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    m = numerics::amax_fold(m, load(x, i));
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  if (vec4) {
+    for (int64_t j = first; j < n / 4; j += stride) {
+      const float4 v = load4(x, 4 * j);
+      m = numerics::amax_fold(numerics::amax_fold(m, v.x), v.y);
+      m = numerics::amax_fold(numerics::amax_fold(m, v.z), v.w);
+    }
+  } else {
+    for (int64_t i = first; i < n; i += stride) m = numerics::amax_fold(m, load(x, i));
+  }
   m = warp_amax(m);
   __shared__ float warp_m[32];
   if (threadIdx.x % 32 == 0) warp_m[threadIdx.x / 32] = m;
@@ -202,17 +224,34 @@ __global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* a
 }
 
 // amax (may be null): max |x| as well, from the same read (block_amax_to).
+// vec4 (n a multiple of 4, x 16-byte (fp32) / 8-byte (bf16) and codes 4-byte aligned): four
+// elements a thread an iteration, one vector load and one 4-byte store of their codes (the
+// same codes: each byte is its element's encode_fp8_elem), instead of a 1-byte store each.
 template <class T>
 __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
                                  const float* __restrict__ scale_ptr, uint8_t* __restrict__ codes,
-                                 float* amax) {
+                                 float* amax, bool vec4) {
   const float scale = *scale_ptr;
   float m = 0.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = load(x, i);
-    m = numerics::amax_fold(m, v);
-    codes[i] = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  if (vec4) {
+    for (int64_t j = first; j < n / 4; j += stride) {
+      const float4 v = load4(x, 4 * j);
+      m = numerics::amax_fold(numerics::amax_fold(m, v.x), v.y);
+      m = numerics::amax_fold(numerics::amax_fold(m, v.z), v.w);
+      auto code = [&](float e) {
+        return uint32_t(numerics::encode_fp8_elem(e * scale, fmt, false, 0u));
+      };
+      const uint32_t packed = code(v.x) | code(v.y) << 8 | code(v.z) << 16 | code(v.w) << 24;
+      reinterpret_cast<uint32_t*>(codes)[j] = packed;  // little-endian: element 4j at byte 0
+    }
+  } else {
+    for (int64_t i = first; i < n; i += stride) {
+      const float v = load(x, i);
+      m = numerics::amax_fold(m, v);
+      codes[i] = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
+    }
   }
   if (amax) block_amax_to(m, amax);
 }
@@ -368,8 +407,11 @@ void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const floa
   zero_amax(amax, s);
   if (rows * cols == 0) return;
   if (!transposed) {
-    fp8_codes_kernel<<<elem_grid(rows * cols), 256, 0, s>>>(x, rows * cols, fmt, scale, codes,
-                                                             amax);
+    const int64_t n = rows * cols;
+    const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 &&
+                      reinterpret_cast<uintptr_t>(codes) % 4 == 0;
+    fp8_codes_kernel<<<elem_grid(vec4 ? n / 4 : n), 256, 0, s>>>(x, n, fmt, scale, codes, amax,
+                                                                  vec4);
   } else {
     const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
     MX_REQUIRE(grid.y <= 65535, "fp8_codes: ", rows, " rows is too many for the transposing grid");
@@ -468,9 +510,10 @@ namespace {
 template <class T>
 void abs_max_of(float* amax, const T* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
   DeviceArenaScope scope(scratch);
-  const unsigned blocks = n > 0 ? elem_grid(n) : 1;
+  const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0;
+  const unsigned blocks = n > 0 ? elem_grid(vec4 ? n / 4 : n) : 1;
   float* part = scratch.alloc_f32(blocks);
-  amax_partial_kernel<<<blocks, 256, 0, s>>>(part, x, n);
+  amax_partial_kernel<<<blocks, 256, 0, s>>>(part, x, n, vec4);
   amax_final_kernel<<<1, 32, 0, s>>>(amax, part, int(blocks));
   MX_CUDA_LAUNCH_CHECK("abs_max");
 }
