@@ -156,6 +156,13 @@ std::string dims(std::initializer_list<int64_t> d) {
   return s;
 }
 
+// what + the index, appended piece by piece (as dims(): g++ 12's -Wrestrict).
+std::string tagged(const char* what, int64_t i) {
+  std::string s(what);
+  s += std::to_string(i);
+  return s;
+}
+
 const Tol kElementwise{1e-6, 1e-5};  // expf vs the CPU's vector exp: a few ulp
 const Tol kReduction{1e-5, 1e-4};    // different summation order
 const Tol kGemm{1e-4, 1e-4};         // fp32 GEMM, different blocking
@@ -719,7 +726,7 @@ void check_shared_inputs(Backend& cpu, CudaBackend& gpu) {
             gpu.fp8_linear_forward(dY.p, gpu_x, gx(xq(amax.p + 2 * l)), dW[wl]->p,
                                    kind.op(kFwdW, w[wl], amax.p + 2 * l + 1), N, I, O,
                                    gpu_work.p);
-            compare(r, ("y" + std::to_string(l)).c_str(), dY.download(), y,
+            compare(r, tagged("y", l).c_str(), dY.download(), y,
                     {1e-5 * max_abs(y), 0.0});
           }
         }
@@ -755,7 +762,7 @@ void check_shared_inputs(Backend& cpu, CudaBackend& gpu) {
                                     dW[l]->p, kind.op(kDgradW, w[l], g + 1),
                                     kind.op(kWgradDy, dy[l], g + 2), gpu_x,
                                     gx(kind.op(kWgradX, x, g + 3)), N, I, O, true, gpu_work.p);
-            compare(r, ("dw" + std::to_string(l)).c_str(), dDW.download(), dw,
+            compare(r, tagged("dw", l).c_str(), dDW.download(), dw,
                     {1e-5 * max_abs(dw), 0.0});
           }
         }
@@ -1632,30 +1639,46 @@ void check_quantizers(CudaBackend& gpu) {
         // The codes-only quantizer of the tensor-core Linears (no stochastic rounding there):
         // current scaling (amax by abs_max first) and a given scale (delayed scaling: the amax
         // from the codes' own read, into a poisoned slot the call zeroes), row-major and
-        // transposed.
+        // transposed; x in fp32, as bf16 codes (the bf16 path; against the widened values) and
+        // in fp32 one element off its allocation (unaligned: the one-element-a-thread form
+        // even where the count is a multiple of 4).
+        const Bf16Input xb(x);
+        std::vector<float> x_off(x.size() + 1, 0.0f);
+        std::copy(x.begin(), x.end(), x_off.begin() + 1);
+        const Dev<float> dx_off(x_off);
         if (!stoch)
           for (Format fmt : {Format::kE4M3, Format::kE5M2})
             for (int given = 0; given < 2; ++given)
               for (int tr = 0; tr < 2; ++tr)
-                run_case(std::string("quant_fp8_codes_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2") +
-                             (given ? "_given" : "_current") + (tr ? "_t" : ""),
-                         name, [&](Result& r) {
-                  const float gs = 3.0f;
-                  const auto q = given ? numerics::quantize_fp8_tensor(x.data(), R, C, fmt, gs)
-                                       : numerics::quantize_fp8_current(x.data(), R, C, fmt);
-                  std::vector<uint8_t> want = q.codes;
-                  if (tr)
-                    for (int64_t i = 0; i < R; ++i)
-                      for (int64_t j = 0; j < C; ++j) want[j * R + i] = q.codes[i * C + j];
-                  Dev<uint8_t> codes(R * C);
-                  Dev<float> amax(1), sc(1), sinv(1);
-                  if (!given) cuda::abs_max(amax.p, dx.p, R * C, scratch, s);
-                  cuda::fp8_scales(sc.p, sinv.p, given ? nullptr : amax.p, gs, fmt, s);
-                  cuda::fp8_codes(dx.p, R, C, fmt, sc.p, codes.p, tr, s, given ? amax.p : nullptr);
-                  expect_bytes(r, "codes", codes.download(), want);
-                  expect_floats(r, "scale_inv", sinv.download(), q.scales_f32);
-                  expect_floats(r, "amax", amax.download(), {numerics::abs_max(x.data(), R * C)});
-                });
+                for (int form = 0; form < 3; ++form) {
+                  std::string shape = name;  // piece by piece: g++ 12's -Wrestrict (dims())
+                  shape += form == 1 ? " x bf16" : form == 2 ? " x+1" : "";
+                  run_case(std::string("quant_fp8_codes_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2") +
+                               (given ? "_given" : "_current") + (tr ? "_t" : ""),
+                           shape, [&](Result& r) {
+                    const float gs = 3.0f;
+                    const std::vector<float>& xv = form == 1 ? xb.wide : x;
+                    const auto q = given ? numerics::quantize_fp8_tensor(xv.data(), R, C, fmt, gs)
+                                         : numerics::quantize_fp8_current(xv.data(), R, C, fmt);
+                    std::vector<uint8_t> want = q.codes;
+                    if (tr)
+                      for (int64_t i = 0; i < R; ++i)
+                        for (int64_t j = 0; j < C; ++j) want[j * R + i] = q.codes[i * C + j];
+                    Dev<uint8_t> codes(R * C);
+                    Dev<float> amax(1), sc(1), sinv(1);
+                    auto quantize = [&](const auto* xp) {
+                      if (!given) cuda::abs_max(amax.p, xp, R * C, scratch, s);
+                      cuda::fp8_scales(sc.p, sinv.p, given ? nullptr : amax.p, gs, fmt, s);
+                      cuda::fp8_codes(xp, R, C, fmt, sc.p, codes.p, tr, s,
+                                      given ? amax.p : nullptr);
+                    };
+                    if (form == 1) quantize(xb.dev.p);
+                    else quantize(form == 2 ? dx_off.p + 1 : dx.p);
+                    expect_bytes(r, "codes", codes.download(), want);
+                    expect_floats(r, "scale_inv", sinv.download(), q.scales_f32);
+                    expect_floats(r, "amax", amax.download(), {numerics::abs_max(xv.data(), R * C)});
+                  });
+                }
         // Both layouts from one read (a Linear's output gradient), with the fused amax.
         if (!stoch)
           for (Format fmt : {Format::kE4M3, Format::kE5M2})
