@@ -256,20 +256,27 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
   if (amax) block_amax_to(m, amax);
 }
 
-// 32 x 32 tiles through shared memory: reads of x and writes of codes^T both run along rows.
-// codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
+// 32 x 32 tiles through shared memory (transpose_kernel below): reads and writes both run
+// along rows.
 constexpr int kTile = 32, kTileRows = 8;
+// The transposing codes kernel's tiles: kCodesTileRows rows of x by kTile columns, so that each
+// row of codes^T gets kCodesTileRows = 4 x 32 consecutive bytes: one 4-byte store a thread
+// (`packed`: rows a multiple of 4 and codes_t 4-byte aligned; else byte by byte), 128 bytes a
+// warp, where 32 x 32 tiles stored 32.
+constexpr int kCodesTileRows = 128;
+// codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
 // amax (may be null): max |x| too, as fp8_codes_kernel.
 template <class T>
 __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                    Format fmt, const float* __restrict__ scale_ptr,
                                    uint8_t* __restrict__ codes_t, uint8_t* __restrict__ codes,
-                                   float* amax) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
+                                   float* amax, bool packed) {
+  // [x row][x column]; the odd pitch keeps the write phase's column reads off one bank
+  __shared__ uint8_t tile[kCodesTileRows][kTile + 1];
   const float scale = *scale_ptr;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int64_t r0 = int64_t(blockIdx.y) * kCodesTileRows, c0 = int64_t(blockIdx.x) * kTile;
   float m = 0.0f;
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+  for (int i = threadIdx.y; i < kCodesTileRows; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
       const float v = load(x, r * cols + c);
@@ -280,9 +287,19 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
     }
   }
   __syncthreads();
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-    const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) codes_t[c * rows + r] = tile[threadIdx.x][i];
+  // codes^T row c (x's column c), bytes r0 + 4 tx .. r0 + 4 tx + 3 (x's rows) from this thread
+  const int i = 4 * int(threadIdx.x);
+  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+    const int64_t c = c0 + j, r = r0 + i;
+    if (c >= cols || r >= rows) continue;
+    uint8_t* dst = codes_t + c * rows + r;
+    if (packed && r + 3 < rows) {
+      *reinterpret_cast<uint32_t*>(dst) = uint32_t(tile[i][j]) | uint32_t(tile[i + 1][j]) << 8 |
+                                          uint32_t(tile[i + 2][j]) << 16 |
+                                          uint32_t(tile[i + 3][j]) << 24;
+    } else {
+      for (int k = 0; k < 4 && r + k < rows; ++k) dst[k] = tile[i + k][j];
+    }
   }
   if (amax) block_amax_to(m, amax);
 }
@@ -395,6 +412,18 @@ void fp8_scales(float* scale, float* scale_inv, const float* amax, float given, 
 }
 
 namespace {
+// fp8_codes_t_kernel over x [rows, cols]: codes_t [cols, rows] (and codes, if given).
+template <class T>
+void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+                    uint8_t* codes_t, uint8_t* codes, float* amax, cudaStream_t s,
+                    const char* op) {
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kCodesTileRows)));
+  MX_REQUIRE(grid.y <= 65535, op, ": ", rows, " rows is too many for the transposing grid");
+  const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
+  fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
+                                                              codes, amax, packed);
+}
+
 // amax given: zeroed here, then each block's max folded in by the kernel.
 void zero_amax(float* amax, cudaStream_t s) {
   if (amax) MX_CUDA_CHECK("fp8_codes amax", cudaMemsetAsync(amax, 0, sizeof(float), s));
@@ -413,10 +442,7 @@ void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const floa
     fp8_codes_kernel<<<elem_grid(vec4 ? n / 4 : n), 256, 0, s>>>(x, n, fmt, scale, codes, amax,
                                                                   vec4);
   } else {
-    const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
-    MX_REQUIRE(grid.y <= 65535, "fp8_codes: ", rows, " rows is too many for the transposing grid");
-    fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes,
-                                                                nullptr, amax);
+    launch_codes_t(x, rows, cols, fmt, scale, codes, nullptr, amax, s, "fp8_codes");
   }
   MX_CUDA_LAUNCH_CHECK("fp8_codes");
 }
@@ -437,10 +463,7 @@ void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, cons
   check_fp8(fmt, "fp8_codes_both");
   zero_amax(amax, s);
   if (rows * cols == 0) return;
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
-  MX_REQUIRE(grid.y <= 65535, "fp8_codes_both: ", rows, " rows is too many for the grid");
-  fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
-                                                              codes, amax);
+  launch_codes_t(x, rows, cols, fmt, scale, codes_t, codes, amax, s, "fp8_codes_both");
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both");
 }
 
