@@ -43,6 +43,27 @@ __device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, i
 }
 
 // ---- whole-tensor amax ------------------------------------------------------------------------
+// m folded with four elements (a load4).
+__device__ inline float amax_fold4(float m, float4 v) {
+  m = numerics::amax_fold(numerics::amax_fold(m, v.x), v.y);
+  return numerics::amax_fold(numerics::amax_fold(m, v.z), v.w);
+}
+
+// The max of every thread's m over the block, valid in its first thread (x fastest). Every
+// thread of the block calls it (blocks of whole warps).
+__device__ float block_amax(float m) {
+  m = warp_amax(m);
+  __shared__ float warp_m[32];
+  const int tid = int(threadIdx.x + threadIdx.y * blockDim.x);
+  const int warps = int(blockDim.x * blockDim.y) / 32;
+  if (tid % 32 == 0) warp_m[tid / 32] = m;
+  __syncthreads();
+  float b = 0.0f;
+  if (tid == 0)
+    for (int w = 0; w < warps; ++w) b = fmaxf(b, warp_m[w]);
+  return b;
+}
+
 // vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for load4).
 template <class T>
 __global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_t n,
@@ -51,40 +72,21 @@ __global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   if (vec4) {
-    for (int64_t j = first; j < n / 4; j += stride) {
-      const float4 v = load4(x, 4 * j);
-      m = numerics::amax_fold(numerics::amax_fold(m, v.x), v.y);
-      m = numerics::amax_fold(numerics::amax_fold(m, v.z), v.w);
-    }
+    for (int64_t j = first; j < n / 4; j += stride) m = amax_fold4(m, load4(x, 4 * j));
   } else {
     for (int64_t i = first; i < n; i += stride) m = numerics::amax_fold(m, load(x, i));
   }
-  m = warp_amax(m);
-  __shared__ float warp_m[32];
-  if (threadIdx.x % 32 == 0) warp_m[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = 0.0f;
-    for (int w = 0; w < int(blockDim.x / 32); ++w) b = fmaxf(b, warp_m[w]);
-    part[blockIdx.x] = b;
-  }
+  const float b = block_amax(m);
+  if (threadIdx.x == 0) part[blockIdx.x] = b;
 }
 
 // The block's max of each thread's m into *amax, which the launch zeroed: one atomic max a
 // block on the bits (non-negative floats, +inf included, order as unsigned ints; the folds
-// skip NaN). Every thread of the block calls it (blocks of whole warps, x fastest).
+// skip NaN). Every thread of the block calls it.
 __device__ void block_amax_to(float m, float* amax) {
-  m = warp_amax(m);
-  __shared__ float warp_m[32];
-  const int tid = int(threadIdx.x + threadIdx.y * blockDim.x);
-  const int warps = int(blockDim.x * blockDim.y) / 32;
-  if (tid % 32 == 0) warp_m[tid / 32] = m;
-  __syncthreads();
-  if (tid == 0) {
-    float b = 0.0f;
-    for (int w = 0; w < warps; ++w) b = fmaxf(b, warp_m[w]);
+  const float b = block_amax(m);
+  if (threadIdx.x == 0 && threadIdx.y == 0)
     atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(b));
-  }
 }
 
 __global__ void amax_final_kernel(float* amax, const float* part, int n) {
@@ -238,8 +240,7 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
   if (vec4) {
     for (int64_t j = first; j < n / 4; j += stride) {
       const float4 v = load4(x, 4 * j);
-      m = numerics::amax_fold(numerics::amax_fold(m, v.x), v.y);
-      m = numerics::amax_fold(numerics::amax_fold(m, v.z), v.w);
+      m = amax_fold4(m, v);
       auto code = [&](float e) {
         return uint32_t(numerics::encode_fp8_elem(e * scale, fmt, false, 0u));
       };
