@@ -356,9 +356,6 @@ class Backend {
                      float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
 
  protected:
-  // run.profile's host-clock hooks: an OpScope at the top of each op (the CPU backend's and the
-  // base class's), timed by a backend that implements them (CpuBackend); CUDA times its ops on
-  // the device instead and leaves these empty.
   // The shared input (begin_shared_input) and the key of the quantization kept from it.
   struct SharedKey {
     const void* x = nullptr;
@@ -385,6 +382,9 @@ class Backend {
   const void* shared_x_ = nullptr;  // null: no bracket open (or declined)
   int64_t shared_rows_ = 0, shared_cols_ = 0;
 
+  // run.profile's host-clock hooks: an OpScope at the top of each op (the CPU backend's and the
+  // base class's), timed by a backend that implements them (CpuBackend); CUDA times its ops on
+  // the device instead and leaves these empty.
   virtual void op_begin(const char* op) {}
   virtual void op_end() {}
   struct OpScope {

@@ -207,8 +207,8 @@ TEST(SharedInput, Bf16CodesAreKeyedByTheirPointer) {
     auto xq = per_tensor(true, 0.0f, nullptr);
     xq.bf16 = codes.data();
     be->fp8_linear_forward(y.data(), nullptr, xq, w.data(), wq, N, I, 16, work.data());
-    expect_close(y, matmul_nt(dequant_tensor(wide, N, I, xq), dequant_tensor(w, 16, I, wq), N, I, 16),
-                 "y");
+    expect_close(
+        y, matmul_nt(dequant_tensor(wide, N, I, xq), dequant_tensor(w, 16, I, wq), N, I, 16), "y");
   }
   be->end_shared_input();
   EXPECT_EQ(be->shared_input_hits(), 2);
