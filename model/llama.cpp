@@ -319,12 +319,6 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
                                Checkpointing policy, int64_t B, int64_t T) {
   const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
   const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
-  // The Linears that read h1 (q, k, v) or h2 (gate, up) share its FP8 quantization.
-  auto qkv_shared = [&](const void* x) {
-    return shared_fp8_input(x, N, C, c_.q_dim(), c_.kv_dim());
-  };
-  auto mlp_shared = [&](const void* x) { return shared_fp8_input(x, N, C, I, I); };
-  const int64_t qkv_out = std::max(c_.q_dim(), c_.kv_dim());
   const float eps = float(c_.rms_norm_eps);
   BlockSizes z(c_, B, T);
   const bool bp = a.bf16_path = bf16_path();
@@ -357,7 +351,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       const size_t m = scratch_.mark();
       const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);
       const void* shared_x = h1 ? static_cast<const void*>(h1) : a.h1_16;
-      SharedInputScope shared(be_, nat ? nullptr : qkv_shared(shared_x), N, C, qkv_out);
+      const auto shared = shared_input(shared_x, N, false);
       linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat, h1);
       linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat, h1);
       linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
@@ -377,7 +371,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.k = keep(false, z.k, &a.k_16);
     a.v = keep(false, z.v, &a.v_16);
     {
-      SharedInputScope shared(be_, qkv_shared(a.h1), N, C, qkv_out);
+      const auto shared = shared_input(a.h1, N, false);
       linear_fwd(0, a.q, a.h1, w.wq, N, C, c_.q_dim());
       linear_fwd(1, a.k, a.h1, w.wk, N, C, c_.kv_dim());
       linear_fwd(2, a.v, a.h1, w.wv, N, C, c_.kv_dim());
@@ -410,7 +404,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       const size_t m = scratch_.mark();
       const float* h2 = nat || mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);
       const void* shared_x = h2 ? static_cast<const void*>(h2) : a.h2_16;
-      SharedInputScope shared(be_, nat ? nullptr : mlp_shared(shared_x), N, C, I);
+      const auto shared = shared_input(shared_x, N, true);
       linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2);
       linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
       scratch_.release(m);
@@ -427,7 +421,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.g = keep(false, z.g, &a.g_16);
     a.u = keep(false, z.u, &a.u_16);
     {
-      SharedInputScope shared(be_, mlp_shared(a.h2), N, C, I);
+      const auto shared = shared_input(a.h2, N, true);
       linear_fwd(4, a.g, a.h2, w.w_gate, N, C, I);
       linear_fwd(5, a.u, a.h2, w.w_up, N, C, I);
     }
@@ -446,12 +440,6 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
                                 BlockActs& a, float* dresid, int64_t B, int64_t T) {
   const int64_t N = B * T, C = c_.hidden_size, I = c_.intermediate_size;
   const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
-  // The Linears that read h1 (q, k, v) or h2 (gate, up) share its FP8 quantization.
-  auto qkv_shared = [&](const void* x) {
-    return shared_fp8_input(x, N, C, c_.q_dim(), c_.kv_dim());
-  };
-  auto mlp_shared = [&](const void* x) { return shared_fp8_input(x, N, C, I, I); };
-  const int64_t qkv_out = std::max(c_.q_dim(), c_.kv_dim());
   const float eps = float(c_.rms_norm_eps);
   const bool bp = a.bf16_path;
   // bf16 activations: widen the kept bf16 copies into scratch (the values forward used). The
@@ -525,7 +513,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     }
     const float* h2 = mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);  // once for both
     const void* shared_x = h2 ? static_cast<const void*>(h2) : a.h2_16;
-    SharedInputScope shared(be_, mlp_shared(shared_x), N, C, I);
+    const auto shared = shared_input(shared_x, N, true);
     linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false, h2);
     linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false, h2);
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
@@ -538,7 +526,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     linear_bwd(6, dg, dw.w_down, dresid, a.s, w.w_down, N, I, C, false);
     be_.swiglu_backward(dg, du, dg, a.g, a.u, N * I);
     {
-      SharedInputScope shared(be_, mlp_shared(a.h2), N, C, I);
+      const auto shared = shared_input(a.h2, N, true);
       linear_bwd(4, dh2, dw.w_gate, dg, a.h2, w.w_gate, N, C, I, false);
       linear_bwd(5, dh2, dw.w_up, du, a.h2, w.w_up, N, C, I, true);
     }
@@ -567,12 +555,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       // once for all three
       const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);
       const void* shared_x = h1 ? static_cast<const void*>(h1) : a.h1_16;
-      SharedInputScope shared(be_, nat ? nullptr : qkv_shared(shared_x), N, C, qkv_out);
+      const auto shared = shared_input(shared_x, N, false);
       linear_bwd16(0, dh1, dw.wq, dq, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1);
       linear_bwd16(1, dh1, dw.wk, dk, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1);
       linear_bwd16(2, dh1, dw.wv, dv, nullptr, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1);
     } else {
-      SharedInputScope shared(be_, qkv_shared(a.h1), N, C, qkv_out);
+      const auto shared = shared_input(a.h1, N, false);
       linear_bwd(0, dh1, dw.wq, dq, a.h1, w.wq, N, C, c_.q_dim(), false);
       linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
       linear_bwd(2, dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
@@ -732,12 +720,13 @@ bool LlamaModel::mlp_read_codes(int64_t N) const {
   return fp8_reads_codes(N, c_.hidden_size, c_.intermediate_size);
 }
 
-const void* LlamaModel::shared_fp8_input(const void* x, int64_t N, int64_t in, int64_t out_a,
-                                         int64_t out_b) const {
-  if (!lowered(layer_) || recipe_->recipe() == Recipe::kBf16 ||
-      recipe_->recipe() == Recipe::kNvfp4)
-    return nullptr;
-  return native_fp8(N, in, out_a) && native_fp8(N, in, out_b) ? x : nullptr;
+SharedInputScope LlamaModel::shared_input(const void* x, int64_t N, bool mlp) const {
+  const int64_t C = c_.hidden_size;
+  const int64_t a = mlp ? c_.intermediate_size : c_.q_dim(), b = mlp ? a : c_.kv_dim();
+  // native_fp8 is false off the FP8 recipes (bf16 included) and for a block left out of one
+  const bool on = lowered(layer_) && recipe_->recipe() != Recipe::kNvfp4 &&
+                  native_fp8(N, C, a) && native_fp8(N, C, b);
+  return SharedInputScope(be_, on ? x : nullptr, N, C, std::max(a, b));
 }
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,

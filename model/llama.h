@@ -197,11 +197,10 @@ class LlamaModel {
   // input is widened, once for the Linears sharing it, only where one of them does not.
   bool qkv_read_codes(int64_t N) const;
   bool mlp_read_codes(int64_t N) const;
-  // x, the input the Linears of widths out_a and out_b (q: q_dim, k and v: kv_dim; gate and
-  // up: I) read, where both take the backend's FP8 Linears and may share its quantization
-  // (Backend::begin_shared_input; not nvfp4), else null (no bracket).
-  const void* shared_fp8_input(const void* x, int64_t N, int64_t in, int64_t out_a,
-                               int64_t out_b) const;
+  // The bracket (Backend::begin_shared_input) for the Linears that read h1 (q, k, v) or, with
+  // mlp, h2 (gate, up), given as x, the pointer they read: open where they all take the
+  // backend's FP8 Linears (not nvfp4), else none.
+  SharedInputScope shared_input(const void* x, int64_t N, bool mlp) const;
 
   // FP8 recipes on the backend's FP8 Linears (per-tensor: Backend::fp8_tensor_cores();
   // fp8-block: fp8_block_tensor_cores(); mxfp8: mxfp8_tensor_cores(); nvfp4:
