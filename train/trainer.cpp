@@ -216,7 +216,8 @@ int run_training(const RunConfig& cfg) {
                                               : " (head and high-precision blocks fp32)",
        eo.bf16_activations ? ", bf16 activations" : "", ", checkpointing ",
        cfg.memory.activation_checkpointing, ", sharding ",
-       cfg.parallel.sharding, fsdp.bf16_blocks() ? " (bf16 block gathers)" : "", ", ",
+       cfg.parallel.sharding, device_comm ? " over " + device_comm->kind() : std::string(),
+       fsdp.bf16_blocks() ? " (bf16 block gathers)" : "", ", ",
        omp_get_max_threads(), " threads/rank, device ",
        be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");
   if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block ||

@@ -1,0 +1,556 @@
+// mxemu's scheduler and runtime (see emu.h).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+namespace mxemu {
+namespace {
+
+// ---- fibers ---------------------------------------------------------------------------------
+constexpr size_t kStackBytes = size_t(256) << 10;
+constexpr int kMaxThreads = 1024;
+
+enum class Wait { kRun, kSync, kWarp, kDone };
+
+struct Fiber {
+  uint3 tid{};
+  int index = 0, lane = 0, warp = 0;
+  Wait wait = Wait::kRun;
+  unsigned mask = 0;
+  uint64_t offer = 0, result = 0;
+  int src = 0;
+  char* stack = nullptr;  // kStackBytes, lowest page a guard
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t ctx;
+#endif
+};
+
+std::vector<Fiber> fibers;
+Fiber* current = nullptr;
+uint3 cur_block{};
+dim3 cur_block_dim, cur_grid_dim;
+const std::function<void()>* cur_body = nullptr;
+std::vector<unsigned char> dyn_smem;
+std::string pending_error;  // set by a failed launch, returned by cudaGetLastError
+cudaError_t pending_code = cudaSuccess;
+
+#if defined(__x86_64__)
+void* sched_sp = nullptr;
+#else
+ucontext_t sched_ctx;
+#endif
+
+}  // namespace
+}  // namespace mxemu
+
+#if defined(__x86_64__)
+// void mxemu_switch(void** save_sp, void* to_sp): saves the callee-saved registers on this
+// stack, stores its pointer, switches to the other stack and restores that one's. The x87 and
+// SSE control words are not switched (nothing here changes them).
+extern "C" void mxemu_switch(void** save_sp, void* to_sp);
+asm(R"(
+.text
+.p2align 4
+.globl mxemu_switch
+.type mxemu_switch, @function
+mxemu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size mxemu_switch, .-mxemu_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
+#endif
+
+namespace mxemu {
+namespace {
+
+int block_threads = 0;
+
+// The running fiber stops (it waits or is done): control passes straight to the next fiber of
+// the scheduler's pass that can run, or back to the scheduler when there is none (half the
+// switches of always going through the scheduler).
+void switch_away() {
+  Fiber* self = current;
+  Fiber* next = nullptr;
+  for (int j = self->index + 1; j < block_threads; ++j)
+    if (fibers[size_t(j)].wait == Wait::kRun) {
+      next = &fibers[size_t(j)];
+      break;
+    }
+#if defined(__x86_64__)
+  if (next) {
+    current = next;
+    mxemu_switch(&self->sp, next->sp);
+  } else {
+    mxemu_switch(&self->sp, sched_sp);
+  }
+#else
+  if (next) {
+    current = next;
+    swapcontext(&self->ctx, &next->ctx);
+  } else {
+    swapcontext(&self->ctx, &sched_ctx);
+  }
+#endif
+}
+
+[[noreturn]] void fiber_main() {
+  (*cur_body)();
+  current->wait = Wait::kDone;
+  switch_away();
+  std::abort();  // a finished fiber is never resumed
+}
+
+void to_scheduler() { switch_away(); }
+
+void resume(Fiber& f) {
+  current = &f;
+#if defined(__x86_64__)
+  mxemu_switch(&sched_sp, f.sp);
+#else
+  swapcontext(&sched_ctx, &f.ctx);
+#endif
+  current = nullptr;
+}
+
+void start(Fiber& f, int index) {
+  if (!f.stack) {
+    void* m = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::runtime_error("mxemu: cannot map a fiber stack");
+    mprotect(m, size_t(sysconf(_SC_PAGESIZE)), PROT_NONE);  // overflow faults
+    f.stack = static_cast<char*>(m);
+  }
+  f.wait = Wait::kRun;
+#if defined(__x86_64__)
+  // The stack as mxemu_switch leaves it: six saved registers, then fiber_main as the return
+  // address, above it a dummy return address so that fiber_main starts with rsp = 8 mod 16.
+  // Each fiber's stack top a different number of cache lines below its mapping's end: the
+  // mappings are kStackBytes apart, so equal offsets would put every fiber's hot frames in the
+  // same cache sets.
+  const size_t color = size_t(index % 64) * 576;
+  auto top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes - color) & ~uintptr_t(15);
+  auto* sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;
+  *--sp = reinterpret_cast<void*>(&fiber_main);
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;
+  f.sp = sp;
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = kStackBytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, reinterpret_cast<void (*)()>(&fiber_main), 0);
+#endif
+}
+
+std::string where() {
+  return "block (" + std::to_string(cur_block.x) + ", " + std::to_string(cur_block.y) + ", " +
+         std::to_string(cur_block.z) + ")";
+}
+
+// Runs one block to completion: every live fiber runs until it waits; then the warps whose
+// mask lanes all wait at a warp primitive exchange, or, with nothing else waiting, the block
+// passes its barrier. Anything else is a deadlock on a GPU.
+void run_block(int n) {
+  block_threads = n;
+  for (int i = 0; i < n; ++i) start(fibers[size_t(i)], i);
+  const int warps = (n + 31) / 32;
+  for (;;) {
+    for (int i = 0; i < n; ++i)
+      if (fibers[size_t(i)].wait == Wait::kRun) resume(fibers[size_t(i)]);
+    bool released = false;
+    for (int w = 0; w < warps; ++w) {
+      const int first = w * 32, lanes = std::min(32, n - first);
+      Fiber* f = &fibers[size_t(first)];
+      unsigned mask = 0;
+      bool any = false;
+      for (int l = 0; l < lanes; ++l)
+        if (f[l].wait == Wait::kWarp) {
+          if (any && f[l].mask != mask)
+            throw std::runtime_error("warp primitive with different masks in one warp, " + where());
+          mask = f[l].mask;
+          any = true;
+        }
+      if (!any) continue;
+      bool ready = true;
+      for (int l = 0; l < 32; ++l) {
+        if (!(mask >> l & 1u)) continue;
+        if (l >= lanes || f[l].wait == Wait::kDone)
+          throw std::runtime_error("warp primitive's mask names lane " + std::to_string(l) +
+                                   " of warp " + std::to_string(w) +
+                                   ", which has exited or does not exist, " + where());
+        if (f[l].wait != Wait::kWarp) ready = false;
+      }
+      if (!ready) continue;
+      for (int l = 0; l < lanes; ++l) {
+        if (f[l].wait != Wait::kWarp) continue;
+        const int s = f[l].src;
+        f[l].result = (s >= 0 && s < 32 && (mask >> s & 1u)) ? f[s].offer : f[l].offer;
+      }
+      for (int l = 0; l < lanes; ++l)
+        if (f[l].wait == Wait::kWarp) f[l].wait = Wait::kRun;
+      released = true;
+    }
+    if (released) continue;
+    int done = 0, sync = 0;
+    for (int i = 0; i < n; ++i) {
+      done += fibers[size_t(i)].wait == Wait::kDone;
+      sync += fibers[size_t(i)].wait == Wait::kSync;
+    }
+    if (done == n) return;
+    if (done + sync == n) {
+      for (int i = 0; i < n; ++i)
+        if (fibers[size_t(i)].wait == Wait::kSync) fibers[size_t(i)].wait = Wait::kRun;
+      continue;
+    }
+    throw std::runtime_error("deadlock: " + std::to_string(sync) + " threads at __syncthreads, " +
+                             std::to_string(n - done - sync) +
+                             " at a warp primitive whose lanes do not all arrive, " + where());
+  }
+}
+
+// ---- device memory --------------------------------------------------------------------------
+// Every allocation is its own mapping, without access except while a kernel or a memory call
+// runs (so a host dereference of a device pointer faults, as on a GPU).
+struct Mapping {
+  size_t bytes;
+};
+std::map<char*, Mapping> mappings;
+size_t mapped_bytes = 0;
+
+size_t page() { return size_t(sysconf(_SC_PAGESIZE)); }
+size_t rounded(size_t b) { return (std::max<size_t>(b, 1) + page() - 1) / page() * page(); }
+
+int access_depth = 0;
+// Where the CPU and kernel have memory protection keys, every device mapping carries one key
+// and access is switched for all of them by one unprivileged register write (pkey_set): what
+// the emulator does around every launch and copy. Elsewhere each mapping is mprotect'ed.
+int device_key() {
+  static const int key = pkey_alloc(0, 0);  // -1: no protection keys here
+  return key;
+}
+void protect_all(int prot) {
+  if (device_key() >= 0) {
+    pkey_set(device_key(), prot == PROT_NONE ? PKEY_DISABLE_ACCESS : 0);
+    return;
+  }
+  for (auto& [p, m] : mappings) mprotect(p, rounded(m.bytes), prot);
+}
+
+const char* env(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+size_t device_bytes() { return size_t(std::atoll(env("MXEMU_DEVICE_MB", "8192"))) << 20; }
+int sm() { return std::atoi(env("MXEMU_SM", "90")); }
+
+std::map<const void*, int> max_dynamic_shared;
+constexpr int kDefaultSmem = 48 << 10, kOptinSmem = 232448;  // H100 / H200: 227 KiB
+
+cudaError_t fail(cudaError_t code, std::string msg) {
+  pending_code = code;
+  pending_error = std::move(msg);
+  return code;
+}
+
+}  // namespace
+
+DeviceAccess::DeviceAccess() {
+  if (access_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
+}
+DeviceAccess::~DeviceAccess() {
+  if (--access_depth == 0) protect_all(PROT_NONE);
+}
+int compute_capability() { return sm(); }
+
+const uint3& thread_idx() { return current->tid; }
+const uint3& block_idx() { return cur_block; }
+const dim3& block_dim() { return cur_block_dim; }
+const dim3& grid_dim() { return cur_grid_dim; }
+int lane_id() { return current->lane; }
+void* dynamic_shared_memory() { return dyn_smem.data(); }
+
+void syncthreads() {
+  current->wait = Wait::kSync;
+  to_scheduler();
+}
+
+uint64_t warp_exchange(unsigned mask, uint64_t bits, int src) {
+  current->mask = mask;
+  current->offer = bits;
+  current->src = src;
+  current->wait = Wait::kWarp;
+  to_scheduler();
+  return current->result;
+}
+
+cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
+  if (bytes < 0 || bytes > kOptinSmem)
+    return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(bytes) +
+                                           " bytes of dynamic shared memory (the most is " +
+                                           std::to_string(kOptinSmem) + ")");
+  max_dynamic_shared[kernel] = bytes;
+  return cudaSuccess;
+}
+
+void run_grid(const void* kernel, const Config& c, const std::function<void()>& body) {
+  if (current) throw std::runtime_error("mxemu: a kernel launched from a kernel");
+  const dim3 g = c.grid, b = c.block;
+  const uint64_t threads = uint64_t(b.x) * b.y * b.z;
+  std::string bad;
+  if (threads == 0 || g.x == 0 || g.y == 0 || g.z == 0) bad = "an empty grid or block";
+  else if (threads > kMaxThreads || b.x > 1024 || b.y > 1024 || b.z > 64)
+    bad = "block of " + std::to_string(threads) + " threads (the most is 1024)";
+  else if (g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+    bad = "grid (" + std::to_string(g.x) + ", " + std::to_string(g.y) + ", " +
+          std::to_string(g.z) + ") (y and z at most 65535)";
+  if (!bad.empty()) {
+    fail(cudaErrorInvalidConfiguration, "invalid launch configuration: " + bad);
+    return;
+  }
+  auto it = max_dynamic_shared.find(kernel);
+  const size_t smem_limit = it != max_dynamic_shared.end() ? size_t(it->second) : kDefaultSmem;
+  if (c.smem > smem_limit) {
+    fail(cudaErrorInvalidValue, "launch with " + std::to_string(c.smem) +
+                                    " bytes of dynamic shared memory; the kernel allows " +
+                                    std::to_string(smem_limit) + " (cudaFuncSetAttribute)");
+    return;
+  }
+  if (fibers.size() < threads) fibers.resize(threads);
+  for (uint64_t i = 0; i < threads; ++i) {
+    Fiber& f = fibers[i];
+    f.tid = {unsigned(i % b.x), unsigned(i / b.x % b.y), unsigned(i / (uint64_t(b.x) * b.y))};
+    f.index = int(i);
+    f.lane = int(i % 32);
+    f.warp = int(i / 32);
+  }
+  dyn_smem.assign(c.smem + 16, 0xFF);
+  cur_block_dim = b;
+  cur_grid_dim = g;
+  cur_body = &body;
+  DeviceAccess access;
+  try {
+    for (unsigned z = 0; z < g.z; ++z)
+      for (unsigned y = 0; y < g.y; ++y)
+        for (unsigned x = 0; x < g.x; ++x) {
+          cur_block = {x, y, z};
+          std::fill(dyn_smem.begin(), dyn_smem.end(), 0xFF);
+          run_block(int(threads));
+        }
+  } catch (const std::exception& e) {
+    // The fibers of the failed block are abandoned (their stacks are reused by the next launch).
+    fail(cudaErrorLaunchFailure, std::string("kernel failed: ") + e.what());
+  }
+  cur_body = nullptr;
+}
+
+}  // namespace mxemu
+
+using namespace mxemu;
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = pending_code;
+  pending_code = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return pending_code; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+// The detail of the last failure (mxemu's own words) where there is one.
+const char* cudaGetErrorString(cudaError_t e) {
+  static std::string s;
+  s = std::string("mxemu: ") + (pending_error.empty() ? cudaGetErrorName(e) : pending_error);
+  return s.c_str();
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
+  *prop = {};
+  const int s = sm();
+  std::snprintf(prop->name, sizeof prop->name, "mxemu sm_%d (CPU emulation)", s);
+  prop->major = s / 10;
+  prop->minor = s % 10;
+  prop->totalGlobalMem = device_bytes();
+  prop->sharedMemPerBlock = kDefaultSmem;
+  prop->sharedMemPerBlockOptin = kOptinSmem;
+  prop->multiProcessorCount = 132;
+  prop->maxThreadsPerBlock = 1024;
+  prop->warpSize = 32;
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  *total_bytes = device_bytes();
+  *free_bytes = *total_bytes > mapped_bytes ? *total_bytes - mapped_bytes : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (mapped_bytes + bytes > device_bytes())
+    return fail(cudaErrorMemoryAllocation, "out of memory: " + std::to_string(bytes) +
+                                               " bytes asked, " +
+                                               std::to_string(device_bytes() - mapped_bytes) + " free");
+  const size_t n = rounded(bytes);
+  void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation, "mmap failed");
+  // Uninitialised, as a GPU's: 0xFF bytes (NaN as fp32). Very large arenas are left as the
+  // kernel maps them (zero pages) rather than touching every page.
+  if (bytes <= (size_t(256) << 20)) std::memset(m, 0xFF, bytes);
+  if (device_key() >= 0) {
+    pkey_mprotect(m, n, PROT_READ | PROT_WRITE, device_key());
+    if (access_depth == 0) pkey_set(device_key(), PKEY_DISABLE_ACCESS);
+  } else if (access_depth == 0) {
+    mprotect(m, n, PROT_NONE);
+  }
+  mappings[static_cast<char*>(m)] = {bytes};
+  mapped_bytes += bytes;
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  auto it = mappings.find(static_cast<char*>(p));
+  if (it == mappings.end()) return fail(cudaErrorInvalidValue, "cudaFree of a pointer cudaMalloc did not return");
+  munmap(p, rounded(it->second.bytes));
+  mapped_bytes -= it->second.bytes;
+  mappings.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  *a = {};
+  auto* c = static_cast<char*>(const_cast<void*>(p));
+  auto it = mappings.upper_bound(c);
+  if (it != mappings.begin()) {
+    --it;
+    if (c < it->first + std::max<size_t>(it->second.bytes, 1)) {
+      a->type = cudaMemoryTypeDevice;
+      a->devicePointer = const_cast<void*>(p);
+      return cudaSuccess;
+    }
+  }
+  a->type = cudaMemoryTypeUnregistered;
+  a->hostPointer = const_cast<void*>(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  *p = std::malloc(std::max<size_t>(bytes, 1));
+  return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation, "cudaMallocHost");
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  DeviceAccess access;
+  if (bytes) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  DeviceAccess access;
+  if (bytes) std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(p, value, bytes);
+}
+
+namespace {
+struct StreamObj {};
+struct EventObj {
+  std::chrono::steady_clock::time_point t;
+};
+}  // namespace
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = reinterpret_cast<cudaStream_t>(new StreamObj);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<StreamObj*>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = reinterpret_cast<cudaEvent_t>(new EventObj{std::chrono::steady_clock::now()});
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<EventObj*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  reinterpret_cast<EventObj*>(e)->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<EventObj*>(end)->t -
+                                                 reinterpret_cast<EventObj*>(start)->t)
+            .count();
+  return cudaSuccess;
+}

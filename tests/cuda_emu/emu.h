@@ -1,0 +1,273 @@
+// mxemu: runs the backend's own CUDA kernels on the CPU, so that CI (which has no GPU) executes
+// them against the CPU twins instead of only compiling them.
+//
+// What it is: the CUDA C++ the kernels are written in, compiled by g++ after a source rewrite
+// (translate.py: `k<<<grid, block, smem, stream>>>(args)` becomes a call of mxemu::launch, and
+// `extern __shared__ T name[]` a pointer to the launch's dynamic shared memory), against this
+// header instead of the CUDA toolkit's. Every thread of a block is a fiber with its own stack;
+// the blocks of a grid run one after another. A thread runs until it reaches __syncthreads or a
+// warp primitive (__shfl*_sync, __syncwarp) and waits there until every thread that must arrive
+// has: the whole block for __syncthreads, the lanes of the mask for a warp primitive. So the
+// kernels' index arithmetic, loop bounds, shared-memory tiles, reductions, shuffles and
+// barriers all execute, and what they write can be compared with the CPU backend.
+//
+// What it checks beyond the results:
+// - launch configurations against CUDA's limits (block size <= 1024, grid.y / grid.z <= 65535,
+//   dynamic shared memory above 48 KiB only after cudaFuncSetAttribute, at most 227 KiB);
+// - barriers: threads of one block waiting at different barriers (some at __syncthreads, some
+//   at a warp primitive that cannot complete), or a shuffle whose mask names a lane that has
+//   exited, is a hang or undefined on a GPU and a failed launch here (threads that have exited
+//   count as arrived at __syncthreads, as on current GPUs);
+// - device memory (cudaMalloc) is inaccessible outside kernels and the emulator's own calls
+//   (a memory protection key where the CPU has them, else mprotect), so host code that
+//   dereferences a device pointer faults here as it would with a real GPU; new
+//   allocations and each block's dynamic shared memory are filled with 0xFF (NaN as fp32), as
+//   a GPU leaves them uninitialised.
+//
+// What it cannot check: timing, occupancy and races between threads (a fiber runs until it
+// waits, so a missing __syncthreads between a write and another thread's read shows up only
+// when the schedule reads before the write); the GPU's own arithmetic (fast-math intrinsics
+// and FMA contraction differ in the last bits: the op check's tolerances cover both); warp-
+// synchronous code without a primitive (not used here). Host-side streams are synchronous:
+// everything runs at the call, in order.
+#pragma once
+
+#include <math.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__
+#define __noinline__
+#define __launch_bounds__(...)
+// Blocks run one after another, so a function-local static is exactly one block's shared
+// array (left as the previous block wrote it: uninitialised, as on a GPU).
+#define __shared__ static
+#define __constant__ static
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+struct uint3 {
+  unsigned x, y, z;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) int2 {
+  int x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+namespace mxemu {
+
+// The running thread's coordinates (valid inside a kernel only).
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+
+void syncthreads();
+// A warp exchange: this lane offers `bits`, reads lane `src`'s offer (its own where src is
+// outside [0, 32) or not in the mask); waits for every lane of `mask`.
+uint64_t warp_exchange(unsigned mask, uint64_t bits, int src);
+int lane_id();
+void* dynamic_shared_memory();
+
+template <class T>
+T* dynamic_shared() {
+  return static_cast<T*>(dynamic_shared_memory());
+}
+
+// Device memory is readable and writable from the host while one of these lives (the memory
+// calls, the kernels, the cuBLASLt and NCCL stand-ins); otherwise it faults. Nests.
+struct DeviceAccess {
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+// The emulated device's compute capability, major * 10 + minor (MXEMU_SM, default 90).
+int compute_capability();
+
+// A kernel launch: the configuration as written between <<< and >>>.
+struct Config {
+  dim3 grid, block;
+  size_t smem;
+  void* stream;
+  Config(dim3 g, dim3 b, size_t s = 0, void* st = nullptr) : grid(g), block(b), smem(s), stream(st) {}
+  template <class S>
+  Config(dim3 g, dim3 b, size_t s, S* st) : Config(g, b, s, static_cast<void*>(st)) {}
+};
+
+// Runs body once per thread of every block (the configuration checked first; an error is kept
+// for cudaGetLastError, as a failed launch is).
+void run_grid(const void* kernel, const Config& c, const std::function<void()>& body);
+
+// A launch as translate.py writes it: `kernel` calls the kernel with the arguments (a generic
+// lambda, so that a kernel template's arguments are deduced as nvcc deduces them); `id` is the
+// kernel's address where the source names one (for cudaFuncSetAttribute), else null.
+template <class F>
+struct Launch {
+  Config config;
+  const void* id;
+  F kernel;
+  template <class... A>
+  void operator()(A&&... args) const {
+    // CUDA copies the arguments once; every thread's call converts that copy to the
+    // parameters' types.
+    const std::tuple<std::decay_t<A>...> params(std::forward<A>(args)...);
+    run_grid(id, config, [&] { std::apply(kernel, params); });
+  }
+};
+template <class F>
+Launch<F> launch(Config c, const void* id, F kernel) {
+  return {c, id, kernel};
+}
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of at most 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+}  // namespace mxemu
+
+#define threadIdx (::mxemu::thread_idx())
+#define blockIdx (::mxemu::block_idx())
+#define blockDim (::mxemu::block_dim())
+#define gridDim (::mxemu::grid_dim())
+constexpr int warpSize = 32;
+
+inline void __syncthreads() { ::mxemu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+  ::mxemu::warp_exchange(mask, 0, ::mxemu::lane_id());
+}
+// Shuffles within segments of `width` lanes, as CUDA defines them.
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  const int lane = ::mxemu::lane_id(), base = lane & ~(width - 1);
+  return ::mxemu::from_bits<T>(
+      ::mxemu::warp_exchange(mask, ::mxemu::to_bits(v), base + (src & (width - 1))));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const int lane = ::mxemu::lane_id(), base = lane & ~(width - 1);
+  int src = lane ^ lane_mask;
+  if (src < base || src >= base + width) src = lane;
+  return ::mxemu::from_bits<T>(::mxemu::warp_exchange(mask, ::mxemu::to_bits(v), src));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = ::mxemu::lane_id(), base = lane & ~(width - 1);
+  int src = lane + int(delta);
+  if (src >= base + width) src = lane;
+  return ::mxemu::from_bits<T>(::mxemu::warp_exchange(mask, ::mxemu::to_bits(v), src));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int lane = ::mxemu::lane_id(), base = lane & ~(width - 1);
+  int src = lane - int(delta);
+  if (src < base) src = lane;
+  return ::mxemu::from_bits<T>(::mxemu::warp_exchange(mask, ::mxemu::to_bits(v), src));
+}
+
+// Atomics: one thread runs at a time, so plain read-modify-writes are atomic.
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  const unsigned o = *p;
+  if (v > o) *p = v;
+  return o;
+}
+inline int atomicMax(int* p, int v) {
+  const int o = *p;
+  if (v > o) *p = v;
+  return o;
+}
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+  const unsigned o = *p;
+  if (v < o) *p = v;
+  return o;
+}
+template <class T>
+T atomicAdd(T* p, T v) {
+  const T o = *p;
+  *p = o + v;
+  return o;
+}
+template <class T>
+T atomicExch(T* p, T v) {
+  const T o = *p;
+  *p = v;
+  return o;
+}
+template <class T>
+T atomicCAS(T* p, T cmp, T v) {
+  const T o = *p;
+  if (o == cmp) *p = v;
+  return o;
+}
+
+// Device math that the host library lacks under these names. The fast intrinsics are computed
+// exactly here (the GPU's are approximate: within the op check's tolerances).
+inline unsigned __float_as_uint(float x) { return ::mxemu::from_bits<unsigned>(::mxemu::to_bits(x)); }
+inline float __uint_as_float(unsigned x) { return ::mxemu::from_bits<float>(::mxemu::to_bits(x)); }
+inline int __float_as_int(float x) { return ::mxemu::from_bits<int>(::mxemu::to_bits(x)); }
+inline float __int_as_float(int x) { return ::mxemu::from_bits<float>(::mxemu::to_bits(x)); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+// CUDA's min / max overloads for mixed integer and floating types.
+template <class A, class B>
+constexpr std::common_type_t<A, B> min(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return C(b) < C(a) ? C(b) : C(a);
+}
+template <class A, class B>
+constexpr std::common_type_t<A, B> max(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return C(a) < C(b) ? C(b) : C(a);
+}
+using std::isfinite;
+using std::isinf;
+using std::isnan;

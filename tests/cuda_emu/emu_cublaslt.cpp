@@ -1,0 +1,282 @@
+// mxemu's cuBLASLt (see include/cublasLt.h): D = alpha op(A) op(B) + beta C on column-major
+// matrices, each element decoded from its type and multiplied by its scale as the scale mode
+// defines it, accumulated in double (OpenBLAS's dgemm), the result written in D's type (bf16: round to nearest
+// even). The heuristic refuses what cuBLASLt's documentation rules out for the emulated
+// device (MXEMU_SM): FP8 below 8.9, FP8 outside the "TN" form, E5M2 x E5M2, the 1D / 2D block
+// scales of 128 off 9.x, the VEC32 / VEC16 block scales and FP4 off 10.x, leading dimensions
+// of FP8 / FP4 operands that are not 16 bytes, operands less than 16-byte aligned.
+#include <cblas.h>
+#include <cublasLt.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "numerics/block_scale_layout.h"
+#include "numerics/formats.h"
+
+namespace mx = ::mx;
+
+struct cublasLtContext {
+  int dummy = 0;
+};
+struct cublasLtMatmulDescOpaque {
+  cublasComputeType_t compute;
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  cublasLtPointerMode_t pointer_mode = CUBLASLT_POINTER_MODE_HOST;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  int32_t a_mode = 0, b_mode = 0;
+};
+struct cublasLtMatrixLayoutOpaque {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque {
+  uint64_t workspace = 0;
+  uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D
+};
+
+namespace {
+
+template <class T>
+cublasStatus_t read_attr(T& dst, const void* buf, size_t bytes) {
+  if (bytes != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(&dst, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+bool fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+double elem_bytes(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F: return 4;
+    case CUDA_R_16BF: return 2;
+    case CUDA_R_8F_E4M3:
+    case CUDA_R_8F_E5M2: return 1;
+    case CUDA_R_4F_E2M1: return 0.5;
+  }
+  return 0;
+}
+
+// Element (i, j) of a column-major matrix.
+float element(const void* p, cudaDataType_t t, int64_t ld, int64_t i, int64_t j) {
+  const int64_t e = i + j * ld;
+  switch (t) {
+    case CUDA_R_32F: return static_cast<const float*>(p)[e];
+    case CUDA_R_16BF: return mx::numerics::decode_bf16(static_cast<const uint16_t*>(p)[e]);
+    case CUDA_R_8F_E4M3: return mx::numerics::decode_e4m3(static_cast<const uint8_t*>(p)[e]);
+    case CUDA_R_8F_E5M2: return mx::numerics::decode_e5m2(static_cast<const uint8_t*>(p)[e]);
+    case CUDA_R_4F_E2M1: {  // two a byte, the lower-indexed element in the low nibble
+      const uint8_t b = static_cast<const uint8_t*>(p)[e / 2];
+      return mx::numerics::decode_e2m1(uint8_t(e % 2 ? b >> 4 : b & 0xF));
+    }
+  }
+  return NAN;
+}
+
+// TF32: fp32 rounded to 10 mantissa bits (nearest even), as FAST_TF32 may convert inputs.
+float tf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0xFFFu + ((u >> 13) & 1u)) & ~0x1FFFu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The decode scale of element k of row r (0 <= r < R) of an operand whose K runs along the
+// stored columns' length (the TN form's K-major operands), for a scale mode.
+float block_scale(int32_t mode, const void* scale, int64_t R, int64_t K, int64_t r, int64_t k) {
+  switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F:
+      return scale ? *static_cast<const float*>(scale) : 1.0f;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0:
+      return mx::numerics::decode_e8m0(static_cast<const uint8_t*>(
+          scale)[mx::numerics::swizzled_scale_offset(r, k / 32, K / 32)]);
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3:
+      return mx::numerics::decode_ue4m3(static_cast<const uint8_t*>(
+          scale)[mx::numerics::swizzled_scale_offset(r, k / 16, K / 16)]);
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:  // [K / 128, round_up(R, 4)], r innermost
+      return static_cast<const float*>(scale)[(k / 128) * round_up(R, 4) + r];
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:  // [R / 128, round_up(K / 128, 4)]
+      return static_cast<const float*>(scale)[(r / 128) * round_up((K + 127) / 128, 4) + k / 128];
+  }
+  return NAN;
+}
+
+// Why cuBLASLt has no algorithm for these descriptors on the emulated device, or null.
+const char* unsupported(const cublasLtMatmulDescOpaque& d, const cublasLtMatrixLayoutOpaque& a,
+                        const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
+                        const cublasLtMatmulPreferenceOpaque* pref) {
+  const int sm = mxemu::compute_capability();
+  const bool low = fp8(a.type) || fp8(b.type) || a.type == CUDA_R_4F_E2M1 || b.type == CUDA_R_4F_E2M1;
+  const auto block = [](int32_t m) { return m != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F; };
+  if (!low) {
+    if (a.type != b.type) return "mixed operand types";
+    if (block(d.a_mode) || block(d.b_mode)) return "block scales on fp32 / bf16 operands";
+    if (c.type == CUDA_R_16BF && a.type != CUDA_R_16BF) return "bf16 output of fp32 operands";
+    return nullptr;
+  }
+  if (sm < 89) return "FP8 needs compute capability 8.9";
+  if (d.trans_a != CUBLAS_OP_T || d.trans_b != CUBLAS_OP_N) return "FP8 / FP4 need the TN form";
+  if (a.type == CUDA_R_8F_E5M2 && b.type == CUDA_R_8F_E5M2) return "E5M2 x E5M2";
+  if (c.type != CUDA_R_32F && c.type != CUDA_R_16BF) return "output type";
+  if (d.compute != CUBLAS_COMPUTE_32F) return "compute type";
+  const bool fp4 = a.type == CUDA_R_4F_E2M1 || b.type == CUDA_R_4F_E2M1;
+  if (fp4 && (a.type != b.type)) return "FP4 with another type";
+  for (int32_t m : {d.a_mode, d.b_mode}) {
+    if ((m == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || m == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) &&
+        sm / 10 != 9)
+      return "128-element block scales need compute capability 9.x";
+    if ((m == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 || m == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3) &&
+        sm / 10 != 10)
+      return "VEC32 / VEC16 block scales need compute capability 10.x";
+    if (m == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) return "outer-vector scales (not emulated)";
+  }
+  if (d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+      d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+    return "128x128 blocks on both operands";
+  if (fp4 != (d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3) ||
+      fp4 != (d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3))
+    return "FP4 takes VEC16_UE4M3 scales on both operands, and only FP4 does";
+  if (std::fmod(double(a.ld) * elem_bytes(a.type), 16.0) != 0 ||
+      std::fmod(double(b.ld) * elem_bytes(b.type), 16.0) != 0)
+    return "FP8 / FP4 leading dimensions must be multiples of 16 bytes";
+  if (pref && (pref->align[0] < 16 || pref->align[1] < 16)) return "FP8 / FP4 operands 16-byte aligned";
+  return nullptr;
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale_type) {
+  if (scale_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *desc = new cublasLtMatmulDescOpaque;
+  (*desc)->compute = compute;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void* buf, size_t bytes) {
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: return read_attr(d->pointer_mode, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_TRANSA: return read_attr(d->trans_a, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return read_attr(d->trans_b, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return read_attr(d->a_scale, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return read_attr(d->b_scale, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: return read_attr(d->a_mode, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: return read_attr(d->b_mode, buf, bytes);
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (ld < int64_t(rows) || elem_bytes(type) == 0) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new cublasLtMatrixLayoutOpaque{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  *pref = new cublasLtMatmulPreferenceOpaque;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t bytes) {
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return read_attr(p->workspace, buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return read_attr(p->align[0], buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return read_attr(p->align[1], buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return read_attr(p->align[2], buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return read_attr(p->align[3], buf, bytes);
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results,
+                                              int* returned) {
+  *returned = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  if (unsupported(*desc, *a, *b, *c, pref)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  results[0] = {};
+  results[0].algo.data[0] = 1;
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  results[0].wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha_p,
+                              const void* A, cublasLtMatrixLayout_t a, const void* B,
+                              cublasLtMatrixLayout_t b, const void* beta_p, const void* C,
+                              cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+  const cublasLtMatmulDescOpaque& dc = *desc;
+  if (!algo || unsupported(dc, *a, *b, *d, nullptr)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool ta = dc.trans_a == CUBLAS_OP_T, tb = dc.trans_b == CUBLAS_OP_T;
+  const int64_t m = int64_t(ta ? a->cols : a->rows), k = int64_t(ta ? a->rows : a->cols);
+  const int64_t kb = int64_t(tb ? b->cols : b->rows), n = int64_t(tb ? b->rows : b->cols);
+  if (k != kb || int64_t(d->rows) != m || int64_t(d->cols) != n || c->rows != d->rows ||
+      c->cols != d->cols || c->type != d->type || C != D)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  mxemu::DeviceAccess access;
+  float alpha, beta;
+  std::memcpy(&alpha, alpha_p, 4);  // host or device: both readable here
+  std::memcpy(&beta, beta_p, 4);
+  const bool tf = dc.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  // op(A) as [m, k] and op(B)^T as [n, k], row-major, decoded and scaled.
+  std::vector<double> oa(size_t(m * k)), ob(size_t(n * k));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float v = ta ? element(A, a->type, a->ld, kk, r) : element(A, a->type, a->ld, r, kk);
+      if (tf) v = tf32(v);
+      oa[size_t(r * k + kk)] = double(v) * block_scale(dc.a_mode, dc.a_scale, m, k, r, kk);
+    }
+  for (int64_t col = 0; col < n; ++col)
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float v = tb ? element(B, b->type, b->ld, col, kk) : element(B, b->type, b->ld, kk, col);
+      if (tf) v = tf32(v);
+      ob[size_t(col * k + kk)] = double(v) * block_scale(dc.b_mode, dc.b_scale, n, k, col, kk);
+    }
+  // prod [m, n] = op(A) op(B), in double (OpenBLAS).
+  std::vector<double> prod(size_t(m * n));
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0, oa.data(),
+              int(k), ob.data(), int(k), 0.0, prod.data(), int(n));
+  for (int64_t col = 0; col < n; ++col)
+    for (int64_t r = 0; r < m; ++r) {
+      float v = float(double(alpha) * prod[size_t(r * n + col)]);
+      if (beta != 0.0f) v += beta * element(C, c->type, c->ld, r, col);
+      const int64_t e = r + col * d->ld;
+      if (d->type == CUDA_R_16BF)
+        static_cast<uint16_t*>(D)[e] = mx::numerics::encode_bf16(v, mx::numerics::Saturation::kNoSat);
+      else
+        static_cast<float*>(D)[e] = v;
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}

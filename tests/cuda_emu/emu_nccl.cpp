@@ -1,0 +1,162 @@
+// mxemu's NCCL (see include/nccl.h), over MPI.
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "numerics/formats.h"
+
+struct ncclComm {
+  MPI_Comm mpi = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+};
+
+namespace {
+
+size_t type_bytes(ncclDataType_t t) { return t == ncclBfloat16 ? 2 : t == ncclFloat32 ? 4 : 8; }
+
+double load(const void* p, size_t i, ncclDataType_t t) {
+  switch (t) {
+    case ncclFloat32: return static_cast<const float*>(p)[i];
+    case ncclFloat64: return static_cast<const double*>(p)[i];
+    case ncclInt64: return double(static_cast<const int64_t*>(p)[i]);
+    case ncclBfloat16: return ::mx::numerics::decode_bf16(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+// Reduces in the element type: fp32 sums in fp32, int64 in int64.
+void reduce(void* out, const std::vector<const char*>& parts, size_t count, ncclDataType_t t,
+            ncclRedOp_t op) {
+  const int n = int(parts.size());
+  for (size_t i = 0; i < count; ++i) {
+    if (t == ncclInt64) {
+      int64_t acc = static_cast<const int64_t*>(static_cast<const void*>(parts[0]))[i];
+      for (int r = 1; r < n; ++r) {
+        const int64_t v = static_cast<const int64_t*>(static_cast<const void*>(parts[size_t(r)]))[i];
+        acc = op == ncclMax ? std::max(acc, v) : acc + v;
+      }
+      if (op == ncclAvg) acc /= n;
+      static_cast<int64_t*>(out)[i] = acc;
+    } else if (t == ncclFloat64) {
+      double acc = load(parts[0], i, t);
+      for (int r = 1; r < n; ++r) acc = op == ncclMax ? std::max(acc, load(parts[size_t(r)], i, t)) : acc + load(parts[size_t(r)], i, t);
+      if (op == ncclAvg) acc /= n;
+      static_cast<double*>(out)[i] = acc;
+    } else {
+      float acc = float(load(parts[0], i, t));
+      for (int r = 1; r < n; ++r) {
+        const float v = float(load(parts[size_t(r)], i, t));
+        acc = op == ncclMax ? std::max(acc, v) : acc + v;
+      }
+      if (op == ncclAvg) acc /= float(n);
+      if (t == ncclBfloat16)
+        static_cast<uint16_t*>(out)[i] = ::mx::numerics::encode_bf16(acc, ::mx::numerics::Saturation::kNoSat);
+      else
+        static_cast<float*>(out)[i] = acc;
+    }
+  }
+}
+
+// Every rank's `bytes` from `send`, in rank order.
+std::vector<char> gather_all(ncclComm* c, const void* send, size_t bytes) {
+  std::vector<char> all(bytes * size_t(c->size));
+  if (c->size == 1) {
+    std::memcpy(all.data(), send, bytes);
+  } else {
+    std::vector<char> mine(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+    MPI_Allgather(mine.data(), int(bytes), MPI_BYTE, all.data(), int(bytes), MPI_BYTE, c->mpi);
+  }
+  return all;
+}
+
+}  // namespace
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  return r == ncclSuccess ? "no error" : "mxemu nccl: invalid argument or MPI failure";
+}
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  std::random_device rd;
+  for (char& ch : id->internal) ch = char(rd());
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int rank) {
+  auto* c = new ncclComm;
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &c->mpi);
+    MPI_Comm_rank(c->mpi, &c->rank);
+    MPI_Comm_size(c->mpi, &c->size);
+  }
+  if (c->rank != rank || c->size != nranks) {
+    delete c;
+    return ncclInvalidArgument;
+  }
+  *comm = c;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t*) {
+  auto* c = new ncclComm;
+  if (comm->mpi == MPI_COMM_NULL) {
+    *out = c;
+    return ncclSuccess;
+  }
+  MPI_Comm_split(comm->mpi, color, key, &c->mpi);
+  MPI_Comm_rank(c->mpi, &c->rank);
+  MPI_Comm_size(c->mpi, &c->size);
+  *out = c;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
+  delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommCount(ncclComm_t comm, int* count) {
+  *count = comm->size;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank) {
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t) {
+  mxemu::DeviceAccess access;
+  const auto all = gather_all(comm, send, count * type_bytes(type));
+  std::memcpy(recv, all.data(), all.size());
+  return ncclSuccess;
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  mxemu::DeviceAccess access;
+  const size_t b = count * type_bytes(type), total = b * size_t(comm->size);
+  const auto all = gather_all(comm, send, total);
+  std::vector<const char*> parts;
+  for (int r = 0; r < comm->size; ++r) parts.push_back(all.data() + size_t(r) * total + size_t(comm->rank) * b);
+  reduce(recv, parts, count, type, op);
+  return ncclSuccess;
+}
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+  mxemu::DeviceAccess access;
+  const size_t b = count * type_bytes(type);
+  const auto all = gather_all(comm, send, b);
+  std::vector<const char*> parts;
+  for (int r = 0; r < comm->size; ++r) parts.push_back(all.data() + size_t(r) * b);
+  reduce(recv, parts, count, type, op);
+  return ncclSuccess;
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t) {
+  mxemu::DeviceAccess access;
+  const size_t b = count * type_bytes(type);
+  std::vector<char> buf(b);
+  if (comm->rank == root) std::memcpy(buf.data(), send, b);
+  if (comm->size > 1) MPI_Bcast(buf.data(), int(b), MPI_BYTE, root, comm->mpi);
+  std::memcpy(recv, buf.data(), b);
+  return ncclSuccess;
+}

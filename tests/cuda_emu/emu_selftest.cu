@@ -1,0 +1,232 @@
+// mxemu's own tests (see emu.h): that it executes CUDA's semantics that the backend's kernels rely
+// on, each against a value worked out by hand from CUDA's definitions, and that it refuses
+// what a GPU refuses. Translated by translate.py like the backend's sources; ctest runs it.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  size_t n;
+  explicit Buf(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess); }
+  ~Buf() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  void put(const std::vector<T>& h) {
+    EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+};
+
+__global__ void coords_kernel(int* out) {
+  const int t = threadIdx.x + threadIdx.y * blockDim.x;
+  const int b = blockIdx.x + blockIdx.y * gridDim.x;
+  const int i = b * blockDim.x * blockDim.y + t;
+  out[4 * i] = threadIdx.x;
+  out[4 * i + 1] = threadIdx.y;
+  out[4 * i + 2] = blockIdx.x;
+  out[4 * i + 3] = blockIdx.y;
+}
+
+TEST(Mxemu, EveryThreadOfEveryBlockRunsWithItsCoordinates) {
+  Buf<int> out(4 * 2 * 3 * 5 * 7);
+  coords_kernel<<<dim3(2, 3), dim3(5, 7)>>>(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const auto h = out.get();
+  int i = 0;
+  for (int by = 0; by < 3; ++by)
+    for (int bx = 0; bx < 2; ++bx)
+      for (int ty = 0; ty < 7; ++ty)
+        for (int tx = 0; tx < 5; ++tx, ++i) {
+          EXPECT_EQ(h[4 * i], tx);
+          EXPECT_EQ(h[4 * i + 1], ty);
+          EXPECT_EQ(h[4 * i + 2], bx);
+          EXPECT_EQ(h[4 * i + 3], by);
+        }
+}
+
+// Each thread writes shared memory, then after the barrier reads another thread's value: only
+// correct if every thread's write happened before any read.
+__global__ void reverse_kernel(int* out) {
+  __shared__ int s[256];
+  s[threadIdx.x] = int(threadIdx.x) * 3;
+  __syncthreads();
+  out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
+
+TEST(Mxemu, SyncthreadsOrdersSharedMemory) {
+  Buf<int> out(256);
+  reverse_kernel<<<1, 256>>>(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const auto h = out.get();
+  for (int t = 0; t < 256; ++t) EXPECT_EQ(h[size_t(t)], (255 - t) * 3);
+}
+
+__global__ void shuffle_kernel(int* out) {
+  const int lane = threadIdx.x % 32, v = 100 + int(threadIdx.x);
+  const int base = 4 * int(threadIdx.x);
+  out[base] = __shfl_xor_sync(0xFFFFFFFFu, v, 5);
+  out[base + 1] = __shfl_down_sync(0xFFFFFFFFu, v, 3);
+  out[base + 2] = __shfl_up_sync(0xFFFFFFFFu, v, 2, 16);
+  out[base + 3] = __shfl_sync(0xFFFFFFFFu, v, (lane + 7) % 32);
+}
+
+// CUDA's definitions: xor reads lane ^ m; down reads lane + d, or its own value past the warp's
+// end; up with width 16 reads lane - d within its 16-lane segment, or its own value before the
+// segment's start; idx reads the named lane.
+TEST(Mxemu, WarpShufflesReadTheLanesCudaDefines) {
+  Buf<int> out(4 * 64);
+  shuffle_kernel<<<1, 64>>>(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const auto h = out.get();
+  for (int t = 0; t < 64; ++t) {
+    const int warp0 = t / 32 * 32, lane = t % 32, seg = lane / 16 * 16;
+    EXPECT_EQ(h[size_t(4 * t)], 100 + warp0 + (lane ^ 5)) << t;
+    EXPECT_EQ(h[size_t(4 * t + 1)], 100 + warp0 + (lane + 3 < 32 ? lane + 3 : lane)) << t;
+    EXPECT_EQ(h[size_t(4 * t + 2)], 100 + warp0 + (lane - 2 >= seg ? lane - 2 : lane)) << t;
+    EXPECT_EQ(h[size_t(4 * t + 3)], 100 + warp0 + (lane + 7) % 32) << t;
+  }
+}
+
+// A block sum by warp shuffles and shared memory, the backend's reduction pattern, in blocks
+// whose last warp is partial.
+__global__ void block_sum_kernel(const float* x, int n, float* out) {
+  float v = 0.0f;
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) v += x[i];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  __shared__ float part[32];
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) s += part[w];
+    *out = s;
+  }
+}
+
+TEST(Mxemu, BlockReductionSumsExactly) {
+  const int n = 1000;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) x[size_t(i)] = float(i % 17);  // small integers: exact in any order
+  double want = 0;
+  for (float v : x) want += v;
+  Buf<float> dx(static_cast<size_t>(n)), out(1);
+  dx.put(x);
+  block_sum_kernel<<<1, 128>>>(dx.p, n, out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(out.get()[0], float(want));
+}
+
+__global__ void early_exit_shuffle_kernel(int* out) {
+  if (threadIdx.x == 3) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, int(threadIdx.x), 1);
+}
+
+TEST(Mxemu, ShuffleWithAnExitedLaneInItsMaskFailsTheLaunch) {
+  Buf<int> out(32);
+  early_exit_shuffle_kernel<<<1, 32>>>(out.p);
+  const cudaError_t e = cudaGetLastError();
+  EXPECT_EQ(e, cudaErrorLaunchFailure);
+  EXPECT_NE(std::string(cudaGetErrorString(e)).find("exited"), std::string::npos)
+      << cudaGetErrorString(e);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the error is returned once
+}
+
+__global__ void divergent_barrier_kernel(int* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    out[0] = __shfl_xor_sync(0xFFFFFFFFu, 1, 1);
+    __syncthreads();
+  }
+}
+
+TEST(Mxemu, WarpsMayReachTheBlockBarrierAtDifferentTimes) {
+  Buf<int> out(1);
+  // Warp 0 waits at the barrier while warp 1 still shuffles; warp 1 then arrives: no
+  // deadlock. A real one needs a warp primitive that some of its lanes never reach (below).
+  divergent_barrier_kernel<<<1, 64>>>(out.p);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+__global__ void half_warp_shuffle_kernel(int* out) {
+  if (threadIdx.x < 16) __syncthreads();
+  else out[threadIdx.x] = __shfl_xor_sync(0xFFFFFFFFu, 1, 1);
+}
+
+TEST(Mxemu, AShuffleSomeOfItsLanesNeverReachIsADeadlock) {
+  Buf<int> out(32);
+  half_warp_shuffle_kernel<<<1, 32>>>(out.p);
+  const cudaError_t e = cudaGetLastError();
+  EXPECT_EQ(e, cudaErrorLaunchFailure);
+  EXPECT_NE(std::string(cudaGetErrorString(e)).find("deadlock"), std::string::npos)
+      << cudaGetErrorString(e);
+}
+
+__global__ void smem_kernel(float* out) {
+  extern __shared__ float dyn[];
+  dyn[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = dyn[(threadIdx.x + 1) % blockDim.x];
+}
+
+TEST(Mxemu, LaunchConfigurationsAreCheckedAgainstCudasLimits) {
+  Buf<float> out(1024);
+  coords_kernel<<<1, 1025>>>(reinterpret_cast<int*>(out.p));
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  coords_kernel<<<dim3(1, 65536), 32>>>(reinterpret_cast<int*>(out.p));
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  // Dynamic shared memory above 48 KiB needs the kernel's attribute first.
+  smem_kernel<<<1, 32, 64 << 10>>>(out.p);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+            cudaSuccess);
+  smem_kernel<<<1, 32, 64 << 10>>>(out.p);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(out.get()[0], 1.0f);
+  EXPECT_NE(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 << 10),
+            cudaSuccess);
+  cudaGetLastError();
+}
+
+__global__ void read_dynamic_shared_kernel(uint32_t* out) {
+  extern __shared__ uint32_t raw[];
+  out[threadIdx.x] = raw[threadIdx.x];
+}
+
+TEST(Mxemu, NewDeviceMemoryAndSharedMemoryAreNotZeroed) {
+  Buf<uint32_t> fresh(16);
+  for (uint32_t v : fresh.get()) EXPECT_EQ(v, 0xFFFFFFFFu);
+  Buf<uint32_t> out(32);
+  read_dynamic_shared_kernel<<<1, 32, 32 * sizeof(uint32_t)>>>(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (uint32_t v : out.get()) EXPECT_EQ(v, 0xFFFFFFFFu);
+}
+
+TEST(Mxemu, HostDereferenceOfDeviceMemoryFaults) {
+  Buf<float> d(4);
+  EXPECT_DEATH({ volatile float v = d.p[0]; (void)v; }, "");
+  float* host = nullptr;
+  EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), 16), cudaSuccess);
+  host[0] = 1.0f;  // pinned host memory stays host memory
+  cudaFreeHost(host);
+}
+
+TEST(Mxemu, PointerAttributesTellDeviceFromHost) {
+  Buf<float> d(8);
+  float h[2];
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, d.p + 7), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, h), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+}
+
+}  // namespace

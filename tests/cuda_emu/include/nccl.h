@@ -1,0 +1,38 @@
+// mxemu's stand-in for nccl.h (see ../emu.h): the communicator calls
+// backend/cuda/nccl_communicator.cu makes, over MPI (each rank's emulated device memory is its
+// own process's memory). Collectives run at the call, in the communicator's rank order;
+// reductions gather every rank's contribution and reduce it locally, in rank order, in the
+// element type (bf16 through fp32 and back, rounded to nearest even).
+#pragma once
+
+#include <cstddef>
+
+#include "tests/cuda_emu/include/cuda_runtime.h"
+
+typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
+               ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5 } ncclResult_t;
+typedef enum { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclMax = 3, ncclAvg = 4 } ncclRedOp_t;
+typedef struct {
+  char internal[128];
+} ncclUniqueId;
+typedef struct ncclComm* ncclComm_t;
+typedef struct ncclConfig_v {
+  int dummy;
+} ncclConfig_t;
+
+const char* ncclGetErrorString(ncclResult_t r);
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t* config);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommCount(ncclComm_t comm, int* count);
+ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank);
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t stream);
