@@ -219,7 +219,8 @@ int run_training(const RunConfig& cfg) {
        cfg.parallel.sharding, device_comm ? " over " + device_comm->kind() : std::string(),
        fsdp.bf16_blocks() ? " (bf16 block gathers)" : "", ", ",
        omp_get_max_threads(), " threads/rank, device ",
-       be.name(), " ", be.device_name(), ", peak ", format_count(peak_flops), "FLOP/s");
+       be.name(), be.device_name().empty() ? std::string() : " " + be.device_name(), ", peak ",
+       format_count(peak_flops), "FLOP/s");
   if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block ||
       recipe == Recipe::kMxfp8 || recipe == Recipe::kNvfp4)
     info("precision ", cfg.precision.recipe, ": block Linears ",

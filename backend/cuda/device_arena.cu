@@ -29,6 +29,11 @@ void* DeviceArena::alloc(size_t bytes) {
   used_ += n;
   if (used_ > peak_) peak_ = used_;
   if (tracker_) tracker_->add(int64_t(n));
+#ifdef MXTRAIN_CUDA_EMU
+  // Under mxemu (tests/cuda_emu) each allocation starts as 0xFF bytes, NaN as fp32: code that
+  // reads what it did not write (stale bytes on a GPU) fails the CPU comparisons instead.
+  MX_CUDA_CHECK("DeviceArena", cudaMemset(p, 0xFF, n));
+#endif
   return p;
 }
 

@@ -1,4 +1,5 @@
 // mxemu's scheduler and runtime (see emu.h).
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,7 +29,7 @@ enum class Wait { kRun, kSync, kWarp, kDone };
 
 struct Fiber {
   uint3 tid{};
-  int index = 0, lane = 0, warp = 0;
+  int index = 0, pos = 0, lane = 0, warp = 0;  // pos: place in the scheduler's pass order
   Wait wait = Wait::kRun;
   unsigned mask = 0;
   uint64_t offer = 0, result = 0;
@@ -46,9 +47,22 @@ Fiber* current = nullptr;
 uint3 cur_block{};
 dim3 cur_block_dim, cur_grid_dim;
 const std::function<void()>* cur_body = nullptr;
-std::vector<unsigned char> dyn_smem;
+// Dynamic shared memory: the launch's bytes at the end of a mapping followed by a page without
+// access, so a kernel indexing past what the launch gave it faults.
+unsigned char* dyn_smem = nullptr;
+size_t dyn_smem_bytes = 0;
+char* dyn_map = nullptr;
+size_t dyn_map_bytes = 0;
+// Static __shared__ arrays met in this launch (translate.py registers each): their bytes, which
+// CUDA limits to 48 KiB a block.
+std::map<void*, uint64_t> shared_seen;  // array -> block_serial it was last poisoned in
+size_t static_shared_bytes = 0;
+std::string shared_overflow;
 std::string pending_error;  // set by a failed launch, returned by cudaGetLastError
 cudaError_t pending_code = cudaSuccess;
+// A fault inside a kernel (a deadlock, a bad shuffle, a host pointer as an argument) is sticky,
+// as on a GPU: every later call returns it.
+cudaError_t sticky_code = cudaSuccess;
 
 #if defined(__x86_64__)
 void* sched_sp = nullptr;
@@ -95,6 +109,15 @@ namespace mxemu {
 namespace {
 
 int block_threads = 0;
+std::vector<int> pass_order;  // thread indices in the order a pass runs them
+uint64_t block_serial = 0;    // counts blocks run, for the shared arrays' poisoning
+bool reverse_order() {
+  static const bool r = [] {
+    const char* v = std::getenv("MXEMU_ORDER");
+    return v && std::string(v) == "reverse";
+  }();
+  return r;
+}
 
 // The running fiber stops (it waits or is done): control passes straight to the next fiber of
 // the scheduler's pass that can run, or back to the scheduler when there is none (half the
@@ -102,9 +125,9 @@ int block_threads = 0;
 void switch_away() {
   Fiber* self = current;
   Fiber* next = nullptr;
-  for (int j = self->index + 1; j < block_threads; ++j)
-    if (fibers[size_t(j)].wait == Wait::kRun) {
-      next = &fibers[size_t(j)];
+  for (int j = self->pos + 1; j < block_threads; ++j)
+    if (fibers[size_t(pass_order[size_t(j)])].wait == Wait::kRun) {
+      next = &fibers[size_t(pass_order[size_t(j)])];
       break;
     }
 #if defined(__x86_64__)
@@ -183,11 +206,19 @@ std::string where() {
 // passes its barrier. Anything else is a deadlock on a GPU.
 void run_block(int n) {
   block_threads = n;
+  ++block_serial;
+  pass_order.resize(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    pass_order[size_t(i)] = reverse_order() ? n - 1 - i : i;
+    fibers[size_t(pass_order[size_t(i)])].pos = i;
+  }
   for (int i = 0; i < n; ++i) start(fibers[size_t(i)], i);
   const int warps = (n + 31) / 32;
   for (;;) {
-    for (int i = 0; i < n; ++i)
-      if (fibers[size_t(i)].wait == Wait::kRun) resume(fibers[size_t(i)]);
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = fibers[size_t(pass_order[size_t(i)])];
+      if (f.wait == Wait::kRun) resume(f);
+    }
     bool released = false;
     for (int w = 0; w < warps; ++w) {
       const int first = w * 32, lanes = std::min(32, n - first);
@@ -215,7 +246,10 @@ void run_block(int n) {
       for (int l = 0; l < lanes; ++l) {
         if (f[l].wait != Wait::kWarp) continue;
         const int s = f[l].src;
-        f[l].result = (s >= 0 && s < 32 && (mask >> s & 1u)) ? f[s].offer : f[l].offer;
+        // A source lane outside the mask is undefined in CUDA: all ones here (NaN as a float),
+        // never a plausible value. Outside the warp (shuffles past its ends) CUDA returns the
+        // lane's own value; the callers map those to `l` already.
+        f[l].result = (s >= 0 && s < 32) ? ((mask >> s & 1u) ? f[s].offer : ~uint64_t(0)) : f[l].offer;
       }
       for (int l = 0; l < lanes; ++l)
         if (f[l].wait == Wait::kWarp) f[l].wait = Wait::kRun;
@@ -242,8 +276,13 @@ void run_block(int n) {
 // ---- device memory --------------------------------------------------------------------------
 // Every allocation is its own mapping, without access except while a kernel or a memory call
 // runs (so a host dereference of a device pointer faults, as on a GPU).
+// The allocation sits at the end of its pages (its start 256-byte aligned, as cudaMalloc's),
+// and a page without access follows it: a kernel reading or writing more than the alignment's
+// slack past an allocation's end faults (an allocation's own bytes are keyed by its start).
 struct Mapping {
   size_t bytes;
+  char* base;         // the mapping: data pages, then the guard page
+  size_t data_bytes;  // the data pages
 };
 std::map<char*, Mapping> mappings;
 size_t mapped_bytes = 0;
@@ -264,7 +303,7 @@ void protect_all(int prot) {
     pkey_set(device_key(), prot == PROT_NONE ? PKEY_DISABLE_ACCESS : 0);
     return;
   }
-  for (auto& [p, m] : mappings) mprotect(p, rounded(m.bytes), prot);
+  for (auto& [p, m] : mappings) mprotect(m.base, m.data_bytes, prot);
 }
 
 const char* env(const char* name, const char* fallback) {
@@ -278,10 +317,54 @@ int sm() { return std::atoi(env("MXEMU_SM", "90")); }
 std::map<const void*, int> max_dynamic_shared;
 constexpr int kDefaultSmem = 48 << 10, kOptinSmem = 232448;  // H100 / H200: 227 KiB
 
+const char* cur_kernel = "";
+
+// A fault says where it happened: in which kernel, block and thread, or in host code reading
+// device memory; then the process dies of it as before.
+void on_fault(int sig, siginfo_t* info, void*) {
+  char msg[512];
+  int len;
+  if (current) {
+    len = std::snprintf(msg, sizeof msg,
+                        "mxemu: invalid memory access at %p in kernel %s, block (%u, %u, %u), "
+                        "thread (%u, %u, %u)\n",
+                        info->si_addr, cur_kernel, cur_block.x, cur_block.y, cur_block.z,
+                        current->tid.x, current->tid.y, current->tid.z);
+  } else {
+    len = std::snprintf(msg, sizeof msg,
+                        "mxemu: invalid memory access at %p outside any kernel (host code "
+                        "dereferencing a device pointer?)\n",
+                        info->si_addr);
+  }
+  if (len > 0) (void)!write(2, msg, size_t(std::min(len, int(sizeof msg) - 1)));
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void install_fault_handler() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  static std::vector<char> alt(size_t(1) << 16);  // a fiber's stack overflow still reports
+  stack_t ss{};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
 cudaError_t fail(cudaError_t code, std::string msg) {
   pending_code = code;
   pending_error = std::move(msg);
   return code;
+}
+cudaError_t fail_sticky(cudaError_t code, std::string msg) {
+  sticky_code = code;
+  return fail(code, std::move(msg));
 }
 
 }  // namespace
@@ -294,12 +377,44 @@ DeviceAccess::~DeviceAccess() {
 }
 int compute_capability() { return sm(); }
 
+bool is_device_pointer(const void* p) {
+  auto* c = static_cast<char*>(const_cast<void*>(p));
+  auto it = mappings.upper_bound(c);
+  if (it == mappings.begin()) return false;
+  --it;
+  return c <= it->first + it->second.bytes;  // one past the end too (an empty tail's pointer)
+}
+
+void fail_launch(const char* name, std::string why) {
+  fail_sticky(cudaErrorIllegalAddress, std::string("kernel ") + name + ": " + why);
+}
+
+void clear_sticky_error_for_tests() {
+  sticky_code = cudaSuccess;
+  pending_code = cudaSuccess;
+  pending_error.clear();
+}
+
 const uint3& thread_idx() { return current->tid; }
 const uint3& block_idx() { return cur_block; }
 const dim3& block_dim() { return cur_block_dim; }
 const dim3& grid_dim() { return cur_grid_dim; }
 int lane_id() { return current->lane; }
-void* dynamic_shared_memory() { return dyn_smem.data(); }
+void* dynamic_shared_memory() { return dyn_smem; }
+
+void block_shared(void* array, size_t bytes) {
+  auto [it, first] = shared_seen.emplace(array, 0);
+  if (first) {
+    static_shared_bytes += bytes;
+    if (static_shared_bytes > size_t(kDefaultSmem) && shared_overflow.empty())
+      shared_overflow = std::to_string(static_shared_bytes) +
+                        " bytes of static shared memory (the most is 49152)";
+  }
+  if (it->second != block_serial) {  // the first thread of this block to get here
+    std::memset(array, 0xFF, bytes);
+    it->second = block_serial;
+  }
+}
 
 void syncthreads() {
   current->wait = Wait::kSync;
@@ -324,8 +439,12 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   return cudaSuccess;
 }
 
-void run_grid(const void* kernel, const Config& c, const std::function<void()>& body) {
+void run_grid(const void* kernel, const char* name, const Config& c,
+              const std::function<void()>& body) {
   if (current) throw std::runtime_error("mxemu: a kernel launched from a kernel");
+  if (sticky_code != cudaSuccess) return;  // the context is dead, as on a GPU
+  install_fault_handler();
+  cur_kernel = name;
   const dim3 g = c.grid, b = c.block;
   const uint64_t threads = uint64_t(b.x) * b.y * b.z;
   std::string bad;
@@ -336,13 +455,13 @@ void run_grid(const void* kernel, const Config& c, const std::function<void()>& 
     bad = "grid (" + std::to_string(g.x) + ", " + std::to_string(g.y) + ", " +
           std::to_string(g.z) + ") (y and z at most 65535)";
   if (!bad.empty()) {
-    fail(cudaErrorInvalidConfiguration, "invalid launch configuration: " + bad);
+    fail(cudaErrorInvalidConfiguration, std::string(name) + ": invalid launch configuration: " + bad);
     return;
   }
   auto it = max_dynamic_shared.find(kernel);
   const size_t smem_limit = it != max_dynamic_shared.end() ? size_t(it->second) : kDefaultSmem;
   if (c.smem > smem_limit) {
-    fail(cudaErrorInvalidValue, "launch with " + std::to_string(c.smem) +
+    fail(cudaErrorInvalidValue, std::string(name) + ": launch with " + std::to_string(c.smem) +
                                     " bytes of dynamic shared memory; the kernel allows " +
                                     std::to_string(smem_limit) + " (cudaFuncSetAttribute)");
     return;
@@ -355,23 +474,40 @@ void run_grid(const void* kernel, const Config& c, const std::function<void()>& 
     f.lane = int(i % 32);
     f.warp = int(i / 32);
   }
-  dyn_smem.assign(c.smem + 16, 0xFF);
+  {
+    const size_t data = rounded(c.smem + 16);
+    if (dyn_map_bytes < data + page()) {
+      if (dyn_map) munmap(dyn_map, dyn_map_bytes);
+      dyn_map_bytes = data + page();
+      dyn_map = static_cast<char*>(mmap(nullptr, dyn_map_bytes, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      if (dyn_map == MAP_FAILED) throw std::runtime_error("mxemu: cannot map shared memory");
+      mprotect(dyn_map + dyn_map_bytes - page(), page(), PROT_NONE);
+    }
+    dyn_smem_bytes = (c.smem + 15) / 16 * 16;
+    dyn_smem = reinterpret_cast<unsigned char*>(dyn_map + dyn_map_bytes - page() - dyn_smem_bytes);
+  }
+  shared_seen.clear();
+  static_shared_bytes = 0;
+  shared_overflow.clear();
   cur_block_dim = b;
   cur_grid_dim = g;
   cur_body = &body;
   DeviceAccess access;
   try {
-    for (unsigned z = 0; z < g.z; ++z)
-      for (unsigned y = 0; y < g.y; ++y)
-        for (unsigned x = 0; x < g.x; ++x) {
-          cur_block = {x, y, z};
-          std::fill(dyn_smem.begin(), dyn_smem.end(), 0xFF);
-          run_block(int(threads));
-        }
+    const uint64_t blocks = uint64_t(g.x) * g.y * g.z;
+    for (uint64_t i = 0; i < blocks; ++i) {
+      const uint64_t k = reverse_order() ? blocks - 1 - i : i;
+      cur_block = {unsigned(k % g.x), unsigned(k / g.x % g.y), unsigned(k / (uint64_t(g.x) * g.y))};
+      std::memset(dyn_smem, 0xFF, dyn_smem_bytes);
+      run_block(int(threads));
+    }
   } catch (const std::exception& e) {
     // The fibers of the failed block are abandoned (their stacks are reused by the next launch).
-    fail(cudaErrorLaunchFailure, std::string("kernel failed: ") + e.what());
+    fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name + " failed: " + e.what());
   }
+  if (!shared_overflow.empty())
+    fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name + ": " + shared_overflow);
   cur_body = nullptr;
 }
 
@@ -381,7 +517,7 @@ using namespace mxemu;
 
 cudaError_t cudaGetLastError() {
   const cudaError_t e = pending_code;
-  pending_code = cudaSuccess;
+  pending_code = sticky_code;
   return e;
 }
 cudaError_t cudaPeekAtLastError() { return pending_code; }
@@ -438,36 +574,43 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes > mapped_bytes ? *total_bytes - mapped_bytes : 0;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return sticky_code; }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
+  if (sticky_code != cudaSuccess) return sticky_code;
   if (mapped_bytes + bytes > device_bytes())
     return fail(cudaErrorMemoryAllocation, "out of memory: " + std::to_string(bytes) +
                                                " bytes asked, " +
                                                std::to_string(device_bytes() - mapped_bytes) + " free");
-  const size_t n = rounded(bytes);
-  void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  install_fault_handler();
+  const size_t aligned = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  const size_t n = rounded(aligned);
+  void* m = mmap(nullptr, n + page(), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation, "mmap failed");
+  char* base = static_cast<char*>(m);
+  char* start = base + n - aligned;
+  mprotect(base + n, page(), PROT_NONE);  // the guard page, never accessible
   // Uninitialised, as a GPU's: 0xFF bytes (NaN as fp32). Very large arenas are left as the
   // kernel maps them (zero pages) rather than touching every page.
-  if (bytes <= (size_t(256) << 20)) std::memset(m, 0xFF, bytes);
+  if (bytes <= (size_t(256) << 20)) std::memset(start, 0xFF, bytes);
   if (device_key() >= 0) {
-    pkey_mprotect(m, n, PROT_READ | PROT_WRITE, device_key());
+    pkey_mprotect(base, n, PROT_READ | PROT_WRITE, device_key());
     if (access_depth == 0) pkey_set(device_key(), PKEY_DISABLE_ACCESS);
   } else if (access_depth == 0) {
-    mprotect(m, n, PROT_NONE);
+    mprotect(base, n, PROT_NONE);
   }
-  mappings[static_cast<char*>(m)] = {bytes};
+  mappings[start] = {bytes, base, n};
   mapped_bytes += bytes;
-  *p = m;
+  *p = start;
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   auto it = mappings.find(static_cast<char*>(p));
   if (it == mappings.end()) return fail(cudaErrorInvalidValue, "cudaFree of a pointer cudaMalloc did not return");
-  munmap(p, rounded(it->second.bytes));
+  munmap(it->second.base, it->second.data_bytes + page());
   mapped_bytes -= it->second.bytes;
   mappings.erase(it);
   return cudaSuccess;
@@ -498,7 +641,19 @@ cudaError_t cudaFreeHost(void* p) {
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  // The kind must name where the pointers are (cudaMemcpyDefault: any), as the driver checks.
+  const bool dd = is_device_pointer(dst), sd = is_device_pointer(src);
+  const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dd && !sd) ||
+                  (kind == cudaMemcpyDeviceToHost && !dd && sd) ||
+                  (kind == cudaMemcpyDeviceToDevice && dd && sd) ||
+                  (kind == cudaMemcpyHostToHost && !dd && !sd);
+  if (!ok)
+    return fail(cudaErrorInvalidValue, "cudaMemcpy kind " + std::to_string(int(kind)) +
+                                           " with dst on the " + (dd ? "device" : "host") +
+                                           " and src on the " + (sd ? "device" : "host"));
   DeviceAccess access;
   if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
@@ -508,6 +663,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaMemcpy(dst, src, bytes, kind);
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  if (!is_device_pointer(p) || !is_device_pointer(static_cast<char*>(p) + bytes))
+    return fail(cudaErrorInvalidValue, "cudaMemset of memory that is not the device's");
   DeviceAccess access;
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
@@ -520,6 +679,7 @@ namespace {
 struct StreamObj {};
 struct EventObj {
   std::chrono::steady_clock::time_point t;
+  bool seen = false;  // queried or synchronized since the last record
 };
 }  // namespace
 cudaError_t cudaStreamCreate(cudaStream_t* s) {
@@ -531,7 +691,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<StreamObj*>(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky_code; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(new EventObj{std::chrono::steady_clock::now()});
@@ -544,10 +704,26 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
   reinterpret_cast<EventObj*>(e)->t = std::chrono::steady_clock::now();
+  reinterpret_cast<EventObj*>(e)->seen = false;
+  return sticky_code;
+}
+// The first query after a record says "not ready" (and, as the runtime does, leaves that as
+// the last error), so the callers' not-ready paths run; the next says done.
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  auto* ev = reinterpret_cast<EventObj*>(e);
+  if (!ev->seen) {
+    ev->seen = true;
+    pending_code = cudaErrorNotReady;
+    pending_error.clear();
+    return cudaErrorNotReady;
+  }
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  reinterpret_cast<EventObj*>(e)->seen = true;
+  return sticky_code;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<EventObj*>(end)->t -
                                                  reinterpret_cast<EventObj*>(start)->t)

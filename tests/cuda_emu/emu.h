@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -112,6 +113,15 @@ struct DeviceAccess {
 };
 // The emulated device's compute capability, major * 10 + minor (MXEMU_SM, default 90).
 int compute_capability();
+// Whether p points into (or one past) a cudaMalloc allocation.
+bool is_device_pointer(const void* p);
+// Fails the launch (sticky, as an illegal address is on a GPU).
+void fail_launch(const char* name, std::string why);
+// The emulator's own tests provoke sticky errors one after another.
+void clear_sticky_error_for_tests();
+// A static __shared__ array's first use in a block (translate.py adds the call after each
+// declaration): filled with 0xFF once a block, its bytes counted against the 48 KiB limit.
+void block_shared(void* array, size_t bytes);
 
 // A kernel launch: the configuration as written between <<< and >>>.
 struct Config {
@@ -125,27 +135,44 @@ struct Config {
 
 // Runs body once per thread of every block (the configuration checked first; an error is kept
 // for cudaGetLastError, as a failed launch is).
-void run_grid(const void* kernel, const Config& c, const std::function<void()>& body);
+void run_grid(const void* kernel, const char* name, const Config& c,
+              const std::function<void()>& body);
 
 // A launch as translate.py writes it: `kernel` calls the kernel with the arguments (a generic
 // lambda, so that a kernel template's arguments are deduced as nvcc deduces them); `id` is the
-// kernel's address where the source names one (for cudaFuncSetAttribute), else null.
+// kernel's address where the source names one (for cudaFuncSetAttribute), else null; `name`
+// its name as written.
 template <class F>
 struct Launch {
   Config config;
   const void* id;
+  const char* name;  // as the source names it, for messages
   F kernel;
   template <class... A>
   void operator()(A&&... args) const {
     // CUDA copies the arguments once; every thread's call converts that copy to the
     // parameters' types.
     const std::tuple<std::decay_t<A>...> params(std::forward<A>(args)...);
-    run_grid(id, config, [&] { std::apply(kernel, params); });
+    // A pointer argument must be device memory: a host pointer is an illegal address on a GPU.
+    bool ok = true;
+    int index = 0;
+    auto check = [&](const auto& a) {
+      using T = std::decay_t<decltype(a)>;
+      if constexpr (std::is_pointer_v<T>) {
+        if (a != nullptr && ok && !is_device_pointer(a)) {
+          fail_launch(name, "argument " + std::to_string(index) + " is not device memory");
+          ok = false;
+        }
+      }
+      ++index;
+    };
+    std::apply([&](const auto&... a) { (check(a), ...); }, params);
+    if (ok) run_grid(id, name, config, [&] { std::apply(kernel, params); });
   }
 };
 template <class F>
-Launch<F> launch(Config c, const void* id, F kernel) {
-  return {c, id, kernel};
+Launch<F> launch(Config c, const void* id, const char* name, F kernel) {
+  return {c, id, name, kernel};
 }
 
 template <class T>

@@ -236,7 +236,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                               const void* A, cublasLtMatrixLayout_t a, const void* B,
                               cublasLtMatrixLayout_t b, const void* beta_p, const void* C,
                               cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
-                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t) {
   const cublasLtMatmulDescOpaque& dc = *desc;
   if (!algo || unsupported(dc, *a, *b, *d, nullptr)) return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool ta = dc.trans_a == CUBLAS_OP_T, tb = dc.trans_b == CUBLAS_OP_T;
@@ -245,10 +246,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (k != kb || int64_t(d->rows) != m || int64_t(d->cols) != n || c->rows != d->rows ||
       c->cols != d->cols || c->type != d->type || C != D)
     return CUBLAS_STATUS_INVALID_VALUE;
+  // Where each pointer must be, as cuBLASLt reads it: the operands, C, D, the scales and the
+  // workspace on the device; alpha and beta on the host, or with POINTER_MODE_DEVICE on the
+  // device.
+  const bool dev_scalars = dc.pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
+  for (const void* p : {A, B, C, static_cast<const void*>(D), dc.a_scale, dc.b_scale,
+                        static_cast<const void*>(workspace)})
+    if (p && !mxemu::is_device_pointer(p)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (mxemu::is_device_pointer(alpha_p) != dev_scalars ||
+      mxemu::is_device_pointer(beta_p) != dev_scalars)
+    return CUBLAS_STATUS_INVALID_VALUE;
   mxemu::DeviceAccess access;
   float alpha, beta;
-  std::memcpy(&alpha, alpha_p, 4);  // host or device: both readable here
+  std::memcpy(&alpha, alpha_p, 4);
   std::memcpy(&beta, beta_p, 4);
+  // A kernel may use the workspace as it likes: whatever was there is gone.
+  if (workspace && workspace_bytes) std::memset(workspace, 0xFF, workspace_bytes);
   const bool tf = dc.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   // op(A) as [m, k] and op(B)^T as [n, k], row-major, decoded and scaled.
   std::vector<double> oa(size_t(m * k)), ob(size_t(n * k));
@@ -264,6 +277,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
       if (tf) v = tf32(v);
       ob[size_t(col * k + kk)] = double(v) * block_scale(dc.b_mode, dc.b_scale, n, k, col, kk);
     }
+  // The 1D block scales' layout pads K / block to a multiple of 4 with scales the GEMM reads
+  // (block_scale_layout.h: they must be finite, the padding's data being zero): a row whose
+  // padding scales are not finite gives NaN, as 0 x NaN does on the GPU.
+  auto padding_nan = [&](int32_t mode, const void* scale, int64_t R, std::vector<char>& rows) {
+    rows.assign(size_t(R), 0);
+    const int64_t block = mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0   ? 32
+                          : mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 ? 16
+                                                                             : 0;
+    if (!block) return;
+    const int64_t kb = k / block, padded = (kb + 3) / 4 * 4;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = kb; j < padded; ++j) {
+        const uint8_t byte = static_cast<const uint8_t*>(scale)[mx::numerics::swizzled_scale_offset(r, j, kb)];
+        const float v = block == 32 ? mx::numerics::decode_e8m0(byte) : mx::numerics::decode_ue4m3(byte);
+        if (!std::isfinite(v)) rows[size_t(r)] = 1;
+      }
+  };
+  std::vector<char> nan_rows_a, nan_rows_b;
+  padding_nan(dc.a_mode, dc.a_scale, m, nan_rows_a);
+  padding_nan(dc.b_mode, dc.b_scale, n, nan_rows_b);
   // prod [m, n] = op(A) op(B), in double (OpenBLAS).
   std::vector<double> prod(size_t(m * n));
   cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0, oa.data(),
@@ -271,7 +304,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   for (int64_t col = 0; col < n; ++col)
     for (int64_t r = 0; r < m; ++r) {
       float v = float(double(alpha) * prod[size_t(r * n + col)]);
-      if (beta != 0.0f) v += beta * element(C, c->type, c->ld, r, col);
+      // A host beta of 0 lets the kernel skip C; a device-side beta cannot (the kernel reads
+      // C before it knows beta), so there C's NaNs come through, as they would on a GPU.
+      if (beta != 0.0f || dev_scalars) v += beta * element(C, c->type, c->ld, r, col);
+      if (nan_rows_a[size_t(r)] || nan_rows_b[size_t(col)]) v = NAN;
       const int64_t e = r + col * d->ld;
       if (d->type == CUDA_R_16BF)
         static_cast<uint16_t*>(D)[e] = mx::numerics::encode_bf16(v, mx::numerics::Saturation::kNoSat);

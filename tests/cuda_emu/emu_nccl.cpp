@@ -82,7 +82,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   for (char& ch : id->internal) ch = char(rd());
   return ncclSuccess;
 }
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int rank) {
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
   auto* c = new ncclComm;
   int init = 0;
   MPI_Initialized(&init);
@@ -94,6 +94,17 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId, int ra
   if (c->rank != rank || c->size != nranks) {
     delete c;
     return ncclInvalidArgument;
+  }
+  // Every rank must have been given rank 0's id (NCCL would hang or fail otherwise).
+  if (c->size > 1) {
+    std::vector<char> ids(sizeof id * size_t(c->size));
+    MPI_Allgather(&id, int(sizeof id), MPI_BYTE, ids.data(), int(sizeof id), MPI_BYTE, c->mpi);
+    for (int r = 1; r < c->size; ++r)
+      if (std::memcmp(ids.data(), ids.data() + sizeof id * size_t(r), sizeof id) != 0) {
+        MPI_Comm_free(&c->mpi);
+        delete c;
+        return ncclInvalidUsage;
+      }
   }
   *comm = c;
   return ncclSuccess;

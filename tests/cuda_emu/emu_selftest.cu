@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace {
@@ -136,7 +137,10 @@ TEST(Mxemu, ShuffleWithAnExitedLaneInItsMaskFailsTheLaunch) {
   EXPECT_EQ(e, cudaErrorLaunchFailure);
   EXPECT_NE(std::string(cudaGetErrorString(e)).find("exited"), std::string::npos)
       << cudaGetErrorString(e);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the error is returned once
+  // Sticky, as a fault in a kernel is on a GPU: every later call fails too.
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchFailure);
+  mxemu::clear_sticky_error_for_tests();
 }
 
 __global__ void divergent_barrier_kernel(int* out) {
@@ -168,6 +172,69 @@ TEST(Mxemu, AShuffleSomeOfItsLanesNeverReachIsADeadlock) {
   EXPECT_EQ(e, cudaErrorLaunchFailure);
   EXPECT_NE(std::string(cudaGetErrorString(e)).find("deadlock"), std::string::npos)
       << cudaGetErrorString(e);
+  mxemu::clear_sticky_error_for_tests();
+}
+
+__global__ void masked_shuffle_kernel(uint32_t* out) {
+  // Lanes 0-15 shuffle among themselves; lane 0 reads lane 20, outside the mask: undefined.
+  if (threadIdx.x < 16)
+    out[threadIdx.x] = __shfl_sync(0x0000FFFFu, 7u, threadIdx.x == 0 ? 20 : int(threadIdx.x) ^ 1);
+}
+
+TEST(Mxemu, AShuffleFromALaneOutsideTheMaskReadsNoPlausibleValue) {
+  Buf<uint32_t> out(16);
+  masked_shuffle_kernel<<<1, 32>>>(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const auto h = out.get();
+  EXPECT_EQ(h[0], 0xFFFFFFFFu);
+  for (int t = 1; t < 16; ++t) EXPECT_EQ(h[size_t(t)], 7u);
+}
+
+TEST(Mxemu, AHostPointerAsAKernelArgumentIsAnIllegalAddress) {
+  std::vector<int> host(4 * 32);
+  coords_kernel<<<1, 32>>>(host.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorIllegalAddress);
+  EXPECT_NE(std::string(cudaGetErrorString(cudaErrorIllegalAddress)).find("argument 0"),
+            std::string::npos);
+  mxemu::clear_sticky_error_for_tests();
+}
+
+__global__ void shared_first_read_kernel(uint32_t* out) {
+  __shared__ uint32_t s[64];
+  out[blockIdx.x * 64 + threadIdx.x] = s[threadIdx.x];  // read before any write: garbage
+  __syncthreads();
+  s[threadIdx.x] = 0;  // the next block must not see this either
+}
+
+TEST(Mxemu, StaticSharedMemoryIsUninitialisedInEveryBlock) {
+  Buf<uint32_t> out(3 * 64);
+  shared_first_read_kernel<<<3, 64>>>(out.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (uint32_t v : out.get()) EXPECT_EQ(v, 0xFFFFFFFFu);
+}
+
+TEST(Mxemu, MemoryCallsCheckWhereTheirPointersAre) {
+  Buf<float> d(4);
+  std::vector<float> h(4, 1.0f);
+  EXPECT_EQ(cudaMemcpy(d.p, h.data(), 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemset(h.data(), 0, 16), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d.p, h.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, 16, cudaMemcpyDefault), cudaSuccess);
+  cudaGetLastError();
+}
+
+TEST(Mxemu, AnEventIsNotReadyAtItsFirstQuery) {
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorNotReady);  // left as the last error, as the runtime does
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e), cudaSuccess);
+  EXPECT_EQ(cudaEventSynchronize(e), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  cudaEventDestroy(e);
 }
 
 __global__ void smem_kernel(float* out) {
@@ -212,11 +279,21 @@ TEST(Mxemu, NewDeviceMemoryAndSharedMemoryAreNotZeroed) {
 
 TEST(Mxemu, HostDereferenceOfDeviceMemoryFaults) {
   Buf<float> d(4);
-  EXPECT_DEATH({ volatile float v = d.p[0]; (void)v; }, "");
+  EXPECT_DEATH({ volatile float v = d.p[0]; (void)v; }, "outside any kernel");
   float* host = nullptr;
   EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&host), 16), cudaSuccess);
   host[0] = 1.0f;  // pinned host memory stays host memory
   cudaFreeHost(host);
+}
+
+__global__ void write_at_kernel(float* x, int64_t i) { x[i] = 1.0f; }
+
+TEST(Mxemu, KernelAccessPastAnAllocationFaultsNamingTheKernel) {
+  Buf<float> d(1000);  // 4000 bytes, placed to end at a 256-byte boundary before the guard page
+  write_at_kernel<<<1, 1>>>(d.p, 1023);  // inside the alignment's slack: not detectable
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_DEATH(write_at_kernel<<<1, 1>>>(d.p, 1024),
+               "invalid memory access at .* in kernel write_at_kernel, block \\(0, 0, 0\\)");
 }
 
 TEST(Mxemu, PointerAttributesTellDeviceFromHost) {

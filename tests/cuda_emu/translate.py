@@ -6,9 +6,11 @@
 Two constructs of CUDA C++ are not C++, and only these are rewritten; every other line is kept
 as it is, and a #line directive keeps g++'s messages pointing into SRC:
   name<<<grid, block[, smem[, stream]]>>>(args)
-      ->  ::mxemu::launch(::mxemu::Config(grid, block...), &name or nullptr,
+      ->  ::mxemu::launch(::mxemu::Config(grid, block...), &name or nullptr, "name",
                           [&](auto&&... a) { name(a...); })(args)
   extern __shared__ T name[];                   ->  T* name = ::mxemu::dynamic_shared<T>();
+  __shared__ T name[N];                         ->  the same, then ::mxemu::block_shared(&name, sizeof name);
+                                                    (filled with 0xFF once a block, bytes counted)
 The kernel is called through a generic lambda so that a kernel template's arguments are deduced
 from the call's, as nvcc does; its address (what cudaFuncSetAttribute is given) is taken where the
 source names one: a kernel that is not a template, or a template named with its arguments.
@@ -21,6 +23,8 @@ import sys
 # The kernel: an identifier, optionally qualified, optionally with one level of template
 # arguments. The configuration: anything up to the first '>>>' (it may contain '>').
 LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:\s*<[^<>;]*>)?)\s*<<<(.*?)>>>\s*\(", re.S)
+# A static shared array: `__shared__ T name[N]...;` (one declarator).
+STATIC_SHARED = re.compile(r"(__shared__\s+[\w:<>, ]+?\s+(\w+)\s*(?:\[[^\]]+\]\s*)*;)")
 SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
 
 
@@ -34,10 +38,11 @@ def translate(text):
         name, config = m.group(1).strip(), m.group(2)
         deduced = name in templates  # a template named without its arguments
         kernel_id = "nullptr" if deduced else "reinterpret_cast<const void*>(&%s)" % name
-        return "::mxemu::launch(::mxemu::Config(%s), %s, [&](auto&&... mxemu_a) { %s(mxemu_a...); })(" % (
-            config, kernel_id, name)
+        return '::mxemu::launch(::mxemu::Config(%s), %s, "%s", [&](auto&&... mxemu_a) { %s(mxemu_a...); })(' % (
+            config, kernel_id, name, name)
 
     text = LAUNCH.sub(launch, text)
+    text = STATIC_SHARED.sub(lambda m: "%s ::mxemu::block_shared(&%s, sizeof %s);" % (m.group(1), m.group(2), m.group(2)), text)
     text = SHARED.sub(lambda m: "%s* %s = ::mxemu::dynamic_shared<%s>();" % (m.group(1), m.group(2), m.group(1)), text)
     return text
 

@@ -32,7 +32,7 @@ def corpus(tmp_path):
     return path
 
 
-def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=()):
+def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), steps=STEPS):
     out = tmp_path / name
     args = [binary, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
             "--set", f"train.steps={STEPS}", "--set", "train.seq_len=64",
@@ -50,9 +50,10 @@ def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=()):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if not r.get("summary")]
     summary = [r for r in records if r.get("summary")][-1]
-    assert len(steps) == STEPS
+    records_steps = steps
+    steps = [r for r in records if not r.get("summary")]
+    assert len(steps) == records_steps
     return steps, summary, p.stderr
 
 
@@ -96,6 +97,9 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     assert f"mxemu sm_{sm}" in log, log[-2000:]
     assert says in log, log[-2000:]
     assert summary["device_mem_bytes"] > 0  # the device arenas were used
+    if recipe.startswith("fp8") or recipe == "mxfp8":
+        # Only the tensor-core Linears keep a shared input's operand: the FP8 GEMMs ran.
+        assert summary["fp8_shared_operands"] > 0, summary
     compare(cpu, cuda, tol)
 
 
@@ -107,3 +111,66 @@ def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path):
     cuda, summary, log = train(tmp_path, "cuda2", EMU_BIN, "cuda", "fp32", np_=2)
     assert "mxemu sm_90" in log and "sharding full over nccl" in log, log[-2000:]
     compare(cpu, cuda, 1e-6)
+
+
+@pytest.mark.parametrize("policy", ["full"])
+def test_checkpointing_eval_and_sample_on_the_device_match_cpu(tmp_path, policy):
+    """Recompute in backward (fp8-delayed, bf16 activations: the GPU's default), validation
+    forwards and the end-of-run sample, on the emulated device and on the CPU."""
+    require_emu()
+    extra = ("--set", f"memory.activation_checkpointing={policy}", "--set", "train.eval_every=3",
+             "--set", "data.val_fraction=0.1", "--set", "run.sample_tokens=16")
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", "fp8-delayed", extra=extra)
+    cuda, _, _ = train(tmp_path, "cuda", EMU_BIN, "cuda", "fp8-delayed", extra=extra)
+    compare(cpu, cuda, 1e-3)
+    val = lambda steps: [s["val_loss"] for s in steps if s.get("val_loss")]
+    assert val(cpu) and len(val(cuda)) == len(val(cpu))
+    for c, g in zip(val(cpu), val(cuda)):
+        assert abs(g - c) / c <= 1e-3, (val(cpu), val(cuda))
+
+
+def test_resume_on_the_device_continues_exactly(tmp_path):
+    """A checkpoint written from device memory resumes on the device (staged load, optimizer
+    state, data position) onto the uninterrupted run's trajectory, bit for bit (the emulated
+    device is deterministic), and `mxtrain generate --device cuda` decodes the same text as on
+    the CPU from it."""
+    require_emu()
+    extra = ("--set", "checkpoint.every=2", "--set", "run.sample_tokens=0")
+    full, _, _ = train(tmp_path, "full", EMU_BIN, "cuda", "bf16", extra=extra)
+    ckpt = tmp_path / "full" / "checkpoints" / "step_00000002"
+    resumed, _, _ = train(tmp_path, "resumed", EMU_BIN, "cuda", "bf16", extra=extra[:2] + (
+        "--set", f"checkpoint.resume={ckpt}"), steps=STEPS - 2)
+    assert [(s["loss"], s["grad_norm"]) for s in resumed] == \
+        [(s["loss"], s["grad_norm"]) for s in full[2:]]
+
+    def generate(binary, device):
+        p = subprocess.run([binary, "generate", "--model", str(tmp_path / "full" / "checkpoints"),
+                            "--prompt", "The emulated", "--max-tokens", "30", "--seed", "5",
+                            "--device", device], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout
+
+    host = generate(MXTRAIN_BIN, "cpu")
+    assert host.startswith("The emulated") and len(host) > 30
+    assert generate(EMU_BIN, "cuda") == host
+
+
+# Shapes where different phases set the device scratch arena's peak (blocks, the attention
+# half, the head): the CUDA backend's own arena sizing must hold every allocation under every
+# policy, evaluation included, or the run fails.
+@pytest.mark.parametrize("shape,recipe,policy", [
+    ({"model.hidden_size": 64, "model.intermediate_size": 256, "model.vocab_size": 256},
+     "bf16", "none"),
+    ({"model.hidden_size": 96, "model.intermediate_size": 40, "model.num_attention_heads": 6,
+      "model.num_key_value_heads": 2, "model.vocab_size": 256}, "fp8-delayed", "selective"),
+    ({"model.hidden_size": 64, "model.intermediate_size": 128, "model.vocab_size": 2000},
+     "bf16", "full"),
+], ids=["wide-mlp", "narrow-mlp", "large-vocab"])
+def test_device_arenas_hold_every_phase(tmp_path, shape, recipe, policy):
+    require_emu()
+    extra = ["--set", f"memory.activation_checkpointing={policy}", "--set", "train.eval_every=2",
+             "--set", "data.val_fraction=0.1", "--set", "train.seq_len=96", "--set", "train.steps=2"]
+    for k, v in shape.items():
+        extra += ["--set", f"{k}={v}"]
+    train(tmp_path, "arena", EMU_BIN, "cuda", recipe, extra=extra, steps=2)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <type_traits>
 #include <vector>
@@ -25,8 +26,13 @@ struct DeviceRadixSort {
       temp_bytes = size_t(n) * (sizeof(K) + sizeof(V)) + 1;  // what this sort needs, roughly
       return cudaSuccess;
     }
-    if (n < 0 || begin_bit < 0 || end_bit > int(sizeof(K) * 8) || begin_bit >= end_bit)
-      return cudaErrorInvalidValue;
+    if (n < 0 || begin_bit < 0 || end_bit > int(sizeof(K) * 8) || begin_bit >= end_bit ||
+        temp_bytes < size_t(n) * (sizeof(K) + sizeof(V)) + 1 || !mxemu::is_device_pointer(temp) ||
+        !mxemu::is_device_pointer(keys_in) || !mxemu::is_device_pointer(keys_out) ||
+        !mxemu::is_device_pointer(values_in) || !mxemu::is_device_pointer(values_out) ||
+        static_cast<const void*>(keys_in) == static_cast<const void*>(keys_out) ||
+        static_cast<const void*>(values_in) == static_cast<const void*>(values_out))
+      return cudaErrorInvalidValue;  // as CUB: the size it asked for, device buffers, out of place
     using U = std::make_unsigned_t<K>;
     const U flip = std::is_signed_v<K> ? U(U(1) << (sizeof(K) * 8 - 1)) : U(0);
     const int width = end_bit - begin_bit;
@@ -45,6 +51,7 @@ struct DeviceRadixSort {
     }
     std::copy(k.begin(), k.end(), keys_out);
     std::copy(v.begin(), v.end(), values_out);
+    std::memset(temp, 0xFF, temp_bytes);  // scratch: whatever was there is gone
     return cudaSuccess;
   }
 };
