@@ -29,7 +29,7 @@ enum class Wait { kRun, kSync, kWarp, kDone };
 
 struct Fiber {
   uint3 tid{};
-  int index = 0, pos = 0, lane = 0, warp = 0;  // pos: place in the scheduler's pass order
+  int index = 0, pos = 0, lane = 0;  // pos: place in the scheduler's pass order
   Wait wait = Wait::kRun;
   unsigned mask = 0;
   uint64_t offer = 0, result = 0;
@@ -153,8 +153,6 @@ void switch_away() {
   switch_away();
   std::abort();  // a finished fiber is never resumed
 }
-
-void to_scheduler() { switch_away(); }
 
 void resume(Fiber& f) {
   current = &f;
@@ -418,7 +416,7 @@ void block_shared(void* array, size_t bytes) {
 
 void syncthreads() {
   current->wait = Wait::kSync;
-  to_scheduler();
+  switch_away();
 }
 
 uint64_t warp_exchange(unsigned mask, uint64_t bits, int src) {
@@ -426,7 +424,7 @@ uint64_t warp_exchange(unsigned mask, uint64_t bits, int src) {
   current->offer = bits;
   current->src = src;
   current->wait = Wait::kWarp;
-  to_scheduler();
+  switch_away();
   return current->result;
 }
 
@@ -472,7 +470,6 @@ void run_grid(const void* kernel, const char* name, const Config& c,
     f.tid = {unsigned(i % b.x), unsigned(i / b.x % b.y), unsigned(i / (uint64_t(b.x) * b.y))};
     f.index = int(i);
     f.lane = int(i % 32);
-    f.warp = int(i / 32);
   }
   {
     const size_t data = rounded(c.smem + 16);
