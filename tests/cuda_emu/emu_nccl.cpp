@@ -72,6 +72,17 @@ std::vector<char> gather_all(ncclComm* c, const void* send, size_t bytes) {
   return all;
 }
 
+// recv = the reduction, in rank order, of the `count` elements at byte `offset` of every rank's
+// `bytes` from send (all-reduce: offset 0; reduce-scatter: this rank's chunk).
+void reduce_across(void* recv, ncclComm* c, const void* send, size_t bytes, size_t offset,
+                   size_t count, ncclDataType_t type, ncclRedOp_t op) {
+  mxemu::DeviceAccess access;
+  const auto all = gather_all(c, send, bytes);
+  std::vector<const char*> parts;
+  for (int r = 0; r < c->size; ++r) parts.push_back(all.data() + size_t(r) * bytes + offset);
+  reduce(recv, parts, count, type, op);
+}
+
 }  // namespace
 
 const char* ncclGetErrorString(ncclResult_t r) {
@@ -143,22 +154,13 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  mxemu::DeviceAccess access;
-  const size_t b = count * type_bytes(type), total = b * size_t(comm->size);
-  const auto all = gather_all(comm, send, total);
-  std::vector<const char*> parts;
-  for (int r = 0; r < comm->size; ++r) parts.push_back(all.data() + size_t(r) * total + size_t(comm->rank) * b);
-  reduce(recv, parts, count, type, op);
+  const size_t b = count * type_bytes(type);
+  reduce_across(recv, comm, send, b * size_t(comm->size), size_t(comm->rank) * b, count, type, op);
   return ncclSuccess;
 }
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-  mxemu::DeviceAccess access;
-  const size_t b = count * type_bytes(type);
-  const auto all = gather_all(comm, send, b);
-  std::vector<const char*> parts;
-  for (int r = 0; r < comm->size; ++r) parts.push_back(all.data() + size_t(r) * b);
-  reduce(recv, parts, count, type, op);
+  reduce_across(recv, comm, send, count * type_bytes(type), 0, count, type, op);
   return ncclSuccess;
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
