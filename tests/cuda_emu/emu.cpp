@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -437,12 +439,7 @@ cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   return cudaSuccess;
 }
 
-void run_grid(const void* kernel, const char* name, const Config& c,
-              const std::function<void()>& body) {
-  if (current) throw std::runtime_error("mxemu: a kernel launched from a kernel");
-  if (sticky_code != cudaSuccess) return;  // the context is dead, as on a GPU
-  install_fault_handler();
-  cur_kernel = name;
+bool check_launch(const void* kernel, const char* name, const Config& c) {
   const dim3 g = c.grid, b = c.block;
   const uint64_t threads = uint64_t(b.x) * b.y * b.z;
   std::string bad;
@@ -454,7 +451,7 @@ void run_grid(const void* kernel, const char* name, const Config& c,
           std::to_string(g.z) + ") (y and z at most 65535)";
   if (!bad.empty()) {
     fail(cudaErrorInvalidConfiguration, std::string(name) + ": invalid launch configuration: " + bad);
-    return;
+    return false;
   }
   auto it = max_dynamic_shared.find(kernel);
   const size_t smem_limit = it != max_dynamic_shared.end() ? size_t(it->second) : kDefaultSmem;
@@ -462,8 +459,19 @@ void run_grid(const void* kernel, const char* name, const Config& c,
     fail(cudaErrorInvalidValue, std::string(name) + ": launch with " + std::to_string(c.smem) +
                                     " bytes of dynamic shared memory; the kernel allows " +
                                     std::to_string(smem_limit) + " (cudaFuncSetAttribute)");
-    return;
+    return false;
   }
+  return true;
+}
+
+void run_grid(const void* kernel, const char* name, const Config& c,
+              const std::function<void()>& body) {
+  if (current) throw std::runtime_error("mxemu: a kernel launched from a kernel");
+  if (sticky_code != cudaSuccess) return;  // the context is dead, as on a GPU
+  install_fault_handler();
+  cur_kernel = name;
+  const dim3 g = c.grid, b = c.block;
+  const uint64_t threads = uint64_t(b.x) * b.y * b.z;
   if (fibers.size() < threads) fibers.resize(threads);
   for (uint64_t i = 0; i < threads; ++i) {
     Fiber& f = fibers[i];
@@ -507,6 +515,95 @@ void run_grid(const void* kernel, const char* name, const Config& c,
     fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name + ": " + shared_overflow);
   cur_body = nullptr;
 }
+
+// ---- streams ----------------------------------------------------------------------------------
+// Every operation queued on a stream (a launch, a copy or set, a cuBLASLt / CUB / NCCL call, an
+// event record, a wait for an event) is a closure in that stream's queue. When the queue runs is
+// the policy's choice (MXEMU_STREAMS, see emu.h), always within what CUDA allows: in stream
+// order, after what the operation waits for, and no later than the host call that needs it
+// done (a synchronization, an event query that says done, a copy to pageable host memory).
+namespace {
+
+enum class StreamPolicy { kEager, kComputeLate, kCommLate };
+StreamPolicy stream_policy() {
+  static const StreamPolicy p = [] {
+    const std::string v = env("MXEMU_STREAMS", "compute-late");
+    if (v == "eager") return StreamPolicy::kEager;
+    if (v == "compute-late") return StreamPolicy::kComputeLate;
+    if (v == "comm-late") return StreamPolicy::kCommLate;
+    std::fprintf(stderr, "error: MXEMU_STREAMS=%s: expected eager, compute-late or comm-late\n",
+                 v.c_str());
+    std::exit(2);
+  }();
+  return p;
+}
+
+struct Stream {
+  std::deque<std::function<void()>> queue;
+  uint64_t queued = 0, done = 0;  // operations queued and run, since creation
+  bool blocking = false;          // created without cudaStreamNonBlocking
+  bool collective = false;        // NCCL has queued on it
+  bool running = false;
+};
+Stream legacy_stream;  // the null stream: runs at the call, after the blocking streams
+// Never freed: a wait queued elsewhere may still name a destroyed stream (it has run by then).
+std::vector<std::unique_ptr<Stream>> all_streams;
+
+Stream& stream_of(const void* s) {
+  return s ? *static_cast<Stream*>(const_cast<void*>(s)) : legacy_stream;
+}
+
+bool runs_late(const Stream& s) {
+  if (&s == &legacy_stream) return false;
+  switch (stream_policy()) {
+    case StreamPolicy::kEager: return false;
+    case StreamPolicy::kComputeLate: return !s.collective;
+    case StreamPolicy::kCommLate: return s.collective;
+  }
+  return false;
+}
+
+// Runs s's queue through its operation number `upto` (counted from 1 since creation).
+void run_until(Stream& s, uint64_t upto) {
+  if (s.done >= upto) return;
+  // An operation can wait only for operations queued before it, so the waits never form a
+  // cycle, and a stream is never needed further while it runs.
+  if (s.running) throw std::runtime_error("mxemu: a stream was needed further while it ran");
+  struct Running {
+    Stream& s;
+    explicit Running(Stream& r) : s(r) { s.running = true; }
+    ~Running() { s.running = false; }
+  } running(s);
+  while (s.done < upto && !s.queue.empty()) {
+    std::function<void()> op = std::move(s.queue.front());
+    s.queue.pop_front();
+    ++s.done;
+    op();
+  }
+}
+void run_stream(Stream& s) { run_until(s, s.queued); }
+void run_blocking_streams() {
+  for (auto& t : all_streams)
+    if (t->blocking) run_stream(*t);
+}
+void run_all_streams() {
+  run_stream(legacy_stream);
+  for (auto& t : all_streams) run_stream(*t);
+}
+
+void enqueue_on(Stream& s, std::function<void()> op) {
+  if (&s == &legacy_stream) run_blocking_streams();  // the legacy stream waits for them
+  s.queue.push_back(std::move(op));
+  ++s.queued;
+  if (!runs_late(s)) run_stream(s);
+}
+
+}  // namespace
+
+void enqueue(const void* stream, std::function<void()> op) { enqueue_on(stream_of(stream), std::move(op)); }
+void mark_collective_stream(const void* stream) { stream_of(stream).collective = true; }
+void synchronize_stream(const void* stream) { run_stream(stream_of(stream)); }
+bool device_failed() { return sticky_code != cudaSuccess; }
 
 }  // namespace mxemu
 
@@ -571,7 +668,10 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes > mapped_bytes ? *total_bytes - mapped_bytes : 0;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return sticky_code; }
+cudaError_t cudaDeviceSynchronize() {
+  run_all_streams();
+  return sticky_code;
+}
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
@@ -603,17 +703,44 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = start;
   return cudaSuccess;
 }
+namespace {
+void unmap(std::map<char*, Mapping>::iterator it) {
+  munmap(it->second.base, it->second.data_bytes + page());
+  mapped_bytes -= it->second.bytes;
+  mappings.erase(it);
+}
+// cudaMallocHost's allocations: copies from and to them run when their stream gets to them.
+std::map<char*, size_t> pinned;
+bool is_pinned(const void* p) {
+  auto* c = static_cast<char*>(const_cast<void*>(p));
+  auto it = pinned.upper_bound(c);
+  if (it == pinned.begin()) return false;
+  --it;
+  return c < it->first + it->second;
+}
+}  // namespace
+
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   auto it = mappings.find(static_cast<char*>(p));
   if (it == mappings.end()) return fail(cudaErrorInvalidValue, "cudaFree of a pointer cudaMalloc did not return");
-  munmap(it->second.base, it->second.data_bytes + page());
-  mapped_bytes -= it->second.bytes;
-  mappings.erase(it);
-  return cudaSuccess;
+  run_all_streams();  // cudaFree synchronizes the device
+  unmap(it);
+  return sticky_code;
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+// The memory goes when the stream gets to the free: work on another stream that still uses it
+// without waiting faults.
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  if (!p) return cudaSuccess;
+  if (mappings.find(static_cast<char*>(p)) == mappings.end())
+    return fail(cudaErrorInvalidValue, "cudaFreeAsync of a pointer cudaMalloc did not return");
+  enqueue_on(stream_of(s), [p] {
+    auto it = mappings.find(static_cast<char*>(p));
+    if (it != mappings.end()) unmap(it);
+  });
+  return sticky_code;
+}
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   *a = {};
   auto* c = static_cast<char*>(const_cast<void*>(p));
@@ -626,22 +753,27 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
       return cudaSuccess;
     }
   }
-  a->type = cudaMemoryTypeUnregistered;
+  a->type = is_pinned(p) ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
   a->hostPointer = const_cast<void*>(p);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
   *p = std::malloc(std::max<size_t>(bytes, 1));
-  return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation, "cudaMallocHost");
-}
-cudaError_t cudaFreeHost(void* p) {
-  std::free(p);
+  if (!*p) return fail(cudaErrorMemoryAllocation, "cudaMallocHost");
+  pinned[static_cast<char*>(*p)] = std::max<size_t>(bytes, 1);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  if (sticky_code != cudaSuccess) return sticky_code;
-  if (bytes == 0) return cudaSuccess;
-  // The kind must name where the pointers are (cudaMemcpyDefault: any), as the driver checks.
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  run_all_streams();  // as cudaFree: no queued copy may still use it
+  pinned.erase(static_cast<char*>(p));
+  std::free(p);
+  return sticky_code;
+}
+
+namespace {
+// The kind must name where the pointers are (cudaMemcpyDefault: any), as the driver checks.
+cudaError_t check_copy(void* dst, const void* src, cudaMemcpyKind kind) {
   const bool dd = is_device_pointer(dst), sd = is_device_pointer(src);
   const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToDevice && dd && !sd) ||
                   (kind == cudaMemcpyDeviceToHost && !dd && sd) ||
@@ -651,47 +783,118 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     return fail(cudaErrorInvalidValue, "cudaMemcpy kind " + std::to_string(int(kind)) +
                                            " with dst on the " + (dd ? "device" : "host") +
                                            " and src on the " + (sd ? "device" : "host"));
-  DeviceAccess access;
-  if (bytes) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
+// A copy as a stream operation. Pageable host memory is read at the call (the runtime stages
+// it before returning); device and pinned memory when the stream gets to the copy.
+std::function<void()> copy_op(void* dst, const void* src, size_t bytes) {
+  if (!is_device_pointer(src) && !is_pinned(src)) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    return [dst, staged] {
+      if (sticky_code != cudaSuccess) return;
+      DeviceAccess access;
+      std::memcpy(dst, staged->data(), staged->size());
+    };
+  }
+  return [dst, src, bytes] {
+    if (sticky_code != cudaSuccess) return;
+    DeviceAccess access;
+    std::memmove(dst, src, bytes);
+  };
+}
+cudaError_t check_set(void* p, size_t bytes) {
+  if (!is_device_pointer(p) || !is_device_pointer(static_cast<char*>(p) + bytes))
+    return fail(cudaErrorInvalidValue, "cudaMemset of memory that is not the device's");
+  return cudaSuccess;
+}
+std::function<void()> set_op(void* p, int value, size_t bytes) {
+  return [p, value, bytes] {
+    if (sticky_code != cudaSuccess) return;
+    DeviceAccess access;
+    std::memset(p, value, bytes);
+  };
+}
+}  // namespace
+
+// The synchronous forms run on the legacy stream: after the blocking streams' work, not the
+// non-blocking streams' (the backend's streams are non-blocking).
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t e = check_copy(dst, src, kind)) return e;
+  enqueue_on(legacy_stream, copy_op(dst, src, bytes));
+  return sticky_code;
+}
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+                            cudaStream_t s) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t e = check_copy(dst, src, kind)) return e;
+  Stream& stream = stream_of(s);
+  enqueue_on(stream, copy_op(dst, src, bytes));
+  // Into pageable host memory the call returns once the copy is done.
+  if (!is_device_pointer(dst) && !is_pinned(dst)) run_stream(stream);
+  return sticky_code;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (sticky_code != cudaSuccess) return sticky_code;
   if (bytes == 0) return cudaSuccess;
-  if (!is_device_pointer(p) || !is_device_pointer(static_cast<char*>(p) + bytes))
-    return fail(cudaErrorInvalidValue, "cudaMemset of memory that is not the device's");
-  DeviceAccess access;
-  if (bytes) std::memset(p, value, bytes);
-  return cudaSuccess;
+  if (const cudaError_t e = check_set(p, bytes)) return e;
+  enqueue_on(legacy_stream, set_op(p, value, bytes));
+  return sticky_code;
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
-  return cudaMemset(p, value, bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t e = check_set(p, bytes)) return e;
+  enqueue_on(stream_of(s), set_op(p, value, bytes));
+  return sticky_code;
 }
 
 namespace {
-struct StreamObj {};
-struct EventObj {
-  std::chrono::steady_clock::time_point t;
+// An event's last record: the stream and its operation number. Shared with the queued record
+// operation, which stamps the time when it runs (the event may be destroyed before).
+struct EventState {
+  Stream* stream = nullptr;
+  uint64_t upto = 0;
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
   bool seen = false;  // queried or synchronized since the last record
 };
+struct EventObj {
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
+EventState& event_of(cudaEvent_t e) { return *reinterpret_cast<EventObj*>(e)->state; }
+bool event_done(const EventState& st) { return !st.stream || st.stream->done >= st.upto; }
 }  // namespace
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = reinterpret_cast<cudaStream_t>(new StreamObj);
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  all_streams.push_back(std::make_unique<Stream>());
+  all_streams.back()->blocking = !(flags & cudaStreamNonBlocking);
+  *s = reinterpret_cast<cudaStream_t>(all_streams.back().get());
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
+// Work queued before the destroy still completes.
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<StreamObj*>(s);
-  return cudaSuccess;
+  run_stream(stream_of(s));
+  return sticky_code;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky_code; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (!s) run_blocking_streams();
+  run_stream(stream_of(s));
+  return sticky_code;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  const EventState& st = event_of(e);
+  if (!st.stream) return sticky_code;  // never recorded: nothing to wait for
+  Stream* other = st.stream;
+  const uint64_t upto = st.upto;
+  enqueue_on(stream_of(s), [other, upto] { run_until(*other, upto); });
+  return sticky_code;
+}
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new EventObj{std::chrono::steady_clock::now()});
+  *e = reinterpret_cast<cudaEvent_t>(new EventObj);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
@@ -699,31 +902,40 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<EventObj*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  reinterpret_cast<EventObj*>(e)->t = std::chrono::steady_clock::now();
-  reinterpret_cast<EventObj*>(e)->seen = false;
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::shared_ptr<EventState> st = reinterpret_cast<EventObj*>(e)->state;
+  Stream& stream = stream_of(s);
+  st->stream = &stream;
+  st->upto = stream.queued + 1;
+  st->seen = false;
+  enqueue_on(stream, [st] { st->t = std::chrono::steady_clock::now(); });
   return sticky_code;
 }
 // The first query after a record says "not ready" (and, as the runtime does, leaves that as
-// the last error), so the callers' not-ready paths run; the next says done.
+// the last error), so the callers' not-ready paths run; the next runs the event's stream up to
+// it and says done.
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (sticky_code != cudaSuccess) return sticky_code;
-  auto* ev = reinterpret_cast<EventObj*>(e);
-  if (!ev->seen) {
-    ev->seen = true;
+  EventState& st = event_of(e);
+  if (!st.seen) {
+    st.seen = true;
     pending_code = cudaErrorNotReady;
     pending_error.clear();
     return cudaErrorNotReady;
   }
-  return cudaSuccess;
+  if (st.stream) run_until(*st.stream, st.upto);
+  return sticky_code;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  reinterpret_cast<EventObj*>(e)->seen = true;
+  EventState& st = event_of(e);
+  st.seen = true;
+  if (st.stream) run_until(*st.stream, st.upto);
   return sticky_code;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<EventObj*>(end)->t -
-                                                 reinterpret_cast<EventObj*>(start)->t)
-            .count();
+  const EventState &a = event_of(start), &b = event_of(end);
+  if (!event_done(a) || !event_done(b))
+    return fail(cudaErrorNotReady, "cudaEventElapsedTime of an event not yet reached");
+  *ms = std::chrono::duration<float, std::milli>(b.t - a.t).count();
   return cudaSuccess;
 }

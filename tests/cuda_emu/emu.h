@@ -28,8 +28,27 @@
 // waits, so a missing __syncthreads between a write and another thread's read shows up only
 // when the schedule reads before the write); the GPU's own arithmetic (fast-math intrinsics
 // and FMA contraction differ in the last bits: the op check's tolerances cover both); warp-
-// synchronous code without a primitive (not used here). Host-side streams are synchronous:
-// everything runs at the call, in order.
+// synchronous code without a primitive (not used here).
+//
+// Streams: every operation queued on a stream (launch, copy, set, cuBLASLt, CUB, NCCL, event
+// record, event wait) joins that stream's queue, and the queues run as late or as early as
+// CUDA allows, by MXEMU_STREAMS:
+// - compute-late (the default): streams NCCL has never queued on run only when something needs
+//   them: a host synchronization (stream, event, device, cudaFree), an event query that says
+//   done, a copy into pageable host memory, another stream's wait for one of their events.
+//   Streams that carry collectives run at the call, after what they wait for. So a collective
+//   reads its input and overwrites its output as early as the program's waits allow, the
+//   compute stream reads as late as they allow: a missing wait before a collective, a buffer a
+//   collective overwrites while compute still needs it, or a host read of a result without a
+//   synchronization, gives wrong values here.
+// - comm-late: the other way round: compute runs at the call, collective streams when
+//   something needs them. A kernel reading a collective's output without waiting for it, or
+//   overwriting its input too early, gives wrong values.
+// - eager: everything at the call, in the program's order.
+// The legacy (null) stream runs at the call, after the blocking streams (cudaStreamCreate's).
+// Pageable host memory is read when an asynchronous copy is called (the runtime stages it)
+// and written before it returns; pinned memory (cudaMallocHost) when the stream gets there.
+// Faults in queued work become sticky when it runs, as a GPU reports them at a later call.
 #pragma once
 
 #include <math.h>
@@ -133,10 +152,20 @@ struct Config {
   Config(dim3 g, dim3 b, size_t s, S* st) : Config(g, b, s, static_cast<void*>(st)) {}
 };
 
-// Runs body once per thread of every block (the configuration checked first; an error is kept
-// for cudaGetLastError, as a failed launch is).
+// Checks a launch's configuration at the call, as the runtime does (false: the error is kept
+// for cudaGetLastError, and nothing is queued).
+bool check_launch(const void* kernel, const char* name, const Config& c);
+// Runs body once per thread of every block.
 void run_grid(const void* kernel, const char* name, const Config& c,
               const std::function<void()>& body);
+// Queues an operation on a stream (null: the legacy stream); see "Streams" above.
+void enqueue(const void* stream, std::function<void()> op);
+// The NCCL stand-in marks the streams it queues collectives on (MXEMU_STREAMS tells them apart).
+void mark_collective_stream(const void* stream);
+// Runs a stream's queue to its end (what a copy into pageable host memory waits for).
+void synchronize_stream(const void* stream);
+// Whether a fault has ended the context (queued operations then do nothing, as on a GPU).
+bool device_failed();
 
 // A launch as translate.py writes it: `kernel` calls the kernel with the arguments (a generic
 // lambda, so that a kernel template's arguments are deduced as nvcc deduces them); `id` is the
@@ -167,7 +196,10 @@ struct Launch {
       ++index;
     };
     std::apply([&](const auto&... a) { (check(a), ...); }, params);
-    if (ok) run_grid(id, name, config, [&] { std::apply(kernel, params); });
+    if (!ok || !check_launch(id, name, config)) return;
+    enqueue(config.stream, [id = id, name = name, config = config, kernel = kernel, params] {
+      run_grid(id, name, config, [&] { std::apply(kernel, params); });
+    });
   }
 };
 template <class F>

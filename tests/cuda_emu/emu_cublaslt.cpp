@@ -149,6 +149,75 @@ const char* unsupported(const cublasLtMatmulDescOpaque& d, const cublasLtMatrixL
   return nullptr;
 }
 
+// D = alpha op(A) op(B) + beta C, as queued by cublasLtMatmul (its checks done).
+void product(const cublasLtMatmulDescOpaque& dc, const void* alpha_p, const void* A,
+             const cublasLtMatrixLayoutOpaque* a, const void* B, const cublasLtMatrixLayoutOpaque* b,
+             const void* beta_p, const void* C, const cublasLtMatrixLayoutOpaque* c, void* D,
+             const cublasLtMatrixLayoutOpaque* d, void* workspace, size_t workspace_bytes,
+             int64_t m, int64_t n, int64_t k) {
+  const bool ta = dc.trans_a == CUBLAS_OP_T, tb = dc.trans_b == CUBLAS_OP_T;
+  const bool dev_scalars = dc.pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
+  mxemu::DeviceAccess access;
+  float alpha, beta;
+  std::memcpy(&alpha, alpha_p, 4);
+  std::memcpy(&beta, beta_p, 4);
+  // A kernel may use the workspace as it likes: whatever was there is gone.
+
+  if (workspace && workspace_bytes) std::memset(workspace, 0xFF, workspace_bytes);
+  const bool tf = dc.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  // op(A) as [m, k] and op(B)^T as [n, k], row-major, decoded and scaled.
+  std::vector<double> oa(size_t(m * k)), ob(size_t(n * k));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float v = ta ? element(A, a->type, a->ld, kk, r) : element(A, a->type, a->ld, r, kk);
+      if (tf) v = tf32(v);
+      oa[size_t(r * k + kk)] = double(v) * block_scale(dc.a_mode, dc.a_scale, m, k, r, kk);
+    }
+  for (int64_t col = 0; col < n; ++col)
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float v = tb ? element(B, b->type, b->ld, col, kk) : element(B, b->type, b->ld, kk, col);
+      if (tf) v = tf32(v);
+      ob[size_t(col * k + kk)] = double(v) * block_scale(dc.b_mode, dc.b_scale, n, k, col, kk);
+    }
+  // The 1D block scales' layout pads K / block to a multiple of 4 with scales the GEMM reads
+  // (block_scale_layout.h: they must be finite, the padding's data being zero): a row whose
+  // padding scales are not finite gives NaN, as 0 x NaN does on the GPU.
+  auto padding_nan = [&](int32_t mode, const void* scale, int64_t R, std::vector<char>& rows) {
+    rows.assign(size_t(R), 0);
+    const int64_t block = mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0   ? 32
+                          : mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 ? 16
+                                                                             : 0;
+    if (!block) return;
+    const int64_t kb = k / block, padded = (kb + 3) / 4 * 4;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = kb; j < padded; ++j) {
+        const uint8_t byte = static_cast<const uint8_t*>(scale)[mx::numerics::swizzled_scale_offset(r, j, kb)];
+        const float v = block == 32 ? mx::numerics::decode_e8m0(byte) : mx::numerics::decode_ue4m3(byte);
+        if (!std::isfinite(v)) rows[size_t(r)] = 1;
+      }
+  };
+  std::vector<char> nan_rows_a, nan_rows_b;
+  padding_nan(dc.a_mode, dc.a_scale, m, nan_rows_a);
+  padding_nan(dc.b_mode, dc.b_scale, n, nan_rows_b);
+  // prod [m, n] = op(A) op(B), in double (OpenBLAS).
+  std::vector<double> prod(size_t(m * n));
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0, oa.data(),
+              int(k), ob.data(), int(k), 0.0, prod.data(), int(n));
+  for (int64_t col = 0; col < n; ++col)
+    for (int64_t r = 0; r < m; ++r) {
+      float v = float(double(alpha) * prod[size_t(r * n + col)]);
+      // A host beta of 0 lets the kernel skip C; a device-side beta cannot (the kernel reads
+      // C before it knows beta), so there C's NaNs come through, as they would on a GPU.
+      if (beta != 0.0f || dev_scalars) v += beta * element(C, c->type, c->ld, r, col);
+      if (nan_rows_a[size_t(r)] || nan_rows_b[size_t(col)]) v = NAN;
+      const int64_t e = r + col * d->ld;
+      if (d->type == CUDA_R_16BF)
+        static_cast<uint16_t*>(D)[e] = mx::numerics::encode_bf16(v, mx::numerics::Saturation::kNoSat);
+      else
+        static_cast<float*>(D)[e] = v;
+    }
+}
+
 }  // namespace
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
@@ -237,8 +306,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
                               cublasLtMatrixLayout_t b, const void* beta_p, const void* C,
                               cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
                               const cublasLtMatmulAlgo_t* algo, void* workspace,
-                              size_t workspace_bytes, cudaStream_t) {
-  const cublasLtMatmulDescOpaque& dc = *desc;
+                              size_t workspace_bytes, cudaStream_t stream) {
+  // The descriptors and host scalars are read at the call, as cuBLASLt does; the operands,
+  // scales and device scalars when the stream gets to the product.
+  const cublasLtMatmulDescOpaque dc = *desc;
   if (!algo || unsupported(dc, *a, *b, *d, nullptr)) return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool ta = dc.trans_a == CUBLAS_OP_T, tb = dc.trans_b == CUBLAS_OP_T;
   const int64_t m = int64_t(ta ? a->cols : a->rows), k = int64_t(ta ? a->rows : a->cols);
@@ -256,63 +327,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (mxemu::is_device_pointer(alpha_p) != dev_scalars ||
       mxemu::is_device_pointer(beta_p) != dev_scalars)
     return CUBLAS_STATUS_INVALID_VALUE;
-  mxemu::DeviceAccess access;
-  float alpha, beta;
-  std::memcpy(&alpha, alpha_p, 4);
-  std::memcpy(&beta, beta_p, 4);
-  // A kernel may use the workspace as it likes: whatever was there is gone.
-  if (workspace && workspace_bytes) std::memset(workspace, 0xFF, workspace_bytes);
-  const bool tf = dc.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-  // op(A) as [m, k] and op(B)^T as [n, k], row-major, decoded and scaled.
-  std::vector<double> oa(size_t(m * k)), ob(size_t(n * k));
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t kk = 0; kk < k; ++kk) {
-      float v = ta ? element(A, a->type, a->ld, kk, r) : element(A, a->type, a->ld, r, kk);
-      if (tf) v = tf32(v);
-      oa[size_t(r * k + kk)] = double(v) * block_scale(dc.a_mode, dc.a_scale, m, k, r, kk);
-    }
-  for (int64_t col = 0; col < n; ++col)
-    for (int64_t kk = 0; kk < k; ++kk) {
-      float v = tb ? element(B, b->type, b->ld, col, kk) : element(B, b->type, b->ld, kk, col);
-      if (tf) v = tf32(v);
-      ob[size_t(col * k + kk)] = double(v) * block_scale(dc.b_mode, dc.b_scale, n, k, col, kk);
-    }
-  // The 1D block scales' layout pads K / block to a multiple of 4 with scales the GEMM reads
-  // (block_scale_layout.h: they must be finite, the padding's data being zero): a row whose
-  // padding scales are not finite gives NaN, as 0 x NaN does on the GPU.
-  auto padding_nan = [&](int32_t mode, const void* scale, int64_t R, std::vector<char>& rows) {
-    rows.assign(size_t(R), 0);
-    const int64_t block = mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0   ? 32
-                          : mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 ? 16
-                                                                             : 0;
-    if (!block) return;
-    const int64_t kb = k / block, padded = (kb + 3) / 4 * 4;
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t j = kb; j < padded; ++j) {
-        const uint8_t byte = static_cast<const uint8_t*>(scale)[mx::numerics::swizzled_scale_offset(r, j, kb)];
-        const float v = block == 32 ? mx::numerics::decode_e8m0(byte) : mx::numerics::decode_ue4m3(byte);
-        if (!std::isfinite(v)) rows[size_t(r)] = 1;
-      }
-  };
-  std::vector<char> nan_rows_a, nan_rows_b;
-  padding_nan(dc.a_mode, dc.a_scale, m, nan_rows_a);
-  padding_nan(dc.b_mode, dc.b_scale, n, nan_rows_b);
-  // prod [m, n] = op(A) op(B), in double (OpenBLAS).
-  std::vector<double> prod(size_t(m * n));
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0, oa.data(),
-              int(k), ob.data(), int(k), 0.0, prod.data(), int(n));
-  for (int64_t col = 0; col < n; ++col)
-    for (int64_t r = 0; r < m; ++r) {
-      float v = float(double(alpha) * prod[size_t(r * n + col)]);
-      // A host beta of 0 lets the kernel skip C; a device-side beta cannot (the kernel reads
-      // C before it knows beta), so there C's NaNs come through, as they would on a GPU.
-      if (beta != 0.0f || dev_scalars) v += beta * element(C, c->type, c->ld, r, col);
-      if (nan_rows_a[size_t(r)] || nan_rows_b[size_t(col)]) v = NAN;
-      const int64_t e = r + col * d->ld;
-      if (d->type == CUDA_R_16BF)
-        static_cast<uint16_t*>(D)[e] = mx::numerics::encode_bf16(v, mx::numerics::Saturation::kNoSat);
-      else
-        static_cast<float*>(D)[e] = v;
-    }
+  float host_alpha = 0.0f, host_beta = 0.0f;
+  if (!dev_scalars) {
+    std::memcpy(&host_alpha, alpha_p, 4);
+    std::memcpy(&host_beta, beta_p, 4);
+  }
+  mxemu::enqueue(stream, [=, la = *a, lb = *b, lc = *c, ld = *d] {
+    if (mxemu::device_failed()) return;
+    product(dc, dev_scalars ? alpha_p : &host_alpha, A, &la, B, &lb,
+            dev_scalars ? beta_p : &host_beta, C, &lc, D, &ld, workspace, workspace_bytes, m, n, k);
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

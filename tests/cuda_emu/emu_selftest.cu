@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -307,3 +308,122 @@ TEST(Mxemu, PointerAttributesTellDeviceFromHost) {
 }
 
 }  // namespace
+
+// ---- streams (emu.h, "Streams"; ctest runs the default policy, compute-late) -----------------
+__global__ void set_kernel(int* out, int value, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = value;
+}
+__global__ void add_one_kernel(int* out, const int* in, int n) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = in[i] + 1;
+}
+constexpr int kPoison = -1;  // 0xFFFFFFFF, what new device memory holds
+
+// These cases describe compute-late's schedule (under the other policies they are skipped).
+bool compute_late() {
+  const char* v = std::getenv("MXEMU_STREAMS");
+  return !v || !*v || std::string(v) == "compute-late";
+}
+#define REQUIRE_COMPUTE_LATE() \
+  if (!compute_late()) GTEST_SKIP() << "MXEMU_STREAMS is not compute-late"
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+TEST(Mxemu, ANonBlockingStreamRunsWhenTheHostSynchronizesIt) {
+  REQUIRE_COMPUTE_LATE();
+  Buf<int> x(64);
+  Stream a;
+  set_kernel<<<1, 64, 0, a.s>>>(x.p, 7, 64);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  // cudaMemcpy is ordered after the legacy stream's work only, not a non-blocking stream's:
+  // reading without synchronizing finds what was there before.
+  EXPECT_EQ(x.get()[0], kPoison);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  for (int v : x.get()) EXPECT_EQ(v, 7);
+}
+
+TEST(Mxemu, AStreamWaitingForAnEventSeesTheOtherStreamsWork) {
+  REQUIRE_COMPUTE_LATE();
+  Buf<int> x(64), y(64), z(64);
+  Stream a, b, c;
+  cudaEvent_t e;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  set_kernel<<<1, 64, 0, a.s>>>(x.p, 5, 64);
+  ASSERT_EQ(cudaEventRecord(e, a.s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b.s, e, 0), cudaSuccess);
+  ASSERT_EQ(cudaEventDestroy(e), cudaSuccess);  // the wait stands (the runtime keeps it too)
+  add_one_kernel<<<1, 64, 0, b.s>>>(y.p, x.p, 64);
+  set_kernel<<<1, 64, 0, a.s>>>(x.p, 9, 64);  // after the event: b must not see it
+  add_one_kernel<<<1, 64, 0, c.s>>>(z.p, x.p, 64);  // no wait at all
+  // c reads x before any of a's work has run (a runs only when something needs it): the
+  // missing wait shows as the poison plus one.
+  ASSERT_EQ(cudaStreamSynchronize(c.s), cudaSuccess);
+  for (int v : z.get()) EXPECT_EQ(v, kPoison + 1);
+  ASSERT_EQ(cudaStreamSynchronize(b.s), cudaSuccess);
+  for (int v : y.get()) EXPECT_EQ(v, 6);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  for (int v : x.get()) EXPECT_EQ(v, 9);
+}
+
+TEST(Mxemu, AsynchronousCopiesReadAndWriteHostMemoryWhenCudaSays) {
+  REQUIRE_COMPUTE_LATE();
+  Buf<int> d(4);
+  Stream a;
+  // Pageable memory is staged at the call: changing it afterwards changes nothing.
+  std::vector<int> h = {1, 2, 3, 4};
+  ASSERT_EQ(cudaMemcpyAsync(d.p, h.data(), 16, cudaMemcpyHostToDevice, a.s), cudaSuccess);
+  h[0] = 100;
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  EXPECT_EQ(d.get()[0], 1);
+  // Into pageable memory the call returns with the copy done (and the work before it).
+  set_kernel<<<1, 4, 0, a.s>>>(d.p, 8, 4);
+  std::vector<int> back(4, 0);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), d.p, 16, cudaMemcpyDeviceToHost, a.s), cudaSuccess);
+  EXPECT_EQ(back, std::vector<int>(4, 8));
+  // Pinned memory is read when the stream gets to the copy.
+  int* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 16), cudaSuccess);
+  for (int i = 0; i < 4; ++i) pinned[i] = 1;
+  ASSERT_EQ(cudaMemcpyAsync(d.p, pinned, 16, cudaMemcpyHostToDevice, a.s), cudaSuccess);
+  pinned[0] = 100;
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  EXPECT_EQ(d.get()[0], 100);
+  cudaFreeHost(pinned);
+}
+
+TEST(Mxemu, EventTimesNeedBothEventsReached) {
+  REQUIRE_COMPUTE_LATE();
+  Stream a;
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  Buf<int> x(64);
+  ASSERT_EQ(cudaEventRecord(e0, a.s), cudaSuccess);
+  set_kernel<<<1, 64, 0, a.s>>>(x.p, 1, 64);
+  ASSERT_EQ(cudaEventRecord(e1, a.s), cudaSuccess);
+  float ms = -1.0f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaErrorNotReady);
+  cudaGetLastError();
+  ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+TEST(Mxemu, MemoryFreedOnAStreamGoesWhenTheStreamGetsThere) {
+  REQUIRE_COMPUTE_LATE();
+  Stream a;
+  int* p = nullptr;
+  ASSERT_EQ(cudaMallocAsync(reinterpret_cast<void**>(&p), 256, a.s), cudaSuccess);
+  set_kernel<<<1, 64, 0, a.s>>>(p, 3, 64);
+  ASSERT_EQ(cudaFreeAsync(p, a.s), cudaSuccess);
+  EXPECT_TRUE(mxemu::is_device_pointer(p));  // the kernel before the free has not run yet
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  EXPECT_FALSE(mxemu::is_device_pointer(p));
+}

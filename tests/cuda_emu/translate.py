@@ -7,11 +7,12 @@ Two constructs of CUDA C++ are not C++, and only these are rewritten; every othe
 as it is, and a #line directive keeps g++'s messages pointing into SRC:
   name<<<grid, block[, smem[, stream]]>>>(args)
       ->  ::mxemu::launch(::mxemu::Config(grid, block...), &name or nullptr, "name",
-                          [&](auto&&... a) { name(a...); })(args)
+                          [=](auto&&... a) { name(a...); })(args)
   extern __shared__ T name[];                   ->  T* name = ::mxemu::dynamic_shared<T>();
   __shared__ T name[N];                         ->  the same, then ::mxemu::block_shared(&name, sizeof name);
                                                     (filled with 0xFF once a block, bytes counted)
-The kernel is called through a generic lambda so that a kernel template's arguments are deduced
+The kernel is called through a generic lambda (capturing nothing by reference: the launch may run
+after the calling function returns, see emu.h's "Streams") so that a kernel template's arguments are deduced
 from the call's, as nvcc does; its address (what cudaFuncSetAttribute is given) is taken where the
 source names one: a kernel that is not a template, or a template named with its arguments.
 A launch syntax left over (one this rewrite does not recognise) is an error, not a silent skip.
@@ -38,7 +39,7 @@ def translate(text):
         name, config = m.group(1).strip(), m.group(2)
         deduced = name in templates  # a template named without its arguments
         kernel_id = "nullptr" if deduced else "reinterpret_cast<const void*>(&%s)" % name
-        return '::mxemu::launch(::mxemu::Config(%s), %s, "%s", [&](auto&&... mxemu_a) { %s(mxemu_a...); })(' % (
+        return '::mxemu::launch(::mxemu::Config(%s), %s, "%s", [=](auto&&... mxemu_a) { %s(mxemu_a...); })(' % (
             config, kernel_id, name, name)
 
     text = LAUNCH.sub(launch, text)

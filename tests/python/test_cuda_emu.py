@@ -32,7 +32,8 @@ def corpus(tmp_path):
     return path
 
 
-def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), steps=STEPS):
+def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), steps=STEPS,
+          streams="compute-late"):
     out = tmp_path / name
     args = [binary, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
             "--set", f"train.steps={STEPS}", "--set", "train.seq_len=64",
@@ -45,6 +46,7 @@ def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), step
     if recipe != "fp32":  # the GPU's default under a recipe, set on the CPU twin too
         args += ["--set", "precision.activations=bf16"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM=sm,
+               MXEMU_STREAMS=streams,
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = (["mpirun", "-np", str(np_)] + MPIRUN_FLAGS + args) if np_ > 1 else args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -103,18 +105,24 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     compare(cpu, cuda, tol)
 
 
-@pytest.mark.parametrize("recipe,tol", [("fp32", 1e-6), ("bf16", 1e-4)])
-def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol):
+@pytest.mark.parametrize("recipe,tol", [("fp32", 1e-6), ("bf16", 1e-4), ("fp8-delayed", 1e-3)])
+@pytest.mark.parametrize("streams", ["compute-late", "comm-late"])
+def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, streams):
     """Two ranks under mpirun: the CUDA trainer's FSDP over the NCCL communicator (emulated over
     MPI) against the CPU's two-rank FSDP over MPI, same global batch. Under recipe bf16 the
     device gathers the blocks as bf16 codes (NCCL's bf16 all-gather), the values its bf16
-    GEMMs would round them to anyway."""
+    GEMMs would round them to anyway; under fp8-delayed the tensor-core Linears run on the
+    gathered blocks. The collectives run on their own stream: once as early
+    and the compute as late as the backend's event waits allow, once the other way round
+    (MXEMU_STREAMS), so a missing or misplaced wait between the streams changes the losses."""
     require_emu()
     cpu, _, _ = train(tmp_path, "cpu2", MXTRAIN_BIN, "cpu", recipe, np_=2)
-    cuda, summary, log = train(tmp_path, "cuda2", EMU_BIN, "cuda", recipe, np_=2)
+    cuda, summary, log = train(tmp_path, "cuda2", EMU_BIN, "cuda", recipe, np_=2, streams=streams)
     assert "mxemu sm_90" in log and "sharding full over nccl" in log, log[-2000:]
     if recipe == "bf16":
         assert "(bf16 block gathers)" in log, log[-2000:]
+    if recipe.startswith("fp8"):  # the FP8 GEMMs ran on the gathered blocks
+        assert summary["fp8_shared_operands"] > 0, summary
     compare(cpu, cuda, tol)
 
 

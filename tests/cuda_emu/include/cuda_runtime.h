@@ -1,6 +1,6 @@
 // mxemu's stand-in for the CUDA runtime API (see ../emu.h): the subset the backend and the op
-// check call, on host memory. Streams and events are synchronous: every call has finished when
-// it returns.
+// check call, on host memory. Streams queue their work and run it as MXEMU_STREAMS says (emu.h,
+// "Streams").
 #pragma once
 
 #include <cstddef>

@@ -20,7 +20,7 @@ struct DeviceRadixSort {
   template <class K, class V>
   static cudaError_t SortPairs(void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out,
                                const V* values_in, V* values_out, int n, int begin_bit = 0,
-                               int end_bit = int(sizeof(K) * 8), cudaStream_t = nullptr) {
+                               int end_bit = int(sizeof(K) * 8), cudaStream_t stream = nullptr) {
     static_assert(std::is_integral_v<K>, "integer keys only");
     if (!temp) {
       temp_bytes = size_t(n) * (sizeof(K) + sizeof(V)) + 1;  // what this sort needs, roughly
@@ -33,6 +33,18 @@ struct DeviceRadixSort {
         static_cast<const void*>(keys_in) == static_cast<const void*>(keys_out) ||
         static_cast<const void*>(values_in) == static_cast<const void*>(values_out))
       return cudaErrorInvalidValue;  // as CUB: the size it asked for, device buffers, out of place
+    // The sort is an operation of the stream (emu.h, "Streams").
+    mxemu::enqueue(stream, [=] {
+      if (!mxemu::device_failed())
+        sort(temp, temp_bytes, keys_in, keys_out, values_in, values_out, n, begin_bit, end_bit);
+    });
+    return cudaSuccess;
+  }
+
+ private:
+  template <class K, class V>
+  static void sort(void* temp, size_t temp_bytes, const K* keys_in, K* keys_out, const V* values_in,
+                   V* values_out, int n, int begin_bit, int end_bit) {
     using U = std::make_unsigned_t<K>;
     const U flip = std::is_signed_v<K> ? U(U(1) << (sizeof(K) * 8 - 1)) : U(0);
     const int width = end_bit - begin_bit;
@@ -52,7 +64,6 @@ struct DeviceRadixSort {
     std::copy(k.begin(), k.end(), keys_out);
     std::copy(v.begin(), v.end(), values_out);
     std::memset(temp, 0xFF, temp_bytes);  // scratch: whatever was there is gone
-    return cudaSuccess;
   }
 };
 
