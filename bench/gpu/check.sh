@@ -34,17 +34,42 @@
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
 #      Last, if the budget has 40 s left: recipe bf16 with precision.activations = fp32 ("mx
 #      bf16/a32"), to measure what the default bf16 activations cost or save.
+#
+# Dry run without a GPU (tests/python/test_gpu_check.py; docs/cuda.md, "Running the GPU check"):
+# these variables, each changing nothing when unset, point the script at mxemu's binaries
+# (docs/cuda_emu.md) and shrink every step to seconds. They check the script's glue (arguments,
+# JSON rows, the table, file names, exit code), not the GPU.
+#   MXTRAIN_GPU_BINDIR           a directory with `mxtrain` and `cuda_op_check` (e.g. symlinks to
+#                                mxtrain_emu and cuda_emu_op_check), used instead of step 1
+#   MXTRAIN_GPU_PYTHON           the Python for every Python step (default python3); it must
+#                                have torch for the PyTorch row
+#   MXTRAIN_GPU_WORK             the scratch directory (default /tmp): mxgpu-runs, the corpus...
+#   MXTRAIN_GPU_THREADS          OMP threads of the op check and the loss match's CPU runs (16)
+#   MXTRAIN_GPU_OPCHECK_FILTER   the op check's --filter (comma list of op-name substrings; all)
+#   MXTRAIN_GPU_LOSS_RECIPES     the loss match's recipes (fp32 bf16 fp8-current fp8-delayed
+#                                bf16+cudnn), MXTRAIN_GPU_LOSS_STEPS its steps (50)
+#   MXTRAIN_GPU_SEQ              the speed runs' sequence length (8192), MXTRAIN_GPU_TOKENS the
+#                                tokens of the largest micro-batch tried (16384)
+#   MXTRAIN_GPU_PRESET           the speed runs' model preset, mxtrain's and PyTorch's (llama3.2-1b)
+#   MXTRAIN_GPU_SPEED_SETS       extra KEY=VALUE overrides (space-separated) for mxtrain's speed
+#                                runs, e.g. "model.hidden_size=128 model.intermediate_size=256"
+#   MXTRAIN_GPU_TORCH_ARGS       extra torch_llama.py arguments, e.g. "--device cpu --no-compile"
 set -uo pipefail
 OUT=${OUT:-/tmp/mxtrain-gpu-out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: the script changes directory below
+# The rows are appended: a rerun into the same $OUT must not report the last run's rows too.
+rm -f "$OUT"/{check.log,op_check.json,op_check.txt,loss_match.json,speed.json,errors.txt,runs_stderr.tgz}
 log="$OUT/check.log"
 exec > >(tee -a "$log") 2>&1
 cd "$(dirname "$0")/../.."
+py=${MXTRAIN_GPU_PYTHON:-python3}
+work=${MXTRAIN_GPU_WORK:-/tmp}
+threads=${MXTRAIN_GPU_THREADS:-16}
 t_start=$(date +%s)
 t_end=$(( t_start + ${MXTRAIN_GPU_BUDGET_S:-460} ))
 # Seconds a step may take: its own cap, or what is left of the budget less a margin.
 cap() { local left=$(( t_end - $(date +%s) - 15 )); (( left < 1 )) && left=1; (( $1 < left )) && echo "$1" || echo "$left"; }
-rm -rf /tmp/mxgpu-runs  # a rerun on a warm machine must not read the last run's metrics
+rm -rf "$work/mxgpu-runs"  # a rerun on a warm machine must not read the last run's metrics
 echo "== mxtrain GPU check: commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 nvcc --version | tail -1 || true
@@ -52,7 +77,7 @@ nvcc --version | tail -1 || true
 # cuBLASLt / NCCL / cudart / cuDNN from the Python wheels, when the toolkit's own are not on the
 # path. libcudnn is never carried (hundreds of MB): the attention opens it at run time (dlopen),
 # from the nvidia-cudnn-cu13 wheel's lib directory here.
-py_libs=$(python3 - <<'PY' 2>/dev/null
+py_libs=$("$py" - <<'PY' 2>/dev/null
 import importlib, os
 dirs = []
 for m in ("nvidia.cublas", "nvidia.nccl", "nvidia.cu13", "nvidia.cuda_runtime", "nvidia.cudnn"):
@@ -73,24 +98,31 @@ mx_ld="/usr/local/cuda/lib64:${py_libs}:${LD_LIBRARY_PATH:-}"
 # ---- 1. binaries -------------------------------------------------------------------------------
 t0=$(date +%s)
 bindir=""
-if [ "${MXTRAIN_GPU_BUILD:-0}" != 1 ] && [ -f .gpu-prebuilt/bundle.tar.xz ]; then
+if [ -n "${MXTRAIN_GPU_BINDIR:-}" ]; then
+  for b in mxtrain cuda_op_check; do
+    [ -x "$MXTRAIN_GPU_BINDIR/$b" ] ||
+      { echo "error: MXTRAIN_GPU_BINDIR=$MXTRAIN_GPU_BINDIR has no executable $b"; exit 2; }
+  done
+  bindir=$(cd "$MXTRAIN_GPU_BINDIR" && pwd)
+  echo "binaries from MXTRAIN_GPU_BINDIR=$bindir"
+elif [ "${MXTRAIN_GPU_BUILD:-0}" != 1 ] && [ -f .gpu-prebuilt/bundle.tar.xz ]; then
   # tar -J needs the xz program, which a bare image may lack: Python's tarfile as the fallback
-  rm -rf /tmp/mxgpu && mkdir -p /tmp/mxgpu &&
-    { tar -C /tmp/mxgpu -xJf .gpu-prebuilt/bundle.tar.xz 2>/dev/null ||
-      python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-        .gpu-prebuilt/bundle.tar.xz /tmp/mxgpu; } &&
-    bindir=/tmp/mxgpu/prebuilt && mx_ld="$bindir/lib:$mx_ld"
-  echo "prebuilt binaries from .gpu-prebuilt (commit $(cat /tmp/mxgpu/prebuilt/COMMIT 2>/dev/null))"
+  rm -rf "$work/mxgpu" && mkdir -p "$work/mxgpu" &&
+    { tar -C "$work/mxgpu" -xJf .gpu-prebuilt/bundle.tar.xz 2>/dev/null ||
+      "$py" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+        .gpu-prebuilt/bundle.tar.xz "$work/mxgpu"; } &&
+    bindir="$work/mxgpu/prebuilt" && mx_ld="$bindir/lib:$mx_ld"
+  echo "prebuilt binaries from .gpu-prebuilt (commit $(cat "$work/mxgpu/prebuilt/COMMIT" 2>/dev/null))"
 fi
 if [ -z "$bindir" ]; then
   if timeout "$(cap 60)" cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release \
-       -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF > /tmp/mxgpu-configure.log 2>&1 &&
+       -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF > "$work/mxgpu-configure.log" 2>&1 &&
      timeout "$(cap 240)" cmake --build build-gpu --target cuda_op_check mxtrain -j16 \
-       > /tmp/mxgpu-build.log 2>&1; then
+       > "$work/mxgpu-build.log" 2>&1; then
     bindir=build-gpu
   else
     echo "native build failed (tails of configure.log / build.log):"
-    tail -5 /tmp/mxgpu-configure.log; tail -20 /tmp/mxgpu-build.log 2>/dev/null
+    tail -5 "$work/mxgpu-configure.log"; tail -20 "$work/mxgpu-build.log" 2>/dev/null
   fi
 fi
 echo "binaries: $(( $(date +%s) - t0 )) s"
@@ -110,15 +142,19 @@ else echo "cudnn: libcudnn.so.9 NOT FOUND on the library path: attention runs th
 # ---- 2. op check -------------------------------------------------------------------------------
 t0=$(date +%s)
 opcheck_rc=0
-LD_LIBRARY_PATH="$mx_ld" OMP_NUM_THREADS=16 timeout "$(cap 100)" "$bindir/cuda_op_check" \
-  --json "$OUT/op_check.json" > "$OUT/op_check.txt" 2>&1 || opcheck_rc=$?
+opcheck_args=(--json "$OUT/op_check.json")
+[ -n "${MXTRAIN_GPU_OPCHECK_FILTER:-}" ] && opcheck_args+=(--filter "$MXTRAIN_GPU_OPCHECK_FILTER")
+LD_LIBRARY_PATH="$mx_ld" OMP_NUM_THREADS=$threads timeout "$(cap 100)" "$bindir/cuda_op_check" \
+  "${opcheck_args[@]}" > "$OUT/op_check.txt" 2>&1 || opcheck_rc=$?
 echo "op check: exit $opcheck_rc, $(( $(date +%s) - t0 )) s"
 grep -c '^PASS' "$OUT/op_check.txt" | sed 's/^/  PASS cases: /'
 grep -c '^FAIL' "$OUT/op_check.txt" | sed 's/^/  FAIL cases: /'
-# Short table: per op, cases passed / total and the worst err/tol.
+# Short table: per op, cases passed / total and the worst err/tol (the header first, then the
+# ops sorted).
+printf "  %-28s %9s %10s\n" op pass/all "worst e/t"
 awk '/^(PASS|FAIL)/{op=$2; n[op]++; if($1=="PASS")p[op]++;
        for(i=1;i<=NF;i++) if($i ~ /^err\/tol=/){split($i,a,"="); if(a[2]+0>w[op]) w[op]=a[2]+0}}
-     END{printf "  %-28s %9s %10s\n","op","pass/all","worst e/t"; for(o in n) printf "  %-28s %4d/%-4d %10.3g\n",o,p[o],n[o],w[o]}' \
+     END{for(o in n) printf "  %-28s %4d/%-4d %10.3g\n",o,p[o],n[o],w[o]}' \
   "$OUT/op_check.txt" | sort
 grep '^FAIL' "$OUT/op_check.txt" | head -20
 grep '^attention path' "$OUT/op_check.txt" | sed 's/^/  /'
@@ -126,22 +162,50 @@ tail -3 "$OUT/op_check.txt"
 
 # ---- 3. loss match -----------------------------------------------------------------------------
 t0=$(date +%s)
-corpus=/tmp/mxgpu-corpus.txt
+corpus="$work/mxgpu-corpus.txt"
 cat docs/*.md README.md bench/*.md > "$corpus"
-MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 90)" python3 bench/gpu/mxtrain_runs.py loss-match \
-  --bin "$bindir/mxtrain" --corpus "$corpus" --work /tmp/mxgpu-runs --threads 16 --limit 25 \
-  --recipes fp32 bf16 fp8-current fp8-delayed bf16+cudnn \
-  --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt"
-echo "loss match: exit $?, $(( $(date +%s) - t0 )) s"
+recipes=${MXTRAIN_GPU_LOSS_RECIPES:-fp32 bf16 fp8-current fp8-delayed bf16+cudnn}
+loss_rc=0
+# (word-split on purpose: a list of recipe names)
+# shellcheck disable=SC2086
+MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 90)" "$py" bench/gpu/mxtrain_runs.py loss-match \
+  --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" --threads "$threads" --limit 25 \
+  --recipes $recipes --steps "${MXTRAIN_GPU_LOSS_STEPS:-50}" --json "$OUT/loss_match.json" \
+  > /dev/null 2>> "$OUT/errors.txt" || loss_rc=$?
+echo "loss match: exit $loss_rc, $(( $(date +%s) - t0 )) s"
+# A recipe the loss match did not reach (its time limit, a crash) gets a row saying so, so the
+# table shows it instead of leaving it out.
+# shellcheck disable=SC2086
+"$py" - "$OUT/loss_match.json" "$loss_rc" $recipes <<'PY'
+import json, sys
+path, rc, asked = sys.argv[1], sys.argv[2], sys.argv[3:]
+done = set()
+try:
+    for line in open(path):
+        try:
+            done.add(json.loads(line)["recipe"])
+        except (ValueError, KeyError):
+            pass
+except FileNotFoundError:
+    pass
+why = f"no result: mxtrain_runs.py loss-match exit {rc}" + (" (time limit)" if rc in ("124", "137") else "")
+with open(path, "a") as f:
+    for r in asked:
+        if r not in done:
+            f.write(json.dumps({"check": "loss_match", "recipe": r, "ok": False, "error": why}) + "\n")
+PY
 
 # ---- 4. speed, seq 8192: mxtrain bf16, PyTorch, then mxtrain under the FP8 recipes --------
 t0=$(date +%s)
-seq=8192
+seq=${MXTRAIN_GPU_SEQ:-8192}
+preset=${MXTRAIN_GPU_PRESET:-llama3.2-1b}
+speed_sets=()
+for kv in ${MXTRAIN_GPU_SPEED_SETS:-}; do speed_sets+=(--set "$kv"); done
 # Compute capability: 9.x runs fp8-block on cuBLASLt's 1x128 / 128x128 scale modes, 10.x on the
 # MXFP8 GEMM (E8M0 scales converted from the power-of-two block scales), and only 10.x runs
 # mxfp8 and nvfp4 natively.
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-b=$(( 16384 / seq )); batches=""
+b=$(( ${MXTRAIN_GPU_TOKENS:-16384} / seq )); batches=""
 while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
 # Every mxtrain speed run is profiled (run.profile: one CUDA event as each op finishes
 # queueing, resolved while the GPU works), so the one GPU session also says where the time goes.
@@ -149,24 +213,51 @@ while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
 # fp8-current, fp8-block), so a budget cut short loses the least. fp8-delayed leads the FP8
 # runs: Transformer Engine's default recipe, and the one with the least quantization traffic
 # here (its amax comes from the cast; docs/cuda.md).
+lines() { cat "$1" 2>/dev/null | wc -l; }
+# no_row IMPL RECIPE RC ERR_LINES [ACTIVATIONS]: the speed.json row of a run that died before
+# writing its own (a crash, bad arguments, its time limit), so the table shows it did not run
+# instead of leaving it out: its exit code and the last line it wrote to errors.txt (after line
+# ERR_LINES).
+no_row() {
+  local why="exit $3"
+  (( $3 == 124 || $3 == 137 )) && why="$why (time limit)"
+  "$py" -c 'import json, sys
+impl, recipe, seq, act, why = sys.argv[1:]
+row = dict(impl=impl, **({"recipe": recipe} if recipe else {}), seq=int(seq), error=why)
+if act:
+    row["activations"] = act
+print(json.dumps(row))' "$1" "$2" "$seq" "${5:-}" \
+    "$why: $(tail -n +$(( $4 + 1 )) "$OUT/errors.txt" 2>/dev/null | tail -1)" >> "$OUT/speed.json"
+}
 mx_speed() {  # mx_speed RECIPE [ARGS...]: one profiled mxtrain speed run
-  local budget recipe=$1
+  local budget recipe=$1 rc=0 rows errs act=""
   shift
+  [ "${1:-}" = --activations ] && act=${2:-}
   budget=$(cap 50)
+  rows=$(lines "$OUT/speed.json"); errs=$(lines "$OUT/errors.txt")
   MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -s KILL "$(( budget + 20 ))" \
-    python3 bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
+    "$py" bench/gpu/mxtrain_runs.py speed --bin "$bindir/mxtrain" --seq "$seq" \
     --recipe "$recipe" --batches $batches --steps 3 --skip 1 --budget "$budget" \
-    --limit "$budget" --work /tmp/mxgpu-runs --json "$OUT/speed.json" --profile "$@" \
-    > /dev/null 2>> "$OUT/errors.txt"
+    --limit "$budget" --work "$work/mxgpu-runs" --json "$OUT/speed.json" --profile \
+    --preset "$preset" ${speed_sets[@]+"${speed_sets[@]}"} "$@" \
+    > /dev/null 2>> "$OUT/errors.txt" || rc=$?
+  (( $(lines "$OUT/speed.json") == rows )) && no_row mxtrain "$recipe" "$rc" "$errs" "$act"
+  return 0
 }
 mx_speed bf16
 echo "mxtrain bf16 speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 # PyTorch builds its model on the GPU and compiles one block (tens of seconds cold); its
 # progress lines (stderr) go to errors.txt, so a run cut short still says how far it got.
-PYTHONUNBUFFERED=1 timeout -k 10 "$(cap 150)" python3 bench/gpu/torch_llama.py --seq "$seq" \
-  --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" \
-  > /dev/null 2>> "$OUT/errors.txt" || echo "torch seq $seq: exit $? (see errors.txt)"
+torch_rc=0
+errs=$(lines "$OUT/errors.txt")
+# shellcheck disable=SC2086
+PYTHONUNBUFFERED=1 timeout -k 10 "$(cap 150)" "$py" bench/gpu/torch_llama.py --seq "$seq" \
+  --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" --preset "$preset" \
+  ${MXTRAIN_GPU_TORCH_ARGS:-} > /dev/null 2>> "$OUT/errors.txt" || torch_rc=$?
+(( torch_rc != 0 )) && echo "torch seq $seq: exit $torch_rc (see errors.txt)"
+# (no torch, a crash, its time limit: a row saying so)
+grep -q '"impl": "torch"' "$OUT/speed.json" 2>/dev/null || no_row torch "" "$torch_rc" "$errs"
 echo "torch speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 for recipe in fp8-delayed fp8-current fp8-block; do
@@ -193,7 +284,7 @@ if (( $(cap 50) >= 40 )); then
 fi
 
 # ---- table -------------------------------------------------------------------------------------
-python3 - "$OUT" "${cc:-unknown}" <<'PY'
+"$py" - "$OUT" "${cc:-unknown}" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 cc = sys.argv[2]
@@ -241,7 +332,7 @@ for r in speed:  # where each profiled run's step time went: its top ops
     for o in prof["ops"][:8]:
         rate = f" {o['gflops'] / 1e3:7.1f} TFLOP/s" if o["gflops"] > 0 else ""
         print(f"  {o['op'][:40]:40s} {o['calls']:6d} calls {100 * o['share']:5.1f}%{rate}")
-for seq in (4096, 8192):
+for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
@@ -253,8 +344,10 @@ for seq in (4096, 8192):
                   f"{by[(f'mx {fp8}', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")
 PY
 # Every run's full stderr (the cuDNN path lines, the profile tables, any error before the last
-# line), which the JSON rows keep only the last line of.
-tar -czf "$OUT/runs_stderr.tgz" -C /tmp mxgpu-runs 2>/dev/null || true
+# line), which the JSON rows keep only the last line of, and its metrics.jsonl. Not the loss
+# match's end-of-run checkpoints: ten tiny-preset ones are ~16 MB, ~13 MB compressed, and the
+# device tool returns no file over 16 MiB.
+tar -czf "$OUT/runs_stderr.tgz" --exclude=checkpoints -C "$work" mxgpu-runs 2>/dev/null || true
 echo "total: $(( $(date +%s) - t_start )) s"
 # The op check's own time limit (timeout's 124, or 137 when killed) must not read as the whole
 # command timing out (the device tool reports 124 / 137 that way).

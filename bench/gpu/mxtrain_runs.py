@@ -167,6 +167,7 @@ def speed(args):
                         "memory.activation_checkpointing": policy, "checkpoint.resume": "none"}
                 if args.activations:
                     sets["precision.activations"] = args.activations
+                sets.update(args.sets)  # --set: last, so they override the above
                 if args.profile:  # each op's own GPU time (one CUDA event per op)
                     sets["run.profile"] = "true"
                 out = Path(args.work) / f"speed_{args.recipe}_{args.activations}_{seq}_{batch}_{policy}"
@@ -233,14 +234,24 @@ def main():
                     help="loss-match: the recipes compared")
     ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
     ap.add_argument("--budget", type=float, default=200, help="speed: seconds for all shapes")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="speed: an extra mxtrain --set for every run (repeatable), e.g. "
+                         "model.hidden_size=128 with a small --preset for a dry run")
     ap.add_argument("--profile", action="store_true",
                     help="speed: run.profile on; the top ops of the last step's profile go "
                          "into the result")
     args = ap.parse_args()
+    for kv in args.sets:
+        if "=" not in kv or not kv.partition("=")[0]:
+            print(f"error: --set takes KEY=VALUE (e.g. model.hidden_size=128), got '{kv}'",
+                  file=sys.stderr)
+            sys.exit(2)
+    args.sets = dict(kv.split("=", 1) for kv in args.sets)
     if args.what == "loss-match":
         args.steps = args.steps or 50
         if not args.corpus:
-            sys.exit("loss-match needs --corpus FILE (text)")
+            print("error: loss-match needs --corpus FILE (text)", file=sys.stderr)
+            sys.exit(2)
         loss_match(args)
     else:
         args.steps = args.steps or 4

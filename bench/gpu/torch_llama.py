@@ -6,7 +6,8 @@ timed on the same shapes as mxtrain, in the same run.
 
 Prints one JSON object per shape on stdout (and appends it to --json):
   {"impl": "torch", "seq": T, "micro_batch": B, "tokens_per_s": ..., "mfu": ..., "loss": ...,
-   "checkpointing": bool, "compiled": bool, "step_s": [...], "peak_mem_bytes": ...}
+   "checkpointing": bool, "compiled": bool, "step_s": [...], "peak_mem_bytes": ...,
+   "attention": "torch sdpa" (or "torch math (no sdpa)" on a PyTorch without SDPA, < 2.0)}
 MFU uses mxtrain's FLOP count (model/config.cpp, flops_per_token: 6 N + 12 L H D T, N without
 the norms, the head counted) over --peak-tflops (dense BF16: 989.4 for H100/H200, datasheet).
 
@@ -18,6 +19,7 @@ Runs on a CPU too, for checking this script without a GPU:
       --device cpu --no-compile
 """
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -71,8 +73,14 @@ def apply_rope(x, cos, sin):  # x [B, H, T, D], rotate-half (Hugging Face)
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+# Which attention ran, for the JSON row (check.sh's table prints it): SDPA on PyTorch >= 2.0
+# (the GPU machine's 2.11), else the math spelled out (only the CPU check of this script).
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+ATTENTION = "torch sdpa" if HAS_SDPA else "torch math (no sdpa)"
+
+
 def attention(q, k, v):
-    if hasattr(F, "scaled_dot_product_attention"):  # PyTorch >= 2.0 (the GPU machine's 2.11)
+    if HAS_SDPA:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     # Older PyTorch (this repo's CPU check of the script only): the same math, spelled out.
     T = q.shape[-2]
@@ -148,9 +156,10 @@ def run_shape(args, p, seq, batch, device):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # a failed larger micro-batch's peak is not ours
     # Built on the device: 1.2B parameters initialized on one CPU thread (twice: the default
-    # init, then normal_) took 35 s of the check's budget.
-    with device:
-        model = Llama(p, args.checkpointing)
+    # init, then normal_) took 35 s of the check's budget. (A torch.device is a context manager
+    # from PyTorch 2.0; older ones, the CPU check of this script, build it here and move it.)
+    with device if hasattr(device, "__enter__") else contextlib.nullcontext():
+        model = Llama(p, args.checkpointing).to(device)
     progress(f"seq {seq} micro-batch {batch}: model built")
     fused = dict(fused=True) if device.type == "cuda" else {}  # (old CPU torch: no such arg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, **fused)
@@ -190,6 +199,7 @@ def run_shape(args, p, seq, batch, device):
                 mfu=flops_per_token(p, seq) * tok_s / (args.peak_tflops * 1e12),
                 loss_first=losses[0], loss_last=losses[-1], step_s=times,
                 checkpointing=args.checkpointing, compiled=args.compile, peak_mem_bytes=peak,
+                attention=ATTENTION,
                 device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
 
 
@@ -213,6 +223,13 @@ def main():
     ap.add_argument("--json", help="append one JSON line per shape here")
     args = ap.parse_args()
     device = torch.device(args.device)
+    # Bad input: one `error:` line, exit 2 (as mxtrain), not a traceback mid-run.
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {args.device}: PyTorch {torch.__version__} sees no CUDA GPU "
+             "(--device cpu --no-compile checks this script without one)")
+    if args.compile and not hasattr(nn.Module, "compile"):
+        fail(f"PyTorch {torch.__version__} has no nn.Module.compile (2.2 and later): "
+             "pass --no-compile")
     p = PRESETS[args.preset]
     torch.backends.cuda.matmul.allow_tf32 = True
     for seq in args.seq:
@@ -233,6 +250,11 @@ def main():
             with open(args.json, "a") as f:
                 f.write(line + "\n")
         reset(args, device)
+
+
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def reset(args, device):

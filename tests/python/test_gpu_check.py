@@ -1,0 +1,267 @@
+"""bench/gpu/check.sh end to end, without a GPU: a dry run of the prepared GPU check on mxemu's
+binaries (docs/cuda_emu.md), so a bug in its glue (arguments, JSON rows, the table, file names,
+exit code) shows here, not in a GPU session lent for minutes.
+
+The script's MXTRAIN_GPU_* variables (its header; docs/cuda.md, "Running the GPU check") point it
+at a directory whose `mxtrain` and `cuda_op_check` are mxtrain_emu and cuda_emu_op_check, and
+shrink every step: a few op-check cases, a 2-step loss match of three recipes, speed runs of the
+tiny preset (widened to 128 so fp8-block's 128-element blocks run on its block-scaled GEMM) at
+seq 64, PyTorch on the CPU. A fake `nvidia-smi` says the device is an H200 (compute capability
+9.0), which the emulator also is (MXEMU_SM=90). What is checked is that every step ran, wrote
+what the table and the device tool read, and that the table reports it; not the GPU's numbers."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MXTRAIN_BIN, REPO, require_binary
+
+EMU_DIR = Path(MXTRAIN_BIN).absolute().parent  # absolute: the links below point here
+EMU_BINS = {"mxtrain": EMU_DIR / "mxtrain_emu", "cuda_op_check": EMU_DIR / "cuda_emu_op_check"}
+CHECK = REPO / "bench" / "gpu" / "check.sh"
+
+SEQ, TOKENS = 64, 128  # micro-batches tried: 2, then 1
+OPCHECK_FILTER = ["rmsnorm_forward", "adamw", "fp8_linear_forward", "attention_cudnn"]
+LOSS_RECIPES = ["fp32", "bf16", "fp8-delayed"]
+LOSS_STEPS = 2
+FP8 = ["fp8-delayed", "fp8-current", "fp8-block"]
+# What check.sh's header promises under $OUT (the device tool returns at most eight files).
+OUT_FILES = {"check.log", "op_check.json", "op_check.txt", "loss_match.json", "speed.json",
+             "errors.txt", "runs_stderr.tgz"}
+HAS_TORCH = importlib.util.find_spec("torch") is not None  # in the Python running this (and check.sh)
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+  *compute_cap*) echo "9.0" ;;
+  *) echo "NVIDIA H200, 999.99, 143771 MiB" ;;
+esac
+"""
+
+
+def require_emu():
+    require_binary()
+    for path in EMU_BINS.values():
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            pytest.fail(f"{path} not built (CMake builds it with the tests; it needs python3)")
+
+
+def check_env(tmp, **extra):
+    fake = tmp / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (fake / "nvidia-smi").chmod(0o755)
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", OUT=str(tmp / "out"),
+               MXTRAIN_GPU_PYTHON=sys.executable, MXTRAIN_GPU_WORK=str(work),
+               MXTRAIN_GPU_THREADS="2", OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1",
+               MXEMU_SM="90")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """check.sh run once on the emulated binaries: (exit code, stdout, $OUT, seconds)."""
+    require_emu()
+    tmp = tmp_path_factory.mktemp("gpu_check")
+    bindir = tmp / "bin"
+    bindir.mkdir()
+    for name, target in EMU_BINS.items():
+        (bindir / name).symlink_to(target)
+    env = check_env(
+        tmp, MXTRAIN_GPU_BINDIR=str(bindir), MXTRAIN_GPU_OPCHECK_FILTER=",".join(OPCHECK_FILTER),
+        MXTRAIN_GPU_LOSS_RECIPES=" ".join(LOSS_RECIPES), MXTRAIN_GPU_LOSS_STEPS=str(LOSS_STEPS),
+        MXTRAIN_GPU_SEQ=str(SEQ), MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
+        MXTRAIN_GPU_SPEED_SETS="model.hidden_size=128 model.intermediate_size=256",
+        MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile")
+    t0 = time.time()
+    # From another directory: the script must find the repository itself.
+    p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env,
+                       timeout=400, cwd=tmp)
+    return p.returncode, p.stdout + p.stderr, tmp / "out", time.time() - t0
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_exit_code_and_files(dry_run):
+    rc, log, out, _ = dry_run
+    assert rc == 0, log[-6000:]
+    assert {p.name for p in out.iterdir()} == OUT_FILES, log[-3000:]
+    assert len(OUT_FILES) <= 8
+    # check.log is the same output (tee)
+    assert "== mxtrain GPU check" in (out / "check.log").read_text()
+    assert "NVIDIA H200, 999.99, 143771 MiB" in log
+    # runs_stderr.tgz: every run's stderr, not its checkpoints; well under the tool's 16 MiB
+    with tarfile.open(out / "runs_stderr.tgz") as t:
+        names = t.getnames()
+    runs = {n.split("/")[1] for n in names if n.endswith("/stderr.txt")}
+    want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES for d in ("cpu", "cuda")} |
+            {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"})
+    assert runs == want
+    assert not [n for n in names if "checkpoints" in n]
+    assert (out / "runs_stderr.tgz").stat().st_size < 4 << 20
+
+
+def test_op_check(dry_run):
+    rc, log, out, _ = dry_run
+    res = json.loads((out / "op_check.json").read_text())
+    assert "sm_90" in res["device"]
+    assert res["passed"] >= 10 and res["failed"] == 0, res
+    assert all(r["pass"] for r in res["results"])
+    ops = {r["op"] for r in res["results"]}
+    assert all(any(f in op for f in OPCHECK_FILTER) for op in ops), ops  # the filter got there
+    assert {"rmsnorm_forward", "adamw", "fp8_linear_forward"} <= ops
+    assert "op check: exit 0" in log
+    assert f"  PASS cases: {res['passed']}" in log and "  FAIL cases: 0" in log
+    # the per-op table: its header, then a line per op with passed/all
+    lines = log.splitlines()
+    head = next(i for i, l in enumerate(lines) if re.match(r"\s+op\s+pass/all\s+worst e/t$", l))
+    n_adamw = sum(r["op"] == "adamw" for r in res["results"])
+    assert re.match(rf"\s+adamw\s+{n_adamw}/{n_adamw}\s", lines[head + 1]), lines[head:head + 3]
+
+
+def test_loss_match(dry_run):
+    rc, log, out, _ = dry_run
+    res = rows(out / "loss_match.json")
+    assert [r["recipe"] for r in res] == LOSS_RECIPES
+    for r in res:
+        assert r["ok"] is True, r
+        assert r["steps"] == LOSS_STEPS and len(r["rel_per_step"]) == LOSS_STEPS
+        assert r["max_rel"] <= r["tolerance_rel"]
+        assert r["attention"] == "fp32"  # MXTRAIN_CUDA_ATTENTION=fp32 reached the trainer
+        assert re.search(rf"^loss match {re.escape(r['recipe'])}\s*: max rel diff \S+ at step "
+                         rf"{r['worst_step']} \(tolerance \S+\) -> PASS; .*attention fp32$",
+                         log, re.M), r["recipe"]
+
+
+def test_speed_rows(dry_run):
+    rc, log, out, _ = dry_run
+    res = rows(out / "speed.json")
+    mx = {(r["recipe"], r.get("activations")): r for r in res if r["impl"] == "mxtrain"}
+    for recipe in ["bf16"] + FP8:
+        r = mx[(recipe, "default")]
+        assert r["seq"] == SEQ and r["micro_batch"] == TOKENS // SEQ, r
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1, r
+        assert r["checkpointing"] == "none" and r["attention"] == "fp32"
+        ops = [o["op"] for o in r["op_profile"]["ops"]]
+        assert ops and all(o["seconds"] >= 0 for o in r["op_profile"]["ops"])
+        if recipe == "bf16":
+            assert "gemm_bf16" in ops, ops
+        else:
+            assert r["fp8_tensor_cores"] is True and r["fp8_shared_operands"] > 0, r
+            assert ("fp8_block_gemm" if recipe == "fp8-block" else "fp8_gemm") in ops, ops
+    a32 = mx[("bf16", "fp32")]  # the last run, the budget having room
+    assert a32["tokens_per_s"] > 0 and "gemm" in [o["op"] for o in a32["op_profile"]["ops"]]
+    for recipe in ("mxfp8", "nvfp4"):  # compute capability 9.0: no run
+        r = mx[(recipe, None)]
+        assert r["error"].startswith("skipped") and "compute capability 9.0" in r["error"], r
+        assert "tokens_per_s" not in r
+    torch_rows = [r for r in res if r["impl"] == "torch"]
+    assert len(torch_rows) == 1
+    t = torch_rows[0]
+    if not HAS_TORCH:  # this Python has no torch: a row saying so
+        assert "torch" in t["error"] and "tokens_per_s" not in t, t
+        assert re.search(rf"^torch\s+{SEQ}  did not run: exit 1: .*torch", log, re.M)
+        return
+    import torch.nn.functional as F
+    assert t["tokens_per_s"] > 0 and t["seq"] == SEQ and t["micro_batch"] == TOKENS // SEQ, t
+    assert t["device"] == "cpu" and t["preset"] == "tiny" and t["compiled"] is False
+    assert t["attention"] == ("torch sdpa" if hasattr(F, "scaled_dot_product_attention")
+                              else "torch math (no sdpa)")
+
+
+def test_table(dry_run):
+    rc, log, out, _ = dry_run
+    res = rows(out / "speed.json")
+    tps = {("mx " + r["recipe"] + ("/a32" if r["activations"] == "fp32" else "")): r["tokens_per_s"]
+           for r in res if r["impl"] == "mxtrain" and "tokens_per_s" in r}
+    tps.update({r["impl"]: r["tokens_per_s"] for r in res if r["impl"] == "torch"
+                and "tokens_per_s" in r})
+    assert re.search(r"^impl\s+seq\s+batch\s+ckpt\s+tok/s\s+MFU attention$", log, re.M)
+    assert re.search(rf"^mx bf16\s+{SEQ}\s+2\s+none\s+{tps['mx bf16']:.0f}\s+[\d.]+% fp32$",
+                     log, re.M)
+    assert re.search(rf"^mx bf16/a32\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32$", log, re.M)
+    for fp8 in FP8:
+        native = (r"\(tensor cores: VEC128/BLK128x128 GEMM\)" if fp8 == "fp8-block"
+                  else r"\(tensor cores\)")
+        assert re.search(rf"^mx {fp8}\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32 {native} "
+                         r"shared \d+$", log, re.M), fp8
+        ratio = tps[f"mx {fp8}"] / tps["mx bf16"]
+        assert f"seq {SEQ}: mxtrain {fp8} / bf16 = {ratio:.3f} (target >= 1.3)" in log
+    for recipe in ("mxfp8", "nvfp4"):
+        assert re.search(rf"^mxtrain {recipe}\s+{SEQ}  did not run: skipped: runs natively on "
+                         r"sm_100 only \(this GPU: compute capability 9\.0\)$", log, re.M)
+    assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
+            f"{tps['mx bf16'] / tps['mx bf16/a32']:.3f}") in log
+    if "torch" in tps:
+        assert re.search(rf"^torch\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% torch (sdpa|math)", log,
+                         re.M)
+        assert f"seq {SEQ}: mxtrain bf16 / torch = {tps['mx bf16'] / tps['torch']:.3f}" in log
+    for recipe in ["bf16"] + FP8:  # each profiled run's top ops
+        assert re.search(rf"^profile mx {recipe} seq {SEQ} x 2 \(steps 2-3, [\d.]+ s\):$", log,
+                         re.M), recipe
+    if HAS_TORCH:  # nothing else did not run
+        assert "did not run" not in log.replace("did not run: skipped", ""), log[-3000:]
+    assert re.search(r"^total: \d+ s$", log, re.M)
+
+
+def test_runtime(dry_run):
+    """The dry run is part of the suite: it must stay short (about 80 s on 2 cores)."""
+    assert dry_run[3] < 200, f"check.sh dry run took {dry_run[3]:.0f} s"
+
+
+def test_bindir_without_binaries_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    env = check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(tmp_path / "empty"))
+    p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = [l for l in p.stdout.splitlines() if l.startswith("error:")]
+    assert err == [f"error: MXTRAIN_GPU_BINDIR={tmp_path / 'empty'} has no executable mxtrain"]
+
+
+def test_steps_that_die_still_get_rows(tmp_path):
+    """A step that dies before writing its row (here: bad arguments, exit 2; on a GPU a crash or
+    its time limit) still gets one saying so, and the table shows it, instead of leaving it out."""
+    require_emu()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, target in EMU_BINS.items():
+        (bindir / name).symlink_to(target)
+    env = check_env(
+        tmp_path, MXTRAIN_GPU_BINDIR=str(bindir), MXTRAIN_GPU_OPCHECK_FILTER="adamw",
+        MXTRAIN_GPU_LOSS_RECIPES="fp32 no-such-recipe", MXTRAIN_GPU_SEQ=str(SEQ),
+        MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
+        MXTRAIN_GPU_SPEED_SETS="no-equals-sign", MXTRAIN_GPU_TORCH_ARGS="--no-such-flag")
+    p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env, timeout=120)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-4000:]  # the op check passed; the rest is reported, not fatal
+    out = tmp_path / "out"
+    loss = rows(out / "loss_match.json")
+    assert [r["recipe"] for r in loss] == ["fp32", "no-such-recipe"]
+    for r in loss:
+        assert r["ok"] is False and r["error"] == "no result: mxtrain_runs.py loss-match exit 2"
+        assert re.search(rf"^loss match {r['recipe']}\s*: FAILED TO RUN no result", log, re.M)
+    speed = {(r["impl"], r.get("recipe"), r.get("activations")): r for r in rows(out / "speed.json")}
+    bad_set = "exit 2: error: --set takes KEY=VALUE (e.g. model.hidden_size=128), got 'no-equals-sign'"
+    for recipe, act in [("bf16", None), ("fp8-delayed", None), ("fp8-current", None),
+                        ("fp8-block", None), ("bf16", "fp32")]:
+        assert speed[("mxtrain", recipe, act)]["error"] == bad_set, speed
+        label = f"mxtrain {recipe}" + ("/a32" if act else "")
+        assert re.search(rf"^{re.escape(label)}\s+{SEQ}  did not run: {re.escape(bad_set)}$",
+                         log, re.M), label
+    torch_row = speed[("torch", None, None)]
+    # (without torch, the import fails first: exit 1)
+    why = "exit 2: .*--no-such-flag" if HAS_TORCH else "exit 1: .*No module named 'torch'"
+    assert re.match(why, torch_row["error"]), torch_row
+    assert f"torch seq 64: exit {2 if HAS_TORCH else 1} (see errors.txt)" in log
+    assert re.search(rf"^torch\s+{SEQ}  did not run: {why}", log, re.M)
+    assert len(speed) == 8  # five mxtrain runs, torch, mxfp8 and nvfp4 skipped
