@@ -622,22 +622,38 @@ void LlamaModel::quantize(float* out, const float* x, int64_t rows, int64_t cols
 }
 
 bool LlamaModel::native_fp8(int64_t N, int64_t in, int64_t out) const {
-  // Telemetry and the test scale knob need the emulation's quantize() calls. cuBLASLt's FP8
-  // GEMMs want every dimension (each is some GEMM's reduction dimension) a multiple of 16.
+  // Telemetry and the test scale knob need the emulation's quantize() calls.
   if (recipe_->collecting_stats() || !recipe_->active(layer_)) return false;
-  // fp8-block: cuBLASLt's 1x128 / 128x128 scale modes (Hopper) or, on Blackwell, the MXFP8 GEMM
-  // with the block scales as E8M0 (each 1x32 piece inside one 128-wide block): 128 either way.
-  if (recipe_->recipe() == Recipe::kFp8Block)
-    return be_.fp8_block_tensor_cores() && N % 128 == 0 && in % 128 == 0 && out % 128 == 0;
-  if (recipe_->recipe() == Recipe::kMxfp8)  // 1x32 blocks along every GEMM's reduction
-    return be_.mxfp8_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
-  // nvfp4: two E2M1 codes a byte, so a K-major row of K / 2 bytes is 16-byte aligned when K is
-  // a multiple of 32; tokens a multiple of 16 also means the weight gradient takes the RHT.
-  if (recipe_->recipe() == Recipe::kNvfp4)
-    return be_.nvfp4_tensor_cores() && N % 32 == 0 && in % 32 == 0 && out % 32 == 0;
-  return recipe_->per_tensor_fp8() && be_.fp8_tensor_cores() &&
-         layer_ != recipe_->test_shift_layer() && N % 16 == 0 && in % 16 == 0 &&
-         out % 16 == 0;
+  if (recipe_->per_tensor_fp8() && layer_ == recipe_->test_shift_layer()) return false;
+  return native_fp8_shape(N, in, out);
+}
+
+int64_t LlamaModel::native_fp8_multiple() const {
+  if (!recipe_) return 0;
+  switch (recipe_->recipe()) {
+    // fp8-block: cuBLASLt's 1x128 / 128x128 scale modes (Hopper) or, on Blackwell, the MXFP8
+    // GEMM with the block scales as E8M0 (each 1x32 piece inside one 128-wide block).
+    case Recipe::kFp8Block: return be_.fp8_block_tensor_cores() ? 128 : 0;
+    case Recipe::kMxfp8: return be_.mxfp8_tensor_cores() ? 32 : 0;  // 1x32 along every reduction
+    // nvfp4: two E2M1 codes a byte, so a K-major row of K / 2 bytes is 16-byte aligned when K is
+    // a multiple of 32; tokens a multiple of 16 also means the weight gradient takes the RHT.
+    case Recipe::kNvfp4: return be_.nvfp4_tensor_cores() ? 32 : 0;
+    default:  // cuBLASLt's FP8 GEMMs want every dimension (each is some GEMM's reduction) % 16
+      return recipe_->per_tensor_fp8() && be_.fp8_tensor_cores() ? 16 : 0;
+  }
+}
+
+bool LlamaModel::native_fp8_shape(int64_t N, int64_t in, int64_t out) const {
+  const int64_t m = native_fp8_multiple();
+  return m > 0 && N % m == 0 && in % m == 0 && out % m == 0;
+}
+
+int LlamaModel::native_fp8_linears(int64_t N) const {
+  const int64_t C = c_.hidden_size, I = c_.intermediate_size, q = c_.q_dim(), kv = c_.kv_dim();
+  int n = 0;
+  for (auto [in, out] : {std::pair{C, q}, {C, kv}, {C, kv}, {q, C}, {C, I}, {C, I}, {I, C}})
+    n += native_fp8_shape(N, in, out);
+  return n;
 }
 
 Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {

@@ -118,6 +118,13 @@ class LlamaModel {
   // The arenas must be sized for it (activation_bytes(..., bf16_activations = true)).
   void set_bf16_activations(bool on) { bf16_acts_ = on; }
 
+  // How many of a block's 7 Linears (q, k, v, o, gate, up, down) take the backend's FP8 / FP4
+  // GEMMs at N tokens a micro-batch, for a layer the recipe quantizes (what the trainer's
+  // start-up line reports), and the multiple every dimension must be for that (0: the backend
+  // has no such GEMMs for the recipe, or there is no FP8 / FP4 recipe).
+  int native_fp8_linears(int64_t N) const;
+  int64_t native_fp8_multiple() const;
+
  private:
   struct BlockActs;
   void split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
@@ -207,6 +214,9 @@ class LlamaModel {
   // nvfp4_tensor_cores()): true when this Linear
   // of the current layer goes that way (otherwise the emulation above).
   bool native_fp8(int64_t N, int64_t in, int64_t out) const;
+  // The shape's part of that, for any layer: the backend has the recipe's GEMMs and N, in and
+  // out are multiples of native_fp8_multiple() (0: the backend has none for this recipe).
+  bool native_fp8_shape(int64_t N, int64_t in, int64_t out) const;
   // The operand's quantization for the backend: current scaling, or (fp8-delayed) the
   // history's scale and a slot for its amax, recorded into the history by fp8_flush().
   Backend::Fp8Operand fp8_operand(LinearOperand op, int linear);

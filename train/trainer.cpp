@@ -216,21 +216,38 @@ int run_training(const RunConfig& cfg) {
                                               : " (head and high-precision blocks fp32)",
        eo.bf16_activations ? ", bf16 activations" : "", ", checkpointing ",
        cfg.memory.activation_checkpointing, ", sharding ",
-       cfg.parallel.sharding, device_comm ? " over " + device_comm->kind() : std::string(),
+       cfg.parallel.sharding,
+       // (append, not operator+: GCC 12 warns falsely, -Wrestrict, on "literal" + string&&)
+       device_comm ? std::string(" over ").append(device_comm->kind()) : std::string(),
        fsdp.bf16_blocks() ? " (bf16 block gathers)" : "", ", ",
-       omp_get_max_threads(), " threads/rank, device ",
-       be.name(), be.device_name().empty() ? std::string() : " " + be.device_name(), ", peak ",
+       omp_get_max_threads(), " threads/rank, device ", be.name(),
+       be.device_name().empty() ? std::string() : std::string(" ").append(be.device_name()),
+       ", peak ",
        format_count(peak_flops), "FLOP/s");
   if (linear_recipe.per_tensor_fp8() || recipe == Recipe::kFp8Block ||
-      recipe == Recipe::kMxfp8 || recipe == Recipe::kNvfp4)
-    info("precision ", cfg.precision.recipe, ": block Linears ",
-         (recipe == Recipe::kFp8Block ? be.fp8_block_tensor_cores()
-          : recipe == Recipe::kMxfp8  ? be.mxfp8_tensor_cores()
-          : recipe == Recipe::kNvfp4  ? be.nvfp4_tensor_cores()
-                                      : be.fp8_tensor_cores())
-             ? (recipe == Recipe::kNvfp4 ? "on the backend's FP4 GEMMs (tensor cores on a GPU)"
-                                         : "on the backend's FP8 GEMMs (tensor cores on a GPU)")
-             : "emulated (fp32 GEMMs over dequantized operands)");
+      recipe == Recipe::kMxfp8 || recipe == Recipe::kNvfp4) {
+    // What this shape gets: the backend's GEMMs take a Linear only when the tokens of a
+    // micro-batch and both its widths are multiples of the recipe's block (LlamaModel::native_fp8).
+    const int64_t multiple = engine.model->native_fp8_multiple();
+    const int native = engine.model->native_fp8_linears(B * T);
+    const std::string gemms = recipe == Recipe::kNvfp4
+                                  ? "on the backend's FP4 GEMMs (tensor cores on a GPU)"
+                                  : "on the backend's FP8 GEMMs (tensor cores on a GPU)";
+    const std::string rule = "the backend's GEMMs need the tokens of a micro-batch and every "
+                             "Linear width multiples of " + std::to_string(multiple);
+    if (multiple == 0)
+      info("precision ", cfg.precision.recipe,
+           ": block Linears emulated (fp32 GEMMs over dequantized operands)");
+    else if (native == 7)
+      info("precision ", cfg.precision.recipe, ": block Linears ", gemms);
+    else if (native > 0)
+      info("precision ", cfg.precision.recipe, ": block Linears: ", native, " of 7 ", gemms,
+           ", the others emulated at this shape (", rule, ")");
+    else
+      info("precision ", cfg.precision.recipe,
+           ": block Linears emulated at this shape (fp32 GEMMs over dequantized operands; ",
+           rule, ")");
+  }
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);

@@ -314,6 +314,8 @@ for r in speed:
     if r.get("activations") == "fp32":
         impl += "/a32"
     native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
+    if r.get("fp8_native_linears"):  # the shape keeps some of a block's Linears emulated
+        native = f" (tensor cores for {r['fp8_native_linears']} Linears, the others EMULATED)"
     if r.get("recipe") == "fp8-block" and r.get("fp8_tensor_cores"):
         native = (" (tensor cores: MXFP8 GEMM, E8M0 scales)" if cc.startswith("10.")
                   else " (tensor cores: VEC128/BLK128x128 GEMM)")

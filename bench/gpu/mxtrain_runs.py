@@ -22,6 +22,7 @@ Runs here without a GPU too (loss-match then reports the cuda runs' `error:` lin
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -190,8 +191,12 @@ def speed(args):
                 # the trainer's line says which path ran
                 if args.recipe.startswith("fp8-") or args.recipe in ("mxfp8", "nvfp4"):
                     log = (out / "stderr.txt").read_text(errors="replace")
-                    result["fp8_tensor_cores"] = ("on the backend's FP8 GEMMs" in log or
-                                                  "on the backend's FP4 GEMMs" in log)
+                    # all 7 Linears of a block; "k of 7" where the shape keeps some emulated
+                    result["fp8_tensor_cores"] = ("block Linears on the backend's FP8 GEMMs" in log
+                                                  or "block Linears on the backend's FP4 GEMMs" in log)
+                    part = re.search(r"block Linears: (\d) of 7 on the backend's", log)
+                    if part:
+                        result["fp8_native_linears"] = f"{part.group(1)} of 7"
                 timed = steps[args.skip:] if len(steps) > args.skip else steps[-1:]
                 dt = sum(s["step_time_s"] for s in timed)
                 tokens = batch * seq * len(timed)

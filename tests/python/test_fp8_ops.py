@@ -144,3 +144,66 @@ def test_bf16_path_shares_inputs(tmp_path):
     assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
     assert shared_operands(on_out) == expected_shares(2, 1, "full")
     assert shared_operands(off_out) == 0
+
+
+def native_linears(hidden, inter, heads, kv_heads, tokens, multiple):
+    """Which of a block's Linears (q, k, v, o, gate, up, down: (in, out) widths) have both
+    widths and the token count multiples of `multiple`, worked out here from the shapes."""
+    d = hidden // heads
+    shapes = [(hidden, heads * d), (hidden, kv_heads * d), (hidden, kv_heads * d),
+              (heads * d, hidden), (hidden, inter), (hidden, inter), (inter, hidden)]
+    return [tokens % multiple == 0 and i % multiple == 0 and o % multiple == 0
+            for i, o in shapes]
+
+
+# (recipe, sets, the block's multiple, hidden, intermediate, kv heads, seq): tiny has 4 heads.
+SHAPES = [
+    ("fp8-block", [], 128, 64, 160, 2, 32),  # none: tiny's widths are below 128
+    ("fp8-block", ["model.hidden_size=128", "model.intermediate_size=256"], 128, 128, 256, 2, 32),
+    ("fp8-block", ["model.hidden_size=128", "model.intermediate_size=256",
+                   "model.num_key_value_heads=4"], 128, 128, 256, 4, 32),
+    ("fp8-current", ["train.seq_len=37"], 16, 64, 160, 2, 37),  # 4 x 37 tokens
+    ("fp8-current", [], 16, 64, 160, 2, 32),
+    ("mxfp8", ["model.intermediate_size=176"], 32, 64, 176, 2, 32),  # gate, up, down: 176
+]
+
+
+@pytest.mark.parametrize("recipe,sets,multiple,hidden,inter,kv,seq", SHAPES)
+def test_startup_line_says_which_linears_take_the_fp8_gemms(tmp_path, recipe, sets, multiple,
+                                                           hidden, inter, kv, seq):
+    """The trainer's start-up line reports, for the run's shape, how many of a block's Linears
+    the backend's FP8 GEMMs take (each width and the tokens of a micro-batch a multiple of the
+    recipe's block); the rest run the emulation. Counted here from the shapes, and checked
+    against the run: shared-input operands exist only where q (h1) or gate (h2) is native."""
+    extra = ["--set", f"precision.recipe={recipe}", "--set", "train.steps=1"]
+    for s in sets:
+        extra += ["--set", s]
+    require_binary()
+    out = tmp_path / "run"
+    args = [MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+            "--set", f"data.path={corpus(tmp_path)}", "--set", "train.steps=1",
+            "--set", f"train.seq_len={seq}", "--set", "train.micro_batch=4",
+            "--set", "train.eval_every=0", "--set", "run.sample_tokens=0",
+            "--set", "checkpoint.resume=none", "--set", f"run.out_dir={out}"] + extra
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXTRAIN_TEST_FP8_OPS="1")
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    native = native_linears(hidden, inter, 4, kv, 4 * seq, multiple)
+    n = sum(native)
+    rule = (f"the backend's GEMMs need the tokens of a micro-batch and every Linear width "
+            f"multiples of {multiple})")
+    line = [l for l in p.stderr.splitlines() if "block Linears" in l]
+    assert len(line) == 1, p.stderr[-2000:]
+    if n == 7:
+        assert line[0].endswith(f"precision {recipe}: block Linears on the backend's FP8 GEMMs "
+                                "(tensor cores on a GPU)"), line
+    elif n > 0:
+        assert line[0].endswith(f"precision {recipe}: block Linears: {n} of 7 on the backend's "
+                                f"FP8 GEMMs (tensor cores on a GPU), the others emulated at this "
+                                f"shape ({rule}"), line
+    else:
+        assert line[0].endswith(f"precision {recipe}: block Linears emulated at this shape "
+                                f"(fp32 GEMMs over dequantized operands; {rule}"), line
+    # q, k and v share h1's quantization where all three are native, gate and up h2's where
+    # both are: the run's count shows which Linears took the ops.
+    assert (shared_operands(out) > 0) == (all(native[:3]) or all(native[4:6]))

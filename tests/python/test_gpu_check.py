@@ -5,7 +5,7 @@ exit code) shows here, not in a GPU session lent for minutes.
 The script's MXTRAIN_GPU_* variables (its header; docs/cuda.md, "Running the GPU check") point it
 at a directory whose `mxtrain` and `cuda_op_check` are mxtrain_emu and cuda_emu_op_check, and
 shrink every step: a few op-check cases, a 2-step loss match of three recipes, speed runs of the
-tiny preset (widened to 128 so fp8-block's 128-element blocks run on its block-scaled GEMM) at
+tiny preset (widened to 128, 4 KV heads, so fp8-block's 128-element blocks take all 7 Linears) at
 seq 64, PyTorch on the CPU. A fake `nvidia-smi` says the device is an H200 (compute capability
 9.0), which the emulator also is (MXEMU_SM=90). What is checked is that every step ran, wrote
 what the table and the device tool read, and that the table reports it; not the GPU's numbers."""
@@ -79,7 +79,8 @@ def dry_run(tmp_path_factory):
         tmp, MXTRAIN_GPU_BINDIR=str(bindir), MXTRAIN_GPU_OPCHECK_FILTER=",".join(OPCHECK_FILTER),
         MXTRAIN_GPU_LOSS_RECIPES=" ".join(LOSS_RECIPES), MXTRAIN_GPU_LOSS_STEPS=str(LOSS_STEPS),
         MXTRAIN_GPU_SEQ=str(SEQ), MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
-        MXTRAIN_GPU_SPEED_SETS="model.hidden_size=128 model.intermediate_size=256",
+        MXTRAIN_GPU_SPEED_SETS="model.hidden_size=128 model.intermediate_size=256 "
+                               "model.num_key_value_heads=4",
         MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile")
     t0 = time.time()
     # From another directory: the script must find the repository itself.
