@@ -203,7 +203,7 @@ std::vector<std::string> mpirun_command(const MpiLaunch& l) {
   const int64_t np = int64_t(l.hosts.size()) * l.processes_per_host;
   // One host: the ranks are local (its SageMaker name need not resolve to itself over ssh).
   std::string host_list;
-  const std::string slots = ":" + std::to_string(l.processes_per_host);
+  const std::string slots = std::string(":").append(std::to_string(l.processes_per_host));
   if (l.hosts.size() == 1) {
     host_list = "localhost" + slots;
   } else {
