@@ -378,6 +378,7 @@ class CudaBackendImpl final : public CudaBackend {
       : opt_(o), scratch_(select_device(o.device), o.scratch_bytes, o.tracker) {
     device_memory_.be = this;
     MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    scratch_.set_stream(stream_);
     const char* env = std::getenv("MXTRAIN_CUDA_SYNC");
     if (env && env[0] == '1') opt_.sync_after_each_op = true;
     cudaDeviceProp prop{};

@@ -31,8 +31,9 @@ void* DeviceArena::alloc(size_t bytes) {
   if (tracker_) tracker_->add(int64_t(n));
 #ifdef MXTRAIN_CUDA_EMU
   // Under mxemu (tests/cuda_emu) each allocation starts as 0xFF bytes, NaN as fp32: code that
-  // reads what it did not write (stale bytes on a GPU) fails the CPU comparisons instead.
-  MX_CUDA_CHECK("DeviceArena", cudaMemset(p, 0xFF, n));
+  // reads what it did not write (stale bytes on a GPU) fails the CPU comparisons instead. In
+  // the stream's order: the work queued before may still write the bytes (a released region).
+  MX_CUDA_CHECK("DeviceArena", cudaMemsetAsync(p, 0xFF, n, stream_));
 #endif
   return p;
 }

@@ -2,6 +2,8 @@
 // The device twin of core/arena.h (same mark/release discipline, same MemoryTracker), so the
 // plan's memory model can size GPU buffers the way it sizes CPU ones.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -23,6 +25,9 @@ class DeviceArena {
   DeviceArena& operator=(const DeviceArena&) = delete;
 
   void* alloc(size_t bytes);  // throws std::runtime_error naming the arena when it is full
+  // The stream whose work uses the allocations (the backend's): under mxemu each allocation's
+  // 0xFF fill is queued on it, so it lands after the work queued before on that stream.
+  void set_stream(cudaStream_t s) { stream_ = s; }
   float* alloc_f32(int64_t count) { return static_cast<float*>(alloc(sizeof(float) * count)); }
   template <typename T>
   T* alloc_as(int64_t count) {
@@ -44,6 +49,7 @@ class DeviceArena {
   std::string name_;
   size_t capacity_;
   MemoryTracker* tracker_;
+  cudaStream_t stream_ = nullptr;
   char* base_ = nullptr;
   size_t used_ = 0;
   size_t peak_ = 0;

@@ -53,7 +53,10 @@ struct EventImpl final : CommHandle::Impl {
   }
   bool test() override {
     const cudaError_t e = cudaEventQuery(event);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is no error: do not leave it for a launch check
+      return false;
+    }
     MX_CUDA_CHECK("nccl test", e);
     return true;
   }

@@ -1624,6 +1624,7 @@ void expect_floats(Result& r, const char* what, const std::vector<float>& got, c
 void check_quantizers(CudaBackend& gpu) {
   DeviceArena scratch("op_check-quant", size_t(64) << 20, nullptr);
   const cudaStream_t s = gpu.stream();
+  scratch.set_stream(s);
   // (128 x 300: the transposing codes kernel's four-byte stores with a partial right tile)
   const int64_t shapes[][2] = {{1, 1}, {3, 37}, {37, 77}, {128, 256}, {128, 300}, {130, 300}, {160, 416}};
   for (auto& sh : shapes)

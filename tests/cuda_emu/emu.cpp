@@ -318,6 +318,7 @@ std::map<const void*, int> max_dynamic_shared;
 constexpr int kDefaultSmem = 48 << 10, kOptinSmem = 232448;  // H100 / H200: 227 KiB
 
 const char* cur_kernel = "";
+const char* cur_queued = nullptr;  // the queued operation running outside a kernel, if any
 
 // A fault says where it happened: in which kernel, block and thread, or in host code reading
 // device memory; then the process dies of it as before.
@@ -330,6 +331,11 @@ void on_fault(int sig, siginfo_t* info, void*) {
                         "thread (%u, %u, %u)\n",
                         info->si_addr, cur_kernel, cur_block.x, cur_block.y, cur_block.z,
                         current->tid.x, current->tid.y, current->tid.z);
+  } else if (cur_queued) {
+    len = std::snprintf(msg, sizeof msg,
+                        "mxemu: invalid memory access at %p in %s, queued on a stream (memory "
+                        "freed or not yet ordered?)\n",
+                        info->si_addr, cur_queued);
   } else {
     len = std::snprintf(msg, sizeof msg,
                         "mxemu: invalid memory access at %p outside any kernel (host code "
@@ -362,7 +368,21 @@ cudaError_t fail(cudaError_t code, std::string msg) {
   pending_error = std::move(msg);
   return code;
 }
+std::string sticky_error;
 cudaError_t fail_sticky(cudaError_t code, std::string msg) {
+  // A fault in queued work surfaces at a later call, as on a GPU; one that nothing checks
+  // before the program ends (a destructor's ignored synchronization) still fails the run.
+  if (sticky_code == cudaSuccess) {
+    sticky_error = msg;
+    static const bool at_exit = std::atexit([] {
+      if (sticky_code == cudaSuccess) return;  // (the emulator's own tests clear theirs)
+      std::fprintf(stderr, "mxemu: the emulated device faulted during the run: %s\n",
+                   sticky_error.c_str());
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }) == 0;
+    (void)at_exit;
+  }
   sticky_code = code;
   return fail(code, std::move(msg));
 }
@@ -538,8 +558,12 @@ StreamPolicy stream_policy() {
   return p;
 }
 
+struct Queued {
+  const char* what;  // for fault messages: the kernel or the call
+  std::function<void()> op;
+};
 struct Stream {
-  std::deque<std::function<void()>> queue;
+  std::deque<Queued> queue;
   uint64_t queued = 0, done = 0;  // operations queued and run, since creation
   bool blocking = false;          // created without cudaStreamNonBlocking
   bool collective = false;        // NCCL has queued on it
@@ -575,10 +599,13 @@ void run_until(Stream& s, uint64_t upto) {
     ~Running() { s.running = false; }
   } running(s);
   while (s.done < upto && !s.queue.empty()) {
-    std::function<void()> op = std::move(s.queue.front());
+    Queued q = std::move(s.queue.front());
     s.queue.pop_front();
     ++s.done;
-    op();
+    const char* outer = cur_queued;
+    cur_queued = q.what;
+    q.op();
+    cur_queued = outer;
   }
 }
 void run_stream(Stream& s) { run_until(s, s.queued); }
@@ -591,17 +618,23 @@ void run_all_streams() {
   for (auto& t : all_streams) run_stream(*t);
 }
 
-void enqueue_on(Stream& s, std::function<void()> op) {
+void enqueue_on(Stream& s, const char* what, std::function<void()> op) {
   if (&s == &legacy_stream) run_blocking_streams();  // the legacy stream waits for them
-  s.queue.push_back(std::move(op));
+  s.queue.push_back({what, std::move(op)});
   ++s.queued;
   if (!runs_late(s)) run_stream(s);
 }
 
 }  // namespace
 
-void enqueue(const void* stream, std::function<void()> op) { enqueue_on(stream_of(stream), std::move(op)); }
+void enqueue(const void* stream, const char* what, std::function<void()> op) {
+  enqueue_on(stream_of(stream), what, std::move(op));
+}
 void mark_collective_stream(const void* stream) { stream_of(stream).collective = true; }
+void synchronize_collective_streams() {
+  for (auto& t : all_streams)
+    if (t->collective) run_stream(*t);
+}
 void synchronize_stream(const void* stream) { run_stream(stream_of(stream)); }
 bool device_failed() { return sticky_code != cudaSuccess; }
 
@@ -624,6 +657,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotReady: return "cudaErrorNotReady";
@@ -735,7 +769,7 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   if (!p) return cudaSuccess;
   if (mappings.find(static_cast<char*>(p)) == mappings.end())
     return fail(cudaErrorInvalidValue, "cudaFreeAsync of a pointer cudaMalloc did not return");
-  enqueue_on(stream_of(s), [p] {
+  enqueue_on(stream_of(s), "cudaFreeAsync", [p] {
     auto it = mappings.find(static_cast<char*>(p));
     if (it != mappings.end()) unmap(it);
   });
@@ -823,7 +857,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (sticky_code != cudaSuccess) return sticky_code;
   if (bytes == 0) return cudaSuccess;
   if (const cudaError_t e = check_copy(dst, src, kind)) return e;
-  enqueue_on(legacy_stream, copy_op(dst, src, bytes));
+  enqueue_on(legacy_stream, "cudaMemcpy", copy_op(dst, src, bytes));
   return sticky_code;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -832,7 +866,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (bytes == 0) return cudaSuccess;
   if (const cudaError_t e = check_copy(dst, src, kind)) return e;
   Stream& stream = stream_of(s);
-  enqueue_on(stream, copy_op(dst, src, bytes));
+  enqueue_on(stream, "cudaMemcpyAsync", copy_op(dst, src, bytes));
   // Into pageable host memory the call returns once the copy is done.
   if (!is_device_pointer(dst) && !is_pinned(dst)) run_stream(stream);
   return sticky_code;
@@ -841,14 +875,14 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (sticky_code != cudaSuccess) return sticky_code;
   if (bytes == 0) return cudaSuccess;
   if (const cudaError_t e = check_set(p, bytes)) return e;
-  enqueue_on(legacy_stream, set_op(p, value, bytes));
+  enqueue_on(legacy_stream, "cudaMemset", set_op(p, value, bytes));
   return sticky_code;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
   if (sticky_code != cudaSuccess) return sticky_code;
   if (bytes == 0) return cudaSuccess;
   if (const cudaError_t e = check_set(p, bytes)) return e;
-  enqueue_on(stream_of(s), set_op(p, value, bytes));
+  enqueue_on(stream_of(s), "cudaMemsetAsync", set_op(p, value, bytes));
   return sticky_code;
 }
 
@@ -856,6 +890,8 @@ namespace {
 // An event's last record: the stream and its operation number. Shared with the queued record
 // operation, which stamps the time when it runs (the event may be destroyed before).
 struct EventState {
+  bool timing = true;  // created without cudaEventDisableTiming
+  bool recorded = false;
   Stream* stream = nullptr;
   uint64_t upto = 0;
   std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
@@ -875,11 +911,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   *s = reinterpret_cast<cudaStream_t>(all_streams.back().get());
   return cudaSuccess;
 }
-// Work queued before the destroy still completes.
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  run_stream(stream_of(s));
-  return sticky_code;
-}
+// Work queued before the destroy still completes, later (the queue stays: the stream objects
+// are never freed), as the runtime returns at once.
+cudaError_t cudaStreamDestroy(cudaStream_t) { return sticky_code; }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (!s) run_blocking_streams();
   run_stream(stream_of(s));
@@ -890,14 +924,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
   if (!st.stream) return sticky_code;  // never recorded: nothing to wait for
   Stream* other = st.stream;
   const uint64_t upto = st.upto;
-  enqueue_on(stream_of(s), [other, upto] { run_until(*other, upto); });
+  enqueue_on(stream_of(s), "cudaStreamWaitEvent", [other, upto] { run_until(*other, upto); });
   return sticky_code;
 }
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new EventObj);
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  auto* ev = new EventObj;
+  ev->state->timing = !(flags & cudaEventDisableTiming);
+  *e = reinterpret_cast<cudaEvent_t>(ev);
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<EventObj*>(e);
   return cudaSuccess;
@@ -908,7 +944,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   st->stream = &stream;
   st->upto = stream.queued + 1;
   st->seen = false;
-  enqueue_on(stream, [st] { st->t = std::chrono::steady_clock::now(); });
+  st->recorded = true;
+  enqueue_on(stream, "cudaEventRecord", [st] { st->t = std::chrono::steady_clock::now(); });
   return sticky_code;
 }
 // The first query after a record says "not ready" (and, as the runtime does, leaves that as
@@ -917,6 +954,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (sticky_code != cudaSuccess) return sticky_code;
   EventState& st = event_of(e);
+  if (!st.recorded) return cudaSuccess;  // nothing to wait for
   if (!st.seen) {
     st.seen = true;
     pending_code = cudaErrorNotReady;
@@ -934,6 +972,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   const EventState &a = event_of(start), &b = event_of(end);
+  if (!a.timing || !b.timing || !a.recorded || !b.recorded)
+    return fail(cudaErrorInvalidResourceHandle,
+                "cudaEventElapsedTime of an event never recorded or without timing");
   if (!event_done(a) || !event_done(b))
     return fail(cudaErrorNotReady, "cudaEventElapsedTime of an event not yet reached");
   *ms = std::chrono::duration<float, std::milli>(b.t - a.t).count();

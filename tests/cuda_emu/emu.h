@@ -48,7 +48,8 @@
 // The legacy (null) stream runs at the call, after the blocking streams (cudaStreamCreate's).
 // Pageable host memory is read when an asynchronous copy is called (the runtime stages it)
 // and written before it returns; pinned memory (cudaMallocHost) when the stream gets there.
-// Faults in queued work become sticky when it runs, as a GPU reports them at a later call.
+// Faults in queued work become sticky when it runs, as a GPU reports them at a later call, and
+// name the queued call; a fault nothing checks before the program ends still fails it (exit 1).
 #pragma once
 
 #include <math.h>
@@ -158,10 +159,13 @@ bool check_launch(const void* kernel, const char* name, const Config& c);
 // Runs body once per thread of every block.
 void run_grid(const void* kernel, const char* name, const Config& c,
               const std::function<void()>& body);
-// Queues an operation on a stream (null: the legacy stream); see "Streams" above.
-void enqueue(const void* stream, std::function<void()> op);
-// The NCCL stand-in marks the streams it queues collectives on (MXEMU_STREAMS tells them apart).
+// Queues an operation on a stream (null: the legacy stream); see "Streams" above. `what` names
+// it in fault messages (a string literal: the kernel or the call).
+void enqueue(const void* stream, const char* what, std::function<void()> op);
+// The NCCL stand-in marks the streams it queues collectives on (MXEMU_STREAMS tells them apart),
+// and runs them (only them, and what they wait for) when a communicator is destroyed.
 void mark_collective_stream(const void* stream);
+void synchronize_collective_streams();
 // Runs a stream's queue to its end (what a copy into pageable host memory waits for).
 void synchronize_stream(const void* stream);
 // Whether a fault has ended the context (queued operations then do nothing, as on a GPU).
@@ -197,7 +201,7 @@ struct Launch {
     };
     std::apply([&](const auto&... a) { (check(a), ...); }, params);
     if (!ok || !check_launch(id, name, config)) return;
-    enqueue(config.stream, [id = id, name = name, config = config, kernel = kernel, params] {
+    enqueue(config.stream, name, [id = id, name = name, config = config, kernel = kernel, params] {
       run_grid(id, name, config, [&] { std::apply(kernel, params); });
     });
   }

@@ -332,7 +332,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     std::memcpy(&host_alpha, alpha_p, 4);
     std::memcpy(&host_beta, beta_p, 4);
   }
-  mxemu::enqueue(stream, [=, la = *a, lb = *b, lc = *c, ld = *d] {
+  mxemu::enqueue(stream, "cublasLtMatmul", [=, la = *a, lb = *b, lc = *c, ld = *d] {
     if (mxemu::device_failed()) return;
     product(dc, dev_scalars ? alpha_p : &host_alpha, A, &la, B, &lb,
             dev_scalars ? beta_p : &host_beta, C, &lc, D, &ld, workspace, workspace_bytes, m, n, k);

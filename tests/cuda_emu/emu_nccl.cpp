@@ -87,12 +87,12 @@ void reduce_across(void* recv, ncclComm* c, const void* send, size_t bytes, size
 // A collective as an operation of its stream, which the emulator runs as MXEMU_STREAMS says
 // (emu.h, "Streams"; all ranks queue their collectives in the same order, as NCCL requires).
 // The buffers must be device memory, as NCCL's kernels read and write them.
-ncclResult_t collective(cudaStream_t s, size_t count, std::initializer_list<const void*> buffers,
-                        std::function<void()> op) {
+ncclResult_t collective(const char* what, cudaStream_t s, size_t count,
+                        std::initializer_list<const void*> buffers, std::function<void()> op) {
   for (const void* p : buffers)
     if (count > 0 && !mxemu::is_device_pointer(p)) return ncclInvalidArgument;
   mxemu::mark_collective_stream(s);
-  mxemu::enqueue(s, std::move(op));
+  mxemu::enqueue(s, what, std::move(op));
   return ncclSuccess;
 }
 
@@ -146,7 +146,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
   return ncclSuccess;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  cudaDeviceSynchronize();  // collectives still queued on it run first
+  mxemu::synchronize_collective_streams();  // collectives still queued run first (NCCL waits for them)
   if (comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
   delete comm;
   return ncclSuccess;
@@ -161,7 +161,7 @@ ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank) {
 }
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t s) {
-  return collective(s, count, {send, recv}, [=] {
+  return collective("ncclAllGather", s, count, {send, recv}, [=] {
     mxemu::DeviceAccess access;
     const auto all = gather_all(comm, send, count * type_bytes(type));
     std::memcpy(recv, all.data(), all.size());
@@ -169,20 +169,20 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
-  return collective(s, count, {send, recv}, [=] {
+  return collective("ncclReduceScatter", s, count, {send, recv}, [=] {
     const size_t b = count * type_bytes(type);
     reduce_across(recv, comm, send, b * size_t(comm->size), size_t(comm->rank) * b, count, type, op);
   });
 }
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
-  return collective(s, count, {send, recv}, [=] {
+  return collective("ncclAllReduce", s, count, {send, recv}, [=] {
     reduce_across(recv, comm, send, count * type_bytes(type), 0, count, type, op);
   });
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t s) {
-  return collective(s, count, {comm->rank == root ? send : recv, recv}, [=] {
+  return collective("ncclBroadcast", s, count, {comm->rank == root ? send : recv, recv}, [=] {
     mxemu::DeviceAccess access;
     const size_t b = count * type_bytes(type);
     std::vector<char> buf(b);

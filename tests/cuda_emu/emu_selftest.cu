@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "backend/cuda/device_arena.h"
+#include "backend/cuda/nccl_communicator.h"
+#include "parallel/single_process_communicator.h"
+
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -426,4 +430,70 @@ TEST(Mxemu, MemoryFreedOnAStreamGoesWhenTheStreamGetsThere) {
   EXPECT_TRUE(mxemu::is_device_pointer(p));  // the kernel before the free has not run yet
   ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
   EXPECT_FALSE(mxemu::is_device_pointer(p));
+}
+
+TEST(Mxemu, ADeviceArenaPoisonsEachAllocationInItsStreamsOrder) {
+  REQUIRE_COMPUTE_LATE();
+  Stream a;
+  Buf<int> y(64);
+  mx::DeviceArena arena("selftest", 4096, nullptr);
+  arena.set_stream(a.s);
+  const size_t mark = arena.mark();
+  int* p = arena.alloc_as<int>(64);
+  set_kernel<<<1, 64, 0, a.s>>>(p, 5, 64);  // queued, not run yet
+  arena.release(mark);
+  int* q = arena.alloc_as<int>(64);  // the same bytes again: poisoned after the write above
+  ASSERT_EQ(q, p);
+  add_one_kernel<<<1, 64, 0, a.s>>>(y.p, q, 64);
+  ASSERT_EQ(cudaStreamSynchronize(a.s), cudaSuccess);
+  for (int v : y.get()) EXPECT_EQ(v, kPoison + 1);  // not 6: the old write shows through
+}
+
+// A collective's handle polled before it completes: the first query says "not ready", which
+// the runtime also leaves as the last error; test() must clear it, or the next launch check
+// (cudaGetLastError) reports it as the launch's failure.
+TEST(Mxemu, PollingACollectiveLeavesNoErrorForTheNextLaunch) {
+  mx::SingleProcessCommunicator bootstrap;
+  auto nccl = mx::NcclCommunicator::create(bootstrap, 0);
+  Buf<float> x(16);
+  x.put(std::vector<float>(16, 2.0f));
+  mx::CommHandle h = nccl->all_reduce_async(x.p, x.p, 16, mx::CommDtype::kF32, mx::ReduceOp::kSum);
+  EXPECT_FALSE(h.test());
+  Buf<int> y(16);
+  set_kernel<<<1, 16>>>(y.p, 1, 16);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_TRUE(h.test());
+  h.wait();
+  for (float v : x.get()) EXPECT_EQ(v, 2.0f);  // one rank: the sum is the value
+}
+
+TEST(Mxemu, EventTimesNeedTimingEventsThatWereRecorded) {
+  cudaEvent_t timed, untimed, never;
+  ASSERT_EQ(cudaEventCreate(&timed), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&never), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(never), cudaSuccess);  // nothing recorded: nothing to wait for
+  ASSERT_EQ(cudaEventRecord(timed), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  float ms = 0;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, timed, untimed), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, never, timed), cudaErrorInvalidResourceHandle);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, timed, timed), cudaSuccess);
+  cudaGetLastError();
+  for (cudaEvent_t e : {timed, untimed, never}) cudaEventDestroy(e);
+}
+
+// A fault in queued work that no later call checks (a destructor ignoring its synchronization)
+// still fails the program: exit code 1 and the fault's message.
+TEST(Mxemu, AFaultNothingChecksStillFailsTheProgram) {
+  EXPECT_EXIT(
+      {
+        Stream a;
+        Buf<int> out(32);
+        half_warp_shuffle_kernel<<<1, 32, 0, a.s>>>(out.p);
+        cudaDeviceSynchronize();  // the fault happens; its result is ignored
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(1), "faulted during the run: .*deadlock");
 }

@@ -14,6 +14,7 @@ typedef enum cudaError {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorIllegalAddress = 700,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotReady = 600,

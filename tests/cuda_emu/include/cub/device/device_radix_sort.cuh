@@ -34,7 +34,7 @@ struct DeviceRadixSort {
         static_cast<const void*>(values_in) == static_cast<const void*>(values_out))
       return cudaErrorInvalidValue;  // as CUB: the size it asked for, device buffers, out of place
     // The sort is an operation of the stream (emu.h, "Streams").
-    mxemu::enqueue(stream, [=] {
+    mxemu::enqueue(stream, "cub::DeviceRadixSort::SortPairs", [=] {
       if (!mxemu::device_failed())
         sort(temp, temp_bytes, keys_in, keys_out, values_in, values_out, n, begin_bit, end_bit);
     });
