@@ -131,11 +131,27 @@ __device__ inline BlockGeom block_geom(int64_t b, int64_t scale_cols, int64_t ro
   g.nc = min(cols - g.c0, bc);
   return g;
 }
+// Calls f(i) for the index i (into the [rows, cols] matrix) of every element of block g that
+// this lane owns. Blocks at least a warp wide go row by row, the lanes along the row (coalesced,
+// and no 64-bit division an element); narrower ones (128x1, 16-wide) spread their elements over
+// the lanes in row-major order.
+template <class F>
+__device__ inline void for_lane_elements(const BlockGeom& g, int64_t cols, int lane, F f) {
+  if (g.nc >= 32) {
+    for (int64_t r = 0; r < g.nr; ++r) {
+      const int64_t row = (g.r0 + r) * cols + g.c0;
+      for (int64_t c = lane; c < g.nc; c += 32) f(row + c);
+    }
+  } else if (g.nc == 1) {
+    for (int64_t r = lane; r < g.nr; r += 32) f((g.r0 + r) * cols + g.c0);
+  } else {
+    for (int64_t e = lane; e < g.nr * g.nc; e += 32) f((g.r0 + e / g.nc) * cols + g.c0 + e % g.nc);
+  }
+}
 template <class T>
 __device__ inline float block_amax(const T* x, int64_t cols, const BlockGeom& g, int lane) {
   float m = 0.0f;
-  for (int64_t e = lane; e < g.nr * g.nc; e += 32)
-    m = numerics::amax_fold(m, load(x, (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc));
+  for_lane_elements(g, cols, lane, [&](int64_t i) { m = numerics::amax_fold(m, load(x, i)); });
   return warp_amax(m);
 }
 
@@ -153,13 +169,12 @@ __global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t 
   const float scale = numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, 0.0f, pow2);
   const float inv = 1.0f / scale;
   if (lane == 0) scales[b] = inv;
-  for (int64_t e = lane; e < g.nr * g.nc; e += 32) {
-    const int64_t i = (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc;
+  for_lane_elements(g, cols, lane, [&](int64_t i) {
     const uint8_t c = numerics::encode_fp8_elem(load(x, i) * scale, Format::kE4M3, stochastic,
                                                 rand_bits(stochastic, rng, i));
     codes[i] = c;
     if (dequant) dequant[i] = numerics::decode_e4m3(c) * inv;
-  }
+  });
 }
 
 template <class T>
@@ -175,13 +190,12 @@ __global__ void mxfp8_kernel(const T* __restrict__ x, int64_t rows, int64_t cols
   const float amax = block_amax(x, cols, g, lane);
   const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(amax, elem, rule);
   if (lane == 0) scales[b] = bs.code;
-  for (int64_t e = lane; e < g.nr * g.nc; e += 32) {
-    const int64_t i = (g.r0 + e / g.nc) * cols + g.c0 + e % g.nc;
+  for_lane_elements(g, cols, lane, [&](int64_t i) {
     const uint8_t c = numerics::encode_fp8_elem(load(x, i) * bs.encode_multiplier, elem,
                                                 stochastic, rand_bits(stochastic, rng, i));
     codes[i] = c;
     if (dequant) dequant[i] = numerics::decode_fp8_elem(c, elem) * bs.decode_scale;
-  }
+  });
 }
 
 // NVFP4: a lane writes whole bytes (columns 2j, 2j + 1 share a byte and always a block, since
