@@ -635,7 +635,6 @@ void synchronize_collective_streams() {
   for (auto& t : all_streams)
     if (t->collective) run_stream(*t);
 }
-void synchronize_stream(const void* stream) { run_stream(stream_of(stream)); }
 bool device_failed() { return sticky_code != cudaSuccess; }
 
 }  // namespace mxemu

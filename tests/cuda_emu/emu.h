@@ -166,8 +166,6 @@ void enqueue(const void* stream, const char* what, std::function<void()> op);
 // and runs them (only them, and what they wait for) when a communicator is destroyed.
 void mark_collective_stream(const void* stream);
 void synchronize_collective_streams();
-// Runs a stream's queue to its end (what a copy into pageable host memory waits for).
-void synchronize_stream(const void* stream);
 // Whether a fault has ended the context (queued operations then do nothing, as on a GPU).
 bool device_failed();
 

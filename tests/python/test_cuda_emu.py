@@ -105,10 +105,11 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     compare(cpu, cuda, tol)
 
 
-@pytest.mark.parametrize("recipe,tol", [("fp32", 1e-6), ("bf16", 1e-4), ("fp8-delayed", 1e-3)])
+@pytest.mark.parametrize("recipe,tol,ranks", [("fp32", 1e-6, 2), ("bf16", 1e-4, 2),
+                                              ("fp8-delayed", 1e-3, 2), ("fp32", 1e-6, 4)])
 @pytest.mark.parametrize("streams", ["compute-late", "comm-late"])
-def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, streams):
-    """Two ranks under mpirun: the CUDA trainer's FSDP over the NCCL communicator (emulated over
+def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, ranks, streams):
+    """Two ranks (and four, in fp32) under mpirun: the CUDA trainer's FSDP over the NCCL communicator (emulated over
     MPI) against the CPU's two-rank FSDP over MPI, same global batch. Under recipe bf16 the
     device gathers the blocks as bf16 codes (NCCL's bf16 all-gather), the values its bf16
     GEMMs would round them to anyway; under fp8-delayed the tensor-core Linears run on the
@@ -116,8 +117,9 @@ def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, streams):
     and the compute as late as the backend's event waits allow, once the other way round
     (MXEMU_STREAMS), so a missing or misplaced wait between the streams changes the losses."""
     require_emu()
-    cpu, _, _ = train(tmp_path, "cpu2", MXTRAIN_BIN, "cpu", recipe, np_=2)
-    cuda, summary, log = train(tmp_path, "cuda2", EMU_BIN, "cuda", recipe, np_=2, streams=streams)
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", recipe, np_=ranks)
+    cuda, summary, log = train(tmp_path, "cuda", EMU_BIN, "cuda", recipe, np_=ranks,
+                               streams=streams)
     assert "mxemu sm_90" in log and "sharding full over nccl" in log, log[-2000:]
     if recipe == "bf16":
         assert "(bf16 block gathers)" in log, log[-2000:]
