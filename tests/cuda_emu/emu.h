@@ -184,21 +184,24 @@ struct Launch {
     // CUDA copies the arguments once; every thread's call converts that copy to the
     // parameters' types.
     const std::tuple<std::decay_t<A>...> params(std::forward<A>(args)...);
-    // A pointer argument must be device memory: a host pointer is an illegal address on a GPU.
-    bool ok = true;
-    int index = 0;
+    // A pointer argument must be device memory: a host pointer is an illegal address on a GPU,
+    // met when the kernel runs (the work queued before it still runs first).
+    int bad = -1, index = 0;
     auto check = [&](const auto& a) {
       using T = std::decay_t<decltype(a)>;
       if constexpr (std::is_pointer_v<T>) {
-        if (a != nullptr && ok && !is_device_pointer(a)) {
-          fail_launch(name, "argument " + std::to_string(index) + " is not device memory");
-          ok = false;
-        }
+        if (a != nullptr && bad < 0 && !is_device_pointer(a)) bad = index;
       }
       ++index;
     };
     std::apply([&](const auto&... a) { (check(a), ...); }, params);
-    if (!ok || !check_launch(id, name, config)) return;
+    if (!check_launch(id, name, config)) return;
+    if (bad >= 0) {
+      enqueue(config.stream, name, [name = name, bad] {
+        fail_launch(name, "argument " + std::to_string(bad) + " is not device memory");
+      });
+      return;
+    }
     enqueue(config.stream, name, [id = id, name = name, config = config, kernel = kernel, params] {
       run_grid(id, name, config, [&] { std::apply(kernel, params); });
     });

@@ -202,6 +202,17 @@ TEST(Mxemu, AHostPointerAsAKernelArgumentIsAnIllegalAddress) {
   EXPECT_NE(std::string(cudaGetErrorString(cudaErrorIllegalAddress)).find("argument 0"),
             std::string::npos);
   mxemu::clear_sticky_error_for_tests();
+  // On a stream that runs late, the fault comes when the kernel runs, after the work queued
+  // before it (which completes, as on a GPU).
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  Buf<int> out(4 * 32);
+  coords_kernel<<<1, 32, 0, s>>>(out.p);
+  coords_kernel<<<1, 32, 0, s>>>(host.data());
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorIllegalAddress);
+  mxemu::clear_sticky_error_for_tests();
+  EXPECT_EQ(out.get()[4 * 31], 31);  // the first kernel ran: thread 31's x
+  cudaStreamDestroy(s);
 }
 
 __global__ void shared_first_read_kernel(uint32_t* out) {
