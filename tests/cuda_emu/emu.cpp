@@ -848,41 +848,41 @@ std::function<void()> set_op(void* p, int value, size_t bytes) {
     std::memset(p, value, bytes);
   };
 }
+
+// A copy or set queued on a stream once its pointers are checked. Into pageable host memory
+// the call returns once the copy is done.
+cudaError_t queue_copy(Stream& stream, const char* what, void* dst, const void* src, size_t bytes,
+                       cudaMemcpyKind kind) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t e = check_copy(dst, src, kind)) return e;
+  enqueue_on(stream, what, copy_op(dst, src, bytes));
+  if (!is_device_pointer(dst) && !is_pinned(dst)) run_stream(stream);
+  return sticky_code;
+}
+cudaError_t queue_set(Stream& stream, const char* what, void* p, int value, size_t bytes) {
+  if (sticky_code != cudaSuccess) return sticky_code;
+  if (bytes == 0) return cudaSuccess;
+  if (const cudaError_t e = check_set(p, bytes)) return e;
+  enqueue_on(stream, what, set_op(p, value, bytes));
+  return sticky_code;
+}
 }  // namespace
 
 // The synchronous forms run on the legacy stream: after the blocking streams' work, not the
 // non-blocking streams' (the backend's streams are non-blocking).
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  if (sticky_code != cudaSuccess) return sticky_code;
-  if (bytes == 0) return cudaSuccess;
-  if (const cudaError_t e = check_copy(dst, src, kind)) return e;
-  enqueue_on(legacy_stream, "cudaMemcpy", copy_op(dst, src, bytes));
-  return sticky_code;
+  return queue_copy(legacy_stream, "cudaMemcpy", dst, src, bytes, kind);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
-  if (sticky_code != cudaSuccess) return sticky_code;
-  if (bytes == 0) return cudaSuccess;
-  if (const cudaError_t e = check_copy(dst, src, kind)) return e;
-  Stream& stream = stream_of(s);
-  enqueue_on(stream, "cudaMemcpyAsync", copy_op(dst, src, bytes));
-  // Into pageable host memory the call returns once the copy is done.
-  if (!is_device_pointer(dst) && !is_pinned(dst)) run_stream(stream);
-  return sticky_code;
+  return queue_copy(stream_of(s), "cudaMemcpyAsync", dst, src, bytes, kind);
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  if (sticky_code != cudaSuccess) return sticky_code;
-  if (bytes == 0) return cudaSuccess;
-  if (const cudaError_t e = check_set(p, bytes)) return e;
-  enqueue_on(legacy_stream, "cudaMemset", set_op(p, value, bytes));
-  return sticky_code;
+  return queue_set(legacy_stream, "cudaMemset", p, value, bytes);
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
-  if (sticky_code != cudaSuccess) return sticky_code;
-  if (bytes == 0) return cudaSuccess;
-  if (const cudaError_t e = check_set(p, bytes)) return e;
-  enqueue_on(stream_of(s), "cudaMemsetAsync", set_op(p, value, bytes));
-  return sticky_code;
+  return queue_set(stream_of(s), "cudaMemsetAsync", p, value, bytes);
 }
 
 namespace {
@@ -890,8 +890,7 @@ namespace {
 // operation, which stamps the time when it runs (the event may be destroyed before).
 struct EventState {
   bool timing = true;  // created without cudaEventDisableTiming
-  bool recorded = false;
-  Stream* stream = nullptr;
+  Stream* stream = nullptr;  // null: never recorded
   uint64_t upto = 0;
   std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
   bool seen = false;  // queried or synchronized since the last record
@@ -900,7 +899,7 @@ struct EventObj {
   std::shared_ptr<EventState> state = std::make_shared<EventState>();
 };
 EventState& event_of(cudaEvent_t e) { return *reinterpret_cast<EventObj*>(e)->state; }
-bool event_done(const EventState& st) { return !st.stream || st.stream->done >= st.upto; }
+bool event_done(const EventState& st) { return st.stream->done >= st.upto; }
 }  // namespace
 
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
@@ -943,7 +942,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   st->stream = &stream;
   st->upto = stream.queued + 1;
   st->seen = false;
-  st->recorded = true;
   enqueue_on(stream, "cudaEventRecord", [st] { st->t = std::chrono::steady_clock::now(); });
   return sticky_code;
 }
@@ -953,14 +951,14 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (sticky_code != cudaSuccess) return sticky_code;
   EventState& st = event_of(e);
-  if (!st.recorded) return cudaSuccess;  // nothing to wait for
+  if (!st.stream) return cudaSuccess;  // never recorded: nothing to wait for
   if (!st.seen) {
     st.seen = true;
     pending_code = cudaErrorNotReady;
     pending_error.clear();
     return cudaErrorNotReady;
   }
-  if (st.stream) run_until(*st.stream, st.upto);
+  run_until(*st.stream, st.upto);
   return sticky_code;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -971,7 +969,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   const EventState &a = event_of(start), &b = event_of(end);
-  if (!a.timing || !b.timing || !a.recorded || !b.recorded)
+  if (!a.timing || !b.timing || !a.stream || !b.stream)
     return fail(cudaErrorInvalidResourceHandle,
                 "cudaEventElapsedTime of an event never recorded or without timing");
   if (!event_done(a) || !event_done(b))
