@@ -26,6 +26,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "python"))
 
+# Before numpy and torch load OpenBLAS: both sides on the same OpenBLAS kernels (on a CPU
+# OpenBLAS does not know, mxtrain replaces its SSE3 fallback; PyTorch gets the same).
+import blas_env  # noqa: E402
+
+BLAS = blas_env.match_mxtrain_blas(os.environ.get("MXTRAIN_BIN", str(REPO / "build" / "mxtrain")))
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -134,6 +140,16 @@ def sgemm_rate():
     raise RuntimeError(f"no JSON in `mxtrain bench sgemm` output:\n{p.stdout}")
 
 
+def blas_line():
+    if not BLAS:
+        return "BLAS: unknown (mxtrain did not report it)."
+    core = os.environ.get("OPENBLAS_CORETYPE", BLAS["blas_core"])
+    line = f"BLAS: {BLAS['blas']}, {core} kernels on both sides"
+    if BLAS["blas_core_replaced"]:
+        line += f" (OpenBLAS's own pick for this CPU: {BLAS['blas_core_replaced']})"
+    return line + "."
+
+
 def loadavg():
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -229,7 +245,8 @@ def main():
               f"fastest of repeated 2048^3 GEMMs over {SGEMM_SECONDS} s, 2 threads), before / "
               f"after: {sgemm_before:.1f} / {sgemm_after:.1f} GFLOP/s; GEMM shares and MFU below "
               f"use the higher, {sgemm:.1f}. Load average (1/5/15 min) at start: {load_before}; "
-              f"at end: {load_after}. PyTorch {torch.__version__}. The last column: shares of "
+              f"at end: {load_after}. PyTorch {torch.__version__}. {blas_line()} "
+              f"The last column: shares of "
               f"mxtrain's step time (`run.profile`, steps after the first) in `gemm` and in "
               f"attention forward + backward.")
     if (min(sgemm_before, sgemm_after) < 0.85 * sgemm

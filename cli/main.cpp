@@ -5,11 +5,15 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cpu/blas_core.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
 
 int main(int argc, char** argv) {
+  // Before anything else: may run the program again with OPENBLAS_CORETYPE set, when OpenBLAS
+  // took this CPU for an older one (backend/cpu/blas_core.h).
+  mx::select_blas_core(argv);
 #ifdef MXTRAIN_HAVE_CUDA
   mx::register_cuda_backend();  // run.device = cuda (backend/cuda/)
 #endif

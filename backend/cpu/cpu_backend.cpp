@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cpu/vec_math.h"
 #include "core/error.h"
 
@@ -57,6 +58,14 @@ class CpuBackend final : public Backend {
     }
   }
   std::string name() const override { return "cpu"; }
+  // The GEMM library and its kernels: "(OpenBLAS 0.3.21, SkylakeX kernels)".
+  std::string device_name() const override {
+    const BlasCore b = blas_core();
+    std::string s = "(" + b.library + ", " + b.core + " kernels";
+    if (!b.replaced.empty())
+      s += " set by mxtrain: OpenBLAS had picked " + b.replaced + " for this CPU";
+    return s + ")";
+  }
   MemoryResource* memory() override { return test_memory_.get(); }
   bool host_addressable() const override { return plain_ || Backend::host_addressable(); }
 

@@ -5,16 +5,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
+MXTRAIN_BIN = os.environ.get("MXTRAIN_BIN", str(REPO / "build" / "mxtrain"))
+
+# Before numpy and torch load OpenBLAS: the PyTorch references run on mxtrain's kernels.
+import blas_env  # noqa: E402
+
+blas_env.match_mxtrain_blas(MXTRAIN_BIN)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 import hf_io  # noqa: E402
-
-MXTRAIN_BIN = os.environ.get("MXTRAIN_BIN", str(REPO / "build" / "mxtrain"))
 
 
 class Result:
