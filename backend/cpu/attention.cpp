@@ -1,10 +1,11 @@
 // Causal GQA attention, FlashAttention-2 on the CPU: a query tile (kBr positions of all the query
 // heads that share one kv head, stacked into group * kBr rows) meets the key tiles (kBc rows) at
-// or before it; each tile product runs single-threaded on the calling OpenMP thread (tile_gemm for
-// the products with a row-major left operand: Q K^T, P V, dO V^T, dS K; OpenBLAS sgemm for the two
-// with a transposed one: P^T dO, dS^T Q), and softmax runs as an online (running max, running sum)
-// pass in forward and as a recomputation P = exp(S - lse) in backward. Workspace is per thread and
-// O(group * tile * D), plus one transposed copy of K (and of V in backward), the size of K.
+// or before it; each tile product runs single-threaded on the calling OpenMP thread (tile_gemm
+// for the products with a row-major left operand: Q K^T, P V, dO V^T, dS K; for the two with a
+// transposed one, P^T dO and dS^T Q, tile_gemm_at with AVX-512, else OpenBLAS sgemm), and
+// softmax runs as an online (running max, running sum) pass in forward and as a recomputation
+// P = exp(S - lse) in backward. Workspace is per thread and O(group * tile * D), plus one
+// transposed copy of K (and of V in backward), the size of K.
 #include "backend/cpu/attention.h"
 #include "backend/cpu/tile_gemm.h"
 #include "backend/cpu/vec_math.h"
@@ -51,6 +52,16 @@ inline void tile_product(int64_t m, int64_t n, int64_t k, float alpha, const flo
                          int64_t ldc, float* panel) {
   if (n % 16 == 0) return tile_gemm(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, panel);
   gemm(false, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// C = beta C + alpha A^T B (A stored [k x m]): tile_gemm_at where it beats OpenBLAS (AVX-512)
+// and n is a multiple of 16, otherwise OpenBLAS.
+inline void tile_product_at(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                            int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc, float* panel) {
+  if (kTileGemmTransposedAFast && n % 16 == 0)
+    return tile_gemm_at(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, panel);
+  gemm(true, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // xt[((b * KV + g) * D + d) * T + t] = x[((b * T + t) * KV + g) * D + d]: each kv head's keys (or
@@ -116,7 +127,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     std::vector<float> s(static_cast<size_t>(rows_max * kBc));  // scores, then probabilities
     std::vector<float> o(static_cast<size_t>(rows_max * D));    // unnormalized output
     std::vector<float> m(rows_max), l(rows_max);                // running row max and row sum
-    std::vector<float> panel(static_cast<size_t>(std::max(D, kBc) * 16));  // tile_gemm's B panel
+    std::vector<float> panel(static_cast<size_t>(tile_gemm_panel_floats(std::max(D, kBc))));
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_tasks; ++task) {
@@ -202,7 +213,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::vector<float> dp(static_cast<size_t>(rows_max * kBc));  // dP = dO V^T, then dS
     std::vector<float> di(rows_max);                              // rowsum(dO * O)
     std::vector<float> lse_rows(rows_max);
-    std::vector<float> panel(static_cast<size_t>(std::max(D, kBc) * 16));  // tile_gemm's B panel
+    // tile_gemm's B panel; k is up to rows_max for the transposed products
+    std::vector<float> panel(
+        static_cast<size_t>(tile_gemm_panel_floats(std::max({D, kBc, rows_max}))));
 
     // One task owns a (batch, kv head): its dk and dv rows, and the dq rows of the group's
     // query heads, so every accumulation below is race-free without atomics or reductions.
@@ -250,8 +263,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             std::fill(pr + n, pr + bc, 0.0f);
           }
           // dV_j += P^T dO_i
-          gemm(true, false, bc, D, rows, 1.0f, pt, bc, dos.data(), D, 1.0f, dvb + j0 * kv_ld,
-               kv_ld);
+          tile_product_at(bc, D, rows, 1.0f, pt, bc, dos.data(), D, 1.0f, dvb + j0 * kv_ld,
+                          kv_ld, panel.data());
           // dP = dO_i V_j^T, then dS = P * (dP - Di) in place (masked P = 0 gives dS = 0).
           tile_product(rows, bc, D, 1.0f, dos.data(), D, vtb + j0, T, 0.0f, dpt, bc, panel.data());
           for (int64_t row = 0; row < rows; ++row) {
@@ -263,8 +276,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           }
           // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
           tile_product(rows, D, bc, scale, dpt, bc, kj, kv_ld, 1.0f, dqs.data(), D, panel.data());
-          gemm(true, false, bc, D, rows, scale, dpt, bc, qs.data(), D, 1.0f, dkb + j0 * kv_ld,
-               kv_ld);
+          tile_product_at(bc, D, rows, scale, dpt, bc, qs.data(), D, 1.0f, dkb + j0 * kv_ld,
+                          kv_ld, panel.data());
         }
         for (int64_t row = 0; row < rows; ++row)  // the tile's dq rows, written once
           std::memcpy(dq + head0 + (i0 + row % br) * q_ld + (row / br) * D,

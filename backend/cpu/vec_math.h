@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace mx::cpu {
 
@@ -16,22 +17,35 @@ typedef int32_t vi8 __attribute__((vector_size(32)));
 
 inline vf8 splat(float x) { return vf8{} + x; }
 
-inline vf8 exp_fast(vf8 x) {
-  x = x < splat(-87.0f) ? splat(-87.0f) : x;
-  x = x > splat(88.0f) ? splat(88.0f) : x;
+// The widest vector this build's CPU holds in one register: 16 floats with AVX-512, else 8.
+#if defined(__AVX512F__)
+typedef float vfw __attribute__((vector_size(64)));
+typedef int32_t viw __attribute__((vector_size(64)));
+#else
+typedef vf8 vfw;
+typedef vi8 viw;
+#endif
+constexpr int kVecWidth = sizeof(vfw) / sizeof(float);
+
+// exp_fast on 8 floats (vf8) or on kVecWidth (vfw): per element the same operations, the same bits.
+template <class V, class VI = std::conditional_t<sizeof(V) == sizeof(vf8), vi8, viw>>
+inline V exp_fast(V x) {
+  const V lo = V{} - 87.0f, hi = V{} + 88.0f;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
   // Round to nearest by the 1.5 * 2^23 shift (exact in float, no floor call needed).
-  const vf8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  vf8 r = x - n * 0.693359375f;
+  const V n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  V r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  vf8 p = splat(1.9875691500e-4f);
+  V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const vf8 y = p * (r * r) + r + 1.0f;
-  const vi8 bits = (__builtin_convertvector(n, vi8) + 127) << 23;  // 2^n, n in [-126, 127]
-  vf8 two_n;
+  const V y = p * (r * r) + r + 1.0f;
+  const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;  // 2^n, n in [-126, 127]
+  V two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
   return y * two_n;
 }
@@ -77,22 +91,24 @@ inline void adamw_span(float* param, const float* grad, float* m, float* v, int6
   }
 }
 
-// x[c] = exp(x[c] - shift) for c < n; returns the sum of the new x[0..n).
+// x[c] = exp(x[c] - shift) for c < n; returns the sum of the new x[0..n). kVecWidth at a time
+// (attention's softmax rows and the head's cross-entropy rows: twice as fast with AVX-512).
 inline float exp_row(float* x, int64_t n, float shift) {
-  vf8 acc{};
+  constexpr int W = kVecWidth;
+  vfw acc{};
   int64_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    vf8 v;
+  for (; c + W <= n; c += W) {
+    vfw v;
     std::memcpy(&v, x + c, sizeof v);
     v = exp_fast(v - shift);
     std::memcpy(x + c, &v, sizeof v);
     acc += v;
   }
   float sum = 0.0f;
-  for (int i = 0; i < 8; ++i) sum += acc[i];
-  if (c < n) {  // tail of 1..7 through one padded vector
+  for (int i = 0; i < W; ++i) sum += acc[i];
+  if (c < n) {  // tail of 1..W-1 through one padded vector
     const int64_t rem = n - c;
-    vf8 v{};
+    vfw v{};
     std::memcpy(&v, x + c, static_cast<size_t>(rem) * sizeof(float));
     v = exp_fast(v - shift);
     std::memcpy(x + c, &v, static_cast<size_t>(rem) * sizeof(float));

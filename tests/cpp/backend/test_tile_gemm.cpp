@@ -1,4 +1,5 @@
-// mx::cpu::tile_gemm (attention's tile products) against a double-precision triple loop.
+// mx::cpu::tile_gemm and tile_gemm_at (attention's tile products) against a double-precision
+// triple loop.
 #include "backend/cpu/tile_gemm.h"
 
 #include <gtest/gtest.h>
@@ -11,13 +12,17 @@
 
 namespace {
 
-void check(int64_t m, int64_t n, int64_t k, float alpha, float beta, uint32_t seed) {
+void check(int64_t m, int64_t n, int64_t k, float alpha, float beta, uint32_t seed,
+           bool trans_a = false) {
   // Leading dimensions wider than the operands, as in attention (strided key / value rows).
-  const int64_t lda = k + 3, ldb = n + 5, ldc = n + 7;
+  // A transposed is stored [k x m].
+  const int64_t lda = (trans_a ? m : k) + 3, ldb = n + 5, ldc = n + 7;
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> a(static_cast<size_t>(m * lda)), b(static_cast<size_t>(k * ldb));
-  std::vector<float> c(static_cast<size_t>(m * ldc)), panel(static_cast<size_t>(k * 16));
+  std::vector<float> a(static_cast<size_t>((trans_a ? k : m) * lda));
+  std::vector<float> b(static_cast<size_t>(k * ldb)), c(static_cast<size_t>(m * ldc));
+  // Exactly the documented scratch, so that an overrun shows under ASan / valgrind.
+  std::vector<float> panel(static_cast<size_t>(mx::cpu::tile_gemm_panel_floats(k)));
   for (auto& x : a) x = dist(rng);
   for (auto& x : b) x = dist(rng);
   for (auto& x : c) x = dist(rng);
@@ -25,8 +30,8 @@ void check(int64_t m, int64_t n, int64_t k, float alpha, float beta, uint32_t se
   if (beta == 0.0f)
     for (auto& x : c) x = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> c0 = c;
-  mx::cpu::tile_gemm(m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc,
-                     panel.data());
+  (trans_a ? mx::cpu::tile_gemm_at : mx::cpu::tile_gemm)(m, n, k, alpha, a.data(), lda, b.data(),
+                                                         ldb, beta, c.data(), ldc, panel.data());
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < ldc; ++j) {
       const size_t at = static_cast<size_t>(i * ldc + j);
@@ -36,7 +41,8 @@ void check(int64_t m, int64_t n, int64_t k, float alpha, float beta, uint32_t se
       }
       double ref = 0.0, mag = 0.0;
       for (int64_t kk = 0; kk < k; ++kk) {
-        const double p = double(a[i * lda + kk]) * double(b[kk * ldb + j]);
+        const float av = trans_a ? a[kk * lda + i] : a[i * lda + kk];
+        const double p = double(av) * double(b[kk * ldb + j]);
         ref += p;
         mag += std::fabs(p);
       }
@@ -46,23 +52,28 @@ void check(int64_t m, int64_t n, int64_t k, float alpha, float beta, uint32_t se
       const double beta_term = beta != 0.0f ? std::fabs(double(beta) * c0[at]) : 0.0;
       const double tol = 4e-7 * (std::fabs(alpha) * mag + beta_term) + 1e-30;
       ASSERT_NEAR(c[at], ref, tol) << "m=" << m << " n=" << n << " k=" << k << " i=" << i
-                                   << " j=" << j;
+                                   << " j=" << j << " trans_a=" << trans_a;
     }
 }
 
 TEST(CpuTileGemm, MatchesDoubleReference) {
   uint32_t seed = 1;
-  // m: every remainder after 6-row blocks (4, 2, 1 and their sums) and attention's 256 (252 + 4);
+  // m: every remainder after the row blocks (12 with AVX-512, else 6; then 8, 4, 2, 1) and
+  // attention's 256; n: one 16-wide panel, 32-wide panels with and without a 16-wide rest;
   // k: 1, odd, head dims, tiles.
-  for (int64_t m : {1, 2, 3, 5, 6, 7, 8, 9, 13, 256})
-    for (int64_t n : {16, 48, 128})
-      for (int64_t k : {1, 3, 64, 128}) check(m, n, k, 1.0f, 0.0f, seed++);
+  for (bool trans_a : {false, true})
+    for (int64_t m : {1, 2, 3, 5, 6, 7, 8, 9, 13, 15, 23, 25, 256})
+      for (int64_t n : {16, 48, 64, 128})
+        for (int64_t k : {1, 3, 64, 128}) check(m, n, k, 1.0f, 0.0f, seed++, trans_a);
 }
 
 TEST(CpuTileGemm, AlphaAndBeta) {
   check(256, 64, 128, 1.0f, 1.0f, 101);    // P V accumulated into O
   check(19, 128, 64, 0.125f, 0.0f, 102);   // scaled Q K^T
   check(12, 32, 40, -0.5f, 0.75f, 103);
+  check(128, 64, 256, 1.0f, 1.0f, 104, true);    // dV += P^T dO
+  check(128, 64, 256, 0.125f, 1.0f, 105, true);  // dK += scale dS^T Q
+  check(37, 80, 19, -0.5f, 0.75f, 106, true);
 }
 
 }  // namespace
