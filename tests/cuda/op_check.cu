@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/blas_core.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_arena.h"
@@ -1927,6 +1928,8 @@ void write_json(const std::string& path, const std::string& device) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The CPU twins' GEMMs on the CPU's own OpenBLAS kernels (backend/cpu/blas_core.h).
+  mx::select_blas_core(argv);
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
