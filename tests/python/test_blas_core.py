@@ -5,7 +5,6 @@ back to SSE3 ("Prescott") kernels, several times slower, and mxtrain then restar
 OPENBLAS_CORETYPE set. The reference for what the CPU can run is the kernel's own list of CPU
 flags in /proc/cpuinfo, read here independently of mxtrain's CPUID check."""
 import json
-import os
 import platform
 
 import pytest
@@ -41,20 +40,19 @@ def expected_core():
 
 
 @pytest.fixture(autouse=True)
-def _x86_only():
+def _x86_only_clean_env(monkeypatch):
+    """x86-64 only; mxtrain starts without OPENBLAS_CORETYPE (conftest sets it for PyTorch) or
+    the test hook, unless a test sets them."""
     require_binary()
     if platform.machine() != "x86_64":
         pytest.skip("OpenBLAS core selection is x86-64 only")
+    for k in ("OPENBLAS_CORETYPE", "MXTRAIN_BLAS_REPLACED", "MXTRAIN_TEST_BLAS_PICKED"):
+        monkeypatch.delenv(k, raising=False)
 
 
 def run_clean(extra):
-    """mxtrain with OPENBLAS_CORETYPE and the test hook unset unless `extra` sets them."""
-    saved = {k: os.environ.pop(k) for k in ("OPENBLAS_CORETYPE", "MXTRAIN_BLAS_REPLACED",
-                                            "MXTRAIN_TEST_BLAS_PICKED") if k in os.environ}
-    try:
-        r = run_mxtrain(["bench", "sgemm", "--size", "64", "--seconds", "0"], env=extra)
-    finally:
-        os.environ.update(saved)
+    """`mxtrain bench sgemm`'s JSON, with the variables in `extra` set."""
+    r = run_mxtrain(["bench", "sgemm", "--size", "64", "--seconds", "0"], env=extra)
     assert r.rc == 0, r
     return json.loads(r.stdout)
 
@@ -101,20 +99,15 @@ def test_the_startup_line_names_the_kernels(tmp_path):
     want = expected_core()
     if want is None:
         pytest.skip("this CPU has no AVX2")
-    saved = {k: os.environ.pop(k) for k in ("OPENBLAS_CORETYPE", "MXTRAIN_BLAS_REPLACED")
-             if k in os.environ}
-    try:
-        corpus = tmp_path / "c.txt"
-        corpus.write_text("abcdefgh " * 400)
-        r = run_mxtrain(["train"] + set_args({
-            "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_hidden_layers": 1,
-            "model.num_attention_heads": 2, "model.num_key_value_heads": 1,
-            "model.vocab_size": 256, "train.steps": 1, "train.micro_batch": 1,
-            "train.seq_len": 16, "data.path": corpus, "data.val_fraction": 0.0,
-            "run.out_dir": tmp_path / "o", "run.sample_tokens": 0}),
-                        env={"MXTRAIN_TEST_BLAS_PICKED": "Prescott"})
-    finally:
-        os.environ.update(saved)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("abcdefgh " * 400)
+    r = run_mxtrain(["train"] + set_args({
+        "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_hidden_layers": 1,
+        "model.num_attention_heads": 2, "model.num_key_value_heads": 1,
+        "model.vocab_size": 256, "train.steps": 1, "train.micro_batch": 1,
+        "train.seq_len": 16, "data.path": corpus, "data.val_fraction": 0.0,
+        "run.out_dir": tmp_path / "o", "run.sample_tokens": 0}),
+                    env={"MXTRAIN_TEST_BLAS_PICKED": "Prescott"})
     assert r.rc == 0, r
     assert ("device cpu (OpenBLAS " in r.stderr + r.stdout), r
     assert (f"{want} kernels set by mxtrain: OpenBLAS had picked Prescott for this CPU"
