@@ -4,13 +4,13 @@
 Model: hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 1536, vocab 32000, untied, fp32.
 Shapes: seq 512 x batch 4 and seq 2048 x batch 1. Each side runs a few full training steps
 (forward + backward + AdamW); the first steps are warm-up and not timed. A shared 2-core VM drifts
-by 10% and more within minutes, so the two sides run in interleaved rounds (--rounds, default 3;
+by 10% and more within minutes, so the two sides run in interleaved rounds (--rounds, default 5;
 the order alternates each round) and the table reports the median of the per-round ratios with
 their range, and the median tokens/s of each side. Prints that table, the machine's SGEMM rate
 (`mxtrain bench sgemm`), mxtrain's achieved GEMM rate and its share of that; appends a dated
 section to bench/RESULTS.md.
 
-Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--steps 6] [--skip 2] [--rounds 3] [--no-record]
+Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--steps 6] [--skip 2] [--rounds 5] [--no-record]
 """
 import argparse
 import datetime
@@ -180,7 +180,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--skip", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=5,
                     help="interleaved mxtrain/PyTorch rounds per shape (median reported)")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args()
