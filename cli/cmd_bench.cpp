@@ -1,5 +1,8 @@
 // mxtrain bench: micro-benchmarks of the machine (the SGEMM rate MFU is measured against).
+#include <cmath>
 #include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/blas_core.h"
 #include "backend/sgemm_rate.h"
@@ -24,16 +27,19 @@ void add_bench(CLI::App& app, Action& action) {
       MX_REQUIRE(*seconds >= 0 && *seconds <= 600, "--seconds must be in [0, 600]");
       auto be = make_backend(*device);
       double flops = measure_sgemm_flops(*be, *n, 3, *seconds);
+      nlohmann::ordered_json out;
+      out["size"] = *n;
+      out["gflops"] = std::round(flops / 1e6) / 1e3;
+      out["seconds"] = *seconds;
       // On the CPU, which OpenBLAS kernels ran (and which ones OpenBLAS had picked, when
       // mxtrain replaced them: backend/cpu/blas_core.h).
-      std::string blas;
       if (be->name() == "cpu") {
         const BlasCore b = blas_core();
-        blas = ", \"blas\": \"" + b.library + "\", \"blas_core\": \"" + b.core +
-               "\", \"blas_core_replaced\": \"" + b.replaced + "\"";
+        out["blas"] = b.library;
+        out["blas_core"] = b.core;
+        out["blas_core_replaced"] = b.replaced;
       }
-      std::printf("{\"size\": %lld, \"gflops\": %.3f, \"seconds\": %.2f%s}\n",
-                  static_cast<long long>(*n), flops / 1e9, *seconds, blas.c_str());
+      std::printf("%s\n", out.dump().c_str());
       return 0;
     };
   });
