@@ -7,7 +7,8 @@ Shapes: seq 512 x batch 4 and seq 2048 x batch 1. Each side runs a few full trai
 by 10% and more within minutes, so the two sides run in interleaved rounds (--rounds, default 5;
 the order alternates each round) and the table reports the median of the per-round ratios with
 their range, and the median tokens/s of each side. Prints that table, the machine's SGEMM rate
-(`mxtrain bench sgemm`), mxtrain's achieved GEMM rate and its share of that; appends a dated
+(`mxtrain bench sgemm`), mxtrain's achieved GEMM rate and its share of that, the CPU's fp32 FMA
+peak (`mxtrain bench fma`) and what each ratio target asks of it; appends a dated
 section to bench/RESULTS.md.
 
 Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--steps 6] [--skip 2] [--rounds 5] [--no-record]
@@ -89,13 +90,16 @@ def run_mxtrain(seq, batch, steps, skip, workdir):
     # The trainer's MFU is model FLOP/s over its own start-up SGEMM measurement; keep the model
     # FLOP/s so the table can divide by the bench's (longer, before-and-after) measurement.
     model_gflops = float(np.mean([s["mfu"] for s in timed])) * summary["sgemm_peak_gflops"]
+    # mxtrain's model FLOPs per token (the MFU's numerator; the same every step of one shape)
+    flops_per_token = float(np.mean([s["mfu"] * summary["sgemm_peak_gflops"] * 1e9
+                                     / s["tokens_per_s"] for s in timed]))
     # Shares of the profiled steps' time (the steps after the first: run.profile)
     ops = {o["op"]: o["share"] for o in summary.get("op_profile", {}).get("ops", [])}
     gemm_share = ops.get("gemm", 0.0)
     attn_share = ops.get("attention_forward", 0.0) + ops.get("attention_backward", 0.0)
     return dict(tokens_per_s=tok_s, gemm_gflops=summary.get("gemm_gflops"),
                 peak_mem_bytes=max(s["peak_mem_bytes"] for s in steps_m), wall_s=wall,
-                model_gflops=model_gflops, time_gemm=gemm_share, time_attention=attn_share)
+                model_gflops=model_gflops, flops_per_token=flops_per_token, time_gemm=gemm_share, time_attention=attn_share)
 
 
 def run_torch(seq, batch, steps, skip):
@@ -124,6 +128,8 @@ def run_torch(seq, batch, steps, skip):
 
 
 SGEMM_SECONDS = 3
+FMA_SECONDS = 3
+TARGETS = {512: 2.0, 2048: 4.0}  # issue 2's ratio targets by sequence length
 
 
 def sgemm_rate():
@@ -138,6 +144,44 @@ def sgemm_rate():
         if line.startswith("{"):
             return float(json.loads(line)["gflops"])
     raise RuntimeError(f"no JSON in `mxtrain bench sgemm` output:\n{p.stdout}")
+
+
+def fma_peak():
+    # The CPU's fp32 multiply-add peak on THREADS threads (`mxtrain bench fma`): the roof above
+    # any fp32 GEMM, OpenBLAS's included.
+    p = subprocess.run([mxtrain_bin(), "bench", "fma", "--seconds", str(FMA_SECONDS)],
+                       capture_output=True, text=True, env=child_env(), timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"mxtrain bench fma failed:\n{p.stderr[-2000:]}")
+    return float(json.loads(p.stdout.strip().splitlines()[-1])["gflops"])
+
+
+def roof_lines(rows, sgemm, fma):
+    """What each ratio target asks of this machine: the target times the reference's tokens/s
+    times the arithmetic a token cannot avoid, against the FMA peak and the SGEMM rate; and
+    where mxtrain's median run stands. The arithmetic is mxtrain's MFU count (PaLM's: 6 FLOPs a
+    weight, 12 L H D T for attention as if unmasked) less the causal mask's half of attention
+    (6 L H D T): the forward's two attention products and the backward's four, on the scores
+    at or below the diagonal. Flash attention's recomputed scores are extra work on top."""
+    head_dim = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
+    out = [f"Roof: the CPU's fp32 FMA peak (`mxtrain bench fma --seconds {FMA_SECONDS}`, "
+           f"{THREADS} threads, best of before and after) is {fma:.1f} GFLOP/s; SGEMM reaches "
+           f"{100 * sgemm / fma:.0f}% of it. What each target asks, in arithmetic a step cannot "
+           f"avoid (the MFU count with attention's masked half taken out):"]
+    for seq, batch, mx, th, _ in rows:
+        target = TARGETS.get(seq)
+        if target is None:
+            continue
+        per_token = mx["flops_per_token"] - 6.0 * SHAPE["num_hidden_layers"] * \
+            SHAPE["num_attention_heads"] * head_dim * seq
+        need = target * th["tokens_per_s"] * per_token / 1e9
+        have = mx["tokens_per_s"] * per_token / 1e9
+        out.append(f"- seq {seq}: {target:g}x the reference's {th['tokens_per_s']:.0f} tok/s is "
+                   f"{target * th['tokens_per_s']:.0f} tok/s x {per_token / 1e6:.0f} MFLOP = "
+                   f"{need:.0f} GFLOP/s: {100 * need / fma:.0f}% of the FMA peak, "
+                   f"{100 * need / sgemm:.0f}% of SGEMM. mxtrain's median ran {have:.0f} GFLOP/s "
+                   f"({100 * have / fma:.0f}% of the peak, {100 * have / sgemm:.0f}% of SGEMM).")
+    return "\n".join(out)
 
 
 def blas_line():
@@ -189,6 +233,7 @@ def main():
 
     load_before = loadavg()
     sgemm_before = sgemm_rate()
+    fma_before = fma_peak()
     if args.rounds < 1 or args.steps <= args.skip:
         sys.exit("error: --rounds must be >= 1 and --steps greater than --skip")
     per = {run: [] for run in RUNS}  # (seq, batch) -> [(mx, th)] per round
@@ -212,12 +257,14 @@ def main():
         # The round with the median ratio supplies mxtrain's GEMM rate, MFU and memory.
         mid = sorted(range(len(res)), key=lambda i: ratios[i])[len(res) // 2]
         mx = dict(res[mid][0])
+        mx["flops_per_token"] = float(np.median([m["flops_per_token"] for m, _ in res]))
         mx["tokens_per_s"] = float(np.median([m["tokens_per_s"] for m, _ in res]))
         th = {"tokens_per_s": float(np.median([t["tokens_per_s"] for _, t in res]))}
         rows.append((seq, batch, mx, th, ratios))
     # Measured before and after: a big gap means something else used the CPU meanwhile.
     sgemm_after = sgemm_rate()
     sgemm = max(sgemm_before, sgemm_after)
+    fma = max(fma_before, fma_peak())
     load_after = loadavg()
 
     lines = [
@@ -236,7 +283,7 @@ def main():
                      f"{mx['peak_mem_bytes'] / 2**20:.0f} | "
                      f"{100 * mx['time_gemm']:.0f}% / {100 * mx['time_attention']:.0f}% / "
                      f"{100 * (1 - mx['time_gemm'] - mx['time_attention']):.0f}% |")
-    table = "\n".join(lines)
+    table = "\n".join(lines) + "\n\n" + roof_lines(rows, sgemm, fma)
     header = (f"Model: hidden 512, 8 layers, 8 heads / 4 KV, intermediate 1536, vocab 32000, untied, "
               f"fp32; {THREADS} threads each; {args.steps} steps, first {args.skip} untimed; "
               f"{args.rounds} interleaved rounds (tokens/s: medians; ratio: median of the "

@@ -1,10 +1,12 @@
-// mxtrain bench: micro-benchmarks of the machine (the SGEMM rate MFU is measured against).
+// mxtrain bench: micro-benchmarks of the machine (the SGEMM rate MFU is measured against, and
+// the CPU's fp32 multiply-add peak above it).
 #include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/blas_core.h"
+#include "backend/cpu/fma_peak.h"
 #include "backend/sgemm_rate.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -39,6 +41,24 @@ void add_bench(CLI::App& app, Action& action) {
         out["blas_core"] = b.core;
         out["blas_core_replaced"] = b.replaced;
       }
+      std::printf("%s\n", out.dump().c_str());
+      return 0;
+    };
+  });
+
+  auto* fma = bench->add_subcommand(
+      "fma", "measured fp32 multiply-add peak of the CPU, on all OpenMP threads (JSON)");
+  auto fma_seconds = std::make_shared<double>(1.0);
+  fma->add_option("--seconds", *fma_seconds, "keep timing for this long; the best run counts");
+  fma->callback([&action, fma_seconds] {
+    action = [fma_seconds] {
+      MX_REQUIRE(*fma_seconds >= 0 && *fma_seconds <= 600, "--seconds must be in [0, 600]");
+      const FmaPeak p = measure_fma_peak(*fma_seconds);
+      nlohmann::ordered_json out;
+      out["gflops"] = std::round(p.flops / 1e6) / 1e3;
+      out["threads"] = p.threads;
+      out["vector_bits"] = p.vector_bits;
+      out["seconds"] = *fma_seconds;
       std::printf("%s\n", out.dump().c_str());
       return 0;
     };
