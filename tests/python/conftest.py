@@ -58,6 +58,15 @@ def run_mxtrain(args, timeout=240, env=None, cwd=None, threads=2):
         return Result(args, None, out, err + f"\n[timed out after {timeout}s]")
 
 
+def cpu_flags():
+    """The feature flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def binary_available():
     return os.path.isfile(MXTRAIN_BIN) and os.access(MXTRAIN_BIN, os.X_OK)
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import require_binary, run_mxtrain
+from conftest import cpu_flags, require_binary, run_mxtrain
 
 
 def fma(seconds=0.5, threads=1):
@@ -22,14 +22,6 @@ def fma(seconds=0.5, threads=1):
                     timeout=120)
     assert r.rc == 0, r
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
 
 
 @pytest.fixture(autouse=True)

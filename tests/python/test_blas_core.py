@@ -9,7 +9,7 @@ import platform
 
 import pytest
 
-from conftest import require_binary, run_mxtrain, set_args
+from conftest import cpu_flags, require_binary, run_mxtrain, set_args
 
 # OpenBLAS x86-64 kernel sets by the instructions they use (OpenBLAS's driver/others/dynamic.c).
 SSE_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "opteron",
@@ -17,14 +17,6 @@ SSE_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "op
              "bobcat", "unknown"}
 AVX_CORES = {"sandybridge", "bulldozer", "piledriver"}
 AVX512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
-
-
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def expected_core():
