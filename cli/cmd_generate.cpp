@@ -1,6 +1,7 @@
 // mxtrain generate: sample text from a checkpoint or a Hugging Face model directory.
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -18,11 +19,16 @@ namespace {
 struct GenerateArgs {
   std::string model, prompt = "The ", device = "cpu";
   SampleOptions options;
+  int64_t seed = 0;  // options.seed, taken signed so that a negative one is an error, not 2^64 - 1
 };
 
 int run_generate(const GenerateArgs& a) {
   MX_REQUIRE(a.options.max_new_tokens >= 1, "--max-tokens must be at least 1");
-  MX_REQUIRE(a.options.temperature >= 0, "--temperature must be >= 0");
+  MX_REQUIRE(a.options.temperature >= 0 && std::isfinite(a.options.temperature),
+             "--temperature must be a finite number >= 0 (got ", a.options.temperature, ")");
+  MX_REQUIRE(a.seed >= 0, "--seed must be >= 0 (got ", a.seed, ")");
+  SampleOptions options = a.options;
+  options.seed = uint64_t(a.seed);
   MX_REQUIRE(a.options.top_k >= 0, "--top-k must be >= 0");
   MX_REQUIRE(!a.prompt.empty(), "--prompt must not be empty");
   ModelConfig cfg;
@@ -39,7 +45,7 @@ int run_generate(const GenerateArgs& a) {
   }
   auto backend = make_backend(a.device);
   auto ids = generate_tokens(cfg, layout, *backend, params.data(), byte_encode(a.prompt),
-                             a.options);
+                             options);
   std::printf("%s\n", byte_decode(ids).c_str());
   return 0;
 }
@@ -54,7 +60,7 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_option("--max-tokens", a->options.max_new_tokens, "tokens to generate");
   cmd->add_option("--temperature", a->options.temperature, "0: greedy");
   cmd->add_option("--top-k", a->options.top_k, "0: whole vocabulary");
-  cmd->add_option("--seed", a->options.seed, "sampling seed");
+  cmd->add_option("--seed", a->seed, "sampling seed (>= 0)");
   cmd->add_option("--device", a->device, "cpu | cuda");
   cmd->callback([&action, a] { action = [a] { return run_generate(*a); }; });
 }

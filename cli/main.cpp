@@ -30,6 +30,21 @@ int main(int argc, char** argv) {
   mx::cli::add_plan(app, action);
   mx::cli::add_sweep(app, action);
   mx::cli::add_sagemaker(app, action);
+  // CLI11 reads an unknown first word as a stray positional and says only that a subcommand is
+  // required: name the word and the subcommands instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      found = found || sub->check_name(argv[1]);
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!found) {
+      std::fprintf(stderr, "error: unknown subcommand '%s' (known: %s; see mxtrain --help)\n",
+                   argv[1], known.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -251,6 +252,13 @@ void apply_model_fields(Staging& s) {
   m = model_preset(s.preset.value_or(s.cfg.model_preset));
   if (s.preset) s.cfg.model_preset = *s.preset;
   for (auto& [name, v] : s.model_fields) {
+    // 0 is the presets' "derive it" (head_dim: hidden_size / heads; num_key_value_heads: the
+    // heads), not a value to give: given, it must be a real size.
+    if (name == "num_key_value_heads" || name == "head_dim")
+      MX_REQUIRE(as_int(v) >= 1, "model.", name, " must be positive (got ", as_int(v),
+                 "; leave it out for ",
+                 name == "head_dim" ? "hidden_size / num_attention_heads" : "num_attention_heads",
+                 ")");
     if (name == "hidden_size") m.hidden_size = as_int(v);
     else if (name == "intermediate_size") m.intermediate_size = as_int(v);
     else if (name == "num_hidden_layers") m.num_hidden_layers = as_int(v);
@@ -275,6 +283,25 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(t.micro_batch >= 1, "train.micro_batch must be at least 1 (got ", t.micro_batch, ")");
   MX_REQUIRE(t.seq_len >= 1, "train.seq_len must be at least 1 (got ", t.seq_len, ")");
   MX_REQUIRE(t.grad_accum >= 1, "train.grad_accum must be at least 1 (got ", t.grad_accum, ")");
+  // Caps far above any real run, so that no size computed from them (arena bytes, tokens per
+  // step times ranks, sample counts) can overflow 64 bits: an overflowed product reads as a
+  // tiny or a wrapped-around size (a huge grad_accum once gave 0 tokens a step and a step that
+  // never ended).
+  int64_t micro_tokens = 0, step_tokens = 0;
+  MX_REQUIRE(!__builtin_mul_overflow(t.micro_batch, t.seq_len, &micro_tokens) &&
+                 micro_tokens <= kMaxMicroBatchTokens,
+             "train.micro_batch x train.seq_len (", t.micro_batch, " x ", t.seq_len,
+             ") is more than ", kMaxMicroBatchTokens, " tokens per micro-batch");
+  MX_REQUIRE(!__builtin_mul_overflow(micro_tokens, t.grad_accum, &step_tokens) &&
+                 step_tokens <= kMaxStepTokensPerRank,
+             "train.micro_batch x train.seq_len x train.grad_accum (", t.micro_batch, " x ",
+             t.seq_len, " x ", t.grad_accum, ") is more than ", kMaxStepTokensPerRank,
+             " tokens per step and process");
+  int64_t run_tokens = 0;
+  MX_REQUIRE(!__builtin_mul_overflow(step_tokens, t.steps, &run_tokens) &&
+                 run_tokens <= kMaxRunTokensPerRank,
+             "train.steps x tokens per step (", t.steps, " x ", step_tokens, ") is more than ",
+             kMaxRunTokensPerRank, " tokens per process");
   MX_REQUIRE(t.lr > 0 && std::isfinite(t.lr), "train.lr must be positive (got ", t.lr, ")");
   MX_REQUIRE(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, train.lr] (got ",
              t.min_lr, ")");
@@ -343,6 +370,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   Staging s;
   if (!path.empty()) {
     toml::value root;
+    std::error_code ec;
+    MX_REQUIRE(!std::filesystem::is_directory(path, ec), "config file ", path,
+               " is a directory, not a TOML file");
     try {
       root = toml::parse(path);
     } catch (const std::runtime_error& e) {  // file missing or unreadable

@@ -9,6 +9,13 @@
 
 namespace mx {
 
+// Limits on the run's sizes (validate() enforces them), far above any real run: with them no
+// size derived from the config (arena bytes, tokens of a step or of the run times the ranks,
+// data sample indices) overflows 64 bits.
+inline constexpr int64_t kMaxMicroBatchTokens = int64_t(1) << 32;   // micro_batch x seq_len
+inline constexpr int64_t kMaxStepTokensPerRank = int64_t(1) << 40;  // ... x grad_accum
+inline constexpr int64_t kMaxRunTokensPerRank = int64_t(1) << 48;   // ... x steps
+
 struct RunConfig {
   std::string model_preset = "small";
   ModelConfig model;  // the preset with any Hugging Face fields applied, finalized, validated

@@ -131,6 +131,20 @@ def _prepare(case, tmp):
         return {"model.preset": "gpt5"}, [], ["gpt5"]
     if case == "unknown_flag":
         return {}, ["--bogus-flag"], ["bogus-flag"]
+    # Sizes whose products overflow 64 bits: a grad_accum of 2^62 once gave "0 tokens/step" and
+    # a step that never ended (ignoring SIGTERM, which is honoured at step boundaries).
+    if case == "huge_grad_accum":
+        return {"train.grad_accum": 2 ** 62}, [], ["grad_accum"]
+    if case == "huge_micro_batch":
+        return {"train.micro_batch": 2 ** 63 - 1}, [], ["micro_batch"]
+    if case == "huge_steps":
+        return {"train.steps": 2 ** 62}, [], ["steps"]
+    if case == "zero_kv_heads":
+        return {"model.num_key_value_heads": 0}, [], ["num_key_value_heads"]
+    if case == "zero_head_dim":
+        return {"model.head_dim": 0}, [], ["head_dim"]
+    if case == "config_is_directory":
+        return {}, ["--config", str(tmp)], ["directory"]
     raise KeyError(case)
 
 
@@ -139,7 +153,8 @@ TRAIN_CASES = ["unknown_section", "unknown_key", "wrong_type", "negative_steps",
                "kv_not_dividing_heads", "missing_config_file", "malformed_toml",
                "missing_data_file", "token_out_of_vocab", "truncated_u16", "empty_data_file",
                "init_without_config_json", "init_malformed_safetensors", "unknown_preset",
-               "unknown_flag"]
+               "unknown_flag", "huge_grad_accum", "huge_micro_batch", "huge_steps",
+               "zero_kv_heads", "zero_head_dim", "config_is_directory"]
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES)
@@ -212,6 +227,20 @@ def test_generate_missing_model(mxtrain, tmp_path):
     r = mxtrain(["generate", "--model", tmp_path / "no_model", "--prompt", "hi",
                  "--max-tokens", 4, "--temperature", 1.0, "--top-k", 1, "--seed", 0], timeout=60)
     check_error(r, ["no_model"])
+
+
+@pytest.mark.parametrize("args,keyword", [(["--temperature", "inf"], "--temperature"),
+                                          (["--temperature", "nan"], "--temperature"),
+                                          (["--seed", "-1"], "--seed")])
+def test_generate_bad_options(mxtrain, tmp_path, args, keyword):
+    r = mxtrain(["generate", "--model", tmp_path / "no_model", *args], timeout=60)
+    check_error(r, [keyword])
+
+
+def test_unknown_subcommand_is_named(mxtrain):
+    r = mxtrain(["nosuch", "--flag"], timeout=60)
+    check_error(r, ["nosuch"])
+    assert "train" in r.stderr, r  # the known subcommands are listed
 
 
 @pytest.mark.parametrize("args,keyword", [(["--seconds", "-1"], "--seconds"),
