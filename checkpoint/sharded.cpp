@@ -164,6 +164,23 @@ struct CheckpointReader::OpenFile {
 
 namespace {
 
+// The fields the trainer writes into state.json (train/trainer.cpp), where present, with their
+// types and ranges. Returns "" or the reason they are bad.
+std::string check_state_fields(const nlohmann::json& j, const std::string& path) {
+  auto has = [&](const char* k) { return j.contains(k); };
+  if (has("samples_seen") &&
+      !(j["samples_seen"].is_number_integer() && j["samples_seen"].get<int64_t>() >= 0))
+    return str(path, ": 'samples_seen' is not a non-negative integer");
+  if (has("seed") && !j["seed"].is_number_integer())
+    return str(path, ": 'seed' is not an integer");
+  if (has("world_size") &&
+      !(j["world_size"].is_number_integer() && j["world_size"].get<int64_t>() >= 1))
+    return str(path, ": 'world_size' is not a positive integer");
+  for (const char* k : {"sharding", "recipe", "data_path"})
+    if (has(k) && !j[k].is_string()) return str(path, ": '", k, "' is not a string");
+  return "";
+}
+
 // Parses and checks a manifest's structure. Returns "" or the reason it is bad.
 std::string check_manifest(const nlohmann::json& m, const std::string& mpath) {
   if (!m.is_object()) return str(mpath, ": not a JSON object");
@@ -218,12 +235,42 @@ std::string check_manifest(const nlohmann::json& m, const std::string& mpath) {
   return "";
 }
 
+// The manifest's descriptive lists (each unit's tensors and offsets, each shard's slices, the
+// rank files' tensor list) follow from its model, shard_size and optimizer flag: rebuilt here
+// and compared. The reader itself derives the layout from the units' sizes, but other readers
+// (tests/python/hf_io.py, anyone reading a checkpoint without mxtrain) trust these lists, so a
+// manifest whose lists say otherwise was edited or damaged. Returns "" or why it is bad.
+std::string check_derived_lists(const nlohmann::json& m, const std::string& mpath) {
+  int64_t world = 0;
+  if (!json_int(m, "world_size", &world) || world < 1 || world > 1000000)
+    return str(mpath, ": no valid 'world_size' (processes that wrote it)");
+  static const std::set<std::string> kShardings = {"full", "grad-op", "none", "hybrid"};
+  if (!m.contains("sharding") || !m["sharding"].is_string() ||
+      !kShardings.count(m["sharding"].get<std::string>()))
+    return str(mpath, ": 'sharding' is not one of full, grad-op, none, hybrid");
+  if (m.contains("optimizer") && !m["optimizer"].is_boolean())
+    return str(mpath, ": 'optimizer' is not true or false");
+  const ModelConfig config = parse_hf_config(m["model"].dump(), mpath + " (model)");
+  const ParamLayout layout(config);
+  ManifestInfo info;
+  info.shard_size = int(m["shard_size"].get<int64_t>());
+  info.has_optimizer = m.value("optimizer", true);
+  const nlohmann::json want = nlohmann::json::parse(build_manifest(info, config, layout, {}));
+  for (const char* key : {"units", "shards", "tensors"})
+    if (!m.contains(key) || m[key] != want[key])
+      return str(mpath, ": its '", key, "' list does not match its model, shard_size and ",
+                 "optimizer flag (edited or damaged)");
+  return "";
+}
+
 nlohmann::json read_manifest(CheckpointStore& store, int64_t step) {
   const std::string mpath = store.step_location(step) + "/" + kManifest;
   std::string text = store.read_small(step, kManifest, kMaxManifestBytes);
   nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   MX_REQUIRE(!m.is_discarded(), mpath, " is not valid JSON");
   std::string why = check_manifest(m, mpath);
+  MX_REQUIRE(why.empty(), why);
+  why = check_derived_lists(m, mpath);
   MX_REQUIRE(why.empty(), why);
   return m;
 }
@@ -260,6 +307,8 @@ nlohmann::json CheckpointReader::state() const {
   MX_REQUIRE(j.contains("step") && j["step"].is_number_integer() &&
                  j["step"].get<int64_t>() == step_,
              p, " does not hold step ", step_);
+  const std::string why = check_state_fields(j, p);
+  MX_REQUIRE(why.empty(), why);
   return j;
 }
 
@@ -414,6 +463,7 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
   try {
     CheckpointReader reader(store, step);
     reader.model_config();
+    reader.state();  // state.json: its step and the types of its fields
     for (int r = 0; r < reader.shard_size(); ++r) {
       const std::string file = rank_file_name(r, reader.shard_size());
       try {

@@ -275,6 +275,78 @@ def test_manifest_with_path_in_file_name_is_rejected(setup, tmp_path, mxtrain, b
     assert r.rc == 2 and "not a plain file name" in r.stderr, r
 
 
+def _edit_units_shape(m):
+    m["units"][0]["tensors"][0]["shape"] = [256, 65]
+
+
+def _edit_slice_end(m):
+    m["shards"][0]["slices"][0]["end"] = 10 ** 12
+
+
+def _edit_tensor_list(m):
+    m["tensors"] = []
+
+
+def _edit_shards(m):
+    m["shards"] = []
+
+
+def _edit_world_size(m):
+    m["world_size"] = 0
+
+
+def _edit_sharding(m):
+    m["sharding"] = "weird"
+
+
+@pytest.mark.parametrize("edit,keyword", [
+    (_edit_units_shape, "'units'"), (_edit_slice_end, "'shards'"), (_edit_shards, "'shards'"),
+    (_edit_tensor_list, "'tensors'"), (_edit_world_size, "world_size"),
+    (_edit_sharding, "sharding")])
+def test_manifest_whose_lists_contradict_its_model_is_rejected(setup, tmp_path, mxtrain, edit,
+                                                               keyword):
+    """The descriptive lists (tensor offsets and shapes, shard slices, the tensor list) are what
+    readers other than mxtrain go by (hf_io.py does): an edited one fails verify, resume and
+    export, though every file's CRC still matches."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    step = root / "step_00000020"
+    m = json.loads((step / "manifest.json").read_text())
+    edit(m)
+    (step / "manifest.json").write_text(json.dumps(m))
+    for args in (["ckpt", "verify", step], ["ckpt", "export-hf", step, tmp_path / "out"],
+                 ["train"] + set_args(dict(setup["common"], **{
+                     "train.steps": STEPS, "run.out_dir": tmp_path / "run",
+                     "checkpoint.resume": step}))):
+        r = run1(args)
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.rc == 2 and len(err) == 1, r
+        assert "manifest.json" in err[0] and keyword in err[0], r
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field,value", [("samples_seen", -1), ("seed", "x"), ("world_size", 0),
+                                         ("recipe", 7)])
+def test_state_json_with_bad_fields_fails_verify(setup, tmp_path, mxtrain, field, value):
+    """state.json edited consistently with the manifest (its CRC32C and size rewritten) still
+    fails when a field has the wrong type or range."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(setup["half_root"], root)
+    step = root / "step_00000020"
+    state = json.loads((step / "state.json").read_text())
+    state[field] = value
+    data = json.dumps(state).encode()
+    (step / "state.json").write_bytes(data)
+    m = json.loads((step / "manifest.json").read_text())
+    for f in m["files"]:
+        if f["name"] == "state.json":
+            f["crc32c"], f["size"] = f"{crc32c_ref(data):08x}", len(data)
+    (step / "manifest.json").write_text(json.dumps(m))
+    r = run1(["ckpt", "verify", step])
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.rc == 2 and len(err) == 1 and "state.json" in err[0] and field in err[0], r
+
+
 def test_oversized_manifest_is_refused_before_reading(setup, tmp_path, mxtrain):
     root = tmp_path / "ckpt"
     shutil.copytree(setup["half_root"], root)
