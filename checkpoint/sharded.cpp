@@ -419,6 +419,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
   try {
     if (!store.stat(step, kManifest)) return str(mpath, ": missing (not committed)");
     m = read_manifest(store, step);
+  } catch (const StorageError&) {
+    throw;  // the store failed (after its retries), not the checkpoint: exit 3
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -432,6 +434,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
     std::optional<StoredFile> st;
     try {
       st = store.stat(step, name);
+    } catch (const StorageError&) {
+      throw;  // the store failed (after its retries), not the checkpoint: exit 3
     } catch (const std::exception& e) {
       return str(p, ": ", e.what());
     }
@@ -451,6 +455,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
         store.read_stream(step, name, [&](const uint8_t* p, size_t n) {
           crc = crc32c_update(crc, p, n);
         });
+      } catch (const StorageError&) {
+        throw;  // the store failed (after its retries), not the checkpoint: exit 3
       } catch (const std::exception& e) {
         return str(loc, "/", name, ": ", e.what());
       }
@@ -468,6 +474,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       const std::string file = rank_file_name(r, reader.shard_size());
       try {
         reader.extra_names(r);  // opens and parses the header
+      } catch (const StorageError&) {
+        throw;  // the store failed (after its retries), not the checkpoint: exit 3
       } catch (const std::exception& e) {
         return str(loc, "/", file, ": does not parse: ", e.what());
       }
@@ -488,6 +496,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       for (const auto& d : t["shape"]) shape.push_back(d.get<int64_t>());
       if (e->shape != shape) return str(loc, "/", file, ": ", name, " has the wrong shape");
     }
+  } catch (const StorageError&) {
+    throw;  // the store failed (after its retries), not the checkpoint: exit 3
   } catch (const std::exception& e) {
     return e.what();
   }

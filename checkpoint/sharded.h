@@ -126,7 +126,8 @@ void load_shards(CheckpointReader& reader, const ShardView& view, float* master,
 // Checks a committed step: the manifest (format, plain file names, slices), every file's size
 // (and ETag on S3) against it, each rank file's safetensors header and tensors; and every
 // file's CRC32C when `read_all` (always for local stores: reading is cheap there). Returns ""
-// when it verifies, else one line naming the bad file and the problem.
+// when it verifies, else one line naming the bad file and the problem. A StorageError (the store
+// unreachable or failing after its retries) propagates: it says nothing about the checkpoint.
 std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_all);
 
 // The newest committed step that verifies (-1 if none); each newer one that does not is

@@ -69,7 +69,9 @@ int list(const std::string& root, bool check, bool full) {
         ++files;
         bytes += f["size"].get<uint64_t>();
       }
-    } catch (const std::exception&) {
+    } catch (const StorageError&) {
+      throw;  // the store failed, not the step: exit 3, no invented row
+    } catch (const std::exception&) {  // a bad manifest: the row says -1 (and NO with --verify)
     }
     std::string status;
     if (check) {

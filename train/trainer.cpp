@@ -168,6 +168,14 @@ int run_training(const RunConfig& cfg) {
                start_step, ", past train.steps = ", tc.steps);
     info("resumed from ", reader.location(), " at step ", start_step, " (saved by ",
          reader.world_size(), " processes, ", reader.shard_size(), " shards)");
+    if (start_step == tc.steps) {
+      // A finished run started again (a retried SageMaker job, the same command twice): its
+      // metrics and checkpoint stay as they are. Running on would append a summary of zero
+      // steps (final loss NaN, 0 tok/s) after the real one, which readers take as the result.
+      info("the run is already complete at train.steps = ", tc.steps,
+           ": nothing to train (metrics and checkpoints unchanged)");
+      return 0;
+    }
   } else {
     auto full = full_buffer();
     if (!cfg.init.from.empty()) {

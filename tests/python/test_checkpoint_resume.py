@@ -191,6 +191,22 @@ def flip_byte(path, offset=-100):
     path.write_bytes(bytes(data))
 
 
+def test_a_finished_run_started_again_changes_nothing(setup, tmp_path):
+    """The same command again after the run finished (a retried SageMaker job does this): exit
+    0, nothing trained, and no second summary of zero steps (final loss NaN, 0 tok/s) appended
+    after the real one."""
+    run_dir = tmp_path / "half"
+    shutil.copytree(setup["tmp"] / "half", run_dir)
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": 20, "run.out_dir": run_dir, "checkpoint.every": 10,
+        "checkpoint.resume": "auto"})))
+    assert r.rc == 0, r
+    assert "already complete" in r.stderr, r
+    after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
+
+
 def test_corrupt_newest_is_skipped(setup, tmp_path, mxtrain):
     root = tmp_path / "ckpt"
     shutil.copytree(setup["half_root"], root)

@@ -319,3 +319,23 @@ def test_fault_injection_every_checkpoint_commits(moto, common, tmp_path):
         assert failed >= 5, (seed, proxy.counts)  # the faults really happened
     finally:
         proxy.stop()
+
+
+def test_unreachable_store_is_a_storage_failure_for_every_ckpt_command():
+    """Nothing listens on 127.0.0.1:9: every ckpt command on S3 ends with exit 3 (a storage
+    failure, not a verdict on a checkpoint) and one error line; `ckpt ls` prints no row for a
+    step it could not read (it printed one with -1 ranks and exited 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "x" * 40,
+                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                "AWS_EC2_METADATA_DISABLED": "true", "MXTRAIN_S3_MAX_ATTEMPTS": "2",
+                "OMP_NUM_THREADS": "1"})
+    for args in (["ckpt", "ls", "s3://bkt/step_00000001"],
+                 ["ckpt", "ls", "--verify", "s3://bkt/step_00000001"],
+                 ["ckpt", "verify", "s3://bkt/step_00000001"],
+                 ["ckpt", "verify", "--full", "s3://bkt/step_00000001"],
+                 ["ckpt", "verify", "s3://bkt/run1"], ["ckpt", "ls", "s3://bkt/run1"]):
+        r = run(args, env, timeout=120)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 3 and len(errors) == 1, (args, r.returncode, r.stderr)
+        assert "s3://bkt" not in r.stdout, (args, r.stdout)
