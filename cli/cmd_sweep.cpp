@@ -71,6 +71,17 @@ void write_text(const fs::path& p, const std::string& text) {
                              ec.message());
 }
 
+// A SIGTERM (or a launcher's SIGUSR1) to the sweep goes on to the run in progress, which then
+// stops at a step boundary with a checkpoint, as a Ctrl-C does; the default action killed the
+// sweep alone and left the run training on, orphaned.
+volatile sig_atomic_t g_run_pid = 0;       // the run in progress, 0 while there is none
+volatile sig_atomic_t g_run_signal = 0;    // what to send it: SIGTERM, or SIGUSR1 for mpirun
+volatile sig_atomic_t g_stop_requested = 0;  // the sweep stops after the run in progress
+void forward_stop(int) {
+  g_stop_requested = 1;
+  if (g_run_pid > 0) kill(pid_t(g_run_pid), int(g_run_signal));
+}
+
 // Runs argv; stdout/stderr to the given files ("" = inherit). Returns the wait status.
 int spawn(const std::vector<std::string>& argv, const std::string& out_file,
           const std::string& err_file, bool mpi_env) {
@@ -82,11 +93,27 @@ int spawn(const std::vector<std::string>& argv, const std::string& out_file,
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
   sigaction(SIGINT, &ignore, &old_int);
+  // mpirun hands SIGUSR1 to every rank (which take it for SIGTERM); a SIGTERM it would pass on
+  // and follow with SIGKILL a second later, too soon for the checkpoint.
+  g_run_signal = mpi_env ? SIGUSR1 : SIGTERM;
+  struct sigaction forward {}, old_term {}, old_usr1 {};
+  forward.sa_handler = forward_stop;
+  sigemptyset(&forward.sa_mask);
+  sigaction(SIGTERM, &forward, &old_term);
+  sigaction(SIGUSR1, &forward, &old_usr1);
+  auto restore = [&] {
+    g_run_pid = 0;
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGUSR1, &old_usr1, nullptr);
+  };
   const pid_t pid = fork();
-  if (pid < 0) sigaction(SIGINT, &old_int, nullptr);
+  if (pid < 0) restore();
   MX_REQUIRE(pid >= 0, "cannot start a process (fork failed)");
   if (pid == 0) {
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);  // (exec resets handled signals anyway; until then, default)
+    signal(SIGUSR1, SIG_DFL);
     auto redirect = [](const std::string& f, int fd) {
       if (f.empty()) return;
       const int o = open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -108,6 +135,8 @@ int spawn(const std::vector<std::string>& argv, const std::string& out_file,
     std::fprintf(stderr, "error: cannot run %s: %s\n", argv[0].c_str(), std::strerror(errno));
     _exit(127);
   }
+  g_run_pid = pid;
+  if (g_stop_requested) kill(pid, int(g_run_signal));  // came before the pid was known
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) {
@@ -115,7 +144,7 @@ int spawn(const std::vector<std::string>& argv, const std::string& out_file,
       break;
     }
   }
-  sigaction(SIGINT, &old_int, nullptr);
+  restore();
   return status;
 }
 
@@ -308,6 +337,7 @@ int run_sweep(const SweepArgs& a) {
     r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++executed;
     const bool interrupted =
+        g_stop_requested ||
         (WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)) ||
         (WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143));
     if (interrupted) {

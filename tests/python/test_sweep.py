@@ -3,6 +3,9 @@ measured memory), a point the planner says does not fit, resume, failed runs, ba
 import csv
 import json
 import os
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -135,3 +138,54 @@ def test_sweep_bad_input(mxtrain, tmp_path, extra, needle):
     assert len(lines) == 1 and lines[0].startswith("error:"), r
     assert needle in lines[0], r
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def _processes_mentioning(text):
+    """PIDs of live processes whose command line contains text."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_sigterm_reaches_the_run_in_progress(tmp_path):
+    """SIGTERM to the sweep (a SageMaker stop, a `kill`) goes on to the run in progress, which
+    stops at a step boundary with a checkpoint; the sweep then stops as after a Ctrl-C (exit 2,
+    rerun to resume). The default action killed the sweep alone and left the run training on."""
+    from conftest import MXTRAIN_BIN, require_binary
+    require_binary()
+    base = tmp_path / "base.toml"
+    base.write_text(BASE)
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.Popen([MXTRAIN_BIN, "sweep", "--config", str(base), "--steps", "1000000",
+                          "--out", str(out), "--grid", "train.micro_batch=1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 90
+        logs = []
+        while time.time() < deadline:  # until the run has trained a step
+            logs = list(out.glob("runs/*/stderr.log"))
+            if logs and "step " in logs[0].read_text():
+                break
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the run never logged a step")
+        run_dir = logs[0].parent
+        assert _processes_mentioning(str(run_dir)), "the run is not running"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 2 and "interrupted" in err, (p.returncode, err)
+    assert not _processes_mentioning(str(run_dir)), "the run is still training"
+    assert list((run_dir).glob("**/step_*/manifest.json")), "the run left no checkpoint"
