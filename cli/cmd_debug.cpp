@@ -26,7 +26,9 @@ struct GradsArgs {
 
 std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t vocab) {
   std::error_code ec;
-  MX_REQUIRE(std::filesystem::is_regular_file(path, ec), "token file ", path, " does not exist");
+  MX_REQUIRE(std::filesystem::exists(path, ec), "token file ", path, " does not exist");
+  MX_REQUIRE(std::filesystem::is_regular_file(path, ec), "token file ", path,
+             " is not a regular file");
   auto size = std::filesystem::file_size(path, ec);
   MX_REQUIRE(!ec && size == uint64_t(count) * 4, "token file ", path, " has ", size,
              " bytes; --batch x (--seq + 1) int32 tokens need ", count * 4);
@@ -42,6 +44,13 @@ std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t
 
 int run_grads(const GradsArgs& a) {
   MX_REQUIRE(a.batch >= 1 && a.seq >= 1, "--batch and --seq must be at least 1");
+  // (seq + 1) x batch int32 tokens, far above any use: no product below overflows
+  MX_REQUIRE(a.seq < (int64_t(1) << 31) && a.batch <= (int64_t(1) << 40) / (a.seq + 1),
+             "--batch x (--seq + 1) (", a.batch, " x ", a.seq + 1, ") is more than 2^40 tokens");
+  require_distinct_output(a.out, "--out", a.tokens, "--tokens");
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(a.init, ec))  // the weights, config
+    require_distinct_output(a.out, "--out", e.path().string(), "--init directory's");
   MX_REQUIRE(is_hf_dir(a.init), "--init ", a.init, " is not a Hugging Face model directory ",
              "(no config.json)");
   ModelConfig cfg = read_hf_config(a.init + "/config.json");

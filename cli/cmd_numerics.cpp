@@ -52,6 +52,7 @@ uint32_t seed32(uint64_t seed) {
 }
 
 int run_quantize(const QuantizeArgs& a) {
+  require_distinct_output(a.out, "--out", a.in, "--in");
   const std::string& f = a.format;
   MX_REQUIRE(f == "e4m3" || f == "e5m2" || f == "fp8-block" || f == "mxfp8" || f == "nvfp4",
              "--format must be e4m3, e5m2, fp8-block, mxfp8 or nvfp4, got '", f, "'");
@@ -132,6 +133,7 @@ int run_quantize(const QuantizeArgs& a) {
 }
 
 int run_codec(const CodecArgs& a) {
+  require_distinct_output(a.out, "--out", a.in, "--in");
   const std::string& f = a.format;
   MX_REQUIRE(f == "e4m3" || f == "e5m2" || f == "e2m1" || f == "e8m0" || f == "ue4m3" ||
                  f == "bf16",

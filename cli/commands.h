@@ -2,7 +2,11 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <functional>
+#include <string>
+
+#include "core/error.h"
 
 namespace mx::cli {
 
@@ -17,5 +21,14 @@ void add_numerics(CLI::App& app, Action& action);
 void add_plan(CLI::App& app, Action& action);
 void add_sweep(CLI::App& app, Action& action);
 void add_sagemaker(CLI::App& app, Action& action);
+
+// An output path that names an input file (the same path, another spelling of it, a link to
+// it) would be overwritten by the output before anything checks it: one error line instead.
+inline void require_distinct_output(const std::string& out, const char* out_flag,
+                                    const std::string& in, const char* in_flag) {
+  std::error_code ec;
+  MX_REQUIRE(!std::filesystem::equivalent(out, in, ec), out_flag, " ", out, " is the ", in_flag,
+             " file: the output would overwrite its input");
+}
 
 }  // namespace mx::cli

@@ -1,6 +1,7 @@
 """Bad input gets exit code 2 and one `error:` line (the last stderr line) naming the problem; no
 crash, and nothing written over what was there before."""
 import os
+import re
 import struct
 
 import numpy as np
@@ -212,6 +213,40 @@ def test_debug_grads_bad_input(mxtrain, tmp_path, case):
                  "--seq", seq, "--out", out], timeout=60)
     check_error(r, keywords)
     assert out.read_bytes() == b"earlier good data"
+
+
+@pytest.mark.parametrize("target", ["tokens", "tokens_link", "weights"])
+def test_debug_grads_will_not_write_over_its_inputs(mxtrain, tmp_path, target):
+    cfg, model, toks, _ = _grads_setup(tmp_path)
+    keep = {p: p.read_bytes() for p in [toks, model / "model.safetensors", model / "config.json"]}
+    out = {"tokens": toks, "weights": model / "model.safetensors",
+           "tokens_link": tmp_path / "link.i32"}[target]
+    if target == "tokens_link":
+        out.symlink_to(toks)
+    r = mxtrain(["debug", "grads", "--init", model, "--tokens", toks, "--batch", 2, "--seq", 8,
+                 "--out", out], timeout=60)
+    check_error(r, ["--out"])
+    assert {p: p.read_bytes() for p in keep} == keep
+
+
+def test_debug_grads_huge_shape_is_named(mxtrain, tmp_path):
+    cfg, model, toks, out = _grads_setup(tmp_path)
+    r = mxtrain(["debug", "grads", "--init", model, "--tokens", toks, "--batch", 2000000000,
+                 "--seq", 2000000000, "--out", out], timeout=60)
+    check_error(r, ["--batch"])
+    assert not re.search(r"-\d", r.stderr), r  # no wrapped-around (negative) size
+
+
+@pytest.mark.parametrize("sub", ["quantize", "codec"])
+def test_numerics_will_not_write_over_its_input(mxtrain, tmp_path, sub):
+    src = tmp_path / "x.safetensors"
+    hf_io.write_safetensors(src, {"a": np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)})
+    before = src.read_bytes()
+    fmt = "e4m3"
+    r = mxtrain(["numerics", sub, "--format", fmt, "--in", src, "--out", tmp_path / "." / "x.safetensors"],
+                timeout=60)
+    check_error(r, ["--out"])
+    assert src.read_bytes() == before
 
 
 def test_export_hf_missing_checkpoint(mxtrain, tmp_path):
