@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct QuantizeArgs {
   bool stochastic = false, no_pow2_scales = false;
   uint64_t seed = 0;
   float margin = 0.0f;
+  std::set<std::string> given;  // the format-specific options on the command line
 };
 
 struct CodecArgs {
@@ -69,6 +71,17 @@ int run_quantize(const QuantizeArgs& a) {
                "--block for nvfp4 must be 1x16 or 16x16, got '", block, "'");
   MX_REQUIRE(a.block.empty() || f == "fp8-block" || f == "mxfp8" || f == "nvfp4",
              "--block does not apply to --format ", f);
+  // An option the format does not use would be ignored silently: the output would not be what
+  // the command line says.
+  auto only_for = [&](const char* opt, bool applies, const char* formats) {
+    MX_REQUIRE(!a.given.count(opt) || applies, opt, " does not apply to --format ", f,
+               " (only ", formats, ")");
+  };
+  only_for("--no-pow2-scales", f == "fp8-block", "fp8-block");
+  only_for("--scale-rule", f == "mxfp8", "mxfp8");
+  only_for("--mx-elem", f == "mxfp8", "mxfp8");
+  only_for("--margin", f == "e4m3" || f == "e5m2", "e4m3 and e5m2");
+  MX_REQUIRE(!a.given.count("--seed") || a.stochastic, "--seed applies only with --stochastic");
   MX_REQUIRE(a.scale_rule == "ceil" || a.scale_rule == "floor",
              "--scale-rule must be ceil (TE/cuBLAS) or floor (OCP), got '", a.scale_rule, "'");
   MX_REQUIRE(a.mx_elem == "e4m3" || a.mx_elem == "e5m2",
@@ -286,7 +299,11 @@ void add_numerics(CLI::App& app, Action& action) {
                        "mxfp8 E8M0 scale: ceil (TE/cuBLAS, default) | floor (OCP)");
   quantize->add_option("--mx-elem", q->mx_elem, "mxfp8 element format: e4m3 | e5m2");
   quantize->add_option("--margin", q->margin, "e4m3/e5m2: scale = max / amax / 2^margin");
-  quantize->callback([&action, q] { action = [q] { return run_quantize(*q); }; });
+  quantize->callback([&action, q, quantize] {
+    for (const char* opt : {"--seed", "--no-pow2-scales", "--scale-rule", "--mx-elem", "--margin"})
+      if (quantize->get_option(opt)->count() > 0) q->given.insert(opt);
+    action = [q] { return run_quantize(*q); };
+  });
 
   auto* codec = numerics->add_subcommand(
       "codec", "element-wise encode (F32 tensors) / decode (code tensors) of one format");

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "model/llama.h"
 #include "plan/planner.h"
@@ -55,20 +56,9 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
-// Whole file to a temporary name, then renamed into place.
+// Whole file to a temporary name, then renamed into place (removed again if that fails).
 void write_text(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw StorageError("cannot write " + tmp.string());
-    f << text;
-    f.flush();
-    if (!f) throw StorageError("cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
-  if (ec) throw StorageError("cannot rename " + tmp.string() + " to " + p.string() + ": " +
-                             ec.message());
+  write_file_atomic(p.string(), text);
 }
 
 // A SIGTERM (or a launcher's SIGUSR1) to the sweep goes on to the run in progress, which then
@@ -196,6 +186,10 @@ int run_sweep(const SweepArgs& a) {
       MX_REQUIRE(key_of(s) != k, "--set ", k, ": the sweep sets this key itself");
   }
   const std::vector<plan::GridAxis> axes = plan::parse_grid(a.grids);
+  for (const auto& ax : axes)  // the grid's value would silently win over the --set
+    for (const auto& s : a.sets)
+      MX_REQUIRE(key_of(s) != ax.key, "--set ", ax.key, " and --grid ", ax.key,
+                 ": a key given twice (give its values in the grid)");
   for (const auto& ax : axes) {
     for (const char* k : kFixedKeys)
       MX_REQUIRE(ax.key != k, "--grid ", k, ": the sweep sets this key itself");

@@ -152,9 +152,17 @@ std::map<std::string, std::string> parse_input_data_config(const nlohmann::json&
   std::map<std::string, std::string> channels;
   for (const auto& [name, spec] : j.items()) {
     std::string mode = "File";
-    if (spec.is_object() && spec.contains("TrainingInputMode") &&
-        spec["TrainingInputMode"].is_string())
+    MX_REQUIRE(spec.is_object(), "inputdataconfig.json: channel '", name,
+               "' is not a JSON object");
+    if (spec.contains("TrainingInputMode")) {
+      MX_REQUIRE(spec["TrainingInputMode"].is_string(), "inputdataconfig.json: channel '", name,
+                 "': TrainingInputMode is not a string");
       mode = spec["TrainingInputMode"].get<std::string>();
+      // SageMaker's three input modes; anything else is a broken file, not a mode to guess at
+      MX_REQUIRE(mode == "File" || mode == "FastFile" || mode == "Pipe",
+                 "inputdataconfig.json: channel '", name, "': TrainingInputMode '", mode,
+                 "' is not File, FastFile or Pipe");
+    }
     channels[name] = mode;
   }
   return channels;

@@ -366,7 +366,9 @@ def test_quantize_reads_bf16_and_f16(tmp_path):
 
 # ---- bad input -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["format", "dtype", "missing", "nan", "block", "seed"])
+@pytest.mark.parametrize("case", ["format", "dtype", "missing", "nan", "block", "seed",
+                                  "margin_on_mxfp8", "seed_without_stochastic",
+                                  "scale_rule_on_e4m3", "mx_elem_on_nvfp4", "pow2_on_mxfp8"])
 def test_bad_input_exit_2_one_error_line(tmp_path, case):
     require_binary()
     src, dst = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
@@ -384,6 +386,17 @@ def test_bad_input_exit_2_one_error_line(tmp_path, case):
         args += ["--block", "1x64"]
     elif case == "seed":
         args += ["--stochastic", "--seed", str(2 ** 40)]
+    # options the format does not use (they were ignored: the output not what the line says)
+    elif case == "margin_on_mxfp8":
+        args += ["--margin", "1"]
+    elif case == "seed_without_stochastic":
+        args += ["--seed", "5"]
+    elif case == "scale_rule_on_e4m3":
+        args = ["--format", "e4m3", "--scale-rule", "floor"]
+    elif case == "mx_elem_on_nvfp4":
+        args = ["--format", "nvfp4", "--mx-elem", "e5m2"]
+    elif case == "pow2_on_mxfp8":
+        args += ["--no-pow2-scales"]
     if case != "missing":
         hf_io.write_safetensors(src, {"x": x})
     r = run_mxtrain(["numerics", "quantize", *args, "--in", src, "--out", dst])

@@ -130,6 +130,7 @@ def test_sweep_skips_predicted_oom_and_records_failures(mxtrain, tmp_path):
     (["--grid", "train.steps=1,2"], "train.steps"),
     (["--grid", "train.micro_batch=1", "--np", "0"], "--np"),
     (["--grid", "train.micro_batch=1", "--gpu", "h100"], "--gpu"),
+    (["--grid", "train.lr=1e-3", "--set", "train.lr=2e-3"], "twice"),
 ])
 def test_sweep_bad_input(mxtrain, tmp_path, extra, needle):
     r = sweep(mxtrain, tmp_path, extra)

@@ -177,6 +177,13 @@ TEST(SagemakerInputData, ModesPerChannel) {
       {{"train", {{"TrainingInputMode", "FastFile"}}}, {"config", json::object()}});
   EXPECT_EQ(c.at("train"), "FastFile");
   EXPECT_EQ(c.at("config"), "File");
+  // A mode SageMaker does not have, a mode that is not a string, a channel that is not an
+  // object: a broken file (they were taken for File).
+  EXPECT_THROW(sm::parse_input_data_config({{"train", {{"TrainingInputMode", "Bogus"}}}}),
+               mx::UserError);
+  EXPECT_THROW(sm::parse_input_data_config({{"train", {{"TrainingInputMode", 3}}}}),
+               mx::UserError);
+  EXPECT_THROW(sm::parse_input_data_config({{"train", "File"}}), mx::UserError);
 }
 
 TEST(SagemakerMpirun, TwoHostsEightProcessesEach) {
