@@ -11,8 +11,9 @@ namespace mx {
 
 std::string export_checkpoint_hf(const std::string& checkpoint, const std::string& out_dir,
                                  std::string dtype) {
+  const std::string given = dtype;
   for (auto& ch : dtype) ch = char(std::toupper(static_cast<unsigned char>(ch)));
-  MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", dtype, ")");
+  MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", given, ")");
   std::vector<float> params;
   std::string step_location;
   ModelConfig cfg = load_checkpoint_weights(checkpoint, params, &step_location);

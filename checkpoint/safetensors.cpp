@@ -228,7 +228,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& why) {
     return UserError(str("safetensors file '", path_, "': ", why));
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw fail(str("cannot open: ", errno_text()));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

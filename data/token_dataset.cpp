@@ -150,7 +150,9 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
   }
 
   FileDescriptor file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is then refused below) instead of blocking until a
+  // writer appears; regular files ignore it.
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) throw_read_error(path, "cannot open", errno);
   struct stat st{};
   if (::fstat(file.fd, &st) != 0) throw_read_error(path, "cannot stat", errno);

@@ -136,11 +136,12 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
   return c;
 }
 
-void write_hf_config(const ModelConfig& config, const std::string& path) {
-  write_file_atomic(path, hf_config_text(config));
+void write_hf_config(const ModelConfig& config, const std::string& path,
+                     const std::string& torch_dtype) {
+  write_file_atomic(path, hf_config_text(config, torch_dtype));
 }
 
-std::string hf_config_text(const ModelConfig& config) {
+std::string hf_config_text(const ModelConfig& config, const std::string& torch_dtype) {
   ModelConfig c = config;
   c.finalize();
   c.validate();
@@ -160,7 +161,7 @@ std::string hf_config_text(const ModelConfig& config) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["hidden_act"] = "silu";
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = torch_dtype;
   j["attention_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["mlp_bias"] = false;

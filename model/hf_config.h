@@ -15,11 +15,13 @@ ModelConfig read_hf_config(const std::string& path);
 // The same from config.json's text; `path` names it in errors.
 ModelConfig parse_hf_config(const std::string& text, const std::string& path);
 
-// Writes config.json for LlamaForCausalLM (float32 weights, no rope scaling, no biases),
+// Writes config.json for LlamaForCausalLM (no rope scaling, no biases),
 // atomically: path + ".tmp.<pid>", fsync, rename. StorageError on I/O failure; UserError if the
 // config does not validate.
-void write_hf_config(const ModelConfig& c, const std::string& path);
+// torch_dtype: what the weights beside it are stored as ("float32" or "bfloat16").
+void write_hf_config(const ModelConfig& c, const std::string& path,
+                     const std::string& torch_dtype = "float32");
 // The text write_hf_config writes.
-std::string hf_config_text(const ModelConfig& c);
+std::string hf_config_text(const ModelConfig& c, const std::string& torch_dtype = "float32");
 
 }  // namespace mx

@@ -89,7 +89,8 @@ void save_hf_model(const std::string& dir, const ModelConfig& config, const Para
   for (const ParamTensor& t : layout.tensors()) w.add_f32(t.hf_name, t.shape, params + t.offset, dtype);
   w.set_metadata("format", "pt");
   w.write((fs::path(dir) / "model.safetensors").string());
-  write_hf_config(config, (fs::path(dir) / "config.json").string());
+  write_hf_config(config, (fs::path(dir) / "config.json").string(),
+                  dtype == "BF16" ? "bfloat16" : "float32");
 }
 
 }  // namespace mx

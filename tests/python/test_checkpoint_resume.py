@@ -191,6 +191,35 @@ def flip_byte(path, offset=-100):
     path.write_bytes(bytes(data))
 
 
+def test_bf16_export_says_bfloat16_and_rounds_to_nearest_even(setup, tmp_path):
+    """--dtype bf16: every tensor BF16, each value the F32 export rounded to nearest even
+    (ml_dtypes), and config.json's torch_dtype "bfloat16" (it said "float32")."""
+    import struct
+    import ml_dtypes
+    import numpy as np
+    import hf_io
+    step = setup["ref_root"] / "step_00000040"
+    for d in ("f32", "bf16"):
+        r = run1(["ckpt", "export-hf", step, tmp_path / d, "--dtype", d])
+        assert r.rc == 0, r
+    assert json.loads((tmp_path / "f32" / "config.json").read_text())["torch_dtype"] == "float32"
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    f32 = hf_io.read_safetensors(str(tmp_path / "f32" / "model.safetensors"))
+    raw = (tmp_path / "bf16" / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    assert set(header) == set(f32)
+    for name, e in header.items():
+        assert e["dtype"] == "BF16", name
+        b, t = e["data_offsets"]
+        got = np.frombuffer(raw[8 + n + b:8 + n + t], dtype="<u2")
+        want = f32[name].astype(ml_dtypes.bfloat16).view(np.uint16).reshape(-1)
+        assert np.array_equal(got, want), name
+    r = run1(["ckpt", "export-hf", step, tmp_path / "x", "--dtype", "fp32"])
+    assert r.rc == 2 and "(got fp32)" in r.stderr, r  # the value as given
+
+
 def test_a_finished_run_started_again_changes_nothing(setup, tmp_path):
     """The same command again after the run finished (a retried SageMaker job does this): exit
     0, nothing trained, and no second summary of zero steps (final loss NaN, 0 tok/s) appended

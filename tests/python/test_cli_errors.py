@@ -146,6 +146,14 @@ def _prepare(case, tmp):
         return {"model.head_dim": 0}, [], ["head_dim"]
     if case == "config_is_directory":
         return {}, ["--config", str(tmp)], ["directory"]
+    if case == "data_is_fifo":  # open() waited for a writer forever
+        fifo = tmp / "tokens.fifo"
+        os.mkfifo(fifo)
+        return {"data.path": fifo, "data.format": "u16"}, [], ["not a regular file"]
+    if case == "checkpoint_dir_is_a_file":  # found only at the first save, after training
+        f = tmp / "afile"
+        f.write_text("data\n")
+        return {"checkpoint.dir": f}, [], ["not a directory"]
     raise KeyError(case)
 
 
@@ -155,7 +163,8 @@ TRAIN_CASES = ["unknown_section", "unknown_key", "wrong_type", "negative_steps",
                "missing_data_file", "token_out_of_vocab", "truncated_u16", "empty_data_file",
                "init_without_config_json", "init_malformed_safetensors", "unknown_preset",
                "unknown_flag", "huge_grad_accum", "huge_micro_batch", "huge_steps",
-               "zero_kv_heads", "zero_head_dim", "config_is_directory"]
+               "zero_kv_heads", "zero_head_dim", "config_is_directory", "data_is_fifo",
+               "checkpoint_dir_is_a_file"]
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES)
