@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   // it inside a collective): abort_all prints `error: rank R: ...` and aborts the job.
   auto fail = [](int code, const std::string& message) -> int {
     if (mx::in_multi_process_job()) mx::abort_all(code, message);
-    std::fprintf(stderr, "error: %s\n", message.c_str());
+    // Under a launcher before the world exists (a config error): still say which rank
+    std::fprintf(stderr, "error: %s%s\n", mx::launcher_rank_prefix().c_str(), message.c_str());
     return code;
   };
   try {

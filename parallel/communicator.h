@@ -145,6 +145,11 @@ Communicator& world_communicator();
 // True once world_communicator() has created an MPI world of more than one process.
 bool in_multi_process_job();
 
+// "rank R: " when the launcher's environment says this process is rank R of more than one
+// (OMPI_COMM_WORLD_*, PMIX_RANK / PMI_*), else "": for errors before the world exists (a bad
+// config), so that they read as abort_all's do.
+std::string launcher_rank_prefix();
+
 // Ends the whole job now, from any one rank, without waiting for the others: prints
 // `error: rank R: <message>` to stderr (`error: <message>` in a single-process run), then
 // MPI_Abort(MPI_COMM_WORLD, exit_code), which makes mpirun kill every rank and exit with

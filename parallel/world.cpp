@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -81,6 +83,18 @@ bool launched_by_mpi_launcher() {
   }
   return env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMIX_RANK") || env_set("PMI_SIZE") ||
          env_set("PMI_RANK");
+}
+
+std::string launcher_rank_prefix() {
+  auto first = [](std::initializer_list<const char*> names) -> long {
+    for (const char* n : names)
+      if (const char* v = std::getenv(n); v && *v) return std::strtol(v, nullptr, 10);
+    return -1;
+  };
+  const long size = first({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
+  const long rank = first({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
+  if (size <= 1 || rank < 0) return "";
+  return "rank " + std::to_string(rank) + ": ";
 }
 
 Communicator& world_communicator() {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <variant>
 
 #include "checkpoint/s3/uri.h"
@@ -394,6 +395,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
         f.set(s, from_toml(f, v, " in " + path));
       }
     }
+    std::ostringstream text;
+    text << root;
+    s.cfg.sources.emplace_back("config file " + path, text.str());
   }
   for (const std::string& item : sets) {
     auto eq = item.find('=');
@@ -402,6 +406,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     std::string key = item.substr(0, eq);
     const Field& f = require_field(key, " (from --set)");
     f.set(s, from_text(f, item.substr(eq + 1)));
+    s.cfg.sources.emplace_back("--set " + item, item);
   }
   apply_model_fields(s);
   validate(s.cfg);

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -92,6 +93,10 @@ struct RunConfig {
   } run;
 
   // Paths with their defaults filled in.
+  // What the config was built from, in order: {label, content} of the config file (its parsed
+  // TOML, reformatted) and of each --set. Ranks of one job compare these (train/trainer.cpp).
+  std::vector<std::pair<std::string, std::string>> sources;
+
   std::string out_dir() const;
   std::string metrics_path() const;
   std::string checkpoint_dir() const;

@@ -3,12 +3,14 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <span>
 #include <thread>
 #include <filesystem>
 #include <vector>
@@ -44,6 +46,36 @@ std::atomic<int> g_stop_signal{0};
 // second later (odls_base_sigkill_timeout), too soon for a checkpoint (docs/checkpoints.md).
 void on_signal(int sig) { g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig); }
 
+// Every rank must run with the same settings. Ranks that differ (a stale config file on one
+// node, a --set given to one rank) hang in the first collective whose sizes differ, or fail deep
+// inside MPI ("MPI_ERR_TRUNCATE"), or train silently on different data. So rank 0's hash of
+// each source of the config (the file's content, each --set, in order) goes to every rank,
+// which names the first of its own that differs.
+void require_same_config(Communicator& world, const RunConfig& cfg) {
+  if (world.size() == 1) return;
+  constexpr size_t kMaxSources = 256;
+  auto fnv1a = [](const std::string& text) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    return int64_t(h);
+  };
+  const auto& src = cfg.sources;
+  const size_t n = std::min(src.size(), kMaxSources);
+  std::vector<int64_t> mine(kMaxSources + 1, 0);
+  mine[0] = int64_t(n);
+  for (size_t i = 0; i < n; ++i) mine[i + 1] = fnv1a(src[i].second);  // content, not the path
+  std::vector<int64_t> root = mine;
+  world.broadcast(std::span<int64_t>(root), 0);
+  if (root == mine) return;
+  for (size_t i = 0; i < n; ++i)
+    MX_REQUIRE(i < size_t(root[0]) && root[i + 1] == mine[i + 1], "this process's ",
+               src[i].first, " differs from rank 0's (every process of a job must be started "
+               "with the same config file and --set flags)");
+  throw UserError(str("rank 0 was started with ", root[0], " config sources (config file and "
+                      "--set flags), this process with ", n, ": every process of a job must "
+                      "be started with the same ones"));
+}
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -63,6 +95,13 @@ int run_training(const RunConfig& cfg) {
   if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));
   Communicator& world = world_communicator();
   const int rank = world.rank(), W = world.size();
+  require_same_config(world, cfg);
+  {  // found only at the first save otherwise, after the run's compute
+    std::error_code ec;
+    const std::string dir = cfg.checkpoint_dir();
+    MX_REQUIRE(!std::filesystem::exists(dir, ec) || std::filesystem::is_directory(dir, ec),
+               "checkpoint directory ", dir, " exists and is not a directory");
+  }
   const bool lead = rank == 0;  // rank 0 logs, writes metrics and checkpoints
   if (!lead) set_log_level(LogLevel::kQuiet);
   const auto& tc = cfg.train;

@@ -7,6 +7,7 @@ losses and gradients over equal token counts equals the 1-process mean), compare
 relative as the issue asks; float summation order is the only difference."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -136,6 +137,52 @@ def test_bad_config_on_every_rank_ends_the_job(tmp_path):
     assert p.returncode == 2, p.stderr
     assert time.monotonic() - t0 < 30
     assert "error: rank" in p.stderr and "missing.bin" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("rank1_extra,named", [
+    (["--set", "train.steps=5"], "--set train.steps=5"),  # hung after rank 0's last step
+    (["--set", "model.num_hidden_layers=3"], "--set model.num_hidden_layers=3"),  # MPI error
+    (["--set", "parallel.sharding=none"], "--set parallel.sharding=none"),  # hung
+    (["--set", "train.micro_batch=1"], "--set train.micro_batch=1"),  # trained on, silently
+])
+def test_ranks_started_with_different_settings_end_the_job(tmp_path, rank1_extra, named):
+    """Rank 1 given one more --set than rank 0 (a stale config on one node): the job ends at
+    start-up with exit 2 and rank 1's error naming the setting, instead of hanging in the first
+    collective whose sizes differ, failing inside MPI (exit 1), or training on silently."""
+    wrapper = tmp_path / "rank1_differs.sh"
+    extra = " ".join(f"'{a}'" for a in rank1_extra)
+    wrapper.write_text('#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$@" '
+                       f'{extra}; fi\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS +
+                       [str(wrapper), MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+                        "--set", f"data.path={corpus(tmp_path)}", "--set", "train.seq_len=32",
+                        "--set", "train.steps=2", "--set", "train.micro_batch=2",
+                        "--set", "run.sample_tokens=0", "--set", "train.eval_every=0",
+                        "--set", f"run.out_dir={tmp_path / 'x'}"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2, p.stderr
+    assert time.monotonic() - t0 < 30
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, p.stderr
+    assert errors[0].startswith("error: rank 1: ") and named in errors[0], p.stderr
+
+
+def test_config_error_before_the_world_exists_names_the_rank(tmp_path):
+    """A bad key fails before MPI starts; the line still says which rank, as abort_all's do."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS +
+                       [MXTRAIN_BIN, "train", "--set", "train.stepz=3",
+                        "--set", f"run.out_dir={tmp_path / 'x'}"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all(re.match(r"error: rank [01]: unknown config key 'train.stepz'", l)
+                          for l in errors), p.stderr
 
 
 def test_hybrid_group_must_divide_the_world(tmp_path):
