@@ -461,6 +461,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   // bits (rounded to bf16 where forward rounded), so every policy produces identical gradients.
   if (bp ? !a.q_16 : !a.q) {
     float* y = scratch_.alloc_f32(N * C);
+    // fp8-delayed: the forward's scales again, no amax recorded (LinearRecipe::set_replay)
+    struct Replay {
+      LinearRecipe* r;
+      explicit Replay(LinearRecipe* r) : r(r) { if (r) r->set_replay(true); }
+      ~Replay() { if (r) r->set_replay(false); }
+    } replay(recipe_);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
   } else if (bp) {
     if (!a.h1_16) {  // selective: the norms' codes and the product's
@@ -671,6 +677,11 @@ Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {
     return block_operand(*recipe_, op, reduces_along_cols(op), layer_, linear);
   q.fmt = LinearRecipe::fp8_format(op);
   if (recipe_->recipe() != Recipe::kFp8Delayed) return q;  // current scaling
+  if (recipe_->replaying()) {  // a recompute: the forward's scale, and no amax to record
+    q.current = false;
+    q.scale = recipe_->delayed_scale(layer_, linear, op);
+    return q;
+  }
   const int slots = int(c_.num_hidden_layers) * 7 * 6;
   if (!amax_slots_) {
     if (MemoryResource* mem = be_.memory()) {

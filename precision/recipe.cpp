@@ -142,7 +142,8 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
   const int64_t n = rows * cols;
   const Format fp8 = is_gradient(op) ? Format::kE5M2 : Format::kE4M3;  // HYBRID
   // Telemetry: null unless this step collects (the zero-cost path is this one test).
-  OperandStats* st = collect_ ? &stats_[std::make_tuple(layer, linear, int(op))] : nullptr;
+  OperandStats* st =
+      collect_ && !replay_ ? &stats_[std::make_tuple(layer, linear, int(op))] : nullptr;
   numerics::QuantizeInto into;
   into.dequant = out;
   switch (recipe_) {
@@ -169,8 +170,14 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       auto key = std::make_tuple(layer, linear, int(op));
       auto& ds = delayed_[key];
       if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8);
-      // the scale this quantization uses (the state then updates)
-      const float scale = ds->quantize_into(x, rows, cols, into);
+      float scale = 0.0f;
+      if (auto it = last_scale_.find(key); replay_ && it != last_scale_.end()) {
+        scale = it->second;  // the forward's scale again; nothing recorded
+        numerics::quantize_fp8_tensor_into(x, rows, cols, fp8, scale, into);
+      } else {
+        // the scale this quantization uses (the state then updates)
+        scale = last_scale_[key] = ds->quantize_into(x, rows, cols, into);
+      }
       if (st) accumulate_stats(*st, x, out, rows, cols, fp8,
                                [scale](int64_t, int64_t) { return scale; });
       return;
@@ -263,12 +270,15 @@ void LinearRecipe::fp8_block_shape(LinearOperand op, bool reduce_along_cols, int
 }
 
 float LinearRecipe::delayed_scale(int64_t layer, int linear, LinearOperand op) {
-  auto& ds = delayed_[std::make_tuple(layer, linear, int(op))];
+  const auto key = std::make_tuple(layer, linear, int(op));
+  if (auto it = last_scale_.find(key); replay_ && it != last_scale_.end()) return it->second;
+  auto& ds = delayed_[key];
   if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8_format(op));
-  return ds->scale();
+  return last_scale_[key] = ds->scale();
 }
 
 void LinearRecipe::delayed_record(int64_t layer, int linear, LinearOperand op, float amax) {
+  if (replay_) return;  // a recompute's amax: the forward it repeats recorded it
   auto& ds = delayed_[std::make_tuple(layer, linear, int(op))];
   MX_ASSERT(ds != nullptr);  // delayed_scale() made it
   ds->record(amax);

@@ -117,6 +117,14 @@ class LinearRecipe {
   float delayed_scale(int64_t layer, int linear, LinearOperand op);
   void delayed_record(int64_t layer, int linear, LinearOperand op, float amax);
 
+  // A recomputed forward (activation checkpointing) replays the forward it repeats: fp8-delayed
+  // quantizes with the scale that forward used and records no amax (Transformer Engine's
+  // checkpoint does the same), and telemetry does not count the operands twice. Without it a
+  // full recompute quantized with the scale the forward's own amax had already moved and
+  // pushed every amax twice: losses diverged from `none` / `selective` after the first step.
+  void set_replay(bool on) { replay_ = on; }
+  bool replaying() const { return replay_; }
+
   // fp8-delayed state for checkpoints: every (layer, linear, operand)'s scale and amax
   // history, so that a resumed run quantizes exactly as the uninterrupted one would.
   struct DelayedState {
@@ -148,6 +156,9 @@ class LinearRecipe {
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;
+  // The scale each fp8-delayed operand's latest (non-replayed) quantization used.
+  std::map<std::tuple<int64_t, int, int>, float> last_scale_;
+  bool replay_ = false;
   bool collect_ = false;
   std::map<std::tuple<int64_t, int, int>, OperandStats> stats_;
   SqnrMonitor monitor_;
