@@ -70,8 +70,12 @@ int main(int argc, char** argv) {
   } catch (const mx::StorageError& e) {
     return fail(3, e.what());
   } catch (const std::bad_alloc&) {
-    return fail(2, "out of memory (try a smaller train.micro_batch or seq_len, or "
-                   "memory.activation_checkpointing = full)");
+    // (argv[1] is a known subcommand here: checked above)
+    const std::string sub = argc > 1 ? argv[1] : "";
+    return fail(2, sub == "generate"
+                       ? "out of memory (try fewer --max-tokens or a shorter --prompt)"
+                       : "out of memory (try a smaller train.micro_batch or seq_len, or "
+                         "memory.activation_checkpointing = full)");
   } catch (const std::exception& e) {
     return fail(1, std::string("internal error (a bug in mxtrain, please report): ") + e.what());
   }

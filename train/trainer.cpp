@@ -186,6 +186,26 @@ int run_training(const RunConfig& cfg) {
     resume_roots.push_back(parse_checkpoint_location(cfg.checkpoint.resume).root);
     if (lead) choice[0] = 0, choice[1] = resolve_checkpoint(cfg.checkpoint.resume).step;
   }
+  // This run's own checkpoints must not mix with newer steps of another run in its root: a
+  // same-numbered step would be replaced, checkpoint.keep (which keeps the highest numbers)
+  // would delete this run's newest and keep the other run's, and resume = auto, generate and
+  // export-hf of the root would later pick the other run's newest. An explicit resume from an
+  // older step (a roll-back) is refused; a fresh start (resume = none) is warned about.
+  if (lead && cfg.checkpoint.resume != "auto") {
+    const std::vector<int64_t> own = open_checkpoint_store(ckpt_root)->committed_steps();
+    const int64_t from = std::max<int64_t>(choice[1], 0);
+    if (!own.empty() && own.back() > from) {
+      const std::string where = open_checkpoint_store(ckpt_root)->step_location(own.back());
+      MX_REQUIRE(cfg.checkpoint.resume == "none", "checkpoint ", where,
+                 " is newer than the step this run resumes from (", from, "), in the same "
+                 "directory this run checkpoints to: its steps would mix with this run's "
+                 "(checkpoint.keep would delete this run's newest); move the newer steps away "
+                 "or set another checkpoint.dir");
+      warn(str("checkpoint.resume = none, but ", ckpt_root, " already holds committed steps up to ",
+               where, ": this run's steps replace those of the same number, and a later "
+               "resume = auto picks the newest of either run"));
+    }
+  }
   if (W > 1) world.broadcast(choice, 2, CommDtype::kI64, 0);
   std::unique_ptr<CheckpointStore> resume_store;
   const int64_t resume_step = choice[1];
@@ -193,9 +213,19 @@ int run_training(const RunConfig& cfg) {
   if (resume_step >= 0) {
     CheckpointReader reader(*resume_store, resume_step);
     ModelConfig saved_cfg = reader.model_config();
-    MX_REQUIRE(saved_cfg.param_count() == model_cfg.param_count() &&
-                   saved_cfg.hidden_size == model_cfg.hidden_size &&
-                   saved_cfg.num_hidden_layers == model_cfg.num_hidden_layers,
+    // Every field that changes what the weights compute (rope_theta and rms_norm_eps were
+    // taken from the new config silently, and the next checkpoint said so).
+    const ModelConfig& m = model_cfg;
+    MX_REQUIRE(saved_cfg.param_count() == m.param_count() &&
+                   saved_cfg.hidden_size == m.hidden_size &&
+                   saved_cfg.intermediate_size == m.intermediate_size &&
+                   saved_cfg.num_hidden_layers == m.num_hidden_layers &&
+                   saved_cfg.num_attention_heads == m.num_attention_heads &&
+                   saved_cfg.num_key_value_heads == m.num_key_value_heads &&
+                   saved_cfg.head_dim == m.head_dim && saved_cfg.vocab_size == m.vocab_size &&
+                   saved_cfg.tie_word_embeddings == m.tie_word_embeddings &&
+                   saved_cfg.rope_theta == m.rope_theta &&
+                   saved_cfg.rms_norm_eps == m.rms_norm_eps,
                "checkpoint ", reader.location(), " holds a different model than this config");
     auto state = reader.state();
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU

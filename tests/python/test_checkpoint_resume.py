@@ -220,6 +220,38 @@ def test_bf16_export_says_bfloat16_and_rounds_to_nearest_even(setup, tmp_path):
     assert r.rc == 2 and "(got fp32)" in r.stderr, r  # the value as given
 
 
+def test_rolling_back_into_a_directory_with_newer_steps_is_refused(setup, tmp_path):
+    """Resuming from step 20 while the run's own checkpoint directory holds step 40: the new
+    steps would mix with the old run's (checkpoint.keep = 1 deleted the new step 25 and kept the
+    old 40, exit 0; resume = auto would later pick 40). Refused, nothing touched. A fresh start
+    (resume = none) into such a directory is allowed, with a warning."""
+    run_dir = tmp_path / "ref"
+    shutil.copytree(setup["tmp"] / "ref", run_dir)
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": 25, "run.out_dir": run_dir, "checkpoint.keep": 1,
+        "checkpoint.resume": run_dir / "checkpoints" / "step_00000020"})))
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.rc == 2 and len(err) == 1 and "step_00000040" in err[0], r
+    after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": 2, "run.out_dir": run_dir, "run.metrics": tmp_path / "m.jsonl",
+        "checkpoint.resume": "none"})))
+    assert r.rc == 0, r
+    assert any(l.startswith("warning:") and "step_00000040" in l
+               for l in r.stderr.splitlines()), r
+
+
+def test_resume_with_a_different_rope_theta_is_refused(setup, tmp_path):
+    run_dir = tmp_path / "half"
+    shutil.copytree(setup["tmp"] / "half", run_dir)
+    r = run1(["train"] + set_args(dict(setup["common"], **{
+        "train.steps": 30, "run.out_dir": run_dir, "model.rope_theta": 500.0,
+        "checkpoint.resume": "auto"})))
+    assert r.rc == 2 and "different model" in r.stderr, r
+
+
 def test_a_finished_run_started_again_changes_nothing(setup, tmp_path):
     """The same command again after the run finished (a retried SageMaker job does this): exit
     0, nothing trained, and no second summary of zero steps (final loss NaN, 0 tok/s) appended
