@@ -409,6 +409,13 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     s.cfg.sources.emplace_back("--set " + item, item);
   }
   apply_model_fields(s);
+  if (!s.cfg.init.from.empty()) {  // the model is init.from's config.json: a key would be ignored
+    std::string given;
+    if (s.preset) given = "model.preset";
+    else if (!s.model_fields.empty()) given = "model." + s.model_fields.begin()->first;
+    MX_REQUIRE(given.empty(), given, " is set, but init.from takes the model from ",
+               s.cfg.init.from, "/config.json: leave the [model] keys out");
+  }
   validate(s.cfg);
   return s.cfg;
 }

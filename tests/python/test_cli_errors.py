@@ -128,6 +128,10 @@ def _prepare(case, tmp):
         raw = (d / "model.safetensors").read_bytes()
         (d / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + raw[8:200])
         return {"init.from": d}, [], ["model.safetensors", "safetensors"]
+    if case == "init_with_a_model_key":  # the key was ignored silently
+        cfg = llama_ref.make_shape(32, 64, 1, 4, 2, 256)
+        d = write_model(tmp / "okmodel", cfg, llama_ref.random_params(cfg, 1))
+        return {"init.from": d, "model.hidden_size": 64}, [], ["model.hidden_size", "init.from"]
     if case == "unknown_preset":
         return {"model.preset": "gpt5"}, [], ["gpt5"]
     if case == "unknown_flag":
@@ -164,7 +168,7 @@ TRAIN_CASES = ["unknown_section", "unknown_key", "wrong_type", "negative_steps",
                "init_without_config_json", "init_malformed_safetensors", "unknown_preset",
                "unknown_flag", "huge_grad_accum", "huge_micro_batch", "huge_steps",
                "zero_kv_heads", "zero_head_dim", "config_is_directory", "data_is_fifo",
-               "checkpoint_dir_is_a_file"]
+               "checkpoint_dir_is_a_file", "init_with_a_model_key"]
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES)
