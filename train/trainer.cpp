@@ -106,7 +106,13 @@ int run_training(const RunConfig& cfg) {
   if (!lead) set_log_level(LogLevel::kQuiet);
   const auto& tc = cfg.train;
   const int64_t B = tc.micro_batch, T = tc.seq_len;
-  const ModelConfig model_cfg = resolve_model(cfg);
+  // config.json (checkpoints, export-hf) states the context the model was trained at: at least
+  // seq_len (a preset's 1024 stayed after training at 2048)
+  const ModelConfig model_cfg = [&] {
+    ModelConfig m = resolve_model(cfg);
+    m.max_position_embeddings = std::max(m.max_position_embeddings, T);
+    return m;
+  }();
 
   // Data first: a bad data file should fail before any memory is committed.
   const std::string data_path = cfg.data.path.empty() ? MXTRAIN_DEFAULT_CORPUS : cfg.data.path;

@@ -1,5 +1,6 @@
 """End to end on a small English text: training lowers the loss, metrics are complete, resume is
 exact, export-hf writes loadable Hugging Face weights, generate agrees with the reference."""
+import json
 import math
 
 import numpy as np
@@ -200,3 +201,20 @@ def test_mfu_denominator_rises_to_the_steps_gemm_rate(tmp_path, corpus):
         assert 0 < s["mfu"] < 1.5, s  # 1 MFLOP/s as the denominator would give thousands
     assert summary["sgemm_peak_gflops"] >= summary["gemm_gflops"] > 0.001, summary
     assert 0 < summary["mfu"] < 1.5, summary
+
+
+def test_config_json_states_the_trained_context(mxtrain, tmp_path):
+    """A run at a seq_len above the preset's max_position_embeddings (tiny: 1024) saves and
+    exports a config.json that says so (it kept 1024 after training at 1100)."""
+    out = tmp_path / "r"
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "data.format=random",
+                 "--set", "train.steps=1", "--set", "train.seq_len=1100",
+                 "--set", "train.micro_batch=1", "--set", "train.eval_every=0",
+                 "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"])
+    assert r.rc == 0, r
+    step = out / "checkpoints" / "step_00000001"
+    assert json.loads((step / "config.json").read_text())["max_position_embeddings"] == 1100
+    r = mxtrain(["ckpt", "export-hf", step, tmp_path / "hf"])
+    assert r.rc == 0, r
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())[
+        "max_position_embeddings"] == 1100
