@@ -115,7 +115,11 @@ int run_training(const RunConfig& cfg) {
   }();
 
   // Data first: a bad data file should fail before any memory is committed.
-  const std::string data_path = cfg.data.path.empty() ? MXTRAIN_DEFAULT_CORPUS : cfg.data.path;
+  // data.format = random reads no file: it says so, whatever data.path holds
+  const std::string data_path = parse_token_format(cfg.data.format) == TokenFormat::kRandom
+                                    ? "<random>"  // as TokenDataset names it
+                                    : cfg.data.path.empty() ? MXTRAIN_DEFAULT_CORPUS
+                                                            : cfg.data.path;
   TokenFormat format = parse_token_format(cfg.data.format);
   if (cfg.data.path.empty() && format != TokenFormat::kRandom) {
     MX_REQUIRE(std::filesystem::exists(data_path), "data.path is not set and the bundled corpus ",

@@ -210,8 +210,10 @@ def test_config_json_states_the_trained_context(mxtrain, tmp_path):
     r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "data.format=random",
                  "--set", "train.steps=1", "--set", "train.seq_len=1100",
                  "--set", "train.micro_batch=1", "--set", "train.eval_every=0",
-                 "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"])
+                 "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}",
+                 "--set", "data.path=/no/such/file"])  # random data reads no file
     assert r.rc == 0, r
+    assert "data <random>" in r.stderr and "/no/such/file" not in r.stderr, r
     step = out / "checkpoints" / "step_00000001"
     assert json.loads((step / "config.json").read_text())["max_position_embeddings"] == 1100
     r = mxtrain(["ckpt", "export-hf", step, tmp_path / "hf"])
