@@ -202,10 +202,11 @@ int run_training(const RunConfig& cfg) {
   // export-hf of the root would later pick the other run's newest. An explicit resume from an
   // older step (a roll-back) is refused; a fresh start (resume = none) is warned about.
   if (lead && cfg.checkpoint.resume != "auto") {
-    const std::vector<int64_t> own = open_checkpoint_store(ckpt_root)->committed_steps();
+    const std::unique_ptr<CheckpointStore> store = open_checkpoint_store(ckpt_root);
+    const std::vector<int64_t> own = store->committed_steps();
     const int64_t from = std::max<int64_t>(choice[1], 0);
     if (!own.empty() && own.back() > from) {
-      const std::string where = open_checkpoint_store(ckpt_root)->step_location(own.back());
+      const std::string where = store->step_location(own.back());
       MX_REQUIRE(cfg.checkpoint.resume == "none", "checkpoint ", where,
                  " is newer than the step this run resumes from (", from, "), in the same "
                  "directory this run checkpoints to: its steps would mix with this run's "
