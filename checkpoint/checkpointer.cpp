@@ -87,6 +87,7 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state,
   done_ = false;
   records_.clear();
   error_.clear();
+  error_is_config_ = false;
   const bool lead = world_.rank() == 0;
   const std::string file = rank_file_name(view_.shard_rank, view_.shard_size());
   thread_ = std::thread([this, step, lead, file] {
@@ -107,6 +108,8 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state,
     } catch (const std::exception& e) {
       error_ = e.what();
       if (error_.empty()) error_ = "unknown error";
+      // a refusal only configuration can fix (403, a missing bucket): exit 2, as elsewhere
+      error_is_config_ = dynamic_cast<const UserError*>(&e) != nullptr;
     }
     write_s_ += seconds_since(tw);
     done_ = true;
@@ -140,6 +143,7 @@ void Checkpointer::commit() {
   int64_t failed = error_.empty() ? 0 : 1;
   if (W > 1) failed = world_.all_reduce(failed, ReduceOp::kMax);
   if (failed) {
+    if (!error_.empty() && error_is_config_) throw UserError(error_);
     if (!error_.empty()) throw StorageError(error_);
     throw StorageError(str("checkpoint ", store_->step_location(step),
                            ": another rank could not write its file"));
@@ -190,7 +194,7 @@ void Checkpointer::commit() {
   info.has_optimizer = true;
   store_->commit(step, build_manifest(info, config_, layout_, files));
   last_committed_ = store_->step_location(step);
-  prune_checkpoints(*store_, opt_.keep);
+  prune_checkpoints(*store_, opt_.keep, step);
 }
 
 ShardView fsdp_shard_view(const Fsdp& fsdp, const ParamLayout& layout) {

@@ -86,6 +86,7 @@ class Checkpointer {
   std::atomic<bool> done_{false};
   std::vector<FileRecord> records_;  // this rank's written files
   std::string error_;
+  bool error_is_config_ = false;  // error_ came from a UserError (credentials, bucket, region)
   int64_t in_flight_step_ = -1;
   double stall_s_ = 0, write_s_ = 0;
   std::string last_committed_;

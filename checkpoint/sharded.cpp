@@ -515,9 +515,11 @@ int64_t latest_verified_step(CheckpointStore& store, bool report, bool read_all)
   return -1;
 }
 
-void prune_checkpoints(CheckpointStore& store, int64_t keep) {
+void prune_checkpoints(CheckpointStore& store, int64_t keep, int64_t newest) {
   if (keep <= 0) return;
-  auto steps = store.committed_steps();
+  std::vector<int64_t> steps;
+  for (int64_t s : store.committed_steps())
+    if (s <= newest) steps.push_back(s);  // above it: not this run's (a junk or corrupt step)
   for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) store.remove_step(steps[i]);
 }
 

@@ -134,8 +134,11 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
 // reported with warn() when `report`.
 int64_t latest_verified_step(CheckpointStore& store, bool report, bool read_all = false);
 
-// Deletes all but the newest `keep` committed steps (keep <= 0: none).
-void prune_checkpoints(CheckpointStore& store, int64_t keep);
+// Deletes all but the newest `keep` committed steps up to `newest`, the step just committed
+// (keep <= 0: none). Steps above it are left alone and not counted: a junk or corrupt step
+// with a higher number (skipped by resume = auto) made retention delete every good step,
+// the one just committed included.
+void prune_checkpoints(CheckpointStore& store, int64_t keep, int64_t newest);
 
 // A CHECKPOINT argument (a step location, or a root meaning its newest committed step) opened
 // and verified: UserError naming the bad file otherwise.

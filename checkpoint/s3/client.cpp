@@ -384,6 +384,11 @@ ListPage S3Client::list_objects_v2(const std::string& bucket, const std::string&
   if (!continuation_token.empty()) req.query.emplace_back("continuation-token", continuation_token);
   if (!delimiter.empty()) req.query.emplace_back("delimiter", delimiter);
   Response r = execute(req);
+  // A 200 that is not a listing (a captive portal's page, a misrouted proxy) read as an empty
+  // listing made resume = auto start afresh over an existing run: a storage failure instead.
+  if (r.body.find("<ListBucketResult") == std::string::npos)
+    throw StorageError(fail_message(req, "the answer is not a ListBucketResult (a proxy or a "
+                                         "portal answering for S3? check AWS_ENDPOINT_URL)"));
   ListPage page;
   for (const std::string& c : xml_all_raw(r.body, "Contents")) {
     ObjectInfo o;

@@ -1,5 +1,6 @@
 #include "checkpoint/s3/uri.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "core/error.h"
@@ -44,6 +45,22 @@ S3Uri parse_s3_uri(const std::string& uri) {
   if (slash != std::string::npos) out.key = rest.substr(slash + 1);
   MX_REQUIRE(out.key.size() <= 1024, "S3 URI '", uri.substr(0, 80),
              "...' has a key longer than S3's 1024 bytes");
+  // A control character would split the one-line messages that name the key (and S3 keys
+  // with them are trouble anywhere); a "." or ".." segment is removed from the request path by
+  // HTTP clients (libcurl) after signing: the upload then fails with SignatureDoesNotMatch
+  // only at the first checkpoint, after the training.
+  for (size_t i = 0; i < out.key.size(); ++i) {
+    const auto c = static_cast<unsigned char>(out.key[i]);
+    MX_REQUIRE(c >= 0x20 && c != 0x7f, "S3 URI of bucket ", out.bucket,
+               " has a control character (byte ", int(c), ") in its prefix, at byte ", i);
+  }
+  for (size_t b = 0; b <= out.key.size();) {
+    const size_t e = std::min(out.key.find('/', b), out.key.size());
+    const std::string seg = out.key.substr(b, e - b);
+    MX_REQUIRE(seg != "." && seg != "..", "S3 URI '", uri, "' has a '", seg,
+               "' segment in its prefix (HTTP clients rewrite it away)");
+    b = e + 1;
+  }
   return out;
 }
 

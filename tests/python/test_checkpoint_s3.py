@@ -339,3 +339,52 @@ def test_unreachable_store_is_a_storage_failure_for_every_ckpt_command():
         errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
         assert r.returncode == 3 and len(errors) == 1, (args, r.returncode, r.stderr)
         assert "s3://bkt" not in r.stdout, (args, r.stdout)
+
+
+def test_an_answer_that_is_not_a_listing_is_a_storage_failure(tmp_path):
+    """An endpoint that answers 200 with a web page (a captive portal, a misrouted proxy): the
+    listing was read as empty, so `ckpt verify ROOT` said "no committed checkpoints" (exit 2)
+    and `train` with resume = auto started afresh over the run that is there. Now exit 3 before
+    anything is trained or written."""
+    page = b"<html><body>Welcome to hotel wifi</body></html>"
+
+    class Portal(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            if n:
+                self.rfile.read(n)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(page)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update({"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "x" * 40,
+                    "AWS_REGION": "us-east-1",
+                    "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+                    "AWS_EC2_METADATA_DISABLED": "true", "MXTRAIN_S3_MAX_ATTEMPTS": "2",
+                    "OMP_NUM_THREADS": "1"})
+        corpus = tmp_path / "c.txt"
+        corpus.write_text(english_text(2000))
+        for args in (["ckpt", "verify", "s3://bkt/run1"], ["ckpt", "ls", "s3://bkt/run1"],
+                     ["train", "--set", "model.preset=tiny", "--set", f"data.path={corpus}",
+                      "--set", "train.steps=2", "--set", "train.seq_len=16",
+                      "--set", "run.sample_tokens=0", "--set", "checkpoint.s3_uri=s3://bkt/run1",
+                      "--set", f"run.out_dir={tmp_path / 'r'}"]):
+            r = run(args, env, timeout=120)
+            errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+            assert r.returncode == 3 and len(errors) == 1, (args, r.returncode, r.stderr)
+            assert "ListBucketResult" in errors[0], (args, r.stderr)
+            assert "step 1/" not in r.stderr, r.stderr  # nothing trained
+    finally:
+        server.shutdown()

@@ -162,9 +162,14 @@ TEST(ShardedCheckpoint, UncommittedAndRemovedStepsAreInvisible) {
   EXPECT_TRUE(fs::exists(root + "/.step_00000003.partial"));
   store->remove_uncommitted();
   EXPECT_FALSE(fs::exists(root + "/.step_00000003.partial"));
-  prune_checkpoints(*store, 1);
+  prune_checkpoints(*store, 1, 2);
   EXPECT_EQ(store->committed_steps(), (std::vector<int64_t>{2}));
   EXPECT_FALSE(fs::exists(root + "/step_00000001"));
+  // A committed step above the one just committed (junk, or a corrupt step resume skipped) is
+  // neither deleted nor counted: step 2 stays although keep = 1 and step 5 is newer.
+  write_step(*store, 5, cfg, layout, 1, full);
+  prune_checkpoints(*store, 1, 2);
+  EXPECT_EQ(store->committed_steps(), (std::vector<int64_t>{2, 5}));
   fs::remove_all(root);
 }
 

@@ -35,6 +35,17 @@ static std::string user_error_of(const std::string& uri) {
   return "";
 }
 
+TEST(S3Uri, RejectsDotSegmentsAndControlCharacters) {
+  // libcurl removes "." and ".." segments from the path after it was signed; a newline would
+  // split the one-line error messages that name the key.
+  for (const char* bad : {"s3://abc/..", "s3://abc/a/../b", "s3://abc/a/./b", "s3://abc/."})
+    EXPECT_NE(user_error_of(bad).find("segment"), std::string::npos) << bad;
+  for (const char* bad : {"s3://abc/a\nb", "s3://abc/a\tb", "s3://abc/a\x7f"})
+    EXPECT_NE(user_error_of(bad).find("control character"), std::string::npos) << bad;
+  EXPECT_EQ(user_error_of("s3://abc/a/..b/.c/d..").find("segment"), std::string::npos);
+  EXPECT_EQ(parse_s3_uri("s3://abc/a/..b/.c/d..").key, "a/..b/.c/d..");
+}
+
 TEST(S3Uri, RejectsBadInputWithClearUserErrors) {
   EXPECT_NE(user_error_of("https://bucket/key").find("not an S3 URI"), std::string::npos);
   EXPECT_NE(user_error_of("s3:/bucket/key").find("not an S3 URI"), std::string::npos);
