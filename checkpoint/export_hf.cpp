@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "checkpoint/sharded.h"
+#include "checkpoint/storage.h"
 #include "core/error.h"
 #include "model/hf_weights.h"
 
@@ -14,6 +15,10 @@ std::string export_checkpoint_hf(const std::string& checkpoint, const std::strin
   const std::string given = dtype;
   for (auto& ch : dtype) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   MX_REQUIRE(dtype == "F32" || dtype == "BF16", "--dtype must be f32 or bf16 (got ", given, ")");
+  const std::string inside = enclosing_step_dir(out_dir);
+  MX_REQUIRE(inside.empty(), "export-hf: the output directory ", out_dir, " lies inside the ",
+             "checkpoint ", inside, ": its config.json and model.safetensors would change that ",
+             "checkpoint's files (export to a directory of its own)");
   std::vector<float> params;
   std::string step_location;
   ModelConfig cfg = load_checkpoint_weights(checkpoint, params, &step_location);

@@ -520,7 +520,15 @@ void prune_checkpoints(CheckpointStore& store, int64_t keep, int64_t newest) {
   std::vector<int64_t> steps;
   for (int64_t s : store.committed_steps())
     if (s <= newest) steps.push_back(s);  // above it: not this run's (a junk or corrupt step)
-  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) store.remove_step(steps[i]);
+  // A step that cannot be deleted stays, with a warning: failing here would stop the run and
+  // lose its later steps over old data.
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) {
+    try {
+      store.remove_step(steps[i]);
+    } catch (const StorageError& e) {
+      warn(str("checkpoint.keep: ", e.what(), " (it stays; training goes on)"));
+    }
+  }
 }
 
 ResolvedCheckpoint resolve_checkpoint(const std::string& location, bool read_all) {

@@ -38,6 +38,18 @@ int64_t parse_step_dir_name(const std::string& name) {
   return std::stoll(m[1].str());
 }
 
+std::string enclosing_step_dir(const std::string& path) {
+  std::error_code ec;
+  for (fs::path p = fs::weakly_canonical(path, ec); !p.empty() && p != p.root_path();
+       p = p.parent_path()) {
+    const std::string name = p.filename().string();
+    const bool hidden = name.size() > 14 && name[0] == '.' && name[14] == '.' &&
+                        parse_step_dir_name(name.substr(1, 13)) >= 0;
+    if (hidden || parse_step_dir_name(name) >= 0) return p.string();
+  }
+  return "";
+}
+
 std::string CheckpointStore::step_location(int64_t step) const {
   std::string r = root();
   if (r.empty() || r.back() != '/') r += '/';
@@ -57,6 +69,17 @@ CheckpointLocation parse_checkpoint_location(const std::string& location) {
 }
 
 namespace {
+
+// Swaps two directories atomically (renameat2 RENAME_EXCHANGE); false where the file system or
+// kernel cannot, with nothing changed.
+bool exchange_dirs(const fs::path& a, const fs::path& b) {
+#ifdef RENAME_EXCHANGE
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+#else
+  (void)a, (void)b;
+  return false;
+#endif
+}
 
 void fsync_dir(const fs::path& dir) {
   if (!fsync_directory(dir.string()))
@@ -102,14 +125,20 @@ class LocalStore final : public CheckpointStore {
     fsync_dir(dir);
     fs::path final_dir = step_dir(step);
     std::error_code ec;
-    if (fs::exists(final_dir, ec)) {  // a rerun of the same step: replaced only now
+    if (fs::exists(final_dir, ec) && exchange_dirs(dir, final_dir)) {
+      // A rerun of the same step, swapped in atomically: the earlier step now sits at the
+      // partial name (remove_uncommitted deletes it there too, should this stop first).
+      std::error_code ec2;
+      fs::remove_all(dir, ec2);
+    } else if (fs::exists(final_dir, ec)) {  // no atomic exchange here: two renames
       fs::path old = fs::path(root_) / str(".", step_dir_name(step), ".old");
       fs::remove_all(old, ec);
       fs::rename(final_dir, old, ec);
       if (ec) throw StorageError(str("cannot replace ", final_dir.string(), ": ", ec.message()));
       fs::rename(dir, final_dir, ec);
       std::error_code ec2;
-      fs::remove_all(old, ec2);
+      if (ec) fs::rename(old, final_dir, ec2);  // the earlier step stays committed
+      else fs::remove_all(old, ec2);
     } else {
       fs::rename(dir, final_dir, ec);
     }
@@ -138,7 +167,20 @@ class LocalStore final : public CheckpointStore {
     std::vector<fs::path> stale;
     for (auto& e : fs::directory_iterator(root_, ec))
       if (std::regex_match(e.path().filename().string(), re)) stale.push_back(e.path());
-    for (auto& p : stale) fs::remove_all(p, ec);
+    for (auto& p : stale) {
+      // ".step_N.old" without step_N: a replacing commit (above) stopped between its two
+      // renames, and this is the committed step it was replacing: put it back.
+      const std::string name = p.filename().string();
+      if (name.size() > 4 && name.compare(name.size() - 4, 4, ".old") == 0) {
+        const fs::path committed = fs::path(root_) / name.substr(1, name.size() - 5);
+        std::error_code ec2;
+        if (!fs::exists(committed, ec2) && fs::is_regular_file(p / kManifestName, ec2)) {
+          fs::rename(p, committed, ec2);
+          if (!ec2) continue;
+        }
+      }
+      fs::remove_all(p, ec);
+    }
   }
 
   std::optional<StoredFile> stat(int64_t step, const std::string& name) override {

@@ -79,6 +79,10 @@ std::unique_ptr<CheckpointStore> open_s3_checkpoint_store(std::shared_ptr<s3::S3
 // "step_00000100"; and the step of such a name, or -1.
 std::string step_dir_name(int64_t step);
 int64_t parse_step_dir_name(const std::string& name);
+// The checkpoint step directory (step_NNNNNNNN, or a writer's hidden .step_NNNNNNNN.partial and
+// kin) that a local `path` is or lies inside, symbolic links and ".." resolved; "" if none.
+// Outputs there would change a checkpoint's files.
+std::string enclosing_step_dir(const std::string& path);
 
 // A location users give (CHECKPOINT arguments, checkpoint.resume): "<root>/step_NNNNNNNN" is
 // that step of that root; anything else is a root (step = -1: its newest committed step).

@@ -1,6 +1,9 @@
 // mxtrain: the command line. Every failure the user can cause ends here as one `error:` line:
 // exit 2 for bad input, 3 for storage failures.
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -11,6 +14,9 @@
 #include "parallel/communicator.h"
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, which every writer reports,
+  // instead of killing the process mid-checkpoint without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Before anything else: may run the program again with OPENBLAS_CORETYPE set, when OpenBLAS
   // took this CPU for an older one (backend/cpu/blas_core.h).
   mx::select_blas_core(argv);
@@ -63,8 +69,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s%s\n", mx::launcher_rank_prefix().c_str(), message.c_str());
     return code;
   };
+  // What the command printed must have reached its destination (a redirect onto a full disk,
+  // /dev/full): a storage failure otherwise, not exit 0 with an empty file.
+  auto stdout_written = [&](int rc) {
+    errno = 0;
+    if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return rc;
+    const std::string why = errno ? std::strerror(errno) : "write error";
+    return rc == 0 ? fail(3, "cannot write standard output: " + why) : rc;
+  };
   try {
-    return action ? action() : 2;
+    return stdout_written(action ? action() : 2);
   } catch (const mx::UserError& e) {
     return fail(2, e.what());
   } catch (const mx::StorageError& e) {

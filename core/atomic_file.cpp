@@ -31,7 +31,7 @@ bool write_all(int fd, const void* data, size_t size) {
 }
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
+std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pieces) {
   const std::string tmp = str(path, ".tmp.", ::getpid());
   auto fail = [&](const std::string& what, int err) {
     ::unlink(tmp.c_str());
@@ -55,7 +55,15 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
     throw fail("fsync", err);
   }
   if (::close(fd) != 0) throw fail("close", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename", errno);
+  return tmp;
+}
+
+void commit_staged_file(const std::string& staged, const std::string& path) {
+  if (::rename(staged.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(staged.c_str());
+    throw StorageError(str("cannot write '", path, "': rename: ", std::strerror(err)));
+  }
   // The rename is durable only once the directory entry is. A failure here leaves a complete
   // file at `path`, so it is reported but nothing is removed.
   fsync_directory(parent_dir(path));
@@ -70,6 +78,10 @@ bool fsync_directory(const std::string& dir) {
   if (rc != 0 && err != EINVAL)
     throw StorageError(str("fsync of directory '", dir, "' failed: ", std::strerror(err)));
   return true;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  commit_staged_file(stage_file(path, pieces), path);
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -17,6 +17,13 @@ struct ByteSpan {
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// write_file_atomic in two halves, for files that must change together: stage_file writes and
+// fsyncs the temporary file and returns its name (on failure: removed, StorageError naming
+// `path`); commit_staged_file renames it over `path` and fsyncs the directory (a failed rename
+// removes it). Staging every file first leaves only renames, which need no space, to the end.
+std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pieces);
+void commit_staged_file(const std::string& staged, const std::string& path);
+
 // fsyncs a directory so that renames into it are durable. Returns false (and does nothing) if
 // the directory cannot be opened; an fsync failure throws StorageError, except EINVAL: a
 // filesystem that cannot fsync a directory is tolerated.

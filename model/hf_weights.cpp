@@ -9,6 +9,7 @@
 #include <set>
 
 #include "checkpoint/safetensors.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "model/hf_config.h"
 
@@ -88,9 +89,19 @@ void save_hf_model(const std::string& dir, const ModelConfig& config, const Para
   SafeTensorsWriter w;
   for (const ParamTensor& t : layout.tensors()) w.add_f32(t.hf_name, t.shape, params + t.offset, dtype);
   w.set_metadata("format", "pt");
-  w.write((fs::path(dir) / "model.safetensors").string());
-  write_hf_config(config, (fs::path(dir) / "config.json").string(),
-                  dtype == "BF16" ? "bfloat16" : "float32");
+  // config.json is staged before the weights are written and renamed into place after them: a
+  // failure (a full disk) leaves the earlier pair as it was, never new weights beside an old
+  // config. (Between the two renames a kill can still part them.)
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const std::string text = hf_config_text(config, dtype == "BF16" ? "bfloat16" : "float32");
+  const std::string staged = stage_file(config_path, {ByteSpan{text.data(), text.size()}});
+  try {
+    w.write((fs::path(dir) / "model.safetensors").string());
+  } catch (...) {
+    fs::remove(staged, ec);
+    throw;
+  }
+  commit_staged_file(staged, config_path);
 }
 
 }  // namespace mx

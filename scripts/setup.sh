@@ -11,7 +11,7 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libopenmpi-dev
           nlohmann-json3-dev libtoml11-dev libcli11-dev libgtest-dev libcurl4-openssl-dev
           libssl-dev fortunes python3-matplotlib ccache)
 if [ "${1:-}" = "--tests" ]; then
-  packages+=(python3-torch python3-numpy python3-pytest)
+  packages+=(python3-torch python3-numpy python3-pytest strace)
 fi
 
 missing=()

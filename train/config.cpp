@@ -398,6 +398,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     std::ostringstream text;
     text << root;
     s.cfg.sources.emplace_back("config file " + path, text.str());
+    s.cfg.config_file = path;
   }
   for (const std::string& item : sets) {
     auto eq = item.find('=');

@@ -96,6 +96,7 @@ struct RunConfig {
   // What the config was built from, in order: {label, content} of the config file (its parsed
   // TOML, reformatted) and of each --set. Ranks of one job compare these (train/trainer.cpp).
   std::vector<std::pair<std::string, std::string>> sources;
+  std::string config_file;  // the --config file's path (empty: none)
 
   std::string out_dir() const;
   std::string metrics_path() const;

@@ -1,17 +1,70 @@
 #include "train/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
 
 namespace mx {
+namespace {
+
+// The length of `fd`'s content up to and including its last newline: a line a failed or killed
+// run left half-written (a full disk, SIGKILL) ends there.
+off_t complete_lines_length(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return -1;
+  char buf[4096];
+  for (off_t end = st.st_size; end > 0;) {
+    const off_t begin = end > off_t(sizeof buf) ? end - off_t(sizeof buf) : 0;
+    const ssize_t n = ::pread(fd, buf, size_t(end - begin), begin);
+    if (n != ssize_t(end - begin))
+      throw StorageError(str("cannot read metrics file ", path, ": ",
+                             n < 0 ? std::strerror(errno) : "short read"));
+    for (ssize_t i = n; i > 0; --i)
+      if (buf[i - 1] == '\n') return begin + i;
+    end = begin;
+  }
+  return 0;
+}
+
+}  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!file_) throw StorageError(str("cannot open metrics file ", path));
+  // O_NONBLOCK: a FIFO nobody reads fails (ENXIO) instead of blocking the run for good; cleared
+  // once open, so a pipe that is read (/dev/stdout into a collector) is written as a file is.
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC),
+                        0644);
+  if (fd < 0)
+    throw StorageError(str("cannot open metrics file ", path, ": ",
+                           errno == ENXIO ? "a FIFO nobody reads" : std::strerror(errno)));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (append) {  // drop a torn last line, so that this run's first line starts a line
+    const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    const off_t keep = rfd < 0 ? -1 : complete_lines_length(rfd, path);
+    if (rfd >= 0) ::close(rfd);
+    struct stat st {};
+    if (keep >= 0 && ::fstat(fd, &st) == 0 && keep < st.st_size && ::ftruncate(fd, keep) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw StorageError(str("cannot truncate the torn last line of metrics file ", path, ": ",
+                             std::strerror(err)));
+    }
+  }
+  file_ = ::fdopen(fd, append ? "a" : "w");
+  if (!file_) {
+    const int err = errno;
+    ::close(fd);
+    throw StorageError(str("cannot open metrics file ", path, ": ", std::strerror(err)));
+  }
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -20,8 +73,10 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const nlohmann::json& record) {
   std::string line = record.dump() + "\n";
+  errno = 0;
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
-    throw StorageError(str("cannot write metrics file ", path_));
+    throw StorageError(str("cannot write metrics file ", path_, ": ",
+                           errno ? std::strerror(errno) : "write error"));
 }
 
 }  // namespace mx

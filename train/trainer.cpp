@@ -40,6 +40,48 @@ namespace mx {
 
 namespace {
 
+namespace fs = std::filesystem;
+
+// The local checkpoint directory, created now and written to once (a hidden directory made and
+// removed): a path under a file, a read-only mount, /proc or a dangling link would otherwise
+// fail only at the first save, after the training it was to keep. Each rank probes (every
+// writer writes its own shard there).
+void probe_checkpoint_dir(const std::string& dir, int rank) {
+  std::error_code ec;
+  MX_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "checkpoint directory ", dir,
+             " exists and is not a directory");
+  MX_REQUIRE(!(fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec)),
+             "checkpoint directory ", dir, " is a symbolic link to ",
+             fs::read_symlink(dir, ec).string(), ", which does not exist");
+  fs::create_directories(dir, ec);
+  if (ec) throw StorageError(str("cannot create checkpoint directory ", dir, ": ", ec.message()));
+  const fs::path probe = fs::path(dir) / str(".probe-", rank, "-", ::getpid());
+  fs::create_directory(probe, ec);
+  if (ec)
+    throw StorageError(str("cannot write to checkpoint directory ", dir, ": ", ec.message()));
+  fs::remove(probe, ec);
+}
+
+// The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
+// run's inputs (a memory-mapped data file cut short under the reader ends the run with SIGBUS)
+// or a file of a checkpoint.
+void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
+  const std::string m = cfg.metrics_path();
+  std::error_code ec;
+  auto refuse_if_same = [&](const fs::path& in, const std::string& what) {
+    MX_REQUIRE(!fs::equivalent(m, in, ec), "run.metrics ", m, " is ", what,
+               ": the metrics would overwrite it");
+  };
+  refuse_if_same(data_path, "the data.path file");
+  if (!cfg.config_file.empty()) refuse_if_same(cfg.config_file, "the --config file");
+  if (!cfg.init.from.empty() && fs::is_directory(cfg.init.from, ec))
+    for (const auto& e : fs::directory_iterator(cfg.init.from, ec))
+      refuse_if_same(e.path(), "a file of init.from's model");
+  const std::string step = enclosing_step_dir(fs::absolute(m, ec).parent_path().string());
+  MX_REQUIRE(step.empty(), "run.metrics ", m, " lies inside the checkpoint ", step,
+             ": the metrics would change its files");
+}
+
 std::atomic<int> g_stop_signal{0};
 // SIGUSR1 is a SIGTERM passed on by a launcher: Open MPI's mpirun hands SIGUSR1 to every rank
 // at once, while a SIGTERM sent to mpirun reaches the ranks only to be followed by SIGKILL one
@@ -96,12 +138,8 @@ int run_training(const RunConfig& cfg) {
   Communicator& world = world_communicator();
   const int rank = world.rank(), W = world.size();
   require_same_config(world, cfg);
-  {  // found only at the first save otherwise, after the run's compute
-    std::error_code ec;
-    const std::string dir = cfg.checkpoint_dir();
-    MX_REQUIRE(!std::filesystem::exists(dir, ec) || std::filesystem::is_directory(dir, ec),
-               "checkpoint directory ", dir, " exists and is not a directory");
-  }
+  // found only at the first save otherwise, after the run's compute
+  if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), rank);
   const bool lead = rank == 0;  // rank 0 logs, writes metrics and checkpoints
   if (!lead) set_log_level(LogLevel::kQuiet);
   const auto& tc = cfg.train;
@@ -120,6 +158,7 @@ int run_training(const RunConfig& cfg) {
                                     ? "<random>"  // as TokenDataset names it
                                     : cfg.data.path.empty() ? MXTRAIN_DEFAULT_CORPUS
                                                             : cfg.data.path;
+  if (lead) check_metrics_path(cfg, data_path);
   TokenFormat format = parse_token_format(cfg.data.format);
   if (cfg.data.path.empty() && format != TokenFormat::kRandom) {
     MX_REQUIRE(std::filesystem::exists(data_path), "data.path is not set and the bundled corpus ",
@@ -182,6 +221,9 @@ int run_training(const RunConfig& cfg) {
   // tells the others: {which location, step}.
   std::vector<std::string> resume_roots;
   int64_t choice[2] = {-1, -1};
+  // Before choosing: what stopped writers left behind goes, and a committed step a replacing
+  // commit had moved aside (stopped between its renames) comes back (LocalStore).
+  if (lead) open_checkpoint_store(cfg.checkpoint_dir())->remove_uncommitted();
   if (cfg.checkpoint.resume == "auto") {
     // The newest committed checkpoint that verifies, across the local directory and S3 (on a
     // tie the local copy: it reads faster).
