@@ -12,6 +12,8 @@ namespace mx::cli {
 
 namespace {
 
+constexpr int64_t kMaxPlanRanks = int64_t(1) << 20;
+
 struct PlanArgs {
   std::string config, gpu, recipes, memory = "model";
   std::vector<std::string> sets;
@@ -23,8 +25,10 @@ std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
+  while (std::getline(ss, item, ',')) {
+    MX_REQUIRE(!item.empty(), "--recipes '", s, "' has an empty item");
+    out.push_back(item);
+  }
   return out;
 }
 
@@ -32,8 +36,15 @@ int run_plan(const PlanArgs& a) {
   MX_REQUIRE(a.gpus >= 1, "--gpus must be at least 1 (got ", a.gpus, ")");
   MX_REQUIRE(a.nodes >= 1, "--nodes must be at least 1 (got ", a.nodes, ")");
   const plan::GpuSpec gpu = plan::find_gpu(a.gpu);
+  if (gpu.is_cpu)
+    MX_REQUIRE(a.gpus <= gpu.gpus_per_node, "--gpus (processes per node on the CPU) must be at "
+               "most ", gpu.gpus_per_node, " (got ", a.gpus, ")");
   MX_REQUIRE(a.gpus <= gpu.gpus_per_node, "--gpus is per node: an ", gpu.instance, " has ",
              gpu.gpus_per_node, " ", gpu.name, " GPUs (got ", a.gpus, ")");
+  // The planner's shard counts are ints (and no job has more ranks): nodes x gpus was narrowed
+  // into a negative shard size, or planned 8e11 shards of a 119k-parameter model.
+  MX_REQUIRE(a.nodes <= kMaxPlanRanks / a.gpus, "--nodes x --gpus must be at most ",
+             kMaxPlanRanks, " ranks (got ", a.nodes, " x ", a.gpus, ")");
   // precision.recipe as train reads it (the loader rejects unknown names); the planner's
   // recipe models go by the same names.
   const RunConfig cfg = load_run_config(a.config, a.sets);

@@ -17,6 +17,11 @@ DataSplit split_train_val(int64_t num_tokens, double val_fraction, int64_t seq_l
   // A validation range that cannot hold one window would only fail later; give it to training.
   if (val < window) val = 0;
   const int64_t cut = num_tokens - val;
+  // The data is long enough; what val_fraction left for training is not (the window sampler's
+  // message would blame the file).
+  MX_REQUIRE(val == 0 || cut >= window, "data.val_fraction = ", val_fraction, " holds out ", val,
+             " of the data's ", num_tokens, " tokens, leaving ", cut, " for training: one ",
+             "window needs seq_len + 1 = ", window, " (lower data.val_fraction)");
   return DataSplit{0, cut, cut, num_tokens};
 }
 

@@ -175,6 +175,10 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayou
   MX_REQUIRE(!prompt.empty(), "the prompt is empty");
   for (int32_t t : prompt)
     MX_REQUIRE(t >= 0 && t < config.vocab_size, "prompt token ", t, " is outside the vocabulary");
+  // (the sum overflowed to a negative length for --max-tokens near 2^63)
+  MX_REQUIRE(options.max_new_tokens <= kMaxGeneratePositions - int64_t(prompt.size()),
+             "the prompt (", prompt.size(), " tokens) and the tokens to generate (",
+             options.max_new_tokens, ") exceed ", kMaxGeneratePositions, " positions");
   std::unique_ptr<Backend> owned;
   auto dec = make_decoder(config, layout, backend, owned, params,
                           int64_t(prompt.size()) + options.max_new_tokens);

@@ -17,6 +17,10 @@ struct SampleOptions {
   uint64_t seed = 0;
 };
 
+// The most positions (prompt + generated) one generation may span: 2^32, far past what fits in
+// memory for any preset; a request above it is an error, not an overflow.
+constexpr int64_t kMaxGeneratePositions = int64_t(1) << 32;
+
 // Returns prompt + generated ids. `prompt` must be non-empty.
 std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayout& layout,
                                      Backend& backend, const float* params,

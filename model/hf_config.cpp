@@ -121,11 +121,34 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
   c.num_attention_heads = f.required_int("num_attention_heads");
   c.vocab_size = f.required_int("vocab_size");
   c.num_key_value_heads = f.optional_int("num_key_value_heads", c.num_attention_heads);
+  if (c.num_key_value_heads < 1)  // (0 would read as "as many as the heads" in finalize())
+    throw f.error("num_key_value_heads", str("must be at least 1, got ", c.num_key_value_heads));
   c.head_dim = f.optional_int("head_dim", 0);  // 0: finalize() derives hidden / heads, as HF does
+  if (f.find("head_dim") && c.head_dim < 1)
+    throw f.error("head_dim", str("must be at least 1, got ", c.head_dim));
   c.rope_theta = f.optional_number("rope_theta", 10000.0);
+  // Newer transformers write RoPE's settings as one object, rope_parameters = {rope_type,
+  // rope_theta, and the scaling's own fields}: its theta counts, and only plain RoPE loads.
+  if (const json* rp = f.find("rope_parameters")) {
+    if (!rp->is_object())
+      throw f.error("rope_parameters", str("must be an object, got ", rp->dump()));
+    ConfigFields r(path, *rp);
+    const std::string type = r.optional_string("rope_type", "default");
+    if (type != "default")
+      throw f.error("rope_parameters", str("has rope_type '", type,
+                                           "'; RoPE scaling is not supported (only 'default')"));
+    const double theta = r.optional_number("rope_theta", c.rope_theta);
+    if (f.find("rope_theta") && theta != c.rope_theta)
+      throw f.error("rope_parameters", str("has rope_theta ", theta,
+                                           " but the config's rope_theta is ", c.rope_theta));
+    c.rope_theta = theta;
+  }
   c.rms_norm_eps = f.optional_number("rms_norm_eps", 1e-6);  // LlamaConfig's default
   c.tie_word_embeddings = f.optional_bool("tie_word_embeddings", false);
   c.max_position_embeddings = f.optional_int("max_position_embeddings", 2048);
+  if (c.max_position_embeddings < 1)
+    throw f.error("max_position_embeddings",
+                  str("must be at least 1, got ", c.max_position_embeddings));
 
   try {
     c.finalize();

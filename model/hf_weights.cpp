@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -61,13 +62,27 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* p
   for (const ParamTensor& t : layout.tensors()) {
     const SafeTensorsReader* r = nullptr;
     for (auto& rd : readers)
-      if (rd->has(t.hf_name)) r = rd.get();
+      if (rd->has(t.hf_name)) {
+        // (the last file had won, whatever the index said)
+        MX_REQUIRE(!r, "tensor ", t.hf_name, " is in both ", r ? r->path() : "", " and ",
+                   rd->path(), ": which one the model has is ambiguous");
+        r = rd.get();
+      }
     MX_REQUIRE(r, "weights in ", dir, " lack tensor ", t.hf_name);
     const TensorEntry& e = r->entry(t.hf_name);
     MX_REQUIRE(e.shape == t.shape, "tensor ", t.hf_name, " in ", r->path(), " has shape ",
                nlohmann::json(e.shape).dump(), ", the config needs ",
                nlohmann::json(t.shape).dump());
     r->read_f32(t.hf_name, params + t.offset, t.numel);
+    // A NaN or infinity computes garbage from the first token (generate printed it, training
+    // called it divergence): name the tensor instead.
+    const float* v = params + t.offset;
+    bool finite = true;
+#pragma omp parallel for reduction(&& : finite) schedule(static)
+    for (int64_t i = 0; i < t.numel; ++i) finite = finite && std::isfinite(v[i]);
+    for (int64_t i = 0; !finite && i < t.numel; ++i)
+      MX_REQUIRE(std::isfinite(v[i]), "tensor ", t.hf_name, " in ", r->path(),
+                 " holds a non-finite value (", v[i], ") at element ", i);
     used.insert(t.hf_name);
   }
   for (auto& rd : readers)

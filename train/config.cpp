@@ -346,7 +346,9 @@ void validate(const RunConfig& c) {
       throw UserError(str("checkpoint.s3_uri: ", e.what()));
     }
   }
-  MX_REQUIRE(c.run.sample_tokens >= 0, "run.sample_tokens must be >= 0");
+  MX_REQUIRE(c.run.sample_tokens >= 0 && c.run.sample_tokens <= kMaxSampleTokens,
+             "run.sample_tokens must be between 0 and ", kMaxSampleTokens, " (got ",
+             c.run.sample_tokens, "; mxtrain generate writes longer text)");
   MX_REQUIRE(c.run.threads >= 0, "run.threads must be >= 0");
   MX_REQUIRE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
              "run.name must be a non-empty name without '/'");

@@ -16,6 +16,7 @@ namespace mx {
 inline constexpr int64_t kMaxMicroBatchTokens = int64_t(1) << 32;   // micro_batch x seq_len
 inline constexpr int64_t kMaxStepTokensPerRank = int64_t(1) << 40;  // ... x grad_accum
 inline constexpr int64_t kMaxRunTokensPerRank = int64_t(1) << 48;   // ... x steps
+inline constexpr int64_t kMaxSampleTokens = int64_t(1) << 20;  // run.sample_tokens: a sample
 
 struct RunConfig {
   std::string model_preset = "small";

@@ -1,0 +1,159 @@
+"""Hugging Face model directories, generate and plan given odd input: what loads must compute what
+the PyTorch reference computes from the same files, and what cannot be honoured is an `error:`
+line with exit 2, never a silently different model or an internal error."""
+import json
+
+import numpy as np
+import pytest
+
+import hf_io
+import llama_ref
+from conftest import english_text, set_args, write_model
+
+CFG = llama_ref.make_shape(48, 96, 2, 4, 2, 256)
+
+
+def errors(r):
+    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
+
+
+def model_dir(tmp_path, name, config_edit=None, params=None, cfg=CFG):
+    d = write_model(tmp_path / name, cfg, params or llama_ref.random_params(cfg, 3, std=0.3))
+    if config_edit:
+        c = json.loads((d / "config.json").read_text())
+        config_edit(c)
+        (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+def generate(mxtrain, d, prompt, n):
+    return mxtrain(["generate", "--model", d, "--prompt", prompt, "--max-tokens", n,
+                    "--temperature", "0"])
+
+
+def test_a_generated_zero_byte_does_not_cut_the_text(tmp_path, mxtrain):
+    """Byte 0 is a token like any other: the text after it (and the train sample's closing line)
+    was lost to printf's %s."""
+    params = llama_ref.random_params(CFG, 3, std=0.3)
+    params["model.norm.weight"] = np.zeros_like(params["model.norm.weight"])  # all logits 0
+    d = model_dir(tmp_path, "m", params=params)
+    want = llama_ref.greedy_generate(params, CFG, list(b"Hi "), 12)
+    assert want == [0] * 12  # the reference's argmax takes the first of equal logits
+    r = generate(mxtrain, d, "Hi ", 12)
+    assert r.rc == 0, r
+    assert r.stdout == "Hi " + "\0" * 12 + "\n"
+
+
+def test_rope_parameters_of_newer_configs_are_read(tmp_path, mxtrain):
+    """transformers 5 writes rope_theta inside rope_parameters: its theta was ignored (10000
+    used); any rope_type but 'default' is scaling, which is refused as rope_scaling is."""
+    cfg = dict(CFG, rope_theta=500000.0)
+    params = llama_ref.random_params(CFG, 3, std=0.3)
+    params["lm_head.weight"][128:] = 0  # logit 0 for non-ASCII bytes: the text stays ASCII
+
+    def v5(c):
+        del c["rope_theta"]
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    d = model_dir(tmp_path, "v5", v5, params=params)
+    prompt = "hello world, "
+    want = llama_ref.greedy_generate(params, cfg, list(prompt.encode()), 16)
+    other = llama_ref.greedy_generate(params, CFG, list(prompt.encode()), 16)
+    assert want != other  # theta matters to this model, so the check below can fail
+    assert max(want) < 128
+    r = generate(mxtrain, d, prompt, 16)
+    assert r.rc == 0, r
+    assert r.stdout == prompt + bytes(want).decode("ascii") + "\n"
+    for name, edit, says in (
+            ("yarn", lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                          "rope_theta": 10000.0}), "yarn"),
+            ("clash", lambda c: c.update(rope_parameters={"rope_theta": 20000.0}), "rope_theta"),
+            ("notobj", lambda c: c.update(rope_parameters=[1]), "rope_parameters")):
+        r = generate(mxtrain, model_dir(tmp_path, name, edit), "hi", 4)
+        assert r.rc == 2, r
+        assert len(errors(r)) == 1 and says in errors(r)[0], r
+
+
+@pytest.mark.parametrize("field,value", [("num_key_value_heads", 0), ("head_dim", 0),
+                                         ("max_position_embeddings", -5)])
+def test_config_fields_below_one_are_refused(tmp_path, mxtrain, field, value):
+    """num_key_value_heads = 0 was read as 'as many as the heads' (so weights shaped for that
+    loaded silently); a negative max_position_embeddings was taken."""
+    d = model_dir(tmp_path, "m", lambda c: c.update({field: value}))
+    r = generate(mxtrain, d, "hi", 4)
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and field in errors(r)[0], r
+
+
+def test_a_tensor_in_two_shards_is_refused(tmp_path, mxtrain):
+    """The last file that held a tensor won, whatever the index said: a zeroed copy of the final
+    norm in a second shard was used although the index names the first."""
+    params = llama_ref.random_params(CFG, 3, std=0.3)
+    d = tmp_path / "sharded"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(hf_io.llama_config_dict(CFG)))
+    hf_io.write_safetensors(d / "a.safetensors", {k: np.float32(v) for k, v in params.items()})
+    hf_io.write_safetensors(d / "b.safetensors",
+                            {"model.norm.weight": np.zeros(48, np.float32)})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": dict({k: "a.safetensors" for k in params},
+                            **{"model.norm.weight": "a.safetensors"})}))
+    # b.safetensors is not in the index: mxtrain reads only the files the index names
+    r = generate(mxtrain, d, "hi", 4)
+    assert r.rc == 0, r
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": dict({k: "a.safetensors" for k in params},
+                            **{"model.embed_tokens.weight": "b.safetensors"})}))
+    r = generate(mxtrain, d, "hi", 4)
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and "model.norm.weight" in errors(r)[0], r
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_are_refused(tmp_path, mxtrain, bad):
+    params = llama_ref.random_params(CFG, 3, std=0.3)
+    params["model.layers.1.mlp.up_proj.weight"][5, 7] = bad
+    d = model_dir(tmp_path, "m", params=params)
+    r = generate(mxtrain, d, "hi", 4)
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and "model.layers.1.mlp.up_proj.weight" in errors(r)[0], r
+    assert "element 247" in errors(r)[0]  # row 5 x 48 columns + 7
+    r = mxtrain(["train"] + set_args({"init.from": d, "train.steps": 1, "data.format": "random",
+                                      "train.seq_len": 16, "train.micro_batch": 1,
+                                      "run.out_dir": tmp_path / "run"}))
+    assert r.rc == 2, r
+    assert "non-finite" in errors(r)[0] and "diverged" not in r.stderr, r
+
+
+def test_lengths_past_the_limits_are_errors_not_overflows(tmp_path, mxtrain):
+    d = model_dir(tmp_path, "m")
+    r = generate(mxtrain, d, "ab", 2**63 - 1)  # prompt + max-tokens overflowed: exit 1
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and "positions" in errors(r)[0], r
+    r = mxtrain(["train"] + set_args({"model.preset": "tiny", "data.format": "random",
+                                      "run.sample_tokens": 2**63 - 1,
+                                      "run.out_dir": tmp_path / "run"}))
+    assert r.rc == 2, r
+    assert "run.sample_tokens" in errors(r)[0] and "step 1/" not in r.stderr, r
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--gpu", "b200", "--gpus", "8", "--nodes", "2147483647"], "ranks"),
+    (["--gpu", "b200", "--gpus", "8", "--nodes", "99999999999"], "ranks"),
+    (["--gpu", "cpu", "--gpus", "1048577"], "processes per node"),
+    (["--gpu", "h100", "--gpus", "8", "--recipes", ",,"], "empty item"),
+])
+def test_plan_refuses_impossible_jobs(mxtrain, args, says):
+    r = mxtrain(["plan"] + args + ["--set", "model.preset=tiny"])
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and says in errors(r)[0], r
+
+
+def test_a_validation_share_that_starves_training_names_the_key(tmp_path, mxtrain):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(20000))
+    r = mxtrain(["train"] + set_args({
+        "model.preset": "tiny", "data.path": corpus, "train.seq_len": 32,
+        "train.micro_batch": 2, "train.steps": 2, "data.val_fraction": 0.999,
+        "run.out_dir": tmp_path / "run"}))
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and "data.val_fraction" in errors(r)[0], r
