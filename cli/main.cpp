@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 #include <exception>
 #include <string>
 
@@ -36,6 +38,23 @@ int main(int argc, char** argv) {
   mx::cli::add_plan(app, action);
   mx::cli::add_sweep(app, action);
   mx::cli::add_sagemaker(app, action);
+  // CLI11 clamps an integer beyond 64 bits to the largest one (--seed 99999999999999999999 ran
+  // as 2^63 - 1): such a value is an error, for every integer option.
+  const CLI::Validator in_int64(
+      [](std::string& v) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        std::strtoll(v.c_str(), &end, 0);
+        return errno == ERANGE ? "out of range for a 64-bit integer" : "";
+      },
+      "");
+  std::vector<CLI::App*> apps{&app};
+  for (size_t i = 0; i < apps.size(); ++i) {
+    for (CLI::Option* o : apps[i]->get_options())
+      if (o->get_type_name() == "INT") o->check(in_int64);
+    for (CLI::App* sub : apps[i]->get_subcommands([](CLI::App*) { return true; }))
+      apps.push_back(sub);
+  }
   // CLI11 reads an unknown first word as a stray positional and says only that a subcommand is
   // required: name the word and the subcommands instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -157,3 +157,17 @@ def test_a_validation_share_that_starves_training_names_the_key(tmp_path, mxtrai
         "run.out_dir": tmp_path / "run"}))
     assert r.rc == 2, r
     assert len(errors(r)) == 1 and "data.val_fraction" in errors(r)[0], r
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--model", "MODEL", "--seed", "99999999999999999999"],
+    ["generate", "--model", "MODEL", "--max-tokens", "-99999999999999999999"],
+    ["plan", "--gpu", "b200", "--gpus", "8", "--nodes", "9223372036854775808"],
+])
+def test_integers_beyond_64_bits_are_errors_not_clamped(tmp_path, mxtrain, args):
+    """CLI11 clamped them to 2^63 - 1 (every seed above it gave the same text)."""
+    d = model_dir(tmp_path, "m")
+    r = mxtrain([str(d) if a == "MODEL" else a for a in args])
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and "out of range" in errors(r)[0], r
+    assert r.stdout == ""
