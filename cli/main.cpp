@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/blas_core.h"
