@@ -22,6 +22,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "model/llama.h"
+#include "parallel/communicator.h"
 #include "plan/planner.h"
 #include "plan/sweep.h"
 #include "train/config.h"
@@ -171,6 +172,10 @@ struct Prepared {
 };
 
 int run_sweep(const SweepArgs& a) {
+  // Its runs would join the launcher's job (their MPI environment is the sweep's), every rank's
+  // sweep writing the same --out: one sweep starts each run under mpirun itself (--np).
+  MX_REQUIRE(!launched_by_mpi_launcher(), "mxtrain sweep runs once, not under mpirun: --np N ",
+             "starts each run under mpirun itself");
   MX_REQUIRE(a.steps >= 1, "--steps must be at least 1 (got ", a.steps, ")");
   MX_REQUIRE(a.np >= 1, "--np must be at least 1 (got ", a.np, ")");
   MX_REQUIRE(!a.out.empty(), "--out DIR is required");

@@ -45,8 +45,10 @@ namespace fs = std::filesystem;
 // The local checkpoint directory, created now and written to once (a hidden directory made and
 // removed): a path under a file, a read-only mount, /proc or a dangling link would otherwise
 // fail only at the first save, after the training it was to keep. Each rank probes (every
-// writer writes its own shard there).
-void probe_checkpoint_dir(const std::string& dir, int rank) {
+// writer writes its own shard there), and every rank must see the same directory: one that each
+// node has its own copy of committed steps without the other nodes' files.
+void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
+  const int rank = world.rank();
   std::error_code ec;
   MX_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "checkpoint directory ", dir,
              " exists and is not a directory");
@@ -60,6 +62,19 @@ void probe_checkpoint_dir(const std::string& dir, int rank) {
   if (ec)
     throw StorageError(str("cannot write to checkpoint directory ", dir, ": ", ec.message()));
   fs::remove(probe, ec);
+  if (world.size() == 1) return;
+  int64_t token = rank == 0 ? int64_t(::getpid()) : 0;
+  world.broadcast(&token, 1, CommDtype::kI64, 0);
+  const fs::path shared = fs::path(dir) / str(".probe-shared-", token);
+  if (rank == 0) fs::create_directory(shared, ec);
+  world.barrier();
+  const int64_t blind = world.all_reduce(int64_t(fs::is_directory(shared, ec) ? -1 : rank),
+                                         ReduceOp::kMax);
+  world.barrier();
+  if (rank == 0) fs::remove(shared, ec);
+  MX_REQUIRE(blind < 0, "checkpoint directory ", dir, " is not the same directory on every rank: ",
+             "rank ", blind, " does not see what rank 0 writes there (every rank writes its own ",
+             "file into each step: use a shared file system, or checkpoint.s3_uri)");
 }
 
 // The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
@@ -137,9 +152,12 @@ int run_training(const RunConfig& cfg) {
   if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));
   Communicator& world = world_communicator();
   const int rank = world.rank(), W = world.size();
+  // From the start: a stop requested during start-up (reading a large checkpoint) is honoured
+  // at the first step boundary, with a checkpoint, instead of killing the process
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGUSR1, on_signal);
   require_same_config(world, cfg);
-  // found only at the first save otherwise, after the run's compute
-  if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), rank);
   const bool lead = rank == 0;  // rank 0 logs, writes metrics and checkpoints
   if (!lead) set_log_level(LogLevel::kQuiet);
   const auto& tc = cfg.train;
@@ -165,6 +183,13 @@ int run_training(const RunConfig& cfg) {
                data_path, " is missing (run scripts/setup.sh, or set data.path)");
   }
   TokenDataset data = TokenDataset::open(data_path, format, model_cfg.vocab_size);
+  if (W > 1) {  // a node with another copy of the file trained on silently (other windows)
+    const int64_t most = world.all_reduce(data.size(), ReduceOp::kMax);
+    const int64_t least = -world.all_reduce(-data.size(), ReduceOp::kMax);
+    MX_REQUIRE(most == least, "data.path ", data_path, " is not the same data on every rank: it ",
+               "holds between ", least, " and ", most, " tokens across the ranks (every rank ",
+               "must read the same file)");
+  }
   DataSplit split = split_train_val(data.size(), cfg.data.val_fraction, T);
   WindowSampler train_sampler(&data, split.train_begin, split.train_end, T, uint64_t(tc.seed),
                               cfg.data.shuffle);
@@ -173,7 +198,10 @@ int run_training(const RunConfig& cfg) {
     val_sampler = std::make_unique<WindowSampler>(&data, split.val_begin, split.val_end, T,
                                                   uint64_t(tc.seed) + 1, false);
   else if (tc.eval_every > 0 && lead)
-    warn("validation is off: the held-out data (data.val_fraction) is shorter than seq_len + 1");
+    warn(cfg.data.val_fraction > 0
+             ? "validation is off: the held-out data (data.val_fraction) is shorter than "
+               "seq_len + 1"
+             : "validation is off: data.val_fraction = 0 holds no data out");
 
   EngineOptions eo;
   eo.device = cfg.run.device;
@@ -215,6 +243,7 @@ int run_training(const RunConfig& cfg) {
   // Resume or initialize. A checkpoint of any process count resumes: each rank reads the
   // pieces of the saved shards that make up its own shard, straight from the files.
   int64_t start_step = 0;
+  int64_t sample_base = 0;  // global samples read before start_step (resume: the checkpoint's)
   const std::string ckpt_root =
       cfg.checkpoint.s3_uri.empty() ? cfg.checkpoint_dir() : cfg.checkpoint.s3_uri;
   // Rank 0 picks and verifies the checkpoint (verifying reads every byte of a local one) and
@@ -280,7 +309,24 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.rope_theta == m.rope_theta &&
                    saved_cfg.rms_norm_eps == m.rms_norm_eps,
                "checkpoint ", reader.location(), " holds a different model than this config");
-    auto state = reader.state();
+    const nlohmann::json state = reader.state();
+    // The data continue where the checkpoint's run stopped reading, whatever this run's global
+    // batch (micro_batch x grad_accum x ranks): step x the new batch skipped or repeated samples.
+    const int64_t batch = tc.grad_accum * B * W;
+    if (state.contains("samples_seen")) sample_base = state["samples_seen"].get<int64_t>();
+    else sample_base = resume_step * batch;  // (checkpoints that predate the field)
+    if (sample_base != resume_step * batch)
+      info("the checkpoint's run read ", sample_base, " samples in ", resume_step,
+           " steps; this run's global batch is ", batch, " samples: the data continue at sample ",
+           sample_base);
+    if (state.contains("seed") && state["seed"].is_number_integer() &&
+        state["seed"].get<int64_t>() != tc.seed)
+      warn(str("train.seed is ", tc.seed, ", the checkpoint's run used ", state["seed"].dump(),
+               ": the rest of the epoch follows another order (windows may repeat or be missed)"));
+    if (state.contains("data_path") && state["data_path"].is_string() &&
+        state["data_path"].get<std::string>() != data_path)
+      warn(str("data.path is ", data_path, ", the checkpoint's run read ",
+               state["data_path"].get<std::string>(), ": training goes on with the new data"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
     fsdp.write_shards_from_host(host);
@@ -308,6 +354,8 @@ int run_training(const RunConfig& cfg) {
     }
     fsdp.scatter_params(full.data());
   }
+  // found only at the first save otherwise, after the run's compute
+  if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), world);
   CheckpointerOptions co;
   co.root = ckpt_root;
   co.keep = cfg.checkpoint.keep;
@@ -381,15 +429,20 @@ int run_training(const RunConfig& cfg) {
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGUSR1, on_signal);
 
   // Validation loss on a fixed set of held-out windows: eval_batches global batches of B x W
   // windows, numbered as the training batches are, each rank computing its own B of them, and
   // the ranks' means averaged (equal counts). So the set and the value are the same for every
-  // process count at the same global batch, and no rank repeats another's work.
+  // process count at the same micro_batch x ranks, and no rank repeats another's work.
   auto evaluate = [&]() {
+    // As a recompute does: fp8-delayed quantizes with the training's current scales and records
+    // no amax (the validation's amaxes changed the next steps' scales, so eval_every changed
+    // the trained weights); telemetry does not count its operands.
+    struct Replay {
+      LinearRecipe& r;
+      explicit Replay(LinearRecipe& r) : r(r) { r.set_replay(true); }
+      ~Replay() { r.set_replay(false); }
+    } replay(linear_recipe);
     double sum = 0;
     for (int64_t i = 0; i < tc.eval_batches; ++i) {
       val_sampler->fill((i * W + rank) * B, B, engine.batch_tokens());
@@ -404,7 +457,8 @@ int run_training(const RunConfig& cfg) {
   int64_t last_saved = -1;
   auto save = [&](int64_t step) {
     last_saved = step;
-    nlohmann::json state = {{"samples_seen", step * tc.grad_accum * B * W},
+    const int64_t seen = sample_base + (step - start_step) * tc.grad_accum * B * W;
+    nlohmann::json state = {{"samples_seen", seen},
                             {"seed", tc.seed},
                             {"world_size", W},
                             {"sharding", cfg.parallel.sharding},
@@ -432,6 +486,10 @@ int run_training(const RunConfig& cfg) {
                           {"seconds", wall},
                           {"ops", op_profile_json(rows, wall)}};
   };
+  if (val_sampler && lead && val_sampler->num_windows() < tc.eval_batches * B * W)
+    warn(str("validation reads ", tc.eval_batches * B * W, " windows (train.eval_batches x "
+             "micro_batch x ranks) but the held-out data holds ", val_sampler->num_windows(),
+             ": some count more than once (raise data.val_fraction or lower train.eval_batches)"));
   int64_t step = start_step;
   int64_t stop_signal = 0;
   for (; step < tc.steps; ++step) {
@@ -452,9 +510,11 @@ int run_training(const RunConfig& cfg) {
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {
       // Global sample order: micro-step m of step s takes samples
-      // ((s * grad_accum + m) * ranks + rank) * micro_batch + b, so the global batch is the
-      // same for any number of ranks.
-      int64_t first = ((step * tc.grad_accum + m) * W + rank) * B;
+      // base + (((s - start) * grad_accum + m) * ranks + rank) * micro_batch + b, so the
+      // global batch is the same for any number of ranks (base: the samples read before the
+      // resumed step, start * grad_accum * ranks * micro_batch for an unchanged batch).
+      const int64_t first =
+          sample_base + (((step - start_step) * tc.grad_accum + m) * W + rank) * B;
       train_sampler.fill(first, B, engine.batch_tokens());
       loss += engine.model->forward_backward(fsdp, engine.batch_tokens(), B, T,
                                              1.0f / float(tc.grad_accum));

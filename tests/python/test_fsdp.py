@@ -310,3 +310,66 @@ def test_gather_dtype_errors(tmp_path):
         assert r.rc == 2 and len(lines) == 1 and lines[0].startswith("error:"), (args, r)
         assert message in lines[0] and "parallel.gather_dtype" in lines[0], (args, lines)
         assert not (out / "checkpoints").exists()
+
+
+def mpmd(tmp_path, per_rank):
+    """mpirun with one app context per rank: per_rank = [(working dir, [args...]), ...]."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    cmd = ["mpirun"] + MPIRUN_FLAGS
+    for i, (wdir, args) in enumerate(per_rank):
+        cmd += ([":"] if i else []) + ["-np", "1", "-wdir", str(wdir),
+                                       os.path.abspath(MXTRAIN_BIN)] + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                          errors="replace")
+
+
+def test_a_checkpoint_directory_each_rank_has_its_own_copy_of_is_refused(tmp_path):
+    """Two 'nodes' (working directories) with the same relative checkpoint path: rank 0 committed
+    steps without rank 1's file (exit 0, then `ckpt verify` failed). Now refused before any
+    training."""
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    args = ["train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
+            "--set", "train.seq_len=32", "--set", "train.steps=2", "--set", "train.micro_batch=2",
+            "--set", "run.sample_tokens=0", "--set", "run.out_dir=out"]
+    for n in nodes:
+        n.mkdir()
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same directory on every rank: rank 1" in l
+                          for l in errors), p.stderr
+    assert "step 1/" not in p.stderr
+    for n in nodes:
+        assert not list((n / "out" / "checkpoints").glob("step_*"))
+
+
+def test_ranks_reading_different_data_are_refused(tmp_path):
+    text = corpus(tmp_path).read_text()
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    for i, n in enumerate(nodes):
+        n.mkdir()
+        (n / "data.txt").write_text(text if i == 0 else text[: len(text) // 2])
+    args = ["train", "--set", "model.preset=tiny", "--set", "data.path=data.txt",
+            "--set", "train.seq_len=32", "--set", "train.steps=2", "--set", "train.micro_batch=2",
+            "--set", "run.sample_tokens=0", "--set", f"run.out_dir={tmp_path / 'out'}"]
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same data on every rank" in l for l in errors), p.stderr
+
+
+def test_sweep_under_mpirun_is_refused(tmp_path):
+    """Its runs joined the launcher's job (a 1-process point trained as 2 and was recorded as
+    1; the next failed inside MPI), and every rank's sweep wrote the same --out."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS +
+                       [MXTRAIN_BIN, "sweep", "--grid", "train.micro_batch=1,2",
+                        "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
+                        "--steps", "2", "--out", str(tmp_path / "sw")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("not under mpirun" in l for l in errors), p.stderr
+    assert not (tmp_path / "sw").exists()
