@@ -462,11 +462,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   if (bp ? !a.q_16 : !a.q) {
     float* y = scratch_.alloc_f32(N * C);
     // fp8-delayed: the forward's scales again, no amax recorded (LinearRecipe::set_replay)
-    struct Replay {
-      LinearRecipe* r;
-      explicit Replay(LinearRecipe* r) : r(r) { if (r) r->set_replay(true); }
-      ~Replay() { if (r) r->set_replay(false); }
-    } replay(recipe_);
+    const LinearRecipe::ReplayScope replay(recipe_);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
   } else if (bp) {
     if (!a.h1_16) {  // selective: the norms' codes and the product's

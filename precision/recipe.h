@@ -124,6 +124,17 @@ class LinearRecipe {
   // pushed every amax twice: losses diverged from `none` / `selective` after the first step.
   void set_replay(bool on) { replay_ = on; }
   bool replaying() const { return replay_; }
+  // set_replay(true) for a scope: a recompute, a validation forward (nothing when r is null).
+  class ReplayScope {
+   public:
+    explicit ReplayScope(LinearRecipe* r) : r_(r) { if (r_) r_->set_replay(true); }
+    ~ReplayScope() { if (r_) r_->set_replay(false); }
+    ReplayScope(const ReplayScope&) = delete;
+    ReplayScope& operator=(const ReplayScope&) = delete;
+
+   private:
+    LinearRecipe* r_;
+  };
 
   // fp8-delayed state for checkpoints: every (layer, linear, operand)'s scale and amax
   // history, so that a resumed run quantizes exactly as the uninterrupted one would.

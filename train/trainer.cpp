@@ -438,11 +438,7 @@ int run_training(const RunConfig& cfg) {
     // As a recompute does: fp8-delayed quantizes with the training's current scales and records
     // no amax (the validation's amaxes changed the next steps' scales, so eval_every changed
     // the trained weights); telemetry does not count its operands.
-    struct Replay {
-      LinearRecipe& r;
-      explicit Replay(LinearRecipe& r) : r(r) { r.set_replay(true); }
-      ~Replay() { r.set_replay(false); }
-    } replay(linear_recipe);
+    const LinearRecipe::ReplayScope replay(&linear_recipe);
     double sum = 0;
     for (int64_t i = 0; i < tc.eval_batches; ++i) {
       val_sampler->fill((i * W + rank) * B, B, engine.batch_tokens());
