@@ -450,11 +450,14 @@ int run_training(const RunConfig& cfg) {
   };
 
   // Starts a checkpoint of `step` (in the background when checkpoint.async).
+  // Global samples read before `step` (base: the resumed checkpoint's samples_seen).
+  auto samples_before = [&](int64_t step) {
+    return sample_base + (step - start_step) * tc.grad_accum * B * W;
+  };
   int64_t last_saved = -1;
   auto save = [&](int64_t step) {
     last_saved = step;
-    const int64_t seen = sample_base + (step - start_step) * tc.grad_accum * B * W;
-    nlohmann::json state = {{"samples_seen", seen},
+    nlohmann::json state = {{"samples_seen", samples_before(step)},
                             {"seed", tc.seed},
                             {"world_size", W},
                             {"sharding", cfg.parallel.sharding},
@@ -506,11 +509,9 @@ int run_training(const RunConfig& cfg) {
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {
       // Global sample order: micro-step m of step s takes samples
-      // base + (((s - start) * grad_accum + m) * ranks + rank) * micro_batch + b, so the
-      // global batch is the same for any number of ranks (base: the samples read before the
-      // resumed step, start * grad_accum * ranks * micro_batch for an unchanged batch).
-      const int64_t first =
-          sample_base + (((step - start_step) * tc.grad_accum + m) * W + rank) * B;
+      // samples_before(s) + (m * ranks + rank) * micro_batch + b, so the global batch is the
+      // same for any number of ranks.
+      const int64_t first = samples_before(step) + (m * W + rank) * B;
       train_sampler.fill(first, B, engine.batch_tokens());
       loss += engine.model->forward_backward(fsdp, engine.batch_tokens(), B, T,
                                              1.0f / float(tc.grad_accum));
