@@ -985,7 +985,10 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   if (tied) access.release(embed_u, false);
   saved_.release(saved_start);
   scratch_.release(scratch_start);
-  fp8_flush();  // fp8-delayed: the recipe's histories are complete between steps (checkpoints)
+  // fp8-delayed: the pass's amaxes, reduced over the ranks, into the histories, which are then
+  // complete between steps (checkpoints). Every rank ends every forward here.
+  fp8_flush();
+  if (recipe_) recipe_->flush_amaxes();
   return loss_sum / double(N);
 }
 

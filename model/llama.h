@@ -220,9 +220,11 @@ class LlamaModel {
   // The operand's quantization for the backend: current scaling, or (fp8-delayed) the
   // history's scale and a slot for its amax, recorded into the history by fp8_flush().
   Backend::Fp8Operand fp8_operand(LinearOperand op, int linear);
-  // Records every pending fp8-delayed amax (one copy of the slots to the host). Called before a
-  // pending (layer, linear, operand) is quantized again, before the emulated path quantizes, and
-  // at the end of every forward(): the recipe's state is then what the emulation leaves.
+  // Hands every pending fp8-delayed amax to the recipe (one copy of the slots to the host),
+  // where it waits for the end of the pass as the emulated path's do. Called before a pending
+  // (layer, linear, operand) is quantized again, before the emulated path quantizes, and at the
+  // end of every forward(), which then has the recipe reduce and record them
+  // (LinearRecipe::flush_amaxes): its state is then what the emulation leaves.
   void fp8_flush();
 
   ModelConfig c_;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -171,12 +172,16 @@ void LinearRecipe::quantize(float* out, const float* x, int64_t rows, int64_t co
       auto& ds = delayed_[key];
       if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8);
       float scale = 0.0f;
-      if (auto it = last_scale_.find(key); replay_ && it != last_scale_.end()) {
-        scale = it->second;  // the forward's scale again; nothing recorded
+      if (replay_) {  // the forward's scale again (the history's before any); nothing recorded
+        const auto it = last_scale_.find(key);
+        scale = it != last_scale_.end() ? it->second : ds->scale();
         numerics::quantize_fp8_tensor_into(x, rows, cols, fp8, scale, into);
       } else {
-        // the scale this quantization uses (the state then updates)
-        scale = last_scale_[key] = ds->quantize_into(x, rows, cols, into);
+        record_pending(key);  // a second quantization of the key before a flush
+        const float amax = numerics::abs_max(x, n);  // before `into` (which may be x) is written
+        scale = last_scale_[key] = ds->scale();
+        numerics::quantize_fp8_tensor_into(x, rows, cols, fp8, scale, into);
+        hold_amax(key, amax);  // into the history at the end of the pass (flush_amaxes)
       }
       if (st) accumulate_stats(*st, x, out, rows, cols, fp8,
                                [scale](int64_t, int64_t) { return scale; });
@@ -274,14 +279,45 @@ float LinearRecipe::delayed_scale(int64_t layer, int linear, LinearOperand op) {
   if (auto it = last_scale_.find(key); replay_ && it != last_scale_.end()) return it->second;
   auto& ds = delayed_[key];
   if (!ds) ds = std::make_unique<numerics::DelayedScaling>(fp8_format(op));
+  if (replay_) return ds->scale();  // a replay before any forward: nothing to remember
+  record_pending(key);  // a second quantization of the key before a flush
   return last_scale_[key] = ds->scale();
 }
 
 void LinearRecipe::delayed_record(int64_t layer, int linear, LinearOperand op, float amax) {
   if (replay_) return;  // a recompute's amax: the forward it repeats recorded it
-  auto& ds = delayed_[std::make_tuple(layer, linear, int(op))];
-  MX_ASSERT(ds != nullptr);  // delayed_scale() made it
-  ds->record(amax);
+  const auto key = std::make_tuple(layer, linear, int(op));
+  MX_ASSERT(delayed_[key] != nullptr);  // delayed_scale() made it
+  hold_amax(key, amax);
+}
+
+void LinearRecipe::hold_amax(const std::tuple<int64_t, int, int>& key, float amax) {
+  record_pending(key);
+  pending_amax_[key] = amax;
+}
+
+void LinearRecipe::record_pending(const std::tuple<int64_t, int, int>& key) {
+  const auto it = pending_amax_.find(key);
+  if (it == pending_amax_.end()) return;
+  delayed_[key]->record(it->second);  // unreduced: only a key quantized twice in a pass
+  pending_amax_.erase(it);
+}
+
+void LinearRecipe::flush_amaxes() {
+  if (pending_amax_.empty()) return;
+  if (reduce_amax_) {
+    reduce_buf_.clear();
+    for (const auto& [key, amax] : pending_amax_)
+      reduce_buf_.push_back(std::isnan(amax) ? -1.0f : amax);  // NaN: lost to any number
+    reduce_amax_(reduce_buf_.data(), int64_t(reduce_buf_.size()));
+    size_t i = 0;
+    for (auto& [key, amax] : pending_amax_) {
+      const float v = reduce_buf_[i++];
+      amax = v < 0.0f ? std::numeric_limits<float>::quiet_NaN() : v;
+    }
+  }
+  for (const auto& [key, amax] : pending_amax_) delayed_[key]->record(amax);
+  pending_amax_.clear();
 }
 
 std::vector<LinearRecipe::DelayedState> LinearRecipe::delayed_state() const {

@@ -20,6 +20,7 @@
 //                Hadamard transform on both operands of the weight-gradient GEMM
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -117,6 +118,22 @@ class LinearRecipe {
   float delayed_scale(int64_t layer, int linear, LinearOperand op);
   void delayed_record(int64_t layer, int linear, LinearOperand op, float amax);
 
+  // fp8-delayed amaxes wait until the end of the pass that measured them (quantize() and
+  // delayed_record() hold them; the scale a quantization uses is never moved by its own pass,
+  // since a pass quantizes each (layer, linear, operand) once), then flush_amaxes() reduces
+  // them over the data-parallel ranks (max) and pushes them into the histories: every rank
+  // holds the same scales and histories, as Transformer Engine's amax reduction makes them, so
+  // a checkpoint restores them exactly under any sharding and process count. The reduction is
+  // a collective: the trainer sets it on multi-process runs, and every rank reaches
+  // flush_amaxes() once per forward pass (LlamaModel's forward ends with it) with the same
+  // keys. Values go through it in key order; NaN travels as -1 (below every amax), so a rank's
+  // NaN is ignored where another rank measured a number, as the history's fmax ignores it.
+  // A key quantized again before a flush (no training pass does) records its last amax
+  // unreduced first.
+  using AmaxReduction = std::function<void(float* amaxes, int64_t n)>;
+  void set_amax_reduction(AmaxReduction reduce) { reduce_amax_ = std::move(reduce); }
+  void flush_amaxes();
+
   // A recomputed forward (activation checkpointing) replays the forward it repeats: fp8-delayed
   // quantizes with the scale that forward used and records no amax (Transformer Engine's
   // checkpoint does the same), and telemetry does not count the operands twice. Without it a
@@ -169,6 +186,12 @@ class LinearRecipe {
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;
   // The scale each fp8-delayed operand's latest (non-replayed) quantization used.
   std::map<std::tuple<int64_t, int, int>, float> last_scale_;
+  // fp8-delayed amaxes measured this pass, waiting for flush_amaxes().
+  std::map<std::tuple<int64_t, int, int>, float> pending_amax_;
+  AmaxReduction reduce_amax_;
+  std::vector<float> reduce_buf_;
+  void hold_amax(const std::tuple<int64_t, int, int>& key, float amax);
+  void record_pending(const std::tuple<int64_t, int, int>& key);
   bool replay_ = false;
   bool collect_ = false;
   std::map<std::tuple<int64_t, int, int>, OperandStats> stats_;

@@ -225,6 +225,12 @@ int run_training(const RunConfig& cfg) {
   linear_recipe.set_high_precision_bf16(
       high_precision_bf16(recipe, cfg.precision.high_precision));
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
+  // fp8-delayed: each pass's amaxes are the max over all ranks (every rank is data-parallel),
+  // so all ranks quantize with the same scales and checkpoint the same histories.
+  if (W > 1 && recipe == Recipe::kFp8Delayed)
+    linear_recipe.set_amax_reduction([&world](float* amaxes, int64_t n) {
+      world.all_reduce(amaxes, amaxes, n, CommDtype::kF32, ReduceOp::kMax);
+    });
   Backend& be = *engine.backend;
   FsdpOptions fo;
   fo.sharding = parse_sharding(cfg.parallel.sharding);

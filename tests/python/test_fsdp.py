@@ -373,3 +373,56 @@ def test_sweep_under_mpirun_is_refused(tmp_path):
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     assert errors and all("not under mpirun" in l for l in errors), p.stderr
     assert not (tmp_path / "sw").exists()
+
+
+# fp8-delayed across ranks: each pass's amaxes are reduced (max) over the ranks before they enter
+# the histories (Transformer Engine's amax reduction), so every rank quantizes with the same
+# scales and checkpoints the same histories.
+FP8_DELAYED = ["--set", "precision.recipe=fp8-delayed"]
+
+
+def delayed_histories(run_dir, step):
+    import hf_io
+    d = run_dir / "checkpoints" / f"step_{step:08d}"
+    shards = [hf_io.read_safetensors(str(f)) for f in sorted(d.glob("rank_*.safetensors"))]
+    return [{k: v for k, v in s.items() if k.startswith("recipe.delayed.")} for s in shards]
+
+
+def test_fp8_delayed_amaxes_are_the_max_over_ranks(tmp_path):
+    """One step of 2 micro-batches on 2 processes: every rank file holds the same scale and
+    history for every operand, and those of the forward operands (x and W, whose amaxes do not
+    depend on how the loss is split) equal the 1-process run's on the same global batch to the
+    bit: the max over the ranks' windows of |x| is the max over all of them. Per-rank histories
+    (before) differed between the ranks and from the 1-process run."""
+    one_step = FP8_DELAYED + ["--set", "train.steps=1", "--set", "checkpoint.every=1"]
+    _, _, one = train(tmp_path, 1, "full", one_step, name="one")
+    _, _, two = train(tmp_path, 2, "full", one_step, name="two")
+    (ref,) = delayed_histories(one, 1)
+    ranks = delayed_histories(two, 1)
+    assert len(ranks) == 2 and len(ref) == 2 * 7 * 6, sorted(ref)  # tiny: 2 layers x 7 x 6
+    for key, want in ref.items():
+        assert (ranks[0][key] == ranks[1][key]).all(), key
+        op = int(key.rsplit(".", 1)[1])  # LinearOperand: 0 fwd x, 1 fwd W, 3 dgrad W, 5 wgrad x
+        if op in (0, 1, 3, 5):
+            assert (ranks[0][key] == want).all(), (key, ranks[0][key][:3], want[:3])
+        assert (want[1:3] > 0).all(), key  # both micro-batches recorded an amax
+
+
+@pytest.mark.parametrize("sharding", ["none", "hybrid"])
+def test_fp8_delayed_resume_is_exact_when_replicas_share_a_file(tmp_path, sharding):
+    """Under none / hybrid one replica of each shard writes the rank file; with the histories
+    the same on every rank, a resume restores every rank's exactly: stopped at step 4 and
+    resumed, the run ends with the uninterrupted run's bytes (it continued only close to it)."""
+    const = FP8_DELAYED + ["--set", "train.lr=2e-3", "--set", "train.min_lr=2e-3",
+                           "--set", "checkpoint.every=4"]
+    np_ = 4 if sharding == "hybrid" else 2
+    _, _, ref = train(tmp_path, np_, sharding, const + ["--set", "train.steps=8"], name="ref")
+    _, _, a = train(tmp_path, np_, sharding, const + ["--set", "train.steps=4"], name="a")
+    steps, _, _ = train(tmp_path, np_, sharding, const + [
+        "--set", "train.steps=8", "--set", f"checkpoint.dir={a / 'checkpoints'}"], name="b")
+    assert [r["step"] for r in steps] == [5, 6, 7, 8]
+    want = sorted((ref / "checkpoints" / "step_00000008").glob("rank_*"))
+    got = sorted((a / "checkpoints" / "step_00000008").glob("rank_*"))
+    assert [p.name for p in got] == [p.name for p in want] and want
+    for g, w in zip(got, want):
+        assert g.read_bytes() == w.read_bytes(), g.name
