@@ -15,6 +15,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_input.h"
 
 // The format is little-endian and so are all our targets (x86-64, aarch64): bytes are copied,
 // never swapped.
@@ -95,7 +96,8 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
   for (const auto& d : *shape_it) {
     int64_t dim = 0;
     if (!json_nonneg_int64(d, &dim))
-      throw fail(str("\"shape\" has a dimension that is not a non-negative integer: ", d.dump()));
+      throw fail(str("\"shape\" has a dimension that is not a non-negative integer: ",
+                     json_excerpt(d)));
     e.shape.push_back(dim);
   }
 
@@ -184,9 +186,9 @@ SafeTensorsIndex parse_safetensors_header(const std::string& label, const char* 
                    " bytes"));
   if (available < header_bytes)
     throw fail(str("only ", available, " of the header's ", header_bytes, " bytes were read"));
-  nlohmann::json j = nlohmann::json::parse(header, header + header_bytes, nullptr,
-                                           /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw fail("header is not valid JSON");
+  std::string why;
+  const nlohmann::json j = parse_json_input(std::string_view(header, header_bytes), &why);
+  if (j.is_discarded()) throw fail(str("header ", why));
   if (!j.is_object()) throw fail("header is not a JSON object");
 
   SafeTensorsIndex idx;

@@ -7,6 +7,7 @@
 
 #include "checkpoint/crc32c.h"
 #include "core/error.h"
+#include "core/json_input.h"
 #include "core/log.h"
 #include "model/hf_config.h"
 
@@ -266,8 +267,9 @@ std::string check_derived_lists(const nlohmann::json& m, const std::string& mpat
 nlohmann::json read_manifest(CheckpointStore& store, int64_t step) {
   const std::string mpath = store.step_location(step) + "/" + kManifest;
   std::string text = store.read_small(step, kManifest, kMaxManifestBytes);
-  nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  MX_REQUIRE(!m.is_discarded(), mpath, " is not valid JSON");
+  std::string bad;
+  nlohmann::json m = parse_json_input(text, &bad);
+  MX_REQUIRE(!m.is_discarded(), mpath, " ", bad);
   std::string why = check_manifest(m, mpath);
   MX_REQUIRE(why.empty(), why);
   why = check_derived_lists(m, mpath);
@@ -301,9 +303,11 @@ ModelConfig CheckpointReader::model_config() const {
 
 nlohmann::json CheckpointReader::state() const {
   const std::string p = location() + "/state.json";
-  nlohmann::json j = nlohmann::json::parse(store_.read_small(step_, "state.json", kMaxSmallFileBytes),
-                                           nullptr, false);
-  MX_REQUIRE(!j.is_discarded() && j.is_object(), p, " is not a JSON object");
+  std::string bad;
+  nlohmann::json j = parse_json_input(store_.read_small(step_, "state.json", kMaxSmallFileBytes),
+                                      &bad);
+  MX_REQUIRE(!j.is_discarded(), p, " ", bad);
+  MX_REQUIRE(j.is_object(), p, " is not a JSON object");
   MX_REQUIRE(j.contains("step") && j["step"].is_number_integer() &&
                  j["step"].get<int64_t>() == step_,
              p, " does not hold step ", step_);
@@ -468,8 +472,24 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
   // Every rank file parses and holds the tensors the manifest lists, with their shapes.
   try {
     CheckpointReader reader(store, step);
-    reader.model_config();
-    reader.state();  // state.json: its step and the types of its fields
+    const ModelConfig model = reader.model_config();
+    const nlohmann::json state = reader.state();  // state.json: its step, its fields' types
+    // The three descriptions of one run must agree: state.json's process count and sharding
+    // with the manifest's, and the step's config.json (what Hugging Face tools read) with the
+    // manifest's model (what mxtrain reads): an edit to one side alone changed the exported
+    // model (rope_theta, rms_norm_eps) while the step verified.
+    for (const char* key : {"world_size", "sharding"})
+      if (state.contains(key) && state[key] != m[key])
+        return str(loc, "/state.json: ", key, " ", state[key].dump(), ", manifest.json says ",
+                   m[key].dump());
+    for (const auto& f : m["files"]) {
+      if (f["name"] != "config.json") continue;
+      const std::string cpath = loc + "/config.json";
+      const ModelConfig described =
+          parse_hf_config(store.read_small(step, "config.json", kMaxSmallFileBytes), cpath);
+      if (hf_config_text(described) != hf_config_text(model))
+        return str(cpath, ": describes another model than manifest.json's 'model'");
+    }
     for (int r = 0; r < reader.shard_size(); ++r) {
       const std::string file = rank_file_name(r, reader.shard_size());
       try {
@@ -495,6 +515,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       std::vector<int64_t> shape;
       for (const auto& d : t["shape"]) shape.push_back(d.get<int64_t>());
       if (e->shape != shape) return str(loc, "/", file, ": ", name, " has the wrong shape");
+      if (e->dtype != "F32")  // every checkpoint tensor is F32 (docs/checkpoints.md)
+        return str(loc, "/", file, ": ", name, " is ", e->dtype, ", not F32");
     }
   } catch (const StorageError&) {
     throw;  // the store failed (after its retries), not the checkpoint: exit 3

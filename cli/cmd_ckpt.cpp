@@ -47,7 +47,7 @@ int verify(const std::string& checkpoint, bool full) {
     if (why.empty()) {
       std::printf("OK %s\n", store->step_location(step).c_str());
     } else {
-      std::fprintf(stderr, "error: %s\n", why.c_str());
+      std::fprintf(stderr, "error: %s\n", one_line(why).c_str());
       ++bad;
     }
   }

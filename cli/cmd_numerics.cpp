@@ -123,9 +123,11 @@ int run_quantize(const QuantizeArgs& a) {
     else
       q = quantize_nvfp4(x.data(), rows, cols, block == "16x16", ro);
 
-    std::vector<int64_t> shape = e.shape.empty() ? std::vector<int64_t>{1} : e.shape;
+    // A 0-d tensor (shape []) is one row of one column: its dequant and codes keep shape [].
+    const std::vector<int64_t>& shape = e.shape;
     std::vector<int64_t> code_shape = shape;
-    code_shape.back() = q.code_cols;
+    if (!code_shape.empty()) code_shape.back() = q.code_cols;
+    MX_ASSERT(!shape.empty() || q.code_cols == 1);
     // Wider dtypes first keeps every F32 tensor 4-byte aligned in the file.
     writer.add_f32(e.name + ".dequant", shape, q.dequant.data());
     if (!q.scales_f32.empty()) {

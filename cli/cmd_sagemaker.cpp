@@ -19,7 +19,9 @@
 #include <sstream>
 #include <thread>
 
+#include "core/json_input.h"
 #include "checkpoint/export_hf.h"
+#include "checkpoint/storage.h"
 #include "cli/commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -42,21 +44,21 @@ nlohmann::json read_json(const std::string& path, bool required, nlohmann::json 
     MX_REQUIRE(!required, path, " does not exist");
     return fallback;
   }
+  MX_REQUIRE(fs::is_regular_file(path, ec), path, " is not a file");
   std::ifstream in(path);
   MX_REQUIRE(in.good(), "cannot read ", path);
   std::stringstream text;
   text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(str(path, " is not valid JSON: ", e.what()));
-  }
+  std::string why;
+  nlohmann::json j = parse_json_input(text.str(), &why);
+  if (j.is_discarded()) throw UserError(str(path, " ", why));
+  return j;
 }
 
 void write_failure(const sm::Paths& paths, const std::string& reason) {
   try {
     fs::create_directories(fs::path(paths.failure).parent_path());
-    write_file_atomic(paths.failure, reason + "\n");
+    write_file_atomic(paths.failure, one_line(reason) + "\n");
   } catch (const std::exception& e) {
     warn(str("cannot write ", paths.failure, ": ", e.what()));
   }
@@ -171,6 +173,12 @@ int run_worker(const sm::Resources& res) {
 
 int sagemaker_train() {
   const sm::Paths paths = sm::paths_under(sm::root_from_env());
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) {  // the entrypoint itself, not a rank it started
+    // A failure file left by an earlier run in the same root (a local or Docker rerun; a real
+    // job starts with an empty output/) would describe this run and hide its own failure.
+    std::error_code ec;
+    fs::remove(paths.failure, ec);
+  }
   try {
     const auto hp_json =
         read_json(paths.config_dir + "/hyperparameters.json", false, nlohmann::json::object());
@@ -260,10 +268,14 @@ int sagemaker_train() {
     }
     if (rc != 0 || mpi_rank) return rc;  // a stopped job keeps its checkpoint, not a model
 
-    // The newest checkpoint is where the run wrote it: S3 when checkpoint.s3_uri is set.
+    // This run's final checkpoint, at train.steps (a finished run always writes it), where the
+    // run wrote it: S3 when checkpoint.s3_uri is set. Not the root's newest step: a newer step
+    // left there by another job (a resubmission with resume = none), or one resume skipped as
+    // corrupt, is not this job's model.
+    std::string root = cfg.checkpoint.s3_uri.empty() ? cfg.checkpoint_dir() : cfg.checkpoint.s3_uri;
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
     const std::string step = export_checkpoint_hf(
-        cfg.checkpoint.s3_uri.empty() ? cfg.checkpoint_dir() : cfg.checkpoint.s3_uri, paths.model,
-        hp.export_dtype);
+        root + "/" + step_dir_name(cfg.train.steps), paths.model, hp.export_dtype);
     info("sagemaker: exported ", step, " to ", paths.model, " (Hugging Face, ", hp.export_dtype,
          ")");
     return 0;

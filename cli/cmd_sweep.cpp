@@ -78,18 +78,16 @@ int spawn(const std::vector<std::string>& argv, const std::string& out_file,
           const std::string& err_file, bool mpi_env) {
   std::fflush(stdout);
   std::fflush(stderr);
-  // Ctrl-C reaches the child too (same process group): it stops at a step boundary and exits
-  // 130, and the sweep then stops itself; so the sweep ignores SIGINT while it waits.
-  struct sigaction ignore {}, old_int {};
-  ignore.sa_handler = SIG_IGN;
-  sigemptyset(&ignore.sa_mask);
-  sigaction(SIGINT, &ignore, &old_int);
   // mpirun hands SIGUSR1 to every rank (which take it for SIGTERM); a SIGTERM it would pass on
   // and follow with SIGKILL a second later, too soon for the checkpoint.
   g_run_signal = mpi_env ? SIGUSR1 : SIGTERM;
-  struct sigaction forward {}, old_term {}, old_usr1 {};
+  // Ctrl-C reaches the child too (same process group) and stops it at a step boundary; the
+  // sweep notes it (the run's own exit status does not say so under mpirun, which exits 1) and
+  // passes the stop on as SIGTERM does (a run takes a second stop signal as the first).
+  struct sigaction forward {}, old_int {}, old_term {}, old_usr1 {};
   forward.sa_handler = forward_stop;
   sigemptyset(&forward.sa_mask);
+  sigaction(SIGINT, &forward, &old_int);
   sigaction(SIGTERM, &forward, &old_term);
   sigaction(SIGUSR1, &forward, &old_usr1);
   auto restore = [&] {
@@ -202,6 +200,9 @@ int run_sweep(const SweepArgs& a) {
   const std::vector<plan::GridPoint> points = plan::expand_grid(axes);
   const fs::path out(a.out);
   const fs::path runs = out / "runs";
+  std::error_code out_ec;
+  MX_REQUIRE(!fs::exists(out, out_ec) || fs::is_directory(out, out_ec), "--out ", a.out,
+             " exists and is not a directory");
 
   // Validate every point (config loading, planner) before running anything.
   std::vector<Prepared> prepared;
@@ -292,8 +293,11 @@ int run_sweep(const SweepArgs& a) {
       try {
         const auto j = nlohmann::json::parse(read_text(result_file));
         plan::SweepResult old = plan::result_from_json(j);
-        // Only measured points count as done: a failed one runs again.
-        if (j.value("signature", "") == signature && old.measured) {
+        // Only measured points count as done: a failed one runs again. The same values too:
+        // two values can clean up to the same id (d/c.txt and d_c.txt), and a widened grid
+        // can hand an id to another point than the one whose result the directory holds.
+        if (j.value("signature", "") == signature && old.measured &&
+            old.point.overrides == q.point.overrides) {
           old.point = q.point;
           old.reused = true;
           // The memory prediction is recomputed (deterministic, and the planner may have

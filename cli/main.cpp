@@ -55,20 +55,27 @@ int main(int argc, char** argv) {
     for (CLI::App* sub : apps[i]->get_subcommands([](CLI::App*) { return true; }))
       apps.push_back(sub);
   }
-  // CLI11 reads an unknown first word as a stray positional and says only that a subcommand is
-  // required: name the word and the subcommands instead.
-  if (argc > 1 && argv[1][0] != '-') {
+  // CLI11 reads an unknown subcommand word as a stray positional and says only that a
+  // subcommand is required: name the word and the subcommands instead, at every level that
+  // requires one (`mxtrain sagemaker serve`, SageMaker's hosting command, as `mxtrain serve`).
+  std::string path = "mxtrain";
+  CLI::App* level = &app;
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
     std::string known;
-    bool found = false;
-    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
-      found = found || sub->check_name(argv[1]);
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : level->get_subcommands([](CLI::App*) { return true; })) {
+      if (sub->check_name(argv[i])) next = sub;
       known += (known.empty() ? "" : ", ") + sub->get_name();
     }
-    if (!found) {
-      std::fprintf(stderr, "error: unknown subcommand '%s' (known: %s; see mxtrain --help)\n",
-                   argv[1], known.c_str());
+    if (!next) {
+      if (level != &app && level->get_require_subcommand_min() == 0) break;  // a positional
+      std::fprintf(stderr, "error: unknown subcommand '%s' of %s (known: %s; see %s --help)\n",
+                   mx::one_line(argv[i]).c_str(), path.c_str(), known.c_str(), path.c_str());
       return 2;
     }
+    path += " " + next->get_name();
+    level = next;
+    if (level->get_subcommands([](CLI::App*) { return true; }).empty()) break;
   }
   try {
     app.parse(argc, argv);
@@ -77,12 +84,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see mxtrain --help)\n", e.what());
+    std::fprintf(stderr, "error: %s (see mxtrain --help)\n", mx::one_line(e.what()).c_str());
     return 2;
   }
   // In a multi-process job a failing rank must end every rank (the others may be waiting for
   // it inside a collective): abort_all prints `error: rank R: ...` and aborts the job.
-  auto fail = [](int code, const std::string& message) -> int {
+  auto fail = [](int code, const std::string& text) -> int {
+    const std::string message = mx::one_line(text);
     if (mx::in_multi_process_job()) mx::abort_all(code, message);
     // Under a launcher before the world exists (a config error): still say which rank
     std::fprintf(stderr, "error: %s%s\n", mx::launcher_rank_prefix().c_str(), message.c_str());

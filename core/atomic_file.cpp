@@ -1,6 +1,7 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,6 +33,12 @@ bool write_all(int fd, const void* data, size_t size) {
 }  // namespace
 
 std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  // The rename would put a regular file in place of whatever `path` is: a device (as root,
+  // `--out /dev/null` replaced /dev/null), a FIFO, a socket. Those are refused, untouched.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw UserError(str("'", path, "' exists and is not a regular file; mxtrain writes a new file "
+                        "there only in place of a regular one"));
   const std::string tmp = str(path, ".tmp.", ::getpid());
   auto fail = [&](const std::string& what, int err) {
     ::unlink(tmp.c_str());

@@ -14,6 +14,8 @@ struct ByteSpan {
 // Writes the pieces, in order, to path + ".tmp.<pid>", fsyncs it, renames it over `path` and
 // fsyncs the directory (a filesystem that cannot fsync a directory is tolerated). On failure
 // the temporary file is removed, `path` keeps what it had, and a StorageError names `path`.
+// A `path` that exists as something other than a regular file (after symlinks: a directory, a
+// device, a FIFO) is a UserError, and nothing is written.
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 void write_file_atomic(const std::string& path, const std::string& text);
 

@@ -24,6 +24,32 @@ std::string str(const Args&... args) {
   return os.str();
 }
 
+// An error message as the one line it must be: line breaks and other control bytes (a
+// `--set` value or a hyperparameter holding a newline, a file name with one) become \n, \r,
+// \t or \xHH, so a reader of stderr or of SageMaker's failure file sees one line.
+inline std::string one_line(const std::string& message) {
+  std::string out;
+  out.reserve(message.size());
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace mx
 
 // Bad input: throws UserError with the message built from the remaining arguments.

@@ -12,6 +12,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_input.h"
 
 namespace mx {
 
@@ -46,29 +47,30 @@ class ConfigFields {
   double optional_number(const char* field, double fallback) const {
     const json* v = find(field);
     if (!v) return fallback;
-    if (!v->is_number()) throw error(field, str("must be a number, got ", v->dump()));
+    if (!v->is_number()) throw error(field, str("must be a number, got ", json_excerpt(*v)));
     return v->get<double>();
   }
   bool optional_bool(const char* field, bool fallback) const {
     const json* v = find(field);
     if (!v) return fallback;
-    if (!v->is_boolean()) throw error(field, str("must be true or false, got ", v->dump()));
+    if (!v->is_boolean()) throw error(field, str("must be true or false, got ", json_excerpt(*v)));
     return v->get<bool>();
   }
   std::string optional_string(const char* field, const std::string& fallback) const {
     const json* v = find(field);
     if (!v) return fallback;
-    if (!v->is_string()) throw error(field, str("must be a string, got ", v->dump()));
+    if (!v->is_string()) throw error(field, str("must be a string, got ", json_excerpt(*v)));
     return v->get<std::string>();
   }
 
  private:
   int64_t as_int(const char* field, const json& v) const {
     // is_number_integer() covers both signed and unsigned JSON integers, not 2048.0.
-    if (!v.is_number_integer()) throw error(field, str("must be an integer, got ", v.dump()));
+    if (!v.is_number_integer())
+      throw error(field, str("must be an integer, got ", json_excerpt(v)));
     if (v.is_number_unsigned() &&
         v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-      throw error(field, str("is out of range: ", v.dump()));
+      throw error(field, str("is out of range: ", json_excerpt(v)));
     return v.get<int64_t>();
   }
 
@@ -88,8 +90,9 @@ ModelConfig read_hf_config(const std::string& path) {
 }
 
 ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw UserError(str("Hugging Face config '", path, "' is not valid JSON"));
+  std::string why;
+  const json j = parse_json_input(text, &why);
+  if (j.is_discarded()) throw UserError(str("Hugging Face config '", path, "' ", why));
   if (!j.is_object())
     throw UserError(str("Hugging Face config '", path, "' is not a JSON object"));
 
@@ -131,7 +134,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
   // rope_theta, and the scaling's own fields}: its theta counts, and only plain RoPE loads.
   if (const json* rp = f.find("rope_parameters")) {
     if (!rp->is_object())
-      throw f.error("rope_parameters", str("must be an object, got ", rp->dump()));
+      throw f.error("rope_parameters", str("must be an object, got ", json_excerpt(*rp)));
     ConfigFields r(path, *rp);
     const std::string type = r.optional_string("rope_type", "default");
     if (type != "default")

@@ -8,10 +8,12 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/safetensors.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/json_input.h"
 #include "model/hf_config.h"
 
 namespace fs = std::filesystem;
@@ -32,12 +34,12 @@ std::vector<std::string> weight_files(const std::string& dir) {
   if (fs::is_regular_file(single, ec)) return {single.string()};
   if (fs::is_regular_file(index, ec)) {
     std::ifstream in(index);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const std::exception&) {
-      throw UserError(str(index.string(), " is not valid JSON"));
-    }
+    std::stringstream text;
+    if (in) text << in.rdbuf();
+    if (!in || in.bad()) throw StorageError(str("cannot read ", index.string()));
+    std::string why;
+    nlohmann::json j = parse_json_input(text.str(), &why);
+    if (j.is_discarded()) throw UserError(str(index.string(), " ", why));
     MX_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                index.string(), " has no weight_map object");
     std::set<std::string> files;
@@ -99,6 +101,8 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* p
 void save_hf_model(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
                    const float* params, const std::string& dtype) {
   std::error_code ec;
+  MX_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "the output directory ", dir,
+             " exists and is not a directory");
   fs::create_directories(dir, ec);
   if (ec) throw StorageError(str("cannot create directory ", dir, ": ", ec.message()));
   SafeTensorsWriter w;

@@ -104,8 +104,9 @@ Communicator& world_communicator() {
 
 bool in_multi_process_job() { return mpi_active() && g_world && g_world->size() > 1; }
 
-void abort_all(int exit_code, const std::string& message) {
+void abort_all(int exit_code, const std::string& text) {
   if (exit_code == 0) exit_code = 1;  // a failure never reads as success
+  const std::string message = one_line(text);
   std::fflush(stdout);
   if (mpi_active()) {
     int rank = 0, size = 1;

@@ -31,6 +31,7 @@ const char* kind_name(Kind k) {
   }
   return "?";
 }
+const char* article(Kind k) { return k == Kind::kInt ? "an " : "a "; }
 
 // Model fields are staged and applied on top of the preset once everything is read.
 struct Staging {
@@ -199,12 +200,14 @@ Value from_toml(const Field& f, const toml::value& v, const std::string& where) 
       if (v.is_string()) return std::string(v.as_string().str);
       break;
   }
-  throw UserError(str("config key '", f.key, "'", where, " must be a ", kind_name(f.kind)));
+  throw UserError(str("config key '", f.key, "'", where, " must be ", article(f.kind),
+                      kind_name(f.kind)));
 }
 
 Value from_text(const Field& f, std::string text) {
   auto bad = [&]() -> UserError {
-    return UserError(str("--set ", f.key, "=", text, ": expected a ", kind_name(f.kind)));
+    return UserError(str("--set ", f.key, "=", text, ": expected ", article(f.kind),
+                         kind_name(f.kind)));
   };
   switch (f.kind) {
     case Kind::kInt: {
@@ -240,7 +243,7 @@ Value from_text(const Field& f, std::string text) {
   throw bad();
 }
 
-std::string one_line(std::string s) {
+std::string joined_lines(std::string s) {  // toml11's messages span several lines
   std::replace(s.begin(), s.end(), '\n', ' ');
   std::string out;
   for (char c : s)
@@ -379,9 +382,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     try {
       root = toml::parse(path);
     } catch (const std::runtime_error& e) {  // file missing or unreadable
-      throw UserError(str("cannot read config file ", path, ": ", one_line(e.what())));
+      throw UserError(str("cannot read config file ", path, ": ", joined_lines(e.what())));
     } catch (const std::exception& e) {  // syntax errors
-      throw UserError(str("config file ", path, " is not valid TOML: ", one_line(e.what())));
+      throw UserError(str("config file ", path, " is not valid TOML: ", joined_lines(e.what())));
     }
     if (!root.is_table()) throw UserError(str("config file ", path, " is not a TOML table"));
     for (auto& [section, body] : root.as_table()) {

@@ -201,8 +201,10 @@ std::string train_channel_file(const std::string& data_dir,
 }
 
 std::vector<std::string> platform_sets(const Paths& paths) {
+  // run.metrics too: a config file's own metrics path would take the metrics out of
+  // output/data (the job's output.tar.gz), where `run.out_dir` puts them by default.
   return {"checkpoint.dir=" + paths.checkpoints, "checkpoint.resume=auto",
-          "run.out_dir=" + paths.output_data};
+          "run.out_dir=" + paths.output_data, "run.metrics="};
 }
 
 std::vector<std::string> mpirun_command(const MpiLaunch& l) {

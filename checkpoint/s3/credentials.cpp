@@ -9,6 +9,7 @@
 #include "checkpoint/s3/http.h"
 #include "checkpoint/s3/uri.h"
 #include "core/error.h"
+#include "core/json_input.h"
 #include "core/log.h"
 
 namespace mx::s3 {
@@ -66,13 +67,11 @@ std::time_t parse_iso8601_utc(const std::string& s) {
 }
 
 Credentials parse_credentials_json(const std::string& body, const std::string& what) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(body);
-  } catch (const std::exception&) {
-    // The body may hold secrets: never quote it.
-    throw StorageError(str(what, " returned a response that is not JSON (", body.size(), " bytes)"));
-  }
+  std::string why;
+  const nlohmann::json j = parse_json_input(body, &why);
+  if (j.is_discarded())  // the body may hold secrets: never quote it (nor its keys)
+    throw StorageError(str(what, " returned a response that is not usable JSON (", body.size(),
+                           " bytes)"));
   if (j.contains("Code") && j["Code"].is_string() && j["Code"] != "Success")
     throw StorageError(str(what, " returned Code=", j["Code"].get<std::string>()));
   auto field = [&](const char* name) -> std::string {

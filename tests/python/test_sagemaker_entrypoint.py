@@ -186,6 +186,82 @@ def test_malformed_input_config_is_bad_input(tmp_path):
     assert "hyperparameters.json" in (root / "output" / "failure").read_text()
 
 
+
+def set_hyperparameters(root, hp):
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+
+
+def assert_model_is_step(root, step):
+    cfg, tensors = hf_io.read_hf_dir(str(root / "model"))
+    saved = hf_io.read_checkpoint_weights(str(root / "checkpoints" / f"step_{step:08d}"))
+    assert set(saved) == set(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(value, saved[name], err_msg=name)
+    return cfg
+
+
+def test_the_model_is_this_runs_final_checkpoint(tmp_path):
+    """model/ is this job's model: the step it ended at (train.steps), not the folder's newest
+    step. A resubmission with resume = none and another shape exported the older job's step 6
+    (exit 0); a resume that skipped a corrupt step 6 trained to 5 and then failed exporting the
+    corrupt step (exit 2, failure file)."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "6", "checkpoint.every": "3"}))
+    r = run_entrypoint(root)
+    assert r.returncode == 0, r.stderr
+    assert committed_steps(root / "checkpoints") == [3, 6]
+
+    # another shape, from scratch, into the same checkpoint folder
+    set_hyperparameters(root, dict(TINY, **{"train.steps": "4", "checkpoint.resume": "none",
+                                            "model.hidden_size": "32",
+                                            "model.num_attention_heads": "2",
+                                            "model.num_key_value_heads": "1"}))
+    r = run_entrypoint(root)
+    assert r.returncode == 0, r.stderr
+    cfg = assert_model_is_step(root, 4)
+    assert cfg["hidden_size"] == 32
+
+    # step 6 corrupt: resume skips it (from step 3), trains to 5, exports step 5
+    shutil.rmtree(root / "checkpoints" / "step_00000004")
+    rank = next((root / "checkpoints" / "step_00000006").glob("rank_*"))
+    data = bytearray(rank.read_bytes())
+    data[-3] ^= 0xFF
+    rank.write_bytes(bytes(data))
+    set_hyperparameters(root, dict(TINY, **{"train.steps": "5"}))
+    r = run_entrypoint(root)
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stderr and "step_00000003" in r.stderr, r.stderr
+    assert_model_is_step(root, 5)
+    assert not (root / "output" / "failure").exists()
+
+
+def test_a_config_files_metrics_path_does_not_apply(tmp_path):
+    """A TOML file's paths are not the job's (docs/sagemaker.md): run.metrics from it took the
+    metrics out of output/data, which SageMaker uploads."""
+    elsewhere = tmp_path / "elsewhere" / "m.jsonl"
+    toml = f'[run]\nmetrics = "{elsewhere}"\n'
+    root = make_root(tmp_path, dict(TINY, **{"config": "config/run.toml", "train.steps": "2"}),
+                     channels=("train", "config"), config_toml=toml)
+    r = run_entrypoint(root)
+    assert r.returncode == 0, r.stderr
+    steps, _ = read_metrics(root / "output" / "data" / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [1, 2]
+    assert not elsewhere.exists()
+
+
+def test_the_failure_file_is_one_line_and_only_this_runs(tmp_path):
+    """A value holding a newline made a two-line error (stderr and the failure file SageMaker
+    shows); a failure file from an earlier run in the same root stayed after a success."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "3\n4"}))
+    r = run_entrypoint(root, timeout=60)
+    assert r.returncode == 2, r.stderr
+    failure = (root / "output" / "failure").read_text()
+    assert failure.count("\n") == 1 and failure.startswith("error:"), failure
+    assert "3\\n4" in failure, failure
+    set_hyperparameters(root, dict(TINY, **{"train.steps": "2"}))
+    r = run_entrypoint(root)
+    assert r.returncode == 0, r.stderr
+    assert not (root / "output" / "failure").exists()
+
 def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     """sagemaker.processes_per_host = 2: the entrypoint launches mpirun (2 ranks, FSDP) and
     passes SageMaker's SIGTERM on; the ranks checkpoint the same step, the job exits 143, and

@@ -6,8 +6,11 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+
+from conftest import english_text
 
 TOLERANCE = 0.03  # the brief's bound; on CPU with one process the planner is exact
 
@@ -190,3 +193,71 @@ def test_sigterm_reaches_the_run_in_progress(tmp_path):
     assert p.returncode == 2 and "interrupted" in err, (p.returncode, err)
     assert not _processes_mentioning(str(run_dir)), "the run is still training"
     assert list((run_dir).glob("**/step_*/manifest.json")), "the run left no checkpoint"
+
+
+def test_sweep_out_that_is_a_file_is_bad_input(mxtrain, tmp_path):
+    (tmp_path / "out").write_text("keep")
+    r = sweep(mxtrain, tmp_path, ["--grid", "train.micro_batch=1"])
+    assert r.rc == 2 and r.stderr.strip().startswith("error:") and "not a directory" in r.stderr, r
+    assert (tmp_path / "out").read_text() == "keep"
+
+
+def test_widened_grid_does_not_reuse_another_values_result(mxtrain, tmp_path):
+    """d/c.txt and d_c.txt clean up to the same run id: after a sweep over d_c.txt, a wider
+    one handed that id (and its result) to d/c.txt, which was reported without ever training
+    on its own data. Two different files, so their losses differ; each point's run must have
+    read its own file (state.json's data_path)."""
+    (tmp_path / "d").mkdir()
+    text = english_text(60000)
+    (tmp_path / "d" / "c.txt").write_text(text[:30000])
+    (tmp_path / "d_c.txt").write_text(text[30000:])
+    base = tmp_path / "base.toml"
+    base.write_text(BASE.replace('format = "random"', 'format = "text"'))
+    args = ["sweep", "--config", base, "--steps", 2, "--out", tmp_path / "out",
+            "--set", "checkpoint.every=2"]
+    a, b = tmp_path / "d" / "c.txt", tmp_path / "d_c.txt"  # ids: ..._d_c.txt, both
+    r = mxtrain(args + ["--grid", f"data.path={b}"], timeout=120)
+    assert r.rc == 0, r
+    r = mxtrain(args + ["--grid", f"data.path={a},{b}"], timeout=120)
+    assert r.rc == 0, r
+    res, _ = load(tmp_path / "out")
+    assert len(res["points"]) == 2
+    for p in res["points"]:
+        assert p["status"] == "ok", p
+        (state,) = [json.loads(s.read_text()) for s in
+                    Path(p["run_dir"]).glob("**/step_*/state.json")] or [None]
+        assert state is not None and state["data_path"] == p["overrides"]["data.path"], (p, state)
+
+
+def test_ctrl_c_stops_a_sweep_under_mpirun(tmp_path):
+    """Ctrl-C (SIGINT to the sweep's process group) under --np 2: mpirun exits 1 when its ranks
+    stop, so the sweep took the run for a failure and went on to the next point, exit 0. It
+    must stop as it does with one process: exit 2, "interrupted", no later point started."""
+    from conftest import MXTRAIN_BIN, require_binary
+    require_binary()
+    base = tmp_path / "base.toml"
+    base.write_text(BASE)
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.Popen([MXTRAIN_BIN, "sweep", "--config", str(base), "--steps", "1000000",
+                          "--np", "2", "--out", str(out), "--grid", "train.micro_batch=1,2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # until the first run has trained a step
+            logs = list(out.glob("runs/*/stderr.log"))
+            if logs and "step " in logs[0].read_text():
+                break
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the run never logged a step")
+        os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 2 and "interrupted" in err, (p.returncode, err)
+    assert len(list(out.glob("runs/*"))) == 1, "the sweep started the next point"

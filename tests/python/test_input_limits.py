@@ -1,0 +1,236 @@
+"""Files and names from outside, at their limits: JSON nested past any real input, keys given
+twice, NUL bytes, an output path that is a device or a FIFO, a 0-d tensor, an error message
+holding a newline, and a checkpoint whose descriptions of itself disagree. Each case is what a
+hunt found the binary doing wrong (a crash, a silently dropped tensor, a replaced device node, a
+two-line error, an edited step that verified); the references are the safetensors format's
+rules, the input's own bytes and shape, and the run's own files."""
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+import hf_io
+from conftest import english_text, set_args
+from test_checkpoint_resume import crc32c_ref
+
+
+def error_lines(r):
+    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
+
+
+def assert_one_error(r, *needles, rc=2):
+    errs = error_lines(r)
+    assert r.rc == rc and len(errs) == 1, r
+    for n in needles:
+        assert n in errs[0], (n, errs[0])
+
+
+def raw_safetensors(path, header_bytes, data=b""):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        f.write(data)
+
+
+def quantize(mxtrain, src, dst, fmt="e4m3"):
+    return mxtrain(["numerics", "quantize", "--format", fmt, "--in", src, "--out", dst],
+                   timeout=60)
+
+
+# ---- safetensors headers -----------------------------------------------------------------
+
+def test_deeply_nested_header_is_refused_not_a_crash(tmp_path, mxtrain):
+    """A 200 KB header whose "shape" nests 100000 arrays: the error message's dump() of it
+    recursed off the stack (SIGSEGV, exit 139). Now the parser refuses nesting past 64."""
+    depth = 100000
+    header = ('{"w":{"dtype":"F32","shape":' + "[" * depth + "]" * depth +
+              ',"data_offsets":[0,4]}}').encode()
+    src = tmp_path / "deep.safetensors"
+    raw_safetensors(src, header, b"\0" * 4)
+    r = quantize(mxtrain, src, tmp_path / "out.safetensors")
+    assert_one_error(r, "deeper than 64 levels")
+    assert len(error_lines(r)[0]) < 300  # the value is not quoted
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_tensor_named_twice_is_refused(tmp_path, mxtrain):
+    """Two header entries named "w": JSON parsers keep the last, so the first tensor was
+    dropped and exit 0; the safetensors library refuses such a file."""
+    a = np.arange(4, dtype=np.float32)
+    b = np.array([100, 200], dtype=np.float32)
+    header = (b'{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},'
+              b'"w":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}')
+    src = tmp_path / "dup.safetensors"
+    raw_safetensors(src, header, a.tobytes() + b.tobytes())
+    r = quantize(mxtrain, src, tmp_path / "out.safetensors")
+    assert_one_error(r, 'the key "w" twice')
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_header_with_a_nul_byte_is_refused(tmp_path, mxtrain):
+    """The parser stopped at a NUL: what followed it was never read (here: garbage)."""
+    header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}\0 not json {{{'
+    src = tmp_path / "nul.safetensors"
+    raw_safetensors(src, header, np.ones(1, np.float32).tobytes())
+    r = quantize(mxtrain, src, tmp_path / "out.safetensors")
+    assert_one_error(r, "NUL byte")
+
+
+def test_zero_dimensional_tensor_keeps_its_shape(tmp_path, mxtrain):
+    """numerics quantize writes x.dequant in x's shape (DESIGN.md): a 0-d tensor came back [1].
+    The value is the 1-element tensor's (the same quantization of the same number)."""
+    x = np.float32(3.3)
+    scalar = tmp_path / "s.safetensors"
+    raw_safetensors(scalar, b'{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}}',
+                    x.tobytes())
+    one = tmp_path / "one.safetensors"
+    hf_io.write_safetensors(one, {"s": np.array([x], np.float32)})
+    for fmt in ("e4m3", "mxfp8", "nvfp4"):
+        r = quantize(mxtrain, scalar, tmp_path / f"s_{fmt}.safetensors", fmt)
+        assert r.rc == 0, r
+        r = quantize(mxtrain, one, tmp_path / f"one_{fmt}.safetensors", fmt)
+        assert r.rc == 0, r
+        got = hf_io.read_safetensors(tmp_path / f"s_{fmt}.safetensors")
+        ref = hf_io.read_safetensors(tmp_path / f"one_{fmt}.safetensors")
+        assert got["s.dequant"].shape == () and got["s.codes"].shape == (), (fmt, got)
+        assert got["s.dequant"].reshape(1).tobytes() == ref["s.dequant"].tobytes(), fmt
+        assert got["s.codes"].reshape(1).tobytes() == ref["s.codes"].tobytes(), fmt
+
+
+# ---- output paths that are not regular files --------------------------------------------
+
+def test_output_onto_a_fifo_or_directory_is_refused_untouched(tmp_path, mxtrain):
+    """The atomic write renamed its temporary file over whatever the path was: a FIFO (or, as
+    root, `--out /dev/null`: the device node itself) became a regular file, exit 0."""
+    src = tmp_path / "in.safetensors"
+    hf_io.write_safetensors(src, {"w": np.ones((4, 4), np.float32)})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "keep").write_text("x")
+    for target in (fifo, folder):
+        r = quantize(mxtrain, src, target)
+        assert_one_error(r, str(target), "not a regular file")
+    assert fifo.is_fifo()
+    assert [p.name for p in folder.iterdir()] == ["keep"]
+    assert not [p for p in tmp_path.iterdir() if ".tmp." in p.name]
+    if os.geteuid() == 0 and hasattr(os, "mknod"):  # a device node (root only): untouched
+        import stat
+        dev = tmp_path / "null_dev"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        r = quantize(mxtrain, src, dev)
+        assert_one_error(r, "not a regular file")
+        assert stat.S_ISCHR(os.lstat(dev).st_mode)
+
+
+# ---- one line per error ------------------------------------------------------------------
+
+def test_a_newline_in_a_value_stays_on_the_error_line(mxtrain):
+    r = mxtrain(["train", "--set", "train.steps=3\n4"], timeout=60)
+    assert r.rc == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), r
+    assert "train.steps=3\\n4" in lines[0] and "expected an integer" in lines[0], lines
+
+
+# ---- checkpoints whose files disagree ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from conftest import run_mxtrain
+    d = tmp_path_factory.mktemp("ckpt")
+    corpus = d / "c.txt"
+    corpus.write_text(english_text(4000))
+    r = run_mxtrain(["train"] + set_args({
+        "model.preset": "tiny", "train.steps": 2, "train.seq_len": 32, "train.micro_batch": 2,
+        "data.path": corpus, "run.out_dir": d / "run", "run.sample_tokens": 0,
+        "train.eval_every": 0}), threads=1)
+    assert r.rc == 0, r
+    return d / "run" / "checkpoints"
+
+
+def rewrite(step, name, data):
+    """Replaces a step's file and records its new size and CRC32C in the manifest, as a
+    consistent edit would (so only the contents can give it away)."""
+    (step / name).write_bytes(data)
+    m = json.loads((step / "manifest.json").read_text())
+    for f in m["files"]:
+        if f["name"] == name:
+            f["crc32c"], f["size"] = f"{crc32c_ref(data):08x}", len(data)
+    (step / "manifest.json").write_text(json.dumps(m))
+
+
+def test_verify_refuses_a_config_json_that_is_not_the_manifests_model(trained, tmp_path,
+                                                                      mxtrain):
+    """config.json (what Hugging Face tools read) and the manifest's model (what mxtrain reads)
+    must describe one model: a consistent edit of either side verified, and export-hf then
+    wrote the edited rope_theta."""
+    for side in ("config.json", "manifest.json"):
+        root = tmp_path / side
+        shutil.copytree(trained, root)
+        step = root / "step_00000002"
+        if side == "config.json":
+            cfg = json.loads((step / "config.json").read_text())
+            cfg["rope_theta"] = 500000.0
+            rewrite(step, "config.json", json.dumps(cfg).encode())
+        else:
+            m = json.loads((step / "manifest.json").read_text())
+            m["model"]["rms_norm_eps"] = 1e-3
+            (step / "manifest.json").write_text(json.dumps(m))
+        r = mxtrain(["ckpt", "verify", step], timeout=60)
+        assert_one_error(r, "config.json", "another model")
+        r = mxtrain(["ckpt", "export-hf", root, tmp_path / f"out_{side}"], timeout=60)
+        assert r.rc == 2, r
+        assert not (tmp_path / f"out_{side}").exists()
+
+
+@pytest.mark.parametrize("key,value", [("world_size", 8), ("sharding", "none")])
+def test_verify_refuses_a_state_json_that_contradicts_the_manifest(trained, tmp_path, mxtrain,
+                                                                  key, value):
+    root = tmp_path / "ck"
+    shutil.copytree(trained, root)
+    step = root / "step_00000002"
+    state = json.loads((step / "state.json").read_text())
+    state[key] = value
+    rewrite(step, "state.json", json.dumps(state).encode())
+    r = mxtrain(["ckpt", "verify", step], timeout=60)
+    assert_one_error(r, "state.json", key)
+
+
+def test_verify_refuses_a_tensor_that_is_not_f32(trained, tmp_path, mxtrain):
+    """A rank file whose header says I32 for an F32 tensor (same bytes, CRC refreshed) verified,
+    so resume = auto took the step and failed on it instead of falling back."""
+    root = tmp_path / "ck"
+    shutil.copytree(trained, root)
+    step = root / "step_00000002"
+    (rank,) = [p for p in step.iterdir() if p.name.startswith("rank_")]
+    data = rank.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = data[8:8 + n]
+    i = header.index(b'"F32"')
+    header = header[:i] + b'"I32"' + header[i + 5:]
+    rewrite(step, rank.name, data[:8] + header + data[8 + n:])
+    r = mxtrain(["ckpt", "verify", step], timeout=60)
+    assert_one_error(r, rank.name, "I32, not F32")
+
+
+def test_export_into_an_existing_file_is_bad_input(trained, tmp_path, mxtrain):
+    target = tmp_path / "file.txt"
+    target.write_text("keep")
+    r = mxtrain(["ckpt", "export-hf", trained, target], timeout=60)
+    assert_one_error(r, "not a directory")
+    assert target.read_text() == "keep"
+
+
+@pytest.mark.parametrize("args,word,known", [(["sagemaker", "serve"], "serve", "train"),
+                                              (["ckpt", "lst"], "lst", "verify"),
+                                              (["trian"], "trian", "generate")])
+def test_unknown_subcommand_is_named_at_every_level(mxtrain, args, word, known):
+    """`mxtrain sagemaker serve` (SageMaker's hosting command) said only "A subcommand is
+    required"."""
+    r = mxtrain(args, timeout=30)
+    assert_one_error(r, f"'{word}'", known)
