@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
@@ -372,6 +373,41 @@ std::string RunConfig::checkpoint_dir() const {
   return checkpoint.dir.empty() ? out_dir() + "/checkpoints" : checkpoint.dir;
 }
 
+namespace {
+// The deepest nesting of arrays and inline tables in TOML text (strings and comments skipped).
+// toml11 parses them recursively: 100000 nested `[` overflowed the stack (SIGSEGV). Real
+// configs nest 2 levels at most.
+constexpr int kMaxTomlDepth = 64;
+int toml_nesting_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '#') {  // a comment, to the end of the line
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
+      const std::string end = multi ? std::string(3, c) : std::string(1, c);
+      for (i += end.size(); i < text.size(); ++i) {
+        if (c == '"' && text[i] == '\\') {  // basic strings' escapes
+          ++i;
+          continue;
+        }
+        if (!multi && text[i] == '\n') break;  // unterminated: the parser will say so
+        if (text.compare(i, end.size(), end) == 0) {
+          i += end.size() - 1;
+          break;
+        }
+      }
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+}  // namespace
+
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {
   Staging s;
   if (!path.empty()) {
@@ -379,6 +415,14 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     std::error_code ec;
     MX_REQUIRE(!std::filesystem::is_directory(path, ec), "config file ", path,
                " is a directory, not a TOML file");
+    {
+      std::ifstream in(path, std::ios::binary);
+      std::stringstream text;
+      if (in) text << in.rdbuf();
+      if (in && !in.bad())  // (an unreadable file: toml::parse says why, below)
+        MX_REQUIRE(toml_nesting_depth(text.str()) <= kMaxTomlDepth, "config file ", path,
+                   " nests arrays or inline tables deeper than ", kMaxTomlDepth, " levels");
+    }
     try {
       root = toml::parse(path);
     } catch (const std::runtime_error& e) {  // file missing or unreadable

@@ -234,3 +234,22 @@ def test_unknown_subcommand_is_named_at_every_level(mxtrain, args, word, known):
     required"."""
     r = mxtrain(args, timeout=30)
     assert_one_error(r, f"'{word}'", known)
+
+
+def test_deeply_nested_toml_is_refused_not_a_crash(tmp_path, mxtrain):
+    """toml11 parses arrays and inline tables recursively: 100000 nested `[` (or `{a=`) in a
+    config file crashed train with SIGSEGV. Brackets inside strings and comments do not count:
+    a config holding 200 of them in each loads (and fails later, on its missing data file)."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[train]\nx = " + "[" * 100000 + "]" * 100000 + "\n")
+    tables = tmp_path / "tables.toml"
+    tables.write_text("[train]\nx = " + "{a=" * 20000 + "1" + "}" * 20000 + "\n")
+    for f in (deep, tables):
+        r = mxtrain(["train", "--config", f], timeout=60)
+        assert_one_error(r, str(f), "deeper than 64 levels")
+    b = "[" * 200
+    ok = tmp_path / "ok.toml"
+    ok.write_text(f'[model] # {b}\npreset = "tiny"\n[data]\npath = "/nonexistent/{b}"\n'
+                  f"[run]\nout_dir = '''\n{tmp_path}/{b}'''\n")
+    r = mxtrain(["train", "--config", ok], timeout=60)
+    assert_one_error(r, "/nonexistent/")
