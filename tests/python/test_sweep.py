@@ -159,6 +159,18 @@ def _processes_mentioning(text):
     return found
 
 
+def _wait_for_a_trained_step(p, out, seconds):
+    """Waits until the sweep's (first) run has logged a step; returns its run directory."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        logs = list(out.glob("runs/*/stderr.log"))
+        if logs and "step " in logs[0].read_text():
+            return logs[0].parent
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.2)
+    raise AssertionError("the run never logged a step")
+
+
 def test_sigterm_reaches_the_run_in_progress(tmp_path):
     """SIGTERM to the sweep (a SageMaker stop, a `kill`) goes on to the run in progress, which
     stops at a step boundary with a checkpoint; the sweep then stops as after a Ctrl-C (exit 2,
@@ -173,17 +185,7 @@ def test_sigterm_reaches_the_run_in_progress(tmp_path):
                           "--out", str(out), "--grid", "train.micro_batch=1"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.time() + 90
-        logs = []
-        while time.time() < deadline:  # until the run has trained a step
-            logs = list(out.glob("runs/*/stderr.log"))
-            if logs and "step " in logs[0].read_text():
-                break
-            assert p.poll() is None, p.communicate()
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the run never logged a step")
-        run_dir = logs[0].parent
+        run_dir = _wait_for_a_trained_step(p, out, 90)
         assert _processes_mentioning(str(run_dir)), "the run is not running"
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=60)
@@ -245,15 +247,7 @@ def test_ctrl_c_stops_a_sweep_under_mpirun(tmp_path):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # until the first run has trained a step
-            logs = list(out.glob("runs/*/stderr.log"))
-            if logs and "step " in logs[0].read_text():
-                break
-            assert p.poll() is None, p.communicate()
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the run never logged a step")
+        _wait_for_a_trained_step(p, out, 120)
         os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         _, err = p.communicate(timeout=90)
     finally:
