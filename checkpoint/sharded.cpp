@@ -169,9 +169,12 @@ namespace {
 // types and ranges. Returns "" or the reason they are bad.
 std::string check_state_fields(const nlohmann::json& j, const std::string& path) {
   auto has = [&](const char* k) { return j.contains(k); };
+  // At most 2^48 samples (a run that long would take centuries): the sample index of a resumed
+  // step adds to it, so a larger one overflowed int64 in the sampler (an internal error).
   if (has("samples_seen") &&
-      !(j["samples_seen"].is_number_integer() && j["samples_seen"].get<int64_t>() >= 0))
-    return str(path, ": 'samples_seen' is not a non-negative integer");
+      !(j["samples_seen"].is_number_integer() && j["samples_seen"].get<int64_t>() >= 0 &&
+        j["samples_seen"].get<int64_t>() <= (int64_t{1} << 48)))
+    return str(path, ": 'samples_seen' is not an integer in [0, 2^48]");
   if (has("seed") && !j["seed"].is_number_integer())
     return str(path, ": 'seed' is not an integer");
   if (has("world_size") &&

@@ -1,7 +1,6 @@
 #include "data/token_dataset.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "data/splitmix64.h"
@@ -85,16 +85,26 @@ T load(const uint8_t* tokens, int64_t i) {
   return v;
 }
 
-// Index of the first id >= vocab_size, or n if there is none. One parallel pass over the data.
+// Index of the first id >= vocab_size in n ids of T at byte `offset` of the file, or n if there is
+// none: read in 16 MiB pieces (the file is not mapped: a mapping cut short under the reader
+// ends the process with SIGBUS), each scanned in parallel.
 template <typename T>
-int64_t first_out_of_vocab(const uint8_t* tokens, int64_t n, int64_t vocab_size) {
+int64_t first_out_of_vocab(int fd, int64_t offset, int64_t n, int64_t vocab_size,
+                           const std::string& path) {
   if (static_cast<uint64_t>(vocab_size) > std::numeric_limits<T>::max()) return n;
-  int64_t first_bad = n;
+  constexpr int64_t kPiece = (int64_t{16} << 20) / int64_t(sizeof(T));
+  std::vector<T> piece(static_cast<size_t>(std::min(n, kPiece)));
+  for (int64_t begin = 0; begin < n; begin += kPiece) {
+    const int64_t count = std::min(kPiece, n - begin);
+    pread_exact(fd, piece.data(), static_cast<size_t>(count) * sizeof(T),
+                static_cast<off_t>(offset + begin * int64_t(sizeof(T))), path);
+    int64_t first_bad = count;
 #pragma omp parallel for reduction(min : first_bad) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    if (static_cast<int64_t>(load<T>(tokens, i)) >= vocab_size) first_bad = std::min(first_bad, i);
+    for (int64_t i = 0; i < count; ++i)
+      if (static_cast<int64_t>(piece[size_t(i)]) >= vocab_size) first_bad = std::min(first_bad, i);
+    if (first_bad < count) return begin + first_bad;
   }
-  return first_bad;
+  return n;
 }
 
 }  // namespace
@@ -211,19 +221,22 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
       MX_ASSERT(false, "unhandled token format");
   }
 
-  ds.map_bytes_ = static_cast<size_t>(file_bytes);
-  void* map = ::mmap(nullptr, ds.map_bytes_, PROT_READ, MAP_PRIVATE, file.fd, 0);
-  if (map == MAP_FAILED) throw_read_error(path, "cannot mmap", errno);
-  ds.map_ = map;
-  ds.tokens_ = static_cast<const uint8_t*>(map) + data_offset;
-
-  const int64_t bad = ds.token_width_ == 2
-                          ? first_out_of_vocab<uint16_t>(ds.tokens_, ds.num_tokens_, vocab_size)
-                          : first_out_of_vocab<uint32_t>(ds.tokens_, ds.num_tokens_, vocab_size);
-  MX_REQUIRE(bad == ds.num_tokens_, "data file '", path, "': token ", bad, " has id ",
-             ds.token_width_ == 2 ? int64_t{load<uint16_t>(ds.tokens_, bad)}
-                                  : int64_t{load<uint32_t>(ds.tokens_, bad)},
-             ", which is >= vocab_size ", vocab_size, " (first such token)");
+  const int64_t bad =
+      ds.token_width_ == 2
+          ? first_out_of_vocab<uint16_t>(file.fd, data_offset, ds.num_tokens_, vocab_size, path)
+          : first_out_of_vocab<uint32_t>(file.fd, data_offset, ds.num_tokens_, vocab_size, path);
+  if (bad < ds.num_tokens_) {
+    uint32_t id = 0;
+    pread_exact(file.fd, &id, size_t(ds.token_width_), off_t(data_offset + bad * ds.token_width_),
+                path);
+    throw UserError(str("data file '", path, "': token ", bad, " has id ", id,
+                        ", which is >= vocab_size ", vocab_size, " (first such token)"));
+  }
+  // Windows are read with pread as the sampler asks for them (TokenDataset::copy), each id
+  // checked again: the file may change under a run that lasts weeks.
+  ds.fd_ = std::exchange(file.fd, -1);
+  ds.data_offset_ = data_offset;
+  ds.vocab_size_ = vocab_size;
   return ds;
 }
 
@@ -236,8 +249,9 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
   format_ = other.format_;
   token_width_ = other.token_width_;
   num_tokens_ = std::exchange(other.num_tokens_, 0);
-  map_ = std::exchange(other.map_, nullptr);
-  map_bytes_ = std::exchange(other.map_bytes_, 0);
+  fd_ = std::exchange(other.fd_, -1);
+  data_offset_ = other.data_offset_;
+  vocab_size_ = other.vocab_size_;
   owned_ = std::move(other.owned_);
   tokens_ = std::exchange(other.tokens_, nullptr);  // a moved vector keeps its buffer
   return *this;
@@ -246,36 +260,56 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
 TokenDataset::~TokenDataset() { release(); }
 
 void TokenDataset::release() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
   owned_.clear();
   tokens_ = nullptr;
   num_tokens_ = 0;
 }
 
 int32_t TokenDataset::at(int64_t i) const {
-  MX_ASSERT(i >= 0 && i < num_tokens_, "token index ", i, " of ", num_tokens_);
-  switch (token_width_) {
-    case 1: return tokens_[i];
-    case 2: return load<uint16_t>(tokens_, i);
-    default: return static_cast<int32_t>(load<uint32_t>(tokens_, i));
-  }
+  int32_t id = 0;
+  copy(i, 1, &id);
+  return id;
 }
 
 void TokenDataset::copy(int64_t start, int64_t count, int32_t* dst) const {
   MX_ASSERT(start >= 0 && count >= 0 && start + count <= num_tokens_, "token range [", start, ", ",
             start + count, ") of ", num_tokens_);
-  switch (token_width_) {
-    case 1:
+  if (fd_ < 0) {  // text bytes or generated ids, in memory
+    if (token_width_ == 1) {
       for (int64_t k = 0; k < count; ++k) dst[k] = tokens_[start + k];
-      break;
-    case 2:
-      for (int64_t k = 0; k < count; ++k) dst[k] = load<uint16_t>(tokens_, start + k);
-      break;
-    default:  // validated < vocab_size <= 2^31, so the ids fit int32
+    } else {
       std::memcpy(dst, tokens_ + start * 4, static_cast<size_t>(count) * 4);
-      break;
+    }
+    return;
+  }
+  // From the file: u32 ids straight into dst; u16 ids into dst's upper half, then widened front
+  // to back (id k's 4 bytes end at 4k + 4 <= 2 count + 2k, where id k's 2 bytes begin, for
+  // every k < count, so no id is overwritten before it is read).
+  const size_t bytes = static_cast<size_t>(count) * size_t(token_width_);
+  auto* raw = reinterpret_cast<uint8_t*>(dst) + (token_width_ == 2 ? 2 * count : 0);
+  const off_t at = static_cast<off_t>(data_offset_ + start * token_width_);
+  auto* out = raw;
+  size_t left = bytes;
+  for (off_t pos = at; left > 0;) {
+    const ssize_t got = ::pread(fd_, out, left, pos);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw_read_error(path_, "read failed", errno);
+    MX_REQUIRE(got > 0, "data file '", path_, "' shrank during the run: token ",
+               start + int64_t(bytes - left) / token_width_, " of the ", num_tokens_,
+               " it had at start-up is gone");
+    out += got;
+    left -= size_t(got);
+    pos += got;
+  }
+  if (token_width_ == 2)
+    for (int64_t k = 0; k < count; ++k) dst[k] = load<uint16_t>(raw, k);
+  for (int64_t k = 0; k < count; ++k) {
+    const uint32_t id = static_cast<uint32_t>(dst[k]);
+    MX_REQUIRE(id < static_cast<uint64_t>(vocab_size_), "data file '", path_,
+               "' changed during the run: token ", start + k, " has id ", id,
+               ", which is >= vocab_size ", vocab_size_);
   }
 }
 

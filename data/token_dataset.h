@@ -16,8 +16,10 @@ const char* token_format_name(TokenFormat format);
 
 class TokenDataset {
  public:
-  // Opens and validates (see DESIGN.md, data/): every token is checked against vocab_size once,
-  // so a bad shard fails at startup with its path, not hours later inside an embedding lookup.
+  // Opens and validates (see DESIGN.md, data/): every token is checked against vocab_size at
+  // start-up, so a bad shard fails with its path, not hours later inside an embedding lookup.
+  // Binary formats stay on disk and are read with pread as windows are asked for, each id
+  // checked again (a file rewritten or cut short during the run is an error naming it).
   // kRandom ignores `path` and generates `random_tokens` ids from a fixed seed (benchmarks).
   static TokenDataset open(const std::string& path, TokenFormat format, int64_t vocab_size,
                            int64_t random_tokens = 1 << 22);
@@ -43,9 +45,10 @@ class TokenDataset {
   const uint8_t* tokens_ = nullptr;  // little-endian ids of token_width_ bytes each
   int token_width_ = 0;              // 1 (text), 2 (u16) or 4 (u32, random)
   int64_t num_tokens_ = 0;
-  void* map_ = nullptr;  // the whole mapped file (the llm.c header included); null if owned_
-  size_t map_bytes_ = 0;
-  std::vector<uint8_t> owned_;  // text bytes or generated ids, when nothing is mapped
+  int fd_ = -1;               // the open binary file (u16, u32, llmc); -1 when owned_ holds it
+  int64_t data_offset_ = 0;   // bytes before the first id (the llm.c header)
+  int64_t vocab_size_ = 0;
+  std::vector<uint8_t> owned_;  // text bytes or generated ids
 };
 
 }  // namespace mx

@@ -78,7 +78,7 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
 }
 
 // The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
-// run's inputs (a memory-mapped data file cut short under the reader ends the run with SIGBUS)
+// run's inputs (the data file, which it would truncate under the reader)
 // or a file of a checkpoint.
 void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
   const std::string m = cfg.metrics_path();

@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -253,3 +255,43 @@ def test_deeply_nested_toml_is_refused_not_a_crash(tmp_path, mxtrain):
                   f"[run]\nout_dir = '''\n{tmp_path}/{b}'''\n")
     r = mxtrain(["train", "--config", ok], timeout=60)
     assert_one_error(r, "/nonexistent/")
+
+
+@pytest.mark.parametrize("change", ["truncate", "rewrite"])
+def test_data_file_changed_during_training_ends_the_run_cleanly(tmp_path, change):
+    """The u16 file was memory-mapped and its ids checked once, at start-up: cut short under a
+    running job it killed it with SIGBUS; rewritten with ids past vocab_size it fed them to the
+    embedding lookup (out-of-bounds reads and writes, loss 83). Now each window is read and
+    checked as the sampler asks for it."""
+    from conftest import MXTRAIN_BIN, require_binary
+    require_binary()
+    rng = np.random.default_rng(0)
+    data = tmp_path / "tokens.u16"
+    data.write_bytes(rng.integers(0, 256, 400000, dtype=np.uint16).tobytes())
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.Popen([MXTRAIN_BIN, "train"] + [str(a) for a in set_args({
+        "model.preset": "tiny", "train.seq_len": 32, "train.micro_batch": 2,
+        "train.steps": 1000000, "train.eval_every": 0, "run.sample_tokens": 0,
+        "data.path": data, "run.out_dir": out, "checkpoint.every": 0})],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (
+                (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.1)
+        if change == "truncate":
+            os.truncate(data, 4096)
+            needle = "shrank during the run"
+        else:
+            with open(data, "r+b") as f:
+                f.write(b"\xff\xff" * 400000)
+            needle = "changed during the run"
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    errs = [l for l in err.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and len(errs) == 1, (p.returncode, err[-2000:])
+    assert str(data) in errs[0] and needle in errs[0], errs

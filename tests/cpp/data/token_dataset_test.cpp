@@ -283,4 +283,36 @@ TEST_F(TokenDatasetTest, TextNeedsByteVocab) {
 }
 
 }  // namespace
+// The file is read as windows are asked for: ranges inside it (u16 widened in place, offsets
+// past an llm.c header) give the ids written; a file cut short or rewritten with an id past
+// vocab_size after opening is a UserError naming it (it was a mapping: SIGBUS, or the bad id
+// used as an embedding row).
+TEST_F(TokenDatasetTest, WindowsAreReadAndCheckedAsAskedFor) {
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1000; ++i) ids.push_back((i * 7919u) % 300u);
+  const std::string u16 = write("w.u16", u16_bytes(ids));
+  const std::string llmc = write("w.bin", llmc_bytes(20240520, 2, 1000, ids));
+  for (const auto& [path, fmt] : {std::pair{u16, TokenFormat::kU16}, {llmc, TokenFormat::kLlmc}}) {
+    TokenDataset ds = TokenDataset::open(path, fmt, 300);
+    for (int64_t start : {0, 1, 333, 999}) {
+      for (int64_t count : {1, 2, 17}) {
+        if (start + count > 1000) continue;
+        std::vector<int32_t> got(size_t(count), -7);
+        ds.copy(start, count, got.data());
+        for (int64_t k = 0; k < count; ++k)
+          EXPECT_EQ(got[size_t(k)], int32_t(ids[size_t(start + k)])) << path << " " << start + k;
+      }
+    }
+  }
+  TokenDataset ds = TokenDataset::open(u16, TokenFormat::kU16, 300);
+  std::vector<uint32_t> changed = ids;
+  changed[500] = 300;  // one past the vocabulary, the same file size
+  write("w.u16", u16_bytes(changed));
+  std::vector<int32_t> got(20);
+  ds.copy(480, 20, got.data());  // before it: fine
+  expect_user_error([&] { ds.copy(490, 20, got.data()); }, u16, "token 500 has id 300");
+  std::filesystem::resize_file(u16, 2 * 600);
+  expect_user_error([&] { ds.copy(590, 20, got.data()); }, u16, "shrank during the run");
+}
+
 }  // namespace mx
