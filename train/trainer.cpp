@@ -329,8 +329,10 @@ int run_training(const RunConfig& cfg) {
         state["seed"].get<int64_t>() != tc.seed)
       warn(str("train.seed is ", tc.seed, ", the checkpoint's run used ", state["seed"].dump(),
                ": the rest of the epoch follows another order (windows may repeat or be missed)"));
+    std::error_code same_ec;  // another spelling of the same file (./a.u16, an absolute path)
     if (state.contains("data_path") && state["data_path"].is_string() &&
-        state["data_path"].get<std::string>() != data_path)
+        state["data_path"].get<std::string>() != data_path &&
+        !fs::equivalent(state["data_path"].get<std::string>(), data_path, same_ec))
       warn(str("data.path is ", data_path, ", the checkpoint's run read ",
                state["data_path"].get<std::string>(), ": training goes on with the new data"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU

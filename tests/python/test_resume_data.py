@@ -97,3 +97,24 @@ def test_validation_that_would_repeat_windows_says_so(tmp_path, mxtrain):
         "run.sample_tokens": 0}))
     assert r.rc == 0, r
     assert "validation reads 64 windows" in r.stderr, r
+
+
+def test_resume_warns_about_other_data_not_another_spelling_of_it(tmp_path, mxtrain):
+    """A resume that reads another data file (or another seed) says so; the same file named
+    another way (relative vs absolute, through a symlink) is the same data: no warning (the
+    paths were compared as strings). Each resume continues from the previous run's step."""
+    (tmp_path / "d.txt").write_text(english_text(3000))
+    (tmp_path / "e.txt").write_text(english_text(3000)[::-1])
+    (tmp_path / "link.txt").symlink_to(tmp_path / "d.txt")
+    r = run1(mxtrain, frozen(tmp_path, **{"train.steps": 2, "checkpoint.every": 2}))
+    assert r.rc == 0, r
+    for i, (path, seed, warned) in enumerate([(tmp_path / "link.txt", None, False),
+                                              (tmp_path / "e.txt", None, True),
+                                              (tmp_path / "e.txt", 5, False)]):
+        over = {"train.steps": 3 + i, "data.path": path}
+        if seed is not None:
+            over["train.seed"] = seed
+        r = run1(mxtrain, frozen(tmp_path, **over))
+        assert r.rc == 0 and f"at step {2 + i}" in r.stderr, r
+        assert ("training goes on with the new data" in r.stderr) == warned, (path, r.stderr)
+        assert ("train.seed is 5" in r.stderr) == (seed is not None), r.stderr
