@@ -45,8 +45,9 @@ std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t
 int run_grads(const GradsArgs& a) {
   MX_REQUIRE(a.batch >= 1 && a.seq >= 1, "--batch and --seq must be at least 1");
   // (seq + 1) x batch int32 tokens, far above any use: no product below overflows
-  MX_REQUIRE(a.seq < (int64_t(1) << 31) && a.batch <= (int64_t(1) << 40) / (a.seq + 1),
-             "--batch x (--seq + 1) (", a.batch, " x ", a.seq + 1, ") is more than 2^40 tokens");
+  MX_REQUIRE(a.seq < (int64_t(1) << 31), "--seq must be below 2^31 (got ", a.seq, ")");
+  MX_REQUIRE(a.batch <= (int64_t(1) << 40) / (a.seq + 1), "--batch x (--seq + 1) (", a.batch,
+             " x ", a.seq + 1, ") is more than 2^40 tokens");
   require_distinct_output(a.out, "--out", a.tokens, "--tokens");
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(a.init, ec))  // the weights, config

@@ -35,6 +35,7 @@ bool write_all(int fd, const void* data, size_t size) {
 std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pieces) {
   // The rename would put a regular file in place of whatever `path` is: a device (as root,
   // `--out /dev/null` replaced /dev/null), a FIFO, a socket. Those are refused, untouched.
+  if (path.empty()) throw UserError("an output file path is empty");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw UserError(str("'", path, "' exists and is not a regular file; mxtrain writes a new file "

@@ -35,6 +35,25 @@ void ModelConfig::validate() const {
   MX_REQUIRE(rope_theta > 0, "model.rope_theta must be positive (got ", rope_theta, ")");
   MX_REQUIRE(rms_norm_eps > 0, "model.rms_norm_eps must be positive (got ", rms_norm_eps, ")");
   MX_REQUIRE(vocab_size <= (int64_t(1) << 31) - 1, "model.vocab_size too large");
+  // Sizes far past any model this engine trains, so that no size product overflows int64 (an
+  // intermediate_size of 2^62 made the MLP's 4 x 2^62 elements wrap to 0: a 2.2K-parameter
+  // model that crashed generating its sample) and an absurd layer count fails here, not after
+  // seconds of building per-layer tables.
+  auto at_most = [](const char* key, int64_t v, int64_t cap) {
+    MX_REQUIRE(v <= cap, "model.", key, " = ", v, " is more than the largest supported, ", cap);
+  };
+  at_most("hidden_size", hidden_size, int64_t(1) << 20);
+  at_most("intermediate_size", intermediate_size, int64_t(1) << 22);
+  at_most("head_dim", head_dim, int64_t(1) << 16);
+  at_most("num_attention_heads", num_attention_heads, int64_t(1) << 16);
+  at_most("num_hidden_layers", num_hidden_layers, int64_t(1) << 12);
+  const double C = double(hidden_size), q = double(num_attention_heads) * double(head_dim),
+               kv = double(num_key_value_heads) * double(head_dim);
+  const double params = double(vocab_size) * C * (tie_word_embeddings ? 1 : 2) + C +
+                        double(num_hidden_layers) *
+                            (2 * C * q + 2 * C * kv + 3 * C * double(intermediate_size) + 2 * C);
+  MX_REQUIRE(params <= double(int64_t(1) << 44), "the model has ", params,
+             " parameters, more than the largest supported, 2^44 (17.6 trillion)");
 }
 
 int64_t ModelConfig::block_param_count() const {

@@ -100,8 +100,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
   // A missing model_type is accepted: hand-written configs often leave it out.
   std::string model_type = f.optional_string("model_type", "llama");
   if (model_type != "llama")
-    throw UserError(str("Hugging Face config '", path, "': model_type '", model_type,
-                        "' is not supported (only 'llama')"));
+    throw UserError(str("Hugging Face config '", path, "': model_type ", json_excerpt(model_type),
+                        " is not supported (only 'llama')"));
 
   // Features that change the model's function: loading such weights into our Llama would run
   // without error and compute something else, so refuse them.
@@ -113,7 +113,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
     throw f.error("mlp_bias", "is true; MLP biases are not supported");
   std::string act = f.optional_string("hidden_act", "silu");
   if (act != "silu")
-    throw f.error("hidden_act", str("is '", act, "'; only 'silu' (SwiGLU) is supported"));
+    throw f.error("hidden_act",
+                  str("is ", json_excerpt(act), "; only 'silu' (SwiGLU) is supported"));
   if (f.optional_number("attention_dropout", 0.0) != 0.0)
     throw f.error("attention_dropout", "is non-zero; attention dropout is not supported");
 
@@ -138,8 +139,8 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
     ConfigFields r(path, *rp);
     const std::string type = r.optional_string("rope_type", "default");
     if (type != "default")
-      throw f.error("rope_parameters", str("has rope_type '", type,
-                                           "'; RoPE scaling is not supported (only 'default')"));
+      throw f.error("rope_parameters", str("has rope_type ", json_excerpt(type),
+                                           "; RoPE scaling is not supported (only 'default')"));
     const double theta = r.optional_number("rope_theta", c.rope_theta);
     if (f.find("rope_theta") && theta != c.rope_theta)
       throw f.error("rope_parameters", str("has rope_theta ", theta,

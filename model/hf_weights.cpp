@@ -101,6 +101,7 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* p
 void save_hf_model(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
                    const float* params, const std::string& dtype) {
   std::error_code ec;
+  MX_REQUIRE(!dir.empty(), "the output directory path is empty");
   MX_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "the output directory ", dir,
              " exists and is not a directory");
   fs::create_directories(dir, ec);

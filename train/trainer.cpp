@@ -83,6 +83,7 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
 void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
   const std::string m = cfg.metrics_path();
   std::error_code ec;
+  MX_REQUIRE(!fs::is_directory(m, ec), "run.metrics ", m, " is a directory, not a file");
   auto refuse_if_same = [&](const fs::path& in, const std::string& what) {
     MX_REQUIRE(!fs::equivalent(m, in, ec), "run.metrics ", m, " is ", what,
                ": the metrics would overwrite it");

@@ -295,3 +295,41 @@ def test_data_file_changed_during_training_ends_the_run_cleanly(tmp_path, change
     errs = [l for l in err.splitlines() if l.startswith("error:")]
     assert p.returncode == 2 and len(errs) == 1, (p.returncode, err[-2000:])
     assert str(data) in errs[0] and needle in errs[0], errs
+
+
+@pytest.mark.parametrize("key,value", [("model.intermediate_size", 2**62),
+                                       ("model.num_hidden_layers", 10**12),
+                                       ("model.hidden_size", 2**40)])
+def test_model_sizes_past_any_model_are_refused_at_once(tmp_path, mxtrain, key, value):
+    """intermediate_size 2^62 made the MLP's 4 x 2^62 elements wrap to 0 in int64: a
+    "2.2K-parameter" model trained, checkpointed, then crashed (SIGSEGV) generating; 10^12
+    layers built tables for seconds, growing memory, before any size check."""
+    t0 = time.time()
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", f"{key}={value}",
+                 "--set", f"run.out_dir={tmp_path / 'run'}"], timeout=60)
+    assert_one_error(r, key, "largest supported")
+    assert time.time() - t0 < 10
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_empty_or_directory_output_paths_are_bad_input(tmp_path, mxtrain, trained):
+    src = tmp_path / "in.safetensors"
+    hf_io.write_safetensors(src, {"w": np.ones((4, 4), np.float32)})
+    r = mxtrain(["numerics", "quantize", "--format", "e4m3", "--in", src, "--out", ""])
+    assert_one_error(r, "empty")
+    r = mxtrain(["ckpt", "export-hf", trained, ""], timeout=60)
+    assert_one_error(r, "empty")
+    (tmp_path / "m").mkdir()
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "data.format=random",
+                 "--set", f"run.metrics={tmp_path / 'm'}", "--set", "train.steps=1"],
+                timeout=60)
+    assert_one_error(r, "run.metrics", "is a directory")
+
+
+def test_escaped_nul_in_a_config_value_is_shown_not_cut(tmp_path, mxtrain):
+    """A message carrying the value "si\\u0000lu" stopped at the NUL ('si), losing the rest."""
+    cfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "vocab_size": 256, "hidden_act": "si\u0000lu"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = mxtrain(["generate", "--model", tmp_path, "--prompt", "hi"], timeout=60)
+    assert_one_error(r, "hidden_act", "si\\u0000lu", "only 'silu'")
