@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <regex>
 #include <set>
 
@@ -268,6 +269,17 @@ class S3Store final : public CheckpointStore {
 
   StoredFile write_file(int64_t step, const std::string& name, const void* data,
                         size_t size) override {
+    // Replacing a committed step (a run with resume = none over an older run's steps): S3 has
+    // no rename to swap it whole as the local store does, so it is uncommitted before its
+    // first file is overwritten. Writing over the files of a step whose manifest still stood
+    // left a step that looked committed but failed its ETag checks, and a kill then lost it
+    // anyway; now a reader sees it uncommitted (and a rerun removes its rest).
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(uncommit_mu_);
+      first = uncommitted_.insert(step).second;
+    }
+    if (first) client_->delete_object(uri_.bucket, key(step, kManifestName));
     std::string etag = client_->upload(uri_.bucket, key(step, name), data, size);
     return {name, uint64_t(size), etag};
   }
@@ -322,6 +334,8 @@ class S3Store final : public CheckpointStore {
   }
 
  private:
+  std::mutex uncommit_mu_;
+  std::set<int64_t> uncommitted_;  // steps this process has uncommitted before writing them
   std::string prefix() const { return uri_.key.empty() ? "" : uri_.key + "/"; }
   // Listings ask for the prefix without its trailing '/' and filter here (split() checks the
   // '/'): the same keys on AWS, and it keeps moto's signature check (which mishandles an

@@ -306,11 +306,29 @@ std::string S3Client::put_object(const std::string& bucket, const std::string& k
   return etag;
 }
 
+namespace {
+// A decimal size from an S3 answer (Content-Length, a listing's <Size>): anything else is the
+// server's failure (exit 3), not an internal error (std::stoull threw out of the client).
+uint64_t answer_size(const std::string& text, const std::string& context) {
+  uint64_t v = 0;
+  bool ok = !text.empty() && text.size() <= 20;
+  for (const char c : text) {
+    ok = ok && c >= '0' && c <= '9' && !__builtin_mul_overflow(v, uint64_t(10), &v) &&
+         !__builtin_add_overflow(v, uint64_t(c - '0'), &v);
+    if (!ok) break;
+  }
+  if (!ok)
+    throw StorageError(str(context, ": the answer gives the size '",
+                           text.substr(0, 40), "', not a number of bytes"));
+  return v;
+}
+}  // namespace
+
 std::string S3Client::get_object(const std::string& bucket, const std::string& key) {
   Request req("GetObject", "GET", bucket, key);
   Response r = execute(req);
   std::string len = r.header("content-length");
-  if (!len.empty() && std::stoull(len) != r.body.size())
+  if (!len.empty() && answer_size(len, fail_message(req, "Content-Length")) != r.body.size())
     throw StorageError(fail_message(req, str("got ", r.body.size(), " bytes of ", len)));
   std::string etag = unquote(r.header("etag"));
   if (etag.size() == 32 && etag.find('-') == std::string::npos && etag_is_md5(r.headers) &&
@@ -334,14 +352,23 @@ void S3Client::get_range(const std::string& bucket, const std::string& key, uint
     pos += n;
     return true;
   };
+  Response r;
   try {
-    execute(req);
+    r = execute(req);
   } catch (const StorageError& e) {
     if (std::string(e.what()).find("PreconditionFailed") != std::string::npos)
       throw StorageError(fail_message(req, "the object changed while it was being read (ETag is no "
                                            "longer " + if_match_etag + ")"));
     throw;
   }
+  // The bytes must be the range asked for: an answer of the right length from elsewhere in the
+  // object (a proxy's or cache's mistake) was taken, and export-hf wrote wrong weights, exit 0.
+  const std::string want = str("bytes ", offset, "-", offset + length - 1, "/");
+  const std::string got_range = r.header("content-range");
+  if (got_range.compare(0, want.size(), want) != 0)
+    throw StorageError(fail_message(req, str("asked for bytes ", offset, "-", offset + length - 1,
+                                             ", the answer's Content-Range is '",
+                                             got_range.substr(0, 80), "'")));
   if (pos != length)
     throw StorageError(fail_message(req, str("bytes ", offset, "-", offset + length - 1, ": got ",
                                              pos, " of ", length, " bytes (object too short?)")));
@@ -362,7 +389,7 @@ std::optional<ObjectInfo> S3Client::head_object(const std::string& bucket, const
   ObjectInfo info;
   info.key = key;
   std::string len = r.header("content-length");
-  info.size = len.empty() ? 0 : std::stoull(len);
+  info.size = len.empty() ? 0 : answer_size(len, fail_message(req, "Content-Length"));
   info.etag = unquote(r.header("etag"));
   info.last_modified = r.header("last-modified");
   return info;
@@ -394,7 +421,7 @@ ListPage S3Client::list_objects_v2(const std::string& bucket, const std::string&
     ObjectInfo o;
     o.key = xml_first(c, "Key").value_or("");
     std::string size = xml_first(c, "Size").value_or("0");
-    o.size = std::stoull(size.empty() ? "0" : size);
+    o.size = size.empty() ? 0 : answer_size(size, fail_message(req, "<Size> of " + o.key));
     o.etag = unquote(xml_first(c, "ETag").value_or(""));
     o.last_modified = xml_first(c, "LastModified").value_or("");
     page.objects.push_back(std::move(o));

@@ -65,7 +65,9 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     if (t->status_known == 2 && t->resp->body.empty()) {
       std::string len = t->resp->headers.count("content-length")
                             ? t->resp->headers["content-length"] : "";
-      if (!len.empty() && len.size() < 12) t->resp->body.reserve(std::stoull(len));
+      if (!len.empty() && len.size() < 12 &&
+          len.find_first_not_of("0123456789") == std::string::npos)  // a hint only
+        t->resp->body.reserve(std::stoull(len));
     }
   }
   if (t->status_known == 1) {

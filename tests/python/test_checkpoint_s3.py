@@ -388,3 +388,117 @@ def test_an_answer_that_is_not_a_listing_is_a_storage_failure(tmp_path):
             assert "step 1/" not in r.stderr, r.stderr  # nothing trained
     finally:
         server.shutdown()
+
+
+class RewritingProxy:
+    """A proxy to moto that logs every request and lets a test change answers: `mode` "size"
+    puts a non-number into every listing's <Size>; "range" answers each ranged GET of a rank
+    file with the same number of bytes from 4 bytes further on (a truthful Content-Range)."""
+
+    def __init__(self, moto, tmp_path):
+        self.mode = None
+        self.log = []
+        upstream = moto.endpoint.replace("http://", "")
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def handle_one(self):
+                n = int(self.headers.get("Content-Length", 0) or 0)
+                body = self.rfile.read(n) if n else b""
+                proxy.log.append((self.command, self.path.split("?")[0]))
+                rng = self.headers.get("Range")
+                if proxy.mode == "range" and rng and "rank_" in self.path:
+                    key = self.path.split("?")[0].split("/", 2)[2]  # /bucket/key (path style)
+                    whole = tmp_path / "whole.bin"
+                    moto.call(op="download", key=key, path=str(whole))
+                    data = whole.read_bytes()
+                    a, b = (int(x) for x in rng.split("=")[1].split("-"))
+                    part = data[a + 4:b + 5]
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {a + 4}-{b + 4}/{len(data)}")
+                    self.send_header("Content-Length", str(len(part)))
+                    self.end_headers()
+                    self.wfile.write(part)
+                    return
+                conn = http.client.HTTPConnection(upstream, timeout=60)
+                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                resp = conn.getresponse()
+                data = resp.read()
+                if proxy.mode == "size" and b"<ListBucketResult" in data:
+                    import re
+                    data = re.sub(rb"<Size>\d+</Size>", b"<Size>abc</Size>", data)
+                self.send_response(resp.status)
+                length = str(len(data))
+                for k, v in resp.getheaders():
+                    if k.lower() == "content-length" and self.command == "HEAD":
+                        length = v
+                    elif k.lower() not in ("content-length", "transfer-encoding", "connection",
+                                           "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_answers_that_lie_and_replaced_steps(moto, tmp_path):
+    """Found by a hunt with a rewriting proxy: a listing whose <Size> is not a number ended
+    `ckpt ls` with an internal error (std::stoull, exit 1); a ranged GET answered with the
+    right number of bytes from elsewhere in the object was taken, and export-hf wrote wrong
+    weights with exit 0; a run replacing a committed step overwrote its files while its
+    manifest still stood (a kill then left a "committed" step failing its ETag checks). Now:
+    exit 3 naming what was wrong, and the step is uncommitted (its manifest deleted) before its
+    first file is written."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    base = {"model.preset": "tiny", "train.seq_len": 16, "train.micro_batch": 2,
+            "train.steps": 2, "train.eval_every": 0, "run.sample_tokens": 0,
+            "data.path": corpus, "checkpoint.s3_uri": f"s3://{moto.bucket}/liar"}
+    proxy = RewritingProxy(moto, tmp_path)
+    try:
+        env = s3_env(moto, endpoint=proxy.url)
+        env["MXTRAIN_S3_MAX_ATTEMPTS"] = "2"
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "a"})), env)
+        assert r.returncode == 0, r.stderr
+        step = f"s3://{moto.bucket}/liar/step_00000002"
+
+        # the same step written again (resume = none): the manifest goes before any file
+        proxy.log.clear()
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "b",
+                                                   "checkpoint.resume": "none"})), env)
+        assert r.returncode == 0, r.stderr
+        ops = [(m, p) for m, p in proxy.log if "step_00000002/" in p]
+        first_write = next(i for i, (m, p) in enumerate(ops) if m in ("PUT", "POST"))
+        delete = [i for i, (m, p) in enumerate(ops)
+                  if m == "DELETE" and p.endswith("step_00000002/manifest.json")]
+        assert delete and delete[0] < first_write, ops
+        assert run(["ckpt", "verify", step], env).returncode == 0
+
+        for mode, args, needle in (("size", ["ckpt", "ls", f"s3://{moto.bucket}/liar"], "<Size>"),
+                                   ("range", ["ckpt", "export-hf", step, tmp_path / "out"],
+                                    "Content-Range")):
+            proxy.mode = mode
+            r = run(args, env, timeout=120)
+            errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+            assert r.returncode == 3 and len(errors) == 1, (mode, r.returncode, r.stderr)
+            assert needle in errors[0], (mode, errors)
+        assert not (tmp_path / "out" / "model.safetensors").exists()
+    finally:
+        proxy.stop()
