@@ -365,7 +365,10 @@ void S3Client::get_range(const std::string& bucket, const std::string& key, uint
   // object (a proxy's or cache's mistake) was taken, and export-hf wrote wrong weights, exit 0.
   const std::string want = str("bytes ", offset, "-", offset + length - 1, "/");
   const std::string got_range = r.header("content-range");
-  if (got_range.compare(0, want.size(), want) != 0)
+  // (A 200 with no Content-Range is the whole object; from offset 0 and exactly `length` bytes
+  // long, as the count below requires, that is the range asked for.)
+  const bool whole_object = r.status == 200 && got_range.empty() && offset == 0;
+  if (!whole_object && got_range.compare(0, want.size(), want) != 0)
     throw StorageError(fail_message(req, str("asked for bytes ", offset, "-", offset + length - 1,
                                              ", the answer's Content-Range is '",
                                              got_range.substr(0, 80), "'")));
