@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -194,6 +195,41 @@ def test_wrong_secret_key_is_a_clear_error(moto, common, tmp_path):
     assert r.returncode == 2 and "SignatureDoesNotMatch" in r.stderr, r.stderr
 
 
+class ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def request_body(self):
+        n = int(self.headers.get("Content-Length", 0) or 0)
+        return self.rfile.read(n) if n else b""
+
+
+def forward(handler, upstream, body, rewrite=lambda data: data):
+    """Sends the request `handler` holds to `upstream` unchanged (same Host header, so its
+    signature stays valid) and answers with upstream's answer, its body through `rewrite`.
+    Returns upstream's status."""
+    conn = http.client.HTTPConnection(upstream, timeout=60)
+    conn.request(handler.command, handler.path, body=body, headers=dict(handler.headers))
+    resp = conn.getresponse()
+    data = rewrite(resp.read())
+    handler.send_response(resp.status)
+    length = str(len(data))
+    for k, v in resp.getheaders():
+        if k.lower() == "content-length" and handler.command == "HEAD":
+            length = v  # a HEAD answer has no body but the object's length
+        elif k.lower() not in ("content-length", "transfer-encoding", "connection", "server",
+                               "date"):
+            handler.send_header(k, v)
+    handler.send_header("Content-Length", length)
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(data)
+    conn.close()
+    return resp.status
+
+
 class FaultyProxy:
     """HTTP proxy to moto that fails a share of requests: drops the connection without an
     answer, answers 500 or 503, or delays before forwarding. Requests are forwarded unchanged
@@ -208,15 +244,9 @@ class FaultyProxy:
         self.log = []  # (method, path, injected or upstream status), for a failure's message
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
+        class Handler(ProxyHandler):
             def handle_one(self):
-                n = int(self.headers.get("Content-Length", 0) or 0)
-                body = self.rfile.read(n) if n else b""
+                body = self.request_body()
                 with proxy.lock:
                     x = proxy.rng.random()
                 # Listings and the first requests of a run are failed like any other.
@@ -245,28 +275,11 @@ class FaultyProxy:
                     proxy.count("delayed")
                     time.sleep(0.5)
                 proxy.count("forwarded")
-                conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
-                headers = {k: v for k, v in self.headers.items()}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                if resp.status >= 500:
+                status = forward(self, proxy.upstream, body)
+                if status >= 500:
                     proxy.count("upstream_errors")
                 with proxy.lock:
-                    proxy.log.append((self.command, self.path[:80], resp.status))
-                self.send_response(resp.status)
-                length = str(len(data))
-                for k, v in resp.getheaders():
-                    if k.lower() == "content-length" and self.command == "HEAD":
-                        length = v  # a HEAD answer has no body but the object's length
-                    elif k.lower() not in ("content-length", "transfer-encoding", "connection",
-                                           "server", "date"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", length)
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
+                    proxy.log.append((self.command, self.path[:80], status))
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
 
@@ -401,15 +414,9 @@ class RewritingProxy:
         upstream = moto.endpoint.replace("http://", "")
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
+        class Handler(ProxyHandler):
             def handle_one(self):
-                n = int(self.headers.get("Content-Length", 0) or 0)
-                body = self.rfile.read(n) if n else b""
+                body = self.request_body()
                 proxy.log.append((self.command, self.path.split("?")[0]))
                 rng = self.headers.get("Range")
                 if proxy.mode == "range" and rng and "rank_" in self.path:
@@ -425,26 +432,11 @@ class RewritingProxy:
                     self.end_headers()
                     self.wfile.write(part)
                     return
-                conn = http.client.HTTPConnection(upstream, timeout=60)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-                resp = conn.getresponse()
-                data = resp.read()
-                if proxy.mode == "size" and b"<ListBucketResult" in data:
-                    import re
-                    data = re.sub(rb"<Size>\d+</Size>", b"<Size>abc</Size>", data)
-                self.send_response(resp.status)
-                length = str(len(data))
-                for k, v in resp.getheaders():
-                    if k.lower() == "content-length" and self.command == "HEAD":
-                        length = v
-                    elif k.lower() not in ("content-length", "transfer-encoding", "connection",
-                                           "server", "date"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", length)
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
+                def sizes(data):
+                    if proxy.mode == "size" and b"<ListBucketResult" in data:
+                        return re.sub(rb"<Size>\d+</Size>", b"<Size>abc</Size>", data)
+                    return data
+                forward(self, upstream, body, sizes)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
 
