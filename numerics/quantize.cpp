@@ -352,15 +352,6 @@ Quantized DelayedScaling::quantize(const float* x, int64_t rows, int64_t cols,
   return q;
 }
 
-float DelayedScaling::quantize_into(const float* x, int64_t rows, int64_t cols,
-                                    const QuantizeInto& out, const RoundingOptions& ro) {
-  const float amax = abs_max(x, rows * cols);  // before out (which may be x) is written
-  const float used = scale_;
-  quantize_fp8_tensor_into(x, rows, cols, fmt_, used, out, ro);
-  record(amax);
-  return used;
-}
-
 void quantize_fp8_block_into(const float* x, int64_t rows, int64_t cols, int block_rows,
                              int block_cols, bool pow2_scales, const QuantizeInto& out,
                              const RoundingOptions& ro) {

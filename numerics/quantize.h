@@ -84,9 +84,6 @@ class DelayedScaling {
   void restore(const std::vector<float>& history, float scale);
   Quantized quantize(const float* x, int64_t rows, int64_t cols,
                      const RoundingOptions& rounding = {});
-  // The same into caller memory (quantize_fp8_tensor_into); returns the scale it used.
-  float quantize_into(const float* x, int64_t rows, int64_t cols, const QuantizeInto& out,
-                      const RoundingOptions& rounding = {});
 
  private:
   Format fmt_;

@@ -102,8 +102,8 @@ class LinearRecipe {
   // Per-tensor FP8 (fp8-current, fp8-delayed) on a backend's FP8 Linears
   // (Backend::fp8_linear_*): the format of an operand (HYBRID: E5M2 for gradients, E4M3
   // otherwise) and, for fp8-delayed, the scale the next quantization of (layer, linear, op)
-  // uses and the recording of its amax afterwards: DelayedScaling::quantize_into split in two,
-  // so the bookkeeping is the same as on the emulated path.
+  // uses and the recording of its amax afterwards (held until flush_amaxes, below), so the
+  // bookkeeping is the same as on the emulated path.
   bool per_tensor_fp8() const {
     return recipe_ == Recipe::kFp8Current || recipe_ == Recipe::kFp8Delayed;
   }
