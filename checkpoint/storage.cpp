@@ -310,7 +310,13 @@ class S3Store final : public CheckpointStore {
 
   std::optional<StoredFile> stat(int64_t step, const std::string& name) override {
     auto info = client_->head_object(uri_.bucket, key(step, name));
-    if (!info) return std::nullopt;
+    if (!info) {
+      // A HEAD's 404 has no body, so a missing bucket read as a missing file ("not committed"):
+      // one listing, of the prefix committed_steps() lists too, tells them apart (a missing
+      // bucket is S3's NoSuchBucket error, exit 2).
+      client_->list_objects_v2(uri_.bucket, list_prefix(), "", 1);
+      return std::nullopt;
+    }
     return StoredFile{name, info->size, info->etag};
   }
 

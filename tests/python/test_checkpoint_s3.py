@@ -494,3 +494,19 @@ def test_answers_that_lie_and_replaced_steps(moto, tmp_path):
         assert not (tmp_path / "out" / "model.safetensors").exists()
     finally:
         proxy.stop()
+
+
+def test_a_named_step_in_a_missing_bucket_says_so(moto, tmp_path):
+    """A HEAD's 404 has no body: a step named in a bucket that does not exist read as "not
+    committed". Now S3's NoSuchBucket (exit 2), while a missing step in a real bucket is still
+    "not committed"."""
+    env = s3_env(moto)
+    step = "s3://no-such-bucket-mx/p/step_00000002"
+    for args in (["ckpt", "verify", step], ["ckpt", "export-hf", step, tmp_path / "out"],
+                 ["generate", "--model", step, "--prompt", "hi"]):
+        r = run(args, env, timeout=120)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 2 and len(errors) == 1, (args, r.returncode, r.stderr)
+        assert "NoSuchBucket" in errors[0], (args, errors)
+    r = run(["ckpt", "verify", f"s3://{moto.bucket}/nothing/step_00000002"], env, timeout=120)
+    assert r.returncode == 2 and "not committed" in r.stderr, r.stderr
