@@ -43,14 +43,16 @@ struct FileDescriptor {
   }
 };
 
-// Reads exactly `bytes` at `offset`; the caller has checked the file is that long.
-void pread_exact(int fd, void* dst, size_t bytes, off_t offset, const std::string& path) {
+// Reads exactly `bytes` at `offset`; the caller has checked the file is that long, so a short
+// read means it shrank (`shrank` says when).
+void pread_exact(int fd, void* dst, size_t bytes, off_t offset, const std::string& path,
+                 const char* shrank = "file shrank while being read") {
   auto* out = static_cast<uint8_t*>(dst);
   while (bytes > 0) {
     ssize_t got = ::pread(fd, out, bytes, offset);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw_read_error(path, "read failed", errno);
-    MX_REQUIRE(got > 0, "data file '", path, "': file shrank while being read");
+    MX_REQUIRE(got > 0, "data file '", path, "': ", shrank, " (nothing at byte ", offset, ")");
     out += got;
     bytes -= static_cast<size_t>(got);
     offset += got;
@@ -289,20 +291,8 @@ void TokenDataset::copy(int64_t start, int64_t count, int32_t* dst) const {
   // every k < count, so no id is overwritten before it is read).
   const size_t bytes = static_cast<size_t>(count) * size_t(token_width_);
   auto* raw = reinterpret_cast<uint8_t*>(dst) + (token_width_ == 2 ? 2 * count : 0);
-  const off_t at = static_cast<off_t>(data_offset_ + start * token_width_);
-  auto* out = raw;
-  size_t left = bytes;
-  for (off_t pos = at; left > 0;) {
-    const ssize_t got = ::pread(fd_, out, left, pos);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw_read_error(path_, "read failed", errno);
-    MX_REQUIRE(got > 0, "data file '", path_, "' shrank during the run: token ",
-               start + int64_t(bytes - left) / token_width_, " of the ", num_tokens_,
-               " it had at start-up is gone");
-    out += got;
-    left -= size_t(got);
-    pos += got;
-  }
+  pread_exact(fd_, raw, bytes, static_cast<off_t>(data_offset_ + start * token_width_), path_,
+              "shrank during the run (the tokens it had at start-up are not all there)");
   if (token_width_ == 2)
     for (int64_t k = 0; k < count; ++k) dst[k] = load<uint16_t>(raw, k);
   for (int64_t k = 0; k < count; ++k) {
