@@ -4,6 +4,27 @@
 
 namespace mx {
 
+namespace {
+// Parameter counts in T: int64_t for the counts, double for validate()'s bound (before it, the
+// int64 products may overflow).
+template <typename T>
+T count_block_params(const ModelConfig& m) {
+  const T C = T(m.hidden_size), I = T(m.intermediate_size);
+  const T q = T(m.num_attention_heads) * T(m.head_dim);
+  const T kv = T(m.num_key_value_heads) * T(m.head_dim);
+  const T attn = C * q + 2 * C * kv + q * C;
+  const T mlp = 3 * C * I;
+  return attn + mlp + 2 * C;
+}
+
+template <typename T>
+T count_params(const ModelConfig& m) {
+  const T emb = T(m.vocab_size) * T(m.hidden_size);
+  return emb + (m.tie_word_embeddings ? T(0) : emb) + T(m.hidden_size) +
+         T(m.num_hidden_layers) * count_block_params<T>(m);
+}
+}  // namespace
+
 void ModelConfig::finalize() {
   if (head_dim == 0 && num_attention_heads > 0) {
     MX_REQUIRE(hidden_size % num_attention_heads == 0, "model.num_attention_heads (",
@@ -47,27 +68,14 @@ void ModelConfig::validate() const {
   at_most("head_dim", head_dim, int64_t(1) << 16);
   at_most("num_attention_heads", num_attention_heads, int64_t(1) << 16);
   at_most("num_hidden_layers", num_hidden_layers, int64_t(1) << 12);
-  const double C = double(hidden_size), q = double(num_attention_heads) * double(head_dim),
-               kv = double(num_key_value_heads) * double(head_dim);
-  const double params = double(vocab_size) * C * (tie_word_embeddings ? 1 : 2) + C +
-                        double(num_hidden_layers) *
-                            (2 * C * q + 2 * C * kv + 3 * C * double(intermediate_size) + 2 * C);
+  const double params = count_params<double>(*this);  // in double: it cannot overflow
   MX_REQUIRE(params <= double(int64_t(1) << 44), "the model has ", params,
              " parameters, more than the largest supported, 2^44 (17.6 trillion)");
 }
 
-int64_t ModelConfig::block_param_count() const {
-  int64_t C = hidden_size, I = intermediate_size;
-  int64_t attn = C * q_dim() + 2 * C * kv_dim() + q_dim() * C;
-  int64_t mlp = 3 * C * I;
-  return attn + mlp + 2 * C;
-}
+int64_t ModelConfig::block_param_count() const { return count_block_params<int64_t>(*this); }
 
-int64_t ModelConfig::param_count() const {
-  int64_t emb = vocab_size * hidden_size;
-  return emb + (tie_word_embeddings ? 0 : emb) + hidden_size +
-         num_hidden_layers * block_param_count();
-}
+int64_t ModelConfig::param_count() const { return count_params<int64_t>(*this); }
 
 double ModelConfig::flops_per_token(int64_t seq_len) const {
   double n = double(num_hidden_layers) * double(block_param_count() - 2 * hidden_size) +
