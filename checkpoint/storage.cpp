@@ -19,6 +19,7 @@
 #include "checkpoint/s3/uri.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace fs = std::filesystem;
 
@@ -306,6 +307,7 @@ class S3Store final : public CheckpointStore {
     for (const auto& [step, ks] : keys)
       if (!committed.count(step))
         for (const auto& k : ks) client_->delete_object(uri_.bucket, k);
+    abort_open_uploads();
   }
 
   std::optional<StoredFile> stat(int64_t step, const std::string& name) override {
@@ -340,6 +342,30 @@ class S3Store final : public CheckpointStore {
   }
 
  private:
+  // Multipart uploads a stopped writer left open (a kill mid-file) keep their parts, billed,
+  // until aborted; nothing else of this prefix is being written when remove_uncommitted runs
+  // (the start of a run), so every open upload of a step file here is a dead writer's. It is a
+  // clean-up, not the run's job: a role without s3:ListBucketMultipartUploads or
+  // s3:AbortMultipartUpload, or an S3 that fails it, gets a warning and the run goes on.
+  void abort_open_uploads() {
+    size_t aborted = 0;
+    try {
+      for (const auto& u : client_->list_multipart_uploads(uri_.bucket, list_prefix())) {
+        if (split(u.key).first < 0) continue;  // not a step file of this prefix
+        client_->abort_multipart_upload(uri_.bucket, u.key, u.upload_id);
+        ++aborted;
+      }
+    } catch (const std::exception& e) {
+      warn(str("could not abort the multipart uploads stopped runs left open under ", root(),
+               " (", aborted, " aborted): ", e.what(),
+               "; a bucket lifecycle rule for incomplete uploads removes their parts"));
+      return;
+    }
+    if (aborted > 0)
+      info("aborted ", aborted, " multipart upload", aborted == 1 ? "" : "s",
+           " a stopped run left open under ", root());
+  }
+
   std::mutex uncommit_mu_;
   std::set<int64_t> uncommitted_;  // steps this process has uncommitted before writing them
   std::string prefix() const { return uri_.key.empty() ? "" : uri_.key + "/"; }

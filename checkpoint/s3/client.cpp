@@ -504,6 +504,38 @@ void S3Client::abort_multipart_upload(const std::string& bucket, const std::stri
   execute(req);
 }
 
+std::vector<OpenUpload> S3Client::list_multipart_uploads(const std::string& bucket,
+                                                         const std::string& prefix) {
+  std::vector<OpenUpload> all;
+  std::string key_marker, id_marker;
+  for (;;) {
+    Request req("ListMultipartUploads", "GET", bucket, "", false);
+    req.query = {{"uploads", ""}};
+    if (!prefix.empty()) req.query.emplace_back("prefix", prefix);
+    if (!key_marker.empty()) req.query.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) req.query.emplace_back("upload-id-marker", id_marker);
+    Response r = execute(req);
+    if (r.body.find("<ListMultipartUploadsResult") == std::string::npos)
+      throw StorageError(fail_message(req, "the answer is not a ListMultipartUploadsResult (a "
+                                           "proxy or a portal answering for S3? check "
+                                           "AWS_ENDPOINT_URL)"));
+    for (const std::string& u : xml_all_raw(r.body, "Upload")) {
+      OpenUpload o{xml_first(u, "Key").value_or(""), xml_first(u, "UploadId").value_or("")};
+      if (o.key.empty() || o.upload_id.empty())
+        throw StorageError(fail_message(req, "an <Upload> without its Key or UploadId"));
+      all.push_back(std::move(o));
+    }
+    if (xml_first(r.body, "IsTruncated").value_or("false") != "true") return all;
+    std::string next_key = xml_first(r.body, "NextKeyMarker").value_or("");
+    std::string next_id = xml_first(r.body, "NextUploadIdMarker").value_or("");
+    // A truncated page must move the markers on, or the listing would never end.
+    if (next_key.empty() || (next_key == key_marker && next_id == id_marker))
+      throw StorageError(fail_message(req, "a truncated listing came without new markers"));
+    key_marker = std::move(next_key);
+    id_marker = std::move(next_id);
+  }
+}
+
 // Runs work(i) for i in [0, n) on up to `threads` threads; the first exception stops the
 // others from taking new items and is rethrown.
 static void parallel_for(int n, int threads, const std::function<void(int, std::vector<uint8_t>&)>& work) {

@@ -60,6 +60,11 @@ struct ListPage {
   std::string next_continuation_token;       // empty on the last page
 };
 
+struct OpenUpload {  // a multipart upload started and neither completed nor aborted
+  std::string key;
+  std::string upload_id;
+};
+
 struct CompletedPart {
   int part_number = 0;
   std::string etag;  // without quotes
@@ -105,6 +110,9 @@ class S3Client {
                                         const std::vector<CompletedPart>& parts);
   void abort_multipart_upload(const std::string& bucket, const std::string& key,
                               const std::string& upload_id);
+  // Every open multipart upload whose key starts with `prefix` (ListMultipartUploads, all pages).
+  std::vector<OpenUpload> list_multipart_uploads(const std::string& bucket,
+                                                 const std::string& prefix);
 
   // --- whole objects, any size
   // One PUT up to multipart_threshold, else a parallel multipart upload (aborted on failure)

@@ -67,7 +67,20 @@ def main():
                 s3.delete_object(Bucket=bucket, Key=cmd["key"])
                 out = {}
             elif op == "uploads":
-                out = {"count": len(s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []))}
+                ups = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+                out = {"count": len(ups), "keys": sorted(u["Key"] for u in ups),
+                       "ids": sorted([u["Key"], u["UploadId"]] for u in ups)}
+            elif op == "abort_uploads":
+                for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+                    if u["Key"] in cmd["keys"]:
+                        s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"],
+                                                  UploadId=u["UploadId"])
+                out = {}
+            elif op == "start_upload":  # an upload left open, as a killed writer leaves it
+                uid = s3.create_multipart_upload(Bucket=bucket, Key=cmd["key"])["UploadId"]
+                s3.upload_part(Bucket=bucket, Key=cmd["key"], UploadId=uid, PartNumber=1,
+                               Body=b"x" * 1024)
+                out = {"upload_id": uid}
             else:
                 out = {"error": f"unknown op {op}"}
         except Exception as e:  # noqa: BLE001

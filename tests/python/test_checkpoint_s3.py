@@ -21,6 +21,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -403,10 +404,30 @@ def test_an_answer_that_is_not_a_listing_is_a_storage_failure(tmp_path):
         server.shutdown()
 
 
+def one_upload_a_page(uploads, query, bucket):
+    """A ListMultipartUploadsResult as S3 pages it at max-uploads = 1: of `uploads` ((key, id),
+    in S3's order), the one after the request's (key-marker, upload-id-marker), with
+    IsTruncated and the Next markers."""
+    marker = (query.get("key-marker", [""])[0], query.get("upload-id-marker", [""])[0])
+    i = uploads.index(marker) + 1 if marker[0] else 0
+    truncated = i + 1 < len(uploads)
+    nxt = (f"<NextKeyMarker>{uploads[i][0]}</NextKeyMarker>"
+           f"<NextUploadIdMarker>{uploads[i][1]}</NextUploadIdMarker>") if truncated else ""
+    page = "".join(f"<Upload><Key>{k}</Key><UploadId>{u}</UploadId></Upload>"
+                   for k, u in uploads[i:i + 1])
+    return ('<?xml version="1.0" encoding="UTF-8"?><ListMultipartUploadsResult xmlns='
+            f'"http://s3.amazonaws.com/doc/2006-03-01/"><Bucket>{bucket}</Bucket>'
+            f"<KeyMarker>{marker[0]}</KeyMarker><UploadIdMarker>{marker[1]}</UploadIdMarker>"
+            f"{nxt}<MaxUploads>1</MaxUploads><IsTruncated>{str(truncated).lower()}"
+            f"</IsTruncated>{page}</ListMultipartUploadsResult>").encode()
+
+
 class RewritingProxy:
     """A proxy to moto that logs every request and lets a test change answers: `mode` "size"
     puts a non-number into every listing's <Size>; "range" answers each ranged GET of a rank
-    file with the same number of bytes from 4 bytes further on (a truthful Content-Range)."""
+    file with the same number of bytes from 4 bytes further on (a truthful Content-Range);
+    "deny-uploads" answers ListMultipartUploads with 403 AccessDenied (a role without
+    s3:ListBucketMultipartUploads); "page-uploads" pages that listing one upload at a time."""
 
     def __init__(self, moto, tmp_path):
         self.mode = None
@@ -432,11 +453,39 @@ class RewritingProxy:
                     self.end_headers()
                     self.wfile.write(part)
                     return
-                def sizes(data):
+                query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+                if proxy.mode == "deny-uploads" and self.command == "GET" and "uploads" in query:
+                    deny = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied"
+                            b"</Code><Message>Access Denied</Message></Error>")
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(deny)))
+                    self.end_headers()
+                    self.wfile.write(deny)
+                    return
+                def uploads_page(data=b""):
+                    # The first page is moto's answer (its signature check passes) cut to one
+                    # upload; moto 5.2 rejects a query with an encoded '/' (a key-marker), so
+                    # later pages are made here from its listing.
+                    ids = [tuple(x) for x in moto.call(op="uploads")["ids"]
+                           if x[0].startswith(query.get("prefix", [""])[0])]
+                    return one_upload_a_page(ids, query, moto.bucket)
+                paging = (proxy.mode == "page-uploads" and self.command == "GET"
+                          and "uploads" in query)
+                if paging and "key-marker" in query:
+                    page = uploads_page()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
+                def rewrite(data):
                     if proxy.mode == "size" and b"<ListBucketResult" in data:
                         return re.sub(rb"<Size>\d+</Size>", b"<Size>abc</Size>", data)
+                    if paging and b"<ListMultipartUploadsResult" in data:
+                        return uploads_page()
                     return data
-                forward(self, upstream, body, sizes)
+                forward(self, upstream, body, rewrite)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = handle_one
 
@@ -510,3 +559,50 @@ def test_a_named_step_in_a_missing_bucket_says_so(moto, tmp_path):
         assert "NoSuchBucket" in errors[0], (args, errors)
     r = run(["ckpt", "verify", f"s3://{moto.bucket}/nothing/step_00000002"], env, timeout=120)
     assert r.returncode == 2 and "not committed" in r.stderr, r.stderr
+
+
+def test_uploads_a_stopped_run_left_open_are_aborted(moto, tmp_path):
+    """A writer killed in the middle of a multipart upload leaves the upload open, its parts
+    stored (and billed) until someone aborts it. A run's start, when nothing else writes its
+    prefix, aborts every open upload of a step file there (through every page of the listing)
+    and no other: not another prefix's, not one that merely starts with the same letters, not a
+    non-step key. A role that may not list uploads gets a warning and the run goes on."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    base = {"model.preset": "tiny", "train.seq_len": 16, "train.micro_batch": 2,
+            "train.steps": 1, "train.eval_every": 0, "run.sample_tokens": 0,
+            "data.path": corpus, "checkpoint.s3_uri": f"s3://{moto.bucket}/dead",
+            "checkpoint.resume": "none"}
+    dead = ["dead/step_00000003/rank_00000.safetensors", "dead/step_00000003/rank_00001.safetensors",
+            "dead/step_00000001/model.safetensors"]
+    kept = ["deadbeef/step_00000003/rank_00000.safetensors", "dead/notes/step_00000003",
+            "other/step_00000003/rank_00000.safetensors"]
+    before = set(moto.call(op="uploads")["keys"])
+    for k in dead + kept:
+        moto.call(op="start_upload", key=k)
+    proxy = RewritingProxy(moto, tmp_path)
+    try:
+        env = s3_env(moto, endpoint=proxy.url)
+        env["MXTRAIN_S3_MAX_ATTEMPTS"] = "2"
+        proxy.mode = "deny-uploads"
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "a"})), env)
+        assert r.returncode == 0, r.stderr
+        warnings = [l for l in r.stderr.splitlines() if "could not abort" in l]
+        assert len(warnings) == 1 and "AccessDenied" in warnings[0], r.stderr
+        assert warnings[0].startswith("warning:"), warnings
+        assert set(moto.call(op="uploads")["keys"]) == before | set(dead + kept)
+
+        proxy.mode = "page-uploads"
+        proxy.log.clear()
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "b"})), env)
+        assert r.returncode == 0, r.stderr
+        assert "aborted 3 multipart uploads" in r.stderr, r.stderr
+        assert set(moto.call(op="uploads")["keys"]) == before | set(kept)
+        # every page was asked for: one listing per upload under the prefix "dead"
+        listings = [p for m, p in proxy.log if m == "GET" and p == f"/{moto.bucket}"]
+        assert len(listings) >= 4, proxy.log
+    finally:
+        proxy.stop()
+        moto.call(op="abort_uploads", keys=kept)
+    assert run(["ckpt", "verify", f"s3://{moto.bucket}/dead/step_00000001"],
+               s3_env(moto)).returncode == 0
