@@ -275,6 +275,23 @@ int32_t TokenDataset::at(int64_t i) const {
   return id;
 }
 
+uint64_t TokenDataset::fingerprint() const {
+  constexpr int64_t kWindows = 64, kWindow = 1024;
+  const int64_t len = std::min(kWindow, num_tokens_);
+  std::vector<int32_t> ids(static_cast<size_t>(len));
+  uint64_t h = splitmix64(static_cast<uint64_t>(num_tokens_));
+  for (int64_t w = 0; w < kWindows; ++w) {
+    // Evenly from 0 to the last window's start (128-bit: num_tokens x 63 may pass 2^63).
+    const auto start = static_cast<int64_t>(static_cast<__int128>(num_tokens_ - len) * w /
+                                            (kWindows - 1));
+    copy(start, len, ids.data());
+    for (int64_t k = 0; k < len; ++k)
+      h = splitmix64(h ^ (static_cast<uint64_t>(start + k) << 32) ^
+                     static_cast<uint32_t>(ids[size_t(k)]));
+  }
+  return h;
+}
+
 void TokenDataset::copy(int64_t start, int64_t count, int32_t* dst) const {
   MX_ASSERT(start >= 0 && count >= 0 && start + count <= num_tokens_, "token range [", start, ", ",
             start + count, ") of ", num_tokens_);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -190,6 +191,16 @@ int run_training(const RunConfig& cfg) {
     MX_REQUIRE(most == least, "data.path ", data_path, " is not the same data on every rank: it ",
                "holds between ", least, " and ", most, " tokens across the ranks (every rank ",
                "must read the same file)");
+    // The same size is not the same data (a node with another version of the dataset): the
+    // ranks compare a sample of the tokens with rank 0's, and the highest rank that differs is
+    // named.
+    int64_t fp = std::bit_cast<int64_t>(data.fingerprint());
+    const int64_t mine = fp;
+    world.broadcast(&fp, 1, CommDtype::kI64, 0);
+    const int64_t other = world.all_reduce(int64_t(mine != fp ? world.rank() : -1), ReduceOp::kMax);
+    MX_REQUIRE(other < 0, "data.path ", data_path, " is not the same data on every rank: rank ",
+               other, " reads other tokens than rank 0 (the same ", data.size(), " tokens, but ",
+               "not the same ids at the 64 places sampled; every rank must read the same file)");
   }
   DataSplit split = split_train_val(data.size(), cfg.data.val_fraction, T);
   WindowSampler train_sampler(&data, split.train_begin, split.train_end, T, uint64_t(tc.seed),

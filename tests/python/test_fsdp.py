@@ -359,6 +359,32 @@ def test_ranks_reading_different_data_are_refused(tmp_path):
     assert errors and all("is not the same data on every rank" in l for l in errors), p.stderr
 
 
+def test_ranks_reading_same_size_other_data_are_refused(tmp_path):
+    """Another version of the dataset on one node, the same size: the sizes agreed, so each
+    rank trained on other tokens and the run exited 0. Now the ranks compare a sample of the
+    tokens with rank 0's; a copy that differs in one sampled token (the last) is refused, the
+    rank named, before any step."""
+    text = corpus(tmp_path).read_text()
+    assert text[-1] != "#"
+    nodes = [tmp_path / "n0", tmp_path / "n1", tmp_path / "n2"]
+    for i, n in enumerate(nodes):
+        n.mkdir()
+        (n / "data.txt").write_text(text if i < 2 else text[:-1] + "#")
+    args = ["train", "--set", "model.preset=tiny", "--set", "data.path=data.txt",
+            "--set", "train.seq_len=32", "--set", "train.steps=2", "--set", "train.micro_batch=2",
+            "--set", "run.sample_tokens=0", "--set", f"run.out_dir={tmp_path / 'out'}"]
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same data on every rank: rank 2 reads other tokens" in l
+                          for l in errors), p.stderr
+    assert "step 1/" not in p.stderr
+    # the same file everywhere still trains
+    (nodes[2] / "data.txt").write_text(text)
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 0, p.stderr
+
+
 def test_sweep_under_mpirun_is_refused(tmp_path):
     """Its runs joined the launcher's job (a 1-process point trained as 2 and was recorded as
     1; the next failed inside MPI), and every rank's sweep wrote the same --out."""

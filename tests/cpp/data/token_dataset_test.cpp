@@ -315,4 +315,50 @@ TEST_F(TokenDatasetTest, WindowsAreReadAndCheckedAsAskedFor) {
   expect_user_error([&] { ds.copy(590, 20, got.data()); }, u16, "shrank during the run");
 }
 
+TEST_F(TokenDatasetTest, FingerprintTellsCopiesApartWhereItSamples) {
+  // 200,000 ids: more than the 64 windows of 1024 cover, so some positions are not sampled.
+  const int64_t n = 200000;
+  std::vector<uint32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(uint32_t((i * 2654435761u) % 50000u));
+  auto fp = [&](const std::vector<uint32_t>& v, const std::string& name) {
+    return TokenDataset::open(write(name, u16_bytes(v)), TokenFormat::kU16, 50000).fingerprint();
+  };
+  const uint64_t base = fp(ids, "a.u16");
+  // The ids, not the encoding: the same ids as u32 and as llm.c v2 hash alike.
+  EXPECT_EQ(TokenDataset::open(write("a.u32", u32_bytes(ids)), TokenFormat::kU32, 50000)
+                .fingerprint(), base);
+  EXPECT_EQ(TokenDataset::open(write("a.bin", llmc_bytes(20240520, 2, int32_t(n), ids)),
+                               TokenFormat::kLlmc, 50000).fingerprint(), base);
+  EXPECT_EQ(fp(ids, "again.u16"), base);
+  // Window w starts at (n - 1024) w / 63 (the header's "evenly, first and last included").
+  auto window_start = [&](int64_t w) { return (n - 1024) * w / 63; };
+  for (int64_t pos : {int64_t{0}, n - 1, window_start(31) + 500, window_start(62) + 1023}) {
+    std::vector<uint32_t> changed = ids;
+    changed[size_t(pos)] = (changed[size_t(pos)] + 1) % 50000u;
+    EXPECT_NE(fp(changed, "b.u16"), base) << "a change at sampled position " << pos;
+  }
+  // Two ids swapped inside one window: the same multiset, other positions.
+  std::vector<uint32_t> swapped = ids;
+  std::swap(swapped[size_t(window_start(10) + 3)], swapped[size_t(window_start(10) + 4)]);
+  EXPECT_NE(fp(swapped, "c.u16"), base);
+  // Between windows nothing is read: the limit the header states.
+  const int64_t gap = window_start(1) + 1024 + 10;
+  ASSERT_LT(gap, window_start(2));
+  std::vector<uint32_t> unsampled = ids;
+  unsampled[size_t(gap)] = (unsampled[size_t(gap)] + 1) % 50000u;
+  EXPECT_EQ(fp(unsampled, "d.u16"), base);
+  // One id more: another fingerprint, though every sampled window but the last holds the same ids.
+  std::vector<uint32_t> longer = ids;
+  longer.push_back(7);
+  EXPECT_NE(fp(longer, "e.u16"), base);
+  // Data shorter than a window: every id is sampled (64 times over).
+  std::vector<uint32_t> small(ids.begin(), ids.begin() + 100);
+  const uint64_t small_fp = fp(small, "f.u16");
+  for (size_t pos = 0; pos < small.size(); pos += 9) {
+    std::vector<uint32_t> changed = small;
+    changed[pos] ^= 1u;
+    EXPECT_NE(fp(changed, "g.u16"), small_fp) << pos;
+  }
+}
+
 }  // namespace mx
