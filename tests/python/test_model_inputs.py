@@ -171,3 +171,48 @@ def test_integers_beyond_64_bits_are_errors_not_clamped(tmp_path, mxtrain, args)
     assert r.rc == 2, r
     assert len(errors(r)) == 1 and "out of range" in errors(r)[0], r
     assert r.stdout == ""
+
+
+def test_token_ids_in_and_out_for_models_past_the_byte_vocabulary(tmp_path, mxtrain):
+    """A model with a vocabulary past 256 (an HF Llama's tokenizer is not bytes) generated ids
+    the byte-level text silently left out. Now `--ids` prints every id, `--prompt-ids` gives the
+    prompt as ids (a vocabulary below 256 included), and the text says how many it left out."""
+    cfg = llama_ref.make_shape(48, 96, 2, 4, 2, 400)
+    params = llama_ref.random_params(cfg, 5, std=0.3)
+    d = model_dir(tmp_path, "big", params=params, cfg=cfg)
+    prompt = [3, 399, 17, 260]
+    want = llama_ref.greedy_generate(params, cfg, prompt, 24)
+    assert any(i >= 256 for i in want) and any(i < 256 for i in want)  # both kinds generated
+    base = ["generate", "--model", d, "--max-tokens", 24, "--temperature", "0"]
+    r = mxtrain(base + ["--prompt-ids", "3 399,17 260", "--ids"])
+    assert r.rc == 0, r
+    assert r.stdout == " ".join(str(i) for i in prompt + want) + "\n"
+    r = mxtrain(base + ["--prompt-ids", "3,399,17,260"])
+    assert r.rc == 0, r
+    assert r.stdout.encode("utf-8", "surrogateescape") != b""
+    beyond = sum(i >= 256 for i in want)
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warns) == 1 and f"{beyond} of the 24 generated tokens have ids >= 256" in warns[0], r
+    # a byte prompt, ids out: the prompt's bytes are its ids
+    r = mxtrain(["generate", "--model", d, "--max-tokens", 3, "--temperature", "0", "--prompt",
+                 "hi", "--ids"])
+    assert r.rc == 0, r
+    assert r.stdout.split()[:2] == ["104", "105"]
+    assert [int(x) for x in r.stdout.split()[2:]] == llama_ref.greedy_generate(params, cfg, [104, 105], 3)
+    # a vocabulary below the bytes works with ids, and is refused with text
+    small = llama_ref.make_shape(48, 96, 2, 4, 2, 100)
+    sp = llama_ref.random_params(small, 6, std=0.3)
+    ds = model_dir(tmp_path, "small", params=sp, cfg=small)
+    r = mxtrain(["generate", "--model", ds, "--prompt-ids", "7 99", "--ids", "--max-tokens", 5,
+                 "--temperature", "0"])
+    assert r.rc == 0, r
+    assert [int(x) for x in r.stdout.split()] == [7, 99] + llama_ref.greedy_generate(sp, small, [7, 99], 5)
+    r = mxtrain(["generate", "--model", ds, "--prompt", "hi"])
+    assert r.rc == 2 and "--prompt-ids" in errors(r)[0], r
+    for bad, says in (("3 400", "400 is not below the model's vocab_size 400"), ("3 x", "not a list"),
+                      ("-3", "not a list"), (" , ", "at least one"),
+                      ("99999999999999999999", "not a list")):
+        r = mxtrain(["generate", "--model", d, "--prompt-ids", bad])
+        assert r.rc == 2 and len(errors(r)) == 1 and says in errors(r)[0], (bad, r)
+    r = mxtrain(["generate", "--model", d, "--prompt-ids", "3", "--prompt", "hi"])
+    assert r.rc == 2 and len(errors(r)) == 1 and "excludes" in errors(r)[0].lower(), r
