@@ -95,6 +95,9 @@ int run_plan(const PlanArgs& a) {
       notes.push_back("cpu: precision.recipe '" + recipe + "' is emulated (its quantized "
                       "operand copies are in the replay)");
     notes.push_back("cpu throughput: GEMMs at the measured SGEMM rate x 0.9; a rough estimate");
+    if (in.engine_memory)
+      notes.push_back("--memory engine: on cpu every figure is already the engine's own "
+                      "allocation, so it changes nothing (it matters for GPUs)");
   } else {
     notes.push_back("GPU memory and time are MODELLED for an engine with bf16 activations and "
                     "bf16 gathered units (docs/plan.md gives every formula and constant); "

@@ -444,3 +444,17 @@ def test_recipe_from_config_file_as_train_reads_it(mxtrain, tmp_path):
                          "precision.recipe": "fp8-block"}, gpu="b200", gpus=8)
     assert gpu["config"]["recipe"] == "fp8-block" and gpu["config"]["recipe_modelled"] is True
     assert gpu["recommendation"]["recipe"] in names - {"fp32"}
+
+
+def test_memory_engine_on_cpu_says_it_changes_nothing(mxtrain):
+    """`--memory engine` on cpu was accepted without a word; on cpu every figure already is the
+    engine's own allocation, so the plan is the same and a note says why."""
+    s = {"model.preset": "tiny", "train.seq_len": 64, "train.micro_batch": 2}
+    model, engine = plan(mxtrain, s), plan(mxtrain, s, extra=["--memory", "engine"])
+    for out in (model, engine):
+        out["memory"].pop("capacity_bytes")  # the machine's free memory, read at each run
+    assert engine["memory"] == model["memory"]
+    assert engine["recommendation"]["micro_batch"] == model["recommendation"]["micro_batch"]
+    said = [n for n in engine["notes"] if n.startswith("--memory engine")]
+    assert len(said) == 1 and "changes nothing" in said[0], engine["notes"]
+    assert not [n for n in model["notes"] if n.startswith("--memory engine")]
