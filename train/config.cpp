@@ -313,8 +313,12 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(t.warmup_steps >= 0, "train.warmup_steps must be >= 0 (got ", t.warmup_steps, ")");
   MX_REQUIRE(t.weight_decay >= 0, "train.weight_decay must be >= 0 (got ", t.weight_decay, ")");
   MX_REQUIRE(t.grad_clip >= 0, "train.grad_clip must be >= 0 (got ", t.grad_clip, ")");
-  MX_REQUIRE(t.beta1 >= 0 && t.beta1 < 1, "train.beta1 must be in [0, 1) (got ", t.beta1, ")");
-  MX_REQUIRE(t.beta2 >= 0 && t.beta2 < 1, "train.beta2 must be in [0, 1) (got ", t.beta2, ")");
+  // The optimizer runs in fp32: a beta within 2^-25 of 1 rounds to 1.0f, whose bias correction
+  // 1 - beta^t is 0 (the first update was 0 / 0: NaN at step 2).
+  MX_REQUIRE(t.beta1 >= 0 && float(t.beta1) < 1.0f, "train.beta1 must be in [0, 1) and below 1 as ",
+             "a float32, 1 - 2^-25 (got ", t.beta1, ")");
+  MX_REQUIRE(t.beta2 >= 0 && float(t.beta2) < 1.0f, "train.beta2 must be in [0, 1) and below 1 as ",
+             "a float32, 1 - 2^-25 (got ", t.beta2, ")");
   MX_REQUIRE(t.eps > 0, "train.eps must be positive (got ", t.eps, ")");
   MX_REQUIRE(t.eval_every >= 0, "train.eval_every must be >= 0 (got ", t.eval_every, ")");
   MX_REQUIRE(t.eval_batches >= 1, "train.eval_batches must be >= 1 (got ", t.eval_batches, ")");

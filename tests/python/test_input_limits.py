@@ -333,3 +333,22 @@ def test_escaped_nul_in_a_config_value_is_shown_not_cut(tmp_path, mxtrain):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     r = mxtrain(["generate", "--model", tmp_path, "--prompt", "hi"], timeout=60)
     assert_one_error(r, "hidden_act", "si\\u0000lu", "only 'silu'")
+
+
+@pytest.mark.parametrize("key", ["train.beta1", "train.beta2"])
+def test_a_beta_that_rounds_to_one_in_float32_is_refused(tmp_path, mxtrain, key):
+    """0.99999999 passed the [0, 1) check, then the fp32 optimizer rounded it to 1.0f: bias
+    correction 1 - 1^t = 0, update 0 / 0, 'loss is -nan at step 2'. The largest float32 below 1
+    (1 - 2^-24) still trains."""
+    base = {"model.preset": "tiny", "data.format": "random", "train.steps": 3,
+            "train.seq_len": 16, "train.micro_batch": 2, "train.eval_every": 0,
+            "run.sample_tokens": 0}
+    below_one = float(np.nextafter(np.float32(1), np.float32(0)))
+    assert np.float32(0.99999999) == 1 and below_one < 1
+    r = mxtrain(["train"] + set_args(dict(base, **{key: 0.99999999,
+                                                   "run.out_dir": tmp_path / "a"})))
+    assert_one_error(r, key, "float32")
+    assert "step 1/" not in r.stderr
+    r = mxtrain(["train"] + set_args(dict(base, **{key: repr(below_one),
+                                                   "run.out_dir": tmp_path / "b"})))
+    assert r.rc == 0 and "nan" not in r.stderr.lower(), r
