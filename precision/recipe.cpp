@@ -258,8 +258,11 @@ numerics::RoundingOptions LinearRecipe::nvfp4_rounding(LinearOperand op, int64_t
   numerics::RoundingOptions rounding;
   if (is_gradient(op)) {  // stochastic rounding for gradients only
     rounding.stochastic = true;
-    rounding.rng = numerics::RandomStream{seed_, step_, rank_,
-                                          uint32_t(layer * 64 + linear * 8 + int(op))};
+    // tensor_id: the operand's own number below 2^18 (layers < 4096, 8 Linears, 8 operands),
+    // the micro-batch above it (mod 2^14: micro-batches 16384 apart in one step share draws).
+    rounding.rng = numerics::RandomStream{
+        seed_, step_, rank_,
+        uint32_t(layer * 64 + linear * 8 + int(op)) | ((micro_batch_ & 0x3FFFu) << 18)};
   }
   return rounding;
 }

@@ -85,7 +85,14 @@ class LinearRecipe {
   // inactive blocks' Linears take bf16 operands. Off until set; never on under recipe fp32.
   void set_high_precision_bf16(bool on) { hp_bf16_ = on && recipe_ != Recipe::kFp32; }
   bool high_precision_bf16() const { return hp_bf16_; }
-  void set_step(int64_t step) { step_ = uint32_t(step); }
+  void set_step(int64_t step) {
+    step_ = uint32_t(step);
+    micro_batch_ = 0;
+  }
+  // The micro-batch of the step (0 .. grad_accum - 1) the next forward-backward is: nvfp4's
+  // stochastic rounding draws other numbers for each (docs/numerics.md), so accumulating
+  // micro-batches averages its noise as Transformer Engine's fresh draws per call do.
+  void set_micro_batch(int64_t m) { micro_batch_ = uint32_t(m); }
 
   // out[rows, cols] = dequantize(quantize(x)). reduce_along_cols: the GEMM sums over this
   // matrix's columns (blocks run along rows); otherwise over its rows (blocks run down columns).
@@ -182,7 +189,7 @@ class LinearRecipe {
   Recipe recipe_;
   bool hp_bf16_ = false;
   int64_t num_layers_, hp_first_, hp_last_;
-  uint32_t seed_, rank_, step_ = 0;
+  uint32_t seed_, rank_, step_ = 0, micro_batch_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;
   // The scale each fp8-delayed operand's latest (non-replayed) quantization used.
   std::map<std::tuple<int64_t, int, int>, float> last_scale_;

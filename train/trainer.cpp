@@ -533,6 +533,7 @@ int run_training(const RunConfig& cfg) {
       // same for any number of ranks.
       const int64_t first = samples_before(step) + (m * W + rank) * B;
       train_sampler.fill(first, B, engine.batch_tokens());
+      linear_recipe.set_micro_batch(m);
       loss += engine.model->forward_backward(fsdp, engine.batch_tokens(), B, T,
                                              1.0f / float(tc.grad_accum));
       fsdp.finish_micro_batch();

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import hf_io
 import llama_ref
 import numerics_ref
-from conftest import write_model, write_tokens_i32
+from conftest import read_metrics, set_args, write_model, write_tokens_i32
 
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128)
@@ -340,3 +340,31 @@ def test_unknown_recipe_is_an_error(mxtrain, tmp_path):
     r = mxtrain(["train", "--set", "precision.recipe=fp6", "--set", f"run.out_dir={tmp_path}"])
     assert r.rc == 2 and r.stderr.strip().splitlines()[-1].startswith("error:"), r
     assert "fp6" in r.stderr
+
+
+def test_nvfp4_draws_new_rounding_for_each_micro_batch(mxtrain, tmp_path):
+    """nvfp4's stochastic rounding was keyed by (seed, step, rank, operand) only: every
+    micro-batch of a grad_accum step rounded with the same numbers, so accumulating them
+    averaged none of the noise. With every window the same text, the micro-batches' gradients
+    differ only by their rounding: one draw per step gave the same grad_norm for grad_accum 1, 2
+    and 4 (but for the last bits of fp32 sums); now each micro-batch draws its own, and a run repeats itself exactly."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a" * 4000)
+    norms = {}
+    for ga, tag in ((1, "1"), (2, "2"), (4, "4"), (2, "2again")):
+        out = tmp_path / tag
+        r = mxtrain(["train"] + set_args({
+            "model.preset": "tiny", "data.path": corpus, "train.steps": 1,
+            "train.seq_len": 16, "train.micro_batch": 1, "train.grad_accum": ga,
+            "train.eval_every": 0, "run.sample_tokens": 0, "precision.recipe": "nvfp4",
+            "run.out_dir": out}))
+        assert r.rc == 0, r
+        steps, _ = read_metrics(out / "metrics.jsonl")
+        norms[tag] = steps[0]["grad_norm"]
+    assert norms["2again"] == norms["2"]
+    # One draw per step left them equal but for fp32 sums (1e-8 apart); fresh draws move the
+    # norm by ~1e-3 of itself.
+    for a, b in (("1", "2"), ("2", "4"), ("1", "4")):
+        assert abs(norms[a] - norms[b]) > 1e-4 * norms[a], norms
+    # the draws are noise around one gradient, not another gradient
+    assert max(norms.values()) < 1.1 * min(norms.values()), norms
