@@ -406,7 +406,7 @@ int run_training(const RunConfig& cfg) {
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",
        model_cfg.num_hidden_layers, " x ", model_cfg.hidden_size, ", ",
        model_cfg.num_attention_heads, " heads / ", model_cfg.num_key_value_heads, " kv), ",
-       "data ", data_path, " (", format_count(double(data.size())), " tokens), ",
+       "data ", one_line(data_path), " (", format_count(double(data.size())), " tokens), ",
        B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
        " tokens/step, precision ", cfg.precision.recipe,
        recipe == Recipe::kFp32 ? ""

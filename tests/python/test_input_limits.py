@@ -352,3 +352,16 @@ def test_a_beta_that_rounds_to_one_in_float32_is_refused(tmp_path, mxtrain, key)
     r = mxtrain(["train"] + set_args(dict(base, **{key: repr(below_one),
                                                    "run.out_dir": tmp_path / "b"})))
     assert r.rc == 0 and "nan" not in r.stderr.lower(), r
+
+
+def test_the_start_up_line_names_a_data_path_with_a_newline_on_one_line(tmp_path, mxtrain):
+    """A data file whose name holds a newline split the start-up line in two."""
+    data = tmp_path / "a\nb.txt"
+    data.write_text(english_text(2000))
+    r = mxtrain(["train"] + set_args({"model.preset": "tiny", "data.path": data,
+                                      "train.steps": 1, "train.seq_len": 16,
+                                      "run.sample_tokens": 0, "run.out_dir": tmp_path / "o"}))
+    assert r.rc == 0, r
+    start = [l for l in r.stderr.splitlines() if l.startswith("mxtrain: ")]
+    assert len(start) == 1 and f"data {tmp_path}/a\\nb.txt (" in start[0], r.stderr
+    assert not [l for l in r.stderr.splitlines() if l.startswith("b.txt")]
