@@ -1,6 +1,8 @@
 #include "data/token_dataset.h"
 
 #include <fcntl.h>
+#include <glob.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,6 +135,66 @@ const char* token_format_name(TokenFormat format) {
   return "?";
 }
 
+namespace {
+
+bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+// The files `path` names, in the order they are read (token_dataset.h).
+std::vector<std::string> data_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(fs::status(path, ec))) {
+    std::vector<std::string> files;
+    fs::recursive_directory_iterator it(path, ec), end;
+    if (ec) throw_read_error(path, "cannot list the directory", ec.value());
+    for (; it != end; it.increment(ec)) {
+      if (ec) throw_read_error(path, "cannot list the directory", ec.value());
+      const std::string name = it->path().filename().string();
+      if (!name.empty() && name[0] == '.') {  // hidden: .cache/, .DS_Store, editors' files
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec)) files.push_back(it->path().string());
+    }
+    MX_REQUIRE(!files.empty(), "data directory '", path, "' holds no data files (hidden ones ",
+               "are skipped)");
+    std::sort(files.begin(), files.end());
+    return files;
+  }
+  if (fs::exists(fs::symlink_status(path, ec)) || !has_glob_chars(path)) return {path};
+  glob_t g{};
+  const int rc = ::glob(path.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> files(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+  ::globfree(&g);
+  MX_REQUIRE(rc != GLOB_NOMATCH, "data path '", path, "' is not a file or directory, and as a ",
+             "pattern it matches no file");
+  if (rc != 0) throw_read_error(path, "cannot expand the pattern", rc == GLOB_NOSPACE ? ENOMEM : EACCES);
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files)
+    MX_REQUIRE(!fs::is_directory(fs::status(f, ec)), "data path '", path, "' matches the ",
+               "directory '", f, "': a pattern must match data files only");
+  return files;
+}
+
+// Every shard stays open (its windows are read as the sampler asks): a dataset of more files
+// than the soft open-file limit allows raises it toward the hard limit, or says what to do.
+void ensure_open_files(size_t n, const std::string& path) {
+  constexpr rlim_t kSpare = 256;  // MPI, checkpoints, logs
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  const rlim_t want = rlim_t(n) + kSpare;
+  if (rl.rlim_cur >= want) return;
+  rlimit raised = rl;
+  raised.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &raised);
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  MX_REQUIRE(rl.rlim_cur >= want, "data path '", path, "' holds ", n, " files, each kept open, ",
+             "and this process may open only ", rl.rlim_cur, " files (ulimit -n; the hard ",
+             "limit is ", rl.rlim_max, "): raise it, or merge the shards into fewer files");
+}
+
+}  // namespace
+
 TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int64_t vocab_size,
                                 int64_t random_tokens) {
   // Ids are int32 downstream, so the largest usable vocabulary is 2^31.
@@ -140,6 +202,7 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
              vocab_size, " (data '", path, "')");
   TokenDataset ds;
   ds.path_ = path;
+  ds.vocab_size_ = vocab_size;
 
   if (format == TokenFormat::kRandom) {
     MX_REQUIRE(random_tokens > 0, "random data needs a positive token count, got ", random_tokens);
@@ -161,6 +224,22 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
     return ds;
   }
 
+  const std::vector<std::string> files = data_files(path);
+  ds.num_files_ = int64_t(files.size());
+  if (files.size() > 1) ensure_open_files(files.size(), path);
+  for (const std::string& file : files) {
+    const TokenFormat got = ds.open_file(file, format, vocab_size);
+    if (ds.format_ == TokenFormat::kAuto) ds.format_ = got;
+    MX_REQUIRE(got == ds.format_, "data shard '", file, "' is ", token_format_name(got), " but '",
+               files[0], "' is ", token_format_name(ds.format_), ": every file of data path '",
+               path, "' must have one format");
+  }
+  if (ds.format_ == TokenFormat::kText) ds.tokens_ = ds.owned_.data();
+  return ds;
+}
+
+TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
+                                    int64_t vocab_size) {
   FileDescriptor file;
   // O_NONBLOCK: a FIFO opens at once (and is then refused below) instead of blocking until a
   // writer appears; regular files ignore it.
@@ -172,29 +251,30 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
   const int64_t file_bytes = st.st_size;
 
   if (format == TokenFormat::kAuto) format = detect_format(file.fd, file_bytes, path);
-  ds.format_ = format;
+  if (format == TokenFormat::kText) {
+    MX_REQUIRE(vocab_size >= 256, "data file '", path, "': text data uses the byte-level tokenizer ",
+               "(ids 0..255), which needs vocab_size >= 256, got ", vocab_size);
+    MX_REQUIRE(file_bytes > 0, "data file '", path, "': empty (0 tokens)");
+    if (format_ != TokenFormat::kText && format_ != TokenFormat::kAuto) return format;  // refused
+    const size_t at = owned_.size();
+    owned_.resize(at + static_cast<size_t>(file_bytes));
+    pread_exact(file.fd, owned_.data() + at, static_cast<size_t>(file_bytes), 0, path);
+    token_width_ = 1;
+    num_tokens_ += file_bytes;
+    return format;  // every byte is < 256 <= vocab_size: nothing to scan
+  }
 
-  int64_t data_offset = 0;
+  Shard shard;
+  shard.path = path;
   switch (format) {
-    case TokenFormat::kText: {
-      MX_REQUIRE(vocab_size >= 256, "data file '", path, "': text data uses the byte-level tokenizer ",
-                 "(ids 0..255), which needs vocab_size >= 256, got ", vocab_size);
-      MX_REQUIRE(file_bytes > 0, "data file '", path, "': empty (0 tokens)");
-      ds.owned_.resize(static_cast<size_t>(file_bytes));
-      pread_exact(file.fd, ds.owned_.data(), ds.owned_.size(), 0, path);
-      ds.tokens_ = ds.owned_.data();
-      ds.token_width_ = 1;
-      ds.num_tokens_ = file_bytes;
-      return ds;  // every byte is < 256 <= vocab_size: nothing to scan
-    }
     case TokenFormat::kU16:
     case TokenFormat::kU32: {
-      ds.token_width_ = format == TokenFormat::kU16 ? 2 : 4;
+      shard.token_width = format == TokenFormat::kU16 ? 2 : 4;
       MX_REQUIRE(file_bytes > 0, "data file '", path, "': empty (0 tokens)");
-      MX_REQUIRE(file_bytes % ds.token_width_ == 0, "data file '", path, "': size ", file_bytes,
-                 " bytes is not a multiple of the ", ds.token_width_,
+      MX_REQUIRE(file_bytes % shard.token_width == 0, "data file '", path, "': size ", file_bytes,
+                 " bytes is not a multiple of the ", shard.token_width,
                  "-byte token width (truncated, or the wrong format?)");
-      ds.num_tokens_ = file_bytes / ds.token_width_;
+      shard.num_tokens = file_bytes / shard.token_width;
       break;
     }
     case TokenFormat::kLlmc: {
@@ -206,40 +286,42 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
                  " (expected ", kLlmcMagic, ")");
       MX_REQUIRE(header[1] == 1 || header[1] == 2, "data file '", path, "': unsupported llm.c version ",
                  header[1], " (1 = uint16 tokens, 2 = uint32 tokens)");
-      ds.token_width_ = header[1] == 1 ? 2 : 4;
+      shard.token_width = header[1] == 1 ? 2 : 4;
       const int64_t count = header[2];
       MX_REQUIRE(count >= 0, "data file '", path, "': llm.c header has a negative token count ", count);
       MX_REQUIRE(count > 0, "data file '", path, "': empty (0 tokens)");
-      const int64_t expected = kLlmcHeaderBytes + count * ds.token_width_;
+      const int64_t expected = kLlmcHeaderBytes + count * shard.token_width;
       MX_REQUIRE(file_bytes >= expected, "data file '", path, "': truncated: header says ", count,
                  " tokens (", expected, " bytes) but the file has ", file_bytes, " bytes");
       MX_REQUIRE(file_bytes == expected, "data file '", path, "': header says ", count, " tokens (",
                  expected, " bytes) but the file has ", file_bytes, " bytes");
-      ds.num_tokens_ = count;
-      data_offset = kLlmcHeaderBytes;
+      shard.num_tokens = count;
+      shard.data_offset = kLlmcHeaderBytes;
       break;
     }
     default:
       MX_ASSERT(false, "unhandled token format");
   }
+  if (format_ == TokenFormat::kText) return format;  // refused by the caller, unread
 
   const int64_t bad =
-      ds.token_width_ == 2
-          ? first_out_of_vocab<uint16_t>(file.fd, data_offset, ds.num_tokens_, vocab_size, path)
-          : first_out_of_vocab<uint32_t>(file.fd, data_offset, ds.num_tokens_, vocab_size, path);
-  if (bad < ds.num_tokens_) {
+      shard.token_width == 2
+          ? first_out_of_vocab<uint16_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size, path)
+          : first_out_of_vocab<uint32_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size, path);
+  if (bad < shard.num_tokens) {
     uint32_t id = 0;
-    pread_exact(file.fd, &id, size_t(ds.token_width_), off_t(data_offset + bad * ds.token_width_),
-                path);
+    pread_exact(file.fd, &id, size_t(shard.token_width),
+                off_t(shard.data_offset + bad * shard.token_width), path);
     throw UserError(str("data file '", path, "': token ", bad, " has id ", id,
                         ", which is >= vocab_size ", vocab_size, " (first such token)"));
   }
   // Windows are read with pread as the sampler asks for them (TokenDataset::copy), each id
   // checked again: the file may change under a run that lasts weeks.
-  ds.fd_ = std::exchange(file.fd, -1);
-  ds.data_offset_ = data_offset;
-  ds.vocab_size_ = vocab_size;
-  return ds;
+  shard.first = num_tokens_;
+  shard.fd = std::exchange(file.fd, -1);
+  num_tokens_ += shard.num_tokens;
+  shards_.push_back(std::move(shard));
+  return format;
 }
 
 TokenDataset::TokenDataset(TokenDataset&& other) noexcept { *this = std::move(other); }
@@ -251,8 +333,8 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
   format_ = other.format_;
   token_width_ = other.token_width_;
   num_tokens_ = std::exchange(other.num_tokens_, 0);
-  fd_ = std::exchange(other.fd_, -1);
-  data_offset_ = other.data_offset_;
+  num_files_ = std::exchange(other.num_files_, 0);
+  shards_ = std::exchange(other.shards_, {});
   vocab_size_ = other.vocab_size_;
   owned_ = std::move(other.owned_);
   tokens_ = std::exchange(other.tokens_, nullptr);  // a moved vector keeps its buffer
@@ -262,8 +344,9 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
 TokenDataset::~TokenDataset() { release(); }
 
 void TokenDataset::release() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  for (Shard& shard : shards_)
+    if (shard.fd >= 0) ::close(shard.fd);
+  shards_.clear();
   owned_.clear();
   tokens_ = nullptr;
   num_tokens_ = 0;
@@ -295,7 +378,7 @@ uint64_t TokenDataset::fingerprint() const {
 void TokenDataset::copy(int64_t start, int64_t count, int32_t* dst) const {
   MX_ASSERT(start >= 0 && count >= 0 && start + count <= num_tokens_, "token range [", start, ", ",
             start + count, ") of ", num_tokens_);
-  if (fd_ < 0) {  // text bytes or generated ids, in memory
+  if (shards_.empty()) {  // text bytes or generated ids, in memory
     if (token_width_ == 1) {
       for (int64_t k = 0; k < count; ++k) dst[k] = tokens_[start + k];
     } else {
@@ -303,18 +386,33 @@ void TokenDataset::copy(int64_t start, int64_t count, int32_t* dst) const {
     }
     return;
   }
-  // From the file: u32 ids straight into dst; u16 ids into dst's upper half, then widened front
-  // to back (id k's 4 bytes end at 4k + 4 <= 2 count + 2k, where id k's 2 bytes begin, for
-  // every k < count, so no id is overwritten before it is read).
-  const size_t bytes = static_cast<size_t>(count) * size_t(token_width_);
-  auto* raw = reinterpret_cast<uint8_t*>(dst) + (token_width_ == 2 ? 2 * count : 0);
-  pread_exact(fd_, raw, bytes, static_cast<off_t>(data_offset_ + start * token_width_), path_,
-              "shrank during the run (the tokens it had at start-up are not all there)");
-  if (token_width_ == 2)
+  // The shard holding `start` (the last whose first id is at or before it), then on across
+  // shard ends: a window may span two files as it may span two documents of one.
+  auto it = std::upper_bound(shards_.begin(), shards_.end(), start,
+                             [](int64_t s, const Shard& shard) { return s < shard.first; });
+  for (--it; count > 0; ++it) {
+    const int64_t n = std::min(count, it->first + it->num_tokens - start);
+    copy_from_shard(*it, start - it->first, n, dst);
+    start += n;
+    dst += n;
+    count -= n;
+  }
+}
+
+void TokenDataset::copy_from_shard(const Shard& shard, int64_t start, int64_t count,
+                                   int32_t* dst) const {
+  // u32 ids straight into dst; u16 ids into dst's upper half, then widened front to back (id
+  // k's 4 bytes end at 4k + 4 <= 2 count + 2k, where id k's 2 bytes begin, for every k < count,
+  // so no id is overwritten before it is read).
+  const size_t bytes = static_cast<size_t>(count) * size_t(shard.token_width);
+  auto* raw = reinterpret_cast<uint8_t*>(dst) + (shard.token_width == 2 ? 2 * count : 0);
+  pread_exact(shard.fd, raw, bytes, static_cast<off_t>(shard.data_offset + start * shard.token_width),
+              shard.path, "shrank during the run (the tokens it had at start-up are not all there)");
+  if (shard.token_width == 2)
     for (int64_t k = 0; k < count; ++k) dst[k] = load<uint16_t>(raw, k);
   for (int64_t k = 0; k < count; ++k) {
     const uint32_t id = static_cast<uint32_t>(dst[k]);
-    MX_REQUIRE(id < static_cast<uint64_t>(vocab_size_), "data file '", path_,
+    MX_REQUIRE(id < static_cast<uint64_t>(vocab_size_), "data file '", shard.path,
                "' changed during the run: token ", start + k, " has id ", id,
                ", which is >= vocab_size ", vocab_size_);
   }

@@ -1,6 +1,8 @@
 // Token data on disk (or generated): one flat sequence of token ids that the sampler cuts into
-// training windows. Raw and llm.c shards are memory-mapped so a multi-GB corpus costs no RAM up
-// front and is shared by every rank on a node through the page cache.
+// training windows. It may be one file or several shards (a directory, or a glob such as
+// "fineweb_train_*.bin"), read as their concatenation in sorted path order. Binary shards stay
+// on disk and are read with pread as windows are asked for, so a multi-GB corpus costs no RAM
+// up front and is shared by every rank on a node through the page cache.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,6 +23,9 @@ class TokenDataset {
   // Binary formats stay on disk and are read with pread as windows are asked for, each id
   // checked again (a file rewritten or cut short during the run is an error naming it).
   // kRandom ignores `path` and generates `random_tokens` ids from a fixed seed (benchmarks).
+  // `path`: a file; a directory (every regular file under it, hidden ones skipped, in sorted
+  // path order); or, when no such file exists, a glob pattern (its matches, sorted). Every
+  // shard must have the same format (llm.c version 1 and 2 shards may mix).
   static TokenDataset open(const std::string& path, TokenFormat format, int64_t vocab_size,
                            int64_t random_tokens = 1 << 22);
 
@@ -35,6 +40,7 @@ class TokenDataset {
   void copy(int64_t start, int64_t count, int32_t* dst) const;  // tokens [start, start+count)
   const std::string& path() const { return path_; }
   TokenFormat format() const { return format_; }
+  int64_t num_files() const { return num_files_; }  // shards read (1 for one file; 0 random)
   // A hash of 64 windows of up to 1024 ids spread evenly over the data (its first and last ids
   // included), each id hashed with its position: what ranks compare to tell two copies of a
   // file apart when their sizes agree. Constant cost at any size (64 reads); copies that differ
@@ -45,13 +51,28 @@ class TokenDataset {
   TokenDataset() = default;
   void release();
 
+  // A binary shard: ids [first, first + num_tokens) of the whole, read from fd with pread.
+  struct Shard {
+    std::string path;
+    int fd = -1;
+    int64_t data_offset = 0;  // bytes before the first id (the llm.c header)
+    int token_width = 0;      // 2 or 4
+    int64_t first = 0;
+    int64_t num_tokens = 0;
+  };
+  void copy_from_shard(const Shard& shard, int64_t start, int64_t count, int32_t* dst) const;
+  // Opens one file (format kAuto: detected) and appends its ids: text bytes to owned_, a
+  // binary file as a shard (its ids checked against vocab_size). Returns its format; one that
+  // differs from format_ is left unread for the caller to refuse.
+  TokenFormat open_file(const std::string& path, TokenFormat format, int64_t vocab_size);
+
   std::string path_;
   TokenFormat format_ = TokenFormat::kAuto;
-  const uint8_t* tokens_ = nullptr;  // little-endian ids of token_width_ bytes each
-  int token_width_ = 0;              // 1 (text), 2 (u16) or 4 (u32, random)
+  const uint8_t* tokens_ = nullptr;  // in memory: text bytes (width 1) or generated ids (4)
+  int token_width_ = 0;              // in memory: 1 (text) or 4 (random); 0 for shards
   int64_t num_tokens_ = 0;
-  int fd_ = -1;               // the open binary file (u16, u32, llmc); -1 when owned_ holds it
-  int64_t data_offset_ = 0;   // bytes before the first id (the llm.c header)
+  int64_t num_files_ = 0;
+  std::vector<Shard> shards_;  // binary files (u16, u32, llmc); empty when owned_ holds the data
   int64_t vocab_size_ = 0;
   std::vector<uint8_t> owned_;  // text bytes or generated ids
 };

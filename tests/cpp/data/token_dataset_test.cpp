@@ -202,8 +202,83 @@ TEST_F(TokenDatasetTest, MissingFileAndDirectory) {
   const std::string missing = (dir_ / "nope.u16").string();
   expect_user_error([&] { TokenDataset::open(missing, TokenFormat::kU16, 256); }, missing, "cannot open");
   expect_user_error([&] { TokenDataset::open(missing, TokenFormat::kAuto, 256); }, missing, "cannot open");
-  const std::string dir = dir_.string();
-  expect_user_error([&] { TokenDataset::open(dir, TokenFormat::kU16, 256); }, dir, "not a regular file");
+  // A directory is its files' data: an empty one (or one of hidden files only) has none.
+  std::filesystem::create_directories(dir_ / "empty" / ".git");
+  write("empty/.git/HEAD", {1, 0});
+  const std::string dir = (dir_ / "empty").string();
+  expect_user_error([&] { TokenDataset::open(dir, TokenFormat::kU16, 256); }, dir, "holds no data files");
+}
+
+TEST_F(TokenDatasetTest, ShardsReadAsTheirConcatenationInSortedOrder) {
+  // Three shards of other sizes (the middle one shorter than a window), written in another
+  // order than they sort in; hidden files and directories are skipped.
+  std::vector<uint32_t> a, b, c;
+  for (uint32_t i = 0; i < 700; ++i) a.push_back((i * 31u) % 1000u);
+  for (uint32_t i = 0; i < 5; ++i) b.push_back(900u + i);
+  for (uint32_t i = 0; i < 300; ++i) c.push_back((i * 17u + 3u) % 1000u);
+  std::filesystem::create_directories(dir_ / "d" / "sub");
+  std::filesystem::create_directories(dir_ / "d" / ".cache");
+  write("d/sub/c.u16", u16_bytes(c));
+  write("d/b.u16", u16_bytes(b));
+  write("d/a.u16", u16_bytes(a));
+  write("d/.a.u16.swp", u16_bytes({999, 999}));
+  write("d/.cache/x.u16", u16_bytes({998}));
+  std::vector<int32_t> all = as_i32(a);
+  for (uint32_t v : b) all.push_back(int32_t(v));
+  for (uint32_t v : c) all.push_back(int32_t(v));
+
+  TokenDataset ds = TokenDataset::open((dir_ / "d").string(), TokenFormat::kAuto, 1000);
+  EXPECT_EQ(ds.num_files(), 3);
+  EXPECT_EQ(ds.format(), TokenFormat::kU16);
+  EXPECT_EQ(read_all(ds), all);
+  // windows across one and two shard ends
+  for (auto [start, count] : {std::pair<int64_t, int64_t>{690, 20}, {698, 10}, {699, 7}, {700, 5},
+                              {695, 100}, {0, 1005}}) {
+    std::vector<int32_t> got(size_t(count), -1);
+    ds.copy(start, count, got.data());
+    EXPECT_EQ(got, std::vector<int32_t>(all.begin() + start, all.begin() + start + count)) << start;
+  }
+  // the same ids in one file: the same fingerprint
+  std::vector<uint32_t> joined(all.begin(), all.end());
+  EXPECT_EQ(TokenDataset::open(write("one.u16", u16_bytes(joined)), TokenFormat::kU16, 1000)
+                .fingerprint(), ds.fingerprint());
+
+  // A pattern: its matches, sorted (sub/c.u16 is not one; * skips hidden names as the shell does).
+  TokenDataset g = TokenDataset::open((dir_ / "d" / "*.u16").string(), TokenFormat::kU16, 1000);
+  EXPECT_EQ(g.num_files(), 2);
+  EXPECT_EQ(read_all(g), std::vector<int32_t>(all.begin(), all.begin() + 705));
+  const std::string none = (dir_ / "d" / "*.bin").string();
+  expect_user_error([&] { TokenDataset::open(none, TokenFormat::kAuto, 1000); }, none,
+                    "matches no file");
+  const std::string dirs = (dir_ / "d" / "s*").string();
+  expect_user_error([&] { TokenDataset::open(dirs, TokenFormat::kAuto, 1000); }, "sub",
+                    "must match data files only");
+
+  // llm.c version 1 and 2 shards mix; llm.c and raw u16 do not.
+  std::filesystem::create_directories(dir_ / "m");
+  write("m/0.bin", llmc_bytes(20240520, 1, 5, b));
+  write("m/1.bin", llmc_bytes(20240520, 2, 300, c));
+  TokenDataset m = TokenDataset::open((dir_ / "m").string(), TokenFormat::kAuto, 1000);
+  std::vector<int32_t> bc = as_i32(b);
+  for (uint32_t v : c) bc.push_back(int32_t(v));
+  EXPECT_EQ(read_all(m), bc);
+  const std::string mixed = write("m/2.u16", u16_bytes(a));
+  expect_user_error([&] { TokenDataset::open((dir_ / "m").string(), TokenFormat::kAuto, 1000); },
+                    mixed, "must have one format");
+  std::filesystem::remove(mixed);
+  // A bad id in the second shard names that file and its own position there.
+  std::vector<uint32_t> bad = c;
+  bad[42] = 1000;
+  const std::string bad_path = write("m/1.bin", llmc_bytes(20240520, 2, 300, bad));
+  expect_user_error([&] { TokenDataset::open((dir_ / "m").string(), TokenFormat::kAuto, 1000); },
+                    bad_path, "token 42 has id 1000");
+
+  // Text shards: their bytes, concatenated.
+  std::filesystem::create_directories(dir_ / "t");
+  write("t/1.txt", {'c', 'd'});
+  write("t/0.txt", {'a', 'b'});
+  TokenDataset t = TokenDataset::open((dir_ / "t").string(), TokenFormat::kAuto, 256);
+  EXPECT_EQ(read_all(t), (std::vector<int32_t>{'a', 'b', 'c', 'd'}));
 }
 
 TEST_F(TokenDatasetTest, UnreadableFile) {
