@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "plan/planner.h"
 #include "plan/recipe.h"
 #include "train/config.h"
@@ -95,6 +96,10 @@ int run_plan(const PlanArgs& a) {
       notes.push_back("cpu: precision.recipe '" + recipe + "' is emulated (its quantized "
                       "operand copies are in the replay)");
     notes.push_back("cpu throughput: GEMMs at the measured SGEMM rate x 0.9; a rough estimate");
+    if (a.gpus > 1)
+      notes.push_back(str("cpu: the ", a.gpus, " processes share this machine's available ",
+                          "memory (", format_bytes(gpu.memory_bytes), "), so each fits in ",
+                          format_bytes(gpu.memory_bytes / double(a.gpus))));
     if (in.engine_memory)
       notes.push_back("--memory engine: on cpu every figure is already the engine's own "
                       "allocation, so it changes nothing (it matters for GPUs)");

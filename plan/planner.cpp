@@ -45,12 +45,19 @@ const Checkpointing kPolicies[] = {Checkpointing::kNone, Checkpointing::kSelecti
 
 }  // namespace
 
+double capacity_per_rank(const PlanInput& in, const GpuSpec& gpu) {
+  // A GPU's memory is its rank's own; on cpu the processes of a node (--gpus) share the
+  // machine's MemAvailable, so each may have its share (4 x 10 GiB "fit" in 21 GiB before).
+  return gpu.is_cpu ? gpu.memory_bytes / double(std::max<int64_t>(1, in.gpus_per_node))
+                    : gpu.memory_bytes;
+}
+
 Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu) {
   Evaluation e;
   e.input = in;
   e.memory = plan_memory(in, gpu);
   e.time = plan_time(in, gpu);
-  e.capacity_bytes = gpu.memory_bytes;
+  e.capacity_bytes = capacity_per_rank(in, gpu);
   e.engine_fits = gpu.is_cpu ? double(e.memory.total) <= e.capacity_bytes
                               : double(e.memory.engine.total()) <= e.capacity_bytes;
   e.sized_bytes = in.engine_memory && !gpu.is_cpu ? e.memory.engine.total() : e.memory.total;
@@ -116,7 +123,7 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
         }
 
   auto& R = rec.reasons;
-  const double cap = gpu.memory_bytes;
+  const double cap = capacity_per_rank(in, gpu);
   if (!best) {
     rec.best = *smallest;
     rec.found = false;

@@ -25,6 +25,8 @@ struct Evaluation {
   int64_t sized_bytes = 0;
 };
 
+// What one rank may hold: a GPU's memory, or on cpu MemAvailable / the node's processes.
+double capacity_per_rank(const PlanInput& in, const GpuSpec& gpu);
 Evaluation evaluate(const PlanInput& in, const GpuSpec& gpu);
 
 struct Recommendation {

@@ -458,3 +458,19 @@ def test_memory_engine_on_cpu_says_it_changes_nothing(mxtrain):
     said = [n for n in engine["notes"] if n.startswith("--memory engine")]
     assert len(said) == 1 and "changes nothing" in said[0], engine["notes"]
     assert not [n for n in model["notes"] if n.startswith("--memory engine")]
+
+
+def test_cpu_processes_share_the_machine_memory(mxtrain):
+    """`--gpu cpu --gpus N` is N processes on this machine, sharing one MemAvailable: a rank's
+    total was checked against all of it, so 4 x 10 GiB 'fit' in 21 GiB, and the recommendation
+    took such a configuration. Now each process has its share."""
+    s = {"model.preset": "125m", "train.seq_len": 1024, "train.micro_batch": 16}
+    for procs in (1, 4):
+        out = plan(mxtrain, s, gpus=procs)
+        machine = out["gpu"]["memory_bytes"]
+        mem = out["memory"]
+        assert mem["capacity_bytes"] == int(machine / procs), (procs, mem, machine)
+        assert out["fits"] == (procs * mem["total_bytes"] <= machine), (procs, out["fits"])
+        rec = out["recommendation"]
+        if rec["fits"]:
+            assert procs * rec["memory_total_bytes"] <= machine, (procs, rec)
