@@ -187,6 +187,7 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayou
   const std::vector<float>* logits = nullptr;
   for (int32_t t : prompt) logits = &dec->step(t);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    if (options.stop && options.stop->load() != 0) break;
     int32_t next = sample(*logits, options, rng);
     out.push_back(next);
     if (i + 1 < options.max_new_tokens) logits = &dec->step(next);

@@ -1,6 +1,7 @@
 // Autoregressive sampling with a KV cache: one token at a time through the same backend ops
 // the trainer uses (rows of one), so a trained model can be looked at right away.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +16,10 @@ struct SampleOptions {
   double temperature = 0.8;  // 0: greedy
   int64_t top_k = 40;        // 0: whole vocabulary
   uint64_t seed = 0;
+  // Checked before each token: non-zero ends the generation there (what was generated is
+  // returned). The trainer's end-of-run sample passes its signal flag, so SIGTERM / Ctrl-C stop
+  // a long sample as they stop training.
+  const std::atomic<int>* stop = nullptr;
 };
 
 // The most positions (prompt + generated) one generation may span: 2^32, far past what fits in

@@ -703,6 +703,7 @@ int run_training(const RunConfig& cfg) {
       SampleOptions so;
       so.max_new_tokens = cfg.run.sample_tokens;
       so.seed = uint64_t(tc.seed);
+      so.stop = &g_stop_signal;
       auto prompt = byte_encode(cfg.run.sample_prompt.empty() ? "\n" : cfg.run.sample_prompt);
       std::vector<int32_t> ids;
       try {
@@ -717,6 +718,13 @@ int run_training(const RunConfig& cfg) {
       const std::string text = byte_decode(ids);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::printf("\n---\n");
+      // A signal during the sample (the training and its checkpoint are complete) ends it
+      // where it is, with the signal's exit code, as during training.
+      if (const int late = g_stop_signal.load()) {
+        info("sample stopped by signal ", late, " after ", ids.size() - prompt.size(), " of ",
+             so.max_new_tokens, " tokens (the run and its checkpoint are complete)");
+        return late == SIGINT ? 130 : 143;
+      }
     }
   }
   return 0;

@@ -39,3 +39,39 @@ def test_signal_checkpoints_and_exits(tmp_path, sig, code):
     assert (ckpt / "manifest.json").exists(), (sorted(os.listdir(out / "checkpoints")), steps)
     v = subprocess.run([MXTRAIN_BIN, "ckpt", "verify", str(ckpt)], capture_output=True, text=True)
     assert v.returncode == 0, v.stderr
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_the_end_of_run_sample_ends_it(tmp_path, sig, code):
+    """The signal flag was read only between training steps: during the end-of-run sample
+    (up to run.sample_tokens = 2^20 tokens) SIGTERM and Ctrl-C were taken and ignored, and a
+    SageMaker stop waited its 120 s for SIGKILL. Now the sample ends at the next token, is
+    printed as far as it got, and the run exits with the signal's code; the training's
+    checkpoint and summary are already complete."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a stitch in time saves nine. " * 400)
+    out = tmp_path / "run"
+    p = subprocess.Popen([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+                          "--set", f"data.path={corpus}", "--set", "train.steps=2",
+                          "--set", "train.seq_len=32", "--set", "train.eval_every=0",
+                          "--set", "run.sample_tokens=200000", "--set", f"run.out_dir={out}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         errors="replace", env=dict(os.environ, OMP_NUM_THREADS="1"))
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+            metrics.exists() and '"summary"' in metrics.read_text()):
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the sample (200,000 tokens take far longer than this test)
+    t0 = time.monotonic()
+    p.send_signal(sig)
+    outs, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert time.monotonic() - t0 < 30
+    assert "--- sample" in outs and outs.rstrip().endswith("---"), outs[-200:]
+    stopped = [l for l in err.splitlines() if "sample stopped by signal" in l]
+    assert len(stopped) == 1 and f"signal {int(sig)} after" in stopped[0], err
+    assert "of 200000 tokens" in stopped[0]
+    v = subprocess.run([MXTRAIN_BIN, "ckpt", "verify", str(out / "checkpoints" / "step_00000002")],
+                       capture_output=True, text=True)
+    assert v.returncode == 0, v.stderr
