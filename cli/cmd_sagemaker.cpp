@@ -207,11 +207,19 @@ int sagemaker_train() {
     };
     if (first.data.path.empty()) {
       if (first.data.format != "random") {
-        std::string file = sm::train_channel_file(paths.data_dir, channels);
+        std::string file = sm::channel_data_path(paths.data_dir, channels, "train");
         if (!file.empty()) sets.push_back("data.path=" + file);
       }
     } else {
       sets.push_back("data.path=" + under_data(first.data.path));
+    }
+    if (first.data.val_path.empty()) {
+      if (first.data.format != "random") {
+        std::string file = sm::channel_data_path(paths.data_dir, channels, "validation");
+        if (!file.empty()) sets.push_back("data.val_path=" + file);
+      }
+    } else {
+      sets.push_back("data.val_path=" + under_data(first.data.val_path));
     }
     if (!first.init.from.empty()) sets.push_back("init.from=" + under_data(first.init.from));
     RunConfig cfg = load_run_config(hp.config_file, sets);

@@ -1,6 +1,7 @@
 #include "data/token_dataset.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -194,6 +195,28 @@ void ensure_open_files(size_t n, const std::string& path) {
 }
 
 }  // namespace
+
+bool data_path_covers(const std::string& data_path, const std::string& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(fs::status(data_path, ec))) {
+    const fs::path dir = fs::weakly_canonical(data_path, ec);
+    const fs::path f = fs::weakly_canonical(file, ec);
+    const fs::path rel = f.lexically_relative(dir);
+    if (rel.empty() || *rel.begin() == "..") return false;
+    for (const auto& part : rel) {
+      const std::string name = part.string();
+      if (name == "." || (!name.empty() && name[0] == '.')) return false;  // hidden: skipped
+    }
+    return true;
+  }
+  if (!fs::exists(fs::symlink_status(data_path, ec)) && has_glob_chars(data_path)) {
+    const int flags = FNM_PATHNAME | FNM_PERIOD;
+    return ::fnmatch(data_path.c_str(), file.c_str(), flags) == 0 ||
+           ::fnmatch(data_path.c_str(), fs::absolute(file, ec).lexically_normal().c_str(), flags) == 0;
+  }
+  return fs::equivalent(data_path, file, ec);
+}
 
 TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int64_t vocab_size,
                                 int64_t random_tokens) {

@@ -16,6 +16,11 @@ enum class TokenFormat { kAuto, kU16, kU32, kLlmc, kText, kRandom };
 TokenFormat parse_token_format(const std::string& s);
 const char* token_format_name(TokenFormat format);
 
+// True when `file` is, or once written would be, one of the files data path `data_path` reads
+// (the file itself; a non-hidden file under the directory; a match of the pattern): what the
+// trainer must not write its metrics or checkpoints to.
+bool data_path_covers(const std::string& data_path, const std::string& file);
+
 class TokenDataset {
  public:
   // Opens and validates (see DESIGN.md, data/): every token is checked against vocab_size at

@@ -43,6 +43,7 @@ struct RunConfig {
 
   struct Data {
     std::string path;  // empty: the corpus the build prepared (build/corpus.txt)
+    std::string val_path;  // validation data of its own (empty: the tail of `path`)
     std::string format = "auto";
     bool shuffle = true;
     double val_fraction = 0.05;

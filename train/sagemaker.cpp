@@ -168,36 +168,34 @@ std::map<std::string, std::string> parse_input_data_config(const nlohmann::json&
   return channels;
 }
 
-std::string train_channel_file(const std::string& data_dir,
-                               const std::map<std::string, std::string>& channels) {
-  auto it = channels.find("train");
+std::string channel_data_path(const std::string& data_dir,
+                              const std::map<std::string, std::string>& channels,
+                              const std::string& name) {
+  auto it = channels.find(name);
   if (it != channels.end())
-    MX_REQUIRE(it->second != "Pipe", "input channel 'train' uses Pipe mode, which mxtrain does "
-                                     "not read: use File or FastFile");
-  const fs::path dir = fs::path(data_dir) / "train";
+    MX_REQUIRE(it->second != "Pipe", "input channel '", name, "' uses Pipe mode, which mxtrain ",
+               "does not read: use File or FastFile");
+  const fs::path dir = fs::path(data_dir) / name;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    MX_REQUIRE(it == channels.end(), "input channel 'train' is configured but ", dir.string(),
+    MX_REQUIRE(it == channels.end(), "input channel '", name, "' is configured but ", dir.string(),
                " does not exist");
     return "";
   }
   std::vector<std::string> files;
   for (auto e = fs::recursive_directory_iterator(dir, ec); !ec && e != fs::end(e);
        e.increment(ec)) {
-    const std::string name = e->path().filename().string();
-    if (!name.empty() && name.front() == '.') {
+    const std::string file = e->path().filename().string();
+    if (!file.empty() && file.front() == '.') {
       if (e->is_directory(ec)) e.disable_recursion_pending();
       continue;
     }
     if (e->is_regular_file(ec)) files.push_back(e->path().string());
+    if (files.size() > 1) break;  // several: the directory (TokenDataset lists them itself)
   }
   MX_REQUIRE(!ec, "cannot list input channel ", dir.string(), ": ", ec.message());
-  std::sort(files.begin(), files.end());
-  MX_REQUIRE(!files.empty(), "input channel 'train' (", dir.string(), ") holds no file");
-  MX_REQUIRE(files.size() == 1, "input channel 'train' holds ", files.size(),
-             " files: set the hyperparameter data.path to the one to train on (e.g. ",
-             files.front(), ")");
-  return files.front();
+  MX_REQUIRE(!files.empty(), "input channel '", name, "' (", dir.string(), ") holds no file");
+  return files.size() == 1 ? files.front() : dir.string();
 }
 
 std::vector<std::string> platform_sets(const Paths& paths) {

@@ -62,11 +62,14 @@ Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string
 // inputdataconfig.json: channel name -> TrainingInputMode ("File" when not given).
 std::map<std::string, std::string> parse_input_data_config(const nlohmann::json& j);
 
-// The data file of the `train` channel when data.path is not set: the one regular file under
-// <data_dir>/train (searched recursively, hidden files ignored). UserError when the channel
-// holds no file or several (then data.path must name one), or uses Pipe mode.
-std::string train_channel_file(const std::string& data_dir,
-                               const std::map<std::string, std::string>& channels);
+// The data of channel `name` ("train" for data.path, "validation" for data.val_path) when the
+// config does not set it: <data_dir>/<name>'s one regular file, or the directory itself when it
+// holds several (its files are read as shards, hidden ones ignored: token_dataset.h); "" when
+// there is no such channel. UserError when a configured channel is missing or holds no file,
+// or uses Pipe mode.
+std::string channel_data_path(const std::string& data_dir,
+                              const std::map<std::string, std::string>& channels,
+                              const std::string& name);
 
 // The overrides the entrypoint puts in front of the user's: checkpoints under <root>, resume
 // from them, metrics under <root>/output/data. The user's own overrides (hyperparameters) come

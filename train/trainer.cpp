@@ -14,6 +14,7 @@
 #include <span>
 #include <thread>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "backend/sgemm_rate.h"
@@ -89,7 +90,17 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
     MX_REQUIRE(!fs::equivalent(m, in, ec), "run.metrics ", m, " is ", what,
                ": the metrics would overwrite it");
   };
-  refuse_if_same(data_path, "the data.path file");
+  // A data directory or pattern reads every file it covers: metrics or checkpoints written
+  // there would be read as data by the next run (or overwrite a shard now).
+  for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", data_path},
+                                  {"data.val_path", cfg.data.val_path}}) {
+    if (path.empty() || path == "<random>") continue;
+    MX_REQUIRE(!data_path_covers(path, m), "run.metrics ", m, " is one of the files ", key, " ",
+               path, " reads: the metrics would overwrite it or be read as data");
+    const std::string ckpt_file = cfg.checkpoint_dir() + "/step_00000000/manifest.json";
+    MX_REQUIRE(!data_path_covers(path, ckpt_file), "checkpoint.dir ", cfg.checkpoint_dir(),
+               " lies where ", key, " ", path, " reads data: its files would be read as data");
+  }
   if (!cfg.config_file.empty()) refuse_if_same(cfg.config_file, "the --config file");
   if (!cfg.init.from.empty() && fs::is_directory(cfg.init.from, ec))
     for (const auto& e : fs::directory_iterator(cfg.init.from, ec))
@@ -185,32 +196,46 @@ int run_training(const RunConfig& cfg) {
                data_path, " is missing (run scripts/setup.sh, or set data.path)");
   }
   TokenDataset data = TokenDataset::open(data_path, format, model_cfg.vocab_size);
-  if (W > 1) {  // a node with another copy of the file trained on silently (other windows)
-    const int64_t most = world.all_reduce(data.size(), ReduceOp::kMax);
-    const int64_t least = -world.all_reduce(-data.size(), ReduceOp::kMax);
-    MX_REQUIRE(most == least, "data.path ", data_path, " is not the same data on every rank: it ",
+  // Every rank must read the same data: a node with another copy of the file trained on
+  // silently (other windows). The sizes first, then a sample of the tokens against rank 0's
+  // (the same size is not the same data: another version of the dataset), naming the highest
+  // rank that differs.
+  auto require_same_on_every_rank = [&](const TokenDataset& d, const char* key) {
+    if (W == 1) return;
+    const int64_t most = world.all_reduce(d.size(), ReduceOp::kMax);
+    const int64_t least = -world.all_reduce(-d.size(), ReduceOp::kMax);
+    MX_REQUIRE(most == least, key, " ", d.path(), " is not the same data on every rank: it ",
                "holds between ", least, " and ", most, " tokens across the ranks (every rank ",
-               "must read the same file)");
-    // The same size is not the same data (a node with another version of the dataset): the
-    // ranks compare a sample of the tokens with rank 0's, and the highest rank that differs is
-    // named.
-    int64_t fp = std::bit_cast<int64_t>(data.fingerprint());
+               "must read the same files)");
+    int64_t fp = std::bit_cast<int64_t>(d.fingerprint());
     const int64_t mine = fp;
     world.broadcast(&fp, 1, CommDtype::kI64, 0);
     const int64_t other = world.all_reduce(int64_t(mine != fp ? world.rank() : -1), ReduceOp::kMax);
-    MX_REQUIRE(other < 0, "data.path ", data_path, " is not the same data on every rank: rank ",
-               other, " reads other tokens than rank 0 (the same ", data.size(), " tokens, but ",
-               "not the same ids at the 64 places sampled; every rank must read the same file)");
+    MX_REQUIRE(other < 0, key, " ", d.path(), " is not the same data on every rank: rank ",
+               other, " reads other tokens than rank 0 (the same ", d.size(), " tokens, but ",
+               "not the same ids at the 64 places sampled; every rank must read the same files)");
+  };
+  require_same_on_every_rank(data, "data.path");
+  // data.val_path: validation data of its own (llm.c's fineweb_val_*.bin); training then reads
+  // all of data.path and data.val_fraction is not used.
+  std::optional<TokenDataset> val_data;
+  if (!cfg.data.val_path.empty() && format != TokenFormat::kRandom) {
+    val_data.emplace(TokenDataset::open(cfg.data.val_path, format, model_cfg.vocab_size));
+    require_same_on_every_rank(*val_data, "data.val_path");
   }
-  DataSplit split = split_train_val(data.size(), cfg.data.val_fraction, T);
+  const DataSplit split =
+      val_data ? DataSplit{0, data.size(), 0, val_data->size()}
+               : split_train_val(data.size(), cfg.data.val_fraction, T);
+  const TokenDataset& held_out = val_data ? *val_data : data;
   WindowSampler train_sampler(&data, split.train_begin, split.train_end, T, uint64_t(tc.seed),
                               cfg.data.shuffle);
   std::unique_ptr<WindowSampler> val_sampler;
   if (tc.eval_every > 0 && split.val_end - split.val_begin >= T + 1)
-    val_sampler = std::make_unique<WindowSampler>(&data, split.val_begin, split.val_end, T,
+    val_sampler = std::make_unique<WindowSampler>(&held_out, split.val_begin, split.val_end, T,
                                                   uint64_t(tc.seed) + 1, false);
   else if (tc.eval_every > 0 && lead)
-    warn(cfg.data.val_fraction > 0
+    warn(val_data ? "validation is off: data.val_path holds fewer than seq_len + 1 tokens"
+         : cfg.data.val_fraction > 0
              ? "validation is off: the held-out data (data.val_fraction) is shorter than "
                "seq_len + 1"
              : "validation is off: data.val_fraction = 0 holds no data out");
@@ -406,7 +431,11 @@ int run_training(const RunConfig& cfg) {
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",
        model_cfg.num_hidden_layers, " x ", model_cfg.hidden_size, ", ",
        model_cfg.num_attention_heads, " heads / ", model_cfg.num_key_value_heads, " kv), ",
-       "data ", one_line(data_path), " (", format_count(double(data.size())), " tokens), ",
+       "data ", one_line(data_path), " (", format_count(double(data.size())), " tokens",
+       data.num_files() > 1 ? str(" in ", data.num_files(), " files") : std::string(), "), ",
+       val_data ? str("val ", one_line(val_data->path()), " (",
+                      format_count(double(val_data->size())), " tokens), ")
+                : std::string(),
        B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
        " tokens/step, precision ", cfg.precision.recipe,
        recipe == Recipe::kFp32 ? ""

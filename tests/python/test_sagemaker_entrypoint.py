@@ -162,20 +162,46 @@ def test_bad_hyperparameter_writes_the_failure_reason(tmp_path, hp, needle):
     assert not (root / "model" / "model.safetensors").exists()
 
 
-def test_train_channel_with_several_files_needs_data_path(tmp_path):
-    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2"}))
-    (root / "input" / "data" / "train" / "more.txt").write_text(english_text(5000))
-    r = run_entrypoint(root, timeout=120)
-    assert r.returncode == 2 and "holds 2 files" in r.stderr, r.stderr
-    assert "data.path" in (root / "output" / "failure").read_text()
-    # ...and a relative data.path names a file under input/data
-    (root / "output" / "failure").unlink()
-    (root / "input" / "config" / "hyperparameters.json").write_text(
-        json.dumps(dict(TINY, **{"train.steps": "2", "data.path": "train/more.txt"})))
+def test_channels_with_several_files_are_shards_and_validation_is_its_own(tmp_path):
+    """A train channel with several files was an error asking for data.path: now its files are
+    the data, as shards in sorted order (the same run as their concatenation in one file), and
+    a `validation` channel is data.val_path."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2", "train.eval_every": "1"}),
+                     channels=("train", "validation"))
+    train = root / "input" / "data" / "train"
+    (train / "corpus.txt").unlink()
+    text = english_text(20000)
+    (train / "part_1.txt").write_text(text[:12000])
+    (train / "part_2.txt").write_text(text[12000:])
+    (root / "input" / "data" / "validation" / "val.txt").write_text(english_text(3000)[::-1])
     r = run_entrypoint(root)
     assert r.returncode == 0, r.stderr
     state = json.loads((root / "checkpoints" / "step_00000002" / "state.json").read_text())
-    assert state["data_path"] == str(root / "input" / "data" / "train" / "more.txt")
+    assert state["data_path"] == str(train)
+    start = [l for l in r.stderr.splitlines() if l.startswith("mxtrain: ")][0]
+    assert "in 2 files" in start and "val " + str(root / "input/data/validation/val.txt") in start
+    steps, _ = read_metrics(root / "output" / "data" / "metrics.jsonl")
+    # the reference: the same settings on one file holding both parts, validation on val.txt
+    one = tmp_path / "one.txt"
+    one.write_text(text)
+    ref = subprocess.run([MXTRAIN_BIN, "train", "--set", "model.preset=tiny", "--set",
+                          f"data.path={one}", "--set", f"data.val_path={root}/input/data/validation/val.txt",
+                          "--set", f"run.out_dir={tmp_path / 'ref'}"] +
+                         [a for k, v in dict(TINY, **{"train.steps": "2", "train.eval_every": "1"}).items()
+                          if "." in k for a in ("--set", f"{k}={v}")],
+                         capture_output=True, text=True, env=sm_env(root), timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    ref_steps, _ = read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    assert [(s["loss"], s["val_loss"]) for s in steps] == \
+        [(s["loss"], s["val_loss"]) for s in ref_steps]
+    # ...and a relative data.path names a file under input/data
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(dict(
+        TINY, **{"train.steps": "2", "data.path": "train/part_2.txt",
+                 "checkpoint.resume": "none"})))
+    r = run_entrypoint(root)
+    assert r.returncode == 0, r.stderr
+    state = json.loads((root / "checkpoints" / "step_00000002" / "state.json").read_text())
+    assert state["data_path"] == str(train / "part_2.txt")
 
 
 def test_malformed_input_config_is_bad_input(tmp_path):

@@ -154,22 +154,27 @@ TEST(SagemakerResources, HostsSortedFirstIsMaster) {
       mx::UserError);
 }
 
-TEST_F(SagemakerDir, TrainChannelGivesTheDataFile) {
-  std::map<std::string, std::string> channels = {{"train", "File"}};
+TEST_F(SagemakerDir, ChannelsGiveTheDataFileOrDirectory) {
+  std::map<std::string, std::string> channels = {{"train", "File"}, {"validation", "File"}};
   // no channel at all: nothing to add (the config's own data.path / the bundled corpus)
-  EXPECT_EQ(sm::train_channel_file(dir_.string(), {}), "");
+  EXPECT_EQ(sm::channel_data_path(dir_.string(), {}, "train"), "");
   // configured but absent, empty, Pipe mode: errors
-  EXPECT_THROW(sm::train_channel_file(dir_.string(), channels), mx::UserError);
+  EXPECT_THROW(sm::channel_data_path(dir_.string(), channels, "train"), mx::UserError);
+  EXPECT_THROW(sm::channel_data_path(dir_.string(), channels, "validation"), mx::UserError);
   fs::create_directories(dir_ / "train");
-  EXPECT_THROW(sm::train_channel_file(dir_.string(), channels), mx::UserError);
+  EXPECT_THROW(sm::channel_data_path(dir_.string(), channels, "train"), mx::UserError);
   touch("train/sub/shard.bin");
   touch("train/.hidden");
   touch("train/.cache/x.bin");
-  EXPECT_EQ(fs::path(sm::train_channel_file(dir_.string(), channels)),
+  EXPECT_EQ(fs::path(sm::channel_data_path(dir_.string(), channels, "train")),
             dir_ / "train/sub/shard.bin");
-  EXPECT_THROW(sm::train_channel_file(dir_.string(), {{"train", "Pipe"}}), mx::UserError);
+  EXPECT_THROW(sm::channel_data_path(dir_.string(), {{"train", "Pipe"}}, "train"), mx::UserError);
+  // several files: the channel's directory, read as shards
   touch("train/other.bin");
-  EXPECT_THROW(sm::train_channel_file(dir_.string(), channels), mx::UserError);
+  EXPECT_EQ(fs::path(sm::channel_data_path(dir_.string(), channels, "train")), dir_ / "train");
+  touch("validation/val_000.bin");
+  EXPECT_EQ(fs::path(sm::channel_data_path(dir_.string(), channels, "validation")),
+            dir_ / "validation/val_000.bin");
 }
 
 TEST(SagemakerInputData, ModesPerChannel) {

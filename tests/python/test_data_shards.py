@@ -1,0 +1,121 @@
+"""Data in several files: data.path as a directory or a glob of shards (llm.c's
+fineweb_train_*.bin), read as their concatenation in sorted path order, and data.val_path,
+validation data of its own. The reference is the same tokens in one file: training on the
+shards must be the same run, bit for bit, as training on their concatenation, and validation
+on a file of its own the same as validating on that file appended as the held-out tail."""
+import numpy as np
+
+from conftest import read_metrics, set_args
+
+LLMC_MAGIC = 20240520
+
+
+def write_llmc(path, ids, version=1):
+    header = np.zeros(256, np.int32)
+    header[:3] = [LLMC_MAGIC, version, len(ids)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(ids, np.uint16 if version == 1 else np.uint32).tobytes())
+
+
+def ids(n, seed):
+    # byte-like text statistics are not needed: any ids below the tiny preset's 256
+    rng = np.random.default_rng(seed)
+    return (rng.zipf(1.3, n) % 256).astype(np.int64)
+
+
+BASE = {"model.preset": "tiny", "train.seq_len": 32, "train.micro_batch": 2, "train.steps": 4,
+        "run.sample_tokens": 0, "train.eval_every": 0, "train.seed": 3}
+
+
+def rank_file(out, step):
+    return (out / "checkpoints" / f"step_{step:08d}" / "rank_00000-of-00001.safetensors").read_bytes()
+
+
+def test_shards_train_as_their_concatenation(tmp_path, mxtrain):
+    parts = [ids(3000, 1), ids(17, 2), ids(2500, 3)]  # the middle shard shorter than a window
+    d = tmp_path / "shards"
+    (d / ".cache").mkdir(parents=True)
+    # written out of order, named so that they sort into it; hidden files are skipped
+    write_llmc(d / "fineweb_train_000002.bin", parts[2], version=2)
+    write_llmc(d / "fineweb_train_000000.bin", parts[0])
+    write_llmc(d / "fineweb_train_000001.bin", parts[1])
+    write_llmc(d / ".fineweb_train_000003.bin", ids(500, 9))
+    write_llmc(d / ".cache" / "x.bin", ids(500, 9))
+    one = tmp_path / "one.u16"
+    one.write_bytes(np.concatenate(parts).astype(np.uint16).tobytes())
+
+    runs = {}
+    for name, path in (("one", one), ("dir", d), ("glob", d / "fineweb_train_*.bin")):
+        out = tmp_path / name
+        r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": path, "run.out_dir": out})))
+        assert r.rc == 0, r
+        start = [l for l in r.stderr.splitlines() if l.startswith("mxtrain: ")][0]
+        assert ("in 3 files" in start) == (name != "one"), start
+        steps, _ = read_metrics(out / "metrics.jsonl")
+        runs[name] = ([s["loss"] for s in steps], rank_file(out, 4))
+    assert runs["dir"] == runs["one"]
+    assert runs["glob"] == runs["one"]
+    # and the shards' order matters: it is the sorted one, not the order written
+    swapped = tmp_path / "swapped.u16"
+    swapped.write_bytes(np.concatenate([parts[2], parts[1], parts[0]]).astype(np.uint16).tobytes())
+    r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": swapped,
+                                                   "run.out_dir": tmp_path / "sw"})))
+    assert r.rc == 0, r
+    assert rank_file(tmp_path / "sw", 4) != runs["one"][1]
+
+
+def test_val_path_is_the_held_out_tail_of_its_own(tmp_path, mxtrain):
+    train_ids, val_ids = ids(8000, 4), ids(2000, 5)
+    t, v, joined = tmp_path / "train.u16", tmp_path / "val.u16", tmp_path / "all.u16"
+    t.write_bytes(train_ids.astype(np.uint16).tobytes())
+    v.write_bytes(val_ids.astype(np.uint16).tobytes())
+    joined.write_bytes(np.concatenate([train_ids, val_ids]).astype(np.uint16).tobytes())
+    common = dict(BASE, **{"train.eval_every": 2, "train.eval_batches": 3})
+    # 10000 tokens, val_fraction 0.2: the last 2000 are held out, exactly val.u16
+    a = mxtrain(["train"] + set_args(dict(common, **{"data.path": joined, "data.val_fraction": 0.2,
+                                                     "run.out_dir": tmp_path / "a"})))
+    b = mxtrain(["train"] + set_args(dict(common, **{"data.path": t, "data.val_path": v,
+                                                     "data.val_fraction": 0.05,  # not used
+                                                     "run.out_dir": tmp_path / "b"})))
+    assert a.rc == 0 and b.rc == 0, (a, b)
+    sa, _ = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    sb, _ = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [s.get("val_loss") for s in sa] == [s.get("val_loss") for s in sb]
+    assert len([s for s in sb if "val_loss" in s]) == 2
+    assert [s["loss"] for s in sa] == [s["loss"] for s in sb]
+    assert rank_file(tmp_path / "a", 4) == rank_file(tmp_path / "b", 4)
+    start = [l for l in b.stderr.splitlines() if l.startswith("mxtrain: ")][0]
+    assert f"val {v} (2.0k tokens)" in start, start
+
+
+def test_data_directories_and_patterns_refuse_what_they_cannot_read(tmp_path, mxtrain):
+    d = tmp_path / "d"
+    d.mkdir()
+    write_llmc(d / "a.bin", ids(3000, 1))
+
+    def err(settings):
+        r = mxtrain(["train"] + set_args(dict(BASE, **settings)))
+        lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.rc == 2 and len(lines) == 1 and "step 1/" not in r.stderr, r
+        return lines[0]
+
+    # what the run writes must not land among the files it reads
+    assert "run.metrics" in err({"data.path": d, "run.out_dir": tmp_path / "o",
+                                 "run.metrics": d / "metrics.jsonl"})
+    assert "checkpoint.dir" in err({"data.path": d, "run.out_dir": d / "run",
+                                    "run.metrics": tmp_path / "m.jsonl"})
+    assert "run.metrics" in err({"data.path": d / "*.jsonl", "run.out_dir": tmp_path / "o",
+                                 "run.metrics": d / "m.jsonl"})
+    assert "checkpoint.dir" in err({"data.path": d, "data.val_path": d,
+                                    "run.out_dir": tmp_path / "o", "checkpoint.dir": d / "ck"})
+    assert not (d / "metrics.jsonl").exists() and not (d / "run").exists()
+    # a pattern that matches nothing; shards of two formats
+    assert "matches no file" in err({"data.path": d / "*.u32", "run.out_dir": tmp_path / "o"})
+    (d / "b.u16").write_bytes(ids(100, 2).astype(np.uint16).tobytes())
+    assert "must have one format" in err({"data.path": d, "run.out_dir": tmp_path / "o"})
+    # hidden files under a data directory are not data: writing there is fine
+    (d / "b.u16").unlink()
+    r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": d, "run.out_dir": tmp_path / "o",
+                                                   "run.metrics": d / ".metrics.jsonl"})))
+    assert r.rc == 0, r
