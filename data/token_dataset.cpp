@@ -140,7 +140,8 @@ namespace {
 
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
-// The files `path` names, in the order they are read (token_dataset.h).
+}  // namespace
+
 std::vector<std::string> data_files(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -176,6 +177,8 @@ std::vector<std::string> data_files(const std::string& path) {
                "directory '", f, "': a pattern must match data files only");
   return files;
 }
+
+namespace {
 
 // Every shard stays open (its windows are read as the sampler asks): a dataset of more files
 // than the soft open-file limit allows raises it toward the hard limit, or says what to do.

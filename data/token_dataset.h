@@ -16,6 +16,12 @@ enum class TokenFormat { kAuto, kU16, kU32, kLlmc, kText, kRandom };
 TokenFormat parse_token_format(const std::string& s);
 const char* token_format_name(TokenFormat format);
 
+// The files data path `path` names, in the order they are read: itself; a directory's regular
+// files (recursively, hidden names and what is under them skipped; UserError if none), sorted;
+// or, when no such file exists and it holds * ? or [, a glob's matches, sorted (UserError if
+// none, or if one is a directory).
+std::vector<std::string> data_files(const std::string& path);
+
 // True when `file` is, or once written would be, one of the files data path `data_path` reads
 // (the file itself; a non-hidden file under the directory; a match of the pattern): what the
 // trainer must not write its metrics or checkpoints to.

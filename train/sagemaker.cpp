@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "data/token_dataset.h"
 
 namespace mx::sagemaker {
 
@@ -182,19 +183,8 @@ std::string channel_data_path(const std::string& data_dir,
                " does not exist");
     return "";
   }
-  std::vector<std::string> files;
-  for (auto e = fs::recursive_directory_iterator(dir, ec); !ec && e != fs::end(e);
-       e.increment(ec)) {
-    const std::string file = e->path().filename().string();
-    if (!file.empty() && file.front() == '.') {
-      if (e->is_directory(ec)) e.disable_recursion_pending();
-      continue;
-    }
-    if (e->is_regular_file(ec)) files.push_back(e->path().string());
-    if (files.size() > 1) break;  // several: the directory (TokenDataset lists them itself)
-  }
-  MX_REQUIRE(!ec, "cannot list input channel ", dir.string(), ": ", ec.message());
-  MX_REQUIRE(!files.empty(), "input channel '", name, "' (", dir.string(), ") holds no file");
+  // Its one file, or the directory, whose files TokenDataset reads as shards.
+  const std::vector<std::string> files = data_files(dir.string());
   return files.size() == 1 ? files.front() : dir.string();
 }
 
