@@ -74,12 +74,18 @@ int run_grads(const GradsArgs& a) {
   LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, a.hp_first, a.hp_last, 0, 0);
   linear_recipe.set_high_precision_bf16(hp_bf16);
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
-  load_hf_weights(a.init, engine.layout, engine.param_data());
+  // The engine's parameters and gradients live in the backend's memory (the GPU's on cuda):
+  // the weights go in and the gradients come out through host copies.
+  const size_t bytes = sizeof(float) * size_t(engine.layout.total_numel());
+  std::vector<float> host(size_t(engine.layout.total_numel()));
+  load_hf_weights(a.init, engine.layout, host.data());
+  engine.backend->copy_from_host(engine.param_data(), host.data(), bytes);
   double loss = engine.model->forward_backward(engine.param_data(), engine.grad_data(),
                                                tokens.data(), a.batch, a.seq, 1.0f);
+  engine.backend->copy_to_host(host.data(), engine.grad_data(), bytes);
   SafeTensorsWriter w;
   for (const ParamTensor& t : engine.layout.tensors())
-    w.add_f32(t.hf_name, t.shape, engine.grad_data() + t.offset);
+    w.add_f32(t.hf_name, t.shape, host.data() + t.offset);
   w.write(a.out);
   std::printf("loss %.9g\npeak_mem_bytes %lld\n", loss,
               static_cast<long long>(engine.tracker.peak()));

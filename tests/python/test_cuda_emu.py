@@ -189,3 +189,31 @@ def test_device_arenas_hold_every_phase(tmp_path, shape, recipe, policy):
     for k, v in shape.items():
         extra += ["--set", f"{k}={v}"]
     train(tmp_path, "arena", EMU_BIN, "cuda", recipe, extra=extra, steps=2)
+
+
+def test_debug_grads_on_the_device_matches_cpu(tmp_path):
+    """`debug grads --device cuda` wrote the HF weights with memcpy into device memory and read
+    the gradients back the same way: a crash on any GPU (mxemu: 'host code dereferencing a
+    device pointer'). Now they go through the backend's copies; the gradients match the CPU's."""
+    require_emu()
+    import numpy as np
+    import hf_io
+    import llama_ref
+    from conftest import write_model
+    cfg = llama_ref.make_shape(48, 96, 2, 4, 2, 256)
+    d = write_model(tmp_path / "m", cfg, llama_ref.random_params(cfg, 3, std=0.3))
+    tokens = tmp_path / "tok.i32"
+    np.random.default_rng(1).integers(0, 256, 2 * 9, dtype=np.int32).tofile(tokens)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90")
+    grads = {}
+    for name, binary, device in (("cpu", MXTRAIN_BIN, "cpu"), ("cuda", EMU_BIN, "cuda")):
+        out = tmp_path / f"{name}.safetensors"
+        p = subprocess.run([binary, "debug", "grads", "--init", str(d), "--tokens", str(tokens),
+                            "--batch", "2", "--seq", "8", "--out", str(out), "--device", device],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        grads[name] = hf_io.read_safetensors(str(out))
+    assert grads["cuda"].keys() == grads["cpu"].keys()
+    for k, c in grads["cpu"].items():
+        g = grads["cuda"][k]
+        assert np.abs(g - c).max() <= 1e-5 * np.abs(c).max() + 1e-8, k
