@@ -13,6 +13,7 @@
 // (loops over key tiles), dk/dv per key tile (loops over the heads of its group and the query
 // tiles at or after it). No atomics: results are deterministic.
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.cuh"
@@ -60,12 +61,12 @@ template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32)
 flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
                      const float* __restrict__ k, const float* __restrict__ v, int64_t T,
-                     int64_t H, int64_t KV, int D, float scale) {
+                     int64_t H, int64_t KV, int D, float scale, int64_t h0, int64_t b0) {
   extern __shared__ float smem[];
   float* Qs = smem;                       // [kTile][D]      rows read whole by one warp
   float* Ks = Qs + kTile * D;             // [kTile][D + 1]  lane j reads row j: padded
   float* Vs = Ks + kTile * (D + 1);       // [kTile][D]      lane reads column d
-  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+  const int64_t b = b0 + blockIdx.z, h = h0 + blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
   const int64_t kvh = h / (H / KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -144,13 +145,13 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
                          const float* __restrict__ q, const float* __restrict__ k,
                          const float* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ delta, int64_t T, int64_t H, int64_t KV, int D,
-                         float scale) {
+                         float scale, int64_t h0, int64_t b0) {
   extern __shared__ float smem[];
   float* Qs = smem;                   // [kTile][D]
   float* dOs = Qs + kTile * D;        // [kTile][D]
   float* Ks = dOs + kTile * D;        // [kTile][D + 1]
   float* Vs = Ks + kTile * (D + 1);   // [kTile][D + 1]
-  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+  const int64_t b = b0 + blockIdx.z, h = h0 + blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
   const int64_t kvh = h / (H / KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   load_tile(Qs, D, q, b, i0, T, H, h, D);
@@ -211,7 +212,8 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
                            const float* __restrict__ dout, const float* __restrict__ q,
                            const float* __restrict__ k, const float* __restrict__ v,
                            const float* __restrict__ lse, const float* __restrict__ delta,
-                           int64_t T, int64_t H, int64_t KV, int D, float scale) {
+                           int64_t T, int64_t H, int64_t KV, int D, float scale, int64_t h0,
+                           int64_t b0) {
   extern __shared__ float smem[];
   float* Ks = smem;                   // [kTile][D]      one key row read whole by a warp
   float* Vs = Ks + kTile * D;         // [kTile][D]
@@ -219,7 +221,7 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
   float* dOs = Qs + kTile * (D + 1);  // [kTile][D + 1]
   float* lse_s = dOs + kTile * (D + 1);
   float* delta_s = lse_s + kTile;
-  const int64_t b = blockIdx.z, kvh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
+  const int64_t b = b0 + blockIdx.z, kvh = h0 + blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
   const int64_t group = H / KV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   load_tile(Ks, D, k, b, j0, T, KV, kvh, D);
@@ -337,19 +339,41 @@ void launch_prepare(const char* op, Kernel kernel, size_t smem_bytes) {
                                          int(smem_bytes)));
 }
 
+// Grid y and z are at most 65535 (CUDA's limit): heads (y) and batch (z) beyond it go in more
+// launches, each kernel told its first head and batch (h0, b0). One launch at any real shape
+// (65536 heads, or a micro-batch of 65536 sequences, made an invalid launch). The op check
+// lowers the limit (MXTRAIN_TEST_GRID_YZ) to run the chunked launches at small shapes.
+int64_t max_grid_yz() {
+  static const int64_t limit = [] {
+    const char* v = std::getenv("MXTRAIN_TEST_GRID_YZ");
+    const long n = v ? std::strtol(v, nullptr, 10) : 0;
+    return n >= 1 && n < 65535 ? int64_t(n) : int64_t(65535);
+  }();
+  return limit;
+}
+template <typename Launch>
+void for_grid_chunks(int64_t heads, int64_t batch, Launch&& launch) {
+  const int64_t m = max_grid_yz();
+  for (int64_t b0 = 0; b0 < batch; b0 += m)
+    for (int64_t h0 = 0; h0 < heads; h0 += m)
+      launch(h0, std::min(m, heads - h0), b0, std::min(m, batch - b0));
+}
+
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
   check_shape("attention_forward", B, T, H, KV, D);
   if (B == 0 || T == 0) return;
-  const dim3 grid(unsigned((T + kTile - 1) / kTile), unsigned(H), unsigned(B));
+  const unsigned tiles = unsigned((T + kTile - 1) / kTile);
   const size_t smem = sizeof(float) * (kTile * D * 2 + kTile * (D + 1));
   const float scale = 1.0f / std::sqrt(float(D));
   launch_prepare("attention_forward", flash_forward_kernel<kPerLane>, smem);
-  flash_forward_kernel<kPerLane><<<grid, kWarps * 32, smem, s>>>(out, lse, q, k, v, T, H, KV,
-                                                                 int(D), scale);
-  MX_CUDA_LAUNCH_CHECK("attention_forward");
+  for_grid_chunks(H, B, [&](int64_t h0, int64_t nh, int64_t b0, int64_t nb) {
+    flash_forward_kernel<kPerLane><<<dim3(tiles, unsigned(nh), unsigned(nb)), kWarps * 32, smem,
+                                     s>>>(out, lse, q, k, v, T, H, KV, int(D), scale, h0, b0);
+    MX_CUDA_LAUNCH_CHECK("attention_forward");
+  });
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -368,15 +392,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const unsigned tiles = unsigned((T + kTile - 1) / kTile);
   const size_t smem_dq = sizeof(float) * (kTile * D * 2 + kTile * (D + 1) * 2);
   const size_t smem_dkdv = sizeof(float) * (kTile * D * 2 + kTile * (D + 1) * 2 + 2 * kTile);
-  const dim3 grid_dq(tiles, unsigned(H), unsigned(B)), grid_dkdv(tiles, unsigned(KV), unsigned(B));
   const int d = int(D);
   launch_prepare("attention_backward", flash_backward_dq_kernel<kPerLane>, smem_dq);
   launch_prepare("attention_backward", flash_backward_dkdv_kernel<kPerLane>, smem_dkdv);
-  flash_backward_dq_kernel<kPerLane><<<grid_dq, kWarps * 32, smem_dq, s>>>(
-      dq, dout, q, k, v, lse, delta, T, H, KV, d, scale);
-  flash_backward_dkdv_kernel<kPerLane><<<grid_dkdv, kWarps * 32, smem_dkdv, s>>>(
-      dk, dv, dout, q, k, v, lse, delta, T, H, KV, d, scale);
-  MX_CUDA_LAUNCH_CHECK("attention_backward");
+  for_grid_chunks(H, B, [&](int64_t h0, int64_t nh, int64_t b0, int64_t nb) {
+    flash_backward_dq_kernel<kPerLane><<<dim3(tiles, unsigned(nh), unsigned(nb)), kWarps * 32,
+                                         smem_dq, s>>>(dq, dout, q, k, v, lse, delta, T, H, KV,
+                                                       d, scale, h0, b0);
+    MX_CUDA_LAUNCH_CHECK("attention_backward (dq)");
+  });
+  for_grid_chunks(KV, B, [&](int64_t h0, int64_t nh, int64_t b0, int64_t nb) {
+    flash_backward_dkdv_kernel<kPerLane><<<dim3(tiles, unsigned(nh), unsigned(nb)), kWarps * 32,
+                                           smem_dkdv, s>>>(dk, dv, dout, q, k, v, lse, delta, T,
+                                                           H, KV, d, scale, h0, b0);
+    MX_CUDA_LAUNCH_CHECK("attention_backward (dk, dv)");
+  });
 }
 
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,

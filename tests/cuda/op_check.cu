@@ -1308,7 +1308,7 @@ void check_attention(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kFp32);
   for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
            {1, 1, 1, 1, 8}, {2, 37, 4, 2, 64}, {1, 130, 8, 8, 128}, {1, 65, 6, 2, 80},
-           {1, 40, 2, 1, 96}, {2, 256, 8, 2, 64}}) {
+           {1, 40, 2, 1, 96}, {2, 256, 8, 2, 64}, {5, 19, 3, 3, 32}}) {
     const std::string sh = dims({B, T, H, KV, D});
     auto q = randn(B * T * H * D), k = randn(B * T * KV * D), v = randn(B * T * KV * D);
     std::vector<float> out(B * T * H * D), lse(B * H * T);
