@@ -375,7 +375,10 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
 class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(const CudaBackendOptions& o)
-      : opt_(o), scratch_(select_device(o.device), o.scratch_bytes, o.tracker) {
+      : opt_(o),
+        scratch_(select_device(o.device), o.scratch_bytes, o.tracker,
+                 str("the backend's scratch for per-op temporaries: MXTRAIN_CUDA_SCRATCH_MB, now ",
+                     o.scratch_bytes >> 20, "; raise it, or lower it if the GPU lacks it")) {
     device_memory_.be = this;
     MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     scratch_.set_stream(stream_);
@@ -1334,16 +1337,10 @@ class CudaBackendImpl final : public CudaBackend {
     CudaBackendImpl* be = nullptr;
     void* allocate(size_t bytes, const std::string& arena) override {
       void* p = nullptr;
-      const cudaError_t e = cudaMalloc(&p, bytes);
-      if (e != cudaSuccess) {
-        cudaGetLastError();  // clear the sticky-free error state of a failed allocation
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
-        throw UserError(str("out of GPU memory: arena '", arena, "' needs ", bytes,
-                            " bytes, the GPU has ", free_b, " of ", total_b,
-                            " free (try a smaller train.micro_batch or seq_len, or "
-                            "memory.activation_checkpointing = full; `mxtrain plan` sizes it)"));
-      }
+      if (cudaMalloc(&p, bytes) != cudaSuccess)
+        throw_out_of_gpu_memory(arena, bytes,
+                                "try a smaller train.micro_batch or seq_len, or "
+                                "memory.activation_checkpointing = full; `mxtrain plan` sizes it");
       count_allocate(p, bytes);
       return p;
     }

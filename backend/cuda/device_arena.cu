@@ -6,11 +6,23 @@
 
 namespace mx {
 
-DeviceArena::DeviceArena(std::string name, size_t capacity, MemoryTracker* tracker)
-    : name_(std::move(name)), capacity_(round_up(capacity)), tracker_(tracker) {
+void throw_out_of_gpu_memory(const std::string& arena, size_t bytes, const std::string& advice) {
+  cudaGetLastError();  // clear the error state of the failed allocation
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  throw UserError(str("out of GPU memory: arena '", arena, "' needs ", bytes, " bytes, the GPU has ",
+                      free_b, " of ", total_b, " free (", advice, ")"));
+}
+
+DeviceArena::DeviceArena(std::string name, size_t capacity, MemoryTracker* tracker,
+                         std::string advice)
+    : name_(std::move(name)), advice_(std::move(advice)), capacity_(round_up(capacity)),
+      tracker_(tracker) {
   if (capacity_ > 0) {
     void* p = nullptr;
-    MX_CUDA_CHECK("DeviceArena", cudaMalloc(&p, capacity_));
+    if (cudaMalloc(&p, capacity_) != cudaSuccess)
+      throw_out_of_gpu_memory(name_, capacity_, advice_.empty() ? "another process holds it?"
+                                                                : advice_);
     base_ = static_cast<char*>(p);
   }
 }
@@ -23,8 +35,9 @@ DeviceArena::~DeviceArena() {
 void* DeviceArena::alloc(size_t bytes) {
   const size_t n = round_up(bytes);
   if (used_ + n > capacity_)
-    throw std::runtime_error(str("device arena '", name_, "' is full: ", used_, " + ", n,
-                                 " bytes > capacity ", capacity_));
+    throw UserError(str("device arena '", name_, "' is full: ", used_, " + ", n,
+                        " bytes > capacity ", capacity_, advice_.empty() ? "" : " (",
+                        advice_, advice_.empty() ? "" : ")"));
   void* p = base_ + used_;
   used_ += n;
   if (used_ > peak_) peak_ = used_;

@@ -17,14 +17,15 @@ class DeviceArena {
   // 256 bytes: cudaMalloc's own alignment, enough for vectorized and TMA-friendly access.
   static constexpr size_t kAlign = 256;
 
-  // Reserves `capacity` bytes of device memory now (throws CudaError if the device has not got
-  // them). tracker may be null.
-  DeviceArena(std::string name, size_t capacity, MemoryTracker* tracker);
+  // Reserves `capacity` bytes of device memory now (UserError "out of GPU memory" if the device
+  // has not got them). tracker may be null. `advice` ends both that message and the one of an
+  // allocation past the capacity (what sets the size: "MXTRAIN_CUDA_SCRATCH_MB ...").
+  DeviceArena(std::string name, size_t capacity, MemoryTracker* tracker, std::string advice = "");
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
-  void* alloc(size_t bytes);  // throws std::runtime_error naming the arena when it is full
+  void* alloc(size_t bytes);  // UserError naming the arena and the advice when it is full
   // The stream whose work uses the allocations (the backend's): under mxemu each allocation's
   // 0xFF fill is queued on it, so it lands after the work queued before on that stream.
   void set_stream(cudaStream_t s) { stream_ = s; }
@@ -47,6 +48,7 @@ class DeviceArena {
 
  private:
   std::string name_;
+  std::string advice_;
   size_t capacity_;
   MemoryTracker* tracker_;
   cudaStream_t stream_ = nullptr;
@@ -54,6 +56,11 @@ class DeviceArena {
   size_t used_ = 0;
   size_t peak_ = 0;
 };
+
+// A failed cudaMalloc of `bytes` for `arena` as the one-line error every device allocation
+// gives: the sticky error state cleared, the GPU's free and total memory, then `advice`.
+[[noreturn]] void throw_out_of_gpu_memory(const std::string& arena, size_t bytes,
+                                          const std::string& advice);
 
 // Scope guard: releases everything the scope allocated from the arena.
 class DeviceArenaScope {

@@ -217,3 +217,35 @@ def test_debug_grads_on_the_device_matches_cpu(tmp_path):
     for k, c in grads["cpu"].items():
         g = grads["cuda"][k]
         assert np.abs(g - c).max() <= 1e-5 * np.abs(c).max() + 1e-8, k
+
+
+def test_device_memory_shortfalls_are_errors_that_say_what_to_change(tmp_path):
+    """A scratch arena too small for an op, or larger than the GPU, ended with "internal error
+    (a bug in mxtrain, please report)", exit 1, naming neither MXTRAIN_CUDA_SCRATCH_MB nor the
+    memory. Now exit 2 with one error line naming it. And MFU's SGEMM probe (12 MiB, taken
+    after every training arena on a GPU the datasheet list lacks) failed a run that fitted;
+    now it measures smaller."""
+    require_emu()
+    base = [EMU_BIN, "train", "--set", "model.preset=tiny", "--set", "model.num_hidden_layers=1",
+            "--set", f"data.path={corpus(tmp_path)}", "--set", "train.steps=1",
+            "--set", "train.seq_len=16", "--set", "train.micro_batch=2",
+            "--set", "data.val_fraction=0", "--set", "run.sample_tokens=0",
+            "--set", "run.device=cuda"]
+
+    def run(name, **env):
+        e = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90", **env)
+        p = subprocess.run(base + ["--set", f"run.out_dir={tmp_path / name}"],
+                           capture_output=True, text=True, timeout=300, env=e)
+        return p, [l for l in p.stderr.splitlines() if l.startswith("error:")]
+
+    p, errors = run("small", MXTRAIN_CUDA_SCRATCH_MB="16")  # below the 32 MiB GEMM workspace
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-2000:]
+    assert "'cuda-scratch' is full" in errors[0] and "MXTRAIN_CUDA_SCRATCH_MB, now 16" in errors[0]
+    p, errors = run("big", MXEMU_DEVICE_MB="256", MXTRAIN_CUDA_SCRATCH_MB="1024")
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-2000:]
+    assert errors[0].startswith("error: out of GPU memory: arena 'cuda-scratch' needs 1073741824")
+    assert "MXTRAIN_CUDA_SCRATCH_MB, now 1024" in errors[0] and "internal" not in p.stderr
+    # 40 MiB of scratch on a 46 MiB device: the training arenas fit, 12 MiB more do not
+    p, errors = run("probe", MXEMU_DEVICE_MB="46", MXTRAIN_CUDA_SCRATCH_MB="40")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "MFU's SGEMM rate measured at 256^3" in p.stderr
