@@ -205,21 +205,16 @@ int sagemaker_train() {
     auto under_data = [&](const std::string& p) {
       return fs::path(p).is_relative() ? (fs::path(paths.data_dir) / p).string() : p;
     };
-    if (first.data.path.empty()) {
-      if (first.data.format != "random") {
-        std::string file = sm::channel_data_path(paths.data_dir, channels, "train");
-        if (!file.empty()) sets.push_back("data.path=" + file);
+    // data.path from the `train` channel, data.val_path from `validation`, when not set.
+    for (const auto& [channel, key, value] :
+         {std::tuple<const char*, const char*, std::string>{"train", "data.path", first.data.path},
+          {"validation", "data.val_path", first.data.val_path}}) {
+      if (!value.empty()) {
+        sets.push_back(str(key, "=", under_data(value)));
+      } else if (first.data.format != "random") {
+        const std::string found = sm::channel_data_path(paths.data_dir, channels, channel);
+        if (!found.empty()) sets.push_back(str(key, "=", found));
       }
-    } else {
-      sets.push_back("data.path=" + under_data(first.data.path));
-    }
-    if (first.data.val_path.empty()) {
-      if (first.data.format != "random") {
-        std::string file = sm::channel_data_path(paths.data_dir, channels, "validation");
-        if (!file.empty()) sets.push_back("data.val_path=" + file);
-      }
-    } else {
-      sets.push_back("data.val_path=" + under_data(first.data.val_path));
     }
     if (!first.init.from.empty()) sets.push_back("init.from=" + under_data(first.init.from));
     RunConfig cfg = load_run_config(hp.config_file, sets);

@@ -344,18 +344,23 @@ def test_a_checkpoint_directory_each_rank_has_its_own_copy_of_is_refused(tmp_pat
         assert not list((n / "out" / "checkpoints").glob("step_*"))
 
 
-def test_ranks_reading_different_data_are_refused(tmp_path):
-    text = corpus(tmp_path).read_text()
-    nodes = [tmp_path / "n0", tmp_path / "n1"]
-    for i, n in enumerate(nodes):
-        n.mkdir()
-        (n / "data.txt").write_text(text if i == 0 else text[: len(text) // 2])
+def train_on_node_copies(tmp_path, copies):
+    """One rank per 'node' (working directory), each reading its own copy of data.txt."""
+    nodes = [tmp_path / f"n{i}" for i in range(len(copies))]
+    for n, text in zip(nodes, copies):
+        n.mkdir(exist_ok=True)
+        (n / "data.txt").write_text(text)
     args = ["train", "--set", "model.preset=tiny", "--set", "data.path=data.txt",
             "--set", "train.seq_len=32", "--set", "train.steps=2", "--set", "train.micro_batch=2",
             "--set", "run.sample_tokens=0", "--set", f"run.out_dir={tmp_path / 'out'}"]
     p = mpmd(tmp_path, [(n, args) for n in nodes])
+    return p, [l for l in p.stderr.splitlines() if l.startswith("error:")]
+
+
+def test_ranks_reading_different_data_are_refused(tmp_path):
+    text = corpus(tmp_path).read_text()
+    p, errors = train_on_node_copies(tmp_path, [text, text[: len(text) // 2]])
     assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     assert errors and all("is not the same data on every rank" in l for l in errors), p.stderr
 
 
@@ -366,22 +371,13 @@ def test_ranks_reading_same_size_other_data_are_refused(tmp_path):
     rank named, before any step."""
     text = corpus(tmp_path).read_text()
     assert text[-1] != "#"
-    nodes = [tmp_path / "n0", tmp_path / "n1", tmp_path / "n2"]
-    for i, n in enumerate(nodes):
-        n.mkdir()
-        (n / "data.txt").write_text(text if i < 2 else text[:-1] + "#")
-    args = ["train", "--set", "model.preset=tiny", "--set", "data.path=data.txt",
-            "--set", "train.seq_len=32", "--set", "train.steps=2", "--set", "train.micro_batch=2",
-            "--set", "run.sample_tokens=0", "--set", f"run.out_dir={tmp_path / 'out'}"]
-    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    p, errors = train_on_node_copies(tmp_path, [text, text, text[:-1] + "#"])
     assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     assert errors and all("is not the same data on every rank: rank 2 reads other tokens" in l
                           for l in errors), p.stderr
     assert "step 1/" not in p.stderr
     # the same file everywhere still trains
-    (nodes[2] / "data.txt").write_text(text)
-    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    p, _ = train_on_node_copies(tmp_path, [text, text, text])
     assert p.returncode == 0, p.stderr
 
 

@@ -11,23 +11,32 @@ import pytest
 from conftest import MXTRAIN_BIN
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_checkpoints_and_exits(tmp_path, sig, code):
+def start_training(tmp_path, steps, sample_tokens):
+    """`mxtrain train` on the tiny preset in the background; returns (process, out dir)."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("a stitch in time saves nine. " * 400)
     out = tmp_path / "run"
     p = subprocess.Popen([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
-                          "--set", f"data.path={corpus}", "--set", "train.steps=1000000",
+                          "--set", f"data.path={corpus}", "--set", f"train.steps={steps}",
                           "--set", "train.seq_len=32", "--set", "train.eval_every=0",
-                          "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"],
+                          "--set", f"run.sample_tokens={sample_tokens}",
+                          "--set", f"run.out_dir={out}"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
+                         errors="replace", env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return p, out
+
+
+def wait_for(predicate, seconds=60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not predicate():
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_checkpoints_and_exits(tmp_path, sig, code):
+    p, out = start_training(tmp_path, 1000000, 0)
+    metrics = out / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3)
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     assert p.returncode == code, err
@@ -48,20 +57,9 @@ def test_a_signal_during_the_end_of_run_sample_ends_it(tmp_path, sig, code):
     SageMaker stop waited its 120 s for SIGKILL. Now the sample ends at the next token, is
     printed as far as it got, and the run exits with the signal's code; the training's
     checkpoint and summary are already complete."""
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("a stitch in time saves nine. " * 400)
-    out = tmp_path / "run"
-    p = subprocess.Popen([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
-                          "--set", f"data.path={corpus}", "--set", "train.steps=2",
-                          "--set", "train.seq_len=32", "--set", "train.eval_every=0",
-                          "--set", "run.sample_tokens=200000", "--set", f"run.out_dir={out}"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         errors="replace", env=dict(os.environ, OMP_NUM_THREADS="1"))
+    p, out = start_training(tmp_path, 2, 200000)
     metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-            metrics.exists() and '"summary"' in metrics.read_text()):
-        time.sleep(0.05)
+    wait_for(lambda: metrics.exists() and '"summary"' in metrics.read_text())
     time.sleep(1.0)  # into the sample (200,000 tokens take far longer than this test)
     t0 = time.monotonic()
     p.send_signal(sig)
