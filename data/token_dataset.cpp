@@ -11,13 +11,17 @@
 #include <bit>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/splitmix64.h"
 
 namespace mx {
@@ -95,7 +99,7 @@ T load(const uint8_t* tokens, int64_t i) {
 // ends the process with SIGBUS), each scanned in parallel.
 template <typename T>
 int64_t first_out_of_vocab(int fd, int64_t offset, int64_t n, int64_t vocab_size,
-                           const std::string& path) {
+                           const std::string& path, const std::function<void(int64_t)>& read) {
   if (static_cast<uint64_t>(vocab_size) > std::numeric_limits<T>::max()) return n;
   constexpr int64_t kPiece = (int64_t{16} << 20) / int64_t(sizeof(T));
   std::vector<T> piece(static_cast<size_t>(std::min(n, kPiece)));
@@ -103,6 +107,7 @@ int64_t first_out_of_vocab(int fd, int64_t offset, int64_t n, int64_t vocab_size
     const int64_t count = std::min(kPiece, n - begin);
     pread_exact(fd, piece.data(), static_cast<size_t>(count) * sizeof(T),
                 static_cast<off_t>(offset + begin * int64_t(sizeof(T))), path);
+    if (read) read(count * int64_t(sizeof(T)));
     int64_t first_bad = count;
 #pragma omp parallel for reduction(min : first_bad) schedule(static)
     for (int64_t i = 0; i < count; ++i)
@@ -253,8 +258,29 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
   const std::vector<std::string> files = data_files(path);
   ds.num_files_ = int64_t(files.size());
   if (files.size() > 1) ensure_open_files(files.size(), path);
+  // Every id of a binary data set is read once here (the vocabulary check): terabytes of shards
+  // take minutes, so a line every 10 s says how far it is (MXTRAIN_TEST_PROGRESS_S: the period).
+  int64_t total = 0, done = 0;
+  std::error_code ec;
+  for (const std::string& file : files) total += int64_t(std::filesystem::file_size(file, ec));
+  const char* period_env = std::getenv("MXTRAIN_TEST_PROGRESS_S");
+  const double period = period_env ? std::atof(period_env) : 10.0;
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  size_t file_index = 0;
+  auto read = [&](int64_t bytes) {
+    done += bytes;
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last).count() < period) return;
+    last = now;
+    info("data: checking ids: ", format_bytes(double(done)), " of ", format_bytes(double(total)),
+         " (", int(100.0 * double(done) / double(std::max<int64_t>(total, 1))), "%), file ",
+         file_index + 1, " of ", files.size(), ", ",
+         format_duration(std::chrono::duration<double>(now - start).count()));
+  };
   for (const std::string& file : files) {
-    const TokenFormat got = ds.open_file(file, format, vocab_size);
+    const TokenFormat got = ds.open_file(file, format, vocab_size, read);
+    ++file_index;
     if (ds.format_ == TokenFormat::kAuto) ds.format_ = got;
     MX_REQUIRE(got == ds.format_, "data shard '", file, "' is ", token_format_name(got), " but '",
                files[0], "' is ", token_format_name(ds.format_), ": every file of data path '",
@@ -265,7 +291,7 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
 }
 
 TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
-                                    int64_t vocab_size) {
+                                    int64_t vocab_size, const std::function<void(int64_t)>& read) {
   FileDescriptor file;
   // O_NONBLOCK: a FIFO opens at once (and is then refused below) instead of blocking until a
   // writer appears; regular files ignore it.
@@ -332,8 +358,10 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
 
   const int64_t bad =
       shard.token_width == 2
-          ? first_out_of_vocab<uint16_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size, path)
-          : first_out_of_vocab<uint32_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size, path);
+          ? first_out_of_vocab<uint16_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size,
+                                         path, read)
+          : first_out_of_vocab<uint32_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size,
+                                         path, read);
   if (bad < shard.num_tokens) {
     uint32_t id = 0;
     pread_exact(file.fd, &id, size_t(shard.token_width),

@@ -5,6 +5,7 @@
 // up front and is shared by every rank on a node through the page cache.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,9 @@ class TokenDataset {
   // Opens one file (format kAuto: detected) and appends its ids: text bytes to owned_, a
   // binary file as a shard (its ids checked against vocab_size). Returns its format; one that
   // differs from format_ is left unread for the caller to refuse.
-  TokenFormat open_file(const std::string& path, TokenFormat format, int64_t vocab_size);
+  // `read` is told the bytes of each piece the check reads (progress).
+  TokenFormat open_file(const std::string& path, TokenFormat format, int64_t vocab_size,
+                        const std::function<void(int64_t)>& read);
 
   std::string path_;
   TokenFormat format_ = TokenFormat::kAuto;

@@ -119,3 +119,27 @@ def test_data_directories_and_patterns_refuse_what_they_cannot_read(tmp_path, mx
     r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": d, "run.out_dir": tmp_path / "o",
                                                    "run.metrics": d / ".metrics.jsonl"})))
     assert r.rc == 0, r
+
+
+def test_the_id_check_says_how_far_it_is(tmp_path, mxtrain):
+    """Start-up reads every id of a binary data set once (the vocabulary check): for terabytes
+    of shards, minutes without a word. A line every 10 s (MXTRAIN_TEST_PROGRESS_S: 0 here, a
+    line per piece read) says how far it is, in bytes and files."""
+    d = tmp_path / "d"
+    d.mkdir()
+    sizes = [5000, 6000, 7000]
+    for i, n in enumerate(sizes):
+        (d / f"s{i}.u16").write_bytes(ids(n, i).astype(np.uint16).tobytes())
+    r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": d, "train.steps": 1,
+                                                   "run.out_dir": tmp_path / "o"})),
+                env={"MXTRAIN_TEST_PROGRESS_S": "0"})
+    assert r.rc == 0, r
+    lines = [l for l in r.stderr.splitlines() if l.startswith("data: checking ids: ")]
+    assert len(lines) == 3, r.stderr
+    for i, line in enumerate(lines):
+        assert f"file {i + 1} of 3" in line, line
+        assert f"({100 * sum(sizes[:i + 1]) // sum(sizes)}%)" in line, line
+    # the default period: nothing for a check this short
+    r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": d, "train.steps": 1,
+                                                   "run.out_dir": tmp_path / "p"})))
+    assert r.rc == 0 and "checking ids" not in r.stderr, r
