@@ -175,6 +175,9 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
       !(j["samples_seen"].is_number_integer() && j["samples_seen"].get<int64_t>() >= 0 &&
         j["samples_seen"].get<int64_t>() <= (int64_t{1} << 48)))
     return str(path, ": 'samples_seen' is not an integer in [0, 2^48]");
+  if (has("data_tokens") &&
+      !(j["data_tokens"].is_number_integer() && j["data_tokens"].get<int64_t>() >= 0))
+    return str(path, ": 'data_tokens' is not a non-negative integer");
   if (has("seed") && !j["seed"].is_number_integer())
     return str(path, ": 'seed' is not an integer");
   if (has("world_size") &&

@@ -372,6 +372,13 @@ int run_training(const RunConfig& cfg) {
         !fs::equivalent(state["data_path"].get<std::string>(), data_path, same_ec))
       warn(str("data.path is ", data_path, ", the checkpoint's run read ",
                state["data_path"].get<std::string>(), ": training goes on with the new data"));
+    // The same path over other data (a shard added to or removed from a directory, a file
+    // rewritten): the windows and their order from here are not the run's.
+    else if (state.contains("data_tokens") && state["data_tokens"].is_number_integer() &&
+             state["data_tokens"].get<int64_t>() != data.size())
+      warn(str("data.path ", data_path, " holds ", data.size(), " tokens, the checkpoint's run ",
+               "read ", state["data_tokens"].get<int64_t>(), " (a shard added or removed, a file ",
+               "rewritten?): training goes on with the data as they are now, in another order"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
     fsdp.write_shards_from_host(host);
@@ -519,7 +526,8 @@ int run_training(const RunConfig& cfg) {
                             {"world_size", W},
                             {"sharding", cfg.parallel.sharding},
                             {"recipe", cfg.precision.recipe},
-                            {"data_path", data_path}};
+                            {"data_path", data_path},
+                            {"data_tokens", data.size()}};
     checkpointer.save(step, state, recipe_extra_tensors(linear_recipe));
   };
 

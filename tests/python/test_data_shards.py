@@ -143,3 +143,22 @@ def test_the_id_check_says_how_far_it_is(tmp_path, mxtrain):
     r = mxtrain(["train"] + set_args(dict(BASE, **{"data.path": d, "train.steps": 1,
                                                    "run.out_dir": tmp_path / "p"})))
     assert r.rc == 0 and "checking ids" not in r.stderr, r
+
+
+def test_resume_over_a_changed_shard_set_warns(tmp_path, mxtrain):
+    """The same data path over other data (a shard added to the directory) resumed without a
+    word, though the windows and their order had changed. state.json keeps the token count;
+    a resume that finds another one says so, and training goes on."""
+    d = tmp_path / "d"
+    d.mkdir()
+    write_llmc(d / "a.bin", ids(3000, 1))
+    run = dict(BASE, **{"data.path": d, "run.out_dir": tmp_path / "o", "checkpoint.every": 2})
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 2})))
+    assert r.rc == 0, r
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 3})))
+    assert r.rc == 0 and "resumed from" in r.stderr and "tokens, the checkpoint" not in r.stderr, r
+    write_llmc(d / "b.bin", ids(500, 2))
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 4})))
+    assert r.rc == 0, r
+    warns = [l for l in r.stderr.splitlines() if "the checkpoint's run read 3000" in l]
+    assert len(warns) == 1 and "holds 3500 tokens" in warns[0], r.stderr
