@@ -154,28 +154,54 @@ std::vector<std::string> data_files(const std::string& path) {
     std::vector<std::string> files;
     fs::recursive_directory_iterator it(path, ec), end;
     if (ec) throw_read_error(path, "cannot list the directory", ec.value());
-    for (; it != end; it.increment(ec)) {
-      if (ec) throw_read_error(path, "cannot list the directory", ec.value());
-      const std::string name = it->path().filename().string();
+    // (a failed increment(ec) ends the walk, so ec is checked after the loop as well: an
+    // unreadable subdirectory left out its shards, exit 0)
+    for (; !ec && it != end; it.increment(ec)) {
+      const fs::path& p = it->path();
+      const std::string name = p.filename().string();
       if (!name.empty() && name[0] == '.') {  // hidden: .cache/, .DS_Store, editors' files
         if (it->is_directory(ec)) it.disable_recursion_pending();
+        ec.clear();
         continue;
       }
-      if (it->is_regular_file(ec)) files.push_back(it->path().string());
+      std::error_code st_ec;
+      const fs::file_status st = fs::status(p, st_ec);
+      if (fs::is_regular_file(st)) {
+        files.push_back(p.string());
+      } else if (fs::is_symlink(fs::symlink_status(p, st_ec)) && !fs::exists(st)) {
+        // a shard's link to nothing (a moved or unmounted file): less data, silently, before
+        throw UserError(str("data directory '", path, "': '", p.string(), "' is a symbolic link to ",
+                            "nothing (a missing shard?)"));
+      }
     }
+    if (ec) throw_read_error(path, "cannot list the directory", ec.value());
     MX_REQUIRE(!files.empty(), "data directory '", path, "' holds no data files (hidden ones ",
                "are skipped)");
     std::sort(files.begin(), files.end());
     return files;
   }
   if (fs::exists(fs::symlink_status(path, ec)) || !has_glob_chars(path)) return {path};
+  // A directory of the pattern that is missing (a typo) is "matches no file"; one that cannot
+  // be read is that error, with its path.
+  static thread_local std::pair<std::string, int> glob_failure;
+  glob_failure = {"", 0};
+  auto on_error = [](const char* epath, int err) {
+    if (err != ENOENT && err != ENOTDIR) {
+      glob_failure = {epath, err};
+      return 1;
+    }
+    return 0;
+  };
   glob_t g{};
-  const int rc = ::glob(path.c_str(), GLOB_ERR, nullptr, &g);
+  const int rc = ::glob(path.c_str(), GLOB_ERR, on_error, &g);
   std::vector<std::string> files(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
   ::globfree(&g);
-  MX_REQUIRE(rc != GLOB_NOMATCH, "data path '", path, "' is not a file or directory, and as a ",
-             "pattern it matches no file");
-  if (rc != 0) throw_read_error(path, "cannot expand the pattern", rc == GLOB_NOSPACE ? ENOMEM : EACCES);
+  if (rc == GLOB_ABORTED && glob_failure.second != 0)
+    throw_read_error(glob_failure.first, "cannot list the directory", glob_failure.second);
+  MX_REQUIRE(rc == 0 || rc == GLOB_NOMATCH || rc == GLOB_ABORTED, "data path '", path,
+             "': cannot expand the pattern (glob error ", rc, ")");
+  MX_REQUIRE(rc == 0, "data path '", path, "' is not a file or directory, and as a pattern it ",
+             "matches no file");
   std::sort(files.begin(), files.end());
   for (const auto& f : files)
     MX_REQUIRE(!fs::is_directory(fs::status(f, ec)), "data path '", path, "' matches the ",
@@ -185,21 +211,25 @@ std::vector<std::string> data_files(const std::string& path) {
 
 namespace {
 
-// Every shard stays open (its windows are read as the sampler asks): a dataset of more files
-// than the soft open-file limit allows raises it toward the hard limit, or says what to do.
-void ensure_open_files(size_t n, const std::string& path) {
-  constexpr rlim_t kSpare = 256;  // MPI, checkpoints, logs
+// Every binary shard stays open (its windows are read as the sampler asks). A shard whose
+// descriptor lands near the soft open-file limit raises it toward the hard one, keeping a
+// quarter of the limit (at most 64) for what the run opens later (MPI, checkpoints, logs: an
+// exhausted limit would fail the first checkpoint hours in); if it cannot, an error says so
+// before any training.
+void keep_room_for_more_files(int fd, const std::string& path, int64_t shards) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
-  const rlim_t want = rlim_t(n) + kSpare;
-  if (rl.rlim_cur >= want) return;
+  auto spare = [](rlim_t limit) { return std::min<rlim_t>(64, limit / 4); };
+  if (rlim_t(fd) + spare(rl.rlim_cur) < rl.rlim_cur) return;
+  const rlim_t want = std::max<rlim_t>(2 * rl.rlim_cur, rlim_t(fd) + 1 + 64);
   rlimit raised = rl;
   raised.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &raised);
   ::getrlimit(RLIMIT_NOFILE, &rl);
-  MX_REQUIRE(rl.rlim_cur >= want, "data path '", path, "' holds ", n, " files, each kept open, ",
-             "and this process may open only ", rl.rlim_cur, " files (ulimit -n; the hard ",
-             "limit is ", rl.rlim_max, "): raise it, or merge the shards into fewer files");
+  MX_REQUIRE(rlim_t(fd) + spare(rl.rlim_cur) < rl.rlim_cur, "data file '", path, "': the ",
+             shards, " data files kept open so far leave too few of the ", rl.rlim_cur,
+             " this process may open (ulimit -n; the hard limit is ", rl.rlim_max,
+             "): raise it, or merge the shards into fewer files");
 }
 
 }  // namespace
@@ -207,23 +237,31 @@ void ensure_open_files(size_t n, const std::string& path) {
 bool data_path_covers(const std::string& data_path, const std::string& file) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  const fs::path abs_file = fs::absolute(file, ec).lexically_normal();
   if (fs::is_directory(fs::status(data_path, ec))) {
     const fs::path dir = fs::weakly_canonical(data_path, ec);
-    const fs::path f = fs::weakly_canonical(file, ec);
-    const fs::path rel = f.lexically_relative(dir);
-    if (rel.empty() || *rel.begin() == "..") return false;
+    const fs::path rel = fs::weakly_canonical(file, ec).lexically_relative(dir);
+    bool under = !rel.empty() && *rel.begin() != "..";
     for (const auto& part : rel) {
       const std::string name = part.string();
-      if (name == "." || (!name.empty() && name[0] == '.')) return false;  // hidden: skipped
+      if (name == "." || (!name.empty() && name[0] == '.')) under = false;  // hidden: skipped
     }
-    return true;
+    if (under) return true;
+  } else if (!fs::exists(fs::symlink_status(data_path, ec)) && has_glob_chars(data_path)) {
+    // The pattern and the path made absolute and normal (./d/*.bin, a relative pattern against
+    // an absolute path): the same file, however it is spelled.
+    const std::string abs_pattern = fs::absolute(data_path, ec).lexically_normal().string();
+    if (::fnmatch(abs_pattern.c_str(), abs_file.c_str(), FNM_PATHNAME | FNM_PERIOD) == 0)
+      return true;
   }
-  if (!fs::exists(fs::symlink_status(data_path, ec)) && has_glob_chars(data_path)) {
-    const int flags = FNM_PATHNAME | FNM_PERIOD;
-    return ::fnmatch(data_path.c_str(), file.c_str(), flags) == 0 ||
-           ::fnmatch(data_path.c_str(), fs::absolute(file, ec).lexically_normal().c_str(), flags) == 0;
+  // A file the data path reads now, under another name (a symbolic link to a shard).
+  if (!fs::exists(file, ec)) return false;
+  try {
+    for (const std::string& f : data_files(data_path))
+      if (fs::equivalent(f, file, ec)) return true;
+  } catch (const std::exception&) {  // a data path that cannot be listed: open() says why
   }
-  return fs::equivalent(data_path, file, ec);
+  return false;
 }
 
 TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int64_t vocab_size,
@@ -257,7 +295,6 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
 
   const std::vector<std::string> files = data_files(path);
   ds.num_files_ = int64_t(files.size());
-  if (files.size() > 1) ensure_open_files(files.size(), path);
   // Every id of a binary data set is read once here (the vocabulary check): terabytes of shards
   // take minutes, so a line every 10 s says how far it is (MXTRAIN_TEST_PROGRESS_S: the period).
   int64_t total = 0, done = 0;
@@ -297,6 +334,7 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
   // writer appears; regular files ignore it.
   file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) throw_read_error(path, "cannot open", errno);
+  if (!shards_.empty()) keep_room_for_more_files(file.fd, path, int64_t(shards_.size()));
   struct stat st{};
   if (::fstat(file.fd, &st) != 0) throw_read_error(path, "cannot stat", errno);
   MX_REQUIRE(S_ISREG(st.st_mode), "data file '", path, "': not a regular file");

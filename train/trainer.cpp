@@ -92,14 +92,18 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
   };
   // A data directory or pattern reads every file it covers: metrics or checkpoints written
   // there would be read as data by the next run (or overwrite a shard now).
+  // (A pattern such as d/* also matches the directories a run makes: the next start failed.)
   for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", data_path},
                                   {"data.val_path", cfg.data.val_path}}) {
     if (path.empty() || path == "<random>") continue;
     MX_REQUIRE(!data_path_covers(path, m), "run.metrics ", m, " is one of the files ", key, " ",
                path, " reads: the metrics would overwrite it or be read as data");
-    const std::string ckpt_file = cfg.checkpoint_dir() + "/step_00000000/manifest.json";
-    MX_REQUIRE(!data_path_covers(path, ckpt_file), "checkpoint.dir ", cfg.checkpoint_dir(),
-               " lies where ", key, " ", path, " reads data: its files would be read as data");
+    const std::string ckpt = cfg.checkpoint_dir();
+    for (const std::string& made : {cfg.run.out_dir, ckpt, ckpt + "/step_00000000",
+                                    ckpt + "/step_00000000/manifest.json"})
+      MX_REQUIRE(made.empty() || !data_path_covers(path, made), "checkpoint.dir ", ckpt,
+                 " (run.out_dir ", cfg.run.out_dir, ") lies where ", key, " ", path,
+                 " reads data: what the run writes there would be read as data");
   }
   if (!cfg.config_file.empty()) refuse_if_same(cfg.config_file, "the --config file");
   if (!cfg.init.from.empty() && fs::is_directory(cfg.init.from, ec))
@@ -219,9 +223,17 @@ int run_training(const RunConfig& cfg) {
   // data.val_path: validation data of its own (llm.c's fineweb_val_*.bin); training then reads
   // all of data.path and data.val_fraction is not used.
   std::optional<TokenDataset> val_data;
-  if (!cfg.data.val_path.empty() && format != TokenFormat::kRandom) {
+  MX_REQUIRE(cfg.data.val_path.empty() || format != TokenFormat::kRandom, "data.val_path is ",
+             "set, but data.format = random reads no data (validation is the random data's tail)");
+  if (!cfg.data.val_path.empty()) {
     val_data.emplace(TokenDataset::open(cfg.data.val_path, format, model_cfg.vocab_size));
     require_same_on_every_rank(*val_data, "data.val_path");
+    // llm.c's layout keeps fineweb_train_* and fineweb_val_* in one directory: data.path = that
+    // directory would train on the validation shards.
+    for (const std::string& v : data_files(cfg.data.val_path))
+      MX_REQUIRE(!data_path_covers(data_path, v), "data.val_path's file ", v, " is also read by ",
+                 "data.path ", data_path, ": the run would train on its validation data (give ",
+                 "data.path a pattern, e.g. DIR/*_train_*.bin)");
   }
   const DataSplit split =
       val_data ? DataSplit{0, data.size(), 0, val_data->size()}
@@ -553,7 +565,8 @@ int run_training(const RunConfig& cfg) {
   if (val_sampler && lead && val_sampler->num_windows() < tc.eval_batches * B * W)
     warn(str("validation reads ", tc.eval_batches * B * W, " windows (train.eval_batches x "
              "micro_batch x ranks) but the held-out data holds ", val_sampler->num_windows(),
-             ": some count more than once (raise data.val_fraction or lower train.eval_batches)"));
+             ": some count more than once (", val_data ? "more data in data.val_path" :
+             "raise data.val_fraction", " or lower train.eval_batches)"));
   int64_t step = start_step;
   int64_t stop_signal = 0;
   for (; step < tc.steps; ++step) {

@@ -162,3 +162,90 @@ def test_resume_over_a_changed_shard_set_warns(tmp_path, mxtrain):
     assert r.rc == 0, r
     warns = [l for l in r.stderr.splitlines() if "the checkpoint's run read 3000" in l]
     assert len(warns) == 1 and "holds 3500 tokens" in warns[0], r.stderr
+
+
+def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
+    """Each case was wrong at first: the run's files written over or among the shards (a pattern
+    spelled another way than the metrics path, a shard that is a symbolic link, a pattern
+    matching the run's own directory), a directory walk that stopped early and trained on part
+    of the data with exit 0, three shards refused under `ulimit -n 64`, a typo in a pattern's
+    directory reported as "Permission denied", val_path ignored under data.format = random,
+    and validation shards trained on."""
+    import os
+    import resource
+    monkeypatch.chdir(tmp_path)  # relative spellings below
+    d = tmp_path / "d2"
+    d.mkdir()
+    for i, n in enumerate((3000, 17, 2500)):
+        write_llmc(d / f"{'abc'[i]}.bin", ids(n, i))
+
+    def run(settings, preexec=None):
+        import subprocess
+        from conftest import MXTRAIN_BIN
+        args = [MXTRAIN_BIN, "train"] + [str(a) for a in set_args(dict(BASE, **settings))]
+        p = subprocess.run(args, capture_output=True, text=True, errors="replace",
+                           env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=preexec,
+                           timeout=240)
+        return p, [l for l in p.stderr.splitlines() if l.startswith("error:")]
+
+    def refused(settings, says, preexec=None):
+        p, errors = run(settings, preexec)
+        assert p.returncode == 2 and len(errors) == 1 and says in errors[0], p.stderr
+        assert "step 1/" not in p.stderr
+        return errors[0]
+
+    sizes = {f.name: f.stat().st_size for f in d.iterdir()}
+    out = {"run.out_dir": tmp_path / "o"}
+    refused(dict(out, **{"data.path": "d2/*.bin", "run.metrics": d / "c.bin"}), "run.metrics")
+    refused(dict(out, **{"data.path": "./d2/*.bin", "run.metrics": "d2/m.bin"}), "run.metrics")
+    refused({"data.path": "d2/*", "run.out_dir": d / "run", "run.metrics": tmp_path / "m.jsonl"},
+            "lies where data.path")
+    ext = tmp_path / "ext"
+    ext.mkdir()
+    (ext / "c.bin").write_bytes((d / "c.bin").read_bytes())
+    d3 = tmp_path / "d3"
+    d3.mkdir()
+    (d3 / "c.bin").symlink_to(ext / "c.bin")
+    refused(dict(out, **{"data.path": d3, "run.metrics": ext / "c.bin"}), "run.metrics")
+    refused(dict(out, **{"data.path": "d3/*.bin", "run.metrics": ext / "c.bin"}), "run.metrics")
+    assert {f.name: f.stat().st_size for f in d.iterdir()} == sizes
+    assert (ext / "c.bin").stat().st_size == (d / "c.bin").stat().st_size
+
+    # a walk that cannot finish is an error, not part of the data: 40 directories deep under
+    # 40 open files
+    deep = tmp_path / "deep"
+    p_ = deep
+    for i in range(40):
+        p_ = p_ / f"l{i}"
+    p_.mkdir(parents=True)
+    write_llmc(deep / "a.bin", ids(3000, 1))
+    write_llmc(p_ / "z.bin", ids(2500, 2))
+    lim = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))  # noqa: E731
+    refused(dict(out, **{"data.path": deep}), "cannot list the directory", preexec=lim)
+    # a few shards under a low limit train; so do many text files, which are not kept open
+    small = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # noqa: E731
+    p, _ = run({"data.path": d, "run.out_dir": tmp_path / "os"}, preexec=small)
+    assert p.returncode == 0, p.stderr
+    t = tmp_path / "texts"
+    t.mkdir()
+    for i in range(200):
+        (t / f"{i:03d}.txt").write_text("some text for the shards. " * 3)
+    p, _ = run(dict(out, **{"data.path": t, "run.out_dir": tmp_path / "ot"}), preexec=small)
+    assert p.returncode == 0, p.stderr
+    # a pattern's missing directory: no match (not "Permission denied")
+    refused(dict(out, **{"data.path": "d2/trian/*.bin"}), "matches no file")
+    # a link to nothing in a data directory: a missing shard, said so
+    (d3 / "gone.bin").symlink_to(tmp_path / "nowhere.bin")
+    refused(dict(out, **{"data.path": d3}), "symbolic link to nothing")
+    # val_path and random data; validation shards among the training ones
+    refused(dict(out, **{"data.format": "random", "data.val_path": d / "a.bin"}), "data.val_path")
+    refused(dict(out, **{"data.path": d, "data.val_path": "d2/c*.bin"}),
+            "is also read by data.path")
+    p, _ = run({"data.path": "d2/[ab].bin", "data.val_path": "d2/c*.bin",
+                "run.out_dir": tmp_path / "ov"})
+    assert p.returncode == 0, p.stderr
+    # too few held-out windows: the advice names what sets them
+    p, _ = run({"data.path": "d2/a.bin", "data.val_path": d / "b.bin", "train.eval_every": 2,
+                "train.seq_len": 8, "run.out_dir": tmp_path / "ow"})
+    warn = [l for l in p.stderr.splitlines() if "count more than once" in l]
+    assert p.returncode == 0 and len(warn) == 1 and "data.val_path" in warn[0], p.stderr
