@@ -273,7 +273,8 @@ int run_sweep(const SweepArgs& a) {
     plan::SweepResult r;
     r.point = q.point;
     r.predicted_mem_bytes = static_cast<double>(q.eval.memory.total);
-    r.capacity_bytes = q.eval.capacity_bytes;
+    // The machine's MemAvailable: the planner's capacity is each of the --np processes' share.
+    r.capacity_bytes = q.eval.capacity_bytes * static_cast<double>(a.np);
     r.predicted_tokens_per_s = q.eval.time.tokens_per_s;
     r.predicted_mfu = q.eval.time.mfu;
     const fs::path dir = runs / q.point.id;
@@ -281,9 +282,9 @@ int run_sweep(const SweepArgs& a) {
     const fs::path result_file = dir / "result.json";
     std::fprintf(stderr, "[%zu/%zu] %s: ", i + 1, n, q.point.id.c_str());
 
-    if (q.needs > q.eval.capacity_bytes) {
+    if (q.needs > r.capacity_bytes) {
       r.status = "skipped: predicted OOM (needs " + gib_or_mib(q.needs) + " > " +
-                 gib_or_mib(q.eval.capacity_bytes) + ")";
+                 gib_or_mib(r.capacity_bytes) + ")";
       std::fprintf(stderr, "%s\n", r.status.c_str());
       ++skipped;
       results.push_back(r);

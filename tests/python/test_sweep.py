@@ -123,6 +123,22 @@ def test_sweep_skips_predicted_oom_and_records_failures(mxtrain, tmp_path):
                                                                   "skipped"]
 
 
+def test_sweep_np_fits_the_processes_against_the_whole_machine(mxtrain, tmp_path):
+    """`plan --gpu cpu --gpus N` gives each process its share of MemAvailable; the sweep, which
+    fits N x a process's total against the machine, then divided by N twice and skipped points
+    that fit. The skip rule and the recorded capacity are the machine's again."""
+    r = sweep(mxtrain, tmp_path, ["--np", "2", "--grid", "model.preset=tiny,64b"])
+    assert r.rc == 0, r
+    res, _ = load(tmp_path / "out")
+    machine = json.loads(mxtrain(["plan", "--gpu", "cpu", "--gpus", 1, "--json", "--set",
+                                  "model.preset=tiny"]).stdout)["memory"]["capacity_bytes"]
+    for p in res["points"]:
+        assert abs(p["capacity_bytes"] - machine) < 0.1 * machine, (p, machine)
+        skipped = p["status"].startswith("skipped: predicted OOM")
+        assert skipped == (2 * p["predicted_mem_bytes"] > p["capacity_bytes"]), p
+    assert [p["status"].split(":")[0] for p in res["points"]] == ["ok", "skipped"]
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--grid", "train.micro_batch"], "--grid"),
     (["--grid", "micro_batch=1,2"], "section.key"),
