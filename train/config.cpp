@@ -3,6 +3,7 @@
 #include <toml.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -316,10 +317,15 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(t.grad_clip >= 0, "train.grad_clip must be >= 0 (got ", t.grad_clip, ")");
   // The optimizer runs in fp32: a beta within 2^-25 of 1 rounds to 1.0f, whose bias correction
   // 1 - beta^t is 0 (the first update was 0 / 0: NaN at step 2).
+  auto exact = [](double v) {  // the shortest that reads back: 0.9999999702 at 6 digits was "1"
+    char b[40];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
+  };
   MX_REQUIRE(t.beta1 >= 0 && float(t.beta1) < 1.0f, "train.beta1 must be in [0, 1) and below 1 as ",
-             "a float32, 1 - 2^-25 (got ", t.beta1, ")");
+             "a float32, 1 - 2^-25 (got ", exact(t.beta1), ")");
   MX_REQUIRE(t.beta2 >= 0 && float(t.beta2) < 1.0f, "train.beta2 must be in [0, 1) and below 1 as ",
-             "a float32, 1 - 2^-25 (got ", t.beta2, ")");
+             "a float32, 1 - 2^-25 (got ", exact(t.beta2), ")");
   MX_REQUIRE(t.eps > 0, "train.eps must be positive (got ", t.eps, ")");
   MX_REQUIRE(t.eval_every >= 0, "train.eval_every must be >= 0 (got ", t.eval_every, ")");
   MX_REQUIRE(t.eval_batches >= 1, "train.eval_batches must be >= 1 (got ", t.eval_batches, ")");

@@ -347,7 +347,7 @@ def test_a_beta_that_rounds_to_one_in_float32_is_refused(tmp_path, mxtrain, key)
     assert np.float32(0.99999999) == 1 and below_one < 1
     r = mxtrain(["train"] + set_args(dict(base, **{key: 0.99999999,
                                                    "run.out_dir": tmp_path / "a"})))
-    assert_one_error(r, key, "float32")
+    assert_one_error(r, key, "float32", "got 0.99999999")
     assert "step 1/" not in r.stderr
     r = mxtrain(["train"] + set_args(dict(base, **{key: repr(below_one),
                                                    "run.out_dir": tmp_path / "b"})))

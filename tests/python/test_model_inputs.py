@@ -192,7 +192,9 @@ def test_token_ids_in_and_out_for_models_past_the_byte_vocabulary(tmp_path, mxtr
     assert r.stdout.encode("utf-8", "surrogateescape") != b""
     beyond = sum(i >= 256 for i in want)
     warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
-    assert len(warns) == 1 and f"{beyond} of the 24 generated tokens have ids >= 256" in warns[0], r
+    assert len(warns) == 1, r
+    assert f"{beyond} of the 24 generated tokens and 2 of the 4 prompt tokens have ids >= 256" \
+        in warns[0], r
     # a byte prompt, ids out: the prompt's bytes are its ids
     r = mxtrain(["generate", "--model", d, "--max-tokens", 3, "--temperature", "0", "--prompt",
                  "hi", "--ids"])
@@ -209,8 +211,15 @@ def test_token_ids_in_and_out_for_models_past_the_byte_vocabulary(tmp_path, mxtr
     assert [int(x) for x in r.stdout.split()] == [7, 99] + llama_ref.greedy_generate(sp, small, [7, 99], 5)
     r = mxtrain(["generate", "--model", ds, "--prompt", "hi"])
     assert r.rc == 2 and "--prompt-ids" in errors(r)[0], r
+    # prompt ids past the bytes are counted too
+    r = mxtrain(["generate", "--model", d, "--prompt-ids", "300 301 65", "--max-tokens", 4,
+                 "--temperature", "0"])
+    gen = llama_ref.greedy_generate(params, cfg, [300, 301, 65], 4)
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert r.rc == 0 and len(warns) == 1, r
+    assert f"{sum(i >= 256 for i in gen)} of the 4 generated tokens and 2 of the 3 prompt" in warns[0]
     for bad, says in (("3 400", "400 is not below the model's vocab_size 400"), ("3 x", "not a list"),
-                      ("-3", "not a list"), (" , ", "at least one"),
+                      ("-3", "not a list"), (" , ", "at least one"), ("", "at least one"),
                       ("99999999999999999999", "not a list")):
         r = mxtrain(["generate", "--model", d, "--prompt-ids", bad])
         assert r.rc == 2 and len(errors(r)) == 1 and says in errors(r)[0], (bad, r)
