@@ -254,14 +254,21 @@ bool data_path_covers(const std::string& data_path, const std::string& file) {
     if (::fnmatch(abs_pattern.c_str(), abs_file.c_str(), FNM_PATHNAME | FNM_PERIOD) == 0)
       return true;
   }
-  // A file the data path reads now, under another name (a symbolic link to a shard).
-  if (!fs::exists(file, ec)) return false;
+  return false;
+}
+
+DataFileIds::DataFileIds(const std::string& data_path) {
   try {
+    struct stat st{};
     for (const std::string& f : data_files(data_path))
-      if (fs::equivalent(f, file, ec)) return true;
+      if (::stat(f.c_str(), &st) == 0) ids_.insert({uint64_t(st.st_dev), uint64_t(st.st_ino)});
   } catch (const std::exception&) {  // a data path that cannot be listed: open() says why
   }
-  return false;
+}
+
+bool DataFileIds::contains(const std::string& file) const {
+  struct stat st{};
+  return ::stat(file.c_str(), &st) == 0 && ids_.count({uint64_t(st.st_dev), uint64_t(st.st_ino)});
 }
 
 TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int64_t vocab_size,

@@ -6,7 +6,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mx {
@@ -23,10 +25,22 @@ const char* token_format_name(TokenFormat format);
 // none, or if one is a directory).
 std::vector<std::string> data_files(const std::string& path);
 
-// True when `file` is, or once written would be, one of the files data path `data_path` reads
-// (the file itself; a non-hidden file under the directory; a match of the pattern): what the
-// trainer must not write its metrics or checkpoints to.
+// True when `file` is, or once written would be, one of the files data path `data_path` reads,
+// by its name: the file itself, a non-hidden path under the directory, a match of the pattern
+// (both made absolute and normal, so ./d/*.bin covers /abs/d/x.bin). What the trainer must not
+// write its metrics or checkpoints to; DataFileIds adds the files it reads under other names.
 bool data_path_covers(const std::string& data_path, const std::string& file);
+
+// The files a data path reads now, by device and inode (data_files, listed once): whether an
+// existing path is one of them under another name (a symbolic link to a shard, a hard link).
+class DataFileIds {
+ public:
+  explicit DataFileIds(const std::string& data_path);
+  bool contains(const std::string& file) const;
+
+ private:
+  std::set<std::pair<uint64_t, uint64_t>> ids_;
+};
 
 class TokenDataset {
  public:

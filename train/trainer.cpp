@@ -96,12 +96,16 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
   for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", data_path},
                                   {"data.val_path", cfg.data.val_path}}) {
     if (path.empty() || path == "<random>") continue;
-    MX_REQUIRE(!data_path_covers(path, m), "run.metrics ", m, " is one of the files ", key, " ",
+    const DataFileIds reads(path);
+    auto covers = [&](const std::string& p) {
+      return data_path_covers(path, p) || reads.contains(p);
+    };
+    MX_REQUIRE(!covers(m), "run.metrics ", m, " is one of the files ", key, " ",
                path, " reads: the metrics would overwrite it or be read as data");
     const std::string ckpt = cfg.checkpoint_dir();
     for (const std::string& made : {cfg.run.out_dir, ckpt, ckpt + "/step_00000000",
                                     ckpt + "/step_00000000/manifest.json"})
-      MX_REQUIRE(made.empty() || !data_path_covers(path, made), "checkpoint.dir ", ckpt,
+      MX_REQUIRE(made.empty() || !covers(made), "checkpoint.dir ", ckpt,
                  " (run.out_dir ", cfg.run.out_dir, ") lies where ", key, " ", path,
                  " reads data: what the run writes there would be read as data");
   }
@@ -230,10 +234,12 @@ int run_training(const RunConfig& cfg) {
     require_same_on_every_rank(*val_data, "data.val_path");
     // llm.c's layout keeps fineweb_train_* and fineweb_val_* in one directory: data.path = that
     // directory would train on the validation shards.
+    // (by device and inode, each list read once: a data set may hold 100k shards)
+    const DataFileIds train_files(data_path);
     for (const std::string& v : data_files(cfg.data.val_path))
-      MX_REQUIRE(!data_path_covers(data_path, v), "data.val_path's file ", v, " is also read by ",
-                 "data.path ", data_path, ": the run would train on its validation data (give ",
-                 "data.path a pattern, e.g. DIR/*_train_*.bin)");
+      MX_REQUIRE(!train_files.contains(v), "data.val_path's file ", v, " is also read by data.path ", data_path,
+                 ": the run would train on its validation data (give data.path a pattern, e.g. ",
+                 "DIR/*_train_*.bin)");
   }
   const DataSplit split =
       val_data ? DataSplit{0, data.size(), 0, val_data->size()}
