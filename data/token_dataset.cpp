@@ -107,7 +107,7 @@ int64_t first_out_of_vocab(int fd, int64_t offset, int64_t n, int64_t vocab_size
     const int64_t count = std::min(kPiece, n - begin);
     pread_exact(fd, piece.data(), static_cast<size_t>(count) * sizeof(T),
                 static_cast<off_t>(offset + begin * int64_t(sizeof(T))), path);
-    if (read) read(count * int64_t(sizeof(T)));
+    if (read) read(count * int64_t(sizeof(T)) + (begin == 0 ? offset : 0));  // with the header
     int64_t first_bad = count;
 #pragma omp parallel for reduction(min : first_bad) schedule(static)
     for (int64_t i = 0; i < count; ++i)
@@ -237,7 +237,6 @@ void keep_room_for_more_files(int fd, const std::string& path, int64_t shards) {
 bool data_path_covers(const std::string& data_path, const std::string& file) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path abs_file = fs::absolute(file, ec).lexically_normal();
   if (fs::is_directory(fs::status(data_path, ec))) {
     const fs::path dir = fs::weakly_canonical(data_path, ec);
     const fs::path rel = fs::weakly_canonical(file, ec).lexically_relative(dir);
@@ -248,10 +247,20 @@ bool data_path_covers(const std::string& data_path, const std::string& file) {
     }
     if (under) return true;
   } else if (!fs::exists(fs::symlink_status(data_path, ec)) && has_glob_chars(data_path)) {
-    // The pattern and the path made absolute and normal (./d/*.bin, a relative pattern against
-    // an absolute path): the same file, however it is spelled.
-    const std::string abs_pattern = fs::absolute(data_path, ec).lexically_normal().string();
-    if (::fnmatch(abs_pattern.c_str(), abs_file.c_str(), FNM_PATHNAME | FNM_PERIOD) == 0)
+    // Where the paths really lead: the pattern's leading components without * ? [ resolved
+    // (symbolic links, .., the working directory, whose name may hold [ or *), the file
+    // resolved as far as it exists, then the pattern's rest matched against the file's path
+    // below that directory.
+    fs::path literal, rest;
+    bool in_rest = false;
+    for (const auto& part : fs::path(data_path)) {
+      in_rest = in_rest || has_glob_chars(part.string());
+      (in_rest ? rest : literal) /= part;
+    }
+    const fs::path base = fs::weakly_canonical(literal.empty() ? fs::path(".") : literal, ec);
+    const fs::path rel = fs::weakly_canonical(file, ec).lexically_relative(base);
+    if (!rel.empty() && *rel.begin() != ".." &&
+        ::fnmatch(rest.lexically_normal().c_str(), rel.c_str(), FNM_PATHNAME | FNM_PERIOD) == 0)
       return true;
   }
   return false;
@@ -323,7 +332,9 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
          format_duration(std::chrono::duration<double>(now - start).count()));
   };
   for (const std::string& file : files) {
+    const int64_t before = done;
     const TokenFormat got = ds.open_file(file, format, vocab_size, read);
+    done = before + int64_t(std::filesystem::file_size(file, ec));  // headers, unscanned files
     ++file_index;
     if (ds.format_ == TokenFormat::kAuto) ds.format_ = got;
     MX_REQUIRE(got == ds.format_, "data shard '", file, "' is ", token_format_name(got), " but '",

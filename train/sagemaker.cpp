@@ -184,12 +184,13 @@ std::string channel_data_path(const std::string& data_dir,
     return "";
   }
   // Its one file, or the directory, whose files TokenDataset reads as shards. A directory the
-  // job's input config does not name, holding nothing, is no channel.
+  // job's input config does not name, holding no data files (hidden ones only, say), is no
+  // channel.
   std::vector<std::string> files;
   try {
     files = data_files(dir.string());
   } catch (const UserError&) {
-    if (it == channels.end() && fs::is_empty(dir, ec)) return "";
+    if (it == channels.end()) return "";
     throw;
   }
   return files.size() == 1 ? files.front() : dir.string();

@@ -102,12 +102,19 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
     };
     MX_REQUIRE(!covers(m), "run.metrics ", m, " is one of the files ", key, " ",
                path, " reads: the metrics would overwrite it or be read as data");
+    // Each path the run writes, and every directory above it that it would create.
     const std::string ckpt = cfg.checkpoint_dir();
-    for (const std::string& made : {cfg.run.out_dir, ckpt, ckpt + "/step_00000000",
-                                    ckpt + "/step_00000000/manifest.json"})
-      MX_REQUIRE(made.empty() || !covers(made), "checkpoint.dir ", ckpt,
-                 " (run.out_dir ", cfg.run.out_dir, ") lies where ", key, " ", path,
-                 " reads data: what the run writes there would be read as data");
+    std::vector<std::string> made;
+    for (const std::string& w : {cfg.out_dir(), ckpt + "/step_00000000/manifest.json", m})
+      for (fs::path q = fs::absolute(w, ec).lexically_normal(); !q.empty();
+           q = q.parent_path()) {
+        made.push_back(q.string());
+        if (fs::exists(q, ec) || q == q.root_path()) break;
+      }
+    for (const std::string& w : made)
+      MX_REQUIRE(!covers(w), "the run would write ", w, ", where ", key, " ", path, " reads ",
+                 "data, and it would be read as data (checkpoint.dir ", ckpt, ", run.out_dir ",
+                 cfg.out_dir(), ", run.metrics ", m, ")");
   }
   if (!cfg.config_file.empty()) refuse_if_same(cfg.config_file, "the --config file");
   if (!cfg.init.from.empty() && fs::is_directory(cfg.init.from, ec))
@@ -197,7 +204,8 @@ int run_training(const RunConfig& cfg) {
                                     ? "<random>"  // as TokenDataset names it
                                     : cfg.data.path.empty() ? MXTRAIN_DEFAULT_CORPUS
                                                             : cfg.data.path;
-  if (lead) check_metrics_path(cfg, data_path);
+  // Every rank: each writes its own checkpoint files, and may see its own working directory.
+  check_metrics_path(cfg, data_path);
   TokenFormat format = parse_token_format(cfg.data.format);
   if (cfg.data.path.empty() && format != TokenFormat::kRandom) {
     MX_REQUIRE(std::filesystem::exists(data_path), "data.path is not set and the bundled corpus ",
@@ -384,10 +392,23 @@ int run_training(const RunConfig& cfg) {
         state["seed"].get<int64_t>() != tc.seed)
       warn(str("train.seed is ", tc.seed, ", the checkpoint's run used ", state["seed"].dump(),
                ": the rest of the epoch follows another order (windows may repeat or be missed)"));
-    std::error_code same_ec;  // another spelling of the same file (./a.u16, an absolute path)
+    // Another spelling of the same data (./a.u16, an absolute path, ./d/*.bin for d/*.bin):
+    // the same files, in the same order.
+    auto same_data = [&](const std::string& old_path) {
+      std::error_code same_ec;
+      if (old_path == data_path || fs::equivalent(old_path, data_path, same_ec)) return true;
+      try {
+        const std::vector<std::string> a = data_files(old_path), b = data_files(data_path);
+        if (a.size() != b.size()) return false;
+        for (size_t i = 0; i < a.size(); ++i)
+          if (!fs::equivalent(a[i], b[i], same_ec)) return false;
+        return true;
+      } catch (const std::exception&) {
+        return false;
+      }
+    };
     if (state.contains("data_path") && state["data_path"].is_string() &&
-        state["data_path"].get<std::string>() != data_path &&
-        !fs::equivalent(state["data_path"].get<std::string>(), data_path, same_ec))
+        !same_data(state["data_path"].get<std::string>()))
       warn(str("data.path is ", data_path, ", the checkpoint's run read ",
                state["data_path"].get<std::string>(), ": training goes on with the new data"));
     // The same path over other data (a shard added to or removed from a directory, a file

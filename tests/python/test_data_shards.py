@@ -3,6 +3,8 @@ fineweb_train_*.bin), read as their concatenation in sorted path order, and data
 validation data of its own. The reference is the same tokens in one file: training on the
 shards must be the same run, bit for bit, as training on their concatenation, and validation
 on a file of its own the same as validating on that file appended as the held-out tail."""
+import os
+
 import numpy as np
 
 from conftest import read_metrics, set_args
@@ -199,7 +201,7 @@ def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
     refused(dict(out, **{"data.path": "d2/*.bin", "run.metrics": d / "c.bin"}), "run.metrics")
     refused(dict(out, **{"data.path": "./d2/*.bin", "run.metrics": "d2/m.bin"}), "run.metrics")
     refused({"data.path": "d2/*", "run.out_dir": d / "run", "run.metrics": tmp_path / "m.jsonl"},
-            "lies where data.path")
+            "where data.path")
     ext = tmp_path / "ext"
     ext.mkdir()
     (ext / "c.bin").write_bytes((d / "c.bin").read_bytes())
@@ -249,3 +251,52 @@ def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
                 "train.seq_len": 8, "run.out_dir": tmp_path / "ow"})
     warn = [l for l in p.stderr.splitlines() if "count more than once" in l]
     assert p.returncode == 0 and len(warn) == 1 and "data.val_path" in warn[0], p.stderr
+
+
+def test_what_a_second_hunt_found_in_data_paths(tmp_path, monkeypatch):
+    """A pattern compared by spelling let a run write into its data through a symbolic link to
+    the data directory, or when the working directory's name held [ or *; directories the run
+    creates above its files (checkpoint.dir = d/x/ckpt, the default runs/default) were not
+    checked, so the next start failed on them; a respelled pattern warned "new data" on
+    resume; the progress line stopped at 99% for llm.c shards."""
+    import subprocess
+    from conftest import MXTRAIN_BIN
+    work = tmp_path / "w[1]"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    d = work / "d"
+    d.mkdir()
+    for i, n in enumerate((3000, 2500)):
+        write_llmc(d / f"{'ab'[i]}.bin", ids(n, i))
+    (work / "dl").symlink_to(d)
+
+    def run(settings, env=None):
+        args = [MXTRAIN_BIN, "train"] + [str(a) for a in set_args(dict(BASE, **settings))]
+        p = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=240,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+        return p, [l for l in p.stderr.splitlines() if l.startswith("error:")]
+
+    before = sorted(os.listdir(d))
+    for settings in ({"data.path": "d/*", "run.metrics": "dl/metrics.jsonl"},
+                     {"data.path": "dl/*.bin", "run.metrics": "d/m.bin"},
+                     {"data.path": "d/*", "checkpoint.dir": "dl/ckpt"},
+                     {"data.path": "d/*", "run.out_dir": "d/run"},       # [1] in the cwd's name
+                     {"data.path": "d/*", "checkpoint.dir": "d/x/ckpt"},  # d/x would be made
+                     {"data.path": "d/*", "run.metrics": "d/x/m.jsonl"}):
+        p, errors = run(dict({"run.out_dir": tmp_path / "o"}, **settings))
+        assert p.returncode == 2 and len(errors) == 1 and "step 1/" not in p.stderr, (settings, p.stderr)
+        assert sorted(os.listdir(d)) == before, settings
+    # the default out_dir (runs/default) under a pattern over runs/
+    (work / "runs").mkdir()
+    write_llmc(work / "runs" / "a.bin", ids(3000, 1))
+    p, errors = run({"data.path": "runs/*"})
+    assert p.returncode == 2 and len(errors) == 1 and "runs/default" in errors[0], p.stderr
+    # a respelled pattern is the same data on resume; the progress ends at 100%
+    p, _ = run({"data.path": "d/*.bin", "run.out_dir": tmp_path / "r", "train.steps": 2})
+    assert p.returncode == 0, p.stderr
+    p, _ = run({"data.path": "./d/*.bin", "run.out_dir": tmp_path / "r", "train.steps": 3},
+               env={"MXTRAIN_TEST_PROGRESS_S": "0"})
+    assert p.returncode == 0 and "resumed from" in p.stderr, p.stderr
+    assert "new data" not in p.stderr and "tokens, the checkpoint" not in p.stderr, p.stderr
+    progress = [l for l in p.stderr.splitlines() if l.startswith("data: checking ids")]
+    assert progress and "(100%), file 2 of 2" in progress[-1], progress

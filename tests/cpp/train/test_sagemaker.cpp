@@ -172,6 +172,10 @@ TEST_F(SagemakerDir, ChannelsGiveTheDataFileOrDirectory) {
   // several files: the channel's directory, read as shards
   touch("train/other.bin");
   EXPECT_EQ(fs::path(sm::channel_data_path(dir_.string(), channels, "train")), dir_ / "train");
+  // a directory the input config does not name, holding hidden files only: no channel
+  touch("validation/.keep");
+  EXPECT_EQ(sm::channel_data_path(dir_.string(), {{"train", "File"}}, "validation"), "");
+  EXPECT_THROW(sm::channel_data_path(dir_.string(), channels, "validation"), mx::UserError);
   touch("validation/val_000.bin");
   EXPECT_EQ(fs::path(sm::channel_data_path(dir_.string(), channels, "validation")),
             dir_ / "validation/val_000.bin");
