@@ -63,7 +63,10 @@ def test_a_signal_during_the_end_of_run_sample_ends_it(tmp_path, sig, code):
     time.sleep(1.0)  # into the sample (200,000 tokens take far longer than this test)
     t0 = time.monotonic()
     p.send_signal(sig)
-    outs, err = p.communicate(timeout=60)
+    try:
+        outs, err = p.communicate(timeout=60)
+    finally:
+        p.kill()  # a binary that ignores the signal would sample on after the test
     assert p.returncode == code, err
     assert time.monotonic() - t0 < 30
     assert "--- sample" in outs and outs.rstrip().endswith("---"), outs[-200:]
