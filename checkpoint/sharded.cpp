@@ -185,6 +185,11 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
     return str(path, ": 'world_size' is not a positive integer");
   for (const char* k : {"sharding", "recipe", "data_path"})
     if (has(k) && !j[k].is_string()) return str(path, ": '", k, "' is not a string");
+  if (has("data_fingerprint") &&
+      !(j["data_fingerprint"].is_string() && j["data_fingerprint"].get<std::string>().size() == 16 &&
+        j["data_fingerprint"].get<std::string>().find_first_not_of("0123456789abcdef") ==
+            std::string::npos))
+    return str(path, ": 'data_fingerprint' is not 16 lowercase hex digits");
   return "";
 }
 

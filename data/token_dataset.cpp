@@ -268,11 +268,15 @@ bool data_path_covers(const std::string& data_path, const std::string& file) {
 
 DataFileIds::DataFileIds(const std::string& data_path) {
   try {
-    struct stat st{};
-    for (const std::string& f : data_files(data_path))
-      if (::stat(f.c_str(), &st) == 0) ids_.insert({uint64_t(st.st_dev), uint64_t(st.st_ino)});
+    *this = DataFileIds(data_files(data_path));
   } catch (const std::exception&) {  // a data path that cannot be listed: open() says why
   }
+}
+
+DataFileIds::DataFileIds(const std::vector<std::string>& files) {
+  struct stat st{};
+  for (const std::string& f : files)
+    if (::stat(f.c_str(), &st) == 0) ids_.insert({uint64_t(st.st_dev), uint64_t(st.st_ino)});
 }
 
 bool DataFileIds::contains(const std::string& file) const {
@@ -309,13 +313,25 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
     return ds;
   }
 
-  const std::vector<std::string> files = data_files(path);
-  ds.num_files_ = int64_t(files.size());
+  return open_listed(path, data_files(path), format, vocab_size);
+}
+
+TokenDataset TokenDataset::open_listed(const std::string& path, std::vector<std::string> files,
+                                       TokenFormat format, int64_t vocab_size) {
+  MX_REQUIRE(vocab_size > 0 && vocab_size <= (int64_t{1} << 31), "vocab_size must be in [1, 2^31], got ",
+             vocab_size, " (data '", path, "')");
+  MX_REQUIRE(format != TokenFormat::kRandom && !files.empty(), "data path '", path,
+             "': no files listed");
+  TokenDataset ds;
+  ds.path_ = path;
+  ds.vocab_size_ = vocab_size;
+  ds.files_ = std::move(files);
+  const std::vector<std::string>& listed = ds.files_;
   // Every id of a binary data set is read once here (the vocabulary check): terabytes of shards
   // take minutes, so a line every 10 s says how far it is (MXTRAIN_TEST_PROGRESS_S: the period).
   int64_t total = 0, done = 0;
   std::error_code ec;
-  for (const std::string& file : files) total += int64_t(std::filesystem::file_size(file, ec));
+  for (const std::string& file : listed) total += int64_t(std::filesystem::file_size(file, ec));
   const char* period_env = std::getenv("MXTRAIN_TEST_PROGRESS_S");
   const double period = period_env ? std::atof(period_env) : 10.0;
   const auto start = std::chrono::steady_clock::now();
@@ -328,17 +344,17 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
     last = now;
     info("data: checking ids: ", format_bytes(double(done)), " of ", format_bytes(double(total)),
          " (", int(100.0 * double(done) / double(std::max<int64_t>(total, 1))), "%), file ",
-         file_index + 1, " of ", files.size(), ", ",
+         file_index + 1, " of ", listed.size(), ", ",
          format_duration(std::chrono::duration<double>(now - start).count()));
   };
-  for (const std::string& file : files) {
+  for (const std::string& file : listed) {
     const int64_t before = done;
     const TokenFormat got = ds.open_file(file, format, vocab_size, read);
     done = before + int64_t(std::filesystem::file_size(file, ec));  // headers, unscanned files
     ++file_index;
     if (ds.format_ == TokenFormat::kAuto) ds.format_ = got;
     MX_REQUIRE(got == ds.format_, "data shard '", file, "' is ", token_format_name(got), " but '",
-               files[0], "' is ", token_format_name(ds.format_), ": every file of data path '",
+               listed[0], "' is ", token_format_name(ds.format_), ": every file of data path '",
                path, "' must have one format");
   }
   if (ds.format_ == TokenFormat::kText) ds.tokens_ = ds.owned_.data();
@@ -443,7 +459,7 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
   format_ = other.format_;
   token_width_ = other.token_width_;
   num_tokens_ = std::exchange(other.num_tokens_, 0);
-  num_files_ = std::exchange(other.num_files_, 0);
+  files_ = std::move(other.files_);
   shards_ = std::exchange(other.shards_, {});
   vocab_size_ = other.vocab_size_;
   owned_ = std::move(other.owned_);

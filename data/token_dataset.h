@@ -36,6 +36,7 @@ bool data_path_covers(const std::string& data_path, const std::string& file);
 class DataFileIds {
  public:
   explicit DataFileIds(const std::string& data_path);
+  explicit DataFileIds(const std::vector<std::string>& files);  // a listing already made
   bool contains(const std::string& file) const;
 
  private:
@@ -54,6 +55,10 @@ class TokenDataset {
   // shard must have the same format (llm.c version 1 and 2 shards may mix).
   static TokenDataset open(const std::string& path, TokenFormat format, int64_t vocab_size,
                            int64_t random_tokens = 1 << 22);
+  // The same with data_files(path) already listed (the trainer lists each data path once: a
+  // directory may hold 100k shards).
+  static TokenDataset open_listed(const std::string& path, std::vector<std::string> files,
+                                  TokenFormat format, int64_t vocab_size);
 
   TokenDataset(TokenDataset&& other) noexcept;
   TokenDataset& operator=(TokenDataset&& other) noexcept;
@@ -66,7 +71,8 @@ class TokenDataset {
   void copy(int64_t start, int64_t count, int32_t* dst) const;  // tokens [start, start+count)
   const std::string& path() const { return path_; }
   TokenFormat format() const { return format_; }
-  int64_t num_files() const { return num_files_; }  // shards read (1 for one file; 0 random)
+  int64_t num_files() const { return int64_t(files_.size()); }  // 1 for one file; 0 random
+  const std::vector<std::string>& files() const { return files_; }  // data_files(path())
   // A hash of 64 windows of up to 1024 ids spread evenly over the data (its first and last ids
   // included), each id hashed with its position: what ranks compare to tell two copies of a
   // file apart when their sizes agree. Constant cost at any size (64 reads); copies that differ
@@ -99,7 +105,7 @@ class TokenDataset {
   const uint8_t* tokens_ = nullptr;  // in memory: text bytes (width 1) or generated ids (4)
   int token_width_ = 0;              // in memory: 1 (text) or 4 (random); 0 for shards
   int64_t num_tokens_ = 0;
-  int64_t num_files_ = 0;
+  std::vector<std::string> files_;  // the files read, in order (empty for random data)
   std::vector<Shard> shards_;  // binary files (u16, u32, llmc); empty when owned_ holds the data
   int64_t vocab_size_ = 0;
   std::vector<uint8_t> owned_;  // text bytes or generated ids

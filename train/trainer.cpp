@@ -10,9 +10,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <span>
 #include <thread>
+#include <tuple>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -82,7 +84,27 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
 // The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
 // run's inputs (the data file, which it would truncate under the reader)
 // or a file of a checkpoint.
-void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The files of a data path, listed once at start-up for every check and for opening it (a
+// directory may hold 100k shards); nullopt for no path, random data, or a path that cannot be
+// listed (TokenDataset::open then says why, after the write-path check).
+std::optional<std::vector<std::string>> list_data(const std::string& path) {
+  if (path.empty() || path == "<random>") return std::nullopt;
+  try {
+    return data_files(path);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+void check_metrics_path(const RunConfig& cfg, const std::string& data_path,
+                        const std::optional<std::vector<std::string>>& data_listed,
+                        const std::optional<std::vector<std::string>>& val_listed) {
   const std::string m = cfg.metrics_path();
   std::error_code ec;
   MX_REQUIRE(!fs::is_directory(m, ec), "run.metrics ", m, " is a directory, not a file");
@@ -93,10 +115,12 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path) {
   // A data directory or pattern reads every file it covers: metrics or checkpoints written
   // there would be read as data by the next run (or overwrite a shard now).
   // (A pattern such as d/* also matches the directories a run makes: the next start failed.)
-  for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", data_path},
-                                  {"data.val_path", cfg.data.val_path}}) {
+  for (const auto& [key, path, listed] :
+       {std::tuple<const char*, std::string, const std::optional<std::vector<std::string>>*>{
+            "data.path", data_path, &data_listed},
+        {"data.val_path", cfg.data.val_path, &val_listed}}) {
     if (path.empty() || path == "<random>") continue;
-    const DataFileIds reads(path);
+    const DataFileIds reads(listed->value_or(std::vector<std::string>{}));
     auto covers = [&](const std::string& p) {
       return data_path_covers(path, p) || reads.contains(p);
     };
@@ -204,14 +228,21 @@ int run_training(const RunConfig& cfg) {
                                     ? "<random>"  // as TokenDataset names it
                                     : cfg.data.path.empty() ? MXTRAIN_DEFAULT_CORPUS
                                                             : cfg.data.path;
+  std::optional<std::vector<std::string>> data_listed = list_data(data_path);
+  std::optional<std::vector<std::string>> val_listed = list_data(cfg.data.val_path);
   // Every rank: each writes its own checkpoint files, and may see its own working directory.
-  check_metrics_path(cfg, data_path);
+  check_metrics_path(cfg, data_path, data_listed, val_listed);
   TokenFormat format = parse_token_format(cfg.data.format);
   if (cfg.data.path.empty() && format != TokenFormat::kRandom) {
     MX_REQUIRE(std::filesystem::exists(data_path), "data.path is not set and the bundled corpus ",
                data_path, " is missing (run scripts/setup.sh, or set data.path)");
   }
-  TokenDataset data = TokenDataset::open(data_path, format, model_cfg.vocab_size);
+  auto open_data = [&](const std::string& path, std::optional<std::vector<std::string>>& listed) {
+    return listed ? TokenDataset::open_listed(path, std::move(*listed), format,
+                                              model_cfg.vocab_size)
+                  : TokenDataset::open(path, format, model_cfg.vocab_size);
+  };
+  TokenDataset data = open_data(data_path, data_listed);
   // Every rank must read the same data: a node with another copy of the file trained on
   // silently (other windows). The sizes first, then a sample of the tokens against rank 0's
   // (the same size is not the same data: another version of the dataset), naming the highest
@@ -232,19 +263,22 @@ int run_training(const RunConfig& cfg) {
                "not the same ids at the 64 places sampled; every rank must read the same files)");
   };
   require_same_on_every_rank(data, "data.path");
+  // Kept in state.json: a resume over the same path and token count but other ids (a shard
+  // renamed or replaced by one of its size) is told apart.
+  const std::string data_fingerprint = hex64(data.fingerprint());
   // data.val_path: validation data of its own (llm.c's fineweb_val_*.bin); training then reads
   // all of data.path and data.val_fraction is not used.
   std::optional<TokenDataset> val_data;
   MX_REQUIRE(cfg.data.val_path.empty() || format != TokenFormat::kRandom, "data.val_path is ",
              "set, but data.format = random reads no data (validation is the random data's tail)");
   if (!cfg.data.val_path.empty()) {
-    val_data.emplace(TokenDataset::open(cfg.data.val_path, format, model_cfg.vocab_size));
+    val_data.emplace(open_data(cfg.data.val_path, val_listed));
     require_same_on_every_rank(*val_data, "data.val_path");
     // llm.c's layout keeps fineweb_train_* and fineweb_val_* in one directory: data.path = that
     // directory would train on the validation shards.
-    // (by device and inode, each list read once: a data set may hold 100k shards)
-    const DataFileIds train_files(data_path);
-    for (const std::string& v : data_files(cfg.data.val_path))
+    // (by device and inode, from the listings the datasets were opened with)
+    const DataFileIds train_files(data.files());
+    for (const std::string& v : val_data->files())
       MX_REQUIRE(!train_files.contains(v), "data.val_path's file ", v, " is also read by data.path ", data_path,
                  ": the run would train on its validation data (give data.path a pattern, e.g. ",
                  "DIR/*_train_*.bin)");
@@ -398,7 +432,8 @@ int run_training(const RunConfig& cfg) {
       std::error_code same_ec;
       if (old_path == data_path || fs::equivalent(old_path, data_path, same_ec)) return true;
       try {
-        const std::vector<std::string> a = data_files(old_path), b = data_files(data_path);
+        const std::vector<std::string> a = data_files(old_path);
+        const std::vector<std::string>& b = data.files();
         if (a.size() != b.size()) return false;
         for (size_t i = 0; i < a.size(); ++i)
           if (!fs::equivalent(a[i], b[i], same_ec)) return false;
@@ -418,6 +453,11 @@ int run_training(const RunConfig& cfg) {
       warn(str("data.path ", data_path, " holds ", data.size(), " tokens, the checkpoint's run ",
                "read ", state["data_tokens"].get<int64_t>(), " (a shard added or removed, a file ",
                "rewritten?): training goes on with the data as they are now, in another order"));
+    else if (state.contains("data_fingerprint") &&
+             state["data_fingerprint"].get<std::string>() != data_fingerprint)
+      warn(str("data.path ", data_path, " holds as many tokens as the checkpoint's run read, ",
+               "but not the same ids (shards renamed, reordered or replaced? a file rewritten?): ",
+               "training goes on with the data as they are now"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
     fsdp.write_shards_from_host(host);
@@ -566,7 +606,8 @@ int run_training(const RunConfig& cfg) {
                             {"sharding", cfg.parallel.sharding},
                             {"recipe", cfg.precision.recipe},
                             {"data_path", data_path},
-                            {"data_tokens", data.size()}};
+                            {"data_tokens", data.size()},
+                            {"data_fingerprint", data_fingerprint}};
     checkpointer.save(step, state, recipe_extra_tensors(linear_recipe));
   };
 

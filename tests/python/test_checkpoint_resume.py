@@ -404,7 +404,10 @@ def test_manifest_whose_lists_contradict_its_model_is_rejected(setup, tmp_path, 
 
 @pytest.mark.parametrize("field,value", [("samples_seen", -1), ("samples_seen", 2**63 - 1),
                                          ("seed", "x"), ("world_size", 0), ("recipe", 7),
-                                         ("data_tokens", -5), ("data_tokens", "many")])
+                                         ("data_tokens", -5), ("data_tokens", "many"),
+                                         ("data_fingerprint", 12),
+                                         ("data_fingerprint", "0123456789ABCDEF"),
+                                         ("data_fingerprint", "0123")])
 def test_state_json_with_bad_fields_fails_verify(setup, tmp_path, mxtrain, field, value):
     """state.json edited consistently with the manifest (its CRC32C and size rewritten) still
     fails when a field has the wrong type or range."""

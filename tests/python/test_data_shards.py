@@ -3,6 +3,7 @@ fineweb_train_*.bin), read as their concatenation in sorted path order, and data
 validation data of its own. The reference is the same tokens in one file: training on the
 shards must be the same run, bit for bit, as training on their concatenation, and validation
 on a file of its own the same as validating on that file appended as the held-out tail."""
+import json
 import os
 
 import numpy as np
@@ -164,6 +165,34 @@ def test_resume_over_a_changed_shard_set_warns(tmp_path, mxtrain):
     assert r.rc == 0, r
     warns = [l for l in r.stderr.splitlines() if "the checkpoint's run read 3000" in l]
     assert len(warns) == 1 and "holds 3500 tokens" in warns[0], r.stderr
+
+
+def test_resume_over_renamed_shards_of_the_same_size_warns(tmp_path, mxtrain):
+    """Two shards of one size swapping names (or one replaced by another of its size) kept the
+    path and the token count, so a resume went on without a word over windows in another
+    order. state.json keeps the data's fingerprint too; a resume over the same ids in the same
+    order (the same files, or copies of them) stays silent."""
+    d = tmp_path / "d"
+    d.mkdir()
+    write_llmc(d / "a.bin", ids(1500, 1))
+    write_llmc(d / "b.bin", ids(1500, 2))
+    run = dict(BASE, **{"data.path": d, "run.out_dir": tmp_path / "o", "checkpoint.every": 1})
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 1})))
+    assert r.rc == 0, r
+    state = json.loads((tmp_path / "o" / "checkpoints" / "step_00000001" / "state.json").read_text())
+    assert state["data_tokens"] == 3000 and len(state["data_fingerprint"]) == 16, state
+    # copies of the same files under the same names: no warning
+    for n in ("a.bin", "b.bin"):
+        data = (d / n).read_bytes()
+        (d / n).unlink()
+        (d / n).write_bytes(data)
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 2})))
+    assert r.rc == 0 and "resumed from" in r.stderr and "not the same ids" not in r.stderr, r
+    (d / "a.bin").rename(d / "c.bin")  # b.bin is now read first
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 3})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    warns = [l for l in r.stderr.splitlines() if "not the same ids" in l]
+    assert len(warns) == 1 and "holds as many tokens as the checkpoint's run read" in warns[0], r.stderr
 
 
 def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
