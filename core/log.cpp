@@ -10,14 +10,17 @@ static LogLevel g_level = LogLevel::kInfo;
 void set_log_level(LogLevel level) { g_level = level; }
 LogLevel log_level() { return g_level; }
 
+// Each message is one line on stderr: a path or value holding a newline or other control
+// byte (a file name, a --set value) is escaped as in error lines (one_line), so it can neither
+// split the line nor move the terminal's cursor.
 void log_line(LogLevel level, const std::string& line) {
   if (g_level < level) return;
-  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fprintf(stderr, "%s\n", one_line(line).c_str());
   std::fflush(stderr);
 }
 
 void warn(const std::string& line) {
-  std::fprintf(stderr, "warning: %s\n", line.c_str());
+  std::fprintf(stderr, "warning: %s\n", one_line(line).c_str());
   std::fflush(stderr);
 }
 

@@ -729,7 +729,11 @@ int run_training(const RunConfig& cfg) {
                     format_count(tok_s).c_str(), 100 * mfu, format_bytes(double(peak)).c_str(),
                     format_duration(eta).c_str());
       line += extra;
-      if (tty && !rec.contains("val_loss") && done != tc.steps)
+      // A terminal redraws one progress line (kept where validation ran, and at the end); a
+      // log file (SageMaker's CloudWatch, a redirect) gets plain lines, no cursor controls.
+      if (!tty)
+        std::fprintf(stderr, "%s\n", line.c_str());
+      else if (!rec.contains("val_loss") && done != tc.steps)
         std::fprintf(stderr, "\r%s\033[K", line.c_str());
       else
         std::fprintf(stderr, "\r%s\033[K\n", line.c_str());

@@ -355,13 +355,22 @@ def test_a_beta_that_rounds_to_one_in_float32_is_refused(tmp_path, mxtrain, key)
 
 
 def test_the_start_up_line_names_a_data_path_with_a_newline_on_one_line(tmp_path, mxtrain):
-    """A data file whose name holds a newline split the start-up line in two."""
+    """A data file whose name holds a newline split the start-up line in two; an output
+    directory whose name holds one split the closing line (its checkpoint and metrics paths)
+    and the resume lines, and an escape byte in it reached the terminal."""
     data = tmp_path / "a\nb.txt"
     data.write_text(english_text(2000))
-    r = mxtrain(["train"] + set_args({"model.preset": "tiny", "data.path": data,
-                                      "train.steps": 1, "train.seq_len": 16,
-                                      "run.sample_tokens": 0, "run.out_dir": tmp_path / "o"}))
+    out = tmp_path / "o\nut\x1b[2J"
+    run = {"model.preset": "tiny", "data.path": data, "train.steps": 1, "train.seq_len": 16,
+           "run.sample_tokens": 0, "run.out_dir": out, "checkpoint.every": 1}
+    r = mxtrain(["train"] + set_args(run))
     assert r.rc == 0, r
     start = [l for l in r.stderr.splitlines() if l.startswith("mxtrain: ")]
     assert len(start) == 1 and f"data {tmp_path}/a\\nb.txt (" in start[0], r.stderr
-    assert not [l for l in r.stderr.splitlines() if l.startswith("b.txt")]
+    done = [l for l in r.stderr.splitlines() if l.startswith("done: ")]
+    assert len(done) == 1 and "o\\nut\\x1b[2J/metrics.jsonl" in done[0], r.stderr
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 2, "train.seed": 9})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    for r_ in (r,):
+        assert "\x1b" not in r_.stderr, r_.stderr
+        assert not [l for l in r_.stderr.splitlines() if l.startswith(("b.txt", "ut"))], r_.stderr
