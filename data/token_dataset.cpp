@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cctype>
 #include <cerrno>
@@ -216,6 +217,10 @@ namespace {
 // quarter of the limit (at most 64) for what the run opens later (MPI, checkpoints, logs: an
 // exhausted limit would fail the first checkpoint hours in); if it cannot, an error says so
 // before any training.
+// Binary shards held open by every TokenDataset of the process (data.path and data.val_path
+// together: what the open-file limit has to hold).
+std::atomic<int64_t> g_open_shards{0};
+
 void keep_room_for_more_files(int fd, const std::string& path, int64_t shards) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
@@ -368,7 +373,8 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
   // writer appears; regular files ignore it.
   file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) throw_read_error(path, "cannot open", errno);
-  if (!shards_.empty()) keep_room_for_more_files(file.fd, path, int64_t(shards_.size()));
+  if (const int64_t open_now = g_open_shards.load(); open_now > 0)
+    keep_room_for_more_files(file.fd, path, open_now);
   struct stat st{};
   if (::fstat(file.fd, &st) != 0) throw_read_error(path, "cannot stat", errno);
   MX_REQUIRE(S_ISREG(st.st_mode), "data file '", path, "': not a regular file");
@@ -447,6 +453,7 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
   shard.fd = std::exchange(file.fd, -1);
   num_tokens_ += shard.num_tokens;
   shards_.push_back(std::move(shard));
+  ++g_open_shards;
   return format;
 }
 
@@ -471,7 +478,10 @@ TokenDataset::~TokenDataset() { release(); }
 
 void TokenDataset::release() {
   for (Shard& shard : shards_)
-    if (shard.fd >= 0) ::close(shard.fd);
+    if (shard.fd >= 0) {
+      ::close(shard.fd);
+      --g_open_shards;
+    }
   shards_.clear();
   owned_.clear();
   tokens_ = nullptr;

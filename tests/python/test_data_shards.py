@@ -5,6 +5,7 @@ shards must be the same run, bit for bit, as training on their concatenation, an
 on a file of its own the same as validating on that file appended as the held-out tail."""
 import json
 import os
+import re
 
 import numpy as np
 
@@ -280,6 +281,37 @@ def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
                 "train.seq_len": 8, "run.out_dir": tmp_path / "ow"})
     warn = [l for l in p.stderr.splitlines() if "count more than once" in l]
     assert p.returncode == 0 and len(warn) == 1 and "data.val_path" in warn[0], p.stderr
+
+
+def test_the_open_file_limit_counts_training_and_validation_shards(tmp_path):
+    """Binary shards stay open. Under a hard limit of 64 files, 30 training shards and 30
+    validation shards cannot all be held with room to spare: the error comes before training,
+    names the validation shard being opened, and counts every shard held open so far, the
+    training ones included (it counted only the validation data's own)."""
+    import resource
+    import subprocess
+    from conftest import MXTRAIN_BIN
+    tr, va = tmp_path / "train", tmp_path / "val"
+    tr.mkdir()
+    va.mkdir()
+    for i in range(30):
+        write_llmc(tr / f"t{i:02d}.bin", ids(300, i))
+        write_llmc(va / f"v{i:02d}.bin", ids(100, 100 + i))
+    settings = dict(BASE, **{"data.path": tr, "data.val_path": va, "run.out_dir": tmp_path / "o"})
+    args = [MXTRAIN_BIN, "train"] + [str(a) for a in set_args(settings)]
+    p = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+                       timeout=240)
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1 and "step 1/" not in p.stderr, p.stderr
+    m = re.search(r"data file '([^']*)': the (\d+) data files kept open so far", errors[0])
+    assert m and m.group(1).startswith(str(va)), errors[0]
+    assert int(m.group(2)) > 30 and "raise it, or merge the shards" in errors[0], errors[0]
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").rglob("*.safetensors"))
+    # the same shards under the default limit train
+    p = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       timeout=240)
+    assert p.returncode == 0, p.stderr
 
 
 def test_what_a_second_hunt_found_in_data_paths(tmp_path, monkeypatch):
