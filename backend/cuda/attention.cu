@@ -19,6 +19,15 @@
 #include "backend/cuda/kernels.cuh"
 
 namespace mx::cuda {
+int64_t max_grid_yz() {
+  static const int64_t limit = [] {
+    const char* v = std::getenv("MXTRAIN_TEST_GRID_YZ");
+    const long n = v ? std::strtol(v, nullptr, 10) : 0;
+    return n >= 1 && n < 65535 ? int64_t(n) : int64_t(65535);
+  }();
+  return limit;
+}
+
 namespace {
 
 constexpr int kTile = 32;        // queries per query tile = keys per key tile = warp size
@@ -339,18 +348,9 @@ void launch_prepare(const char* op, Kernel kernel, size_t smem_bytes) {
                                          int(smem_bytes)));
 }
 
-// Grid y and z are at most 65535 (CUDA's limit): heads (y) and batch (z) beyond it go in more
-// launches, each kernel told its first head and batch (h0, b0). One launch at any real shape
-// (65536 heads, or a micro-batch of 65536 sequences, made an invalid launch). The op check
-// lowers the limit (MXTRAIN_TEST_GRID_YZ) to run the chunked launches at small shapes.
-int64_t max_grid_yz() {
-  static const int64_t limit = [] {
-    const char* v = std::getenv("MXTRAIN_TEST_GRID_YZ");
-    const long n = v ? std::strtol(v, nullptr, 10) : 0;
-    return n >= 1 && n < 65535 ? int64_t(n) : int64_t(65535);
-  }();
-  return limit;
-}
+// Heads (grid y) and batch (z) beyond max_grid_yz() go in more launches, each kernel told its
+// first head and batch (h0, b0). One launch at any real shape (65536 heads, or a micro-batch of
+// 65536 sequences, made an invalid launch).
 template <typename Launch>
 void for_grid_chunks(int64_t heads, int64_t batch, Launch&& launch) {
   const int64_t m = max_grid_yz();

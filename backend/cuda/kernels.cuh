@@ -9,6 +9,12 @@
 
 namespace mx::cuda {
 
+// Grid y and z are at most 65535 (CUDA's limit); kernels with more rows, heads or sequences
+// than that take them in chunks (attention.cu) or in turn (the transposes in
+// quantize_kernels.cu). MXTRAIN_TEST_GRID_YZ lowers the limit so the op check runs those paths
+// at small shapes.
+int64_t max_grid_yz();
+
 // attention.cu: causal GQA flash attention, fp32, head_dim D <= kMaxHeadDim.
 constexpr int kMaxHeadDim = 128;
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,

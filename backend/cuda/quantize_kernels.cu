@@ -5,6 +5,7 @@
 #include "backend/cuda/quantize_kernels.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.cuh"
 #include "numerics/block_scale_layout.h"
 #include "numerics/fp8_block_mx.h"
 
@@ -289,32 +290,37 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
   // [x row][x column]; the odd pitch keeps the write phase's column reads off one bank
   __shared__ uint8_t tile[kCodesTileRows][kTile + 1];
   const float scale = *scale_ptr;
-  const int64_t r0 = int64_t(blockIdx.y) * kCodesTileRows, c0 = int64_t(blockIdx.x) * kTile;
+  const int64_t c0 = int64_t(blockIdx.x) * kTile;
   float m = 0.0f;
-  for (int i = threadIdx.y; i < kCodesTileRows; i += kTileRows) {
-    const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) {
-      const float v = load(x, r * cols + c);
-      m = numerics::amax_fold(m, v);
-      const uint8_t code = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
-      tile[i][threadIdx.x] = code;
-      if (codes) codes[r * cols + c] = code;
+  // Row tiles beyond grid y's limit (65535 x 128 rows) are taken by the same blocks in turn.
+  for (int64_t r0 = int64_t(blockIdx.y) * kCodesTileRows; r0 < rows;
+       r0 += int64_t(gridDim.y) * kCodesTileRows) {
+    for (int i = threadIdx.y; i < kCodesTileRows; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) {
+        const float v = load(x, r * cols + c);
+        m = numerics::amax_fold(m, v);
+        const uint8_t code = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
+        tile[i][threadIdx.x] = code;
+        if (codes) codes[r * cols + c] = code;
+      }
     }
-  }
-  __syncthreads();
-  // codes^T row c (x's column c), bytes r0 + 4 tx .. r0 + 4 tx + 3 (x's rows) from this thread
-  const int i = 4 * int(threadIdx.x);
-  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-    const int64_t c = c0 + j, r = r0 + i;
-    if (c >= cols || r >= rows) continue;
-    uint8_t* dst = codes_t + c * rows + r;
-    if (packed && r + 3 < rows) {
-      *reinterpret_cast<uint32_t*>(dst) = uint32_t(tile[i][j]) | uint32_t(tile[i + 1][j]) << 8 |
-                                          uint32_t(tile[i + 2][j]) << 16 |
-                                          uint32_t(tile[i + 3][j]) << 24;
-    } else {
-      for (int k = 0; k < 4 && r + k < rows; ++k) dst[k] = tile[i + k][j];
+    __syncthreads();
+    // codes^T row c (x's column c), bytes r0 + 4 tx .. r0 + 4 tx + 3 (x's rows) from this thread
+    const int i = 4 * int(threadIdx.x);
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t c = c0 + j, r = r0 + i;
+      if (c >= cols || r >= rows) continue;
+      uint8_t* dst = codes_t + c * rows + r;
+      if (packed && r + 3 < rows) {
+        *reinterpret_cast<uint32_t*>(dst) = uint32_t(tile[i][j]) | uint32_t(tile[i + 1][j]) << 8 |
+                                            uint32_t(tile[i + 2][j]) << 16 |
+                                            uint32_t(tile[i + 3][j]) << 24;
+      } else {
+        for (int k = 0; k < 4 && r + k < rows; ++k) dst[k] = tile[i + k][j];
+      }
     }
+    __syncthreads();  // the tile is read before the next row tile overwrites it
   }
   if (amax) block_amax_to(m, amax);
 }
@@ -323,15 +329,19 @@ template <class T>
 __global__ void transpose_kernel(const T* __restrict__ src, int64_t rows, int64_t cols,
                                  T* __restrict__ dst) {
   __shared__ T tile[kTile][kTile + 1];
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-    const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-    const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+  const int64_t c0 = int64_t(blockIdx.x) * kTile;
+  // Row tiles beyond grid y's limit (65535 x 32 rows) are taken by the same blocks in turn.
+  for (int64_t r0 = int64_t(blockIdx.y) * kTile; r0 < rows; r0 += int64_t(gridDim.y) * kTile) {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t c = c0 + i, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+    }
+    __syncthreads();  // the tile is read before the next row tile overwrites it
   }
 }
 
@@ -411,6 +421,10 @@ unsigned elem_grid(int64_t n) {
   return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
 }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Grid y of a transposing kernel: its row tiles, at most max_grid_yz() (the kernels loop).
+unsigned row_tiles(int64_t rows, int64_t tile) {
+  return unsigned(std::min(ceil_div(rows, tile), max_grid_yz()));
+}
 
 void check_fp8(Format fmt, const char* op) {
   MX_REQUIRE(fmt == Format::kE4M3 || fmt == Format::kE5M2, op, ": E4M3 or E5M2 elements only");
@@ -432,8 +446,7 @@ template <class T>
 void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
                     uint8_t* codes_t, uint8_t* codes, float* amax, cudaStream_t s,
                     const char* op) {
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kCodesTileRows)));
-  MX_REQUIRE(grid.y <= 65535, op, ": ", rows, " rows is too many for the transposing grid");
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
   const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
   fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
                                                               codes, amax, packed);
@@ -485,16 +498,14 @@ void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, cons
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
                      cudaStream_t s) {
   if (rows * cols == 0) return;
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
-  MX_REQUIRE(grid.y <= 65535, "transpose_bytes: ", rows, " rows is too many for the grid");
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kTile));
   transpose_kernel<uint8_t><<<grid, dim3(kTile, kTileRows), 0, s>>>(src, rows, cols, dst);
   MX_CUDA_LAUNCH_CHECK("transpose_bytes");
 }
 
 void transpose_f32(const float* src, int64_t rows, int64_t cols, float* dst, cudaStream_t s) {
   if (rows * cols == 0) return;
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
-  MX_REQUIRE(grid.y <= 65535, "transpose_f32: ", rows, " rows is too many for the grid");
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kTile));
   transpose_kernel<float><<<grid, dim3(kTile, kTileRows), 0, s>>>(src, rows, cols, dst);
   MX_CUDA_LAUNCH_CHECK("transpose_f32");
 }
