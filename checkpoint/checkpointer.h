@@ -95,7 +95,10 @@ class Checkpointer {
 // Recipe state <-> extra tensors: "recipe.delayed.<layer>.<linear>.<op>" holds the scale then
 // the amax history. A resumed rank takes the state of the file of its shard rank (modulo the
 // checkpoint's shard count); ranks that only replicate a shard get their writer's state.
+// Refused (UserError naming the file and tensor): a name of the family that is no operand of a
+// model of num_layers blocks, a scale without a finite reciprocal, an amax not finite and >= 0.
 std::vector<ExtraTensor> recipe_extra_tensors(const LinearRecipe& recipe);
-void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int shard_rank);
+void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int shard_rank,
+                          int64_t num_layers);
 
 }  // namespace mx

@@ -1,6 +1,7 @@
 #include "checkpoint/sharded.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -19,6 +20,54 @@ constexpr const char* kManifest = "manifest.json";
 // A manifest is a few KB per hundred tensors; anything larger is not one of ours.
 constexpr uint64_t kMaxManifestBytes = 64u << 20;
 constexpr uint64_t kMaxSmallFileBytes = 64u << 20;
+
+// Finds the first float that is not finite in a rank file's data as its bytes stream past
+// (verify reads every byte for the CRC32C anyway): the 8-byte header length, the header, then
+// the data buffer, every tensor of it F32. The offset is the file's; the caller names the
+// tensor from the parsed header.
+struct FiniteScan {
+  explicit FiniteScan(bool on) : on(on) {}
+  void feed(const uint8_t* p, size_t n) {
+    size_t i = 0;
+    while (on && bad_offset < 0 && i < n) {
+      if (pos < 8) {  // the header's length, little-endian
+        header_len |= uint64_t(p[i++]) << (8 * pos++);
+        if (pos == 8 && header_len > (uint64_t{1} << 40)) on = false;  // the parse says why
+        continue;
+      }
+      const uint64_t data_start = 8 + header_len;
+      if (pos < data_start) {  // the header
+        const size_t skip = size_t(std::min<uint64_t>(n - i, data_start - pos));
+        i += skip;
+        pos += skip;
+        continue;
+      }
+      const uint64_t phase = (pos - data_start) % 4;
+      if (phase != 0 || n - i < 4) {  // a float split between two pieces of the stream
+        word[phase] = p[i++];
+        ++pos;
+        if (phase == 3) check(word, pos - 4);
+        continue;
+      }
+      const size_t words = (n - i) / 4;
+      for (size_t w = 0; w < words && bad_offset < 0; ++w) check(p + i + 4 * w, pos + 4 * w);
+      i += 4 * words;
+      pos += 4 * words;
+    }
+  }
+  void check(const uint8_t* bytes, uint64_t offset) {
+    uint32_t u;
+    std::memcpy(&u, bytes, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) return;  // exponent all ones: infinity or NaN
+    bad_offset = int64_t(offset);
+    std::memcpy(&bad_value, &u, 4);
+  }
+  bool on;
+  uint64_t pos = 0, header_len = 0;
+  uint8_t word[4] = {};
+  int64_t bad_offset = -1;
+  float bad_value = 0.0f;
+};
 
 // A manifest's file name must name a file inside the step and nothing else.
 bool is_plain_file_name(const std::string& name) {
@@ -376,9 +425,18 @@ void CheckpointReader::read(int unit, StateKind kind, int64_t begin, int64_t end
     const TensorEntry& e = *it->second;
     MX_REQUIRE(e.dtype == "F32" && e.shape.size() == 1 && e.shape[0] == sl.valid_numel(s.rank),
                label, ": ", name, " is not F32 [", sl.valid_numel(s.rank), "]");
+    float* out = dst + (s.global_begin - begin);
     store_.read_range(step_, f.name,
                       f.index.data_start + e.begin + uint64_t(s.local_begin) * sizeof(float),
-                      uint64_t(s.numel) * sizeof(float), dst + (s.global_begin - begin));
+                      uint64_t(s.numel) * sizeof(float), out);
+    // A NaN or infinity here (a bit flip whose CRC32C was rewritten, a run saved as it
+    // diverged) was reported steps later as "training diverged", or generated garbage; a
+    // negative second moment makes its square root NaN at the next update.
+    for (int64_t i = 0; i < s.numel; ++i)
+      MX_REQUIRE(std::isfinite(out[i]) && !(kind == StateKind::kExpAvgSq && out[i] < 0.0f),
+                 label, ": ", name, " holds ", out[i], " at element ", s.local_begin + i,
+                 kind == StateKind::kExpAvgSq ? " (a second moment must be finite and >= 0)"
+                                              : " (every value must be finite)");
   }
 }
 
@@ -441,6 +499,7 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
   }
   if (m["step"].get<int64_t>() != step) return str(mpath, ": says step ", m["step"].get<int64_t>());
   if (!store.is_s3()) read_all = true;
+  std::vector<std::pair<std::string, FiniteScan>> non_finite;  // rank files, from the CRC pass
 
   // Sizes (and ETags) first: cheap, and before anything is read.
   for (const auto& f : m["files"]) {
@@ -466,9 +525,11 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
     for (const auto& f : m["files"]) {
       const std::string name = f["name"].get<std::string>();
       uint32_t crc = 0;
+      FiniteScan scan(name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
       try {
         store.read_stream(step, name, [&](const uint8_t* p, size_t n) {
           crc = crc32c_update(crc, p, n);
+          scan.feed(p, n);
         });
       } catch (const StorageError&) {
         throw;  // the store failed (after its retries), not the checkpoint: exit 3
@@ -478,6 +539,7 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       if (crc32c_hex(crc) != f["crc32c"].get<std::string>())
         return str(loc, "/", name, ": CRC32C ", crc32c_hex(crc), ", manifest says ",
                    f["crc32c"].get<std::string>(), " (corrupt)");
+      if (scan.bad_offset >= 0) non_finite.emplace_back(name, scan);
     }
   }
   // Every rank file parses and holds the tensors the manifest lists, with their shapes.
@@ -528,6 +590,17 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       if (e->shape != shape) return str(loc, "/", file, ": ", name, " has the wrong shape");
       if (e->dtype != "F32")  // every checkpoint tensor is F32 (docs/checkpoints.md)
         return str(loc, "/", file, ": ", name, " is ", e->dtype, ", not F32");
+    }
+    // A value that is not finite, named by its tensor and element (the scan saw only bytes).
+    for (const auto& [file, scan] : non_finite) {
+      auto it = rank_of.find(file);
+      if (it == rank_of.end()) continue;
+      const SafeTensorsIndex& index = reader.index(it->second);
+      const uint64_t off = uint64_t(scan.bad_offset);
+      for (const TensorEntry& t : index.tensors)
+        if (off >= index.data_start + t.begin && off < index.data_start + t.end)
+          return str(loc, "/", file, ": ", t.name, " holds ", scan.bad_value, " at element ",
+                     (off - index.data_start - t.begin) / 4, " (every value must be finite)");
     }
   } catch (const StorageError&) {
     throw;  // the store failed (after its retries), not the checkpoint: exit 3

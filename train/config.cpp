@@ -287,6 +287,10 @@ void apply_model_fields(Staging& s) {
 void validate(const RunConfig& c) {
   const auto& t = c.train;
   MX_REQUIRE(t.steps >= 1, "train.steps must be at least 1 (got ", t.steps, ")");
+  // Checkpoint steps are named with 8 digits (step_NNNNNNNN): a step of 10^8 would be written
+  // but not found again (no listing, resume or export).
+  MX_REQUIRE(t.steps <= 99999999, "train.steps must be at most 99999999 (got ", t.steps,
+             "): checkpoint steps are named with 8 digits");
   MX_REQUIRE(t.micro_batch >= 1, "train.micro_batch must be at least 1 (got ", t.micro_batch, ")");
   MX_REQUIRE(t.seq_len >= 1, "train.seq_len must be at least 1 (got ", t.seq_len, ")");
   MX_REQUIRE(t.grad_accum >= 1, "train.grad_accum must be at least 1 (got ", t.grad_accum, ")");

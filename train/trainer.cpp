@@ -46,6 +46,29 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A checkpoint root inside a committed step or a writer's hidden step directory: the run's
+// steps would change the checkpoint they sit in and be deleted with it (retention pruning that
+// step, a later start clearing what stopped writers left). Before anything is cleared there.
+void refuse_checkpoint_root_inside_a_step(const RunConfig& cfg) {
+  auto refuse = [](const std::string& key, const std::string& root, const std::string& step) {
+    MX_REQUIRE(step.empty(), key, " ", root, " lies inside the checkpoint step ", step,
+               ": its steps would change that checkpoint and be deleted with it (choose a ",
+               "directory outside every step_NNNNNNNN)");
+  };
+  refuse("checkpoint.dir", cfg.checkpoint_dir(), enclosing_step_dir(cfg.checkpoint_dir()));
+  const std::string& uri = cfg.checkpoint.s3_uri;
+  if (uri.rfind("s3://", 0) != 0) return;
+  std::string prefix;
+  for (size_t b = 5, e; b < uri.size(); b = e + 1) {
+    e = std::min(uri.find('/', b), uri.size());
+    const std::string name = uri.substr(b, e - b);
+    prefix = uri.substr(0, e);
+    if (b > 5 && (parse_step_dir_name(name) >= 0 ||
+                  (name.size() > 14 && name[0] == '.' && parse_step_dir_name(name.substr(1, 13)) >= 0)))
+      refuse("checkpoint.s3_uri", uri, prefix);
+  }
+}
+
 // The local checkpoint directory, created now and written to once (a hidden directory made and
 // removed): a path under a file, a read-only mount, /proc or a dangling link would otherwise
 // fail only at the first save, after the training it was to keep. Each rank probes (every
@@ -232,6 +255,7 @@ int run_training(const RunConfig& cfg) {
   std::optional<std::vector<std::string>> val_listed = list_data(cfg.data.val_path);
   // Every rank: each writes its own checkpoint files, and may see its own working directory.
   check_metrics_path(cfg, data_path, data_listed, val_listed);
+  refuse_checkpoint_root_inside_a_step(cfg);
   TokenFormat format = parse_token_format(cfg.data.format);
   if (cfg.data.path.empty() && format != TokenFormat::kRandom) {
     MX_REQUIRE(std::filesystem::exists(data_path), "data.path is not set and the bundled corpus ",
@@ -461,7 +485,7 @@ int run_training(const RunConfig& cfg) {
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
     fsdp.write_shards_from_host(host);
-    restore_recipe_state(linear_recipe, reader, fsdp.shard_rank());
+    restore_recipe_state(linear_recipe, reader, fsdp.shard_rank(), model_cfg.num_hidden_layers);
     start_step = resume_step;
     MX_REQUIRE(start_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
                start_step, ", past train.steps = ", tc.steps);
