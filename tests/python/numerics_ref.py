@@ -89,7 +89,8 @@ def e8m0_value(e8):
 
 def fp8_scale_from_amax(amax, max_value, margin=0.0, pow2=False):
     """TE compute_scale_from_amax: max / amax / 2^margin; 1 for amax 0/inf/NaN; FLT_MAX on
-    overflow; pow2 clears the mantissa bits (2^floor(log2 scale))."""
+    overflow, FLT_MIN (the smallest normal) on underflow (TE leaves 0 or a subnormal there,
+    whose reciprocal is inf); pow2 clears the mantissa bits (2^floor(log2 scale))."""
     amax = F32(amax)
     if not amax > 0 or np.isinf(amax):
         return F32(1.0)
@@ -97,6 +98,8 @@ def fp8_scale_from_amax(amax, max_value, margin=0.0, pow2=False):
         scale = F32(max_value) / amax
         if margin:
             scale = scale / F32(2.0 ** margin)
+    if scale < np.finfo(np.float32).tiny:
+        scale = np.finfo(np.float32).tiny
     if np.isinf(scale):
         scale = FLT_MAX
     if pow2:

@@ -357,6 +357,24 @@ def test_fp8_per_tensor_matches_reference(tmp_path, fmt, margin):
         assert_bits_equal(out[name + ".dequant"], deq, name + ".dequant")
 
 
+@pytest.mark.parametrize("fmt,margin", [("e4m3", 64), ("e5m2", 20), ("e4m3", 20)])
+def test_fp8_per_tensor_scale_underflow_is_clamped(tmp_path, fmt, margin):
+    """448 / amax / 2^margin underflowed to 0 or a subnormal for large amaxes: the stored
+    1 / scale was inf and every dequantized value NaN, exit 0. The scale is clamped to FLT_MIN
+    (its reciprocal finite) as overflow is to FLT_MAX; the reference applies the same rule."""
+    t = {"x": np.array([[1e30, 1, 0, -3e29]], np.float32),
+         "y": np.array([[1e38, 5e37, 1, 0]], np.float32),
+         "z": np.array([[3.0, -1.0]], np.float32)}
+    out = quantize(tmp_path, fmt, t, "--margin", str(margin))
+    for name, x in t.items():
+        codes, scales, deq = ref.fp8_tensor_ref(x, fmt, margin)
+        assert np.all(np.isfinite(deq)), (name, deq)
+        assert_bits_equal(out[name + ".codes"], codes, name + ".codes")
+        assert_bits_equal(out[name + ".scales"], scales, name + ".scales")
+        assert_bits_equal(out[name + ".dequant"], deq, name + ".dequant")
+    assert np.all(np.isfinite(out["x.scales"])) and np.all(np.isfinite(out["x.dequant"]))
+
+
 def test_quantize_reads_bf16_and_f16(tmp_path):
     x = np.random.default_rng(6).standard_normal((4, 32)).astype(np.float16)
     out = quantize(tmp_path, "mxfp8", {"h": x})
