@@ -49,6 +49,7 @@ int run_grads(const GradsArgs& a) {
   MX_REQUIRE(a.batch <= (int64_t(1) << 40) / (a.seq + 1), "--batch x (--seq + 1) (", a.batch,
              " x ", a.seq + 1, ") is more than 2^40 tokens");
   require_distinct_output(a.out, "--out", a.tokens, "--tokens");
+  prepare_output_file(a.out, "--out");
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(a.init, ec))  // the weights, config
     require_distinct_output(a.out, "--out", e.path().string(), "--init directory's");

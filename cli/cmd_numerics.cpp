@@ -59,7 +59,7 @@ int run_quantize(const QuantizeArgs& a) {
   MX_REQUIRE(f == "e4m3" || f == "e5m2" || f == "fp8-block" || f == "mxfp8" || f == "nvfp4",
              "--format must be e4m3, e5m2, fp8-block, mxfp8 or nvfp4, got '", f, "'");
   std::string block = a.block;
-  if (block.empty()) block = f == "fp8-block" ? "1x128" : f == "mxfp8" ? "1x32" : "1x16";
+  if (!a.given.count("--block")) block = f == "fp8-block" ? "1x128" : f == "mxfp8" ? "1x32" : "1x16";
   if (f == "fp8-block")
     MX_REQUIRE(block == "1x128" || block == "128x128",
                "--block for fp8-block must be 1x128 or 128x128, got '", block, "'");
@@ -69,7 +69,7 @@ int run_quantize(const QuantizeArgs& a) {
   if (f == "nvfp4")
     MX_REQUIRE(block == "1x16" || block == "16x16",
                "--block for nvfp4 must be 1x16 or 16x16, got '", block, "'");
-  MX_REQUIRE(a.block.empty() || f == "fp8-block" || f == "mxfp8" || f == "nvfp4",
+  MX_REQUIRE(!a.given.count("--block") || f == "fp8-block" || f == "mxfp8" || f == "nvfp4",
              "--block does not apply to --format ", f);
   // An option the format does not use would be ignored silently: the output would not be what
   // the command line says.
@@ -143,6 +143,7 @@ int run_quantize(const QuantizeArgs& a) {
                      q.scales_u8.size());
   }
   writer.set_metadata("mxtrain_numerics_format", f);
+  prepare_output_file(a.out, "--out");
   writer.write(a.out);
   return 0;
 }
@@ -230,6 +231,7 @@ int run_codec(const CodecArgs& a) {
       writer.add_f32(name + ".decoded", e.shape, decoded.data());
     }
   }
+  prepare_output_file(a.out, "--out");
   writer.write(a.out);
   return 0;
 }
@@ -302,7 +304,8 @@ void add_numerics(CLI::App& app, Action& action) {
   quantize->add_option("--mx-elem", q->mx_elem, "mxfp8 element format: e4m3 | e5m2");
   quantize->add_option("--margin", q->margin, "e4m3/e5m2: scale = max / amax / 2^margin");
   quantize->callback([&action, q, quantize] {
-    for (const char* opt : {"--seed", "--no-pow2-scales", "--scale-rule", "--mx-elem", "--margin"})
+    for (const char* opt :
+         {"--seed", "--no-pow2-scales", "--scale-rule", "--mx-elem", "--margin", "--block"})
       if (quantize->get_option(opt)->count() > 0) q->given.insert(opt);
     action = [q] { return run_quantize(*q); };
   });

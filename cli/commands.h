@@ -31,4 +31,21 @@ inline void require_distinct_output(const std::string& out, const char* out_flag
              " file: the output would overwrite its input");
 }
 
+// The directory of an output file is created before the work (as export-hf and run.metrics
+// do): a --out under a directory not made yet failed only after the work, as a storage failure
+// (exit 3). One that cannot be created is that storage failure, before the work; a --out that
+// is a directory is bad input.
+inline void prepare_output_file(const std::string& out, const char* out_flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  MX_REQUIRE(!out.empty(), out_flag, " is empty");
+  MX_REQUIRE(!fs::is_directory(out, ec), out_flag, " ", out, " is a directory, not a file");
+  const fs::path parent = fs::path(out).parent_path();
+  if (parent.empty() || fs::is_directory(parent, ec)) return;
+  fs::create_directories(parent, ec);
+  if (ec)
+    throw StorageError(str("cannot create the directory of ", out_flag, " ", out, ": ",
+                           ec.message()));
+}
+
 }  // namespace mx::cli

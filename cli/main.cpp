@@ -48,10 +48,26 @@ int main(int argc, char** argv) {
         return errno == ERANGE ? "out of range for a 64-bit integer" : "";
       },
       "");
+  const CLI::Validator in_uint64(
+      [](std::string& v) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        std::strtoull(v.c_str(), &end, 0);
+        return errno == ERANGE ? "out of range for a 64-bit unsigned integer" : "";
+      },
+      "");
+  // `--top-k ""` (an empty argument, as an unset shell variable gives) was read as 0.
+  const CLI::Validator not_empty(
+      [](std::string& v) -> std::string { return v.empty() ? "an empty value is not a number" : ""; },
+      "");
   std::vector<CLI::App*> apps{&app};
   for (size_t i = 0; i < apps.size(); ++i) {
-    for (CLI::Option* o : apps[i]->get_options())
-      if (o->get_type_name() == "INT") o->check(in_int64);
+    for (CLI::Option* o : apps[i]->get_options()) {
+      const std::string type = o->get_type_name();
+      if (type == "INT" || type == "UINT" || type == "FLOAT") o->check(not_empty);
+      if (type == "INT") o->check(in_int64);
+      if (type == "UINT") o->check(in_uint64);
+    }
     for (CLI::App* sub : apps[i]->get_subcommands([](CLI::App*) { return true; }))
       apps.push_back(sub);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -224,14 +225,15 @@ Value from_text(const Field& f, std::string text) {
       }
     }
     case Kind::kFloat: {
-      try {
-        size_t used = 0;
-        double x = std::stod(text, &used);
-        if (used != text.size() || !std::isfinite(x)) throw bad();
-        return x;
-      } catch (const std::logic_error&) {
-        throw bad();
-      }
+      // strtod, not stod: a subnormal (1e-320) is a number (stod called its underflow "not a
+      // number"); what a key can take is validate()'s to say.
+      if (text.empty()) throw bad();
+      char* end = nullptr;
+      const double x = std::strtod(text.c_str(), &end);
+      if (end != text.c_str() + text.size()) throw bad();
+      if (!std::isfinite(x))
+        throw UserError(str("--set ", f.key, "=", text, ": expected a finite number"));
+      return x;
     }
     case Kind::kBool:
       if (text == "true" || text == "1") return true;
@@ -313,11 +315,15 @@ void validate(const RunConfig& c) {
                  run_tokens <= kMaxRunTokensPerRank,
              "train.steps x tokens per step (", t.steps, " x ", step_tokens, ") is more than ",
              kMaxRunTokensPerRank, " tokens per process");
-  MX_REQUIRE(t.lr > 0 && std::isfinite(t.lr), "train.lr must be positive (got ", t.lr, ")");
+  // The optimizer runs in fp32: a value that float32 rounds to 0 or to infinity (eps = 1e-50
+  // became 0: 0 / 0 at step 2, reported as divergence) is refused here.
+  MX_REQUIRE(t.lr > 0 && std::isfinite(float(t.lr)) && float(t.lr) > 0.0f,
+             "train.lr must be positive and finite as a float32 (got ", t.lr, ")");
   MX_REQUIRE(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr must be in [0, train.lr] (got ",
              t.min_lr, ")");
   MX_REQUIRE(t.warmup_steps >= 0, "train.warmup_steps must be >= 0 (got ", t.warmup_steps, ")");
-  MX_REQUIRE(t.weight_decay >= 0, "train.weight_decay must be >= 0 (got ", t.weight_decay, ")");
+  MX_REQUIRE(t.weight_decay >= 0 && std::isfinite(float(t.weight_decay)),
+             "train.weight_decay must be >= 0 and finite as a float32 (got ", t.weight_decay, ")");
   MX_REQUIRE(t.grad_clip >= 0, "train.grad_clip must be >= 0 (got ", t.grad_clip, ")");
   // The optimizer runs in fp32: a beta within 2^-25 of 1 rounds to 1.0f, whose bias correction
   // 1 - beta^t is 0 (the first update was 0 / 0: NaN at step 2).
@@ -330,7 +336,9 @@ void validate(const RunConfig& c) {
              "a float32, 1 - 2^-25 (got ", exact(t.beta1), ")");
   MX_REQUIRE(t.beta2 >= 0 && float(t.beta2) < 1.0f, "train.beta2 must be in [0, 1) and below 1 as ",
              "a float32, 1 - 2^-25 (got ", exact(t.beta2), ")");
-  MX_REQUIRE(t.eps > 0, "train.eps must be positive (got ", t.eps, ")");
+  MX_REQUIRE(t.eps > 0 && float(t.eps) > 0.0f && std::isfinite(float(t.eps)),
+             "train.eps must be positive and finite as a float32, at least about 1.4e-45 (got ",
+             t.eps, ")");
   MX_REQUIRE(t.eval_every >= 0, "train.eval_every must be >= 0 (got ", t.eval_every, ")");
   MX_REQUIRE(t.eval_batches >= 1, "train.eval_batches must be >= 1 (got ", t.eval_batches, ")");
   MX_REQUIRE(t.log_every >= 1, "train.log_every must be >= 1 (got ", t.log_every, ")");
@@ -368,9 +376,13 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(c.run.sample_tokens >= 0 && c.run.sample_tokens <= kMaxSampleTokens,
              "run.sample_tokens must be between 0 and ", kMaxSampleTokens, " (got ",
              c.run.sample_tokens, "; mxtrain generate writes longer text)");
-  MX_REQUIRE(c.run.threads >= 0, "run.threads must be >= 0");
-  MX_REQUIRE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos,
-             "run.name must be a non-empty name without '/'");
+  MX_REQUIRE(c.run.threads >= 0 && c.run.threads <= kMaxThreads, "run.threads must be in [0, ",
+             kMaxThreads, "] (0: one a core; got ", c.run.threads, ")");
+  // runs/NAME: "." and ".." would put the run's files in runs/ or beside it
+  MX_REQUIRE(!c.run.name.empty() && c.run.name.find('/') == std::string::npos &&
+                 c.run.name != "." && c.run.name != "..",
+             "run.name must be a non-empty name without '/', not . or .. (got '", c.run.name,
+             "')");
   MX_REQUIRE(c.memory.activation_checkpointing == "none" ||
                  c.memory.activation_checkpointing == "selective" ||
                  c.memory.activation_checkpointing == "full",

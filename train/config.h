@@ -16,6 +16,8 @@ namespace mx {
 inline constexpr int64_t kMaxMicroBatchTokens = int64_t(1) << 32;   // micro_batch x seq_len
 inline constexpr int64_t kMaxStepTokensPerRank = int64_t(1) << 40;  // ... x grad_accum
 inline constexpr int64_t kMaxRunTokensPerRank = int64_t(1) << 48;   // ... x steps
+// run.threads: more than any machine has cores (an int64 was cut to int: 2^32 + 2 ran 2)
+inline constexpr int64_t kMaxThreads = 4096;
 inline constexpr int64_t kMaxSampleTokens = int64_t(1) << 20;  // run.sample_tokens: a sample
 
 struct RunConfig {

@@ -374,3 +374,61 @@ def test_the_start_up_line_names_a_data_path_with_a_newline_on_one_line(tmp_path
     for r_ in (r,):
         assert "\x1b" not in r_.stderr, r_.stderr
         assert not [l for l in r_.stderr.splitlines() if l.startswith(("b.txt", "ut"))], r_.stderr
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("train.eps", "1e-50", "train.eps must be positive and finite as a float32"),
+    ("train.lr", "1e39", "train.lr must be positive and finite as a float32"),
+    ("train.lr", "1e-320", "train.lr must be positive and finite as a float32"),
+    ("train.weight_decay", "1e39", "train.weight_decay must be >= 0 and finite as a float32"),
+    ("train.lr", "1e400", "--set train.lr=1e400: expected a finite number"),
+    ("run.threads", "4294967298", "run.threads must be in [0, 4096]"),
+    ("run.name", "..", "run.name must be a non-empty name without '/', not . or .."),
+    ("run.name", ".", "run.name must be a non-empty name without '/', not . or .."),
+])
+def test_values_the_fp32_optimizer_or_the_runtime_cannot_take_are_refused(tmp_path, mxtrain,
+                                                                         key, value, says):
+    """A hunt found these accepted: eps below float32's smallest subnormal became 0 (0 / 0 at
+    step 2, reported as divergence), lr or weight decay 1e39 became inf; run.threads was cut to
+    an int (2^32 + 2 ran 2 threads); run.name ".." wrote the run beside runs/; a subnormal
+    "--set train.lr=1e-320" was called "expected a number"."""
+    monkey_cwd = tmp_path / "cwd"
+    monkey_cwd.mkdir()
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "data.format=random",
+                 "--set", "train.steps=2", "--set", f"{key}={value}"], cwd=monkey_cwd)
+    assert_one_error(r, says)
+    assert not any(monkey_cwd.iterdir())  # nothing written
+
+
+def test_empty_numbers_and_out_directories_on_the_command_line(tmp_path, mxtrain, trained):
+    """An empty argument (an unset shell variable) was read as 0 for numeric options
+    (`--top-k ""` sampled the whole vocabulary); a 20-digit unsigned --seed was clamped; an
+    --out under a directory not made yet failed after the work as a storage failure (exit 3);
+    `--block ""` passed with a format that has no blocks."""
+    src = tmp_path / "x.safetensors"
+    x = np.arange(64, dtype=np.float32).reshape(2, 32)
+    header = json.dumps({"x": {"dtype": "F32", "shape": [2, 32], "data_offsets": [0, 256]}})
+    raw_safetensors(src, header.encode(), x.tobytes())
+    step = trained / "step_00000002"
+    for args, says in [
+        (["generate", "--model", step, "--prompt-ids", "1 2", "--top-k", ""], "--top-k: an empty value"),
+        (["generate", "--model", step, "--prompt-ids", "1 2", "--temperature", ""], "--temperature: an empty value"),
+        (["bench", "fma", "--seconds", ""], "--seconds: an empty value"),
+        (["numerics", "quantize", "--format", "e4m3", "--in", src, "--out", tmp_path / "q.st",
+          "--margin", ""], "--margin: an empty value"),
+        (["numerics", "quantize", "--format", "e4m3", "--stochastic", "--in", src, "--out",
+          tmp_path / "q.st", "--seed", "99999999999999999999"], "out of range for a 64-bit unsigned"),
+        (["numerics", "quantize", "--format", "e4m3", "--in", src, "--out", tmp_path / "q.st",
+          "--block", ""], "--block does not apply to --format e4m3"),
+        (["numerics", "quantize", "--format", "mxfp8", "--in", src, "--out", tmp_path / "q.st",
+          "--block", ""], "--block for mxfp8 must be 1x32"),
+    ]:
+        assert_one_error(mxtrain(args), says)
+    assert not (tmp_path / "q.st").exists()
+    # --out under directories that do not exist yet: made, as export-hf makes its own
+    out = tmp_path / "new" / "sub" / "q.safetensors"
+    r = mxtrain(["numerics", "quantize", "--format", "e4m3", "--in", src, "--out", out])
+    assert r.rc == 0 and out.is_file(), r
+    r = mxtrain(["numerics", "codec", "--format", "bf16", "--in", src, "--out",
+                 tmp_path / "new2" / "c.safetensors"])
+    assert r.rc == 0 and (tmp_path / "new2" / "c.safetensors").is_file(), r
