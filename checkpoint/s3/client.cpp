@@ -11,6 +11,7 @@
 #include <exception>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "checkpoint/s3/crypto.h"
@@ -300,7 +301,12 @@ std::string S3Client::put_object(const std::string& bucket, const std::string& k
   req.body_size = size;
   Response r = execute(req);
   std::string etag = unquote(r.header("etag"));
-  if (!etag.empty() && etag_is_md5(r.headers) && etag != to_hex(md5_raw))
+  // S3 answers every stored PUT with the object's ETag: a 200 without one is not S3's answer
+  // (a proxy's), and nothing may have been stored (a manifest "committed" that was not there).
+  if (etag.empty())
+    throw StorageError(fail_message(req, "the answer carries no ETag: the object may not have "
+                                         "been stored (a proxy answering for S3?)"));
+  if (etag_is_md5(r.headers) && etag != to_hex(md5_raw))
     throw StorageError(fail_message(req, "the returned ETag " + etag +
                                              " is not the MD5 of the bytes sent " + to_hex(md5_raw)));
   return etag;
@@ -331,6 +337,11 @@ std::string S3Client::get_object(const std::string& bucket, const std::string& k
   if (!len.empty() && answer_size(len, fail_message(req, "Content-Length")) != r.body.size())
     throw StorageError(fail_message(req, str("got ", r.body.size(), " bytes of ", len)));
   std::string etag = unquote(r.header("etag"));
+  // Every object S3 returns carries its ETag: a 200 without one (a proxy's or portal's page)
+  // is not the object, and read as one made a good checkpoint's manifest "not valid JSON".
+  if (etag.empty())
+    throw StorageError(fail_message(req, "the answer carries no ETag: not the object (a proxy "
+                                         "answering for S3?)"));
   if (etag.size() == 32 && etag.find('-') == std::string::npos && etag_is_md5(r.headers) &&
       etag != to_hex(md5(r.body.data(), r.body.size())))
     throw StorageError(fail_message(req, "the bytes received do not match the object's ETag " + etag));
@@ -442,10 +453,15 @@ ListPage S3Client::list_objects_v2(const std::string& bucket, const std::string&
 std::vector<ObjectInfo> S3Client::list_all(const std::string& bucket, const std::string& prefix) {
   std::vector<ObjectInfo> all;
   std::string token;
+  std::set<std::string> seen;  // a token given twice would list the same pages forever
   do {
     ListPage p = list_objects_v2(bucket, prefix, token);
     for (auto& o : p.objects) all.push_back(std::move(o));
     token = p.next_continuation_token;
+    if (!token.empty() && !seen.insert(token).second)
+      throw StorageError(str("S3 ListObjectsV2 s3://", bucket, "/", prefix, " failed: a truncated ",
+                             "listing gave a continuation token it had given before (the listing ",
+                             "would never end)"));
   } while (!token.empty());
   return all;
 }
@@ -598,21 +614,23 @@ std::string S3Client::upload_parts(const std::string& bucket, const std::string&
     std::vector<CompletedPart> parts;
     for (int i = 0; i < nparts; ++i) parts.push_back({i + 1, etags[i]});
     etag = complete_multipart_upload(bucket, key, upload_id, parts);
+    // The checks of the completed object are inside: an answer to Complete that was not S3's
+    // (a proxy's 200) left the upload open with its parts, one per whole-file attempt.
+    std::string target = "s3://" + bucket + "/" + key;
+    auto info = head_object(bucket, key);
+    if (!info || info->size != size) {
+      throw StorageError(str("S3 multipart upload ", target, " failed: the completed object has ",
+                             info ? std::to_string(info->size) : std::string("no"),
+                             " bytes, expected ", size));
+    }
+    std::string expected = multipart_etag(md5s);
+    if (!etag.empty() && etag.find('-') != std::string::npos && etag != expected) {
+      throw StorageError(str("S3 multipart upload ", target, " failed: its ETag ", etag,
+                             " is not the one computed from the parts sent, ", expected));
+    }
   } catch (...) {
     abort_quietly();
     throw;
-  }
-  std::string target = "s3://" + bucket + "/" + key;
-  auto info = head_object(bucket, key);
-  if (!info || info->size != size) {
-    throw StorageError(str("S3 multipart upload ", target, " failed: the completed object has ",
-                           info ? std::to_string(info->size) : std::string("no"),
-                           " bytes, expected ", size));
-  }
-  std::string expected = multipart_etag(md5s);
-  if (!etag.empty() && etag.find('-') != std::string::npos && etag != expected) {
-    throw StorageError(str("S3 multipart upload ", target, " failed: its ETag ", etag,
-                           " is not the one computed from the parts sent, ", expected));
   }
   return etag;
 }

@@ -1,5 +1,8 @@
 #include "checkpoint/s3/credentials.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
@@ -72,8 +75,16 @@ Credentials parse_credentials_json(const std::string& body, const std::string& w
   if (j.is_discarded())  // the body may hold secrets: never quote it (nor its keys)
     throw StorageError(str(what, " returned a response that is not usable JSON (", body.size(),
                            " bytes)"));
-  if (j.contains("Code") && j["Code"].is_string() && j["Code"] != "Success")
-    throw StorageError(str(what, " returned Code=", j["Code"].get<std::string>()));
+  // The code is shown only when it looks like one (a word: "Failed", "AccessDenied"): the
+  // body is the endpoint's and may hold anything, secrets included.
+  if (j.contains("Code") && j["Code"].is_string() && j["Code"] != "Success") {
+    const std::string code = j["Code"].get<std::string>();
+    const bool word = !code.empty() && code.size() <= 40 &&
+                      std::all_of(code.begin(), code.end(), [](char ch) {
+                        return std::isalnum(static_cast<unsigned char>(ch)) != 0;
+                      });
+    throw StorageError(str(what, " returned Code=", word ? code : "(not shown: not a plain word)"));
+  }
   auto field = [&](const char* name) -> std::string {
     if (!j.contains(name) || !j[name].is_string()) return "";
     return j[name].get<std::string>();

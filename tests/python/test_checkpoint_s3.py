@@ -427,7 +427,10 @@ class RewritingProxy:
     puts a non-number into every listing's <Size>; "range" answers each ranged GET of a rank
     file with the same number of bytes from 4 bytes further on (a truthful Content-Range);
     "deny-uploads" answers ListMultipartUploads with 403 AccessDenied (a role without
-    s3:ListBucketMultipartUploads); "page-uploads" pages that listing one upload at a time."""
+    s3:ListBucketMultipartUploads); "page-uploads" pages that listing one upload at a time;
+    "loop-list" answers every ListObjectsV2 as truncated with the same continuation token;
+    "html-get" answers a GET of a manifest with a 200 HTML page (no ETag); "fake-put" answers
+    a PUT of a manifest with an empty 200 and stores nothing."""
 
     def __init__(self, moto, tmp_path):
         self.mode = None
@@ -454,6 +457,23 @@ class RewritingProxy:
                     self.wfile.write(part)
                     return
                 query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+                fake = None
+                if proxy.mode == "loop-list" and self.command == "GET" and "list-type" in query:
+                    fake = (b"<?xml version='1.0' encoding='UTF-8'?><ListBucketResult>"
+                            b"<IsTruncated>true</IsTruncated><NextContinuationToken>same"
+                            b"</NextContinuationToken></ListBucketResult>", "application/xml")
+                manifest = self.path.split("?")[0].endswith("/manifest.json")
+                if proxy.mode == "html-get" and self.command == "GET" and manifest:
+                    fake = (b"<html><body>Sign in to continue</body></html>", "text/html")
+                if proxy.mode == "fake-put" and self.command == "PUT" and manifest:
+                    fake = (b"", "text/plain")
+                if fake is not None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", fake[1])
+                    self.send_header("Content-Length", str(len(fake[0])))
+                    self.end_headers()
+                    self.wfile.write(fake[0])
+                    return
                 if proxy.mode == "deny-uploads" and self.command == "GET" and "uploads" in query:
                     deny = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied"
                             b"</Code><Message>Access Denied</Message></Error>")
@@ -532,15 +552,27 @@ def test_answers_that_lie_and_replaced_steps(moto, tmp_path):
         assert delete and delete[0] < first_write, ops
         assert run(["ckpt", "verify", step], env).returncode == 0
 
+        # a listing that never ends, a portal's page for a manifest, a manifest PUT that
+        # stored nothing (the run said "done" with exit 0 and no step_00000003 existed)
         for mode, args, needle in (("size", ["ckpt", "ls", f"s3://{moto.bucket}/liar"], "<Size>"),
                                    ("range", ["ckpt", "export-hf", step, tmp_path / "out"],
-                                    "Content-Range")):
+                                    "Content-Range"),
+                                   ("loop-list", ["ckpt", "ls", f"s3://{moto.bucket}/liar"],
+                                    "continuation token it had given before"),
+                                   ("html-get", ["ckpt", "verify", step], "carries no ETag"),
+                                   ("fake-put", ["train"] + set_args(dict(base, **{
+                                       "run.out_dir": tmp_path / "c", "train.steps": 3,
+                                       "checkpoint.async": False})), "carries no ETag")):
             proxy.mode = mode
             r = run(args, env, timeout=120)
             errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
             assert r.returncode == 3 and len(errors) == 1, (mode, r.returncode, r.stderr)
             assert needle in errors[0], (mode, errors)
         assert not (tmp_path / "out" / "model.safetensors").exists()
+        proxy.mode = None
+        r = run(["ckpt", "ls", f"s3://{moto.bucket}/liar"], env, timeout=120)
+        assert r.returncode == 0 and "step_00000002" in r.stdout, r.stderr
+        assert "step_00000003" not in r.stdout, r.stdout
     finally:
         proxy.stop()
 

@@ -198,7 +198,7 @@ TEST(S3Retries, ServerErrorsAreRetriedUntilSuccess) {
     if (i == 0) return s3_error(503, "SlowDown", "Please reduce your request rate.");
     if (i == 1) return s3_error(500, "InternalError", "We encountered an internal error.");
     if (i == 2) return Reply{429, "too many"};
-    return Reply{200, "hello"};
+    return Reply{200, "hello", {{"ETag", "\"5d41402abc4b2a76b9719d911017c592\""}}};  // MD5("hello")
   });
   testing::internal::CaptureStderr();
   std::string body = client_for(s, 5).get_object("bkt", "dir/key.bin");
@@ -221,7 +221,7 @@ TEST(S3Retries, ConnectionResetsAndTimeoutsAreRetried) {
     int i = n++;
     if (i == 0) return Reply{.reset = true};
     if (i == 1) return Reply{200, "late", {}, false, 2500};  // past total_ms = 1000
-    return Reply{200, "ok"};
+    return Reply{200, "ok", {{"ETag", "\"c7b2d2b2c3e1c1a0b9e1e6a3a1b2c3d4-1\""}}};  // multipart form
   });
   testing::internal::CaptureStderr();
   S3Config c;
@@ -317,6 +317,36 @@ TEST(S3Requests, WrongEtagOnPutIsAStorageError) {
     return Reply{200, "", {{"ETag", "\"00000000000000000000000000000000\""}}};
   });
   EXPECT_THROW(client_for(s).put_object("bkt", "k", "abc", 3), mx::StorageError);
+}
+
+// S3 answers a stored PUT and every GET of an object with its ETag: a 200 without one is a
+// proxy's or portal's page (a manifest PUT "committed" nothing; an HTML page GET was read as
+// a corrupt manifest and the good checkpoint skipped).
+TEST(S3Requests, AnAnswerWithoutAnEtagIsAStorageError) {
+  LocalServer s([&](const SeenRequest&) { return Reply{200, "<html>portal</html>"}; });
+  EXPECT_THROW(client_for(s).put_object("bkt", "k", "abc", 3), mx::StorageError);
+  EXPECT_THROW(client_for(s).get_object("bkt", "k"), mx::StorageError);
+}
+
+// A truncated listing that hands back a continuation token it gave before would be listed
+// forever (ckpt ls, verify and a run's start-up hung, unkillable but by SIGKILL).
+TEST(S3Requests, AListingThatRepeatsItsContinuationTokenIsAStorageError) {
+  std::atomic<int> n{0};
+  LocalServer s([&](const SeenRequest&) {
+    const int i = n++;
+    const char* next = i % 2 ? "B" : "A";  // A, B, A, ...
+    return Reply{200, mx::str("<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>",
+                          "<Contents><Key>p/k", i, "</Key><Size>1</Size></Contents>",
+                          "<NextContinuationToken>", next, "</NextContinuationToken></ListBucketResult>")};
+  });
+  try {
+    client_for(s).list_all("bkt", "p/");
+    FAIL() << "no error";
+  } catch (const mx::StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("continuation token it had given before"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(s.count(), 3u);
 }
 
 TEST(S3Requests, ShortRangedReadIsAStorageError) {
