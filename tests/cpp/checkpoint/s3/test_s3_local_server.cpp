@@ -447,6 +447,21 @@ TEST(S3Credentials, ContainerFailuresNeverQuoteTheResponse) {
   }
 }
 
+// The endpoint's Code is the body's too: shown only when it is a plain word.
+TEST(S3Credentials, TheEndpointsCodeIsShownOnlyWhenItIsAWord) {
+  for (const auto& [code, shown] : std::vector<std::pair<std::string, bool>>{
+           {"Failed", true}, {"Failed:hunter2", false}, {"AccessDenied hunter2", false}}) {
+    try {
+      parse_credentials_json("{\"Code\": \"" + code + "\"}", "the endpoint");
+      FAIL() << code;
+    } catch (const mx::StorageError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find("hunter2"), std::string::npos) << m;
+      EXPECT_EQ(m.find("Code=Failed") != std::string::npos, shown) << m;
+    }
+  }
+}
+
 TEST(S3Credentials, Imdsv2TokenThenRoleThenCredentials) {
   const std::string token = "IMDS-TOKEN-42";
   LocalServer s([&](const SeenRequest& r) {
