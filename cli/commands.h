@@ -33,13 +33,11 @@ inline void require_distinct_output(const std::string& out, const char* out_flag
 
 // The directory of an output file is created before the work (as export-hf and run.metrics
 // do): a --out under a directory not made yet failed only after the work, as a storage failure
-// (exit 3). One that cannot be created is that storage failure, before the work; a --out that
-// is a directory is bad input.
+// (exit 3). One that cannot be created is that storage failure, before the work. (The writer
+// refuses what the path itself is: empty, a directory, a FIFO, a device.)
 inline void prepare_output_file(const std::string& out, const char* out_flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  MX_REQUIRE(!out.empty(), out_flag, " is empty");
-  MX_REQUIRE(!fs::is_directory(out, ec), out_flag, " ", out, " is a directory, not a file");
   const fs::path parent = fs::path(out).parent_path();
   if (parent.empty() || fs::is_directory(parent, ec)) return;
   fs::create_directories(parent, ec);
