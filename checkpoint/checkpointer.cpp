@@ -225,33 +225,16 @@ void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int sh
   const std::string file = reader.location() + "/" + rank_file_name(file_rank, reader.shard_size());
   std::vector<LinearRecipe::DelayedState> states;
   for (const std::string& name : reader.extra_names(file_rank)) {
-    long long layer = 0;
-    int linear = 0, op = 0;
-    int consumed = 0;
-    // recipe.delayed.LAYER.LINEAR.OPERAND: a name of that family that is not one of the
-    // model's Linears' operands is refused (it was skipped, or kept as state nothing reads).
     if (name.rfind("recipe.delayed.", 0) != 0) continue;
-    MX_REQUIRE(std::sscanf(name.c_str(), "recipe.delayed.%lld.%d.%d%n", &layer, &linear, &op,
-                           &consumed) == 3 &&
-                   size_t(consumed) == name.size() && layer >= 0 && layer < num_layers &&
-                   linear >= 0 && linear < 7 && op >= 0 && op < 6,
-               file, ": ", name, " names no operand of this model's Linears (recipe.delayed.",
-               "LAYER.LINEAR.OPERAND: layer < ", num_layers, ", linear < 7, operand < 6)");
-    auto values = reader.read_extra(file_rank, name);
-    MX_REQUIRE(values && values->size() >= 2, file, ": ", name, " holds no amax history");
+    const auto values = reader.read_extra(file_rank, name);
     LinearRecipe::DelayedState st;
+    int64_t layer = 0;
+    const std::string why = delayed_state_problem(name, values ? &*values : nullptr, num_layers,
+                                                  &layer, &st.linear, &st.op);
+    MX_REQUIRE(why.empty(), file, ": ", why);
     st.layer = layer;
-    st.linear = linear;
-    st.op = op;
     st.scale = (*values)[0];
     st.amax_history.assign(values->begin() + 1, values->end());
-    // A scale whose reciprocal is not finite (0, a subnormal) dequantizes to infinities.
-    MX_REQUIRE(st.scale > 0.0f && std::isfinite(st.scale) && std::isfinite(1.0f / st.scale),
-               file, ": ", name, ": FP8 scale ", st.scale, " is not a positive number with a ",
-               "finite reciprocal");
-    for (const float a : st.amax_history)
-      MX_REQUIRE(a >= 0.0f && std::isfinite(a), file, ": ", name, ": amax ", a,
-                 " is not a finite non-negative number");
     states.push_back(std::move(st));
   }
   try {

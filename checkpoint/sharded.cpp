@@ -21,51 +21,95 @@ constexpr const char* kManifest = "manifest.json";
 constexpr uint64_t kMaxManifestBytes = 64u << 20;
 constexpr uint64_t kMaxSmallFileBytes = 64u << 20;
 
-// Finds the first float that is not finite in a rank file's data as its bytes stream past
-// (verify reads every byte for the CRC32C anyway): the 8-byte header length, the header, then
-// the data buffer, every tensor of it F32. The offset is the file's; the caller names the
-// tensor from the parsed header.
+// Finds the first value of a rank file that loading would refuse (not finite; a negative
+// second moment) as its bytes stream past: verify reads every byte for the CRC32C anyway. The
+// 8-byte header length and the header are collected, the header parsed, then each F32
+// tensor's own byte range is scanned, its elements counted from its start (a valid file may
+// leave gaps between tensors or place them at any offset). A header that does not parse turns
+// the scan off: the structural check after it says why.
 struct FiniteScan {
-  explicit FiniteScan(bool on) : on(on) {}
+  struct Range {
+    uint64_t begin, end;  // in the file
+    const std::string* name;
+    bool nonneg;  // a second moment
+  };
+  FiniteScan(bool on, uint64_t file_bytes) : on(on), file_bytes(file_bytes) {}
   void feed(const uint8_t* p, size_t n) {
     size_t i = 0;
-    while (on && bad_offset < 0 && i < n) {
+    while (on && bad_element < 0 && i < n) {
       if (pos < 8) {  // the header's length, little-endian
         header_len |= uint64_t(p[i++]) << (8 * pos++);
-        if (pos == 8 && header_len > (uint64_t{1} << 40)) on = false;  // the parse says why
+        if (pos == 8 && header_len > kMaxHeader) on = false;
         continue;
       }
-      const uint64_t data_start = 8 + header_len;
-      if (pos < data_start) {  // the header
-        const size_t skip = size_t(std::min<uint64_t>(n - i, data_start - pos));
+      if (pos < 8 + header_len) {  // the header
+        const size_t take = size_t(std::min<uint64_t>(n - i, 8 + header_len - pos));
+        header.append(reinterpret_cast<const char*>(p + i), take);
+        i += take;
+        pos += take;
+        if (pos == 8 + header_len) parse();
+        continue;
+      }
+      while (next < ranges.size() && ranges[next].end <= pos) ++next;
+      if (next == ranges.size()) return;  // past the last tensor
+      const Range& r = ranges[next];
+      if (pos < r.begin) {  // a gap before the tensor
+        const size_t skip = size_t(std::min<uint64_t>(n - i, r.begin - pos));
         i += skip;
         pos += skip;
         continue;
       }
-      const uint64_t phase = (pos - data_start) % 4;
-      if (phase != 0 || n - i < 4) {  // a float split between two pieces of the stream
-        word[phase] = p[i++];
+      const uint64_t off = pos - r.begin;
+      if (off % 4 != 0 || n - i < 4) {  // an element split between pieces of the stream
+        word[off % 4] = p[i++];
         ++pos;
-        if (phase == 3) check(word, pos - 4);
+        if (off % 4 == 3) check(word, r, off - 3);
         continue;
       }
-      const size_t words = (n - i) / 4;
-      for (size_t w = 0; w < words && bad_offset < 0; ++w) check(p + i + 4 * w, pos + 4 * w);
+      const size_t words = size_t(std::min<uint64_t>((n - i) / 4, (r.end - pos) / 4));
+      for (size_t w = 0; w < words && bad_element < 0; ++w) check(p + i + 4 * w, r, off + 4 * w);
       i += 4 * words;
       pos += 4 * words;
     }
   }
-  void check(const uint8_t* bytes, uint64_t offset) {
+  void parse() {
+    try {
+      index = parse_safetensors_header("", header.data(), header.size(), header_len, file_bytes);
+    } catch (const std::exception&) {
+      on = false;
+      return;
+    }
+    for (const TensorEntry& t : index.tensors)
+      if (t.dtype == "F32" && t.end > t.begin)
+        ranges.push_back({index.data_start + t.begin, index.data_start + t.end, &t.name,
+                          t.name.rfind("exp_avg_sq.", 0) == 0});
+    std::sort(ranges.begin(), ranges.end(),
+              [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    header.clear();
+    header.shrink_to_fit();
+  }
+  void check(const uint8_t* bytes, const Range& r, uint64_t byte_offset) {
     uint32_t u;
     std::memcpy(&u, bytes, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) return;  // exponent all ones: infinity or NaN
-    bad_offset = int64_t(offset);
+    const bool not_finite = (u & 0x7f800000u) == 0x7f800000u;  // exponent all ones
+    const bool negative = (u & 0x80000000u) && (u & 0x7fffffffu);  // -0 is >= 0
+    if (!not_finite && !(r.nonneg && negative)) return;
+    bad_element = int64_t(byte_offset / 4);
+    bad_tensor = *r.name;
+    bad_nonneg = r.nonneg;
     std::memcpy(&bad_value, &u, 4);
   }
+  static constexpr uint64_t kMaxHeader = uint64_t{100} << 20;
   bool on;
-  uint64_t pos = 0, header_len = 0;
+  uint64_t file_bytes, pos = 0, header_len = 0;
+  std::string header;
+  SafeTensorsIndex index;
+  std::vector<Range> ranges;
+  size_t next = 0;
   uint8_t word[4] = {};
-  int64_t bad_offset = -1;
+  int64_t bad_element = -1;
+  std::string bad_tensor;
+  bool bad_nonneg = false;
   float bad_value = 0.0f;
 };
 
@@ -482,6 +526,32 @@ void load_shards(CheckpointReader& reader, const ShardView& view, float* master,
   }
 }
 
+std::string delayed_state_problem(const std::string& name, const std::vector<float>* values,
+                                  int64_t num_layers, int64_t* layer_out, int* linear_out,
+                                  int* op_out) {
+  if (name.rfind("recipe.delayed.", 0) != 0) return "";
+  long long layer = 0;
+  int linear = 0, op = 0, consumed = 0;
+  if (!(std::sscanf(name.c_str(), "recipe.delayed.%lld.%d.%d%n", &layer, &linear, &op,
+                    &consumed) == 3 &&
+        size_t(consumed) == name.size() && layer >= 0 && layer < num_layers && linear >= 0 &&
+        linear < 7 && op >= 0 && op < 6))
+    return str(name, " names no operand of this model's Linears (recipe.delayed.LAYER.LINEAR.",
+               "OPERAND: layer < ", num_layers, ", linear < 7, operand < 6)");
+  if (!values || values->size() < 2) return str(name, " holds no amax history");
+  // A scale whose reciprocal is not finite (0, a subnormal) dequantizes to infinities.
+  const float scale = (*values)[0];
+  if (!(scale > 0.0f && std::isfinite(scale) && std::isfinite(1.0f / scale)))
+    return str(name, ": FP8 scale ", scale, " is not a positive number with a finite reciprocal");
+  for (size_t i = 1; i < values->size(); ++i)
+    if (!((*values)[i] >= 0.0f && std::isfinite((*values)[i])))
+      return str(name, ": amax ", (*values)[i], " is not a finite non-negative number");
+  if (layer_out) *layer_out = layer;
+  if (linear_out) *linear_out = linear;
+  if (op_out) *op_out = op;
+  return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Verification, retention, resolving locations
 
@@ -499,7 +569,6 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
   }
   if (m["step"].get<int64_t>() != step) return str(mpath, ": says step ", m["step"].get<int64_t>());
   if (!store.is_s3()) read_all = true;
-  std::vector<std::pair<std::string, FiniteScan>> non_finite;  // rank files, from the CRC pass
 
   // Sizes (and ETags) first: cheap, and before anything is read.
   for (const auto& f : m["files"]) {
@@ -525,7 +594,8 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
     for (const auto& f : m["files"]) {
       const std::string name = f["name"].get<std::string>();
       uint32_t crc = 0;
-      FiniteScan scan(name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0);
+      FiniteScan scan(name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0,
+                      f["size"].get<uint64_t>());
       try {
         store.read_stream(step, name, [&](const uint8_t* p, size_t n) {
           crc = crc32c_update(crc, p, n);
@@ -539,7 +609,11 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       if (crc32c_hex(crc) != f["crc32c"].get<std::string>())
         return str(loc, "/", name, ": CRC32C ", crc32c_hex(crc), ", manifest says ",
                    f["crc32c"].get<std::string>(), " (corrupt)");
-      if (scan.bad_offset >= 0) non_finite.emplace_back(name, scan);
+      if (scan.bad_element >= 0)
+        return str(loc, "/", name, ": ", scan.bad_tensor, " holds ", scan.bad_value, " at element ",
+                   scan.bad_element,
+                   scan.bad_nonneg ? " (a second moment must be finite and >= 0)"
+                                   : " (every value must be finite)");
     }
   }
   // Every rank file parses and holds the tensors the manifest lists, with their shapes.
@@ -565,12 +639,22 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
     }
     for (int r = 0; r < reader.shard_size(); ++r) {
       const std::string file = rank_file_name(r, reader.shard_size());
+      std::vector<std::string> extras;
       try {
-        reader.extra_names(r);  // opens and parses the header
+        extras = reader.extra_names(r);  // opens and parses the header
       } catch (const StorageError&) {
         throw;  // the store failed (after its retries), not the checkpoint: exit 3
       } catch (const std::exception& e) {
         return str(loc, "/", file, ": does not parse: ", e.what());
+      }
+      // fp8-delayed's state as resuming reads it (a few floats a Linear): a step resume
+      // refuses must not verify, or resume = auto would stop on it instead of skipping it.
+      for (const std::string& name : extras) {
+        if (name.rfind("recipe.delayed.", 0) != 0) continue;
+        const auto values = reader.read_extra(r, name);
+        const std::string why = delayed_state_problem(
+            name, values ? &*values : nullptr, model.num_hidden_layers);
+        if (!why.empty()) return str(loc, "/", file, ": ", why);
       }
     }
     // Every tensor the manifest lists is in its file with that shape.
@@ -590,17 +674,6 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       if (e->shape != shape) return str(loc, "/", file, ": ", name, " has the wrong shape");
       if (e->dtype != "F32")  // every checkpoint tensor is F32 (docs/checkpoints.md)
         return str(loc, "/", file, ": ", name, " is ", e->dtype, ", not F32");
-    }
-    // A value that is not finite, named by its tensor and element (the scan saw only bytes).
-    for (const auto& [file, scan] : non_finite) {
-      auto it = rank_of.find(file);
-      if (it == rank_of.end()) continue;
-      const SafeTensorsIndex& index = reader.index(it->second);
-      const uint64_t off = uint64_t(scan.bad_offset);
-      for (const TensorEntry& t : index.tensors)
-        if (off >= index.data_start + t.begin && off < index.data_start + t.end)
-          return str(loc, "/", file, ": ", t.name, " holds ", scan.bad_value, " at element ",
-                     (off - index.data_start - t.begin) / 4, " (every value must be finite)");
     }
   } catch (const StorageError&) {
     throw;  // the store failed (after its retries), not the checkpoint: exit 3

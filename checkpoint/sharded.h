@@ -123,9 +123,20 @@ class CheckpointReader {
 void load_shards(CheckpointReader& reader, const ShardView& view, float* master, float* m,
                  float* v);
 
+// fp8-delayed's state in a rank file: "recipe.delayed.LAYER.LINEAR.OPERAND" holds the scale
+// then the amax history. Returns "" or why the tensor `name` (with `values`, null if absent)
+// cannot be restored into a model of num_layers blocks: a name of the family that is no
+// operand of its Linears, fewer than 2 values, a scale without a finite reciprocal, an amax
+// not finite and >= 0. Parsed into `layer`, `linear`, `op` when given. Names outside the
+// family: "" (not recipe state).
+std::string delayed_state_problem(const std::string& name, const std::vector<float>* values,
+                                  int64_t num_layers, int64_t* layer = nullptr,
+                                  int* linear = nullptr, int* op = nullptr);
+
 // Checks a committed step: the manifest (format, plain file names, slices), every file's size
 // (and ETag on S3) against it, each rank file's safetensors header and tensors; and every
-// file's CRC32C when `read_all` (always for local stores: reading is cheap there). Returns ""
+// file's CRC32C when `read_all` (always for local stores: reading is cheap there), and then
+// every value as loading checks it (finite; second moments >= 0; delayed_state_problem). Returns ""
 // when it verifies, else one line naming the bad file and the problem. A StorageError (the store
 // unreachable or failing after its retries) propagates: it says nothing about the checkpoint.
 std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_all);

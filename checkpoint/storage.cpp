@@ -40,15 +40,17 @@ int64_t parse_step_dir_name(const std::string& name) {
   return std::stoll(m[1].str());
 }
 
+bool is_step_dir_name(const std::string& name) {
+  const bool hidden = name.size() > 14 && name[0] == '.' && name[14] == '.' &&
+                      parse_step_dir_name(name.substr(1, 13)) >= 0;
+  return hidden || parse_step_dir_name(name) >= 0;
+}
+
 std::string enclosing_step_dir(const std::string& path) {
   std::error_code ec;
   for (fs::path p = fs::weakly_canonical(path, ec); !p.empty() && p != p.root_path();
-       p = p.parent_path()) {
-    const std::string name = p.filename().string();
-    const bool hidden = name.size() > 14 && name[0] == '.' && name[14] == '.' &&
-                        parse_step_dir_name(name.substr(1, 13)) >= 0;
-    if (hidden || parse_step_dir_name(name) >= 0) return p.string();
-  }
+       p = p.parent_path())
+    if (is_step_dir_name(p.filename().string())) return p.string();
   return "";
 }
 

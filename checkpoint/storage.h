@@ -83,6 +83,9 @@ int64_t parse_step_dir_name(const std::string& name);
 // kin) that a local `path` is or lies inside, symbolic links and ".." resolved; "" if none.
 // Outputs there would change a checkpoint's files.
 std::string enclosing_step_dir(const std::string& path);
+// True for a step directory's name (step_NNNNNNNN) or a writer's hidden one
+// (.step_NNNNNNNN.partial, .old, .del, ...): what enclosing_step_dir looks for.
+bool is_step_dir_name(const std::string& name);
 
 // A location users give (CHECKPOINT arguments, checkpoint.resume): "<root>/step_NNNNNNNN" is
 // that step of that root; anything else is a root (step = -1: its newest committed step).

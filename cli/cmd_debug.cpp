@@ -49,7 +49,6 @@ int run_grads(const GradsArgs& a) {
   MX_REQUIRE(a.batch <= (int64_t(1) << 40) / (a.seq + 1), "--batch x (--seq + 1) (", a.batch,
              " x ", a.seq + 1, ") is more than 2^40 tokens");
   require_distinct_output(a.out, "--out", a.tokens, "--tokens");
-  prepare_output_file(a.out, "--out");
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(a.init, ec))  // the weights, config
     require_distinct_output(a.out, "--out", e.path().string(), "--init directory's");
@@ -80,6 +79,7 @@ int run_grads(const GradsArgs& a) {
   const size_t bytes = sizeof(float) * size_t(engine.layout.total_numel());
   std::vector<float> host(size_t(engine.layout.total_numel()));
   load_hf_weights(a.init, engine.layout, host.data());
+  prepare_output_file(a.out, "--out");  // every input checked; before the forward-backward
   engine.backend->copy_from_host(engine.param_data(), host.data(), bytes);
   double loss = engine.model->forward_backward(engine.param_data(), engine.grad_data(),
                                                tokens.data(), a.batch, a.seq, 1.0f);

@@ -31,13 +31,17 @@ inline void require_distinct_output(const std::string& out, const char* out_flag
              " file: the output would overwrite its input");
 }
 
-// The directory of an output file is created before the work (as export-hf and run.metrics
-// do): a --out under a directory not made yet failed only after the work, as a storage failure
-// (exit 3). One that cannot be created is that storage failure, before the work. (The writer
-// refuses what the path itself is: empty, a directory, a FIFO, a device.)
+// The directory of an output file is created once the inputs are checked, before the long work
+// or the write (as export-hf and run.metrics do): a --out under a directory not made yet failed
+// only after the work, as a storage failure (exit 3). One that cannot be created is that storage
+// failure. A path ending in '/' names a directory, not a file: refused, nothing made. (The
+// writer refuses what the path itself is: empty, a directory, a FIFO, a device.)
 inline void prepare_output_file(const std::string& out, const char* out_flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  MX_REQUIRE(out.empty() || out.back() != '/', out_flag, " ", out,
+             " ends in '/': it names a directory, not a file");
+  if (out.empty()) return;
   const fs::path parent = fs::path(out).parent_path();
   if (parent.empty() || fs::is_directory(parent, ec)) return;
   fs::create_directories(parent, ec);

@@ -19,6 +19,16 @@ void log_line(LogLevel level, const std::string& line) {
   std::fflush(stderr);
 }
 
+void info_lines(const std::string& text) {
+  size_t b = 0;
+  while (b < text.size()) {
+    size_t e = text.find('\n', b);
+    if (e == std::string::npos) e = text.size();
+    log_line(LogLevel::kInfo, text.substr(b, e - b));
+    b = e + 1;
+  }
+}
+
 void warn(const std::string& line) {
   std::fprintf(stderr, "warning: %s\n", one_line(line).c_str());
   std::fflush(stderr);

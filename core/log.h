@@ -16,6 +16,8 @@ template <typename... Args>
 void info(const Args&... args) {
   if (log_level() >= LogLevel::kInfo) log_line(LogLevel::kInfo, str(args...));
 }
+// Several lines (a table): each printed as its own info line, control bytes escaped within it.
+void info_lines(const std::string& text);
 
 // Human-readable sizes and durations for progress lines.
 std::string format_bytes(double bytes);

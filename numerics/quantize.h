@@ -179,10 +179,12 @@ MX_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float max_value, flo
   if (!(amax > 0.0f) || is_inf_f32(amax)) return 1.0f;  // 0, NaN, inf: keep the unit scale
   float scale = max_value / amax;
   if (margin != 0.0f) scale = scale / exp2f(margin);
-  // Underflow (a margin with a huge amax: 448 / 1e30 / 2^64 is 0 in fp32, and a subnormal's
-  // reciprocal may be inf): FLT_MIN, whose reciprocal is finite, as overflow is clamped to
-  // FLT_MAX. (Transformer Engine stores an infinite 1 / scale there: NaN dequantized values.)
-  if (scale < FLT_MIN) scale = FLT_MIN;
+  // The smallest scale: max / (FLT_MAX / 2), so that the largest code decodes to FLT_MAX / 2,
+  // finite. Only a margin or an amax above FLT_MAX / 2 goes below it: 448 / 1e30 / 2^64 is 0 in
+  // fp32, whose 1 / scale is inf (Transformer Engine stores that: NaN dequantized values); a
+  // tiny normal scale still sent x near FLT_MAX to codes whose decode overflowed.
+  const float smallest = max_value / (FLT_MAX * 0.5f);
+  if (scale < smallest) scale = smallest;
   if (is_inf_f32(scale)) scale = FLT_MAX;
   if (is_nan_f32(scale)) scale = 1.0f;
   if (pow2) {

@@ -63,9 +63,7 @@ void refuse_checkpoint_root_inside_a_step(const RunConfig& cfg) {
     e = std::min(uri.find('/', b), uri.size());
     const std::string name = uri.substr(b, e - b);
     prefix = uri.substr(0, e);
-    if (b > 5 && (parse_step_dir_name(name) >= 0 ||
-                  (name.size() > 14 && name[0] == '.' && parse_step_dir_name(name.substr(1, 13)) >= 0)))
-      refuse("checkpoint.s3_uri", uri, prefix);
+    if (b > 5 && is_step_dir_name(name)) refuse("checkpoint.s3_uri", uri, prefix);
   }
 }
 
@@ -836,9 +834,9 @@ int run_training(const RunConfig& cfg) {
     const double wall = train_seconds - profile_from;
     summary["op_profile"] = profile_json(step, rows);
     if (lead)
-      info("profile of steps ", profile_first, "-", step, " (", str_seconds(wall),
-           ", rank 0; each op's own time, docs/config.md):\n",
-           format_op_profile(rows, wall, 20));
+      info_lines(str("profile of steps ", profile_first, "-", step, " (", str_seconds(wall),
+                     ", rank 0; each op's own time, docs/config.md):\n",
+                     format_op_profile(rows, wall, 20)));
   }
   if (lead) metrics->write(summary);
   if (sig) {

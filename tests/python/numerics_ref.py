@@ -89,8 +89,9 @@ def e8m0_value(e8):
 
 def fp8_scale_from_amax(amax, max_value, margin=0.0, pow2=False):
     """TE compute_scale_from_amax: max / amax / 2^margin; 1 for amax 0/inf/NaN; FLT_MAX on
-    overflow, FLT_MIN (the smallest normal) on underflow (TE leaves 0 or a subnormal there,
-    whose reciprocal is inf); pow2 clears the mantissa bits (2^floor(log2 scale))."""
+    overflow; at least max / (FLT_MAX / 2), so the largest code decodes finite (TE leaves 0 or
+    a subnormal there after a margin, whose reciprocal is inf); pow2 clears the mantissa bits
+    (2^floor(log2 scale))."""
     amax = F32(amax)
     if not amax > 0 or np.isinf(amax):
         return F32(1.0)
@@ -98,8 +99,9 @@ def fp8_scale_from_amax(amax, max_value, margin=0.0, pow2=False):
         scale = F32(max_value) / amax
         if margin:
             scale = scale / F32(2.0 ** margin)
-    if scale < np.finfo(np.float32).tiny:
-        scale = np.finfo(np.float32).tiny
+    smallest = F32(max_value) / (F32(FLT_MAX) * F32(0.5))
+    if scale < smallest:
+        scale = smallest
     if np.isinf(scale):
         scale = FLT_MAX
     if pow2:

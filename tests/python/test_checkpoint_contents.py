@@ -104,16 +104,15 @@ def test_a_checkpoint_with_a_bad_value_is_refused_by_name(runs, tmp_path, tensor
     r = run1(["train"] + set_args(dict(settings, **{"checkpoint.resume": str(step4)})))
     assert r.rc == 2 and len(errors(r)) == 1, r
     assert f"{RANK_FILE}: {tensor} {says}" in errors(r)[0], r
-    if value != value or value in (float("inf"), -float("inf")):
-        # verify reads every byte: the non-finite value is named there too
-        r = run1(["ckpt", "verify", step4])
-        assert r.rc == 2 and f"{tensor} holds" in r.stderr, r
-        # resume = auto skips the step with a warning and resumes from step 2
-        r = run1(["train"] + set_args(settings))
-        assert r.rc == 0 and "resumed from" in r.stderr and "step_00000002" in r.stderr, r
-        assert "skipping checkpoint" in r.stderr and tensor in r.stderr, r
-    else:
-        assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+    # verify reads every byte and applies the same rules: the value is named there too (a
+    # negative second moment verified, so resume = auto stopped on it instead of skipping it)
+    r = run1(["ckpt", "verify", step4])
+    assert r.rc == 2 and f"{tensor} {says}" in r.stderr, r
+    # resume = auto skips the step with a warning and resumes from step 2
+    r = run1(["train"] + set_args(settings))
+    assert r.rc == 0 and "resumed from" in r.stderr and "step_00000002" in r.stderr, r
+    assert "skipping checkpoint" in r.stderr and tensor in r.stderr, r
 
 
 def test_generate_and_export_refuse_a_nan_weight(runs, tmp_path):
@@ -146,6 +145,49 @@ def test_fp8_delayed_state_is_checked_and_named(runs, tmp_path):
         r = run1(["train"] + set_args(dict(settings, **{"checkpoint.resume": str(step4)})))
         assert r.rc == 2 and len(errors(r)) == 1, r
         assert str(step4) in errors(r)[0] and says in errors(r)[0], r
+        r = run1(["ckpt", "verify", step4])  # the same rules, so resume = auto skips it
+        assert r.rc == 2 and says in r.stderr, r
+
+
+def with_gap(step, before, gap, file=RANK_FILE):
+    """Rewrites a rank file with `gap` bytes inserted before tensor `before` (its offset and
+    every later one moved): still a valid safetensors file, tensors no longer 4-byte aligned."""
+    p = step / file
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    names = sorted((k for k in header if k != "__metadata__"),
+                   key=lambda k: header[k]["data_offsets"][0])
+    out, new = bytearray(), dict(header)
+    for k in names:
+        a, b = header[k]["data_offsets"]
+        if k == before:
+            out += gap
+        new[k] = dict(header[k], data_offsets=[len(out), len(out) + b - a])
+        out += data[a:b]
+    h = json.dumps(new).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + bytes(out))
+    fix_manifest(step, file)
+
+
+def test_verify_scans_each_tensor_wherever_it_lies(runs, tmp_path):
+    """verify's value scan read the data buffer as packed 4-byte words from its start: a valid
+    file with a gap before a tensor (the format allows it) was refused with a made-up NaN, and
+    a NaN after such a gap went unreported. Each tensor is now scanned over its own range."""
+    settings, root = copy_run(runs, "fp32", tmp_path / "o")
+    step4 = root / "step_00000004"
+    with_gap(step4, "master.block.0", b"\x00\x00\xc0\x7f")  # NaN bytes, in no tensor
+    r = run1(["ckpt", "verify", step4])
+    assert r.rc == 0, r
+    r = run1(["train"] + set_args(settings))
+    assert r.rc == 0 and "resumed from" in r.stderr and "step_00000004" in r.stderr, r
+    settings, root = copy_run(runs, "fp32", tmp_path / "p")
+    step4 = root / "step_00000004"
+    with_gap(step4, "exp_avg.block.1", b"\x01")
+    set_floats(step4, "exp_avg_sq.head", [0.5, 0.25, float("nan")])
+    r = run1(["ckpt", "verify", step4])
+    assert r.rc == 2 and "exp_avg_sq.head holds nan at element 2" in r.stderr, r
 
 
 def test_a_checkpoint_root_inside_a_step_is_refused(runs, tmp_path):

@@ -432,3 +432,7 @@ def test_empty_numbers_and_out_directories_on_the_command_line(tmp_path, mxtrain
     r = mxtrain(["numerics", "codec", "--format", "bf16", "--in", src, "--out",
                  tmp_path / "new2" / "c.safetensors"])
     assert r.rc == 0 and (tmp_path / "new2" / "c.safetensors").is_file(), r
+    # a path ending in '/' names a directory: refused, and nothing made
+    r = mxtrain(["numerics", "quantize", "--format", "e4m3", "--in", src, "--out",
+                 str(tmp_path / "nd") + "/"])
+    assert r.rc == 2 and len(error_lines(r)) == 1 and not (tmp_path / "nd").exists(), r

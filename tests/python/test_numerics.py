@@ -357,13 +357,17 @@ def test_fp8_per_tensor_matches_reference(tmp_path, fmt, margin):
         assert_bits_equal(out[name + ".dequant"], deq, name + ".dequant")
 
 
-@pytest.mark.parametrize("fmt,margin", [("e4m3", 64), ("e5m2", 20), ("e4m3", 20)])
+@pytest.mark.parametrize("fmt,margin", [("e4m3", 64), ("e5m2", 20), ("e4m3", 20), ("e4m3", 0), ("e5m2", 0)])
 def test_fp8_per_tensor_scale_underflow_is_clamped(tmp_path, fmt, margin):
     """448 / amax / 2^margin underflowed to 0 or a subnormal for large amaxes: the stored
-    1 / scale was inf and every dequantized value NaN, exit 0. The scale is clamped to FLT_MIN
-    (its reciprocal finite) as overflow is to FLT_MAX; the reference applies the same rule."""
+    1 / scale was inf and every dequantized value NaN, exit 0; a first clamp (to FLT_MIN) still
+    decoded values near FLT_MAX to inf. The scale is at least max / (FLT_MAX / 2); the
+    reference applies that rule, and independently of it every dequantized value of a finite
+    input must be finite."""
     t = {"x": np.array([[1e30, 1, 0, -3e29]], np.float32),
          "y": np.array([[1e38, 5e37, 1, 0]], np.float32),
+         "w": np.array([[3.3e38, 1, -3.35e38, 3e38]], np.float32),
+         "m": np.array([[np.finfo(np.float32).max, -np.finfo(np.float32).max, 2.0]], np.float32),
          "z": np.array([[3.0, -1.0]], np.float32)}
     out = quantize(tmp_path, fmt, t, "--margin", str(margin))
     for name, x in t.items():
@@ -372,7 +376,9 @@ def test_fp8_per_tensor_scale_underflow_is_clamped(tmp_path, fmt, margin):
         assert_bits_equal(out[name + ".codes"], codes, name + ".codes")
         assert_bits_equal(out[name + ".scales"], scales, name + ".scales")
         assert_bits_equal(out[name + ".dequant"], deq, name + ".dequant")
-    assert np.all(np.isfinite(out["x.scales"])) and np.all(np.isfinite(out["x.dequant"]))
+    for name in t:
+        assert np.all(np.isfinite(out[name + ".scales"])), name
+        assert np.all(np.isfinite(out[name + ".dequant"])), (name, out[name + ".dequant"])
 
 
 def test_quantize_reads_bf16_and_f16(tmp_path):

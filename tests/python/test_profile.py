@@ -71,6 +71,11 @@ def test_profile_charges_each_op_its_own_time_and_flops(tmp_path, corpus):
     assert ops["head_cross_entropy"]["calls"] == profiled
     assert "val" in steps[1] or "val_loss" in steps[1], steps[1]  # validation did run
     assert "profile of steps 2-4" in r.stderr and "(outside backend ops)" in r.stderr, r
+    # a table, one op a line (a one-line escaping of log lines once printed it as one line)
+    lines = r.stderr.splitlines()
+    head = next(i for i, l in enumerate(lines) if "profile of steps 2-4" in l)
+    table = lines[head + 1:head + 1 + len(ops)]
+    assert "\\n" not in lines[head] and any(l.split()[:1] == ["gemm"] for l in table), lines[head:]
     # each logged step after the first carries the profile so far (a stopped run leaves one)
     assert "op_profile" not in steps[0]
     for s in steps[1:]:
