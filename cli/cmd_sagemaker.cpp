@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -56,9 +58,15 @@ nlohmann::json read_json(const std::string& path, bool required, nlohmann::json 
 }
 
 void write_failure(const sm::Paths& paths, const std::string& reason) {
+  // SageMaker shows the first KiB or so as the job's FailureReason: a 5 MB bad value echoed in
+  // the message made a 5 MB file.
+  constexpr size_t kMaxFailure = 1000;
+  std::string line = one_line(reason);
+  if (line.size() > kMaxFailure)
+    line = line.substr(0, kMaxFailure) + str("... (", line.size(), " bytes in all)");
   try {
     fs::create_directories(fs::path(paths.failure).parent_path());
-    write_file_atomic(paths.failure, one_line(reason) + "\n");
+    write_file_atomic(paths.failure, line + "\n");
   } catch (const std::exception& e) {
     warn(str("cannot write ", paths.failure, ": ", e.what()));
   }
@@ -103,19 +111,53 @@ int run_child(const std::vector<std::string>& argv, bool relay_as_usr1 = false) 
   g_relay_as_usr1 = relay_as_usr1;
   std::signal(SIGTERM, forward_signal);
   std::signal(SIGINT, forward_signal);
+  // A stop that came before (main's handlers took it) is passed on as well.
+  if (g_forwarded == 0 && pending_stop_signal() != 0) g_forwarded = pending_stop_signal();
+  // exec's failure comes back through a pipe closed on a successful exec: a missing mpirun is
+  // said as what it is (exit 2), not as a child's exit code 127 with a second message.
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
+    ::close(exec_pipe[0]);
     ::execvp(args[0], args.data());
-    std::fprintf(stderr, "error: cannot start %s\n", args[0]);
+    const int err = errno;
+    (void)!::write(exec_pipe[1], &err, sizeof err);
     ::_exit(127);
+  }
+  ::close(exec_pipe[1]);
+  int exec_errno = 0;
+  ssize_t got_bytes;
+  while ((got_bytes = ::read(exec_pipe[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+  }
+  ::close(exec_pipe[0]);
+  if (got_bytes == sizeof exec_errno) {
+    int ignored = 0;
+    ::waitpid(pid, &ignored, 0);
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_DFL);
+    throw UserError(str("cannot start ", args[0], ": ", std::strerror(exec_errno),
+                        " (is it installed in the image and on PATH?)"));
   }
   g_child = pid;
   // A signal that came while the child was being started is passed on now.
   if (g_forwarded != 0) ::kill(pid, relay_as_usr1 ? SIGUSR1 : int(g_forwarded));
+  // While the ranks run, a stop relayed as SIGUSR1 is sent again every second: Open MPI hands
+  // it only to the ranks already running, so one sent while they were being started was lost
+  // and the job trained on to its end (or to SageMaker's SIGKILL).
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw std::runtime_error("waitpid failed");
+  auto last_relay = std::chrono::steady_clock::now();
+  for (;;) {
+    const pid_t got = ::waitpid(pid, &status, WNOHANG);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
+    const auto now = std::chrono::steady_clock::now();
+    if (relay_as_usr1 && g_forwarded != 0 && now - last_relay >= std::chrono::seconds(1)) {
+      ::kill(pid, SIGUSR1);
+      last_relay = now;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   g_child = 0;
   // Nobody to pass a signal on to any more: SIGTERM / SIGINT end this process again.
@@ -144,7 +186,7 @@ bool port_open(const std::string& host, int port) {
 
 // A host other than the first: serve ssh for the master's mpirun, and end when the MPI
 // daemon it starts here (orted, or prted for Open MPI 5) has come and gone.
-int run_worker(const sm::Resources& res) {
+int run_worker(const sm::Resources& res, const sm::Paths& paths) {
   info("sagemaker: ", res.current_host, " waits for the master ", res.hosts.front(),
        " to start the job over ssh");
   const char* sshd = std::getenv("MXTRAIN_SSHD");
@@ -168,6 +210,18 @@ int run_worker(const sm::Resources& res) {
     sm::reap_orphans();
   } while (sm::process_running(daemons));
   info("sagemaker: the MPI job on ", res.current_host, " has ended");
+  // A rank on this host that failed wrote its error here (this file was cleared at the start):
+  // this host then fails with it, so SageMaker's FailureReason names the error, not only the
+  // master's "mpirun exited with code 2".
+  std::error_code ec;
+  if (fs::exists(paths.failure, ec)) {
+    std::ifstream in(paths.failure);
+    std::string line;
+    std::getline(in, line);
+    std::fprintf(stderr, "sagemaker: a rank on %s failed: %s\n", res.current_host.c_str(),
+                 one_line(line).c_str());
+    return 2;
+  }
   return 0;
 }
 
@@ -195,7 +249,7 @@ int sagemaker_train() {
     const bool mpi_rank = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;  // started by mpirun
     const bool launcher =
         !mpi_rank && (res.hosts.size() > 1 || hp.processes_per_host > 1);
-    if (launcher && !res.is_master()) return run_worker(res);
+    if (launcher && !res.is_master()) return run_worker(res, paths);
 
     // The platform's paths first, then the user's overrides (which win); the data file of
     // the `train` channel when neither the config file nor a hyperparameter names one.
@@ -262,10 +316,14 @@ int sagemaker_train() {
       rc = run_child(cmd, /*relay_as_usr1=*/true);
       // Stopped (spot reclaim, StopTrainingJob): the ranks checkpointed at the same step and
       // exited 143 / 130, whatever status mpirun makes of that; the job's status is the stop.
-      if (g_forwarded == SIGTERM || g_forwarded == SIGINT) rc = 128 + int(g_forwarded);
+      // (A job that finished before the stop reached a rank exited 0: it keeps its model.)
+      if (rc != 0 && (g_forwarded == SIGTERM || g_forwarded == SIGINT))
+        rc = 128 + int(g_forwarded);
       std::error_code fe;
       if (rc != 0 && rc != 130 && rc != 143 && !fs::exists(paths.failure, fe))
-        write_failure(paths, str("error: mpirun exited with code ", rc));
+        write_failure(paths, str("error: mpirun exited with code ", rc,
+                                 res.hosts.size() > 1 ? " (a rank on another host failed? its "
+                                                        "error is in that host's log)" : ""));
     } else {
       rc = run_training(cfg);
     }

@@ -14,11 +14,16 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "parallel/communicator.h"
+#include "train/trainer.h"
 
 int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which every writer reports,
   // instead of killing the process mid-checkpoint without a word.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A training process (mxtrain train, a SageMaker rank or launcher) takes a stop request from
+  // its first instructions: mpirun relays SIGUSR1 to ranks that may still be starting.
+  if (argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "sagemaker") == 0))
+    mx::install_stop_signal_handlers();
   // Before anything else: may run the program again with OPENBLAS_CORETYPE set, when OpenBLAS
   // took this CPU for an older one (backend/cpu/blas_core.h).
   mx::select_blas_core(argv);

@@ -201,7 +201,11 @@ Value from_toml(const Field& f, const toml::value& v, const std::string& where) 
       if (v.is_boolean()) return bool(v.as_boolean());
       break;
     case Kind::kString:
-      if (v.is_string()) return std::string(v.as_string().str);
+      if (v.is_string()) {
+        MX_REQUIRE(v.as_string().str.find('\0') == std::string::npos, "config key '", f.key, "'",
+                   where, " holds a NUL character (\\u0000): paths and messages end there");
+        return std::string(v.as_string().str);
+      }
       break;
   }
   throw UserError(str("config key '", f.key, "'", where, " must be ", article(f.kind),
@@ -209,15 +213,22 @@ Value from_toml(const Field& f, const toml::value& v, const std::string& where) 
 }
 
 Value from_text(const Field& f, std::string text) {
+  // (a value is shown whole up to 200 bytes: a 5 MB hyperparameter made a 5 MB error line)
+  const std::string shown =
+      text.size() <= 200 ? text : str(text.substr(0, 200), "... (", text.size(), " bytes)");
   auto bad = [&]() -> UserError {
-    return UserError(str("--set ", f.key, "=", text, ": expected ", article(f.kind),
+    return UserError(str("--set ", f.key, "=", shown, ": expected ", article(f.kind),
                          kind_name(f.kind)));
   };
+  // A NUL character (a SageMaker hyperparameter's "\u0000"): paths and messages end there.
+  if (text.find('\0') != std::string::npos)
+    throw UserError(str("--set ", f.key, "=", one_line(shown), ": holds a NUL character"));
   switch (f.kind) {
     case Kind::kInt: {
       try {
         size_t used = 0;
-        long long x = std::stoll(text, &used, 0);
+        // Base 10: "010" was read as octal 8 and "0x10" as 16 (TOML refuses both spellings).
+        long long x = std::stoll(text, &used, 10);
         if (used != text.size()) throw bad();
         return int64_t(x);
       } catch (const std::logic_error&) {
@@ -232,7 +243,7 @@ Value from_text(const Field& f, std::string text) {
       const double x = std::strtod(text.c_str(), &end);
       if (end != text.c_str() + text.size()) throw bad();
       if (!std::isfinite(x))
-        throw UserError(str("--set ", f.key, "=", text, ": expected a finite number"));
+        throw UserError(str("--set ", f.key, "=", shown, ": expected a finite number"));
       return x;
     }
     case Kind::kBool:

@@ -164,6 +164,17 @@ std::map<std::string, std::string> parse_input_data_config(const nlohmann::json&
                  "inputdataconfig.json: channel '", name, "': TrainingInputMode '", mode,
                  "' is not File, FastFile or Pipe");
     }
+    // ShardedByS3Key gives each host other files; every rank here reads the same data and
+    // takes its own windows of it (ranks compare sizes and a fingerprint, which failed later
+    // with a message about the config or the data instead of the channel).
+    if ((name == "train" || name == "validation") && spec.contains("S3DistributionType")) {
+      MX_REQUIRE(spec["S3DistributionType"].is_string(), "inputdataconfig.json: channel '", name,
+                 "': S3DistributionType is not a string");
+      MX_REQUIRE(spec["S3DistributionType"].get<std::string>() != "ShardedByS3Key",
+                 "inputdataconfig.json: channel '", name, "' is ShardedByS3Key: every host must ",
+                 "see the whole data set (each rank reads its own windows of it): use ",
+                 "FullyReplicated");
+    }
     channels[name] = mode;
   }
   return channels;

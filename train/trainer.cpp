@@ -221,15 +221,21 @@ ModelConfig resolve_model(const RunConfig& cfg) {
 
 }  // namespace
 
-int run_training(const RunConfig& cfg) {
-  if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));
-  Communicator& world = world_communicator();
-  const int rank = world.rank(), W = world.size();
-  // From the start: a stop requested during start-up (reading a large checkpoint) is honoured
-  // at the first step boundary, with a checkpoint, instead of killing the process
+void install_stop_signal_handlers() {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
+}
+
+int pending_stop_signal() { return g_stop_signal.load(); }
+
+int run_training(const RunConfig& cfg) {
+  if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));
+  // From the start: a stop requested during start-up (MPI_Init, reading a large checkpoint) is
+  // honoured at the first step boundary, with a checkpoint, instead of killing the process
+  install_stop_signal_handlers();
+  Communicator& world = world_communicator();
+  const int rank = world.rank(), W = world.size();
   require_same_config(world, cfg);
   const bool lead = rank == 0;  // rank 0 logs, writes metrics and checkpoints
   if (!lead) set_log_level(LogLevel::kQuiet);

@@ -149,6 +149,13 @@ def test_sigterm_then_restart_resumes_from_the_checkpoints(tmp_path):
     ({"steps": "3"}, "'steps'"),
     ({"config": "config/missing.toml"}, "config/missing.toml"),
     ({"sagemaker.processes_per_host": "0"}, "sagemaker.processes_per_host"),
+    # found by a hunt: "\u0000" cut paths (checkpoint.dir was probed as "ck", the first save
+    # failed after the training) and messages; hex was read as a number; a 100 kB value made
+    # a 100 kB failure file (SageMaker keeps about 1 KiB of it)
+    ({"checkpoint.dir": "ck\u0000/x"}, "NUL character"),
+    ({"train.steps": "3\u0000junk"}, "NUL character"),
+    ({"train.steps": "0x10"}, "train.steps=0x10: expected an integer"),
+    ({"train.steps": "x" * 100000}, "... (100000 bytes)"),
 ])
 def test_bad_hyperparameter_writes_the_failure_reason(tmp_path, hp, needle):
     root = make_root(tmp_path, dict(TINY, **hp))
@@ -202,6 +209,33 @@ def test_channels_with_several_files_are_shards_and_validation_is_its_own(tmp_pa
     assert r.returncode == 0, r.stderr
     state = json.loads((root / "checkpoints" / "step_00000002" / "state.json").read_text())
     assert state["data_path"] == str(train / "part_2.txt")
+
+
+def test_a_sharded_training_channel_is_refused(tmp_path):
+    """ShardedByS3Key gives each host other files, while every rank reads the same data and
+    takes its own windows: it failed only once mpirun ran, naming the config or the data."""
+    root = make_root(tmp_path, TINY)
+    idc = root / "input" / "config" / "inputdataconfig.json"
+    cfg = json.loads(idc.read_text())
+    cfg["train"]["S3DistributionType"] = "ShardedByS3Key"
+    idc.write_text(json.dumps(cfg))
+    r = run_entrypoint(root, timeout=60)
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1 and "ShardedByS3Key" in err[0], r.stderr
+    assert (root / "output" / "failure").read_text().strip() == err[0]
+
+
+def test_a_missing_mpirun_is_said_once(tmp_path):
+    """mpirun not on PATH: exit 127 with "cannot start mpirun" on stderr and "mpirun exited
+    with code 127" in the failure file. Now one error, exit 2, the same in both."""
+    root = make_root(tmp_path, dict(TINY, **{"sagemaker.processes_per_host": "2"}))
+    require_binary()
+    r = subprocess.run([MXTRAIN_BIN, "sagemaker", "train"],
+                       env=dict(sm_env(root), PATH=str(tmp_path / "empty")),
+                       capture_output=True, text=True, timeout=60)
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1 and "cannot start mpirun" in err[0], r.stderr
+    assert (root / "output" / "failure").read_text().strip() == err[0]
 
 
 def test_malformed_input_config_is_bad_input(tmp_path):
@@ -335,6 +369,31 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
     saved = hf_io.read_checkpoint_weights(str(ckpts / f"step_{total:08d}"))
     for name, value in tensors.items():
         np.testing.assert_array_equal(value, saved[name], err_msg=name)
+
+
+def test_a_stop_at_the_start_of_a_two_process_job_is_not_lost(tmp_path):
+    """A SIGTERM in the first fraction of a second (mpirun started, its ranks not yet): the
+    one SIGUSR1 relayed reached no rank, the job trained to its end and then exited 143 with no
+    model. The stop is relayed again every second while the ranks run, and ranks take it from
+    their first instructions: the job stops long before its end, exit 143."""
+    total = 3000
+    hp = dict(TINY, **{"train.steps": str(total), "checkpoint.every": "50",
+                       "sagemaker.processes_per_host": "2"})
+    root = make_root(tmp_path, hp)
+    require_binary()
+    p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"], env=sm_env(root),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err[-3000:]
+    assert f"step_{total:08d}" not in " ".join(os.listdir(root / "checkpoints")) \
+        if (root / "checkpoints").exists() else True, err[-3000:]
+    assert not (root / "model" / "model.safetensors").exists()
 
 
 def test_a_worker_host_serves_ssh_instead_of_training(tmp_path):
