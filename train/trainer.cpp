@@ -174,7 +174,22 @@ std::atomic<int> g_stop_signal{0};
 // SIGUSR1 is a SIGTERM passed on by a launcher: Open MPI's mpirun hands SIGUSR1 to every rank
 // at once, while a SIGTERM sent to mpirun reaches the ranks only to be followed by SIGKILL one
 // second later (odls_base_sigkill_timeout), too soon for a checkpoint (docs/checkpoints.md).
-void on_signal(int sig) { g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig); }
+// A second Ctrl-C (SIGINT after SIGINT) quits at once, without the stop checkpoint: a stop is
+// honoured at a step boundary, which a long start-up (an id check of terabytes, a slow S3
+// listing) reaches only minutes later. The first says so (write: async-signal-safe).
+void on_signal(int sig) {
+  if (sig == SIGINT && g_stop_signal.load() == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+    return;
+  }
+  if (sig == SIGINT && g_stop_signal.load() == 0) {
+    static const char msg[] = "\nmxtrain: stopping at the next step boundary, with a checkpoint "
+                              "(Ctrl-C again to quit at once, without one)\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+  }
+  g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig);
+}
 
 // Every rank must run with the same settings. Ranks that differ (a stale config file on one
 // node, a --set given to one rank) hang in the first collective whose sizes differ, or fail deep

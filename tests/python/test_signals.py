@@ -32,6 +32,24 @@ def wait_for(predicate, seconds=60):
         time.sleep(0.05)
 
 
+def test_a_second_ctrl_c_quits_at_once(tmp_path, monkeypatch):
+    """A stop waits for a step boundary, which a long start-up reaches minutes later: the first
+    Ctrl-C says so, a second quits at once (killed by SIGINT, no stop checkpoint)."""
+    monkeypatch.setenv("MXTRAIN_TEST_SLOW_STOP_MS", "20000")  # the stop checkpoint hangs on
+    p, out = start_training(tmp_path, 1000000, 0)
+    metrics = out / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    assert p.poll() is None  # the first stops at a step boundary, held by the slow stop
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGINT, (p.returncode, err[-2000:])
+    assert time.monotonic() - t0 < 15, "the second Ctrl-C waited for the stop"
+    assert "Ctrl-C again to quit at once" in err, err[-2000:]
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_checkpoints_and_exits(tmp_path, sig, code):
     p, out = start_training(tmp_path, 1000000, 0)
