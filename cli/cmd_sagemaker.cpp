@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -60,10 +61,12 @@ nlohmann::json read_json(const std::string& path, bool required, nlohmann::json 
 void write_failure(const sm::Paths& paths, const std::string& reason) {
   // SageMaker shows the first KiB or so as the job's FailureReason: a 5 MB bad value echoed in
   // the message made a 5 MB file.
-  constexpr size_t kMaxFailure = 1000;
+  constexpr size_t kMaxFailure = 1000;  // bytes, the suffix and the newline included
   std::string line = one_line(reason);
-  if (line.size() > kMaxFailure)
-    line = line.substr(0, kMaxFailure) + str("... (", line.size(), " bytes in all)");
+  if (line.size() + 1 > kMaxFailure) {
+    const std::string suffix = str("... (", line.size(), " bytes in all)");
+    line = utf8_prefix(line, kMaxFailure - 1 - suffix.size()) + suffix;
+  }
   try {
     fs::create_directories(fs::path(paths.failure).parent_path());
     write_file_atomic(paths.failure, line + "\n");
@@ -143,19 +146,22 @@ int run_child(const std::vector<std::string>& argv, bool relay_as_usr1 = false) 
   g_child = pid;
   // A signal that came while the child was being started is passed on now.
   if (g_forwarded != 0) ::kill(pid, relay_as_usr1 ? SIGUSR1 : int(g_forwarded));
-  // While the ranks run, a stop relayed as SIGUSR1 is sent again every second: Open MPI hands
+  // While the ranks run, a stop relayed as SIGUSR1 is sent again (after 1 s, 2 s, 4 s, ...
+  // every 16 s at most): Open MPI hands
   // it only to the ranks already running, so one sent while they were being started was lost
   // and the job trained on to its end (or to SageMaker's SIGKILL).
   int status = 0;
   auto last_relay = std::chrono::steady_clock::now();
+  std::chrono::milliseconds relay_every(1000);
   for (;;) {
     const pid_t got = ::waitpid(pid, &status, WNOHANG);
     if (got == pid) break;
     if (got < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
     const auto now = std::chrono::steady_clock::now();
-    if (relay_as_usr1 && g_forwarded != 0 && now - last_relay >= std::chrono::seconds(1)) {
-      ::kill(pid, SIGUSR1);
+    if (relay_as_usr1 && g_forwarded != 0 && now - last_relay >= relay_every) {
+      ::kill(pid, SIGUSR1);  // (mpirun logs each: the period doubles, to 16 s)
       last_relay = now;
+      relay_every = std::min(relay_every * 2, std::chrono::milliseconds(16000));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -20,9 +20,12 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which every writer reports,
   // instead of killing the process mid-checkpoint without a word.
   std::signal(SIGXFSZ, SIG_IGN);
-  // A training process (mxtrain train, a SageMaker rank or launcher) takes a stop request from
-  // its first instructions: mpirun relays SIGUSR1 to ranks that may still be starting.
-  if (argc > 1 && (std::strcmp(argv[1], "train") == 0 || std::strcmp(argv[1], "sagemaker") == 0))
+  // A training process (mxtrain train, a rank mpirun started) takes a stop request from its
+  // first instructions: mpirun relays SIGUSR1 to ranks that may still be starting. Not the
+  // SageMaker launcher or a worker host's waiting entrypoint: they have no step boundary to
+  // stop at, and a SIGTERM ends them as it always did.
+  if (argc > 1 && (std::strcmp(argv[1], "train") == 0 ||
+                   (std::strcmp(argv[1], "sagemaker") == 0 && std::getenv("OMPI_COMM_WORLD_SIZE"))))
     mx::install_stop_signal_handlers();
   // Before anything else: may run the program again with OPENBLAS_CORETYPE set, when OpenBLAS
   // took this CPU for an older one (backend/cpu/blas_core.h).
@@ -45,22 +48,20 @@ int main(int argc, char** argv) {
   mx::cli::add_sagemaker(app, action);
   // CLI11 clamps an integer beyond 64 bits to the largest one (--seed 99999999999999999999 ran
   // as 2^63 - 1): such a value is an error, for every integer option.
-  const CLI::Validator in_int64(
-      [](std::string& v) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        std::strtoll(v.c_str(), &end, 0);
-        return errno == ERANGE ? "out of range for a 64-bit integer" : "";
-      },
-      "");
-  const CLI::Validator in_uint64(
-      [](std::string& v) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        std::strtoull(v.c_str(), &end, 0);
-        return errno == ERANGE ? "out of range for a 64-bit unsigned integer" : "";
-      },
-      "");
+  auto in_64_bits = [](bool is_unsigned) {
+    return CLI::Validator(
+        [is_unsigned](std::string& v) -> std::string {
+          errno = 0;
+          char* end = nullptr;
+          if (is_unsigned) std::strtoull(v.c_str(), &end, 0);
+          else std::strtoll(v.c_str(), &end, 0);
+          if (errno != ERANGE) return "";
+          return is_unsigned ? "out of range for a 64-bit unsigned integer"
+                             : "out of range for a 64-bit integer";
+        },
+        "");
+  };
+  const CLI::Validator in_int64 = in_64_bits(false), in_uint64 = in_64_bits(true);
   // `--top-k ""` (an empty argument, as an unset shell variable gives) was read as 0.
   const CLI::Validator not_empty(
       [](std::string& v) -> std::string { return v.empty() ? "an empty value is not a number" : ""; },
@@ -111,7 +112,10 @@ int main(int argc, char** argv) {
   // In a multi-process job a failing rank must end every rank (the others may be waiting for
   // it inside a collective): abort_all prints `error: rank R: ...` and aborts the job.
   auto fail = [](int code, const std::string& text) -> int {
-    const std::string message = mx::one_line(text);
+    // (a 5 MB bad value quoted whole made a 5 MB error line: 4000 bytes at most)
+    std::string message = mx::one_line(text);
+    if (message.size() > 4000)
+      message = mx::utf8_prefix(message, 4000) + mx::str("... (", message.size(), " bytes)");
     if (mx::in_multi_process_job()) mx::abort_all(code, message);
     // Under a launcher before the world exists (a config error): still say which rank
     std::fprintf(stderr, "error: %s%s\n", mx::launcher_rank_prefix().c_str(), message.c_str());

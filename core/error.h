@@ -24,6 +24,15 @@ std::string str(const Args&... args) {
   return os.str();
 }
 
+// The longest prefix of `s` of at most `bytes` bytes that does not end inside a UTF-8
+// character (a message cut there would not be valid text).
+inline std::string utf8_prefix(const std::string& s, size_t bytes) {
+  if (s.size() <= bytes) return s;
+  size_t cut = bytes;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut);
+}
+
 // An error message as the one line it must be: line breaks and other control bytes (a
 // `--set` value or a hyperparameter holding a newline, a file name with one) become \n, \r,
 // \t or \xHH, so a reader of stderr or of SageMaker's failure file sees one line.

@@ -16,9 +16,10 @@ constexpr int kMaxJsonDepth = 64;
 // than 64 levels" (a copy, comparison or dump() of a value recurses once a level: a 100000-deep
 // array in a safetensors header overflowed the stack), "has the key \"k\" twice in one object"
 // (the parser keeps the last one: a header naming a tensor twice lost the first silently, where
-// the safetensors library refuses it), "contains a NUL byte" (the parser stops reading there,
-// so what followed was never checked), or a NUL character written as \u0000 in a string or key
-// (paths and messages downstream end at it).
+// the safetensors library refuses it), or "contains a NUL byte" (the parser stops reading there,
+// so what followed was never checked). A NUL written as \u0000 inside a string is JSON (a
+// safetensors header's metadata may hold one); readers that turn strings into paths or config
+// values refuse it themselves (SageMaker's hyperparameters, the config's --set and TOML).
 nlohmann::json parse_json_input(std::string_view text, std::string* why);
 
 // A value as an error message shows it: numbers, booleans and null as JSON, strings quoted and

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_input.h"
 #include "data/token_dataset.h"
 
 namespace mx::sagemaker {
@@ -101,6 +102,11 @@ Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string
       continue;
     }
     const std::string value = value_text(key, raw);
+    // "\u0000": paths and messages end at it (checkpoint.dir "ck\u0000/x" was probed as "ck")
+    MX_REQUIRE(key.find('\0') == std::string::npos && value.find('\0') == std::string::npos,
+               "hyperparameters.json: the key ", json_excerpt(nlohmann::json(key)),
+               key.find('\0') == std::string::npos ? "'s value" : "",
+               " holds a NUL character (\\u0000)");
     if (key == "config") {
       MX_REQUIRE(!value.empty(), "hyperparameter 'config' is empty (it names a TOML file: "
                                  "CHANNEL/FILE under input/data, or an absolute path)");

@@ -406,6 +406,7 @@ std::optional<ObjectInfo> S3Client::head_object(const std::string& bucket, const
   info.size = len.empty() ? 0 : answer_size(len, fail_message(req, "Content-Length"));
   info.etag = unquote(r.header("etag"));
   info.last_modified = r.header("last-modified");
+  info.etag_is_md5 = etag_is_md5(r.headers);
   return info;
 }
 
@@ -624,7 +625,9 @@ std::string S3Client::upload_parts(const std::string& bucket, const std::string&
                              " bytes, expected ", size));
     }
     std::string expected = multipart_etag(md5s);
-    if (!etag.empty() && etag.find('-') != std::string::npos && etag != expected) {
+    // (SSE-KMS / SSE-C: the ETag is not the MD5s' and is not compared, as for single PUTs)
+    if (info->etag_is_md5 && !etag.empty() && etag.find('-') != std::string::npos &&
+        etag != expected) {
       throw StorageError(str("S3 multipart upload ", target, " failed: its ETag ", etag,
                              " is not the one computed from the parts sent, ", expected));
     }

@@ -52,6 +52,8 @@ struct ObjectInfo {
   uint64_t size = 0;
   std::string etag;  // without quotes
   std::string last_modified;
+  // HEAD only: false for SSE-KMS / SSE-C objects, whose ETag is not computed from MD5s.
+  bool etag_is_md5 = true;
 };
 
 struct ListPage {

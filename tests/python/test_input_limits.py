@@ -326,6 +326,19 @@ def test_empty_or_directory_output_paths_are_bad_input(tmp_path, mxtrain, traine
     assert_one_error(r, "run.metrics", "is a directory")
 
 
+def test_a_nul_in_safetensors_metadata_is_json_like_any_other(tmp_path, mxtrain):
+    """A "\\u0000" inside a header's metadata string is valid JSON, which nothing reads as a
+    path: a file with one is read (a check against NULs in every JSON string refused it)."""
+    src = tmp_path / "m.safetensors"
+    x = np.arange(64, dtype=np.float32).reshape(2, 32)
+    header = json.dumps({"__metadata__": {"note": "a\u0000b"},
+                         "x": {"dtype": "F32", "shape": [2, 32], "data_offsets": [0, 256]}})
+    assert "\\u0000" in header
+    raw_safetensors(src, header.encode(), x.tobytes())
+    r = quantize(mxtrain, src, tmp_path / "q.safetensors")
+    assert r.rc == 0, r
+
+
 def test_escaped_nul_in_a_config_value_is_shown_not_cut(tmp_path, mxtrain):
     """A message carrying the value "si\\u0000lu" stopped at the NUL ('si), losing the rest."""
     cfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

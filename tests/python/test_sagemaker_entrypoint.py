@@ -412,6 +412,45 @@ def test_a_worker_host_serves_ssh_instead_of_training(tmp_path):
     assert not (root / "checkpoints").exists() and not (root / "output" / "data").exists()
 
 
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_a_waiting_host_ends_at_sigterm(tmp_path, role):
+    """A master waiting for its workers' ssh, or a worker waiting for the MPI job (sshd not
+    started here: MXTRAIN_SSHD=none), has no step boundary to stop at: SIGTERM ends it at once.
+    A change that installed the trainer's stop handler in every SageMaker process left both
+    running until SageMaker's SIGKILL."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2"}))
+    (root / "input" / "config" / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": "algo-1" if role == "master" else "algo-2",
+         "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}))
+    require_binary()
+    p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"],
+                         env=dict(sm_env(root), MXTRAIN_SSHD="none"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2)
+        assert p.poll() is None, p.communicate()[1]
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode in (-signal.SIGTERM, 143), (p.returncode, err)
+
+
+def test_the_failure_file_is_cut_on_a_character_boundary(tmp_path):
+    """A bad value of 3000 two-byte characters: the failure file (what SageMaker shows) is at
+    most 1000 bytes, valid UTF-8, and says how long the message was; stderr's line at most
+    4000 bytes and some."""
+    root = make_root(tmp_path, dict(TINY, **{"model.preset": "\u00e9" * 3000}))
+    r = run_entrypoint(root, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    raw = (root / "output" / "failure").read_bytes()
+    assert len(raw) <= 1000 and raw.endswith(b"bytes in all)\n"), raw[-100:]
+    raw.decode("utf-8")  # raises if a character was cut
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and len(err[0].encode()) < 4100, len(err[0])
+
+
 # --- two hosts on this one machine -------------------------------------------------------------
 # SageMaker gives every host its own /opt/ml and the names algo-1, algo-2. Here: two trees under
 # tmp_path, the names in a private /etc/hosts (bind-mounted in a mount namespace of the master's
