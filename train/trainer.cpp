@@ -859,7 +859,10 @@ int run_training(const RunConfig& cfg) {
                      ", rank 0; each op's own time, docs/config.md):\n",
                      format_op_profile(rows, wall, 20)));
   }
-  if (lead) metrics->write(summary);
+  // A run stopped before its first step (a stop during start-up) trained nothing: a summary
+  // of zero steps (final loss null, 0 tok/s) after a resumed run's earlier one would read as
+  // the result, as for a run started again after it was complete.
+  if (lead && step > start_step) metrics->write(summary);
   if (sig) {
     info("stopped by signal ", sig, " at step ", step, "; checkpoint ", final_dir);
     return sig == SIGINT ? 130 : 143;

@@ -32,6 +32,43 @@ def wait_for(predicate, seconds=60):
         time.sleep(0.05)
 
 
+def test_a_stop_during_start_up_adds_no_empty_summary(tmp_path):
+    """A resumed run stopped before its first step appended a summary of zero steps (final
+    loss null, 0 tokens) after the real one, which readers take as the result. The stop is
+    taken from the process's start (its handler is in place before anything else), so the
+    signal is sent as soon as the handler shows in /proc; a 40 MB corpus keeps the start-up
+    long enough for it to land there."""
+    corpus = tmp_path / "big.txt"
+    corpus.write_bytes(b"a stitch in time saves nine. " * 1400000)
+    out = tmp_path / "run"
+    args = [MXTRAIN_BIN, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus}",
+            "--set", "train.seq_len=32", "--set", "train.eval_every=0",
+            "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(args + ["--set", "train.steps=2"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    metrics = out / "metrics.jsonl"
+    before = metrics.read_bytes()
+    p = subprocess.Popen(args + ["--set", "train.steps=4"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    status = f"/proc/{p.pid}/status"
+
+    def handler_in_place():
+        try:
+            caught = next(l for l in open(status) if l.startswith("SigCgt:"))
+            return int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1))
+        except (OSError, StopIteration):
+            return False
+    wait_for(handler_in_place, 30)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-2000:]
+    if "step 3/4" in err:
+        pytest.skip("the signal landed after the first step (a fast machine)")
+    assert metrics.read_bytes() == before, metrics.read_text()[len(before):]
+
+
 def test_a_second_ctrl_c_quits_at_once(tmp_path, monkeypatch):
     """A stop waits for a step boundary, which a long start-up reaches minutes later: the first
     Ctrl-C says so, a second quits at once (killed by SIGINT, no stop checkpoint)."""
