@@ -114,8 +114,6 @@ int run_child(const std::vector<std::string>& argv, bool relay_as_usr1 = false) 
   g_relay_as_usr1 = relay_as_usr1;
   std::signal(SIGTERM, forward_signal);
   std::signal(SIGINT, forward_signal);
-  // A stop that came before (main's handlers took it) is passed on as well.
-  if (g_forwarded == 0 && pending_stop_signal() != 0) g_forwarded = pending_stop_signal();
   // exec's failure comes back through a pipe closed on a successful exec: a missing mpirun is
   // said as what it is (exit 2), not as a child's exit code 127 with a second message.
   int exec_pipe[2];
@@ -146,10 +144,9 @@ int run_child(const std::vector<std::string>& argv, bool relay_as_usr1 = false) 
   g_child = pid;
   // A signal that came while the child was being started is passed on now.
   if (g_forwarded != 0) ::kill(pid, relay_as_usr1 ? SIGUSR1 : int(g_forwarded));
-  // While the ranks run, a stop relayed as SIGUSR1 is sent again (after 1 s, 2 s, 4 s, ...
-  // every 16 s at most): Open MPI hands
-  // it only to the ranks already running, so one sent while they were being started was lost
-  // and the job trained on to its end (or to SageMaker's SIGKILL).
+  // While the ranks run, a stop relayed as SIGUSR1 is sent again (after 1 s, 2 s, 4 s, ...,
+  // then every 16 s): Open MPI hands it only to the ranks already running, so one sent while
+  // they were being started was lost and the job trained on to its end (or to SIGKILL).
   int status = 0;
   auto last_relay = std::chrono::steady_clock::now();
   std::chrono::milliseconds relay_every(1000);

@@ -102,9 +102,6 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
              "file into each step: use a shared file system, or checkpoint.s3_uri)");
 }
 
-// The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
-// run's inputs (the data file, which it would truncate under the reader)
-// or a file of a checkpoint.
 std::string hex64(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -123,6 +120,9 @@ std::optional<std::vector<std::string>> list_data(const std::string& path) {
   }
 }
 
+// The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
+// run's inputs (the data file, which it would truncate under the reader) or a file of a
+// checkpoint, nor may the run write anything where the data paths read.
 void check_metrics_path(const RunConfig& cfg, const std::string& data_path,
                         const std::optional<std::vector<std::string>>& data_listed,
                         const std::optional<std::vector<std::string>>& val_listed) {
@@ -241,8 +241,6 @@ void install_stop_signal_handlers() {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
 }
-
-int pending_stop_signal() { return g_stop_signal.load(); }
 
 int run_training(const RunConfig& cfg) {
   if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));

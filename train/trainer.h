@@ -12,9 +12,7 @@ int run_training(const RunConfig& config);
 // The stop handlers run_training uses (SIGINT, SIGTERM; SIGUSR1, which mpirun relays, as
 // SIGTERM: a stop at the next step boundary, with a checkpoint), installed from a training
 // process's first instructions: a rank that mpirun relayed a stop to during its start-up
-// (before MPI_Init returned) was killed by the default action, or missed it. pending: the stop
-// signal received so far, 0 if none.
+// (before MPI_Init returned) was killed by the default action, or missed it.
 void install_stop_signal_handlers();
-int pending_stop_signal();
 
 }  // namespace mx
