@@ -61,12 +61,7 @@ nlohmann::json read_json(const std::string& path, bool required, nlohmann::json 
 void write_failure(const sm::Paths& paths, const std::string& reason) {
   // SageMaker shows the first KiB or so as the job's FailureReason: a 5 MB bad value echoed in
   // the message made a 5 MB file.
-  constexpr size_t kMaxFailure = 1000;  // bytes, the suffix and the newline included
-  std::string line = one_line(reason);
-  if (line.size() + 1 > kMaxFailure) {
-    const std::string suffix = str("... (", line.size(), " bytes in all)");
-    line = utf8_prefix(line, kMaxFailure - 1 - suffix.size()) + suffix;
-  }
+  const std::string line = shortened(one_line(reason), 999);  // 1000 bytes with its newline
   try {
     fs::create_directories(fs::path(paths.failure).parent_path());
     write_file_atomic(paths.failure, line + "\n");

@@ -112,10 +112,7 @@ int main(int argc, char** argv) {
   // In a multi-process job a failing rank must end every rank (the others may be waiting for
   // it inside a collective): abort_all prints `error: rank R: ...` and aborts the job.
   auto fail = [](int code, const std::string& text) -> int {
-    // (a 5 MB bad value quoted whole made a 5 MB error line: 4000 bytes at most)
-    std::string message = mx::one_line(text);
-    if (message.size() > 4000)
-      message = mx::utf8_prefix(message, 4000) + mx::str("... (", message.size(), " bytes)");
+    const std::string message = mx::shortened(mx::one_line(text), 4000);
     if (mx::in_multi_process_job()) mx::abort_all(code, message);
     // Under a launcher before the world exists (a config error): still say which rank
     std::fprintf(stderr, "error: %s%s\n", mx::launcher_rank_prefix().c_str(), message.c_str());

@@ -33,6 +33,15 @@ inline std::string utf8_prefix(const std::string& s, size_t bytes) {
   return s.substr(0, cut);
 }
 
+// `s` in at most `max_bytes` bytes: itself, or its start (cut on a UTF-8 boundary) and
+// "... (N bytes)". How a value or message of any size is shown (a 5 MB bad value echoed whole
+// made a 5 MB error line and SageMaker failure file).
+inline std::string shortened(const std::string& s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return s;
+  const std::string suffix = str("... (", s.size(), " bytes)");
+  return utf8_prefix(s, max_bytes > suffix.size() ? max_bytes - suffix.size() : 0) + suffix;
+}
+
 // An error message as the one line it must be: line breaks and other control bytes (a
 // `--set` value or a hyperparameter holding a newline, a file name with one) become \n, \r,
 // \t or \xHH, so a reader of stderr or of SageMaker's failure file sees one line.

@@ -271,13 +271,6 @@ bool data_path_covers(const std::string& data_path, const std::string& file) {
   return false;
 }
 
-DataFileIds::DataFileIds(const std::string& data_path) {
-  try {
-    *this = DataFileIds(data_files(data_path));
-  } catch (const std::exception&) {  // a data path that cannot be listed: open() says why
-  }
-}
-
 DataFileIds::DataFileIds(const std::vector<std::string>& files) {
   struct stat st{};
   for (const std::string& f : files)

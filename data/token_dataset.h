@@ -31,12 +31,11 @@ std::vector<std::string> data_files(const std::string& path);
 // write its metrics or checkpoints to; DataFileIds adds the files it reads under other names.
 bool data_path_covers(const std::string& data_path, const std::string& file);
 
-// The files a data path reads now, by device and inode (data_files, listed once): whether an
-// existing path is one of them under another name (a symbolic link to a shard, a hard link).
+// The files of a data path's listing (data_files), by device and inode: whether an existing
+// path is one of them under another name (a symbolic link to a shard, a hard link).
 class DataFileIds {
  public:
-  explicit DataFileIds(const std::string& data_path);
-  explicit DataFileIds(const std::vector<std::string>& files);  // a listing already made
+  explicit DataFileIds(const std::vector<std::string>& files);
   bool contains(const std::string& file) const;
 
  private:

@@ -213,9 +213,7 @@ Value from_toml(const Field& f, const toml::value& v, const std::string& where) 
 }
 
 Value from_text(const Field& f, std::string text) {
-  // (a value is shown whole up to 200 bytes: a 5 MB hyperparameter made a 5 MB error line)
-  const std::string shown =
-      text.size() <= 200 ? text : str(utf8_prefix(text, 200), "... (", text.size(), " bytes)");
+  const std::string shown = shortened(text, 220);
   auto bad = [&]() -> UserError {
     return UserError(str("--set ", f.key, "=", shown, ": expected ", article(f.kind),
                          kind_name(f.kind)));
