@@ -437,6 +437,39 @@ def test_a_waiting_host_ends_at_sigterm(tmp_path, role):
     assert p.returncode in (-signal.SIGTERM, 143), (p.returncode, err)
 
 
+def test_a_worker_whose_rank_failed_exits_2_with_its_line(tmp_path):
+    """A worker host ended 0 when a rank on it failed, so the job's FailureReason was only the
+    master's "mpirun exited with code 2". The MPI daemon is played by a copy of `sleep` named
+    orted (the worker watches for that process name); the failing rank by the line it would
+    leave in the failure file."""
+    import shutil
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2"}))
+    (root / "input" / "config" / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}))
+    orted = tmp_path / "orted"
+    shutil.copy("/bin/sleep", orted)
+    require_binary()
+    w = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"], env=dict(sm_env(root), MXTRAIN_SSHD="none"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        time.sleep(1.5)  # the worker has cleared output/failure and waits for the daemon
+        daemon = subprocess.Popen([str(orted), "60"])
+        time.sleep(3)  # seen running
+        (root / "output").mkdir(exist_ok=True)
+        (root / "output" / "failure").write_text("error: rank 1: data.path is missing\n")
+        daemon.kill()
+        daemon.wait()
+        _, err = w.communicate(timeout=30)
+    finally:
+        for p in (w, daemon):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert "the MPI job runs on algo-2" in err, err
+    assert w.returncode == 2, err
+    assert "a rank on algo-2 failed: error: rank 1: data.path is missing" in err, err
+
+
 def test_the_failure_file_is_cut_on_a_character_boundary(tmp_path):
     """A bad value of 3000 two-byte characters: the failure file (what SageMaker shows) is at
     most 1000 bytes, valid UTF-8, and says how long the message was; stderr's line at most
