@@ -372,10 +372,11 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
 
 
 def test_a_stop_at_the_start_of_a_two_process_job_is_not_lost(tmp_path):
-    """A SIGTERM in the first fraction of a second (mpirun started, its ranks not yet): the
-    one SIGUSR1 relayed reached no rank, the job trained to its end and then exited 143 with no
-    model. The stop is relayed again every second while the ranks run, and ranks take it from
-    their first instructions: the job stops long before its end, exit 143."""
+    """A SIGTERM once mpirun is up but before its ranks run: the one SIGUSR1 relayed reached no
+    rank, and the job trained to its end (then exited 143, without its model). The stop is now
+    relayed again (after 1 s, 2 s, ...) and ranks take it from their first instructions: they
+    stop at a step boundary with a checkpoint. mpirun is "up" once it catches SIGUSR1 (its
+    /proc status), so the signal neither kills it nor reaches a rank."""
     total = 3000
     hp = dict(TINY, **{"train.steps": str(total), "checkpoint.every": "50",
                        "sagemaker.processes_per_host": "2"})
@@ -383,16 +384,30 @@ def test_a_stop_at_the_start_of_a_two_process_job_is_not_lost(tmp_path):
     require_binary()
     p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"], env=sm_env(root),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def mpirun_catches_usr1():
+        for d in os.listdir("/proc"):
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+                if stat[stat.rfind(")") + 2:].split()[1] != str(p.pid):
+                    continue
+                caught = next(l for l in open(f"/proc/{d}/status") if l.startswith("SigCgt:"))
+            except (OSError, ValueError, StopIteration):
+                continue
+            return bool(int(caught.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)))
+        return False
     try:
-        time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while not mpirun_catches_usr1() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=240)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 143, err[-3000:]
-    assert f"step_{total:08d}" not in " ".join(os.listdir(root / "checkpoints")) \
-        if (root / "checkpoints").exists() else True, err[-3000:]
+    assert "stopped by signal 15 at step" in err, err[-3000:]
+    assert not (root / "checkpoints" / f"step_{total:08d}").exists(), err[-3000:]
     assert not (root / "model" / "model.safetensors").exists()
 
 
