@@ -237,11 +237,7 @@ void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int sh
     st.amax_history.assign(values->begin() + 1, values->end());
     states.push_back(std::move(st));
   }
-  try {
-    recipe.restore_delayed_state(states);
-  } catch (const UserError& e) {
-    throw UserError(str(file, ": ", e.what()));
-  }
+  recipe.restore_delayed_state(states);  // delayed_state_problem checked what restore requires
 }
 
 }  // namespace mx

@@ -11,6 +11,7 @@
 #include "core/json_input.h"
 #include "core/log.h"
 #include "model/hf_config.h"
+#include "numerics/quantize.h"
 
 namespace mx {
 
@@ -538,7 +539,9 @@ std::string delayed_state_problem(const std::string& name, const std::vector<flo
         linear < 7 && op >= 0 && op < 6))
     return str(name, " names no operand of this model's Linears (recipe.delayed.LAYER.LINEAR.",
                "OPERAND: layer < ", num_layers, ", linear < 7, operand < 6)");
-  if (!values || values->size() < 2) return str(name, " holds no amax history");
+  if (!values || values->size() != 1 + size_t(numerics::kAmaxHistoryLen))
+    return str(name, " holds ", values ? int64_t(values->size()) : 0, " values, not a scale and an ",
+               "amax history of ", numerics::kAmaxHistoryLen);
   // A scale whose reciprocal is not finite (0, a subnormal) dequantizes to infinities.
   const float scale = (*values)[0];
   if (!(scale > 0.0f && std::isfinite(scale) && std::isfinite(1.0f / scale)))

@@ -282,16 +282,20 @@ bool DataFileIds::contains(const std::string& file) const {
   return ::stat(file.c_str(), &st) == 0 && ids_.count({uint64_t(st.st_dev), uint64_t(st.st_ino)});
 }
 
-TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int64_t vocab_size,
-                                int64_t random_tokens) {
-  // Ids are int32 downstream, so the largest usable vocabulary is 2^31.
+namespace {
+// Ids are int32 downstream, so the largest usable vocabulary is 2^31.
+void require_usable_vocab(int64_t vocab_size, const std::string& path) {
   MX_REQUIRE(vocab_size > 0 && vocab_size <= (int64_t{1} << 31), "vocab_size must be in [1, 2^31], got ",
              vocab_size, " (data '", path, "')");
-  TokenDataset ds;
-  ds.path_ = path;
-  ds.vocab_size_ = vocab_size;
+}
+}  // namespace
 
+TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int64_t vocab_size,
+                                int64_t random_tokens) {
   if (format == TokenFormat::kRandom) {
+    require_usable_vocab(vocab_size, path);
+    TokenDataset ds;
+    ds.vocab_size_ = vocab_size;
     MX_REQUIRE(random_tokens > 0, "random data needs a positive token count, got ", random_tokens);
     ds.path_ = "<random>";
     ds.format_ = format;
@@ -316,8 +320,7 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format, int
 
 TokenDataset TokenDataset::open_listed(const std::string& path, std::vector<std::string> files,
                                        TokenFormat format, int64_t vocab_size) {
-  MX_REQUIRE(vocab_size > 0 && vocab_size <= (int64_t{1} << 31), "vocab_size must be in [1, 2^31], got ",
-             vocab_size, " (data '", path, "')");
+  require_usable_vocab(vocab_size, path);
   MX_REQUIRE(format != TokenFormat::kRandom && !files.empty(), "data path '", path,
              "': no files listed");
   TokenDataset ds;

@@ -72,9 +72,10 @@ enum class AmaxAlgo : uint8_t { kMax, kMostRecent };
 // previous steps; its own amax then enters the history (newest first, length fixed), and the
 // scale for the next step is recomputed: amax = max(history) or history[0], and the scale keeps
 // its previous value when that amax is 0 (TE's torch.where(amax > 0, sf, scale)). Starts at 1.
+inline constexpr int kAmaxHistoryLen = 1024;  // the recipes' history length (checkpoints hold it)
 class DelayedScaling {
  public:
-  explicit DelayedScaling(Format fmt = Format::kE4M3, int history_len = 1024,
+  explicit DelayedScaling(Format fmt = Format::kE4M3, int history_len = kAmaxHistoryLen,
                           AmaxAlgo algo = AmaxAlgo::kMax, float margin = 0.0f);
   float scale() const { return scale_; }
   const std::vector<float>& amax_history() const { return amax_history_; }
