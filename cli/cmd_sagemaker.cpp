@@ -353,6 +353,28 @@ int sagemaker_train() {
   }
 }
 
+// `mxtrain sagemaker check`: the hyperparameters of a job about to be submitted, as the
+// entrypoint will read them, so that a typo fails on the submitting machine instead of after
+// the instances are provisioned (launch/sagemaker/submit.py runs it).
+int sagemaker_check(const std::string& file) {
+  const sm::Paths paths = sm::paths_under("/opt/ml");  // where the job will run
+  const sm::Hyperparameters hp =
+      sm::parse_hyperparameters(read_json(file, true, {}), paths.data_dir, false);
+  std::vector<std::string> sets = sm::platform_sets(paths);
+  sets.insert(sets.end(), hp.sets.begin(), hp.sets.end());
+  if (hp.config_file.empty()) {
+    load_run_config("", sets);  // the whole config, as the entrypoint's first reading
+    info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
+         " valid on the default config");
+  } else {
+    check_sets(sets);  // the file is in a channel: each key and value, not the whole
+    info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
+         " name known keys with values of their types (the config file ", hp.config_file,
+         " is read in the job)");
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_sagemaker(CLI::App& app, Action& action) {
@@ -363,6 +385,13 @@ void add_sagemaker(CLI::App& app, Action& action) {
       "train", "run the job described under /opt/ml ($MXTRAIN_SM_ROOT): hyperparameters.json "
                "-> config overrides, checkpoints in checkpoints/, HF model in model/");
   train->callback([&action] { action = [] { return sagemaker_train(); }; });
+  auto hp_file = std::make_shared<std::string>();
+  auto* check = cmd->add_subcommand(
+      "check", "check a job's hyperparameters (a JSON object, as SageMaker writes "
+               "hyperparameters.json) before submitting it: keys, value types, and the whole "
+               "config when no 'config' file is named; exit 2 on the first problem");
+  check->add_option("--hyperparameters", *hp_file, "the hyperparameters JSON file")->required();
+  check->callback([&action, hp_file] { action = [hp_file] { return sagemaker_check(*hp_file); }; });
 }
 
 }  // namespace mx::cli

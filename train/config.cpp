@@ -442,7 +442,23 @@ int toml_nesting_depth(const std::string& text) {
   }
   return deepest;
 }
+
+void apply_set(Staging& s, const std::string& item) {
+  auto eq = item.find('=');
+  MX_REQUIRE(eq != std::string::npos && eq > 0, "--set expects section.key=value (got '", item,
+             "')");
+  std::string key = item.substr(0, eq);
+  const Field& f = require_field(key, " (from --set)");
+  f.set(s, from_text(f, item.substr(eq + 1)));
+  s.cfg.sources.emplace_back("--set " + item, item);
+}
+
 }  // namespace
+
+void check_sets(const std::vector<std::string>& sets) {
+  Staging s;
+  for (const std::string& item : sets) apply_set(s, item);
+}
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {
   Staging s;
@@ -485,15 +501,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     s.cfg.sources.emplace_back("config file " + path, text.str());
     s.cfg.config_file = path;
   }
-  for (const std::string& item : sets) {
-    auto eq = item.find('=');
-    MX_REQUIRE(eq != std::string::npos && eq > 0, "--set expects section.key=value (got '", item,
-               "')");
-    std::string key = item.substr(0, eq);
-    const Field& f = require_field(key, " (from --set)");
-    f.set(s, from_text(f, item.substr(eq + 1)));
-    s.cfg.sources.emplace_back("--set " + item, item);
-  }
+  for (const std::string& item : sets) apply_set(s, item);
   apply_model_fields(s);
   if (!s.cfg.init.from.empty()) {  // the model is init.from's config.json: a key would be ignored
     std::string given;

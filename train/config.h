@@ -111,6 +111,11 @@ struct RunConfig {
 // Every problem is a UserError naming the key (and file).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets);
 
+// Each "section.key=value" names a key of the schema and its value parses as that key's type,
+// as load_run_config reads a --set; nothing else is checked (no config file, no validation of
+// the whole). For overrides of a config file that is not at hand (`mxtrain sagemaker check`).
+void check_sets(const std::vector<std::string>& sets);
+
 // The documented keys, for `mxtrain train --help-config` and the docs: "section.key  type  help".
 std::vector<std::string> config_reference();
 

@@ -93,7 +93,8 @@ bool escapes(const fs::path& p) {
 
 }  // namespace
 
-Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string& data_dir) {
+Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string& data_dir,
+                                      bool config_must_exist) {
   MX_REQUIRE(j.is_object(), "hyperparameters.json must be a JSON object of \"key\": \"value\"");
   Hyperparameters h;
   for (const auto& [key, raw] : j.items()) {  // nlohmann's object: keys in sorted order
@@ -117,7 +118,8 @@ Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string
         p = fs::path(data_dir) / p;
       }
       std::error_code ec;
-      MX_REQUIRE(fs::is_regular_file(p, ec), "hyperparameter 'config' = ", value, ": ",
+      MX_REQUIRE(!config_must_exist || fs::is_regular_file(p, ec), "hyperparameter 'config' = ",
+                 value, ": ",
                  p.string(), " is not a file (name it as CHANNEL/FILE under input/data)");
       h.config_file = p.string();
     } else if (key.rfind("sagemaker.", 0) == 0) {

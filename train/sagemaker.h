@@ -57,7 +57,10 @@ struct Hyperparameters {
 // which SDK estimators add) are ignored and listed in `ignored`;
 // anything else must be section.key and becomes an override (the config schema then rejects
 // unknown keys and bad values, as for --set). UserError names the key on any problem.
-Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string& data_dir);
+// config_must_exist = false (`mxtrain sagemaker check`, before a job exists): "config" is
+// resolved but not looked for, since it lives in a channel the job has not downloaded yet.
+Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string& data_dir,
+                                      bool config_must_exist = true);
 
 // inputdataconfig.json: channel name -> TrainingInputMode ("File" when not given).
 std::map<std::string, std::string> parse_input_data_config(const nlohmann::json& j);

@@ -30,6 +30,12 @@ entrypoint leaves in the job's output (s3://<output>/<job>/output/output.tar.gz,
 metrics.jsonl: its last "summary" object), and writes results.csv / results.md / results.json
 with the columns of `mxtrain sweep` (the planner's predicted columns are left empty).
 
+Before anything is sent, each job's hyperparameters go through `mxtrain sagemaker check` (the
+entrypoint's own reading of them: known keys, values of their types, and the whole config when
+no 'config' file is named), so that a typo fails here instead of after the instances are
+provisioned. The binary: --mxtrain, else $MXTRAIN_BIN, else the repository's build/mxtrain, else
+`mxtrain` on PATH; without one, a warning says the check was skipped (--no-check skips it).
+
 Exit codes: 0 ok, 2 bad input (one line starting `error:`), 3 an AWS call failed.
 """
 import argparse
@@ -38,8 +44,11 @@ import itertools
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tarfile
+import tempfile
 
 DEFAULT_INSTANCE = "ml.p6-b200.48xlarge"
 MAX_SECONDS = 28 * 24 * 3600  # SageMaker's limit on MaxRuntimeInSeconds / MaxWaitTimeInSeconds
@@ -350,6 +359,41 @@ class Parser(argparse.ArgumentParser):
         raise BadInput(f"{self.prog}: {message}")
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _mxtrain_binary(flag):
+    if flag:
+        if not (os.path.isfile(flag) and os.access(flag, os.X_OK)):
+            raise BadInput(f"--mxtrain {flag}: not an executable file")
+        return flag
+    for cand in (os.environ.get("MXTRAIN_BIN"), os.path.join(REPO, "build", "mxtrain")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return shutil.which("mxtrain")
+
+
+def check_hyperparameters(binary, jobs):
+    """`mxtrain sagemaker check` on each job's hyperparameters (as SageMaker will write them:
+    all strings); the first refusal is a BadInput naming the job."""
+    with tempfile.TemporaryDirectory(prefix="mxtrain-submit-") as tmp:
+        path = os.path.join(tmp, "hyperparameters.json")
+        for name, hp, _ in jobs:
+            with open(path, "w") as f:
+                json.dump({str(a): str(b) for a, b in sorted(hp.items())}, f)
+            try:
+                r = subprocess.run([binary, "sagemaker", "check", "--hyperparameters", path],
+                                   capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise BadInput(f"cannot run {binary} sagemaker check: {e}") from e
+            if r.returncode != 0:
+                lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+                why = lines[0][len("error:"):].strip() if lines else \
+                    f"exit {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}"
+                raise BadInput(f"job {name}: {why} (checked by {binary} sagemaker check; "
+                               f"--no-check skips it)")
+
+
 def submit(argv):
     p = Parser(prog="submit.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--job-name", help="job name (default mxtrain-<UTC time>); a sweep's prefix")
@@ -379,6 +423,10 @@ def submit(argv):
                    help="one job per point of the grid (repeatable axes)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the CreateTrainingJob request(s) as JSON, send nothing")
+    p.add_argument("--mxtrain", help="mxtrain binary that checks the hyperparameters first "
+                   "(default $MXTRAIN_BIN, build/mxtrain, or mxtrain on PATH)")
+    p.add_argument("--no-check", action="store_true",
+                   help="do not check the hyperparameters with mxtrain before submitting")
     args = p.parse_args(argv)
     validate(args)
     if not args.region and not args.dry_run:
@@ -412,6 +460,14 @@ def submit(argv):
             jobs.append((_job_name(base, i, pid), hp, tags))
     else:
         jobs.append((_job_name(base), hyper, []))
+
+    if not args.no_check:
+        binary = _mxtrain_binary(args.mxtrain)
+        if binary:
+            check_hyperparameters(binary, jobs)
+        else:
+            print("warning: hyperparameters not checked: no mxtrain binary (build it with "
+                  "scripts/setup.sh, or pass --mxtrain PATH)", file=sys.stderr, flush=True)
 
     # A dry run needs no region (nothing is sent); the SDK's session wants one.
     sub = Submitter(args.region or "us-east-1", args.dry_run)

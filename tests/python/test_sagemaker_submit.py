@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MXTRAIN_BIN
+
 REPO = Path(__file__).resolve().parent.parent.parent
 SUBMIT = REPO / "launch" / "sagemaker" / "submit.py"
 SM_PY = os.environ.get("MXTRAIN_SM_PYTHON", str(REPO / ".venv-sagemaker" / "bin" / "python"))
@@ -73,7 +75,7 @@ def moto():
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION, AWS_EC2_METADATA_DISABLED="true",
-               SAGEMAKER_VALIDATE_ROLE="false")
+               SAGEMAKER_VALIDATE_ROLE="false", MXTRAIN_BIN=MXTRAIN_BIN)
     yield {"url": url, "env": env}
     server.terminate()
     try:
@@ -248,6 +250,36 @@ def test_bad_flags_are_refused(aws, extra, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert job_names(aws) == []
+
+
+@pytest.mark.parametrize("extra,needle", [
+    # a typo: refused before the instances are provisioned, not in the job's first minute
+    (["--set", "train.step=100"], "job checked: "),
+    (["--set", "train.step=100"], "unknown config key 'train.step'"),
+    (["--set", "train.steps=many"], "train.steps=many: expected an integer"),
+    # the whole config when no file is named: a value the schema types allow, the config refuses
+    (["--set", "train.lr=-1"], "train.lr must be positive"),
+    # with a config file (read in the job), keys and types still
+    (["--config", "train/c.toml", "--set", "model.presett=tiny"], "unknown config key"),
+    # each sweep point: the second's value is the bad one, and its job is named
+    (["--sweep", "train.micro_batch=2,two"], "job checked-1-micro-batch-two"),
+    (["--set", "sagemaker.processes_per_hots=2"], "unknown hyperparameter"),
+    (["--mxtrain", "/nonexistent/mxtrain"], "not an executable file"),
+])
+def test_hyperparameters_are_checked_before_submitting(aws, extra, needle):
+    r = submit(aws, *base_args("checked"), *extra)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert job_names(aws) == []
+
+
+def test_no_check_sends_what_the_check_refuses(aws):
+    """The refusals above are the check's: --no-check sends the same typo (a dry run)."""
+    r = submit(aws, *base_args("unchecked"), "--set", "train.step=100", "--no-check",
+               "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["HyperParameters"] == {"train.step": "100"}
 
 
 _LOG_CALLS = """
