@@ -27,39 +27,69 @@ std::string json_excerpt(const nlohmann::json& value) {
   return value.dump();
 }
 
+namespace {
+// The limits, checked in a SAX pass before the document is built. (A parse callback did this
+// before, but nlohmann's callback parser walks the enclosing container at every object's end:
+// quadratic, so a 4.6 MB safetensors header of empty entries took 254 s.)
+class LimitsChecker : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  std::string why;  // set when the input is refused, "" when only its syntax is bad
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return deeper();
+  }
+  bool key(string_t& key) override {
+    if (keys_.back().insert(key).second) return true;
+    why = str("has the key ", quoted_excerpt(key), " twice in one object");
+    return false;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return deeper(); }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  bool deeper() {
+    if (++depth_ <= kMaxJsonDepth) return true;
+    why = str("nests objects or arrays deeper than ", kMaxJsonDepth, " levels");
+    return false;
+  }
+  int depth_ = 0;
+  std::vector<std::set<std::string>> keys_;  // one set per object open around the parser
+};
+}  // namespace
+
 nlohmann::json parse_json_input(std::string_view text, std::string* why) {
   using Json = nlohmann::json;
-  using Event = Json::parse_event_t;
   const Json discarded(Json::value_t::discarded);
   if (text.find('\0') != std::string_view::npos) {
     *why = "contains a NUL byte";
     return discarded;
   }
-  std::vector<std::set<std::string>> keys;  // one set per object open around the parser
-  auto check = [&keys](int depth, Event event, Json& parsed) -> bool {
-    if (depth > kMaxJsonDepth)
-      throw Refused{str("nests objects or arrays deeper than ", kMaxJsonDepth, " levels")};
-    switch (event) {
-      case Event::object_start: keys.emplace_back(); break;
-      case Event::object_end: if (!keys.empty()) keys.pop_back(); break;
-      case Event::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (!keys.empty() && !keys.back().insert(key).second)
-          throw Refused{str("has the key ", quoted_excerpt(key), " twice in one object")};
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
-  try {
-    Json j = Json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/false);
-    if (j.is_discarded()) *why = "is not valid JSON";
-    return j;
-  } catch (const Refused& r) {
-    *why = r.why;
+  LimitsChecker limits;
+  if (!Json::sax_parse(text.begin(), text.end(), &limits, Json::input_format_t::json,
+                       /*strict=*/true)) {
+    *why = limits.why.empty() ? "is not valid JSON" : limits.why;
     return discarded;
   }
+  return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace mx
