@@ -99,12 +99,26 @@ int main(int argc, char** argv) {
     level = next;
     if (level->get_subcommands([](CLI::App*) { return true; }).empty()) break;
   }
+  // A rank of a multi-process job that would exit 0 without having joined it: the ranks that
+  // joined would wait for it forever (an app file giving one rank `train --help`).
+  auto joined = [&](int rc) {
+    if (rc != 0 || !mx::rank_left_job_unjoined()) return rc;
+    std::string cmd = "mxtrain";
+    for (int i = 1; i < argc; ++i) cmd += std::string(" ") + argv[i];
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %sthis process is a rank of a multi-process job (mpirun), but "
+                 "`%s` ended without joining it, so the other ranks would wait for it forever: "
+                 "start every rank with the same `mxtrain train` command, and run other "
+                 "commands without mpirun\n", mx::launcher_rank_prefix().c_str(),
+                 mx::shortened(mx::one_line(cmd), 300).c_str());
+    return 2;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return joined(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return joined(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s (see mxtrain --help)\n", mx::one_line(e.what()).c_str());
     return 2;
@@ -127,7 +141,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? fail(3, "cannot write standard output: " + why) : rc;
   };
   try {
-    return stdout_written(action ? action() : 2);
+    return joined(stdout_written(action ? action() : 2));
   } catch (const mx::UserError& e) {
     return fail(2, e.what());
   } catch (const mx::StorageError& e) {

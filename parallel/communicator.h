@@ -150,6 +150,12 @@ bool in_multi_process_job();
 // config), so that they read as abort_all's do.
 std::string launcher_rank_prefix();
 
+// True when the launcher says this process is one of more than one rank but it never joined
+// the MPI job (MPI_Init was not called): a rank that exits 0 so (`train --help`,
+// `--list-keys`, a one-process command) leaves the ranks that did join waiting for it forever,
+// since Open MPI takes a clean exit before MPI_Init as normal.
+bool rank_left_job_unjoined();
+
 // Ends the whole job now, from any one rank, without waiting for the others: prints
 // `error: rank R: <message>` to stderr (`error: <message>` in a single-process run), then
 // MPI_Abort(MPI_COMM_WORLD, exit_code), which makes mpirun kill every rank and exit with

@@ -97,6 +97,16 @@ std::string launcher_rank_prefix() {
   return "rank " + std::to_string(rank) + ": ";
 }
 
+bool rank_left_job_unjoined() {
+  if (!launched_by_mpi_launcher()) return false;
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!size || !*size) size = std::getenv("PMI_SIZE");
+  if (!size || std::strtol(size, nullptr, 10) <= 1) return false;
+  int initialized = 0;
+  MPI_Initialized(&initialized);  // (true after MPI_Finalize too)
+  return !initialized;
+}
+
 Communicator& world_communicator() {
   if (!g_world) g_world = make_world();
   return *g_world;

@@ -21,6 +21,7 @@
 
 #include "backend/sgemm_rate.h"
 #include "checkpoint/checkpointer.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/storage.h"
 #include "core/error.h"
@@ -191,6 +192,23 @@ void on_signal(int sig) {
   g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig);
 }
 
+// The highest rank whose `value` differs from rank 0's, or -1 when every rank has rank 0's:
+// for what each rank reads from its own view of a path (data, init.from, a resume location),
+// which a node-local copy makes differ while the config text is the same everywhere.
+int64_t rank_differing_from_root(Communicator& world, uint64_t value) {
+  if (world.size() == 1) return -1;
+  const int64_t mine = std::bit_cast<int64_t>(value);
+  int64_t root = mine;
+  world.broadcast(&root, 1, CommDtype::kI64, 0);
+  return world.all_reduce(int64_t(mine != root ? world.rank() : -1), ReduceOp::kMax);
+}
+
+uint64_t fnv1a64(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
 // Every rank must run with the same settings. Ranks that differ (a stale config file on one
 // node, a --set given to one rank) hang in the first collective whose sizes differ, or fail deep
 // inside MPI ("MPI_ERR_TRUNCATE"), or train silently on different data. So rank 0's hash of
@@ -199,16 +217,18 @@ void on_signal(int sig) {
 void require_same_config(Communicator& world, const RunConfig& cfg) {
   if (world.size() == 1) return;
   constexpr size_t kMaxSources = 256;
-  auto fnv1a = [](const std::string& text) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-    return int64_t(h);
-  };
+  // The first kMaxSources one by one (a difference is named), any after them as one hash of
+  // their hashes (a difference there was not compared at all: a rank with a different 257th
+  // --set trained on, then hung).
   const auto& src = cfg.sources;
   const size_t n = std::min(src.size(), kMaxSources);
-  std::vector<int64_t> mine(kMaxSources + 1, 0);
-  mine[0] = int64_t(n);
-  for (size_t i = 0; i < n; ++i) mine[i + 1] = fnv1a(src[i].second);  // content, not the path
+  std::vector<int64_t> mine(kMaxSources + 2, 0);
+  mine[0] = int64_t(src.size());
+  // content, not the path
+  for (size_t i = 0; i < n; ++i) mine[i + 1] = int64_t(fnv1a64(src[i].second));
+  std::string rest;
+  for (size_t i = n; i < src.size(); ++i) rest += std::to_string(fnv1a64(src[i].second)) + ",";
+  mine[kMaxSources + 1] = int64_t(fnv1a64(rest));
   std::vector<int64_t> root = mine;
   world.broadcast(std::span<int64_t>(root), 0);
   if (root == mine) return;
@@ -216,9 +236,12 @@ void require_same_config(Communicator& world, const RunConfig& cfg) {
     MX_REQUIRE(i < size_t(root[0]) && root[i + 1] == mine[i + 1], "this process's ",
                src[i].first, " differs from rank 0's (every process of a job must be started "
                "with the same config file and --set flags)");
+  MX_REQUIRE(root[0] != mine[0], "this process's --set flags after the first ", kMaxSources,
+             " config sources differ from rank 0's (every process of a job must be started "
+             "with the same config file and --set flags)");
   throw UserError(str("rank 0 was started with ", root[0], " config sources (config file and "
-                      "--set flags), this process with ", n, ": every process of a job must "
-                      "be started with the same ones"));
+                      "--set flags), this process with ", src.size(), ": every process of a job "
+                      "must be started with the same ones"));
 }
 
 using Clock = std::chrono::steady_clock;
@@ -261,6 +284,20 @@ int run_training(const RunConfig& cfg) {
     m.max_position_embeddings = std::max(m.max_position_embeddings, T);
     return m;
   }();
+  if (!cfg.init.from.empty()) {
+    // init.from is read by every rank from its own view of the path: another model on one
+    // node failed deep inside MPI (MPI_ERR_TRUNCATE), the same shape trained a stitched model
+    const ModelConfig& m = model_cfg;
+    const int64_t other = rank_differing_from_root(
+        world, fnv1a64(str(m.param_count(), ",", m.hidden_size, ",", m.intermediate_size, ",",
+                           m.num_hidden_layers, ",", m.num_attention_heads, ",",
+                           m.num_key_value_heads, ",", m.head_dim, ",", m.vocab_size, ",",
+                           m.tie_word_embeddings, ",", m.rope_theta, ",", m.rms_norm_eps, ",",
+                           m.max_position_embeddings)));
+    MX_REQUIRE(other < 0, "init.from ", cfg.init.from, " is not the same model on every rank: ",
+               "rank ", other, " reads another config.json than rank 0 (every rank must read ",
+               "the same files: a shared file system, or identical copies)");
+  }
 
   // Data first: a bad data file should fail before any memory is committed.
   // data.format = random reads no file: it says so, whatever data.path holds
@@ -295,10 +332,7 @@ int run_training(const RunConfig& cfg) {
     MX_REQUIRE(most == least, key, " ", d.path(), " is not the same data on every rank: it ",
                "holds between ", least, " and ", most, " tokens across the ranks (every rank ",
                "must read the same files)");
-    int64_t fp = std::bit_cast<int64_t>(d.fingerprint());
-    const int64_t mine = fp;
-    world.broadcast(&fp, 1, CommDtype::kI64, 0);
-    const int64_t other = world.all_reduce(int64_t(mine != fp ? world.rank() : -1), ReduceOp::kMax);
+    const int64_t other = rank_differing_from_root(world, d.fingerprint());
     MX_REQUIRE(other < 0, key, " ", d.path(), " is not the same data on every rank: rank ",
                other, " reads other tokens than rank 0 (the same ", d.size(), " tokens, but ",
                "not the same ids at the 64 places sampled; every rank must read the same files)");
@@ -396,6 +430,9 @@ int run_training(const RunConfig& cfg) {
   int64_t choice[2] = {-1, -1};
   // Before choosing: what stopped writers left behind goes, and a committed step a replacing
   // commit had moved aside (stopped between its renames) comes back (LocalStore).
+  // The directory's checks first (every rank sees the same one): a resume from a directory
+  // each node has its own copy of read as a missing manifest on one rank.
+  if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), world);
   if (lead) open_checkpoint_store(cfg.checkpoint_dir())->remove_uncommitted();
   if (cfg.checkpoint.resume == "auto") {
     // The newest committed checkpoint that verifies, across the local directory and S3 (on a
@@ -438,6 +475,14 @@ int run_training(const RunConfig& cfg) {
   if (resume_step >= 0) resume_store = open_checkpoint_store(resume_roots[size_t(choice[0])]);
   if (resume_step >= 0) {
     CheckpointReader reader(*resume_store, resume_step);
+    // Rank 0 chose and verified the step; every rank reads it from its own view of the
+    // location (a relative path, a node-local copy): another checkpoint of the same shape
+    // on one node resumed a stitched model without a word. The manifest holds every file's
+    // CRC32C, so the same manifest is the same checkpoint.
+    const int64_t other = rank_differing_from_root(world, fnv1a64(reader.manifest().dump()));
+    MX_REQUIRE(other < 0, "checkpoint ", reader.location(), " is not the same checkpoint on ",
+               "every rank: rank ", other, " reads another manifest.json than rank 0 (every ",
+               "rank must read the same files: a shared file system, or checkpoint.s3_uri)");
     ModelConfig saved_cfg = reader.model_config();
     // Every field that changes what the weights compute (rope_theta and rms_norm_eps were
     // taken from the new config silently, and the next checkpoint said so).
@@ -520,14 +565,17 @@ int run_training(const RunConfig& cfg) {
     auto full = full_buffer();
     if (!cfg.init.from.empty()) {
       load_hf_weights(cfg.init.from, engine.layout, full.data());
+      const int64_t other = rank_differing_from_root(
+          world, crc32c(full.data(), full.size() * sizeof(float)));
+      MX_REQUIRE(other < 0, "init.from ", cfg.init.from, " is not the same weights on every ",
+                 "rank: rank ", other, " read other values than rank 0 (every rank must read ",
+                 "the same files: a shared file system, or identical copies)");
       info("initialized from ", cfg.init.from);
     } else {
       init_params(engine.layout, full.data(), uint64_t(tc.seed));
     }
     fsdp.scatter_params(full.data());
   }
-  // found only at the first save otherwise, after the run's compute
-  if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), world);
   CheckpointerOptions co;
   co.root = ckpt_root;
   co.keep = cfg.checkpoint.keep;

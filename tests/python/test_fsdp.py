@@ -312,7 +312,7 @@ def test_gather_dtype_errors(tmp_path):
         assert not (out / "checkpoints").exists()
 
 
-def mpmd(tmp_path, per_rank):
+def mpmd(tmp_path, per_rank, timeout=120):
     """mpirun with one app context per rank: per_rank = [(working dir, [args...]), ...]."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -320,7 +320,7 @@ def mpmd(tmp_path, per_rank):
     for i, (wdir, args) in enumerate(per_rank):
         cmd += ([":"] if i else []) + ["-np", "1", "-wdir", str(wdir),
                                        os.path.abspath(MXTRAIN_BIN)] + args
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                           errors="replace")
 
 
@@ -379,6 +379,132 @@ def test_ranks_reading_same_size_other_data_are_refused(tmp_path):
     # the same file everywhere still trains
     p, _ = train_on_node_copies(tmp_path, [text, text, text])
     assert p.returncode == 0, p.stderr
+
+
+def tiny_args(tmp_path, *extra, preset=True):
+    return ["train"] + (["--set", "model.preset=tiny"] if preset else []) + [
+            "--set", f"data.path={corpus(tmp_path)}",
+            "--set", "train.seq_len=32", "--set", "train.steps=2", "--set", "train.micro_batch=2",
+            "--set", "run.sample_tokens=0", *extra]
+
+
+@pytest.mark.parametrize("other", [["train", "--help"], ["train", "--list-keys"]])
+def test_a_rank_that_ends_without_joining_the_job_ends_it(tmp_path, other):
+    """One rank of an app file given `train --help` (or --list-keys) exited 0 before MPI_Init,
+    which Open MPI takes as normal: the rank that joined waited for it forever."""
+    p = mpmd(tmp_path, [(tmp_path, tiny_args(tmp_path, "--set", f"run.out_dir={tmp_path}/o")),
+                        (tmp_path, other)], timeout=60)
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 1: ") and \
+        "ended without joining it" in errors[0] and " ".join(other) in errors[0], p.stderr
+    assert "step 1/" not in p.stderr
+
+
+def test_config_sources_past_the_256th_are_compared(tmp_path):
+    """Only the first 256 sources (config file, --set flags) were compared: a rank whose 257th
+    differed trained on (here: other train.steps, so it then hung)."""
+    pad = ["--set", "run.threads=1"] * 256
+    a = tiny_args(tmp_path, "--set", f"run.out_dir={tmp_path}/o", *pad)
+    p = mpmd(tmp_path, [(tmp_path, a + ["--set", "train.steps=2"]),
+                        (tmp_path, a + ["--set", "train.steps=3"])], timeout=60)
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("after the first 256 config sources differ from rank 0's" in l
+                          for l in errors), p.stderr
+    assert "step 1/" not in p.stderr
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two committed step-2 checkpoints of the same tiny model trained at other learning rates,
+    and their Hugging Face exports: [(checkpoint root, export dir)] x 2."""
+    tmp = tmp_path_factory.mktemp("two_runs")
+    out = []
+    for i, lr in enumerate(["1e-3", "3e-3"]):
+        r = subprocess.run([MXTRAIN_BIN] + tiny_args(tmp, "--set", f"train.lr={lr}",
+                                                      "--set", f"run.out_dir={tmp}/r{i}"),
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 0, r.stderr
+        ck = tmp / f"r{i}" / "checkpoints"
+        r = subprocess.run([MXTRAIN_BIN, "ckpt", "export-hf", str(ck), str(tmp / f"hf{i}")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out.append((ck, tmp / f"hf{i}"))
+    return out
+
+
+def test_a_resume_each_rank_reads_another_copy_of_is_refused(tmp_path, two_runs):
+    """An explicit checkpoint.resume through a relative path, each 'node' holding another
+    checkpoint of the same shape: every rank loaded its own and the job exited 0 on a stitched
+    model. Now the ranks compare the manifest (every file's CRC32C) with rank 0's."""
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    for n, (ck, _) in zip(nodes, two_runs):
+        shutil.copytree(ck, n / "ck")
+    args = tiny_args(tmp_path, "--set", "train.steps=3", "--set", f"run.out_dir={tmp_path}/o",
+                     "--set", "checkpoint.resume=ck/step_00000002")
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same checkpoint on every rank: rank 1" in l
+                          for l in errors), p.stderr
+    assert "step 3/" not in p.stderr
+    assert not list((tmp_path / "o" / "checkpoints").glob("step_*"))
+    # the same checkpoint on both nodes resumes
+    shutil.rmtree(nodes[1] / "ck")
+    shutil.copytree(two_runs[0][0], nodes[1] / "ck")
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 0 and "resumed from" in p.stderr, p.stderr
+
+
+def test_init_from_that_differs_between_ranks_is_refused(tmp_path, two_runs):
+    """init.from through a relative path, another model on each 'node': the same shape trained
+    a stitched model (exit 0), another config failed inside MPI (MPI_ERR_TRUNCATE)."""
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    args = tiny_args(tmp_path, "--set", f"run.out_dir={tmp_path}/o", "--set", "init.from=model",
+                     preset=False)
+    # other weights, same config.json
+    for n, (_, hf) in zip(nodes, two_runs):
+        shutil.copytree(hf, n / "model")
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same weights on every rank: rank 1" in l
+                          for l in errors), p.stderr
+    # the same weights, another config.json (rms_norm_eps: the same shapes, other math)
+    shutil.rmtree(nodes[1] / "model")
+    shutil.copytree(two_runs[0][1], nodes[1] / "model")
+    cfg = json.loads((nodes[1] / "model" / "config.json").read_text())
+    cfg["rms_norm_eps"] = cfg["rms_norm_eps"] * 10
+    (nodes[1] / "model" / "config.json").write_text(json.dumps(cfg))
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same model on every rank: rank 1" in l
+                          for l in errors), p.stderr
+    assert "step 1/" not in p.stderr
+    # identical copies train
+    shutil.rmtree(nodes[1] / "model")
+    shutil.copytree(two_runs[0][1], nodes[1] / "model")
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 0 and "initialized from model" in p.stderr, p.stderr
+
+
+def test_resume_auto_from_a_directory_each_rank_has_its_own_copy_of_is_refused(tmp_path,
+                                                                               two_runs):
+    """resume = auto in a relative checkpoint.dir that only rank 0's 'node' holds steps in:
+    rank 1 failed with "cannot read .../manifest.json"; the directory check now comes first."""
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    shutil.copytree(two_runs[0][0], nodes[0] / "ck")
+    nodes[1].mkdir()
+    args = tiny_args(tmp_path, "--set", "train.steps=3", "--set", f"run.out_dir={tmp_path}/o",
+                     "--set", "checkpoint.dir=ck")
+    p = mpmd(tmp_path, [(n, args) for n in nodes])
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all("is not the same directory on every rank: rank 1" in l
+                          for l in errors), p.stderr
 
 
 def test_sweep_under_mpirun_is_refused(tmp_path):
