@@ -19,6 +19,11 @@ std::string export_checkpoint_hf(const std::string& checkpoint, const std::strin
   MX_REQUIRE(inside.empty(), "export-hf: the output directory ", out_dir, " lies inside the ",
              "checkpoint ", inside, ": its config.json and model.safetensors would change that ",
              "checkpoint's files (export to a directory of its own)");
+  // a root with config.json reads as a Hugging Face model: generate --model ROOT then loaded
+  // the export instead of the newest step
+  MX_REQUIRE(!holds_checkpoint_steps(out_dir), "export-hf: the output directory ", out_dir,
+             " is a checkpoint root (it holds checkpoint steps): its config.json would make ",
+             "the root read as a Hugging Face model (export to a directory of its own)");
   std::vector<float> params;
   std::string step_location;
   ModelConfig cfg = load_checkpoint_weights(checkpoint, params, &step_location);

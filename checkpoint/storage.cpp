@@ -46,12 +46,56 @@ bool is_step_dir_name(const std::string& name) {
   return hidden || parse_step_dir_name(name) >= 0;
 }
 
+namespace {
+bool is_hidden_step_dir_name(const std::string& name) {
+  return is_step_dir_name(name) && name[0] == '.';
+}
+
+// A directory that holds a step's files: its manifest, or a rank file (a step a writer has
+// renamed into place before its manifest).
+bool holds_step_files(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / "manifest.json", ec)) return true;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("rank_", 0) == 0 && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors")
+      return true;
+  }
+  return false;
+}
+
+// A checkpoint root: a directory holding a writer's hidden step directory or a step directory
+// with a step's files.
+bool is_checkpoint_root(const fs::path& dir, const fs::path& except = {}) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path() == except) continue;
+    const std::string n = e.path().filename().string();
+    if (is_hidden_step_dir_name(n) || (is_step_dir_name(n) && holds_step_files(e.path())))
+      return true;
+  }
+  return false;
+}
+}  // namespace
+
 std::string enclosing_step_dir(const std::string& path) {
   std::error_code ec;
+  // A name alone is not a checkpoint (exports/step_00000030 is a common name for an export):
+  // a hidden writer's name is; a step_NNNNNNNN is when it holds a step's files or sits in a
+  // checkpoint root (the step a running writer has not made yet).
   for (fs::path p = fs::weakly_canonical(path, ec); !p.empty() && p != p.root_path();
-       p = p.parent_path())
-    if (is_step_dir_name(p.filename().string())) return p.string();
+       p = p.parent_path()) {
+    const std::string name = p.filename().string();
+    if (is_hidden_step_dir_name(name)) return p.string();
+    if (is_step_dir_name(name) && (holds_step_files(p) || is_checkpoint_root(p.parent_path(), p)))
+      return p.string();
+  }
   return "";
+}
+
+bool holds_checkpoint_steps(const std::string& dir) {
+  std::error_code ec;
+  return is_checkpoint_root(fs::weakly_canonical(dir, ec));
 }
 
 std::string CheckpointStore::step_location(int64_t step) const {

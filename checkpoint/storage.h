@@ -79,10 +79,15 @@ std::unique_ptr<CheckpointStore> open_s3_checkpoint_store(std::shared_ptr<s3::S3
 // "step_00000100"; and the step of such a name, or -1.
 std::string step_dir_name(int64_t step);
 int64_t parse_step_dir_name(const std::string& name);
-// The checkpoint step directory (step_NNNNNNNN, or a writer's hidden .step_NNNNNNNN.partial and
-// kin) that a local `path` is or lies inside, symbolic links and ".." resolved; "" if none.
-// Outputs there would change a checkpoint's files.
+// The checkpoint step directory that a local `path` is or lies inside, symbolic links and ".."
+// resolved; "" if none. Outputs there would change a checkpoint's files. A step directory is a
+// writer's hidden one (.step_NNNNNNNN.partial and kin), or a step_NNNNNNNN that holds a step's
+// files (manifest.json, a rank file) or lies in a checkpoint root: by name alone,
+// exports/step_00000030 (an export named after its step) was refused.
 std::string enclosing_step_dir(const std::string& path);
+// True when the local directory `dir` is a checkpoint root: it holds a step directory with a
+// step's files, or a writer's hidden one.
+bool holds_checkpoint_steps(const std::string& dir);
 // True for a step directory's name (step_NNNNNNNN) or a writer's hidden one
 // (.step_NNNNNNNN.partial, .old, .del, ...): what enclosing_step_dir looks for.
 bool is_step_dir_name(const std::string& name);

@@ -74,6 +74,7 @@ int run_generate(const GenerateArgs& a) {
   }
   ParamLayout layout(cfg);
   if (hf) {
+    check_hf_weights(a.model, layout);  // before the config's size is allocated
     params.resize(size_t(layout.total_numel()));
     load_hf_weights(a.model, layout, params.data());
   }

@@ -57,13 +57,21 @@ std::vector<std::string> weight_files(const std::string& dir) {
 }
 }  // namespace
 
-void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params) {
+namespace {
+// The model's files opened (headers only) and matched against the layout: every tensor present
+// once with the config's shape, none the model lacks. source[i] is where layout.tensors()[i] is.
+struct OpenedWeights {
   std::vector<std::unique_ptr<SafeTensorsReader>> readers;
-  for (auto& f : weight_files(dir)) readers.push_back(std::make_unique<SafeTensorsReader>(f));
+  std::vector<const SafeTensorsReader*> source;
+};
+
+OpenedWeights open_hf_weights(const std::string& dir, const ParamLayout& layout) {
+  OpenedWeights w;
+  for (auto& f : weight_files(dir)) w.readers.push_back(std::make_unique<SafeTensorsReader>(f));
   std::set<std::string> used;
   for (const ParamTensor& t : layout.tensors()) {
     const SafeTensorsReader* r = nullptr;
-    for (auto& rd : readers)
+    for (auto& rd : w.readers)
       if (rd->has(t.hf_name)) {
         // (the last file had won, whatever the index said)
         MX_REQUIRE(!r, "tensor ", t.hf_name, " is in both ", r ? r->path() : "", " and ",
@@ -75,19 +83,10 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* p
     MX_REQUIRE(e.shape == t.shape, "tensor ", t.hf_name, " in ", r->path(), " has shape ",
                nlohmann::json(e.shape).dump(), ", the config needs ",
                nlohmann::json(t.shape).dump());
-    r->read_f32(t.hf_name, params + t.offset, t.numel);
-    // A NaN or infinity computes garbage from the first token (generate printed it, training
-    // called it divergence): name the tensor instead.
-    const float* v = params + t.offset;
-    bool finite = true;
-#pragma omp parallel for reduction(&& : finite) schedule(static)
-    for (int64_t i = 0; i < t.numel; ++i) finite = finite && std::isfinite(v[i]);
-    for (int64_t i = 0; !finite && i < t.numel; ++i)
-      MX_REQUIRE(std::isfinite(v[i]), "tensor ", t.hf_name, " in ", r->path(),
-                 " holds a non-finite value (", v[i], ") at element ", i);
+    w.source.push_back(r);
     used.insert(t.hf_name);
   }
-  for (auto& rd : readers)
+  for (auto& rd : w.readers)
     for (const TensorEntry& e : rd->tensors()) {
       if (used.count(e.name)) continue;
       // Tied models sometimes still carry lm_head; old exports carry rotary caches.
@@ -96,6 +95,31 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* p
       throw UserError(str("weights in ", rd->path(), " have tensor ", e.name,
                           " that a Llama model of this config does not have"));
     }
+  return w;
+}
+}  // namespace
+
+void check_hf_weights(const std::string& dir, const ParamLayout& layout) {
+  open_hf_weights(dir, layout);
+}
+
+void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params) {
+  const OpenedWeights w = open_hf_weights(dir, layout);
+  const auto& tensors = layout.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ParamTensor& t = tensors[i];
+    const SafeTensorsReader* r = w.source[i];
+    r->read_f32(t.hf_name, params + t.offset, t.numel);
+    // A NaN or infinity computes garbage from the first token (generate printed it, training
+    // called it divergence): name the tensor instead.
+    const float* v = params + t.offset;
+    bool finite = true;
+#pragma omp parallel for reduction(&& : finite) schedule(static)
+    for (int64_t j = 0; j < t.numel; ++j) finite = finite && std::isfinite(v[j]);
+    for (int64_t j = 0; !finite && j < t.numel; ++j)
+      MX_REQUIRE(std::isfinite(v[j]), "tensor ", t.hf_name, " in ", r->path(),
+                 " holds a non-finite value (", v[j], ") at element ", j);
+  }
 }
 
 void save_hf_model(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,

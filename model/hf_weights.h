@@ -15,6 +15,11 @@ bool is_hf_dir(const std::string& dir);
 // be present with its exact shape; a tied model needs no lm_head.weight. UserError otherwise.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params);
 
+// load_hf_weights' checks of the files against the layout (every tensor present once with its
+// shape, none the model lacks), from the headers alone: before memory is sized by config.json
+// (a 48 KB model whose config.json claimed 2048 x 128256 filled 2 GB first).
+void check_hf_weights(const std::string& dir, const ParamLayout& layout);
+
 // Writes dir/config.json and dir/model.safetensors (dtype "F32" or "BF16"), creating `dir`.
 // Files are written whole and renamed into place.
 void save_hf_model(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,

@@ -297,6 +297,8 @@ int run_training(const RunConfig& cfg) {
     MX_REQUIRE(other < 0, "init.from ", cfg.init.from, " is not the same model on every rank: ",
                "rank ", other, " reads another config.json than rank 0 (every rank must read ",
                "the same files: a shared file system, or identical copies)");
+    // the weight files against config.json, before memory is planned by it
+    check_hf_weights(cfg.init.from, ParamLayout(model_cfg));
   }
 
   // Data first: a bad data file should fail before any memory is committed.

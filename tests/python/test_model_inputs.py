@@ -2,6 +2,7 @@
 the PyTorch reference computes from the same files, and what cannot be honoured is an `error:`
 line with exit 2, never a silently different model or an internal error."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -82,6 +83,34 @@ def test_config_fields_below_one_are_refused(tmp_path, mxtrain, field, value):
     r = generate(mxtrain, d, "hi", 4)
     assert r.rc == 2, r
     assert len(errors(r)) == 1 and field in errors(r)[0], r
+
+
+def test_a_config_larger_than_its_weights_is_refused_before_allocating(tmp_path):
+    """config.json claiming a model far larger than its 40 KB of weights: generate and train's
+    init.from filled the config's size with zeroes first (2 GB for 2048 x 128256), then named
+    the shape; under a memory limit they said "out of memory" instead. The files are checked
+    against the config before anything is sized by it: here under a 3 GiB address-space limit,
+    for a config of about 10 GB of fp32 weights."""
+    import resource
+    import subprocess
+    from conftest import MXTRAIN_BIN
+    d = model_dir(tmp_path, "big", lambda c: c.update(hidden_size=4096, vocab_size=300000,
+                                                      intermediate_size=8192))
+    limit = 3 << 30
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    for args in (["generate", "--model", d, "--prompt", "hi", "--max-tokens", "2"],
+                 ["train", "--set", f"init.from={d}", "--set", "data.format=random",
+                  "--set", "train.steps=1", "--set", "train.seq_len=8",
+                  "--set", f"run.out_dir={tmp_path / 'o'}"]):
+        r = subprocess.run([MXTRAIN_BIN] + [str(a) for a in args], capture_output=True,
+                           text=True, timeout=120, env=env, preexec_fn=limited)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 2 and len(lines) == 1, (args[0], r.returncode, r.stderr)
+        assert "model.embed_tokens.weight" in lines[0] and "has shape" in lines[0] and \
+            "the config needs [300000,4096]" in lines[0], lines
 
 
 def test_a_tensor_in_two_shards_is_refused(tmp_path, mxtrain):

@@ -223,6 +223,27 @@ def test_output_that_cannot_be_written_is_a_storage_failure(tmp_path, mxtrain):
         assert "error: cannot write standard output: No space left on device" in p.stderr
 
 
+def test_export_named_after_its_step_is_allowed_but_not_into_a_root(tmp_path, mxtrain):
+    """An output path with a component named like a step (exports/step_00000002, a common
+    name for an export of that step) was refused as "inside the checkpoint" by its name alone.
+    Exporting into a checkpoint root was allowed, and its config.json then made the root read
+    as a Hugging Face model: generate --model ROOT loaded the export, not the newest step."""
+    r = run1(tiny(tmp_path, "run", **{"train.steps": 2}))
+    assert r.rc == 0, r
+    root = tmp_path / "run" / "checkpoints"
+    before = tree_bytes(root)
+    for out in (tmp_path / "exports" / "step_00000002", tmp_path / "e" / "step_00000002" / "hf"):
+        r = mxtrain(["ckpt", "export-hf", root / "step_00000002", out])
+        assert r.rc == 0, r
+        assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    # a step the root has not made yet is still inside it; the root itself is refused
+    for out, says in ((root / "step_00000009", "lies inside the checkpoint"),
+                      (root, "is a checkpoint root")):
+        r = mxtrain(["ckpt", "export-hf", root / "step_00000002", out])
+        assert r.rc == 2 and len(errors(r)) == 1 and says in errors(r)[0], r
+    assert tree_bytes(root) == before
+
+
 def test_export_into_a_checkpoint_is_refused(tmp_path, mxtrain):
     """ckpt export-hf into the step it reads (or any step directory) would rewrite that
     checkpoint's config.json (bf16: a byte more) and invalidate it."""
