@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "checkpoint/crc32c.h"
 #include "core/error.h"
@@ -141,13 +142,21 @@ void Checkpointer::commit() {
   in_flight_step_ = -1;
   const int W = world_.size();
   // Every rank learns whether any write failed: all fail together, none deadlocks.
-  int64_t failed = error_.empty() ? 0 : 1;
-  if (W > 1) failed = world_.all_reduce(failed, ReduceOp::kMax);
-  if (failed) {
-    if (!error_.empty() && error_is_config_) throw UserError(error_);
-    if (!error_.empty()) throw StorageError(error_);
-    throw StorageError(str("checkpoint ", store_->step_location(step),
-                           ": another rank could not write its file"));
+  // The lowest rank that failed reports its own cause and ends the job (abort_all); the others
+  // wait to be ended by it. When each rank threw, "another rank could not write its file" from
+  // rank 0 often came first, and the cause was one line among W.
+  int64_t first_failed = error_.empty() ? -int64_t(W) : -int64_t(world_.rank());
+  if (W > 1) first_failed = world_.all_reduce(first_failed, ReduceOp::kMax);
+  first_failed = -first_failed;
+  if (first_failed < W) {
+    if (W > 1 && first_failed != world_.rank()) {
+      // (ended within a second or two by the reporting rank's MPI_Abort; a fallback line if not)
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      throw StorageError(str("checkpoint ", store_->step_location(step), ": rank ",
+                             first_failed, " could not write its file"));
+    }
+    if (error_is_config_) throw UserError(error_);
+    throw StorageError(error_);
   }
   // Rank 0 collects every writer's shard rank, file size and CRC32C (-1: not a writer).
   int64_t mine[3] = {-1, -1, -1};

@@ -17,7 +17,8 @@ namespace {
 int export_hf(const std::string& checkpoint, const std::string& out_dir, std::string dtype) {
   std::string step_location = export_checkpoint_hf(checkpoint, out_dir, dtype);
   for (auto& ch : dtype) ch = char(std::toupper(static_cast<unsigned char>(ch)));
-  std::printf("exported %s -> %s (%s)\n", step_location.c_str(), out_dir.c_str(), dtype.c_str());
+  std::printf("exported %s -> %s (%s)\n", one_line(step_location).c_str(),
+              one_line(out_dir).c_str(), dtype.c_str());  // (a newline in a path: one line)
   return 0;
 }
 

@@ -507,6 +507,30 @@ def test_resume_auto_from_a_directory_each_rank_has_its_own_copy_of_is_refused(t
                           for l in errors), p.stderr
 
 
+@pytest.mark.parametrize("async_", ["true", "false"])
+def test_a_checkpoint_write_failing_on_one_rank_is_reported_once_by_it(tmp_path, async_):
+    """Rank 1 cannot write its shard (a file-size limit: EFBIG). Every rank threw and printed,
+    rank 0's "another rank could not write its file" often first: one line now, the cause,
+    from the rank it happened on; exit 3 and no step committed."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    args = [os.path.abspath(MXTRAIN_BIN)] + tiny_args(
+        tmp_path, "--set", f"run.out_dir={tmp_path}/o", "--set", "checkpoint.every=1",
+        "--set", f"checkpoint.async={async_}")
+    limited = ["bash", "-c", "ulimit -f 64; exec \"$@\"", "limited"] + args
+    cmd = ["mpirun"] + MPIRUN_FLAGS + ["-np", "1"] + args + [":", "-np", "1"] + limited + \
+        [":", "-np", "1"] + args
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                       errors="replace")
+    assert p.returncode == 3, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 1: ") and \
+        "File too large" in errors[0], p.stderr
+    assert time.monotonic() - t0 < 50, "the other ranks waited for their fallback"
+    assert not list((tmp_path / "o" / "checkpoints").glob("step_*"))
+
+
 def test_sweep_under_mpirun_is_refused(tmp_path):
     """Its runs joined the launcher's job (a 1-process point trained as 2 and was recorded as
     1; the next failed inside MPI), and every rank's sweep wrote the same --out."""
