@@ -39,9 +39,26 @@ struct SweepArgs {
   int64_t steps = 0, np = 1;
 };
 
-// Keys the sweep sets on every run itself.
-const char* const kFixedKeys[] = {"train.steps", "run.out_dir", "run.sample_tokens",
-                                  "checkpoint.resume"};
+// Keys the sweep sets on every run itself, and why a --set or --grid of one is refused.
+struct FixedKey {
+  const char* key;
+  const char* why;
+};
+const FixedKey kFixedKeys[] = {
+    {"train.steps", "the sweep sets this key itself (--steps)"},
+    {"run.out_dir", "the sweep sets this key itself (--out DIR/runs/<id>)"},
+    {"run.sample_tokens", "the sweep sets this key itself (0)"},
+    {"checkpoint.resume", "the sweep sets this key itself (none: each point starts afresh)"},
+    // Every point starts afresh (resume = none) and writes its own steps: pointed at another
+    // run's checkpoints it overwrote them, and checkpoint.keep pruned them.
+    {"checkpoint.dir", "the sweep sets this key itself: each point checkpoints into its own "
+                       "runs/<id>/checkpoints, so that no other run's steps are overwritten or "
+                       "pruned"},
+    {"checkpoint.s3_uri", "the sweep sets this key itself (empty): each point checkpoints into "
+                          "its own runs/<id>/checkpoints, so that no other run's steps under an "
+                          "S3 prefix are overwritten or pruned"},
+};
+
 
 std::string key_of(const std::string& set) {
   const auto eq = set.find('=');
@@ -185,8 +202,8 @@ int run_sweep(const SweepArgs& a) {
   const plan::GpuSpec& gpu = probe_name_check;
   for (const auto& s : a.sets) {
     MX_REQUIRE(s.find('=') != std::string::npos, "--set '", s, "': expected section.key=value");
-    for (const char* k : kFixedKeys)
-      MX_REQUIRE(key_of(s) != k, "--set ", k, ": the sweep sets this key itself");
+    for (const FixedKey& f : kFixedKeys)
+      MX_REQUIRE(key_of(s) != f.key, "--set ", f.key, ": ", f.why);
   }
   const std::vector<plan::GridAxis> axes = plan::parse_grid(a.grids);
   for (const auto& ax : axes)  // the grid's value would silently win over the --set
@@ -194,8 +211,8 @@ int run_sweep(const SweepArgs& a) {
       MX_REQUIRE(key_of(s) != ax.key, "--set ", ax.key, " and --grid ", ax.key,
                  ": a key given twice (give its values in the grid)");
   for (const auto& ax : axes) {
-    for (const char* k : kFixedKeys)
-      MX_REQUIRE(ax.key != k, "--grid ", k, ": the sweep sets this key itself");
+    for (const FixedKey& f : kFixedKeys)
+      MX_REQUIRE(ax.key != f.key, "--grid ", f.key, ": ", f.why);
   }
   const std::vector<plan::GridPoint> points = plan::expand_grid(axes);
   const fs::path out(a.out);
@@ -215,6 +232,8 @@ int run_sweep(const SweepArgs& a) {
     q.sets.push_back("run.out_dir=" + (runs / p.id).string());
     q.sets.push_back("run.sample_tokens=0");
     q.sets.push_back("checkpoint.resume=none");
+    q.sets.push_back("checkpoint.dir=" + (runs / p.id / "checkpoints").string());
+    q.sets.push_back("checkpoint.s3_uri=");
     RunConfig cfg;
     try {
       cfg = load_run_config(a.config, q.sets);

@@ -150,6 +150,13 @@ def test_sweep_np_fits_the_processes_against_the_whole_machine(mxtrain, tmp_path
     (["--grid", "train.micro_batch=1", "--np", "0"], "--np"),
     (["--grid", "train.micro_batch=1", "--gpu", "h100"], "--gpu"),
     (["--grid", "train.lr=1e-3", "--set", "train.lr=2e-3"], "twice"),
+    # every point checkpoints into its own run directory, never into another run's steps
+    (["--grid", "train.micro_batch=1", "--set", "checkpoint.dir=/tmp/elsewhere"],
+     "--set checkpoint.dir: the sweep sets this key itself"),
+    (["--grid", "checkpoint.dir=/tmp/a,/tmp/b"], "--grid checkpoint.dir: the sweep sets"),
+    (["--grid", "train.micro_batch=1", "--set", "checkpoint.s3_uri=s3://bucket/real-run"],
+     "--set checkpoint.s3_uri: the sweep sets this key itself"),
+    (["--grid", "checkpoint.s3_uri=s3://b/x,s3://b/y"], "--grid checkpoint.s3_uri"),
 ])
 def test_sweep_bad_input(mxtrain, tmp_path, extra, needle):
     r = sweep(mxtrain, tmp_path, extra)
@@ -271,3 +278,32 @@ def test_ctrl_c_stops_a_sweep_under_mpirun(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 2 and "interrupted" in err, (p.returncode, err)
     assert len(list(out.glob("runs/*"))) == 1, "the sweep started the next point"
+
+
+def _tree(d):
+    """{relative path: bytes} of every file under d."""
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def test_base_config_checkpoint_dir_is_not_written(mxtrain, tmp_path):
+    """A base config whose checkpoint.dir holds another run's steps: the sweep's runs (resume =
+    none) wrote their own steps there, over the real run's, and checkpoint.keep would prune
+    them. Each point checkpoints into its own runs/<id>/checkpoints; the directory is left as
+    it was, byte for byte."""
+    real = tmp_path / "real_run_checkpoints"
+    for step in (1, 2):
+        d = real / f"step_{step:08d}"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text('{"step": %d, "the": "real run"}' % step)
+    before = _tree(real)
+    base = tmp_path / "base.toml"
+    base.write_text(BASE + f'[checkpoint]\ndir = "{real}"\nkeep = 1\n')
+    r = mxtrain(["sweep", "--config", base, "--steps", 2, "--out", tmp_path / "out",
+                 "--grid", "train.micro_batch=1,2"], timeout=120)
+    assert r.rc == 0, r
+    assert _tree(real) == before
+    res, _ = load(tmp_path / "out")
+    assert [p["status"] for p in res["points"]] == ["ok", "ok"], res
+    for p in res["points"]:
+        steps = sorted(x.name for x in (Path(p["run_dir"]) / "checkpoints").glob("step_*"))
+        assert steps == ["step_00000002"], (p, steps)
