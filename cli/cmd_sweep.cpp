@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -59,6 +61,9 @@ const FixedKey kFixedKeys[] = {
                           "S3 prefix are overwritten or pruned"},
 };
 
+// Under a run directory the deepest path a run writes, checkpoints/step_NNNNNNNN/ and a file's
+// temporary name, with room to spare.
+constexpr size_t kRunFilesBytes = 160;
 
 std::string key_of(const std::string& set) {
   const auto eq = set.find('=');
@@ -220,6 +225,22 @@ int run_sweep(const SweepArgs& a) {
   std::error_code out_ec;
   MX_REQUIRE(!fs::exists(out, out_ec) || fs::is_directory(out, out_ec), "--out ", a.out,
              " exists and is not a directory");
+  // Every name the sweep creates fits the filesystem: --out's own parts, runs, the points' ids
+  // (cut to plan::kMaxPointIdBytes), and a run directory's whole path with room for the files
+  // a run writes under it (checkpoints/step_NNNNNNNN/<file>.tmp.<pid>).
+  for (const auto& part : out) {
+    MX_REQUIRE(part.native().size() <= size_t(NAME_MAX), "--out ", shortened(a.out, 80),
+               ": a part of the path is longer than ", NAME_MAX, " bytes");
+  }
+  {
+    std::error_code abs_ec;
+    const fs::path abs_runs = fs::absolute(runs, abs_ec);
+    size_t longest = 0;
+    for (const auto& p : points) longest = std::max(longest, p.id.size());
+    MX_REQUIRE(abs_ec || abs_runs.native().size() + 1 + longest + kRunFilesBytes < size_t(PATH_MAX),
+               "--out ", shortened(a.out, 80), ": the run directories' paths would be longer "
+               "than the filesystem allows (", PATH_MAX, " bytes with the files under them)");
+  }
 
   // Validate every point (config loading, planner) before running anything.
   std::vector<Prepared> prepared;
@@ -274,7 +295,9 @@ int run_sweep(const SweepArgs& a) {
   if (ec) throw StorageError("cannot create " + runs.string() + ": " + ec.message());
   // Our own binary. One process: /proc/self/exe itself (it stays valid even if the file is
   // rebuilt meanwhile); mpirun needs the path.
-  std::string exe_path = fs::read_symlink("/proc/self/exe").string();
+  std::error_code exe_ec;
+  std::string exe_path = fs::read_symlink("/proc/self/exe", exe_ec).string();
+  if (exe_ec) throw StorageError("cannot find this program (/proc/self/exe): " + exe_ec.message());
   const std::string deleted = " (deleted)";
   if (exe_path.size() > deleted.size() &&
       exe_path.compare(exe_path.size() - deleted.size(), deleted.size(), deleted) == 0)
@@ -309,7 +332,11 @@ int run_sweep(const SweepArgs& a) {
       results.push_back(r);
       continue;
     }
-    if (fs::exists(result_file)) {
+    std::error_code result_ec;
+    const bool has_result = fs::exists(result_file, result_ec);
+    if (result_ec)
+      throw StorageError("cannot read " + result_file.string() + ": " + result_ec.message());
+    if (has_result) {
       try {
         const auto j = nlohmann::json::parse(read_text(result_file));
         plan::SweepResult old = plan::result_from_json(j);
@@ -336,6 +363,7 @@ int run_sweep(const SweepArgs& a) {
     }
 
     fs::remove_all(dir, ec);
+    if (ec) throw StorageError("cannot remove " + dir.string() + ": " + ec.message());
     fs::create_directories(dir, ec);
     if (ec) throw StorageError("cannot create " + dir.string() + ": " + ec.message());
     std::vector<std::string> argv;
@@ -434,7 +462,8 @@ int run_sweep(const SweepArgs& a) {
   fs::path script;
   if (const char* env = std::getenv("MXTRAIN_SWEEP_PLOT")) script = env;
   else script = fs::path(exe_path).parent_path().parent_path() / "scripts" / "sweep_plot.py";
-  if (!fs::exists(script)) {
+  std::error_code script_ec;
+  if (!fs::exists(script, script_ec)) {
     std::fprintf(stderr, "warning: no plots: %s not found (tables written)\n",
                  script.string().c_str());
   } else {

@@ -139,6 +139,20 @@ std::vector<GridPoint> expand_grid(const std::vector<GridAxis>& axes) {
     }
     points = std::move(next);
   }
+  // An id is a directory name: one past NAME_MAX (255 bytes) cannot be created (a 250-byte
+  // data.path value made the run directory, then its result file, "File name too long" after
+  // the points before it had trained). A long id keeps its first bytes and ends in a hash of
+  // the point's keys and values as given, so it stays the same from sweep to sweep.
+  for (auto& p : points) {
+    if (p.id.size() <= kMaxPointIdBytes) continue;
+    std::string given;
+    for (const auto& [k, v] : p.overrides) given += k + "=" + v + "\n";
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+    for (unsigned char c : given) h = (h ^ c) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    p.id = p.id.substr(0, kMaxPointIdBytes - 17) + "-" + hex;
+  }
   // Sanitizing can make two ids equal ("a b" and "a_b"): number them apart.
   std::set<std::string> ids;
   for (auto& p : points) {

@@ -27,6 +27,10 @@ struct GridPoint {
   std::vector<std::pair<std::string, std::string>> overrides;  // key, value (axis order)
 };
 
+// Ids longer than this are cut and end in '-' and 16 hex digits of a hash of the point's
+// values; numbering apart equal ids ("-2", "-3") may add a few bytes. Far below NAME_MAX (255).
+inline constexpr size_t kMaxPointIdBytes = 200;
+
 // The cartesian product, the first axis varying slowest.
 std::vector<GridPoint> expand_grid(const std::vector<GridAxis>& axes);
 

@@ -307,3 +307,42 @@ def test_base_config_checkpoint_dir_is_not_written(mxtrain, tmp_path):
     for p in res["points"]:
         steps = sorted(x.name for x in (Path(p["run_dir"]) / "checkpoints").glob("step_*"))
         assert steps == ["step_00000002"], (p, steps)
+
+
+def test_long_values_get_short_unique_ids(mxtrain, tmp_path):
+    """Two data.path values under a 240-byte directory name: the ids (directory names) passed
+    NAME_MAX, so the second point's run directory could not be made ("File name too long",
+    exit 1, no results) after the first had trained. Long ids are cut with a hash of the
+    values: every point runs on its own file, and a rerun finds the same ids."""
+    long_dir = tmp_path / ("d" * 240)
+    long_dir.mkdir()
+    text = english_text(40000)
+    a, b = long_dir / "a.txt", long_dir / "b.txt"  # ids equal up to the last few bytes
+    a.write_text(text[:20000])
+    b.write_text(text[20000:])
+    base = tmp_path / "base.toml"
+    base.write_text(BASE.replace('format = "random"', 'format = "text"'))
+    args = ["sweep", "--config", base, "--steps", 1, "--out", tmp_path / "out",
+            "--grid", f"data.path={a},{b}"]
+    r = mxtrain(args, timeout=120)
+    assert r.rc == 0, r
+    res, _ = load(tmp_path / "out")
+    ids = [Path(p["run_dir"]).name for p in res["points"]]
+    assert len(set(ids)) == 2 and all(len(i.encode()) <= 255 for i in ids), ids
+    for p in res["points"]:
+        assert p["status"] == "ok", p
+        (state,) = [json.loads(s.read_text()) for s in
+                    Path(p["run_dir"]).glob("**/step_*/state.json")] or [None]
+        assert state is not None and state["data_path"] == p["overrides"]["data.path"], (p, state)
+    r = mxtrain(args, timeout=120)
+    assert r.rc == 0, r
+    res2, _ = load(tmp_path / "out")
+    assert res2["reused"] == 2 and res2["runs_executed"] == 0, res2
+    assert sorted(Path(p["run_dir"]).name for p in res2["points"]) == sorted(ids)
+
+
+def test_out_longer_than_the_filesystem_allows_is_bad_input(mxtrain, tmp_path):
+    r = sweep(mxtrain, tmp_path, ["--grid", "train.micro_batch=1"], out="o" * 256)
+    assert r.rc == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "255 bytes" in lines[0], r
