@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -219,6 +220,20 @@ int run_sweep(const SweepArgs& a) {
     for (const FixedKey& f : kFixedKeys)
       MX_REQUIRE(ax.key != f.key, "--grid ", f.key, ": ", f.why);
   }
+  // Each value as its key's type reads it, before the product is formed: an unknown key or a
+  // bad value is refused at once (it was found after expanding, or validating, every point
+  // before it), and two spellings of one value (2, 02, +2) would train the same point twice.
+  for (const auto& ax : axes) {
+    std::map<std::string, std::string> spelled;  // the value as read -> as given
+    for (const auto& v : ax.values) {
+      const std::string c = canonical_value(ax.key, v, "--grid");
+      const auto [it, fresh] = spelled.emplace(c, v);
+      MX_REQUIRE(fresh, "--grid ", ax.key, ": '", shortened(it->second, 80), "' and '",
+                 shortened(v, 80), "' are the same value (", shortened(c, 80),
+                 "): the point would be trained twice");
+    }
+  }
+  plan::grid_size(axes);  // UserError above the cap, before any point is made
   const std::vector<plan::GridPoint> points = plan::expand_grid(axes);
   const fs::path out(a.out);
   const fs::path runs = out / "runs";

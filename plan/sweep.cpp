@@ -118,7 +118,23 @@ std::vector<GridAxis> parse_grid(const std::vector<std::string>& specs) {
   return axes;
 }
 
+uint64_t grid_size(const std::vector<GridAxis>& axes) {
+  uint64_t n = 1;
+  std::string counts;
+  bool over = false;
+  for (const auto& a : axes) {
+    counts += (counts.empty() ? "" : " x ") + std::to_string(a.values.size());
+    // Once above the cap the product only grows (every axis has at least one value).
+    if (!over && (__builtin_mul_overflow(n, uint64_t(a.values.size()), &n) || n > kMaxGridPoints))
+      over = true;
+  }
+  MX_REQUIRE(!over, "--grid: ", counts, " values make more than ", kMaxGridPoints,
+             " points, the most a sweep runs (each point is a training run)");
+  return n;
+}
+
 std::vector<GridPoint> expand_grid(const std::vector<GridAxis>& axes) {
+  grid_size(axes);  // before anything is allocated
   // Ids use the key's last part unless two axes share it.
   std::vector<std::string> names;
   for (const auto& a : axes) {

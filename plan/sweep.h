@@ -31,6 +31,13 @@ struct GridPoint {
 // values; numbering apart equal ids ("-2", "-3") may add a few bytes. Far below NAME_MAX (255).
 inline constexpr size_t kMaxPointIdBytes = 200;
 
+// A sweep trains every point; more than this is a typing mistake (or would take years).
+inline constexpr uint64_t kMaxGridPoints = 10000;
+
+// The number of points, the product of the axes' value counts; UserError (naming the counts)
+// above kMaxGridPoints, computed without overflow. expand_grid calls it first.
+uint64_t grid_size(const std::vector<GridAxis>& axes);
+
 // The cartesian product, the first axis varying slowest.
 std::vector<GridPoint> expand_grid(const std::vector<GridAxis>& axes);
 

@@ -212,15 +212,15 @@ Value from_toml(const Field& f, const toml::value& v, const std::string& where) 
                       kind_name(f.kind)));
 }
 
-Value from_text(const Field& f, std::string text) {
+Value from_text(const Field& f, std::string text, const std::string& origin = "--set") {
   const std::string shown = shortened(text, 220);
   auto bad = [&]() -> UserError {
-    return UserError(str("--set ", f.key, "=", shown, ": expected ", article(f.kind),
+    return UserError(str(origin, " ", f.key, "=", shown, ": expected ", article(f.kind),
                          kind_name(f.kind)));
   };
   // A NUL character (a SageMaker hyperparameter's "\u0000"): paths and messages end there.
   if (text.find('\0') != std::string::npos)
-    throw UserError(str("--set ", f.key, "=", one_line(shown), ": holds a NUL character"));
+    throw UserError(str(origin, " ", f.key, "=", one_line(shown), ": holds a NUL character"));
   switch (f.kind) {
     case Kind::kInt: {
       try {
@@ -241,7 +241,7 @@ Value from_text(const Field& f, std::string text) {
       const double x = std::strtod(text.c_str(), &end);
       if (end != text.c_str() + text.size()) throw bad();
       if (!std::isfinite(x))
-        throw UserError(str("--set ", f.key, "=", shown, ": expected a finite number"));
+        throw UserError(str(origin, " ", f.key, "=", shown, ": expected a finite number"));
       return x;
     }
     case Kind::kBool:
@@ -512,6 +512,21 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   }
   validate(s.cfg);
   return s.cfg;
+}
+
+std::string canonical_value(const std::string& key, const std::string& value,
+                            const std::string& origin) {
+  const Field& f = require_field(key, " (from " + origin + ")");
+  const Value v = from_text(f, value, origin);
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) {
+    if (*d == 0) return "0";  // -0 is 0
+    char b[40];
+    const auto r = std::to_chars(b, b + sizeof b, *d);
+    return std::string(b, r.ptr);
+  }
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  return std::get<std::string>(v);
 }
 
 std::vector<std::string> config_reference() {

@@ -116,6 +116,14 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 // the whole). For overrides of a config file that is not at hand (`mxtrain sagemaker check`).
 void check_sets(const std::vector<std::string>& sets);
 
+// One `section.key=value` override's value as the key's type reads it, spelled one way: an
+// integer in decimal ("02" and "+2" are "2"), a number as the shortest text that reads back,
+// a boolean as true / false, a string unquoted. UserError for an unknown key or a value of the
+// wrong type, its message starting with `origin` (e.g. "--grid"). The sweep validates its grid
+// with it before expanding (and tells equal values apart from equal spellings).
+std::string canonical_value(const std::string& key, const std::string& value,
+                            const std::string& origin = "--set");
+
 // The documented keys, for `mxtrain train --help-config` and the docs: "section.key  type  help".
 std::vector<std::string> config_reference();
 

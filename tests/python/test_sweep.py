@@ -150,6 +150,11 @@ def test_sweep_np_fits_the_processes_against_the_whole_machine(mxtrain, tmp_path
     (["--grid", "train.micro_batch=1", "--np", "0"], "--np"),
     (["--grid", "train.micro_batch=1", "--gpu", "h100"], "--gpu"),
     (["--grid", "train.lr=1e-3", "--set", "train.lr=2e-3"], "twice"),
+    # one integer, three spellings: the same point would train three times
+    (["--grid", "train.micro_batch=2,02,+2"], "'2' and '02' are the same value (2)"),
+    (["--grid", "train.lr=0.1,1e-1"], "'0.1' and '1e-1' are the same value"),
+    (["--grid", "memory.activation_checkpointing=full", "--grid", "data.shuffle=true,1"],
+     "'true' and '1' are the same value"),
     # every point checkpoints into its own run directory, never into another run's steps
     (["--grid", "train.micro_batch=1", "--set", "checkpoint.dir=/tmp/elsewhere"],
      "--set checkpoint.dir: the sweep sets this key itself"),
@@ -346,3 +351,27 @@ def test_out_longer_than_the_filesystem_allows_is_bad_input(mxtrain, tmp_path):
     assert r.rc == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "255 bytes" in lines[0], r
+
+
+def test_a_huge_grid_is_refused_before_it_is_expanded(tmp_path):
+    """10^7 points under a 2 GiB address-space limit: every point was made (ids, overrides)
+    before any was checked, so the sweep ran out of memory. The product is checked first."""
+    import resource
+    from conftest import MXTRAIN_BIN, require_binary
+    require_binary()
+    ten = ",".join(map(str, range(1, 11)))
+    keys = ["train.seed", "train.warmup_steps", "train.eval_batches", "train.log_every",
+            "precision.stats_every", "run.threads", "train.eval_every"]
+    grid = sum((["--grid", f"{k}={ten}"] for k in keys), [])
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    p = subprocess.run([MXTRAIN_BIN, "sweep", "--steps", "1", "--out", str(tmp_path / "out")] +
+                       grid, capture_output=True, text=True, timeout=60, preexec_fn=limit,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-500:])
+    assert lines[0].startswith("error: --grid: 10 x 10 x 10 x 10 x 10 x 10 x 10 values make "
+                               "more than 10000 points"), lines
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,5 @@
-// plan/sweep.h: grid ids stay valid directory names.
+// plan/sweep.h: grid ids stay valid directory names, and the grid's size is capped before it
+// is expanded.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -36,6 +37,18 @@ TEST(SweepGrid, LongIdsAreCutWithAHashAndStayUnique) {
   // The same grid gives the same ids (a rerun finds its results).
   const std::vector<GridPoint> again = mx::plan::expand_grid({path, mb});
   for (size_t i = 0; i < points.size(); ++i) EXPECT_EQ(points[i].id, again[i].id);
+}
+
+TEST(SweepGrid, SizeIsCappedWithoutOverflow) {
+  const GridAxis two{"a.b", {"1", "2"}};
+  EXPECT_EQ(mx::plan::grid_size(std::vector<GridAxis>(13, two)), 8192u);  // 2^13 <= 10000
+  EXPECT_THROW(mx::plan::grid_size(std::vector<GridAxis>(14, two)), mx::UserError);
+  // 2^70 wraps a 64-bit product to 0 (and 2^64 x 2^6 to a small number): still refused.
+  EXPECT_THROW(mx::plan::grid_size(std::vector<GridAxis>(70, two)), mx::UserError);
+  EXPECT_THROW(mx::plan::expand_grid(std::vector<GridAxis>(70, two)), mx::UserError);
+  const GridAxis hundred{"c.d", std::vector<std::string>(100, "x")};
+  EXPECT_EQ(mx::plan::grid_size({hundred, hundred}), 10000u);
+  EXPECT_THROW(mx::plan::grid_size({hundred, hundred, two}), mx::UserError);
 }
 
 }  // namespace
