@@ -30,6 +30,8 @@ std::vector<std::string> split_list(const std::string& s) {
     MX_REQUIRE(!item.empty(), "--recipes '", s, "' has an empty item");
     out.push_back(item);
   }
+  // getline gives no item after a last ',': "bf16," was taken for "bf16" ("bf16,,x" refused)
+  MX_REQUIRE(s.empty() || s.back() != ',', "--recipes '", s, "' has an empty item");
   return out;
 }
 

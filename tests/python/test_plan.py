@@ -408,6 +408,8 @@ def test_64b_answers_quickly(mxtrain):
     ["--gpu", "h100", "--gpus", "8", "--set", "model.preset=7b"],
     ["--gpu", "h100", "--gpus", "eight"],
     ["--gpu", "h100", "--gpus", "8", "--memory", "device"],
+    ["--gpu", "h100", "--gpus", "8", "--recipes", "bf16,"],  # an empty last item, as "bf16,,x"
+    ["--gpu", "h100", "--gpus", "8", "--recipes", "bf16,,fp8-current"],
 ])
 def test_bad_input_exits_2(mxtrain, args):
     r = mxtrain(["plan"] + args)
@@ -474,3 +476,4 @@ def test_cpu_processes_share_the_machine_memory(mxtrain):
         rec = out["recommendation"]
         if rec["fits"]:
             assert procs * rec["memory_total_bytes"] <= machine, (procs, rec)
+
