@@ -302,7 +302,9 @@ int64_t shard_count(const PlanInput& in) {
   if (in.sharding == "none") return 1;
   if (in.sharding == "full" || in.sharding == "grad-op") return world;
   if (in.sharding == "hybrid") {
-    int64_t g = in.shard_group > 0 ? in.shard_group : std::min(in.gpus_per_node, world);
+    // 0 is every rank, as the engine reads it (parallel/fsdp_sizes.cpp fsdp_shard_size): the
+    // planner took it for the GPUs of a node and predicted another run than train makes.
+    int64_t g = in.shard_group > 0 ? in.shard_group : world;
     MX_REQUIRE(g <= world && world % g == 0, "parallel.shard_group (", g,
                ") must divide the number of ranks (", world, ")");
     return g;

@@ -33,7 +33,7 @@ struct PlanInput {
   int64_t grad_accum = 1;
   Checkpointing checkpointing = Checkpointing::kNone;
   std::string sharding = "full";  // full | grad-op | none | hybrid
-  int64_t shard_group = 0;        // hybrid: ranks per shard group (0: GPUs per node)
+  int64_t shard_group = 0;        // hybrid: ranks per shard group (0: all ranks, as train)
   std::string gather_dtype = "auto";  // parallel.gather_dtype (the engine's FSDP weight slots)
   std::string recipe = "bf16";
   int64_t high_precision_first = 0;

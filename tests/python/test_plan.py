@@ -477,3 +477,18 @@ def test_cpu_processes_share_the_machine_memory(mxtrain):
         if rec["fits"]:
             assert procs * rec["memory_total_bytes"] <= machine, (procs, rec)
 
+
+def test_hybrid_default_shard_group_is_every_rank_as_train_runs_it(mxtrain, tmp_path):
+    """parallel.sharding = hybrid with shard_group = 0 (the default): train shards over every
+    rank (parallel/fsdp_sizes.cpp), so 4 processes hold a quarter each; the planner took 0 for
+    the GPUs of a node and, for 2 nodes x 2, predicted halves. Plan must predict the peak that
+    `mpirun -np 4 mxtrain train` measures, however the 4 ranks are spread over nodes."""
+    settings = case_settings(TINY, "hybrid", 32, 1, "none", "fp32", {})
+    summary = train_mpi(tmp_path, 4, settings)
+    measured_max = summary.get("peak_mem_bytes_max_rank", summary["peak_mem_bytes"])
+    for gpus, nodes in ((4, 1), (2, 2), (1, 4)):
+        mem = plan(mxtrain, settings, gpus=gpus, nodes=nodes)["memory"]
+        assert mem["shards"] == 4, (gpus, nodes, mem["shards"])
+        # the CPU replay is exact: the bytes, not a tolerance
+        assert mem["total_bytes_max_rank"] == measured_max, (gpus, nodes, mem, measured_max)
+

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "parallel/fsdp_sizes.h"
 #include "plan/gpus.h"
 #include "plan/memory.h"
 #include "plan/planner.h"
@@ -111,9 +112,14 @@ TEST(PlanMemory, ShardingDividesTheState) {
   // hybrid over 2 nodes, sharded within the node: the same per-rank state as full on 8.
   in.sharding = "hybrid";
   in.nodes = 2;
+  in.shard_group = 8;
   MemoryBreakdown hyb = plan_memory(in, find_gpu("b200"));
   EXPECT_EQ(hyb.shards, 8);
   EXPECT_EQ(hyb.master_weights, full.master_weights);
+  // shard_group 0 is every rank, as the engine's Fsdp reads it (it was a node's GPUs here).
+  in.shard_group = 0;
+  EXPECT_EQ(plan_memory(in, find_gpu("b200")).shards, 16);
+  EXPECT_EQ(mx::fsdp_shard_size(mx::Sharding::kHybrid, 16, 0), 16);
   in.shard_group = 3;  // does not divide 16
   EXPECT_THROW(plan_memory(in, find_gpu("b200")), mx::UserError);
 }
