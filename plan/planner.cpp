@@ -107,7 +107,12 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
           c.recipe = r;
           c.configured_recipe.clear();  // taking the recommendation means running recipe r
           c.sharding = s;
-          if (s == "hybrid" && c.shard_group == 0) c.shard_group = in.gpus_per_node;
+          // Hybrid's candidate shards within a node unless the config names a group that
+          // divides the ranks: a stray shard_group (train ignores it but under hybrid)
+          // aborted the whole plan, and 0 (all ranks) would make it `full`.
+          if (s == "hybrid" && (c.shard_group <= 0 || c.shard_group > in.world_size() ||
+                                in.world_size() % c.shard_group != 0))
+            c.shard_group = in.gpus_per_node;
           c.checkpointing = p;
           c.micro_batch = mb;
           c.grad_accum = per_rank / mb;

@@ -492,3 +492,22 @@ def test_hybrid_default_shard_group_is_every_rank_as_train_runs_it(mxtrain, tmp_
         # the CPU replay is exact: the bytes, not a tolerance
         assert mem["total_bytes_max_rank"] == measured_max, (gpus, nodes, mem, measured_max)
 
+
+def test_stray_shard_group_under_full_does_not_abort_the_plan(mxtrain):
+    """train ignores parallel.shard_group unless sharding = hybrid; plan on 2 nodes tried a
+    hybrid candidate in groups of 3 and exited 2 ("must divide the number of ranks (16)")."""
+    settings = {"model.preset": "tiny", "parallel.sharding": "full", "parallel.shard_group": 3}
+    out = plan(mxtrain, settings, gpu="h100", gpus=8, nodes=2)
+    assert out["config"]["sharding"] == "full" and out["memory"]["shards"] == 16, out["config"]
+    best = out["recommendation"]
+    assert best["found"], best
+    if best["sharding"] == "hybrid":
+        assert 16 % best["shard_group"] == 0, best
+    # the same search as without the stray key: no candidate dropped
+    plain = plan(mxtrain, dict(settings, **{"parallel.shard_group": 0}), gpu="h100", gpus=8,
+                 nodes=2)
+    assert best["candidates"] == plain["recommendation"]["candidates"]
+    # the user's own hybrid configuration is still evaluated as given: 3 does not divide 16
+    r = mxtrain(["plan", "--gpu", "h100", "--gpus", 8, "--nodes", 2, "--json"] +
+                set_args(dict(settings, **{"parallel.sharding": "hybrid"})))
+    assert r.rc == 2 and r.stderr.strip().startswith("error:") and "(16)" in r.stderr, r
