@@ -18,11 +18,13 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop.h"
 #include "data/splitmix64.h"
 
 namespace mx {
@@ -338,7 +340,14 @@ TokenDataset TokenDataset::open_listed(const std::string& path, std::vector<std:
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
   size_t file_index = 0;
+  // (tests: a scan slowed down per piece read, to stop it in the middle)
+  const char* slow_env = std::getenv("MXTRAIN_TEST_SLOW_SCAN_MS");
+  const int slow_ms = slow_env ? std::atoi(slow_env) : 0;
   auto read = [&](int64_t bytes) {
+    // A stop (SIGTERM, Ctrl-C) ends the scan: minutes of it for terabytes of shards, before a
+    // first step that would then have taken the stop.
+    if (g_stop_request.load()) throw StopRequested{};
+    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
     done += bytes;
     const auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last).count() < period) return;

@@ -26,6 +26,7 @@
 #include "checkpoint/storage.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop.h"
 #include "data/byte_tokenizer.h"
 #include "data/data_split.h"
 #include "data/window_sampler.h"
@@ -171,7 +172,7 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path,
              ": the metrics would change its files");
 }
 
-std::atomic<int> g_stop_signal{0};
+std::atomic<int>& g_stop_signal = g_stop_request;  // (core/stop.h: start-up work polls it)
 // SIGUSR1 is a SIGTERM passed on by a launcher: Open MPI's mpirun hands SIGUSR1 to every rank
 // at once, while a SIGTERM sent to mpirun reaches the ranks only to be followed by SIGKILL one
 // second later (odls_base_sigkill_timeout), too soon for a checkpoint (docs/checkpoints.md).
@@ -322,7 +323,30 @@ int run_training(const RunConfig& cfg) {
                                               model_cfg.vocab_size)
                   : TokenDataset::open(path, format, model_cfg.vocab_size);
   };
-  TokenDataset data = open_data(data_path, data_listed);
+  // A stop during start-up (the data's id scan takes minutes for terabytes of shards) ends the
+  // run here, before its first step: nothing trained, nothing to checkpoint. Every rank agrees
+  // (the one collective each calls at this point), whichever ranks the signal reached.
+  auto stopped_in_start_up = [&](const char* during) -> int {
+    const int64_t sig = W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
+                              : int64_t(g_stop_signal.load());
+    if (!sig) return 0;
+    info("stopped by signal ", sig, " during start-up (", during, "), before the first step: ",
+         "nothing trained, no checkpoint written");
+    return sig == SIGINT ? 130 : 143;
+  };
+  auto open_or_stop = [&](const std::string& path,
+                          std::optional<std::vector<std::string>>& listed) {
+    std::optional<TokenDataset> d;
+    try {
+      d.emplace(open_data(path, listed));
+    } catch (const StopRequested&) {  // (the agreement comes next)
+    }
+    return d;
+  };
+  std::optional<TokenDataset> opened = open_or_stop(data_path, data_listed);
+  if (const int rc = stopped_in_start_up("checking data.path")) return rc;
+  TokenDataset data = std::move(*opened);
+  opened.reset();
   // Every rank must read the same data: a node with another copy of the file trained on
   // silently (other windows). The sizes first, then a sample of the tokens against rank 0's
   // (the same size is not the same data: another version of the dataset), naming the highest
@@ -349,7 +373,8 @@ int run_training(const RunConfig& cfg) {
   MX_REQUIRE(cfg.data.val_path.empty() || format != TokenFormat::kRandom, "data.val_path is ",
              "set, but data.format = random reads no data (validation is the random data's tail)");
   if (!cfg.data.val_path.empty()) {
-    val_data.emplace(open_data(cfg.data.val_path, val_listed));
+    val_data = open_or_stop(cfg.data.val_path, val_listed);
+    if (const int rc = stopped_in_start_up("checking data.val_path")) return rc;
     require_same_on_every_rank(*val_data, "data.val_path");
     // llm.c's layout keeps fineweb_train_* and fineweb_val_* in one directory: data.path = that
     // directory would train on the validation shards.

@@ -69,6 +69,44 @@ def test_a_stop_during_start_up_adds_no_empty_summary(tmp_path):
     assert metrics.read_bytes() == before, metrics.read_text()[len(before):]
 
 
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_during_the_data_scan_ends_the_run_there(tmp_path, sig, code):
+    """Every id of the data is read once at start-up (the vocabulary check): minutes for
+    terabytes of shards. A stop then waited for the end of the scan and the first step (and
+    wrote a step-0 checkpoint of untrained weights). Now the scan ends at once and the run with
+    it: no step, no checkpoint, no metrics. MXTRAIN_TEST_SLOW_SCAN_MS makes each shard's scan
+    take 300 ms, 12 shards 3.6 s; the signal goes once the scan's progress line shows."""
+    import numpy as np
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        rng.integers(0, 256, 4096, dtype=np.uint16).tofile(shards / f"s{i:02d}.u16")
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXTRAIN_TEST_SLOW_SCAN_MS="300",
+               MXTRAIN_TEST_PROGRESS_S="0")
+    p = subprocess.Popen([MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
+                          "--set", f"data.path={shards}", "--set", "data.format=u16",
+                          "--set", "train.steps=3", "--set", "train.seq_len=32",
+                          "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err, t0 = "", None
+    for line in p.stderr:  # info lines reach stderr as they happen
+        err += line
+        if "checking ids" in line:
+            p.send_signal(sig)
+            t0 = time.monotonic()
+            break
+    err += p.stderr.read()
+    p.wait(timeout=120)
+    assert t0 is not None, err[-2000:]
+    assert p.returncode == code, err[-2000:]
+    assert time.monotonic() - t0 < 2.5, "the scan went on after the signal"
+    assert "during start-up (checking data.path), before the first step" in err, err[-2000:]
+    assert not list(out.rglob("step_*")), list(out.rglob("*"))
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+
+
 def test_a_second_ctrl_c_quits_at_once(tmp_path, monkeypatch):
     """A stop waits for a step boundary, which a long start-up reaches minutes later: the first
     Ctrl-C says so, a second quits at once (killed by SIGINT, no stop checkpoint)."""
