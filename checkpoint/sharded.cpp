@@ -277,7 +277,12 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
   if (has("world_size") &&
       !(j["world_size"].is_number_integer() && j["world_size"].get<int64_t>() >= 1))
     return str(path, ": 'world_size' is not a positive integer");
-  for (const char* k : {"sharding", "recipe", "data_path"})
+  for (const char* k : {"seq_len", "train_windows"})
+    if (has(k) && !(j[k].is_number_integer() && j[k].get<int64_t>() >= 1))
+      return str(path, ": '", k, "' is not a positive integer");
+  if (has("val_fraction") && !j["val_fraction"].is_number())
+    return str(path, ": 'val_fraction' is not a number");
+  for (const char* k : {"sharding", "recipe", "data_path", "val_path"})
     if (has(k) && !j[k].is_string()) return str(path, ": '", k, "' is not a string");
   if (has("data_fingerprint") &&
       !(j["data_fingerprint"].is_string() && j["data_fingerprint"].get<std::string>().size() == 16 &&

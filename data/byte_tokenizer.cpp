@@ -83,4 +83,17 @@ std::string byte_decode(const std::vector<int32_t>& ids) {
   return sanitize_utf8(bytes);
 }
 
+std::string ids_without_text(const std::vector<int32_t>& ids, size_t prompt_len) {
+  size_t in_prompt = 0, generated = 0;
+  for (size_t i = 0; i < ids.size(); ++i) (i < prompt_len ? in_prompt : generated) += ids[i] >= 256;
+  if (in_prompt + generated == 0) return "";
+  std::string s = std::to_string(generated) + " of the " + std::to_string(ids.size() - prompt_len) +
+                  " generated tokens";
+  if (in_prompt)
+    s += " and " + std::to_string(in_prompt) + " of the " + std::to_string(prompt_len) +
+         " prompt tokens";
+  return s + " have ids >= 256, which the byte-level tokenizer has no text for: left out of the "
+             "text";
+}
+
 }  // namespace mx

@@ -14,6 +14,11 @@ std::vector<int32_t> byte_encode(const std::string& text);
 // (the Unicode / WHATWG replacement practice), so the result is always valid UTF-8.
 std::string byte_decode(const std::vector<int32_t>& ids);
 
+// "" when every id of `ids` (the first `prompt_len` of them the prompt) has text, else a
+// sentence saying how many generated (and prompt) ids >= 256 byte_decode leaves out, for a
+// warning: a model with a larger vocabulary than the tokenizer's 256 samples them.
+std::string ids_without_text(const std::vector<int32_t>& ids, size_t prompt_len);
+
 // Valid UTF-8 from arbitrary bytes, by the same replacement rule.
 std::string sanitize_utf8(const std::string& bytes);
 

@@ -391,7 +391,15 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
                "(ids 0..255), which needs vocab_size >= 256, got ", vocab_size);
     MX_REQUIRE(file_bytes > 0, "data file '", path, "': empty (0 tokens)");
     if (format_ != TokenFormat::kText && format_ != TokenFormat::kAuto) return format;  // refused
+    // Text is read into memory whole (binary shards stay on disk): at most half the machine's
+    // memory, all text files together (a 1 TB file said "out of memory" and advised a smaller
+    // micro_batch).
     const size_t at = owned_.size();
+    const int64_t ram = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE));
+    MX_REQUIRE(ram <= 0 || int64_t(at) + file_bytes <= ram / 2, "data file '", path, "': ",
+               format_bytes(double(int64_t(at) + file_bytes)), " of text data, more than half ",
+               "this machine's memory (", format_bytes(double(ram)), "): text is read into memory ",
+               "whole; convert it to u16 / u32 token shards, which are read from disk");
     owned_.resize(at + static_cast<size_t>(file_bytes));
     pread_exact(file.fd, owned_.data() + at, static_cast<size_t>(file_bytes), 0, path);
     token_width_ = 1;

@@ -571,6 +571,24 @@ int run_training(const RunConfig& cfg) {
       warn(str("data.path ", data_path, " holds as many tokens as the checkpoint's run read, ",
                "but not the same ids (shards renamed, reordered or replaced? a file rewritten?): ",
                "training goes on with the data as they are now"));
+    // The windows themselves: another seq_len, or another split between training and
+    // validation (data.val_fraction, data.val_path), reorders the rest of the epoch, and
+    // validation may then be measured on windows the checkpoint's run trained on.
+    if (state.contains("seq_len") && state["seq_len"].is_number_integer() &&
+        state["seq_len"].get<int64_t>() != T)
+      warn(str("train.seq_len is ", T, ", the checkpoint's run used ", state["seq_len"].dump(),
+               ": the windows differ from here on, and so does the rest of the epoch's order"));
+    else if (state.contains("train_windows") && state["train_windows"].is_number_integer() &&
+             state["train_windows"].get<int64_t>() != train_sampler.num_windows())
+      warn(str("training reads ", train_sampler.num_windows(), " windows, the checkpoint's run ",
+               state["train_windows"].get<int64_t>(), " (data.val_fraction or data.val_path ",
+               "changed?): the rest of the epoch follows another order, and validation may be ",
+               "measured on windows the checkpoint's run trained on"));
+    else if (state.contains("val_path") && state["val_path"].is_string() &&
+             state["val_path"].get<std::string>() != cfg.data.val_path)
+      warn(str("data.val_path is '", cfg.data.val_path, "', the checkpoint's run used '",
+               state["val_path"].get<std::string>(), "': validation losses before and after ",
+               "this step are not comparable"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
     fsdp.write_shards_from_host(host);
@@ -723,7 +741,11 @@ int run_training(const RunConfig& cfg) {
                             {"recipe", cfg.precision.recipe},
                             {"data_path", data_path},
                             {"data_tokens", data.size()},
-                            {"data_fingerprint", data_fingerprint}};
+                            {"data_fingerprint", data_fingerprint},
+                            {"seq_len", T},
+                            {"train_windows", train_sampler.num_windows()},
+                            {"val_path", cfg.data.val_path},
+                            {"val_fraction", cfg.data.val_fraction}};
     checkpointer.save(step, state, recipe_extra_tensors(linear_recipe));
   };
 
@@ -945,6 +967,9 @@ int run_training(const RunConfig& cfg) {
        format_bytes(double(peak)), ", checkpoint ", final_dir, ", metrics ",
        cfg.metrics_path());
 
+  if (cfg.run.sample_tokens > 0 && model_cfg.vocab_size < 256)
+    info("no sample: the model's vocabulary (", model_cfg.vocab_size, ") is smaller than the ",
+         "byte-level tokenizer's 256 (run.sample_tokens = 0 says so quietly)");
   if (cfg.run.sample_tokens > 0 && model_cfg.vocab_size >= 256) {
     auto full = full_buffer();
     fsdp.gather_params(full.data());
@@ -967,6 +992,8 @@ int run_training(const RunConfig& cfg) {
       const std::string text = byte_decode(ids);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::printf("\n---\n");
+      if (const std::string lost = ids_without_text(ids, prompt.size()); !lost.empty())
+        warn("sample: " + lost);
       // A signal during the sample (the training and its checkpoint are complete) ends it
       // where it is, with the signal's exit code, as during training.
       if (const int late = g_stop_signal.load()) {

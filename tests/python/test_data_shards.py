@@ -196,6 +196,39 @@ def test_resume_over_renamed_shards_of_the_same_size_warns(tmp_path, mxtrain):
     assert len(warns) == 1 and "holds as many tokens as the checkpoint's run read" in warns[0], r.stderr
 
 
+def test_resume_with_other_windows_warns(tmp_path, mxtrain):
+    """Another train.seq_len, data.val_fraction or data.val_path on resume went on without a
+    word: the windows or the split moved, the rest of the epoch took another order, and a
+    larger val_fraction validated on windows the first run had trained on (a hunt found the
+    windows read after such a resume inside the first run's held-out tail). state.json keeps
+    seq_len, the number of training windows and val_path; the same settings stay silent."""
+    d = tmp_path / "d"
+    d.mkdir()
+    write_llmc(d / "a.bin", ids(3000, 1))
+    run = dict(BASE, **{"data.path": d, "run.out_dir": tmp_path / "o", "checkpoint.every": 1,
+                        "data.val_fraction": 0.2, "train.eval_every": 0})
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 1})))
+    assert r.rc == 0, r
+    state = json.loads((tmp_path / "o" / "checkpoints" / "step_00000001" / "state.json").read_text())
+    T = int(run["train.seq_len"])
+    # the split (data/data_split.h): the last val_fraction of the tokens held out, training's
+    # windows start every seq_len tokens in the rest
+    assert state["seq_len"] == T and state["val_path"] == "" and state["val_fraction"] == 0.2
+    assert state["train_windows"] == (int(3000 * 0.8) - 1) // T, state
+    step1 = tmp_path / "o" / "checkpoints" / "step_00000001"
+    for i, (over, says) in enumerate((({}, None),
+                       ({"train.seq_len": T * 2}, f"train.seq_len is {T * 2}, the checkpoint's run used {T}"),
+                       ({"data.val_fraction": 0.4}, "validation may be measured on windows"))):
+        r = mxtrain(["train"] + set_args(dict(run, **over, **{
+            "train.steps": 2, "checkpoint.resume": step1, "run.out_dir": tmp_path / f"r{i}"})))
+        assert r.rc == 0 and "resumed from" in r.stderr, r
+        warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+        if says is None:
+            assert warns == [], r.stderr
+        else:
+            assert len(warns) == 1 and says in warns[0], r.stderr
+
+
 def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
     """Each case was wrong at first: the run's files written over or among the shards (a pattern
     spelled another way than the metrics path, a shard that is a symbolic link, a pattern

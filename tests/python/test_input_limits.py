@@ -449,3 +449,33 @@ def test_empty_numbers_and_out_directories_on_the_command_line(tmp_path, mxtrain
     r = mxtrain(["numerics", "quantize", "--format", "e4m3", "--in", src, "--out",
                  str(tmp_path / "nd") + "/"])
     assert r.rc == 2 and len(error_lines(r)) == 1 and not (tmp_path / "nd").exists(), r
+
+
+def test_text_data_larger_than_half_the_memory_is_refused(tmp_path, mxtrain):
+    """Text data is read into memory whole: a 1 TB (sparse) .txt said "out of memory" and
+    advised a smaller micro_batch. Now a text file past half the machine's memory is refused
+    by name, with the way out (token shards stay on disk). The file here is sparse, as large
+    as the whole memory."""
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(ram + 1)
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", f"data.path={big}",
+                 "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'o'}"])
+    assert_one_error(r, str(big), "more than half this machine's memory",
+                     "convert it to u16 / u32 token shards")
+
+
+def test_the_sample_says_what_it_cannot_show(tmp_path, mxtrain):
+    """The end-of-run sample dropped ids >= 256 (a model with a larger vocabulary than the
+    byte-level tokenizer's) without a word, and skipped the whole sample for a vocabulary
+    under 256; `generate` said so, the trainer did not."""
+    base = ["train", "--set", "model.preset=tiny", "--set", "data.format=random",
+            "--set", "train.steps=1", "--set", "train.seq_len=16", "--set", "run.sample_tokens=20"]
+    r = mxtrain(base + ["--set", "model.vocab_size=100000", "--set", f"run.out_dir={tmp_path / 'a'}"])
+    assert r.rc == 0, r
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning: sample:")]
+    assert len(warns) == 1 and "of the 20 generated tokens have ids >= 256" in warns[0], r.stderr
+    r = mxtrain(base + ["--set", "model.vocab_size=200", "--set", f"run.out_dir={tmp_path / 'b'}"])
+    assert r.rc == 0 and "no sample: the model's vocabulary (200) is smaller" in r.stderr, r
+
