@@ -191,8 +191,10 @@ __device__ __forceinline__ void swiglu_grads(float ds, float g, float u, float& 
   dg = ds * u * sig * (1.0f + g * (1.0f - sig));
 }
 
-__global__ void swiglu_forward_kernel(float* __restrict__ s, const float* __restrict__ g,
-                                      const float* __restrict__ u, int64_t n) {
+// s may alias g (generate's decode step passes one buffer for both): each element reads g
+// before writing s, and nothing is __restrict__ that may alias.
+__global__ void swiglu_forward_kernel(float* s, const float* g, const float* __restrict__ u,
+                                      int64_t n) {
   MX_GRID_STRIDE(i, n) s[i] = swiglu_value(g[i], u[i]);
 }
 

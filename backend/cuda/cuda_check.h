@@ -25,7 +25,8 @@ inline void cuda_check(cudaError_t err, const char* op, const char* expr) {
 
 inline void cublas_check(cublasStatus_t st, const char* op, const char* expr) {
   if (st != CUBLAS_STATUS_SUCCESS)
-    throw CudaError(str("cublasLt: ", op, ": status ", int(st), " (", expr, ")"));
+    throw CudaError(str("cublasLt: ", op, ": ", cublasLtGetStatusName(st), ": ",
+                        cublasLtGetStatusString(st), " (status ", int(st), "; ", expr, ")"));
 }
 
 }  // namespace mx

@@ -119,9 +119,10 @@ NcclCommunicator::~NcclCommunicator() {
 void NcclCommunicator::wait_for(cudaStream_t s) {
   cudaEvent_t e;
   MX_CUDA_CHECK("nccl wait_for", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  MX_CUDA_CHECK("nccl wait_for", cudaEventRecord(e, s));
-  MX_CUDA_CHECK("nccl wait_for", cudaStreamWaitEvent(stream_, e, 0));
-  MX_CUDA_CHECK("nccl wait_for", cudaEventDestroy(e));  // released once the wait is done
+  cudaError_t err = cudaEventRecord(e, s);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, e, 0);
+  cudaEventDestroy(e);  // released once the wait is done (and on a failure: no leak)
+  MX_CUDA_CHECK("nccl wait_for", err);
 }
 
 void NcclCommunicator::sync(const char* op) {

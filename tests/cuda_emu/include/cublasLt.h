@@ -84,6 +84,8 @@ typedef struct {
   int reserved[4];
 } cublasLtMatmulHeuristicResult_t;
 
+const char* cublasLtGetStatusName(cublasStatus_t status);
+const char* cublasLtGetStatusString(cublasStatus_t status);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
