@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -33,9 +34,38 @@ const Tables& tables() {
   return tb;
 }
 
+#if defined(__x86_64__)
+// SSE4.2's crc32 instruction computes this CRC (Castagnoli, reflected) 8 bytes at a time: about
+// 4x the tables' rate (2.4 GB/s), which bounded checkpoint writes and verifies and the data's
+// start-up scan. Chosen at run time: the build may target CPUs without it.
+__attribute__((target("sse4.2"))) uint32_t crc32c_hw(uint32_t c, const unsigned char* p,
+                                                      size_t size) {
+  uint64_t c64 = c;
+  for (; size >= 8; p += 8, size -= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c64 = __builtin_ia32_crc32di(c64, word);
+  }
+  c = uint32_t(c64);
+  for (; size > 0; ++p, --size) c = __builtin_ia32_crc32qi(c, *p);
+  return c;
+}
+
+// (MXTRAIN_TEST_CRC32C_TABLES=1: the tables, so that tests check both against a reference)
+bool use_crc32_instruction() {
+  static const bool yes =
+      __builtin_cpu_supports("sse4.2") && !std::getenv("MXTRAIN_TEST_CRC32C_TABLES");
+  return yes;
+}
+#endif
+
 }  // namespace
 
 uint32_t crc32c_update(uint32_t crc, const void* data, size_t size) {
+#if defined(__x86_64__)
+  if (use_crc32_instruction())
+    return ~crc32c_hw(~crc, static_cast<const unsigned char*>(data), size);
+#endif
   const auto& t = tables().t;
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;
