@@ -99,8 +99,9 @@ std::string launcher_rank_prefix() {
 
 bool rank_left_job_unjoined() {
   if (!launched_by_mpi_launcher()) return false;
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (!size || !*size) size = std::getenv("PMI_SIZE");
+  const char* size = nullptr;  // (srun with PMIx names no size of its own: Slurm's)
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (const char* v = std::getenv(name); !size && v && *v) size = v;
   if (!size || std::strtol(size, nullptr, 10) <= 1) return false;
   int initialized = 0;
   MPI_Initialized(&initialized);  // (true after MPI_Finalize too)
