@@ -289,6 +289,11 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
         j["data_fingerprint"].get<std::string>().find_first_not_of("0123456789abcdef") ==
             std::string::npos))
     return str(path, ": 'data_fingerprint' is not 16 lowercase hex digits");
+  if (has("data_crc32c") && !j["data_crc32c"].is_null() &&
+      !(j["data_crc32c"].is_string() && j["data_crc32c"].get<std::string>().size() == 8 &&
+        j["data_crc32c"].get<std::string>().find_first_not_of("0123456789abcdef") ==
+            std::string::npos))
+    return str(path, ": 'data_crc32c' is not null or 8 lowercase hex digits");
   return "";
 }
 

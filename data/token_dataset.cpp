@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/crc32c.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop.h"
@@ -100,10 +101,15 @@ T load(const uint8_t* tokens, int64_t i) {
 // Index of the first id >= vocab_size in n ids of T at byte `offset` of the file, or n if there is
 // none: read in 16 MiB pieces (the file is not mapped: a mapping cut short under the reader
 // ends the process with SIGBUS), each scanned in parallel.
+// *crc takes every byte read (CRC32C); *crc_complete is cleared when nothing is read.
 template <typename T>
 int64_t first_out_of_vocab(int fd, int64_t offset, int64_t n, int64_t vocab_size,
-                           const std::string& path, const std::function<void(int64_t)>& read) {
-  if (static_cast<uint64_t>(vocab_size) > std::numeric_limits<T>::max()) return n;
+                           const std::string& path, const std::function<void(int64_t)>& read,
+                           uint32_t* crc, bool* crc_complete) {
+  if (static_cast<uint64_t>(vocab_size) > std::numeric_limits<T>::max()) {
+    *crc_complete = false;
+    return n;
+  }
   constexpr int64_t kPiece = (int64_t{16} << 20) / int64_t(sizeof(T));
   std::vector<T> piece(static_cast<size_t>(std::min(n, kPiece)));
   for (int64_t begin = 0; begin < n; begin += kPiece) {
@@ -111,6 +117,7 @@ int64_t first_out_of_vocab(int fd, int64_t offset, int64_t n, int64_t vocab_size
     pread_exact(fd, piece.data(), static_cast<size_t>(count) * sizeof(T),
                 static_cast<off_t>(offset + begin * int64_t(sizeof(T))), path);
     if (read) read(count * int64_t(sizeof(T)) + (begin == 0 ? offset : 0));  // with the header
+    *crc = crc32c_update(*crc, piece.data(), static_cast<size_t>(count) * sizeof(T));
     int64_t first_bad = count;
 #pragma omp parallel for reduction(min : first_bad) schedule(static)
     for (int64_t i = 0; i < count; ++i)
@@ -402,6 +409,7 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
                "whole; convert it to u16 / u32 token shards, which are read from disk");
     owned_.resize(at + static_cast<size_t>(file_bytes));
     pread_exact(file.fd, owned_.data() + at, static_cast<size_t>(file_bytes), 0, path);
+    content_crc_ = crc32c_update(content_crc_, owned_.data() + at, static_cast<size_t>(file_bytes));
     token_width_ = 1;
     num_tokens_ += file_bytes;
     return format;  // every byte is < 256 <= vocab_size: nothing to scan
@@ -450,9 +458,9 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
   const int64_t bad =
       shard.token_width == 2
           ? first_out_of_vocab<uint16_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size,
-                                         path, read)
+                                         path, read, &content_crc_, &content_crc_complete_)
           : first_out_of_vocab<uint32_t>(file.fd, shard.data_offset, shard.num_tokens, vocab_size,
-                                         path, read);
+                                         path, read, &content_crc_, &content_crc_complete_);
   if (bad < shard.num_tokens) {
     uint32_t id = 0;
     pread_exact(file.fd, &id, size_t(shard.token_width),
@@ -482,6 +490,8 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
   files_ = std::move(other.files_);
   shards_ = std::exchange(other.shards_, {});
   vocab_size_ = other.vocab_size_;
+  content_crc_ = other.content_crc_;
+  content_crc_complete_ = other.content_crc_complete_;
   owned_ = std::move(other.owned_);
   tokens_ = std::exchange(other.tokens_, nullptr);  // a moved vector keeps its buffer
   return *this;

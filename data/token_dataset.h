@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <set>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,14 @@ class TokenDataset {
   // file apart when their sizes agree. Constant cost at any size (64 reads); copies that differ
   // only between the sampled windows are not told apart.
   uint64_t fingerprint() const;
+  // CRC32C of every id's bytes, file after file (headers left out), computed by the vocabulary
+  // check's one read of the data; none for random data, or for u16 data under a vocabulary
+  // above 65535 (nothing to check, so nothing read). What ranks and resumes compare when the
+  // fingerprint agrees: copies differing only between its sampled windows.
+  std::optional<uint32_t> content_crc32c() const {
+    return content_crc_complete_ && !files_.empty() ? std::optional<uint32_t>(content_crc_)
+                                                    : std::nullopt;
+  }
 
  private:
   TokenDataset() = default;
@@ -107,6 +116,8 @@ class TokenDataset {
   std::vector<std::string> files_;  // the files read, in order (empty for random data)
   std::vector<Shard> shards_;  // binary files (u16, u32, llmc); empty when owned_ holds the data
   int64_t vocab_size_ = 0;
+  uint32_t content_crc_ = 0;          // content_crc32c()
+  bool content_crc_complete_ = true;  // every id went into it
   std::vector<uint8_t> owned_;  // text bytes or generated ids
 };
 

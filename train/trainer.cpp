@@ -362,11 +362,19 @@ int run_training(const RunConfig& cfg) {
     MX_REQUIRE(other < 0, key, " ", d.path(), " is not the same data on every rank: rank ",
                other, " reads other tokens than rank 0 (the same ", d.size(), " tokens, but ",
                "not the same ids at the 64 places sampled; every rank must read the same files)");
+    // every id, where the vocabulary check read them all: copies that differ only between
+    // the sampled places
+    const std::optional<uint32_t> crc = d.content_crc32c();
+    const int64_t unlike = rank_differing_from_root(world, crc ? *crc : uint64_t{1} << 32);
+    MX_REQUIRE(unlike < 0, key, " ", d.path(), " is not the same data on every rank: rank ",
+               unlike, " reads other tokens than rank 0 (the same ", d.size(), " tokens, but ",
+               "their CRC32C differs; every rank must read the same files)");
   };
   require_same_on_every_rank(data, "data.path");
   // Kept in state.json: a resume over the same path and token count but other ids (a shard
   // renamed or replaced by one of its size) is told apart.
   const std::string data_fingerprint = hex64(data.fingerprint());
+  const std::string data_crc = data.content_crc32c() ? crc32c_hex(*data.content_crc32c()) : "";
   // data.val_path: validation data of its own (llm.c's fineweb_val_*.bin); training then reads
   // all of data.path and data.val_fraction is not used.
   std::optional<TokenDataset> val_data;
@@ -566,8 +574,10 @@ int run_training(const RunConfig& cfg) {
       warn(str("data.path ", data_path, " holds ", data.size(), " tokens, the checkpoint's run ",
                "read ", state["data_tokens"].get<int64_t>(), " (a shard added or removed, a file ",
                "rewritten?): training goes on with the data as they are now, in another order"));
-    else if (state.contains("data_fingerprint") &&
-             state["data_fingerprint"].get<std::string>() != data_fingerprint)
+    else if ((state.contains("data_fingerprint") &&
+              state["data_fingerprint"].get<std::string>() != data_fingerprint) ||
+             (state.contains("data_crc32c") && state["data_crc32c"].is_string() &&
+              !data_crc.empty() && state["data_crc32c"].get<std::string>() != data_crc))
       warn(str("data.path ", data_path, " holds as many tokens as the checkpoint's run read, ",
                "but not the same ids (shards renamed, reordered or replaced? a file rewritten?): ",
                "training goes on with the data as they are now"));
@@ -742,6 +752,7 @@ int run_training(const RunConfig& cfg) {
                             {"data_path", data_path},
                             {"data_tokens", data.size()},
                             {"data_fingerprint", data_fingerprint},
+                            {"data_crc32c", data_crc.empty() ? nlohmann::json() : nlohmann::json(data_crc)},
                             {"seq_len", T},
                             {"train_windows", train_sampler.num_windows()},
                             {"val_path", cfg.data.val_path},

@@ -196,6 +196,33 @@ def test_resume_over_renamed_shards_of_the_same_size_warns(tmp_path, mxtrain):
     assert len(warns) == 1 and "holds as many tokens as the checkpoint's run read" in warns[0], r.stderr
 
 
+def test_resume_over_data_rewritten_between_the_sampled_places_warns(tmp_path, mxtrain):
+    """One id changed between the 64 windows the fingerprint samples: the same path, token
+    count and fingerprint, so a resume went on without a word. state.json keeps the CRC32C of
+    every id (data_crc32c), which the vocabulary check reads anyway."""
+    import zlib  # (only to show the edit is real; the CRC itself is mxtrain's)
+    n = 200_000
+    tokens = ids(n, 5)
+    path = tmp_path / "a.bin"
+    write_llmc(path, tokens)
+    run = dict(BASE, **{"data.path": path, "run.out_dir": tmp_path / "o", "checkpoint.every": 1})
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 1})))
+    assert r.rc == 0, r
+    state = json.loads((tmp_path / "o" / "checkpoints" / "step_00000001" / "state.json").read_text())
+    assert len(state["data_crc32c"]) == 8, state
+    sampled = [(((n - 1024) * w) // 63, ((n - 1024) * w) // 63 + 1024) for w in range(64)]
+    at = 5000
+    assert not any(a <= at < b for a, b in sampled)
+    before = path.read_bytes()
+    tokens[at] = (tokens[at] + 1) % 256
+    write_llmc(path, tokens)
+    assert zlib.crc32(before) != zlib.crc32(path.read_bytes())
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 2})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    warns = [l for l in r.stderr.splitlines() if "not the same ids" in l]
+    assert len(warns) == 1, r.stderr
+
+
 def test_resume_with_other_windows_warns(tmp_path, mxtrain):
     """Another train.seq_len, data.val_fraction or data.val_path on resume went on without a
     word: the windows or the split moved, the rest of the epoch took another order, and a

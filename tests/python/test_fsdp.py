@@ -531,6 +531,23 @@ def test_a_checkpoint_write_failing_on_one_rank_is_reported_once_by_it(tmp_path,
     assert not list((tmp_path / "o" / "checkpoints").glob("step_*"))
 
 
+def test_ranks_reading_copies_that_differ_between_the_sampled_places_are_refused(tmp_path):
+    """Two copies of a 1 MB corpus differing in one byte between the 64 windows the fingerprint
+    samples: the sizes and the fingerprint agreed, and each rank trained on its own copy. The
+    ranks now compare the CRC32C of every id too, which the vocabulary check reads anyway."""
+    text = ("It was the best of times, it was the worst of times. " * 20000)[:1_000_000]
+    n = len(text)
+    # the sampled windows start at (n - 1024) * w / 63 (data/token_dataset.cpp fingerprint)
+    sampled = [(((n - 1024) * w) // 63, ((n - 1024) * w) // 63 + 1024) for w in range(64)]
+    at = 5000
+    assert not any(a <= at < b for a, b in sampled) and text[at] != "#"
+    p, errors = train_on_node_copies(tmp_path, [text, text[:at] + "#" + text[at + 1:]])
+    assert p.returncode == 2, p.stderr
+    assert errors and all("is not the same data on every rank: rank 1" in l and
+                          "CRC32C" in l for l in errors), p.stderr
+    assert "step 1/" not in p.stderr
+
+
 def test_sweep_under_mpirun_is_refused(tmp_path):
     """Its runs joined the launcher's job (a 1-process point trained as 2 and was recorded as
     1; the next failed inside MPI), and every rank's sweep wrote the same --out."""
