@@ -335,11 +335,7 @@ def test_a_checkpoint_directory_each_rank_has_its_own_copy_of_is_refused(tmp_pat
     for n in nodes:
         n.mkdir()
     p = mpmd(tmp_path, [(n, args) for n in nodes])
-    assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert errors and all("is not the same directory on every rank: rank 1" in l
-                          for l in errors), p.stderr
-    assert "step 1/" not in p.stderr
+    assert_refused_before_training(p, "is not the same directory on every rank: rank 1")
     for n in nodes:
         assert not list((n / "out" / "checkpoints").glob("step_*"))
 
@@ -388,6 +384,14 @@ def tiny_args(tmp_path, *extra, preset=True):
             "--set", "run.sample_tokens=0", *extra]
 
 
+def assert_refused_before_training(p, needle, step="step 1/"):
+    """Exit 2, every error line (one per rank that reports) says `needle`, no step ran."""
+    assert p.returncode == 2, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert errors and all(needle in l for l in errors), p.stderr
+    assert step not in p.stderr
+
+
 @pytest.mark.parametrize("other", [["train", "--help"], ["train", "--list-keys"]])
 def test_a_rank_that_ends_without_joining_the_job_ends_it(tmp_path, other):
     """One rank of an app file given `train --help` (or --list-keys) exited 0 before MPI_Init,
@@ -408,11 +412,7 @@ def test_config_sources_past_the_256th_are_compared(tmp_path):
     a = tiny_args(tmp_path, "--set", f"run.out_dir={tmp_path}/o", *pad)
     p = mpmd(tmp_path, [(tmp_path, a + ["--set", "train.steps=2"]),
                         (tmp_path, a + ["--set", "train.steps=3"])], timeout=60)
-    assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert errors and all("after the first 256 config sources differ from rank 0's" in l
-                          for l in errors), p.stderr
-    assert "step 1/" not in p.stderr
+    assert_refused_before_training(p, "after the first 256 config sources differ from rank 0's")
 
 
 @pytest.fixture(scope="module")
@@ -445,11 +445,7 @@ def test_a_resume_each_rank_reads_another_copy_of_is_refused(tmp_path, two_runs)
     args = tiny_args(tmp_path, "--set", "train.steps=3", "--set", f"run.out_dir={tmp_path}/o",
                      "--set", "checkpoint.resume=ck/step_00000002")
     p = mpmd(tmp_path, [(n, args) for n in nodes])
-    assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert errors and all("is not the same checkpoint on every rank: rank 1" in l
-                          for l in errors), p.stderr
-    assert "step 3/" not in p.stderr
+    assert_refused_before_training(p, "is not the same checkpoint on every rank: rank 1", "step 3/")
     assert not list((tmp_path / "o" / "checkpoints").glob("step_*"))
     # the same checkpoint on both nodes resumes
     shutil.rmtree(nodes[1] / "ck")
@@ -468,10 +464,7 @@ def test_init_from_that_differs_between_ranks_is_refused(tmp_path, two_runs):
     for n, (_, hf) in zip(nodes, two_runs):
         shutil.copytree(hf, n / "model")
     p = mpmd(tmp_path, [(n, args) for n in nodes])
-    assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert errors and all("is not the same weights on every rank: rank 1" in l
-                          for l in errors), p.stderr
+    assert_refused_before_training(p, "is not the same weights on every rank: rank 1")
     # the same weights, another config.json (rms_norm_eps: the same shapes, other math)
     shutil.rmtree(nodes[1] / "model")
     shutil.copytree(two_runs[0][1], nodes[1] / "model")
@@ -479,11 +472,7 @@ def test_init_from_that_differs_between_ranks_is_refused(tmp_path, two_runs):
     cfg["rms_norm_eps"] = cfg["rms_norm_eps"] * 10
     (nodes[1] / "model" / "config.json").write_text(json.dumps(cfg))
     p = mpmd(tmp_path, [(n, args) for n in nodes])
-    assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert errors and all("is not the same model on every rank: rank 1" in l
-                          for l in errors), p.stderr
-    assert "step 1/" not in p.stderr
+    assert_refused_before_training(p, "is not the same model on every rank: rank 1")
     # identical copies train
     shutil.rmtree(nodes[1] / "model")
     shutil.copytree(two_runs[0][1], nodes[1] / "model")
@@ -501,10 +490,7 @@ def test_resume_auto_from_a_directory_each_rank_has_its_own_copy_of_is_refused(t
     args = tiny_args(tmp_path, "--set", "train.steps=3", "--set", f"run.out_dir={tmp_path}/o",
                      "--set", "checkpoint.dir=ck")
     p = mpmd(tmp_path, [(n, args) for n in nodes])
-    assert p.returncode == 2, p.stderr
-    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
-    assert errors and all("is not the same directory on every rank: rank 1" in l
-                          for l in errors), p.stderr
+    assert_refused_before_training(p, "is not the same directory on every rank: rank 1")
 
 
 @pytest.mark.parametrize("async_", ["true", "false"])
