@@ -288,13 +288,8 @@ int run_training(const RunConfig& cfg) {
   if (!cfg.init.from.empty()) {
     // init.from is read by every rank from its own view of the path: another model on one
     // node failed deep inside MPI (MPI_ERR_TRUNCATE), the same shape trained a stitched model
-    const ModelConfig& m = model_cfg;
-    const int64_t other = rank_differing_from_root(
-        world, fnv1a64(str(m.param_count(), ",", m.hidden_size, ",", m.intermediate_size, ",",
-                           m.num_hidden_layers, ",", m.num_attention_heads, ",",
-                           m.num_key_value_heads, ",", m.head_dim, ",", m.vocab_size, ",",
-                           m.tie_word_embeddings, ",", m.rope_theta, ",", m.rms_norm_eps, ",",
-                           m.max_position_embeddings)));
+    const int64_t other =
+        rank_differing_from_root(world, fnv1a64(hf_config_text(model_cfg, "float32")));
     MX_REQUIRE(other < 0, "init.from ", cfg.init.from, " is not the same model on every rank: ",
                "rank ", other, " reads another config.json than rank 0 (every rank must read ",
                "the same files: a shared file system, or identical copies)");
@@ -463,11 +458,11 @@ int run_training(const RunConfig& cfg) {
   // tells the others: {which location, step}.
   std::vector<std::string> resume_roots;
   int64_t choice[2] = {-1, -1};
-  // Before choosing: what stopped writers left behind goes, and a committed step a replacing
-  // commit had moved aside (stopped between its renames) comes back (LocalStore).
   // The directory's checks first (every rank sees the same one): a resume from a directory
   // each node has its own copy of read as a missing manifest on one rank.
   if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), world);
+  // Before choosing: what stopped writers left behind goes, and a committed step a replacing
+  // commit had moved aside (stopped between its renames) comes back (LocalStore).
   if (lead) open_checkpoint_store(cfg.checkpoint_dir())->remove_uncommitted();
   if (cfg.checkpoint.resume == "auto") {
     // The newest committed checkpoint that verifies, across the local directory and S3 (on a
@@ -549,12 +544,12 @@ int run_training(const RunConfig& cfg) {
                ": the rest of the epoch follows another order (windows may repeat or be missed)"));
     // Another spelling of the same data (./a.u16, an absolute path, ./d/*.bin for d/*.bin):
     // the same files, in the same order.
-    auto same_data = [&](const std::string& old_path) {
+    auto same_data = [&](const std::string& old_path, const std::string& path,
+                         const std::vector<std::string>& b) {
       std::error_code same_ec;
-      if (old_path == data_path || fs::equivalent(old_path, data_path, same_ec)) return true;
+      if (old_path == path || fs::equivalent(old_path, path, same_ec)) return true;
       try {
         const std::vector<std::string> a = data_files(old_path);
-        const std::vector<std::string>& b = data.files();
         if (a.size() != b.size()) return false;
         for (size_t i = 0; i < a.size(); ++i)
           if (!fs::equivalent(a[i], b[i], same_ec)) return false;
@@ -564,7 +559,7 @@ int run_training(const RunConfig& cfg) {
       }
     };
     if (state.contains("data_path") && state["data_path"].is_string() &&
-        !same_data(state["data_path"].get<std::string>()))
+        !same_data(state["data_path"].get<std::string>(), data_path, data.files()))
       warn(str("data.path is ", data_path, ", the checkpoint's run read ",
                state["data_path"].get<std::string>(), ": training goes on with the new data"));
     // The same path over other data (a shard added to or removed from a directory, a file
@@ -595,7 +590,10 @@ int run_training(const RunConfig& cfg) {
                "changed?): the rest of the epoch follows another order, and validation may be ",
                "measured on windows the checkpoint's run trained on"));
     else if (state.contains("val_path") && state["val_path"].is_string() &&
-             state["val_path"].get<std::string>() != cfg.data.val_path)
+             state["val_path"].get<std::string>() != cfg.data.val_path &&
+             !(val_data && !state["val_path"].get<std::string>().empty() &&
+               same_data(state["val_path"].get<std::string>(), cfg.data.val_path,
+                         val_data->files())))
       warn(str("data.val_path is '", cfg.data.val_path, "', the checkpoint's run used '",
                state["val_path"].get<std::string>(), "': validation losses before and after ",
                "this step are not comparable"));

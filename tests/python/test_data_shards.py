@@ -256,6 +256,29 @@ def test_resume_with_other_windows_warns(tmp_path, mxtrain):
             assert len(warns) == 1 and says in warns[0], r.stderr
 
 
+def test_resume_with_another_validation_file_warns(tmp_path, mxtrain, monkeypatch):
+    """data.val_path is kept in state.json: another file warns; the same file spelled another
+    way (relative, absolute) does not."""
+    monkeypatch.chdir(tmp_path)
+    for name, seed in (("a.bin", 1), ("v1.bin", 2), ("v2.bin", 3)):
+        write_llmc(tmp_path / name, ids(3000, seed))
+    run = dict(BASE, **{"data.path": tmp_path / "a.bin", "checkpoint.every": 1,
+                        "data.val_path": tmp_path / "v1.bin", "train.eval_every": 0})
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 1, "run.out_dir": tmp_path / "o"})))
+    assert r.rc == 0, r
+    step1 = tmp_path / "o" / "checkpoints" / "step_00000001"
+    for i, (val, says) in enumerate((("v1.bin", None), (tmp_path / "v2.bin", "not comparable"))):
+        r = mxtrain(["train"] + set_args(dict(run, **{
+            "data.val_path": val, "train.steps": 2, "checkpoint.resume": step1,
+            "run.out_dir": tmp_path / f"r{i}"})))
+        assert r.rc == 0 and "resumed from" in r.stderr, r
+        warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+        if says is None:
+            assert warns == [], r.stderr
+        else:
+            assert len(warns) == 1 and says in warns[0] and "v2.bin" in warns[0], r.stderr
+
+
 def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
     """Each case was wrong at first: the run's files written over or among the shards (a pattern
     spelled another way than the metrics path, a shard that is a symbolic link, a pattern
