@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/hf_config.h"

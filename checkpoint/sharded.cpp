@@ -6,7 +6,7 @@
 #include <cstring>
 #include <set>
 
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_input.h"
 #include "core/log.h"

@@ -8,10 +8,6 @@
 namespace mx {
 
 namespace {
-struct Refused {
-  std::string why;
-};
-
 std::string quoted_excerpt(const std::string& key) {
   constexpr size_t kMax = 64;
   const std::string shown = key.size() > kMax ? key.substr(0, kMax) + "..." : key;

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop.h"

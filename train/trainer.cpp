@@ -21,7 +21,7 @@
 
 #include "backend/sgemm_rate.h"
 #include "checkpoint/checkpointer.h"
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "checkpoint/sharded.h"
 #include "checkpoint/storage.h"
 #include "core/error.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 
 namespace mx {
 namespace {
