@@ -529,6 +529,11 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.rms_norm_eps == m.rms_norm_eps,
                "checkpoint ", reader.location(), " holds a different model than this config");
     const nlohmann::json state = reader.state();
+    // What the checks below compare is the same on every rank (one checkpoint, one config, data
+    // checked alike on every rank above): rank 0 says it, not each of W ranks.
+    auto warn_once = [&](const std::string& line) {
+      if (lead) warn(line);
+    };
     // The data continue where the checkpoint's run stopped reading, whatever this run's global
     // batch (micro_batch x grad_accum x ranks): step x the new batch skipped or repeated samples.
     const int64_t batch = tc.grad_accum * B * W;
@@ -540,7 +545,7 @@ int run_training(const RunConfig& cfg) {
            sample_base);
     if (state.contains("seed") && state["seed"].is_number_integer() &&
         state["seed"].get<int64_t>() != tc.seed)
-      warn(str("train.seed is ", tc.seed, ", the checkpoint's run used ", state["seed"].dump(),
+      warn_once(str("train.seed is ", tc.seed, ", the checkpoint's run used ", state["seed"].dump(),
                ": the rest of the epoch follows another order (windows may repeat or be missed)"));
     // Another spelling of the same data (./a.u16, an absolute path, ./d/*.bin for d/*.bin):
     // the same files, in the same order.
@@ -560,20 +565,20 @@ int run_training(const RunConfig& cfg) {
     };
     if (state.contains("data_path") && state["data_path"].is_string() &&
         !same_data(state["data_path"].get<std::string>(), data_path, data.files()))
-      warn(str("data.path is ", data_path, ", the checkpoint's run read ",
+      warn_once(str("data.path is ", data_path, ", the checkpoint's run read ",
                state["data_path"].get<std::string>(), ": training goes on with the new data"));
     // The same path over other data (a shard added to or removed from a directory, a file
     // rewritten): the windows and their order from here are not the run's.
     else if (state.contains("data_tokens") && state["data_tokens"].is_number_integer() &&
              state["data_tokens"].get<int64_t>() != data.size())
-      warn(str("data.path ", data_path, " holds ", data.size(), " tokens, the checkpoint's run ",
+      warn_once(str("data.path ", data_path, " holds ", data.size(), " tokens, the checkpoint's run ",
                "read ", state["data_tokens"].get<int64_t>(), " (a shard added or removed, a file ",
                "rewritten?): training goes on with the data as they are now, in another order"));
     else if ((state.contains("data_fingerprint") &&
               state["data_fingerprint"].get<std::string>() != data_fingerprint) ||
              (state.contains("data_crc32c") && state["data_crc32c"].is_string() &&
               !data_crc.empty() && state["data_crc32c"].get<std::string>() != data_crc))
-      warn(str("data.path ", data_path, " holds as many tokens as the checkpoint's run read, ",
+      warn_once(str("data.path ", data_path, " holds as many tokens as the checkpoint's run read, ",
                "but not the same ids (shards renamed, reordered or replaced? a file rewritten?): ",
                "training goes on with the data as they are now"));
     // The windows themselves: another seq_len, or another split between training and
@@ -581,11 +586,11 @@ int run_training(const RunConfig& cfg) {
     // validation may then be measured on windows the checkpoint's run trained on.
     if (state.contains("seq_len") && state["seq_len"].is_number_integer() &&
         state["seq_len"].get<int64_t>() != T)
-      warn(str("train.seq_len is ", T, ", the checkpoint's run used ", state["seq_len"].dump(),
+      warn_once(str("train.seq_len is ", T, ", the checkpoint's run used ", state["seq_len"].dump(),
                ": the windows differ from here on, and so does the rest of the epoch's order"));
     else if (state.contains("train_windows") && state["train_windows"].is_number_integer() &&
              state["train_windows"].get<int64_t>() != train_sampler.num_windows())
-      warn(str("training reads ", train_sampler.num_windows(), " windows, the checkpoint's run ",
+      warn_once(str("training reads ", train_sampler.num_windows(), " windows, the checkpoint's run ",
                state["train_windows"].get<int64_t>(), " (data.val_fraction or data.val_path ",
                "changed?): the rest of the epoch follows another order, and validation may be ",
                "measured on windows the checkpoint's run trained on"));
@@ -594,7 +599,7 @@ int run_training(const RunConfig& cfg) {
              !(val_data && !state["val_path"].get<std::string>().empty() &&
                same_data(state["val_path"].get<std::string>(), cfg.data.val_path,
                          val_data->files())))
-      warn(str("data.val_path is '", cfg.data.val_path, "', the checkpoint's run used '",
+      warn_once(str("data.val_path is '", cfg.data.val_path, "', the checkpoint's run used '",
                state["val_path"].get<std::string>(), "': validation losses before and after ",
                "this step are not comparable"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU

@@ -534,6 +534,20 @@ def test_ranks_reading_copies_that_differ_between_the_sampled_places_are_refused
     assert "step 1/" not in p.stderr
 
 
+def test_a_resume_warning_is_said_once_not_by_every_rank(tmp_path):
+    """What a resume compares with the checkpoint (seed, data, seq_len, the split) is the same
+    on every rank: each of the W ranks printed the same warning."""
+    base = tiny_args(tmp_path, "--set", f"run.out_dir={tmp_path}/o", "--set", "checkpoint.every=1")
+    p = mpmd(tmp_path, [(tmp_path, base + ["--set", "train.steps=1"])] * 2)
+    assert p.returncode == 0, p.stderr
+    p = mpmd(tmp_path, [(tmp_path, base + ["--set", "train.steps=2", "--set", "train.seed=7",
+                                           "--set", "data.val_fraction=0.3"])] * 2)
+    assert p.returncode == 0 and "resumed from" in p.stderr, p.stderr
+    warns = [l for l in p.stderr.splitlines() if l.startswith("warning:")]
+    assert len([l for l in warns if "train.seed is 7" in l]) == 1, p.stderr
+    assert len([l for l in warns if "training reads" in l]) == 1, p.stderr
+
+
 def test_sweep_under_mpirun_is_refused(tmp_path):
     """Its runs joined the launcher's job (a 1-process point trained as 2 and was recorded as
     1; the next failed inside MPI), and every rank's sweep wrote the same --out."""
