@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/fnv1a.h"
 
 namespace mx::plan {
 
@@ -163,8 +164,7 @@ std::vector<GridPoint> expand_grid(const std::vector<GridAxis>& axes) {
     if (p.id.size() <= kMaxPointIdBytes) continue;
     std::string given;
     for (const auto& [k, v] : p.overrides) given += k + "=" + v + "\n";
-    uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
-    for (unsigned char c : given) h = (h ^ c) * 1099511628211ull;
+    const uint64_t h = fnv1a64(given);
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
     p.id = p.id.substr(0, kMaxPointIdBytes - 17) + "-" + hex;

@@ -25,6 +25,7 @@
 #include "checkpoint/sharded.h"
 #include "checkpoint/storage.h"
 #include "core/error.h"
+#include "core/fnv1a.h"
 #include "core/log.h"
 #include "core/stop.h"
 #include "data/byte_tokenizer.h"
@@ -202,12 +203,6 @@ int64_t rank_differing_from_root(Communicator& world, uint64_t value) {
   int64_t root = mine;
   world.broadcast(&root, 1, CommDtype::kI64, 0);
   return world.all_reduce(int64_t(mine != root ? world.rank() : -1), ReduceOp::kMax);
-}
-
-uint64_t fnv1a64(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-  return h;
 }
 
 // Every rank must run with the same settings. Ranks that differ (a stale config file on one
