@@ -253,7 +253,7 @@ int sagemaker_train() {
     // the `train` channel when neither the config file nor a hyperparameter names one.
     std::vector<std::string> sets = sm::platform_sets(paths);
     sets.insert(sets.end(), hp.sets.begin(), hp.sets.end());
-    RunConfig first = load_run_config(hp.config_file, sets);
+    RunConfig first = load_run_config(hp.config_file, sets, "hyperparameters");
     auto under_data = [&](const std::string& p) {
       return fs::path(p).is_relative() ? (fs::path(paths.data_dir) / p).string() : p;
     };
@@ -269,7 +269,7 @@ int sagemaker_train() {
       }
     }
     if (!first.init.from.empty()) sets.push_back("init.from=" + under_data(first.init.from));
-    RunConfig cfg = load_run_config(hp.config_file, sets);
+    RunConfig cfg = load_run_config(hp.config_file, sets, "hyperparameters");
 
     if (!mpi_rank) {
       info("sagemaker: host ", res.current_host, " (", res.hosts.size(), " host",
@@ -363,11 +363,13 @@ int sagemaker_check(const std::string& file) {
   std::vector<std::string> sets = sm::platform_sets(paths);
   sets.insert(sets.end(), hp.sets.begin(), hp.sets.end());
   if (hp.config_file.empty()) {
-    load_run_config("", sets);  // the whole config, as the entrypoint's first reading
+    // the whole config, as the entrypoint's first reading
+    load_run_config("", sets, "hyperparameters");
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " valid on the default config");
   } else {
-    check_sets(sets);  // the file is in a channel: each key and value, not the whole
+    // the file is in a channel: each key and value, not the whole
+    check_sets(sets, "hyperparameters");
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " name known keys with values of their types (the config file ", hp.config_file,
          " is read in the job)");

@@ -233,7 +233,6 @@ int run_sweep(const SweepArgs& a) {
                  "): the point would be trained twice");
     }
   }
-  plan::grid_size(axes);  // UserError above the cap, before any point is made
   const std::vector<plan::GridPoint> points = plan::expand_grid(axes);
   const fs::path out(a.out);
   const fs::path runs = out / "runs";

@@ -443,24 +443,27 @@ int toml_nesting_depth(const std::string& text) {
   return deepest;
 }
 
-void apply_set(Staging& s, const std::string& item) {
+// `origin` names where the override came from in an error: "--set", or "hyperparameters" for
+// the SageMaker entrypoint, whose overrides are the job's hyperparameters.
+void apply_set(Staging& s, const std::string& item, const std::string& origin) {
   auto eq = item.find('=');
-  MX_REQUIRE(eq != std::string::npos && eq > 0, "--set expects section.key=value (got '", item,
+  MX_REQUIRE(eq != std::string::npos && eq > 0, origin, " expects section.key=value (got '", item,
              "')");
   std::string key = item.substr(0, eq);
-  const Field& f = require_field(key, " (from --set)");
+  const Field& f = require_field(key, " (from " + origin + ")");
   f.set(s, from_text(f, item.substr(eq + 1)));
-  s.cfg.sources.emplace_back("--set " + item, item);
+  s.cfg.sources.emplace_back(origin + " " + item, item);
 }
 
 }  // namespace
 
-void check_sets(const std::vector<std::string>& sets) {
+void check_sets(const std::vector<std::string>& sets, const std::string& origin) {
   Staging s;
-  for (const std::string& item : sets) apply_set(s, item);
+  for (const std::string& item : sets) apply_set(s, item, origin);
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets) {
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets,
+                          const std::string& origin) {
   Staging s;
   if (!path.empty()) {
     toml::value root;
@@ -501,7 +504,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     s.cfg.sources.emplace_back("config file " + path, text.str());
     s.cfg.config_file = path;
   }
-  for (const std::string& item : sets) apply_set(s, item);
+  for (const std::string& item : sets) apply_set(s, item, origin);
   apply_model_fields(s);
   if (!s.cfg.init.from.empty()) {  // the model is init.from's config.json: a key would be ignored
     std::string given;

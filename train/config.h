@@ -108,13 +108,15 @@ struct RunConfig {
 };
 
 // Reads `path` (may be empty: defaults only), applies `sets` ("section.key=value"), validates.
-// Every problem is a UserError naming the key (and file).
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets);
+// Every problem is a UserError naming the key (and file); `origin` is what errors call the
+// overrides ("--set"; "hyperparameters" in a SageMaker job).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& sets,
+                          const std::string& origin = "--set");
 
 // Each "section.key=value" names a key of the schema and its value parses as that key's type,
 // as load_run_config reads a --set; nothing else is checked (no config file, no validation of
 // the whole). For overrides of a config file that is not at hand (`mxtrain sagemaker check`).
-void check_sets(const std::vector<std::string>& sets);
+void check_sets(const std::vector<std::string>& sets, const std::string& origin = "--set");
 
 // One `section.key=value` override's value as the key's type reads it, spelled one way: an
 // integer in decimal ("02" and "+2" are "2"), a number as the shortest text that reads back,

@@ -255,12 +255,14 @@ def test_bad_flags_are_refused(aws, extra, needle):
 @pytest.mark.parametrize("extra,needle", [
     # a typo: refused before the instances are provisioned, not in the job's first minute
     (["--set", "train.step=100"], "job checked: "),
-    (["--set", "train.step=100"], "unknown config key 'train.step'"),
+    # (named as the job will name it: a hyperparameter, not a --set)
+    (["--set", "train.step=100"], "unknown config key 'train.step' (from hyperparameters)"),
     (["--set", "train.steps=many"], "train.steps=many: expected an integer"),
     # the whole config when no file is named: a value the schema types allow, the config refuses
     (["--set", "train.lr=-1"], "train.lr must be positive"),
     # with a config file (read in the job), keys and types still
-    (["--config", "train/c.toml", "--set", "model.presett=tiny"], "unknown config key"),
+    (["--config", "train/c.toml", "--set", "model.presett=tiny"],
+     "unknown config key 'model.presett' (from hyperparameters)"),
     # each sweep point: the second's value is the bad one, and its job is named
     (["--sweep", "train.micro_batch=2,two"], "job checked-1-micro-batch-two"),
     (["--set", "sagemaker.processes_per_hots=2"], "unknown hyperparameter"),
