@@ -269,9 +269,9 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
       !(j["samples_seen"].is_number_integer() && j["samples_seen"].get<int64_t>() >= 0 &&
         j["samples_seen"].get<int64_t>() <= (int64_t{1} << 48)))
     return str(path, ": 'samples_seen' is not an integer in [0, 2^48]");
-  if (has("data_tokens") &&
-      !(j["data_tokens"].is_number_integer() && j["data_tokens"].get<int64_t>() >= 0))
-    return str(path, ": 'data_tokens' is not a non-negative integer");
+  for (const char* k : {"data_tokens", "val_tokens"})
+    if (has(k) && !(j[k].is_number_integer() && j[k].get<int64_t>() >= 0))
+      return str(path, ": '", k, "' is not a non-negative integer");
   if (has("seed") && !j["seed"].is_number_integer())
     return str(path, ": 'seed' is not an integer");
   if (has("world_size") &&
@@ -284,16 +284,16 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
     return str(path, ": 'val_fraction' is not a number");
   for (const char* k : {"sharding", "recipe", "data_path", "val_path"})
     if (has(k) && !j[k].is_string()) return str(path, ": '", k, "' is not a string");
-  if (has("data_fingerprint") &&
-      !(j["data_fingerprint"].is_string() && j["data_fingerprint"].get<std::string>().size() == 16 &&
-        j["data_fingerprint"].get<std::string>().find_first_not_of("0123456789abcdef") ==
-            std::string::npos))
-    return str(path, ": 'data_fingerprint' is not 16 lowercase hex digits");
-  if (has("data_crc32c") && !j["data_crc32c"].is_null() &&
-      !(j["data_crc32c"].is_string() && j["data_crc32c"].get<std::string>().size() == 8 &&
-        j["data_crc32c"].get<std::string>().find_first_not_of("0123456789abcdef") ==
-            std::string::npos))
-    return str(path, ": 'data_crc32c' is not null or 8 lowercase hex digits");
+  auto lower_hex = [&](const char* k, size_t digits) {
+    return j[k].is_string() && j[k].get<std::string>().size() == digits &&
+           j[k].get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos;
+  };
+  for (const char* k : {"data_fingerprint", "val_fingerprint"})
+    if (has(k) && !lower_hex(k, 16))
+      return str(path, ": '", k, "' is not 16 lowercase hex digits");
+  for (const char* k : {"data_crc32c", "val_crc32c"})
+    if (has(k) && !j[k].is_null() && !lower_hex(k, 8))
+      return str(path, ": '", k, "' is not null or 8 lowercase hex digits");
   return "";
 }
 

@@ -383,6 +383,10 @@ int run_training(const RunConfig& cfg) {
                  ": the run would train on its validation data (give data.path a pattern, e.g. ",
                  "DIR/*_train_*.bin)");
   }
+  // Kept in state.json too: validation data rewritten under the same name is told apart.
+  const std::string val_fingerprint = val_data ? hex64(val_data->fingerprint()) : "";
+  const std::string val_crc =
+      val_data && val_data->content_crc32c() ? crc32c_hex(*val_data->content_crc32c()) : "";
   const DataSplit split =
       val_data ? DataSplit{0, data.size(), 0, val_data->size()}
                : split_train_val(data.size(), cfg.data.val_fraction, T);
@@ -597,6 +601,23 @@ int run_training(const RunConfig& cfg) {
       warn_once(str("data.val_path is '", cfg.data.val_path, "', the checkpoint's run used '",
                state["val_path"].get<std::string>(), "': validation losses before and after ",
                "this step are not comparable"));
+    // The same validation files, rewritten (another size, or other ids: a regenerated shard).
+    else if (val_data &&
+             ((state.contains("val_tokens") && state["val_tokens"].is_number_integer() &&
+               state["val_tokens"].get<int64_t>() != val_data->size()) ||
+              (state.contains("val_fingerprint") && state["val_fingerprint"].is_string() &&
+               state["val_fingerprint"].get<std::string>() != val_fingerprint) ||
+              (state.contains("val_crc32c") && state["val_crc32c"].is_string() &&
+               !val_crc.empty() && state["val_crc32c"].get<std::string>() != val_crc)))
+      warn_once(str("data.val_path ", cfg.data.val_path, " does not hold the tokens the ",
+               "checkpoint's run validated on (",
+               state.contains("val_tokens") && state["val_tokens"].is_number_integer() &&
+                       state["val_tokens"].get<int64_t>() != val_data->size()
+                   ? str(val_data->size(), " tokens now, ", state["val_tokens"].get<int64_t>(),
+                         " then")
+                   : str("as many tokens, ", val_data->size(), ", but other ids"),
+               "; a file rewritten?): validation losses before and after this step are not ",
+               "comparable"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
     fsdp.write_shards_from_host(host);
@@ -755,6 +776,11 @@ int run_training(const RunConfig& cfg) {
                             {"train_windows", train_sampler.num_windows()},
                             {"val_path", cfg.data.val_path},
                             {"val_fraction", cfg.data.val_fraction}};
+    if (val_data) {
+      state["val_tokens"] = val_data->size();
+      state["val_fingerprint"] = val_fingerprint;
+      state["val_crc32c"] = val_crc.empty() ? nlohmann::json() : nlohmann::json(val_crc);
+    }
     checkpointer.save(step, state, recipe_extra_tensors(linear_recipe));
   };
 

@@ -279,6 +279,43 @@ def test_resume_with_another_validation_file_warns(tmp_path, mxtrain, monkeypatc
             assert len(warns) == 1 and says in warns[0] and "v2.bin" in warns[0], r.stderr
 
 
+def test_resume_over_a_rewritten_validation_file_warns(tmp_path, mxtrain):
+    """data.val_path's file rewritten under its name resumed without a word (state.json kept
+    only the path), so validation losses before and after were compared as one series. It now
+    keeps val_tokens, val_fingerprint and val_crc32c: one id changed between the sampled
+    windows, and a shorter file, each warn once; the file as it was stays silent."""
+    write_llmc(tmp_path / "a.bin", ids(3000, 1))
+    n = 200_000
+    val = ids(n, 2)
+    vpath = tmp_path / "v.bin"
+    write_llmc(vpath, val)
+    run = dict(BASE, **{"data.path": tmp_path / "a.bin", "checkpoint.every": 1,
+                        "data.val_path": vpath, "train.eval_every": 0})
+    r = mxtrain(["train"] + set_args(dict(run, **{"train.steps": 1, "run.out_dir": tmp_path / "o"})))
+    assert r.rc == 0, r
+    step1 = tmp_path / "o" / "checkpoints" / "step_00000001"
+    state = json.loads((step1 / "state.json").read_text())
+    assert state["val_tokens"] == n and len(state["val_fingerprint"]) == 16, state
+    assert len(state["val_crc32c"]) == 8, state
+    changed = list(val)
+    # (the fingerprint's 64 sampled windows of 1024 ids: the change falls between them)
+    sampled = [(((n - 1024) * w) // 63, ((n - 1024) * w) // 63 + 1024) for w in range(64)]
+    at = 5000
+    assert not any(a <= at < b for a, b in sampled)
+    changed[at] = (changed[at] + 1) % 256
+    for i, (tokens, says) in enumerate(((val, None), (changed, f"as many tokens, {n}, but other ids"),
+                                        (val[:n // 2], f"{n // 2} tokens now, {n} then"))):
+        write_llmc(vpath, tokens)
+        r = mxtrain(["train"] + set_args(dict(run, **{
+            "train.steps": 2, "checkpoint.resume": step1, "run.out_dir": tmp_path / f"r{i}"})))
+        assert r.rc == 0 and "resumed from" in r.stderr, r
+        warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+        if says is None:
+            assert warns == [], r.stderr
+        else:
+            assert len(warns) == 1 and says in warns[0] and "not comparable" in warns[0], r.stderr
+
+
 def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):
     """Each case was wrong at first: the run's files written over or among the shards (a pattern
     spelled another way than the metrics path, a shard that is a symbolic link, a pattern
