@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -45,6 +46,43 @@ constexpr uint64_t kRandomSeed = 0x6d78747261696e31ull;  // "mxtrain1": fixed so
   std::string msg = str("data file '", path, "': ", what, ": ", std::strerror(err));
   if (err == EIO) throw StorageError(msg);
   throw UserError(msg);
+}
+
+// Text bytes held by every dataset of this process together (training and validation data):
+// they share one budget, text_budget().
+std::atomic<int64_t> g_text_bytes{0};
+
+// The memory this process may fill: the machine's, or its cgroup's limit where that is lower
+// (a container's; cgroup v2's memory.max, else v1's memory.limit_in_bytes). `what` names it.
+// MXTRAIN_TEST_MEMORY_BYTES stands for it in tests.
+int64_t usable_memory(std::string* what) {
+  if (const char* t = std::getenv("MXTRAIN_TEST_MEMORY_BYTES"); t && *t) {
+    *what = "MXTRAIN_TEST_MEMORY_BYTES";
+    return std::atoll(t);
+  }
+  int64_t mem = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE));
+  *what = "this machine's memory";
+  for (const char* f : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    FILE* in = std::fopen(f, "r");
+    if (!in) continue;
+    long long limit = 0;
+    const bool number = std::fscanf(in, "%lld", &limit) == 1;  // "max": no limit
+    std::fclose(in);
+    if (number && limit > 0 && (mem <= 0 || limit < mem)) {
+      mem = limit;
+      *what = "this container's memory limit";
+    }
+    break;
+  }
+  return mem;
+}
+
+// The processes of this job on this host, each of which holds its own copy of text data
+// (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS); 1 outside mpirun.
+int64_t ranks_on_this_host() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* n = std::getenv(v); n && std::atoll(n) > 0) return std::atoll(n);
+  return 1;
 }
 
 struct FileDescriptor {
@@ -398,16 +436,25 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
                "(ids 0..255), which needs vocab_size >= 256, got ", vocab_size);
     MX_REQUIRE(file_bytes > 0, "data file '", path, "': empty (0 tokens)");
     if (format_ != TokenFormat::kText && format_ != TokenFormat::kAuto) return format;  // refused
-    // Text is read into memory whole (binary shards stay on disk): at most half the machine's
-    // memory, all text files together (a 1 TB file said "out of memory" and advised a smaller
-    // micro_batch).
+    // Text is read into memory whole (binary shards stay on disk): at most half the memory the
+    // process may use (the machine's or its container's), shared by the ranks on this host
+    // (each holds a copy), all text files of training and validation data together (a 1 TB
+    // file said "out of memory" and advised a smaller micro_batch).
     const size_t at = owned_.size();
-    const int64_t ram = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE));
-    MX_REQUIRE(ram <= 0 || int64_t(at) + file_bytes <= ram / 2, "data file '", path, "': ",
-               format_bytes(double(int64_t(at) + file_bytes)), " of text data, more than half ",
-               "this machine's memory (", format_bytes(double(ram)), "): text is read into memory ",
-               "whole; convert it to u16 / u32 token shards, which are read from disk");
+    std::string memory_is;
+    const int64_t memory = usable_memory(&memory_is);
+    const int64_t local = ranks_on_this_host();
+    const int64_t held = g_text_bytes.load() + file_bytes;
+    MX_REQUIRE(memory <= 0 || held <= memory / 2 / local, "data file '", path, "': ",
+               format_bytes(double(held)), " of text data", held > int64_t(at) + file_bytes
+                   ? " (training and validation data together)" : "",
+               local > 1 ? str(" in each of the ", local, " processes on this host") : "",
+               ", more than half ", memory_is, " (", format_bytes(double(memory)), ")",
+               local > 1 ? " among them" : "", ": text is read into memory whole; convert it ",
+               "to u16 / u32 token shards, which are read from disk");
     owned_.resize(at + static_cast<size_t>(file_bytes));
+    g_text_bytes += file_bytes;
+    text_held_ += file_bytes;
     pread_exact(file.fd, owned_.data() + at, static_cast<size_t>(file_bytes), 0, path);
     content_crc_ = crc32c_update(content_crc_, owned_.data() + at, static_cast<size_t>(file_bytes));
     token_width_ = 1;
@@ -493,6 +540,7 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& other) noexcept {
   content_crc_ = other.content_crc_;
   content_crc_complete_ = other.content_crc_complete_;
   owned_ = std::move(other.owned_);
+  text_held_ = std::exchange(other.text_held_, 0);
   tokens_ = std::exchange(other.tokens_, nullptr);  // a moved vector keeps its buffer
   return *this;
 }
@@ -507,6 +555,7 @@ void TokenDataset::release() {
     }
   shards_.clear();
   owned_.clear();
+  g_text_bytes -= std::exchange(text_held_, 0);
   tokens_ = nullptr;
   num_tokens_ = 0;
 }

@@ -119,6 +119,7 @@ class TokenDataset {
   uint32_t content_crc_ = 0;          // content_crc32c()
   bool content_crc_complete_ = true;  // every id went into it
   std::vector<uint8_t> owned_;  // text bytes or generated ids
+  int64_t text_held_ = 0;       // of owned_, text bytes: counted in the process's text budget
 };
 
 }  // namespace mx

@@ -462,8 +462,38 @@ def test_text_data_larger_than_half_the_memory_is_refused(tmp_path, mxtrain):
         f.truncate(ram + 1)
     r = mxtrain(["train", "--set", "model.preset=tiny", "--set", f"data.path={big}",
                  "--set", "train.steps=1", "--set", f"run.out_dir={tmp_path / 'o'}"])
-    assert_one_error(r, str(big), "more than half this machine's memory",
-                     "convert it to u16 / u32 token shards")
+    # (or the container's limit, where a cgroup's is lower)
+    assert_one_error(r, str(big), "more than half this", "convert it to u16 / u32 token shards")
+
+
+def test_the_text_limit_counts_validation_text_and_the_ranks_on_a_host(tmp_path, mxtrain):
+    """The limit held per dataset and per process: training text and data.val_path text each
+    passed alone while together past it, and 8 ranks on one host each held a copy under a
+    limit meant for one. MXTRAIN_TEST_MEMORY_BYTES stands for the memory (2 MiB: 1 MiB of text)."""
+    from conftest import MXTRAIN_BIN
+    text = ("the quick brown fox jumps over the lazy dog. " * 15000)[:600_000]
+    (tmp_path / "a.txt").write_text(text)
+    (tmp_path / "v.txt").write_text(text)
+    env = {"MXTRAIN_TEST_MEMORY_BYTES": str(2 << 20)}
+    base = ["train", "--set", "model.preset=tiny", "--set", f"data.path={tmp_path / 'a.txt'}",
+            "--set", "train.steps=1", "--set", "train.seq_len=16", "--set", "run.sample_tokens=0",
+            "--set", "train.eval_every=0"]
+    r = mxtrain(base + ["--set", f"run.out_dir={tmp_path / 'alone'}"], env=env)
+    assert r.rc == 0, r
+    r = mxtrain(base + ["--set", f"data.val_path={tmp_path / 'v.txt'}",
+                        "--set", f"run.out_dir={tmp_path / 'both'}"], env=env)
+    assert_one_error(r, str(tmp_path / "v.txt"), "1.1 MiB of text data (training and validation "
+                     "data together)", "more than half MXTRAIN_TEST_MEMORY_BYTES (2.0 MiB)")
+    assert not (tmp_path / "both").exists()
+    # two ranks on this host: 600 kB each, 1.2 MB on the host, past 1 MiB
+    flags = os.environ.get("MXTRAIN_MPIRUN_FLAGS", "--oversubscribe --bind-to none").split()
+    p = subprocess.run(["mpirun", "-np", "2", *flags, "-x", "MXTRAIN_TEST_MEMORY_BYTES",
+                        MXTRAIN_BIN, *base, "--set", f"run.out_dir={tmp_path / 'two'}"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, **env, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"))
+    assert p.returncode == 2, p.stderr
+    assert "in each of the 2 processes on this host" in p.stderr, p.stderr
 
 
 def test_the_sample_says_what_it_cannot_show(tmp_path, mxtrain):
