@@ -9,6 +9,7 @@
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_input.h"
+#include "core/load_progress.h"
 #include "core/log.h"
 #include "model/hf_config.h"
 #include "numerics/quantize.h"
@@ -523,6 +524,13 @@ void load_shards(CheckpointReader& reader, const ShardView& view, float* master,
   reader.check_layout(*view.layout);
   MX_REQUIRE(!(m || v) || reader.has_optimizer(), "checkpoint ", reader.location(),
              " holds no optimizer state");
+  // Minutes for a large model from S3: progress lines, and a stop ends the load between
+  // tensors (core/load_progress.h).
+  const int kinds = 1 + (m ? 1 : 0) + (v ? 1 : 0);
+  int64_t total = 0;
+  for (size_t u = 0; u < view.units.size(); ++u)
+    total += view.units[u].valid_numel(view.shard_rank) * kinds * int64_t(sizeof(float));
+  LoadProgress progress("checkpoint: loading " + reader.location(), total);
   for (size_t u = 0; u < view.units.size(); ++u) {
     const ShardLayout& sl = view.units[u];
     const int64_t begin = std::min(sl.shard_begin(view.shard_rank), sl.numel);
@@ -530,9 +538,11 @@ void load_shards(CheckpointReader& reader, const ShardView& view, float* master,
     for (auto [kind, base] : {std::pair{StateKind::kMaster, master},
                               std::pair{StateKind::kExpAvg, m}, std::pair{StateKind::kExpAvgSq, v}}) {
       if (!base) continue;
+      progress.before_piece();
       float* dst = base + view.local_offset[u];
       if (n > 0) reader.read(int(u), kind, begin, begin + n, dst);
       std::fill(dst + n, dst + sl.shard_numel, 0.0f);  // padding
+      progress.after_piece(n * int64_t(sizeof(float)));
     }
   }
 }

@@ -119,7 +119,8 @@ class CheckpointReader {
 };
 
 // Fills this view's shards (padding zeroed) from a checkpoint of any shard count. m / v may be
-// null; when given, the checkpoint must hold the optimizer state.
+// null; when given, the checkpoint must hold the optimizer state. A line every 10 s while it
+// reads; throws StopRequested (core/stop.h) between tensors once a stop is asked for.
 void load_shards(CheckpointReader& reader, const ShardView& view, float* master, float* m,
                  float* v);
 

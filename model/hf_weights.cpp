@@ -14,6 +14,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/json_input.h"
+#include "core/load_progress.h"
 #include "model/hf_config.h"
 
 namespace fs = std::filesystem;
@@ -106,10 +107,15 @@ void check_hf_weights(const std::string& dir, const ParamLayout& layout) {
 void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params) {
   const OpenedWeights w = open_hf_weights(dir, layout);
   const auto& tensors = layout.tensors();
+  int64_t total = 0;
+  for (const ParamTensor& t : tensors) total += t.numel * int64_t(sizeof(float));
+  LoadProgress progress("loading " + dir, total);  // (lines, and a trainer's stop)
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ParamTensor& t = tensors[i];
     const SafeTensorsReader* r = w.source[i];
+    progress.before_piece();
     r->read_f32(t.hf_name, params + t.offset, t.numel);
+    progress.after_piece(t.numel * int64_t(sizeof(float)));
     // A NaN or infinity computes garbage from the first token (generate printed it, training
     // called it divergence): name the tensor instead.
     const float* v = params + t.offset;

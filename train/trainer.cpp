@@ -619,7 +619,13 @@ int run_training(const RunConfig& cfg) {
                "; a file rewritten?): validation losses before and after this step are not ",
                "comparable"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
-    load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
+    try {
+      load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
+    } catch (const StopRequested&) {  // (the agreement comes next)
+    }
+    // A stop during the load (minutes for a large model on S3) ends the run here: it waited
+    // for the first step, which then wrote a checkpoint of the step it had resumed from.
+    if (const int rc = stopped_in_start_up("loading the checkpoint")) return rc;
     fsdp.write_shards_from_host(host);
     restore_recipe_state(linear_recipe, reader, fsdp.shard_rank(), model_cfg.num_hidden_layers);
     start_step = resume_step;
@@ -638,7 +644,11 @@ int run_training(const RunConfig& cfg) {
   } else {
     auto full = full_buffer();
     if (!cfg.init.from.empty()) {
-      load_hf_weights(cfg.init.from, engine.layout, full.data());
+      try {
+        load_hf_weights(cfg.init.from, engine.layout, full.data());
+      } catch (const StopRequested&) {  // (the agreement comes next, before any other collective)
+      }
+      if (const int rc = stopped_in_start_up("loading init.from")) return rc;
       const int64_t other = rank_differing_from_root(
           world, crc32c(full.data(), full.size() * sizeof(float)));
       MX_REQUIRE(other < 0, "init.from ", cfg.init.from, " is not the same weights on every ",

@@ -107,6 +107,59 @@ def test_a_stop_during_the_data_scan_ends_the_run_there(tmp_path, sig, code):
     assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
 
 
+@pytest.mark.parametrize("source", ["resume", "init.from"])
+def test_a_stop_while_the_weights_load_ends_the_run_there(tmp_path, source):
+    """Loading a checkpoint (or init.from's Hugging Face weights) takes minutes for a large
+    model on S3. A stop then waited for the whole load and the first step, and the resumed run
+    wrote a checkpoint one step on. Now the load ends between tensors and the run with it: no
+    new step, the checkpoint it read byte for byte as it was, exit 143. The load shows its
+    progress (MXTRAIN_TEST_PROGRESS_S=0: a line after each tensor); MXTRAIN_TEST_SLOW_LOAD_MS
+    makes each tensor's read take 300 ms; the signal goes at the first line."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a stitch in time saves nine. " * 400)
+    base = [MXTRAIN_BIN, "train", "--set", f"data.path={corpus}", "--set", "train.seq_len=32",
+            "--set", "train.eval_every=0", "--set", "run.sample_tokens=0",
+            "--set", "checkpoint.every=1"]
+    first = tmp_path / "first"
+    tiny = ["--set", "model.preset=tiny"]
+    r = subprocess.run(base + tiny + ["--set", "train.steps=1", "--set", f"run.out_dir={first}"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    step1 = first / "checkpoints" / "step_00000001"
+    if source == "resume":
+        out, line = first, "checkpoint: loading"
+        extra = tiny + ["--set", "train.steps=3", "--set", f"run.out_dir={out}"]
+    else:
+        r = subprocess.run([MXTRAIN_BIN, "ckpt", "export-hf", str(step1), str(tmp_path / "hf")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out = tmp_path / "second"
+        extra = ["--set", "train.steps=3", "--set", f"init.from={tmp_path / 'hf'}",
+                 "--set", f"run.out_dir={out}"]
+        line = f"loading {tmp_path / 'hf'}:"
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXTRAIN_TEST_SLOW_LOAD_MS="300",
+               MXTRAIN_TEST_PROGRESS_S="0")
+    p = subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err, t0 = "", None
+    for l in p.stderr:
+        err += l
+        if line in l:
+            p.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            break
+    err += p.stderr.read()
+    p.wait(timeout=120)
+    assert t0 is not None, err[-2000:]
+    assert p.returncode == 143, err[-2000:]
+    assert time.monotonic() - t0 < 2.5, "the load went on after the signal"
+    during = "loading the checkpoint" if source == "resume" else "loading init.from"
+    assert f"during start-up ({during}), before the first step" in err, err[-2000:]
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
+    assert not (out / "checkpoints" / "step_00000002").exists()
+
+
 def test_a_second_ctrl_c_quits_at_once(tmp_path, monkeypatch):
     """A stop waits for a step boundary, which a long start-up reaches minutes later: the first
     Ctrl-C says so, a second quits at once (killed by SIGINT, no stop checkpoint)."""
