@@ -285,8 +285,10 @@ void Fsdp::grads_ready(int unit) {
   MX_ASSERT(s, "grads_ready for unit ", unit, " without gradients");
   pending_rs_->unit = unit;
   pending_rs_->slot = s;
+  // A sum: each rank's gradients are already its share of the global mean (the trainer's
+  // grad_scale is 1 / (grad_accum x ranks)), so the sum over ranks is the global batch's.
   pending_rs_->handle = shard_comm_->reduce_scatter_async(
-      s->buf, rs_buffer_, shards_[unit].shard_numel, CommDtype::kF32, ReduceOp::kAvg);
+      s->buf, rs_buffer_, shards_[unit].shard_numel, CommDtype::kF32, ReduceOp::kSum);
 }
 
 void Fsdp::complete_reduce_scatter() {
@@ -327,7 +329,7 @@ double Fsdp::reduce_gradients_and_norm() {
     for (int64_t i = 0; i < local_numel_; i += kPiece)
       replica_comm_->all_reduce(
           std::span<float>(grad_base_ + i, size_t(std::min(kPiece, local_numel_ - i))),
-          ReduceOp::kAvg);
+          ReduceOp::kSum);  // (shares of the global mean, as the reduce-scatter)
   }
   double local = be_.sum_squares(grad_base_, local_numel_);  // padding holds zeros
   return std::sqrt(shard_comm_->all_reduce(local, ReduceOp::kSum));

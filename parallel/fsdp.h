@@ -58,7 +58,8 @@ class Fsdp final : public UnitAccess {
   // After a forward (or forward+backward) of one micro-batch: every gather and reduce-scatter
   // complete, every gathered buffer free.
   void finish_micro_batch();
-  // After the last micro-batch of a step: gradient shards averaged over all ranks. Returns the
+  // After the last micro-batch of a step: gradient shards summed over all ranks (each rank's
+  // are its share of the global mean: the model's grad_scale carries 1 / ranks). Returns the
   // global L2 norm of the gradient (before clipping).
   double reduce_gradients_and_norm();
   void zero_grads();

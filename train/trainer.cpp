@@ -843,8 +843,14 @@ int run_training(const RunConfig& cfg) {
       const int64_t first = samples_before(step) + (m * W + rank) * B;
       train_sampler.fill(first, B, engine.batch_tokens());
       linear_recipe.set_micro_batch(m);
+      // Each rank's gradients are its share of the global batch's mean (1 / (grad_accum x
+      // ranks) of its micro-batch mean), summed over the ranks by Fsdp: the backward's
+      // operands are then those of one process training the same global batch, whatever the
+      // process count, which the FP8 recipes' scales depend on (with a per-rank mean, averaged
+      // afterwards, a rank's gradients were W times one process's, and fp8-delayed's first
+      // step quantized them differently under mpirun).
       loss += engine.model->forward_backward(fsdp, engine.batch_tokens(), B, T,
-                                             1.0f / float(tc.grad_accum));
+                                             1.0f / float(tc.grad_accum * W));
       fsdp.finish_micro_batch();
     }
     loss /= double(tc.grad_accum);
