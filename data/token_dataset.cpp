@@ -49,7 +49,7 @@ constexpr uint64_t kRandomSeed = 0x6d78747261696e31ull;  // "mxtrain1": fixed so
 }
 
 // Text bytes held by every dataset of this process together (training and validation data):
-// they share one budget, text_budget().
+// they share one budget (open_file's check).
 std::atomic<int64_t> g_text_bytes{0};
 
 // The memory this process may fill: the machine's, or its cgroup's limit where that is lower
@@ -62,7 +62,8 @@ int64_t usable_memory(std::string* what) {
   }
   int64_t mem = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE));
   *what = "this machine's memory";
-  for (const char* f : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* f :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     FILE* in = std::fopen(f, "r");
     if (!in) continue;
     long long limit = 0;
