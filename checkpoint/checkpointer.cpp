@@ -228,8 +228,8 @@ std::vector<ExtraTensor> recipe_extra_tensors(const LinearRecipe& recipe) {
   return out;
 }
 
-void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int shard_rank,
-                          int64_t num_layers) {
+int64_t restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int shard_rank,
+                             int64_t num_layers) {
   const int file_rank = shard_rank % reader.shard_size();
   const std::string file = reader.location() + "/" + rank_file_name(file_rank, reader.shard_size());
   std::vector<LinearRecipe::DelayedState> states;
@@ -246,7 +246,8 @@ void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int sh
     st.amax_history.assign(values->begin() + 1, values->end());
     states.push_back(std::move(st));
   }
-  recipe.restore_delayed_state(states);  // delayed_state_problem checked what restore requires
+  // (delayed_state_problem checked what restore requires)
+  return recipe.restore_delayed_state(states);
 }
 
 }  // namespace mx

@@ -98,7 +98,7 @@ class Checkpointer {
 // Refused (UserError naming the file and tensor): a name of the family that is no operand of a
 // model of num_layers blocks, a scale without a finite reciprocal, an amax not finite and >= 0.
 std::vector<ExtraTensor> recipe_extra_tensors(const LinearRecipe& recipe);
-void restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int shard_rank,
-                          int64_t num_layers);
+int64_t restore_recipe_state(LinearRecipe& recipe, CheckpointReader& reader, int shard_rank,
+                             int64_t num_layers);
 
 }  // namespace mx

@@ -502,7 +502,8 @@ std::optional<std::vector<float>> CheckpointReader::read_extra(int shard_rank,
   auto it = f.by_name.find(name);
   if (it == f.by_name.end()) return std::nullopt;
   const TensorEntry& e = *it->second;
-  MX_REQUIRE(e.dtype == "F32", location(), "/", f.name, ": ", name, " is not F32");
+  MX_REQUIRE(e.dtype == "F32" && e.shape.size() == 1, location(), "/", f.name, ": ", name,
+             " is not a 1-D F32 tensor (as mxtrain writes its extra tensors)");
   std::vector<float> out(size_t(e.numel()));
   store_.read_range(step_, f.name, f.index.data_start + e.begin, e.end - e.begin, out.data());
   return out;
@@ -559,6 +560,11 @@ std::string delayed_state_problem(const std::string& name, const std::vector<flo
         linear < 7 && op >= 0 && op < 6))
     return str(name, " names no operand of this model's Linears (recipe.delayed.LAYER.LINEAR.",
                "OPERAND: layer < ", num_layers, ", linear < 7, operand < 6)");
+  // Spelled as mxtrain writes it: sscanf also reads "+1", " 1" and "01", so two names could
+  // feed one operand (the second silently replacing the first) while another had none.
+  if (name != str("recipe.delayed.", layer, ".", linear, ".", op))
+    return str(name, " is not spelled as mxtrain writes it (recipe.delayed.", layer, ".", linear,
+               ".", op, ": decimal, no sign, spaces or leading zeros)");
   if (!values || values->size() != 1 + size_t(numerics::kAmaxHistoryLen))
     return str(name, " holds ", values ? int64_t(values->size()) : 0, " values, not a scale and an ",
                "amax history of ", numerics::kAmaxHistoryLen);
@@ -674,7 +680,14 @@ std::string verify_checkpoint(CheckpointStore& store, int64_t step, bool read_al
       // refuses must not verify, or resume = auto would stop on it instead of skipping it.
       for (const std::string& name : extras) {
         if (name.rfind("recipe.delayed.", 0) != 0) continue;
-        const auto values = reader.read_extra(r, name);
+        std::optional<std::vector<float>> values;
+        try {
+          values = reader.read_extra(r, name);
+        } catch (const StorageError&) {
+          throw;
+        } catch (const std::exception& e) {  // not a 1-D F32 tensor: a verdict, not a failure
+          return e.what();
+        }
         const std::string why = delayed_state_problem(
             name, values ? &*values : nullptr, model.num_hidden_layers);
         if (!why.empty()) return str(loc, "/", file, ": ", why);

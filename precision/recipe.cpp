@@ -333,14 +333,25 @@ std::vector<LinearRecipe::DelayedState> LinearRecipe::delayed_state() const {
   return out;
 }
 
-void LinearRecipe::restore_delayed_state(const std::vector<DelayedState>& states) {
+int64_t LinearRecipe::delayed_operand_count() const {
+  if (recipe_ != Recipe::kFp8Delayed) return 0;
+  int64_t n = 0;
+  for (int64_t layer = 0; layer < num_layers_; ++layer) n += active(layer) ? 7 * 6 : 0;
+  return n;
+}
+
+int64_t LinearRecipe::restore_delayed_state(const std::vector<DelayedState>& states) {
+  int64_t restored = 0;
   for (const DelayedState& st : states) {
+    if (recipe_ != Recipe::kFp8Delayed || !active(st.layer)) continue;
+    ++restored;
     const auto op = LinearOperand(st.op);
     const Format fp8 = is_gradient(op) ? Format::kE5M2 : Format::kE4M3;  // as quantize() makes it
     auto& ds = delayed_[std::make_tuple(st.layer, st.linear, st.op)];
     ds = std::make_unique<numerics::DelayedScaling>(fp8);
     ds->restore(st.amax_history, st.scale);
   }
+  return restored;
 }
 
 nlohmann::json LinearRecipe::finish_stats(int64_t step) {

@@ -170,7 +170,12 @@ class LinearRecipe {
     std::vector<float> amax_history;
   };
   std::vector<DelayedState> delayed_state() const;
-  void restore_delayed_state(const std::vector<DelayedState>& states);
+  // Restores the states of operands this recipe quantizes with delayed scaling (fp8-delayed,
+  // blocks not left in high precision); the rest are dropped: they would be carried, unused,
+  // into every later checkpoint. Returns how many it restored.
+  int64_t restore_delayed_state(const std::vector<DelayedState>& states);
+  // The operands fp8-delayed keeps a history for: 6 per Linear of every quantized block.
+  int64_t delayed_operand_count() const;
 
   // Numerics telemetry (precision.stats_every; docs/numerics.md). While collecting, every
   // quantize() adds its operand's amax / saturated / flushed / SQNR sums under (layer, linear,

@@ -627,7 +627,26 @@ int run_training(const RunConfig& cfg) {
     // for the first step, which then wrote a checkpoint of the step it had resumed from.
     if (const int rc = stopped_in_start_up("loading the checkpoint")) return rc;
     fsdp.write_shards_from_host(host);
-    restore_recipe_state(linear_recipe, reader, fsdp.shard_rank(), model_cfg.num_hidden_layers);
+    const int64_t restored = restore_recipe_state(linear_recipe, reader, fsdp.shard_rank(),
+                                                  model_cfg.num_hidden_layers);
+    // Another recipe than the checkpoint's run: the weights and moments carry over, fp8-delayed's
+    // amax histories only into fp8-delayed (they were restored under any recipe, never used,
+    // and saved again into every later checkpoint, stale by then).
+    const std::string saved_recipe = state.contains("recipe") && state["recipe"].is_string()
+                                         ? state["recipe"].get<std::string>()
+                                         : "";
+    if (!saved_recipe.empty() && saved_recipe != cfg.precision.recipe)
+      warn_once(str("precision.recipe is ", cfg.precision.recipe, ", the checkpoint's run used ",
+                    saved_recipe, ": the weights and optimizer state carry over",
+                    saved_recipe == "fp8-delayed" ? ", its fp8-delayed amax histories do not" : "",
+                    cfg.precision.recipe == "fp8-delayed"
+                        ? "; fp8-delayed's scales start at 1, with empty amax histories"
+                        : ""));
+    else if (const int64_t want = linear_recipe.delayed_operand_count(); restored < want)
+      warn_once(str("the checkpoint holds fp8-delayed state for ", restored, " of the ", want,
+                    " operands this run quantizes (precision.high_precision_first / _last ",
+                    "changed?): the other ", want - restored, " start at scale 1, with empty ",
+                    "amax histories"));
     start_step = resume_step;
     MX_REQUIRE(start_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
                start_step, ", past train.steps = ", tc.steps);

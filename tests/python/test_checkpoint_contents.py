@@ -170,6 +170,92 @@ def test_fp8_delayed_state_is_checked_and_named(runs, tmp_path):
         assert r.rc == 2 and says in r.stderr, r
 
 
+def edit_header(step, name, new_name=None, shape=None, file=RANK_FILE):
+    """Renames tensor `name` and/or gives it another shape in the rank file's header (its bytes
+    stay where they are), then the manifest's size and CRC."""
+    p = step / file
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    entry = header.pop(name)
+    if shape is not None:
+        entry = dict(entry, shape=shape)
+    header[new_name or name] = entry
+    h = json.dumps(header).encode()
+    p.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+    fix_manifest(step, file)
+
+
+@pytest.mark.parametrize("edit,says", [
+    # "01" read as layer 1 too: two tensors fed one operand, the second replacing the first
+    (lambda st: edit_header(st, "recipe.delayed.1.0.0", "recipe.delayed.01.0.0"),
+     "recipe.delayed.01.0.0 is not spelled as mxtrain writes it (recipe.delayed.1.0.0"),
+    (lambda st: edit_header(st, "recipe.delayed.1.2.3", "recipe.delayed.+1.2.3"),
+     "is not spelled as mxtrain writes it"),
+    (lambda st: edit_header(st, "recipe.delayed.0.0.0", shape=[1, 1025]),
+     "recipe.delayed.0.0.0 is not a 1-D F32 tensor"),
+])
+def test_fp8_delayed_state_is_spelled_and_shaped_as_written(runs, tmp_path, edit, says):
+    """A hunt renamed and reshaped fp8-delayed state in a checkpoint (the manifest's CRC
+    rewritten): `recipe.delayed.01.0.0`, `+1` and a [1, 1025] shape all resumed and verified,
+    the first feeding layer 1's state into one operand twice. Each is refused now, by verify
+    (so resume = auto skips the step) and by an explicit resume."""
+    settings, root = copy_run(runs, "fp8-delayed", tmp_path / "o")
+    step4 = root / "step_00000004"
+    edit(step4)
+    r = run1(["ckpt", "verify", step4])
+    assert r.rc == 2 and len(errors(r)) == 1 and says in errors(r)[0], r
+    r = run1(["train"] + set_args(dict(settings, **{"checkpoint.resume": str(step4)})))
+    assert r.rc == 2 and len(errors(r)) == 1 and says in errors(r)[0], r
+
+
+def test_another_recipe_on_resume_warns_and_drops_fp8_delayed_state(runs, tmp_path):
+    """fp8-delayed's amax histories were restored under any recipe, never used, and saved into
+    every later checkpoint (stale by then), and a change of recipe on resume went without a
+    word. Now: a warning naming both recipes, and a bf16 run's checkpoints hold no
+    recipe.delayed tensors; an fp32 checkpoint resumed as fp8-delayed says its scales start
+    at 1; and fp8-delayed state for fewer blocks than the run quantizes (high_precision_first
+    changed) says how many operands start afresh."""
+    settings, root = copy_run(runs, "fp8-delayed", tmp_path / "a")
+    r = run1(["train"] + set_args(dict(settings, **{"precision.recipe": "bf16",
+                                                    "checkpoint.every": 1})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warns) == 1 and "precision.recipe is bf16, the checkpoint's run used " \
+        "fp8-delayed" in warns[0] and "amax histories do not" in warns[0], r.stderr
+    names = tensor_offsets(root / "step_00000006" / RANK_FILE)
+    assert not [n for n in names if n.startswith("recipe.delayed.")], sorted(names)
+    # an fp32 checkpoint resumed as fp8-delayed
+    settings, root = copy_run(runs, "fp32", tmp_path / "b")
+    r = run1(["train"] + set_args(dict(settings, **{"precision.recipe": "fp8-delayed"})))
+    assert r.rc == 0, r
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warns) == 1 and "scales start at 1" in warns[0], r.stderr
+    # the same recipe, block 0 left in high precision when saved, quantized now: 42 of 84
+    tmp, _ = runs
+    corpus = tmp / "english.txt"
+    base = dict(settings, **{"precision.recipe": "fp8-delayed", "train.steps": 2,
+                             "checkpoint.every": 2, "run.out_dir": tmp_path / "c",
+                             "data.path": corpus})
+    r = run1(["train"] + set_args(dict(base, **{"precision.high_precision_first": 1})))
+    assert r.rc == 0, r
+    names = tensor_offsets(tmp_path / "c" / "checkpoints" / "step_00000002" / RANK_FILE)
+    assert len([n for n in names if n.startswith("recipe.delayed.")]) == 7 * 6, sorted(names)
+    r = run1(["train"] + set_args(dict(base, **{"train.steps": 3})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warns) == 1 and "fp8-delayed state for 42 of the 84 operands" in warns[0], r.stderr
+    # and the other way (saved for both blocks, block 0 high precision now): silent, and the
+    # next checkpoint holds only the quantized block's state
+    r = run1(["train"] + set_args(dict(base, **{"train.steps": 4, "checkpoint.every": 1,
+                                                "precision.high_precision_first": 1})))
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    assert not [l for l in r.stderr.splitlines() if l.startswith("warning:")], r.stderr
+    names = tensor_offsets(tmp_path / "c" / "checkpoints" / "step_00000004" / RANK_FILE)
+    kept = sorted(n for n in names if n.startswith("recipe.delayed."))
+    assert len(kept) == 42 and all(n.startswith("recipe.delayed.1.") for n in kept), kept
+
+
 def with_gap(step, before, gap, file=RANK_FILE):
     """Rewrites a rank file with `gap` bytes inserted before tensor `before` (its offset and
     every later one moved): still a valid safetensors file, tensors no longer 4-byte aligned."""
