@@ -269,6 +269,12 @@ int run_stats(const StatsArgs& a) {
     const int64_t cols = e.shape.empty() ? 1 : e.shape.back();
     const int64_t rows = n / cols;
     std::vector<float> x = reader.read_f32(name), q(static_cast<size_t>(n));
+    // As `numerics quantize`: a training operand is finite (a non-finite loss ends the run),
+    // and the statistics are defined for finite tensors (an infinity is no amax, and its SQNR
+    // no number).
+    for (int64_t i = 0; i < n; ++i)
+      MX_REQUIRE(std::isfinite(x[i]), "tensor '", name, "' has a non-finite value (", x[i],
+                 ") at flat index ", i, "; the quantizers take finite tensors");
     LinearRecipe lr(recipe, 1, 0, 0, 0, 0);
     lr.set_collect_stats(true);
     lr.quantize(q.data(), x.data(), rows, cols, kReduceAlongCols[k], kOps[k], 0, 0);

@@ -271,6 +271,34 @@ def test_high_precision_blocks_have_no_stats(mxtrain, tmp_path):
     assert num and all(k.startswith("layers.0.") for k in num), sorted(num)
 
 
+def test_every_block_in_high_precision_is_said(mxtrain, tmp_path):
+    """high_precision_first + _last covering every block left nothing quantized, silently: the
+    start-up line still said the recipe's Linears were emulated, and the loss was bf16's."""
+    r, _ = train_tiny(mxtrain, tmp_path, {"precision.high_precision_last": 1000000,
+                                          "precision.recipe": "nvfp4"}, steps=1)
+    assert r.rc == 0, r
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warns) == 1 and "covers all 2 blocks" in warns[0] and \
+        "nvfp4 quantizes no Linear" in warns[0], r.stderr
+    (tmp_path / "b").mkdir()
+    r, _ = train_tiny(mxtrain, tmp_path / "b", {"precision.high_precision_last": 1,
+                                                "precision.recipe": "nvfp4"}, steps=1)
+    assert r.rc == 0 and "quantizes no Linear" not in r.stderr, r
+
+
+def test_stats_refuses_a_non_finite_tensor(mxtrain, tmp_path):
+    """`numerics stats` counted an inf outside amax and wrote a null SQNR for it, exit 0, where
+    `numerics quantize` refuses non-finite tensors: the statistics are defined for finite ones
+    (a training operand always is)."""
+    x = np.ones((1, 32), np.float32)
+    x[0, 3] = np.inf
+    path = tmp_path / "x.safetensors"
+    hf_io.write_safetensors(str(path), {"x": x})
+    r = mxtrain(["numerics", "stats", "--recipe", "mxfp8", "--operand", "fwd.input", "--in", path])
+    errs = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.rc == 2 and len(errs) == 1 and "non-finite value (inf) at flat index 3" in errs[0], r
+
+
 def test_stats_off_by_default(mxtrain, tmp_path):
     r, metrics = train_tiny(mxtrain, tmp_path, {"precision.stats_every": 0}, steps=4)
     assert r.rc == 0, r
