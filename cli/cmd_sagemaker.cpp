@@ -247,7 +247,6 @@ int sagemaker_train() {
     const bool mpi_rank = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;  // started by mpirun
     const bool launcher =
         !mpi_rank && (res.hosts.size() > 1 || hp.processes_per_host > 1);
-    if (launcher && !res.is_master()) return run_worker(res, paths);
 
     // The platform's paths first, then the user's overrides (which win); the data file of
     // the `train` channel when neither the config file nor a hyperparameter names one.
@@ -270,6 +269,23 @@ int sagemaker_train() {
     }
     if (!first.init.from.empty()) sets.push_back("init.from=" + under_data(first.init.from));
     RunConfig cfg = load_run_config(hp.config_file, sets, "hyperparameters");
+    // Checkpoints in the model directory: the export refused it only after the whole training
+    // (and a restarted job, "already complete", failed the same way each time); SageMaker
+    // uploads the model directory whole, as model.tar.gz.
+    if (cfg.checkpoint.s3_uri.empty()) {
+      const fs::path ck = fs::weakly_canonical(fs::absolute(cfg.checkpoint_dir()), ec);
+      const fs::path model = fs::weakly_canonical(fs::absolute(paths.model), ec);
+      const auto [m_end, ck_it] = std::mismatch(model.begin(), model.end(), ck.begin(), ck.end());
+      MX_REQUIRE(m_end != model.end(), "checkpoint.dir ", cfg.checkpoint_dir(), " is ",
+                 ck == model ? "" : "inside ", "the model directory ", paths.model,
+                 ", where the job exports its final model (SageMaker uploads that directory "
+                 "as model.tar.gz): leave checkpoint.dir unset (", paths.root,
+                 "/checkpoints) or name another directory");
+    }
+    // Every host reads the same hyperparameters: a worker refuses a bad config as the master
+    // does, at once (it waited up to 30 minutes for an MPI job the master never started, and
+    // wrote no failure file).
+    if (launcher && !res.is_master()) return run_worker(res, paths);
 
     if (!mpi_rank) {
       info("sagemaker: host ", res.current_host, " (", res.hosts.size(), " host",

@@ -98,7 +98,10 @@ Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string
   MX_REQUIRE(j.is_object(), "hyperparameters.json must be a JSON object of \"key\": \"value\"");
   Hyperparameters h;
   for (const auto& [key, raw] : j.items()) {  // nlohmann's object: keys in sorted order
-    if (key.rfind("sagemaker_", 0) == 0) {  // the training toolkit's keys, not ours
+    // The training toolkit's keys, and the one SageMaker's hyperparameter tuning adds to every
+    // job it starts (the metric it optimizes: read from the log by the job's metric
+    // definitions, nothing the engine takes); refused, it failed every tuning job at once.
+    if (key.rfind("sagemaker_", 0) == 0 || key == "_tuning_objective_metric") {
       h.ignored.push_back(key);
       continue;
     }
@@ -124,13 +127,12 @@ Hyperparameters parse_hyperparameters(const nlohmann::json& j, const std::string
       h.config_file = p.string();
     } else if (key.rfind("sagemaker.", 0) == 0) {
       if (key == "sagemaker.processes_per_host") {
+        // Decimal digits only, as a --set integer (stoll also took " 2" and "+2", not "2 ").
         size_t used = 0;
         long long n = -1;
-        try {
+        if (!value.empty() && value.size() <= 4 &&
+            value.find_first_not_of("0123456789") == std::string::npos)
           n = std::stoll(value, &used);
-        } catch (const std::logic_error&) {
-          used = 0;
-        }
         MX_REQUIRE(used == value.size() && n >= 1 && n <= 1024,
                    "hyperparameter sagemaker.processes_per_host must be an integer in "
                    "[1, 1024] (got '", value, "')");

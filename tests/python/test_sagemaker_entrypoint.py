@@ -156,6 +156,9 @@ def test_sigterm_then_restart_resumes_from_the_checkpoints(tmp_path):
     ({"train.steps": "3\u0000junk"}, "NUL character"),
     ({"train.steps": "0x10"}, "train.steps=0x10: expected an integer"),
     ({"train.steps": "x" * 100000}, "... (100000 bytes)"),
+    # decimal digits only, as a --set integer (" 2" and "+2" were taken, "2 " refused)
+    ({"sagemaker.processes_per_host": "+2"}, "sagemaker.processes_per_host"),
+    ({"sagemaker.processes_per_host": " 2"}, "sagemaker.processes_per_host"),
 ])
 def test_bad_hyperparameter_writes_the_failure_reason(tmp_path, hp, needle):
     root = make_root(tmp_path, dict(TINY, **hp))
@@ -167,6 +170,48 @@ def test_bad_hyperparameter_writes_the_failure_reason(tmp_path, hp, needle):
     assert failure.strip() == err[0]
     assert not (root / "checkpoints").exists() or not any((root / "checkpoints").iterdir())
     assert not (root / "model" / "model.safetensors").exists()
+
+
+def test_a_tuning_job_s_objective_metric_is_ignored(tmp_path):
+    """SageMaker's hyperparameter tuning adds `_tuning_objective_metric` to every training job
+    it starts; refused as "not section.key", it failed every tuning job at once."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "1",
+                                             "_tuning_objective_metric": "train:loss"}))
+    r = run_entrypoint(root, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ignoring hyperparameter _tuning_objective_metric" in r.stderr, r.stderr
+
+
+def test_checkpoints_in_the_model_directory_are_refused_before_training(tmp_path):
+    """checkpoint.dir = the model directory trained the whole run, then the export refused the
+    directory (a checkpoint root); a restarted job failed the same way each time."""
+    for i, where in enumerate(("model", "model/ck")):
+        root = make_root(tmp_path / str(i), dict(TINY, **{"train.steps": "2"}))
+        hp = json.loads((root / "input" / "config" / "hyperparameters.json").read_text())
+        hp["checkpoint.dir"] = str(root / where)
+        (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+        r = run_entrypoint(root, timeout=120)
+        assert r.returncode == 2, r.stderr
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and "the model directory" in err[0], r.stderr
+        assert not (root / "output" / "data" / "metrics.jsonl").exists()
+        assert (root / "output" / "failure").read_text().strip() == err[0]
+
+
+def test_a_worker_host_refuses_a_bad_config_at_once(tmp_path):
+    """A worker host waited up to 30 minutes for the MPI job of a master that had refused the
+    config, and wrote no failure file: it reads the same hyperparameters and refuses them too."""
+    root = make_root(tmp_path, dict(TINY, **{"train.stepz": "4"}))
+    (root / "input" / "config" / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}))
+    require_binary()
+    r = subprocess.run([MXTRAIN_BIN, "sagemaker", "train"], capture_output=True, text=True,
+                       env=dict(sm_env(root), MXTRAIN_SSHD="none"), timeout=60)
+    assert r.returncode == 2, r.stderr
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and "train.stepz" in err[0], r.stderr
+    assert (root / "output" / "failure").read_text().strip() == err[0]
+    assert "waits for the master" not in r.stderr
 
 
 def test_channels_with_several_files_are_shards_and_validation_is_its_own(tmp_path):
