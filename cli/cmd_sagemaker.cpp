@@ -29,6 +29,9 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/token_dataset.h"
+#include "model/config.h"
+#include "precision/recipe.h"
 #include "train/config.h"
 #include "train/sagemaker.h"
 #include "train/trainer.h"
@@ -369,6 +372,32 @@ int sagemaker_train() {
   }
 }
 
+// With the config file in a channel (not at hand), the keys whose values are one of a fixed
+// set, whatever else the file says: a typo there (model.preset = huge) passed the check and
+// failed in the job. Each through the engine's own reading where it has one.
+void check_fixed_values(const std::vector<std::string>& sets) {
+  auto one_of = [](const std::string& key, const std::string& v,
+                   std::initializer_list<const char*> known) {
+    std::string list;
+    for (const char* k : known) {
+      if (v == k) return;
+      list += (list.empty() ? "" : ", ") + std::string(k);
+    }
+    throw UserError(str(key, " must be one of ", list, " (got '", v, "') (from hyperparameters)"));
+  };
+  for (const std::string& item : sets) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "model.preset") model_preset(v);
+    else if (key == "precision.recipe") parse_recipe(v);
+    else if (key == "data.format") parse_token_format(v);
+    else if (key == "run.device") one_of(key, v, {"cpu", "cuda"});
+    else if (key == "parallel.sharding") one_of(key, v, {"full", "grad-op", "none", "hybrid"});
+    else if (key == "memory.activation_checkpointing")
+      one_of(key, v, {"none", "selective", "full"});
+  }
+}
+
 // `mxtrain sagemaker check`: the hyperparameters of a job about to be submitted, as the
 // entrypoint will read them, so that a typo fails on the submitting machine instead of after
 // the instances are provisioned (launch/sagemaker/submit.py runs it).
@@ -386,6 +415,7 @@ int sagemaker_check(const std::string& file) {
   } else {
     // the file is in a channel: each key and value, not the whole
     check_sets(sets, "hyperparameters");
+    check_fixed_values(hp.sets);
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " name known keys with values of their types (the config file ", hp.config_file,
          " is read in the job)");

@@ -394,6 +394,44 @@ def check_hyperparameters(binary, jobs):
                                f"--no-check skips it)")
 
 
+# CreateTrainingJob's limits on HyperParameters (the API reference: at most 100 entries, keys
+# up to 256 characters, values up to 2500). botocore does not check the maxima before sending,
+# so a longer value failed at AWS (exit 3) instead of here (exit 2).
+MAX_HYPERPARAMETERS, MAX_HP_KEY, MAX_HP_VALUE = 100, 256, 2500
+
+
+def check_job_shape(args, channels, jobs):
+    """What fails in every job of this shape, whatever the config file says: the API's limits
+    on hyperparameters, a config file in a channel the job does not have, and several hosts
+    without S3 checkpoints (each host's /opt/ml/checkpoints is its own; the ranks refuse a
+    checkpoint directory that is not one shared directory)."""
+    if args.config and not os.path.isabs(args.config):
+        channel = args.config.split("/", 1)[0]
+        if "/" not in args.config or channel not in channels:
+            raise BadInput(f"--config {args.config}: names a file in channel '{channel}', but no "
+                           f"--channel {channel}=s3://... is given (CHANNEL/FILE.toml under "
+                           f"the job's input/data)")
+    for name, hp, _ in jobs:
+        if len(hp) > MAX_HYPERPARAMETERS:
+            raise BadInput(f"job {name}: {len(hp)} hyperparameters, more than the "
+                           f"{MAX_HYPERPARAMETERS} SageMaker takes")
+        for k, v in hp.items():
+            if len(k) > MAX_HP_KEY or len(str(v)) > MAX_HP_VALUE:
+                raise BadInput(f"job {name}: hyperparameter {k[:80]}'s "
+                               f"{'key' if len(k) > MAX_HP_KEY else 'value'} is "
+                               f"{max(len(k), len(str(v)))} characters, more than the "
+                               f"{MAX_HP_KEY if len(k) > MAX_HP_KEY else MAX_HP_VALUE} "
+                               f"SageMaker takes")
+        if args.instance_count > 1 and "checkpoint.s3_uri" not in hp:
+            why = (f"--instance-count {args.instance_count}: every host has its own "
+                   f"/opt/ml/checkpoints, and the ranks need one checkpoint directory they all "
+                   f"see: set --set checkpoint.s3_uri=s3://BUCKET/PREFIX")
+            if "config" not in hp:
+                raise BadInput(f"job {name}: {why}")
+            print(f"warning: job {name}: {why} (unless the config file {hp['config']} sets it)",
+                  file=sys.stderr, flush=True)
+
+
 def submit(argv):
     p = Parser(prog="submit.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--job-name", help="job name (default mxtrain-<UTC time>); a sweep's prefix")
@@ -461,6 +499,7 @@ def submit(argv):
     else:
         jobs.append((_job_name(base), hyper, []))
 
+    check_job_shape(args, channels, jobs)
     if not args.no_check:
         binary = _mxtrain_binary(args.mxtrain)
         if binary:

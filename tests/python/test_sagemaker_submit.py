@@ -261,8 +261,21 @@ def test_bad_flags_are_refused(aws, extra, needle):
     # the whole config when no file is named: a value the schema types allow, the config refuses
     (["--set", "train.lr=-1"], "train.lr must be positive"),
     # with a config file (read in the job), keys and types still
-    (["--config", "train/c.toml", "--set", "model.presett=tiny"],
+    (["--config", "train/c.toml", "--channel", "train=s3://mxtrain-test/d/",
+      "--set", "model.presett=tiny"],
      "unknown config key 'model.presett' (from hyperparameters)"),
+    # ... and values of a fixed set, whatever the file says (found by a hunt: passed, failed
+    # in the job)
+    (["--config", "train/c.toml", "--channel", "train=s3://mxtrain-test/d/",
+      "--set", "model.preset=huge"], "huge"),
+    (["--config", "train/c.toml", "--channel", "train=s3://mxtrain-test/d/",
+      "--set", "precision.recipe=fp7"], "fp7"),
+    # what fails in every job of the shape: a config file in a channel the job lacks, several
+    # hosts without S3 checkpoints, a value past the API's 2500 characters (sent, botocore
+    # would have failed it at AWS: exit 3)
+    (["--config", "config/run.toml"], "no --channel config=s3://"),
+    (["--instance-count", "2"], "set --set checkpoint.s3_uri="),
+    (["--set", "data.path=" + "d/" * 1500], "value is 3000 characters, more than the 2500"),
     # each sweep point: the second's value is the bad one, and its job is named
     (["--sweep", "train.micro_batch=2,two"], "job checked-1-micro-batch-two"),
     (["--set", "sagemaker.processes_per_hots=2"], "unknown hyperparameter"),
