@@ -849,6 +849,10 @@ int run_training(const RunConfig& cfg) {
              "raise data.val_fraction", " or lower train.eval_batches)"));
   int64_t step = start_step;
   int64_t stop_signal = 0;
+  // Tests only: a signal between the start-up's last agreement and the first step, a window
+  // too narrow to hit from outside.
+  if (const char* t = std::getenv("MXTRAIN_TEST_SIGNAL_BEFORE_FIRST_STEP"); t && *t == '1')
+    std::raise(SIGTERM);
   for (; step < tc.steps; ++step) {
     // Every rank stops at the same step boundary (a signal may reach only some of them).
     stop_signal = W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
@@ -968,7 +972,10 @@ int run_training(const RunConfig& cfg) {
   const int sig = int(stop_signal);
   // The last checkpoint is always waited for: the run ends only once it has committed.
   const double loop_ckpt_stall = checkpointer.stall_seconds();
-  if (step > start_step || sig) {
+  // A stop before this run's first step trained nothing: no checkpoint (it wrote the untrained
+  // weights as step 0, or rewrote the step it had resumed from, which on S3 means uncommitting
+  // it first, so a failure there lost it).
+  if (step > start_step) {
     if (sig) {
       // Tests only: a stop checkpoint that takes this long, as a large model's does, to show
       // that the launcher leaves the ranks time to write it.
@@ -978,7 +985,9 @@ int run_training(const RunConfig& cfg) {
     if (last_saved != step) save(step);
     checkpointer.finish();
   }
-  std::string final_dir = step > start_step || sig ? checkpointer.store().step_location(step) : "";
+  const bool resumed = resume_step >= 0;
+  std::string final_dir =
+      step > start_step || resumed ? checkpointer.store().step_location(step) : "";
   auto stats = be.gemm_stats();
   const int64_t peak = engine.tracker.peak();
   const int64_t peak_max = W > 1 ? world.all_reduce(peak, ReduceOp::kMax) : peak;
@@ -1038,6 +1047,12 @@ int run_training(const RunConfig& cfg) {
   // of zero steps (final loss null, 0 tok/s) after a resumed run's earlier one would read as
   // the result, as for a run started again after it was complete.
   if (lead && step > start_step) metrics->write(summary);
+  if (sig && step == start_step) {
+    info("stopped by signal ", sig, " before the first step: nothing trained, ",
+         resumed ? "the checkpoint it resumed from stands (" + final_dir + ")"
+                 : std::string("no checkpoint written"));
+    return sig == SIGINT ? 130 : 143;
+  }
   if (sig) {
     info("stopped by signal ", sig, " at step ", step, "; checkpoint ", final_dir);
     return sig == SIGINT ? 130 : 143;

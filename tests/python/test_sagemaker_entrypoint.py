@@ -451,7 +451,8 @@ def test_a_stop_at_the_start_of_a_two_process_job_is_not_lost(tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 143, err[-3000:]
-    assert "stopped by signal 15 at step" in err, err[-3000:]
+    # at a step boundary, before the first step, or during start-up: taken, whichever it was
+    assert "stopped by signal 15 " in err, err[-3000:]
     assert not (root / "checkpoints" / f"step_{total:08d}").exists(), err[-3000:]
     assert not (root / "model" / "model.safetensors").exists()
 

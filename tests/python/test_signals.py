@@ -160,6 +160,36 @@ def test_a_stop_while_the_weights_load_ends_the_run_there(tmp_path, source):
     assert not (out / "checkpoints" / "step_00000002").exists()
 
 
+def test_a_stop_before_the_first_step_writes_no_checkpoint(tmp_path):
+    """A stop between start-up and the first step (MXTRAIN_TEST_SIGNAL_BEFORE_FIRST_STEP: the
+    process signals itself there) wrote the untrained weights as step 0, or, on a resumed run,
+    rewrote the step it had resumed from (on S3: uncommitted first, so a failure lost it). Now
+    nothing is written, and the resumed-from step stays byte for byte."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a stitch in time saves nine. " * 400)
+    out = tmp_path / "run"
+    base = [MXTRAIN_BIN, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus}",
+            "--set", "train.seq_len=32", "--set", "train.eval_every=0",
+            "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    stop = dict(env, MXTRAIN_TEST_SIGNAL_BEFORE_FIRST_STEP="1")
+    r = subprocess.run(base + ["--set", "train.steps=2"], capture_output=True, text=True,
+                       env=stop, timeout=120)
+    assert r.returncode == 143, r.stderr
+    assert "before the first step: nothing trained, no checkpoint written" in r.stderr, r.stderr
+    assert not list(out.rglob("step_*")), list(out.rglob("*"))
+    r = subprocess.run(base + ["--set", "train.steps=2"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    r = subprocess.run(base + ["--set", "train.steps=4"], capture_output=True, text=True,
+                       env=stop, timeout=120)
+    assert r.returncode == 143, r.stderr
+    assert "the checkpoint it resumed from stands" in r.stderr and "step_00000002" in r.stderr
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_a_second_ctrl_c_quits_at_once(tmp_path, monkeypatch):
     """A stop waits for a step boundary, which a long start-up reaches minutes later: the first
     Ctrl-C says so, a second quits at once (killed by SIGINT, no stop checkpoint)."""
