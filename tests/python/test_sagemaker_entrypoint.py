@@ -547,11 +547,13 @@ def test_the_failure_file_is_cut_on_a_character_boundary(tmp_path):
 
 # --- two hosts on this one machine -------------------------------------------------------------
 # SageMaker gives every host its own /opt/ml and the names algo-1, algo-2. Here: two trees under
-# tmp_path, the names in a private /etc/hosts (bind-mounted in a mount namespace of the master's
-# own, `unshare --mount`; nothing outside it sees the file) on two loopback addresses, a fake
-# `ssh` (OMPI_MCA_plm_rsh_agent) that runs Open MPI's remote command here with a bare
-# environment and the named host's /opt/ml, as a login on that host would, and a fake `sshd`
-# (MXTRAIN_SSHD) that listens on port 22 of algo-2's address, as the master checks.
+# tmp_path, each seen at one path (tmp_path/opt_ml, as every real host sees its own at /opt/ml:
+# the ranks compare their config sources, platform paths included) through a bind mount in a
+# mount namespace of the host's processes (`unshare --mount`); the names in a private /etc/hosts
+# (bind-mounted in the master's namespace) on two loopback addresses, a fake `ssh`
+# (OMPI_MCA_plm_rsh_agent) that runs Open MPI's remote command here with a bare environment and
+# the named host's /opt/ml, as a login on that host would, and a fake `sshd` (MXTRAIN_SSHD) that
+# listens on port 22 of algo-2's address, as the master checks.
 
 FAKE_SSH = """#!/bin/sh
 # ssh [options] HOST COMMAND: what Open MPI's rsh launcher runs; here HOST is this machine
@@ -560,7 +562,9 @@ FAKE_SSH = """#!/bin/sh
 echo "$@" >> "{log}"
 while [ $# -gt 0 ]; do case "$1" in -[bcDEeFIiJLlmOopQRSWw]) shift 2;; -*) shift;; *) break;; esac; done
 host=$1; shift
-exec env -i PATH="$PATH" HOME="$HOME" MXTRAIN_SM_ROOT="{hosts_dir}/$host/opt_ml" \
+exec unshare --mount sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' \
+  "{hosts_dir}/$host/opt_ml" "{common}" \
+  env -i PATH="$PATH" HOME="$HOME" MXTRAIN_SM_ROOT="{common}" \
   TMPDIR="{hosts_dir}/$host/tmp" /bin/sh -c "$*"
 """
 
@@ -624,8 +628,10 @@ def _two_host_setup(tmp_path, hp):
     etc_hosts = tmp_path / "etc_hosts"
     etc_hosts.write_text(open("/etc/hosts").read() + "".join(
         f"{ip} {h}\n" for h, ip in ips.items()))
+    common = tmp_path / "opt_ml"  # where each host's processes see their own tree
+    common.mkdir()
     ssh = tmp_path / "fake_ssh"
-    ssh.write_text(FAKE_SSH.format(log=tmp_path / "ssh.log", hosts_dir=hosts_dir))
+    ssh.write_text(FAKE_SSH.format(log=tmp_path / "ssh.log", hosts_dir=hosts_dir, common=common))
     sshd = tmp_path / "fake_sshd"
     sshd.write_text(FAKE_SSHD.format(python=sys.executable, ip=ips["algo-2"]))
     for f in (ssh, sshd):
@@ -637,15 +643,18 @@ def _start_two_hosts(roots, etc_hosts, ssh, sshd, base_env):
     """Starts algo-2 (the worker), then algo-1 (the master, in its own mount namespace; `exec`
     makes the Popen's process mxtrain itself, so a signal reaches it as SageMaker's would)."""
     tmp = {h: str(root.parent / "tmp") for h, root in roots.items()}  # each host's own /tmp
+    common = str(etc_hosts.parent / "opt_ml")
     worker = subprocess.Popen(
-        [MXTRAIN_BIN, "sagemaker", "train"],
-        env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-2"]), MXTRAIN_SSHD=str(sshd),
+        ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" "$1" && shift && exec "$@"',
+         str(roots["algo-2"]), common, MXTRAIN_BIN, "sagemaker", "train"],
+        env=dict(base_env, MXTRAIN_SM_ROOT=common, MXTRAIN_SSHD=str(sshd),
                  TMPDIR=tmp["algo-2"]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     master = subprocess.Popen(
-        ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
-         str(etc_hosts), MXTRAIN_BIN, "sagemaker", "train"],
-        env=dict(base_env, MXTRAIN_SM_ROOT=str(roots["algo-1"]),
+        ["unshare", "--mount", "sh", "-c",
+         'mount --bind "$0" /etc/hosts && mount --bind "$1" "$2" && shift 2 && exec "$@"',
+         str(etc_hosts), str(roots["algo-1"]), common, MXTRAIN_BIN, "sagemaker", "train"],
+        env=dict(base_env, MXTRAIN_SM_ROOT=common,
                  OMPI_MCA_plm_rsh_agent=str(ssh), TMPDIR=tmp["algo-1"]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return master, worker
