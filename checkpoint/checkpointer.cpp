@@ -37,7 +37,8 @@ FileRecord write_with_retries(CheckpointStore& store, int64_t step, const std::s
     } catch (const std::exception& e) {
       if (attempt >= attempts)
         throw StorageError(str("checkpoint ", store.step_location(step), "/", name, ": ",
-                               e.what(), " (after ", attempts, " attempts)"));
+                               e.what(), " (", attempts, attempts == 1 ? " attempt" : " attempts",
+                               " at the whole file)"));
       warn(str("checkpoint ", store.step_location(step), "/", name, ": ", e.what(),
                "; retrying (attempt ", attempt + 1, " of ", attempts, ")"));
       std::this_thread::sleep_for(std::chrono::milliseconds(250 << std::min(attempt, 6)));

@@ -736,11 +736,16 @@ void prune_checkpoints(CheckpointStore& store, int64_t keep, int64_t newest) {
   for (int64_t s : store.committed_steps())
     if (s <= newest) steps.push_back(s);  // above it: not this run's (a junk or corrupt step)
   // A step that cannot be deleted stays, with a warning: failing here would stop the run and
-  // lose its later steps over old data.
+  // lose its later steps over old data. That is any failure of the deletes themselves: a
+  // storage error, and S3's refusals too (403 from Object Lock or a policy denying deletes, a
+  // UserError elsewhere, ended the run with exit 2). Configuration errors show earlier (the
+  // listing above, the uploads of the step just committed) and still stop the run.
   for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) {
     try {
       store.remove_step(steps[i]);
     } catch (const StorageError& e) {
+      warn(str("checkpoint.keep: ", e.what(), " (it stays; training goes on)"));
+    } catch (const UserError& e) {
       warn(str("checkpoint.keep: ", e.what(), " (it stays; training goes on)"));
     }
   }

@@ -321,12 +321,21 @@ class S3Store final : public CheckpointStore {
     // first file is overwritten. Writing over the files of a step whose manifest still stood
     // left a step that looked committed but failed its ETag checks, and a kill then lost it
     // anyway; now a reader sees it uncommitted (and a rerun removes its rest).
-    bool first = false;
+    bool checked = false;
     {
       std::lock_guard<std::mutex> lock(uncommit_mu_);
-      first = uncommitted_.insert(step).second;
+      checked = uncommitted_.count(step) != 0;
     }
-    if (first) client_->delete_object(uri_.bucket, key(step, kManifestName));
+    if (!checked) {
+      // Only a step that is committed is uncommitted: a DELETE before every step's first
+      // file stopped a role without s3:DeleteObject at its first checkpoint. The step counts
+      // as uncommitted only once the DELETE succeeded: marked before, a failed DELETE's
+      // retry wrote over the committed step's files with its manifest still standing.
+      if (client_->head_object(uri_.bucket, key(step, kManifestName)))
+        client_->delete_object(uri_.bucket, key(step, kManifestName));
+      std::lock_guard<std::mutex> lock(uncommit_mu_);
+      uncommitted_.insert(step);
+    }
     std::string etag = client_->upload(uri_.bucket, key(step, name), data, size);
     return {name, uint64_t(size), etag};
   }
@@ -379,7 +388,9 @@ class S3Store final : public CheckpointStore {
     if (!info) throw StorageError(str(location(step, name), ": no such object"));
     MX_REQUIRE(info->size <= max_bytes, location(step, name), " is ", info->size,
                " bytes, more than the ", max_bytes, " such a file can be");
-    return client_->get_object(uri_.bucket, key(step, name));
+    // The GET takes no more than the HEAD's size, of the object the HEAD saw: a server or an
+    // object replaced since answering 300 MB was buffered whole.
+    return client_->get_object(uri_.bucket, key(step, name), info->size, info->etag);
   }
 
   void read_stream(int64_t step, const std::string& name,
@@ -413,7 +424,9 @@ class S3Store final : public CheckpointStore {
   }
 
   std::mutex uncommit_mu_;
-  std::set<int64_t> uncommitted_;  // steps this process has uncommitted before writing them
+  // Steps this store has made sure are not committed (manifest found absent, or deleted)
+  // before writing their files.
+  std::set<int64_t> uncommitted_;
   std::string prefix() const { return uri_.key.empty() ? "" : uri_.key + "/"; }
   // Listings ask for the prefix without its trailing '/' and filter here (split() checks the
   // '/'): the same keys on AWS, and it keeps moto's signature check (which mishandles an
@@ -456,15 +469,20 @@ std::unique_ptr<CheckpointStore> open_checkpoint_store(const std::string& root) 
   s3::S3Config cfg = s3::S3Config::from_env();
   if (const char* ps = std::getenv("MXTRAIN_S3_PART_SIZE"); ps && *ps) {
     char* end = nullptr;
-    unsigned long long v = std::strtoull(ps, &end, 10);
-    MX_REQUIRE(end && *end == '\0' && v >= s3::kMinPartSize, "MXTRAIN_S3_PART_SIZE='", ps,
+    // (digits only: strtoull takes "-1" as 18446744073709551615, and skips leading spaces)
+    const bool digits = *ps >= '0' && *ps <= '9';
+    errno = 0;
+    unsigned long long v = digits ? std::strtoull(ps, &end, 10) : 0;
+    MX_REQUIRE(digits && errno == 0 && end && *end == '\0' && v >= s3::kMinPartSize,
+               "MXTRAIN_S3_PART_SIZE='", shortened(ps, 40),
                "' must be a byte count of at least 5 MiB (", s3::kMinPartSize, ")");
     cfg.part_size = cfg.multipart_threshold = v;
   }
   if (const char* ma = std::getenv("MXTRAIN_S3_MAX_ATTEMPTS"); ma && *ma) {
     char* end = nullptr;
     long v = std::strtol(ma, &end, 10);
-    MX_REQUIRE(end && *end == '\0' && v >= 1 && v <= 100, "MXTRAIN_S3_MAX_ATTEMPTS='", ma,
+    MX_REQUIRE(end && *end == '\0' && v >= 1 && v <= 100, "MXTRAIN_S3_MAX_ATTEMPTS='",
+               shortened(ma, 40),
                "' must be a number of tries from 1 to 100");
     cfg.retry.max_attempts = int(v);
   }

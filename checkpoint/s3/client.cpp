@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unordered_set>
 
 #include "checkpoint/s3/crypto.h"
 #include "checkpoint/s3/sigv4.h"
@@ -32,6 +33,7 @@ struct S3Client::Request {
   std::string bucket;
   std::string key;
   bool object_level = true;  // the path names the key (false: bucket-level request)
+  std::string listed_prefix;  // a listing's prefix, for messages (its key is empty)
   std::vector<std::pair<std::string, std::string>> query;
   std::vector<std::pair<std::string, std::string>> headers;
   const uint8_t* body = nullptr;
@@ -178,9 +180,32 @@ std::string S3Client::object_url(const std::string& bucket, const std::string& k
   return endpoint_.scheme + "://" + host_for(bucket) + path_for(bucket, key);
 }
 
+// "s3://bucket/key", or for a listing "s3://bucket/prefix" (an error naming only the bucket
+// did not say which of its prefixes failed).
+static std::string request_target(const S3Client::Request& req) {
+  const std::string& path = req.key.empty() ? req.listed_prefix : req.key;
+  return "s3://" + req.bucket + (path.empty() ? "" : "/" + path);
+}
+
 std::string S3Client::fail_message(const Request& req, const std::string& what) const {
-  std::string target = "s3://" + req.bucket + (req.key.empty() ? "" : "/" + req.key);
-  return "S3 " + req.op + " " + target + " failed: " + what;
+  return "S3 " + req.op + " " + request_target(req) + " failed: " + what;
+}
+
+// A 200 whose body must be one complete `root` document: an answer cut short (a listing ended
+// after some </Contents>, with a Content-Length to match) read as a shorter one made a run
+// take a committed step for uncommitted and delete its files; a portal's page read as an empty
+// listing made resume = auto start afresh. `root` empty: any complete document (S3-compatible
+// servers name some answers otherwise: moto's CompleteMultipartUploadResponse).
+static void require_document(const std::string& body, const std::string& root,
+                             const std::function<std::string(const std::string&)>& fail) {
+  const auto got = xml_root_name(body);
+  if (got && (root.empty() || *got == root)) return;
+  throw StorageError(fail(str(
+      "the answer is not a complete ", root.empty() ? "XML" : root, " document (",
+      got ? "a " + got->substr(0, 40) + " document"
+          : body.find("<" + root) != std::string::npos ? "cut short or malformed"
+                                                      : "not XML of that kind",
+      ": ", body.size(), " bytes; a proxy or a portal answering for S3? check AWS_ENDPOINT_URL)")));
 }
 
 // ------------------------------------------------------------------ the request loop
@@ -234,6 +259,10 @@ S3Client::Response S3Client::execute(const Request& req) {
     if (!r.transport_ok()) {
       if (r.sink_aborted)
         throw StorageError(redact(fail_message(req, "the response body was longer than requested"), creds));
+      if (r.body_too_long)
+        throw StorageError(redact(fail_message(req, str("the answer's body is longer than the ",
+                                                        http.max_buffered_body, " bytes such an "
+                                                        "answer can be")), creds));
       problem = "connection error: " + r.curl_error;
       retryable = is_retryable_transport_error(r.curl_code);
     } else {
@@ -260,14 +289,14 @@ S3Client::Response S3Client::execute(const Request& req) {
     }
     if (retryable && attempt < max_attempts) {
       double delay = backoff_delay_s(cfg_.retry, attempt, rng());
-      warn(redact(str("S3 ", req.op, " s3://", req.bucket, req.key.empty() ? "" : "/", req.key,
-                      ": ", problem, "; retry ", attempt, "/", max_attempts - 1, " in ",
-                      static_cast<int>(delay * 1000), " ms"), creds));
+      warn(redact(str("S3 ", req.op, " ", request_target(req), ": ", problem, "; retry ", attempt,
+                      "/", max_attempts - 1, " in ", static_cast<int>(delay * 1000), " ms"),
+                  creds));
       std::this_thread::sleep_for(std::chrono::duration<double>(delay));
       continue;
     }
     std::string msg = fail_message(req, problem);
-    if (retryable) msg += str(" (after ", attempt, " attempts)");
+    if (retryable && attempt > 1) msg += str(" (after ", attempt, " attempts)");
     msg = redact(msg, creds);
     if (config_error) throw UserError(msg + " [check the AWS credentials, bucket and region]");
     throw StorageError(msg);
@@ -330,9 +359,33 @@ uint64_t answer_size(const std::string& text, const std::string& context) {
 }
 }  // namespace
 
-std::string S3Client::get_object(const std::string& bucket, const std::string& key) {
+std::string S3Client::get_object(const std::string& bucket, const std::string& key,
+                                 uint64_t max_bytes, const std::string& if_match_etag) {
   Request req("GetObject", "GET", bucket, key);
-  Response r = execute(req);
+  if (!if_match_etag.empty()) req.headers.emplace_back("if-match", "\"" + if_match_etag + "\"");
+  // The body is taken up to max_bytes and no further: a server (or an object replaced since
+  // its HEAD) answering 300 MB for a manifest was buffered whole.
+  std::string body;
+  req.before_attempt = [&] { body.clear(); };
+  req.sink = [&](const char* d, size_t n) {
+    if (n > max_bytes || body.size() > max_bytes - n) return false;
+    body.append(d, n);
+    return true;
+  };
+  Response r;
+  try {
+    r = execute(req);
+  } catch (const StorageError& e) {
+    const std::string what = e.what();
+    if (!if_match_etag.empty() && what.find("PreconditionFailed") != std::string::npos)
+      throw StorageError(fail_message(req, "the object changed since it was looked at (its ETag is "
+                                           "no longer " + if_match_etag + ")"));
+    if (what.find("longer than requested") != std::string::npos)
+      throw StorageError(fail_message(req, str("the answer is longer than the ", max_bytes,
+                                               " bytes expected")));
+    throw;
+  }
+  r.body = std::move(body);
   std::string len = r.header("content-length");
   if (!len.empty() && answer_size(len, fail_message(req, "Content-Length")) != r.body.size())
     throw StorageError(fail_message(req, str("got ", r.body.size(), " bytes of ", len)));
@@ -402,9 +455,17 @@ std::optional<ObjectInfo> S3Client::head_object(const std::string& bucket, const
   if (r.status == 404) return std::nullopt;
   ObjectInfo info;
   info.key = key;
-  std::string len = r.header("content-length");
-  info.size = len.empty() ? 0 : answer_size(len, fail_message(req, "Content-Length"));
+  // S3 answers every HEAD of an object with its size and ETag: an answer without them (a
+  // proxy's) read as size 0 and ETag "" failed a good checkpoint's checks, and resume = auto
+  // skipped it and uncommitted it. A storage failure, not a verdict on the object.
+  const std::string len = r.header("content-length");
+  if (len.empty())
+    throw StorageError(fail_message(req, "the answer carries no Content-Length (a proxy "
+                                         "answering for S3?)"));
+  info.size = answer_size(len, fail_message(req, "Content-Length"));
   info.etag = unquote(r.header("etag"));
+  if (info.etag.empty())
+    throw StorageError(fail_message(req, "the answer carries no ETag (a proxy answering for S3?)"));
   info.last_modified = r.header("last-modified");
   info.etag_is_md5 = etag_is_md5(r.headers);
   return info;
@@ -421,29 +482,36 @@ ListPage S3Client::list_objects_v2(const std::string& bucket, const std::string&
                                    const std::string& delimiter) {
   MX_REQUIRE(max_keys >= 1 && max_keys <= 1000, "S3 max-keys ", max_keys, " must be 1 to 1000");
   Request req("ListObjectsV2", "GET", bucket, "", false);
+  req.listed_prefix = prefix;
   req.query = {{"list-type", "2"}, {"max-keys", std::to_string(max_keys)}};
   if (!prefix.empty()) req.query.emplace_back("prefix", prefix);
   if (!continuation_token.empty()) req.query.emplace_back("continuation-token", continuation_token);
   if (!delimiter.empty()) req.query.emplace_back("delimiter", delimiter);
   Response r = execute(req);
-  // A 200 that is not a listing (a captive portal's page, a misrouted proxy) read as an empty
-  // listing made resume = auto start afresh over an existing run: a storage failure instead.
-  if (r.body.find("<ListBucketResult") == std::string::npos)
-    throw StorageError(fail_message(req, "the answer is not a ListBucketResult (a proxy or a "
-                                         "portal answering for S3? check AWS_ENDPOINT_URL)"));
+  auto fail = [&](const std::string& what) { return fail_message(req, what); };
+  // A 200 that is not a complete listing (a captive portal's page, a misrouted proxy, an
+  // answer cut short) is a storage failure: read as an empty or shorter listing, it made
+  // resume = auto start afresh, and a run's start-up delete a committed step's files.
+  require_document(r.body, "ListBucketResult", fail);
   ListPage page;
   for (const std::string& c : xml_all_raw(r.body, "Contents")) {
     ObjectInfo o;
     o.key = xml_first(c, "Key").value_or("");
-    std::string size = xml_first(c, "Size").value_or("0");
-    o.size = size.empty() ? 0 : answer_size(size, fail_message(req, "<Size> of " + o.key));
+    const auto size = xml_first(c, "Size");
+    if (o.key.empty() || !size)
+      throw StorageError(fail("a <Contents> without its Key or Size"));
+    o.size = answer_size(*size, fail_message(req, "<Size> of " + o.key));
     o.etag = unquote(xml_first(c, "ETag").value_or(""));
     o.last_modified = xml_first(c, "LastModified").value_or("");
     page.objects.push_back(std::move(o));
   }
   for (const std::string& p : xml_all_raw(r.body, "CommonPrefixes"))
     page.common_prefixes.push_back(xml_first(p, "Prefix").value_or(""));
-  if (xml_first(r.body, "IsTruncated").value_or("false") == "true") {
+  const std::string truncated = xml_first(r.body, "IsTruncated").value_or("");
+  if (truncated != "true" && truncated != "false")
+    throw StorageError(fail("the listing says neither that it is complete nor that it is "
+                            "truncated (no <IsTruncated>true or false)"));
+  if (truncated == "true") {
     page.next_continuation_token = xml_first(r.body, "NextContinuationToken").value_or("");
     if (page.next_continuation_token.empty())
       throw StorageError(fail_message(req, "a truncated listing came without a continuation token"));
@@ -455,16 +523,34 @@ std::vector<ObjectInfo> S3Client::list_all(const std::string& bucket, const std:
   std::vector<ObjectInfo> all;
   std::string token;
   std::set<std::string> seen;  // a token given twice would list the same pages forever
-  do {
+  auto fail = [&](const std::string& what) {
+    return StorageError(str("S3 ListObjectsV2 s3://", bucket, prefix.empty() ? "" : "/", prefix,
+                            " failed: ", what, " (the listing would never end)"));
+  };
+  // Every page must list keys no earlier page listed (S3 lists each key once, in ascending
+  // order; directory buckets in no order, so the order is not relied on): a server answering
+  // the same keys with ever new tokens was listed forever (678 requests in 30 s, memory
+  // growing). Pages of no keys and the number of pages are bounded too.
+  std::unordered_set<std::string> keys;
+  int empty_pages = 0;
+  for (int pages = 1;; ++pages) {
     ListPage p = list_objects_v2(bucket, prefix, token);
-    for (auto& o : p.objects) all.push_back(std::move(o));
+    for (auto& o : p.objects) {
+      if (!keys.insert(o.key).second)
+        throw fail(str("page ", pages, " lists ", shortened(o.key, 200),
+                       " again: the keys do not advance"));
+      all.push_back(std::move(o));
+    }
     token = p.next_continuation_token;
-    if (!token.empty() && !seen.insert(token).second)
-      throw StorageError(str("S3 ListObjectsV2 s3://", bucket, "/", prefix, " failed: a truncated ",
-                             "listing gave a continuation token it had given before (the listing ",
-                             "would never end)"));
-  } while (!token.empty());
-  return all;
+    if (token.empty()) return all;
+    empty_pages = p.objects.empty() ? empty_pages + 1 : 0;
+    if (empty_pages >= kMaxEmptyListPages)
+      throw fail(str(empty_pages, " truncated pages in a row listed no key"));
+    if (pages >= kMaxListPages)
+      throw fail(str("more than ", kMaxListPages, " pages"));
+    if (!seen.insert(token).second)
+      throw fail("a truncated listing gave a continuation token it had given before");
+  }
 }
 
 // ------------------------------------------------------------------ multipart
@@ -473,6 +559,7 @@ std::string S3Client::create_multipart_upload(const std::string& bucket, const s
   Request req("CreateMultipartUpload", "POST", bucket, key);
   req.query = {{"uploads", ""}};
   Response r = execute(req);
+  require_document(r.body, "", [&](const std::string& what) { return fail_message(req, what); });
   std::string id = xml_first(r.body, "UploadId").value_or("");
   if (id.empty()) throw StorageError(fail_message(req, "the response has no UploadId"));
   return id;
@@ -510,6 +597,9 @@ std::string S3Client::complete_multipart_upload(const std::string& bucket, const
   req.body = reinterpret_cast<const uint8_t*>(body.data());
   req.body_size = body.size();
   Response r = execute(req);
+  // (an <Error> in a 200 is handled by execute; the completed object's size and ETag are
+  // checked by a HEAD after this)
+  require_document(r.body, "", [&](const std::string& what) { return fail_message(req, what); });
   return unquote(xml_first(r.body, "ETag").value_or(unquote(r.header("etag"))));
 }
 
@@ -525,29 +615,38 @@ std::vector<OpenUpload> S3Client::list_multipart_uploads(const std::string& buck
                                                          const std::string& prefix) {
   std::vector<OpenUpload> all;
   std::string key_marker, id_marker;
-  for (;;) {
+  std::set<std::pair<std::string, std::string>> seen;  // markers given before: a loop
+  for (int pages = 1;; ++pages) {
     Request req("ListMultipartUploads", "GET", bucket, "", false);
+    req.listed_prefix = prefix;
     req.query = {{"uploads", ""}};
     if (!prefix.empty()) req.query.emplace_back("prefix", prefix);
     if (!key_marker.empty()) req.query.emplace_back("key-marker", key_marker);
     if (!id_marker.empty()) req.query.emplace_back("upload-id-marker", id_marker);
     Response r = execute(req);
-    if (r.body.find("<ListMultipartUploadsResult") == std::string::npos)
-      throw StorageError(fail_message(req, "the answer is not a ListMultipartUploadsResult (a "
-                                           "proxy or a portal answering for S3? check "
-                                           "AWS_ENDPOINT_URL)"));
+    require_document(r.body, "ListMultipartUploadsResult",
+                     [&](const std::string& what) { return fail_message(req, what); });
     for (const std::string& u : xml_all_raw(r.body, "Upload")) {
       OpenUpload o{xml_first(u, "Key").value_or(""), xml_first(u, "UploadId").value_or("")};
       if (o.key.empty() || o.upload_id.empty())
         throw StorageError(fail_message(req, "an <Upload> without its Key or UploadId"));
       all.push_back(std::move(o));
     }
-    if (xml_first(r.body, "IsTruncated").value_or("false") != "true") return all;
+    const std::string truncated = xml_first(r.body, "IsTruncated").value_or("");
+    if (truncated != "true" && truncated != "false")
+      throw StorageError(fail_message(req, "the listing says neither that it is complete nor "
+                                           "that it is truncated (no <IsTruncated>true or false)"));
+    if (truncated == "false") return all;
     std::string next_key = xml_first(r.body, "NextKeyMarker").value_or("");
     std::string next_id = xml_first(r.body, "NextUploadIdMarker").value_or("");
-    // A truncated page must move the markers on, or the listing would never end.
-    if (next_key.empty() || (next_key == key_marker && next_id == id_marker))
+    // A truncated page must move the markers on to ones not given before, or the listing
+    // would never end.
+    if (next_key.empty() || (next_key == key_marker && next_id == id_marker) ||
+        !seen.emplace(next_key, next_id).second)
       throw StorageError(fail_message(req, "a truncated listing came without new markers"));
+    if (pages >= kMaxListPages)
+      throw StorageError(fail_message(req, str("more than ", kMaxListPages, " pages (the listing "
+                                               "would never end)")));
     key_marker = std::move(next_key);
     id_marker = std::move(next_id);
   }

@@ -45,6 +45,10 @@ struct S3Config {
 };
 
 inline constexpr uint64_t kMinPartSize = 5ull << 20;
+// A listing longer than this many pages (of up to 1,000 keys) is refused as one that would
+// never end; and so is one whose truncated pages list no key this many times in a row.
+inline constexpr int kMaxListPages = 100000;
+inline constexpr int kMaxEmptyListPages = 100;
 inline constexpr int kMaxParts = 10000;
 
 struct ObjectInfo {
@@ -89,12 +93,16 @@ class S3Client {
   void create_bucket(const std::string& bucket);  // tests and tooling; ok if it exists and is ours
   std::string put_object(const std::string& bucket, const std::string& key, const void* data,
                          size_t size);  // returns the ETag
-  std::string get_object(const std::string& bucket, const std::string& key);
+  // The whole object, at most max_bytes of it (a longer answer is a StorageError, found before
+  // more is buffered); if_match_etag pins it to that ETag (an object replaced since is an error).
+  std::string get_object(const std::string& bucket, const std::string& key,
+                         uint64_t max_bytes = UINT64_MAX, const std::string& if_match_etag = "");
   // Exactly `length` bytes from `offset` into `dst` (StorageError if the object is shorter).
   void get_range(const std::string& bucket, const std::string& key, uint64_t offset,
                  uint64_t length, void* dst, const std::string& if_match_etag = "");
   std::string get_range(const std::string& bucket, const std::string& key, uint64_t offset,
                         uint64_t length);
+  // nullopt for a 404; an answer without Content-Length or ETag is a StorageError.
   std::optional<ObjectInfo> head_object(const std::string& bucket, const std::string& key);
   void delete_object(const std::string& bucket, const std::string& key);  // missing key: fine
   ListPage list_objects_v2(const std::string& bucket, const std::string& prefix,

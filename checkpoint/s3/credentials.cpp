@@ -49,8 +49,14 @@ std::time_t parse_iso8601_utc(const std::string& s) {
   std::tm tm{};
   int y, mo, d, h, mi;
   double sec;
-  MX_REQUIRE(std::sscanf(s.c_str(), "%d-%d-%dT%d:%d:%lf", &y, &mo, &d, &h, &mi, &sec) == 6,
-             "credential Expiration '", s, "' is not an ISO 8601 time");
+  // The time comes from a credentials endpoint's answer: one that is unusable is the AWS
+  // side's failure (exit 3), not the user's input, and the answer is never quoted.
+  if (s.size() > 64 ||
+      std::sscanf(s.c_str(), "%d-%d-%dT%d:%d:%lf", &y, &mo, &d, &h, &mi, &sec) != 6 ||
+      y < 1970 || y > 9999 || mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 ||
+      mi < 0 || mi > 59 || !(sec >= 0 && sec < 61))
+    throw StorageError(str("the credentials' Expiration (", s.size(),
+                           " characters, not shown) is not an ISO 8601 time"));
   tm.tm_year = y - 1900;
   tm.tm_mon = mo - 1;
   tm.tm_mday = d;
@@ -96,7 +102,13 @@ Credentials parse_credentials_json(const std::string& body, const std::string& w
   if (c.access_key_id.empty() || c.secret_access_key.empty())
     throw StorageError(str(what, " returned no AccessKeyId/SecretAccessKey"));
   std::string exp = field("Expiration");
-  if (!exp.empty()) c.expiration = parse_iso8601_utc(exp);
+  if (!exp.empty()) {
+    try {
+      c.expiration = parse_iso8601_utc(exp);
+    } catch (const StorageError& e) {
+      throw StorageError(str(what, " returned an unusable answer: ", e.what()));
+    }
+  }
   return c;
 }
 
@@ -154,6 +166,18 @@ static Credentials from_container(const CredentialSources& src) {
   return parse_credentials_json(r.body, "the container credentials endpoint");
 }
 
+// IAM role names: 1 to 64 of letters, digits and + = , . @ _ - (and the path's / never
+// appears in the listing). Anything else in the role listing is not a role name: it is never
+// echoed (an endpoint answering its credentials document there had it quoted in the error).
+static bool plausible_role_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) &&
+        std::string("+=,.@_-").find(ch) == std::string::npos)
+      return false;
+  return true;
+}
+
 static std::string trim(std::string s) {
   size_t b = s.find_first_not_of(" \t\r\n");
   size_t e = s.find_last_not_of(" \t\r\n");
@@ -184,6 +208,9 @@ static std::optional<Credentials> from_imds(const CredentialSources& src) {
     throw StorageError(str("EC2 instance metadata role lookup failed: ", describe_failure(role)));
   std::string name = trim(role.body.substr(0, role.body.find('\n')));
   if (name.empty()) return std::nullopt;
+  if (!plausible_role_name(name))
+    throw StorageError(str("EC2 instance metadata role lookup failed: the answer (",
+                           role.body.size(), " bytes, not shown) is not an IAM role name"));
 
   get.url = base + "/latest/meta-data/iam/security-credentials/" + uri_encode(name, false);
   HttpResponse cr = metadata_request(src, get);

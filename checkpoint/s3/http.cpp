@@ -31,7 +31,7 @@ struct Transfer {
   HttpResponse* resp;
   CURL* curl;
   size_t read_pos = 0;
-  int status_known = 0;  // 0 unknown, 1 2xx (sink), 2 other (buffer)
+  int status_known = 0;  // 0 unknown, 1 2xx (sink), 2 2xx (buffer), 3 other (first bytes kept)
 };
 
 size_t on_header(char* data, size_t size, size_t n, void* user) {
@@ -61,13 +61,16 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   if (t->status_known == 0) {
     long code = 0;
     curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &code);
-    t->status_known = (code >= 200 && code < 300 && t->req->sink) ? 1 : 2;
+    const bool ok = code >= 200 && code < 300;
+    t->status_known = ok && t->req->sink ? 1 : ok ? 2 : 3;
     if (t->status_known == 2 && t->resp->body.empty()) {
       std::string len = t->resp->headers.count("content-length")
                             ? t->resp->headers["content-length"] : "";
+      // A hint only, and never more than a body may be: a 200 claiming 99 GB made reserve()
+      // throw out of this C callback.
       if (!len.empty() && len.size() < 12 &&
-          len.find_first_not_of("0123456789") == std::string::npos)  // a hint only
-        t->resp->body.reserve(std::stoull(len));
+          len.find_first_not_of("0123456789") == std::string::npos)
+        t->resp->body.reserve(std::min<size_t>(std::stoull(len), t->req->max_buffered_body));
     }
   }
   if (t->status_known == 1) {
@@ -76,6 +79,16 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
       return 0;  // makes curl fail with CURLE_WRITE_ERROR
     }
     return bytes;
+  }
+  if (t->status_known == 3) {  // an error document: its start says what went wrong
+    const size_t room = kMaxErrorBody - std::min(kMaxErrorBody, t->resp->body.size());
+    t->resp->body.append(data, std::min(room, bytes));
+    return bytes;
+  }
+  const size_t limit = t->req->max_buffered_body;
+  if (bytes > limit - std::min(limit, t->resp->body.size())) {
+    t->resp->body_too_long = true;
+    return 0;  // makes curl fail with CURLE_WRITE_ERROR
   }
   t->resp->body.append(data, bytes);
   return bytes;

@@ -29,6 +29,10 @@ struct HttpRequest {
   // abort the transfer. Non-2xx bodies (error documents) are always buffered.
   std::function<bool(const char* data, size_t size)> sink;
   HttpTimeouts timeouts;
+  // A 2xx body buffered in HttpResponse::body (no sink) longer than this fails the transfer
+  // (body_too_long); of other bodies (error documents) the first kMaxErrorBody bytes are kept
+  // and the rest dropped. An answer of any size never makes memory grow past these.
+  size_t max_buffered_body = 64u << 20;
 };
 
 struct HttpResponse {
@@ -38,6 +42,7 @@ struct HttpResponse {
   int curl_code = 0;       // CURLcode; 0 = OK
   std::string curl_error;  // curl's message for curl_code
   bool sink_aborted = false;
+  bool body_too_long = false;  // a buffered 2xx body went past max_buffered_body
 
   bool transport_ok() const { return curl_code == 0; }
   std::string header(const std::string& lower_name) const {
@@ -45,6 +50,8 @@ struct HttpResponse {
     return it == headers.end() ? std::string() : it->second;
   }
 };
+
+inline constexpr size_t kMaxErrorBody = 64u << 10;
 
 HttpResponse http_perform(const HttpRequest& req);
 

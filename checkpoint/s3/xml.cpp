@@ -122,6 +122,82 @@ std::vector<std::string> xml_all_raw(const std::string& doc, const std::string& 
   return out;
 }
 
+std::optional<std::string> xml_root_name(const std::string& doc) {
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  std::vector<std::string> open;  // the element names not closed yet, innermost last
+  std::string root;
+  size_t i = 0;
+  if (doc.compare(0, 3, "\xEF\xBB\xBF") == 0) i = 3;  // a UTF-8 byte order mark
+  while (i < doc.size()) {
+    if (doc[i] != '<') {
+      // Text: inside the root anything but '<'; outside it only white space.
+      const size_t lt = doc.find('<', i);
+      const size_t end = lt == std::string::npos ? doc.size() : lt;
+      if (open.empty())
+        for (size_t k = i; k < end; ++k)
+          if (!space(doc[k])) return std::nullopt;
+      i = end;
+      continue;
+    }
+    if (doc.compare(i, 4, "<!--") == 0) {
+      const size_t e = doc.find("-->", i + 4);
+      if (e == std::string::npos) return std::nullopt;
+      i = e + 3;
+    } else if (doc.compare(i, 2, "<?") == 0) {
+      const size_t e = doc.find("?>", i + 2);
+      if (e == std::string::npos) return std::nullopt;
+      i = e + 2;
+    } else if (doc.compare(i, 9, "<![CDATA[") == 0) {
+      if (open.empty()) return std::nullopt;
+      const size_t e = doc.find("]]>", i + 9);
+      if (e == std::string::npos) return std::nullopt;
+      i = e + 3;
+    } else if (doc.compare(i, 2, "<!") == 0) {
+      return std::nullopt;  // a DOCTYPE or other declaration
+    } else if (doc.compare(i, 2, "</") == 0) {
+      const size_t gt = doc.find('>', i + 2);
+      if (gt == std::string::npos || open.empty()) return std::nullopt;
+      size_t name_end = gt;
+      while (name_end > i + 2 && space(doc[name_end - 1])) --name_end;
+      if (doc.compare(i + 2, name_end - (i + 2), open.back()) != 0 ||
+          name_end - (i + 2) != open.back().size())
+        return std::nullopt;  // closes another element than the innermost open one
+      open.pop_back();
+      i = gt + 1;
+    } else {
+      // A start tag: its name, then attributes (quoted values may hold '>' and '/').
+      size_t k = i + 1;
+      while (k < doc.size() && !space(doc[k]) && doc[k] != '>' && doc[k] != '/' && doc[k] != '<')
+        ++k;
+      if (k == i + 1 || k >= doc.size() || doc[k] == '<') return std::nullopt;
+      const std::string name = doc.substr(i + 1, k - i - 1);
+      char quote = 0;
+      for (; k < doc.size(); ++k) {
+        const char c = doc[k];
+        if (quote) {
+          if (c == quote) quote = 0;
+        } else if (c == '"' || c == '\'') {
+          quote = c;
+        } else if (c == '<') {
+          return std::nullopt;
+        } else if (c == '>') {
+          break;
+        }
+      }
+      if (k >= doc.size()) return std::nullopt;  // the tag itself is cut short
+      const bool empty_element = doc[k - 1] == '/';
+      if (open.empty()) {
+        if (!root.empty()) return std::nullopt;  // a second root element
+        root = name;
+      }
+      if (!empty_element) open.push_back(name);
+      i = k + 1;
+    }
+  }
+  if (root.empty() || !open.empty()) return std::nullopt;
+  return root;
+}
+
 std::optional<S3ErrorBody> parse_s3_error(const std::string& body) {
   auto err = xml_first_raw(body, "Error");
   if (!err) return std::nullopt;

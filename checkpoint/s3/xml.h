@@ -19,6 +19,14 @@ std::optional<std::string> xml_first(const std::string& doc, const std::string& 
 // The raw inner text of every <tag>...</tag>, in order.
 std::vector<std::string> xml_all_raw(const std::string& doc, const std::string& tag);
 
+// The name of the root element when `doc` is one complete, well-formed element: every start
+// tag closed by its own end tag, in order, and nothing after the root but white space,
+// comments and processing instructions (before it: those and an XML declaration). nullopt
+// otherwise: an answer cut short (a listing ending after some </Contents>, still a 200 with a
+// matching Content-Length) must not be read as a shorter document. Entities and names are not
+// checked further; a DOCTYPE is refused (S3 never sends one).
+std::optional<std::string> xml_root_name(const std::string& doc);
+
 // <Error><Code>..</Code><Message>..</Message><RequestId>..</RequestId></Error>
 struct S3ErrorBody {
   std::string code;

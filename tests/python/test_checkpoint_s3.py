@@ -207,10 +207,10 @@ class ProxyHandler(BaseHTTPRequestHandler):
         return self.rfile.read(n) if n else b""
 
 
-def forward(handler, upstream, body, rewrite=lambda data: data):
+def forward(handler, upstream, body, rewrite=lambda data: data, drop=()):
     """Sends the request `handler` holds to `upstream` unchanged (same Host header, so its
-    signature stays valid) and answers with upstream's answer, its body through `rewrite`.
-    Returns upstream's status."""
+    signature stays valid) and answers with upstream's answer, its body through `rewrite`,
+    without the headers named in `drop` (lowercase). Returns upstream's status."""
     conn = http.client.HTTPConnection(upstream, timeout=60)
     conn.request(handler.command, handler.path, body=body, headers=dict(handler.headers))
     resp = conn.getresponse()
@@ -218,15 +218,21 @@ def forward(handler, upstream, body, rewrite=lambda data: data):
     handler.send_response(resp.status)
     length = str(len(data))
     for k, v in resp.getheaders():
+        if k.lower() in drop:
+            continue
         if k.lower() == "content-length" and handler.command == "HEAD":
             length = v  # a HEAD answer has no body but the object's length
         elif k.lower() not in ("content-length", "transfer-encoding", "connection", "server",
                                "date"):
             handler.send_header(k, v)
-    handler.send_header("Content-Length", length)
+    if "content-length" not in drop:
+        handler.send_header("Content-Length", length)
     handler.end_headers()
     if handler.command != "HEAD":
-        handler.wfile.write(data)
+        try:
+            handler.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped reading (an answer longer than it takes)
     conn.close()
     return resp.status
 
@@ -430,11 +436,18 @@ class RewritingProxy:
     s3:ListBucketMultipartUploads); "page-uploads" pages that listing one upload at a time;
     "loop-list" answers every ListObjectsV2 as truncated with the same continuation token;
     "html-get" answers a GET of a manifest with a 200 HTML page (no ETag); "fake-put" answers
-    a PUT of a manifest with an empty 200 and stores nothing."""
+    a PUT of a manifest with an empty 200 and stores nothing; "cut-list" cuts every listing
+    after its first </Contents> (a 200 with a matching Content-Length); "head-no-length" and
+    "head-no-etag" drop that header from HEAD answers; "loop-keys" answers every listing with
+    the same key, truncated, with a new continuation token each time; "big-get" answers a GET
+    of a manifest with its headers and 200 MB of body; "delete-500-once" answers the first
+    DELETE of a manifest with 500; "deny-delete" answers every DELETE with 403 AccessDenied
+    (a role without s3:DeleteObject, or Object Lock)."""
 
     def __init__(self, moto, tmp_path):
         self.mode = None
         self.log = []
+        self.deletes_failed = 0
         upstream = moto.endpoint.replace("http://", "")
         proxy = self
 
@@ -463,6 +476,38 @@ class RewritingProxy:
                             b"<IsTruncated>true</IsTruncated><NextContinuationToken>same"
                             b"</NextContinuationToken></ListBucketResult>", "application/xml")
                 manifest = self.path.split("?")[0].endswith("/manifest.json")
+                if proxy.mode == "loop-keys" and self.command == "GET" and "list-type" in query:
+                    token = f"t{len(proxy.log)}".encode()
+                    fake = (b"<?xml version='1.0' encoding='UTF-8'?><ListBucketResult>"
+                            b"<Contents><Key>lost/step_00000002/manifest.json</Key><Size>1</Size>"
+                            b"</Contents><IsTruncated>true</IsTruncated><NextContinuationToken>"
+                            + token + b"</NextContinuationToken></ListBucketResult>",
+                            "application/xml")
+                deny = None
+                if proxy.mode == "deny-delete" and self.command == "DELETE":
+                    deny = (403, b"AccessDenied", b"Access Denied")
+                if (proxy.mode == "delete-500-once" and self.command == "DELETE" and manifest
+                        and proxy.deletes_failed == 0):
+                    proxy.deletes_failed += 1
+                    deny = (500, b"InternalError", b"injected")
+                if deny is not None:
+                    doc = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>" + deny[1] +
+                           b"</Code><Message>" + deny[2] + b"</Message></Error>")
+                    self.send_response(deny[0])
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(doc)))
+                    self.end_headers()
+                    self.wfile.write(doc)
+                    return
+                if proxy.mode == "head-no-length" and self.command == "HEAD":
+                    forward(self, upstream, body, drop=("content-length",))
+                    return
+                if proxy.mode == "head-no-etag" and self.command == "HEAD":
+                    forward(self, upstream, body, drop=("etag",))
+                    return
+                if proxy.mode == "big-get" and self.command == "GET" and manifest:
+                    forward(self, upstream, body, rewrite=lambda data: b" " * (200 << 20))
+                    return
                 if proxy.mode == "html-get" and self.command == "GET" and manifest:
                     fake = (b"<html><body>Sign in to continue</body></html>", "text/html")
                 if proxy.mode == "fake-put" and self.command == "PUT" and manifest:
@@ -500,6 +545,9 @@ class RewritingProxy:
                     self.wfile.write(page)
                     return
                 def rewrite(data):
+                    if (proxy.mode == "cut-list" and b"<ListBucketResult" in data
+                            and b"</Contents>" in data):
+                        return data[:data.index(b"</Contents>") + len(b"</Contents>")]
                     if proxy.mode == "size" and b"<ListBucketResult" in data:
                         return re.sub(rb"<Size>\d+</Size>", b"<Size>abc</Size>", data)
                     if paging and b"<ListMultipartUploadsResult" in data:
@@ -575,6 +623,185 @@ def test_answers_that_lie_and_replaced_steps(moto, tmp_path):
         assert "step_00000003" not in r.stdout, r.stdout
     finally:
         proxy.stop()
+
+
+def errors_of(r):
+    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
+
+
+def run_measured(args, env, timeout=120):
+    """run(), with the child's peak resident memory in bytes (wait4's ru_maxrss)."""
+    with open(os.devnull, "rb") as stdin:
+        p = subprocess.Popen([MXTRAIN_BIN] + [str(a) for a in args], stdin=stdin,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    timer = threading.Timer(timeout, p.kill)
+    timer.start()
+    out, err = [], []
+    readers = [threading.Thread(target=lambda f, acc: acc.append(f.read()), args=(f, acc))
+               for f, acc in ((p.stdout, out), (p.stderr, err))]
+    for t in readers:
+        t.start()
+    _, status, usage = os.wait4(p.pid, 0)
+    for t in readers:
+        t.join()
+    timer.cancel()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return subprocess.CompletedProcess(args, p.returncode, out[0], err[0]), usage.ru_maxrss * 1024
+
+
+def test_answers_that_would_lose_committed_steps(moto, tmp_path):
+    """Found by a hunt with a rewriting proxy, each of which cost a run its committed steps:
+    a listing cut after some </Contents> (still a 200 with a matching Content-Length) was read
+    as a short listing, and the run's start-up deleted a committed step's files as
+    uncommitted; a HEAD without Content-Length (or ETag) read as size 0 made resume = auto skip
+    a good step "which does not verify" and start afresh (and ckpt verify exit 2); a listing
+    that kept handing out new tokens for the same keys never ended; a manifest GET answered
+    with 200 MB was buffered whole. Now each is a storage failure (exit 3) and nothing in the
+    bucket changes."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    base = {"model.preset": "tiny", "train.seq_len": 16, "train.micro_batch": 2,
+            "train.eval_every": 0, "run.sample_tokens": 0, "data.path": corpus,
+            "checkpoint.s3_uri": f"s3://{moto.bucket}/lost", "checkpoint.every": 2}
+    proxy = RewritingProxy(moto, tmp_path)
+    try:
+        env = s3_env(moto, endpoint=proxy.url)
+        env["MXTRAIN_S3_MAX_ATTEMPTS"] = "2"
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "a",
+                                                   "train.steps": 4,
+                                                   "checkpoint.resume": "none"})), env)
+        assert r.returncode == 0, r.stderr
+        before = moto.keys("lost/")
+        assert "lost/step_00000004/manifest.json" in before, before
+        root, step = f"s3://{moto.bucket}/lost", f"s3://{moto.bucket}/lost/step_00000004"
+        resume = ["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "b",
+                                                    "train.steps": 6}))
+        for mode, runs, needle in (
+                ("cut-list", [resume, ["ckpt", "ls", root], ["ckpt", "verify", root]],
+                 f"ListObjectsV2 {root} failed: the answer is not a complete ListBucketResult"),
+                ("head-no-length", [resume, ["ckpt", "verify", step]], "no Content-Length"),
+                ("head-no-etag", [resume, ["ckpt", "verify", step]], "no ETag"),
+                ("loop-keys", [["ckpt", "ls", root]], "again: the keys do not advance")):
+            proxy.mode = mode
+            for args in runs:
+                proxy.log.clear()
+                r = run(args, env, timeout=120)
+                assert r.returncode == 3 and len(errors_of(r)) == 1, (mode, args, r.stderr)
+                assert needle in errors_of(r)[0], (mode, args, errors_of(r))
+                assert "step 1/" not in r.stdout + r.stderr, (mode, r.stderr)  # nothing trained
+                assert not [m for m, p in proxy.log if m in ("DELETE", "PUT", "POST")], proxy.log
+                assert len(proxy.log) < 20, (mode, len(proxy.log))  # no endless listing
+            proxy.mode = None
+            assert moto.keys("lost/") == before, mode
+
+        # a manifest GET answered with 200 MB: refused after the manifest's size, never held
+        proxy.mode = "big-get"
+        r, peak = run_measured(["ckpt", "verify", step], env)
+        assert r.returncode == 3 and len(errors_of(r)) == 1, r.stderr
+        assert "longer than the" in errors_of(r)[0], errors_of(r)
+        assert peak < 150 << 20, peak  # (before: the whole body, 200 MB and more)
+        proxy.mode = None
+        assert run(["ckpt", "verify", root], env).returncode == 0
+    finally:
+        proxy.stop()
+
+
+def test_replacing_a_step_and_a_role_that_may_not_delete(moto, tmp_path):
+    """S3 checkpoints with DELETE failing. A new step is written without any DELETE (a DELETE of
+    its manifest before every step's first file stopped a role without s3:DeleteObject at its
+    first checkpoint, exit 2). checkpoint.keep's DELETE refused (403: Object Lock, a policy
+    denying deletes) leaves the step with a warning and the run goes on (it ended the run, exit
+    2). Replacing a committed step whose manifest DELETE failed once: the retry deletes it
+    before writing (it skipped the DELETE and overwrote the committed step's files while its
+    manifest still stood)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    base = {"model.preset": "tiny", "train.seq_len": 16, "train.micro_batch": 2,
+            "train.eval_every": 0, "run.sample_tokens": 0, "data.path": corpus,
+            "checkpoint.s3_uri": f"s3://{moto.bucket}/nodel", "checkpoint.every": 2,
+            "checkpoint.resume": "none"}
+    proxy = RewritingProxy(moto, tmp_path)
+    try:
+        env = s3_env(moto, endpoint=proxy.url)
+        env["MXTRAIN_S3_MAX_ATTEMPTS"] = "1"
+        proxy.mode = "deny-delete"
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "a",
+                                                   "train.steps": 4, "checkpoint.keep": 1})), env)
+        assert r.returncode == 0, r.stderr
+        warnings = [l for l in r.stderr.splitlines() if "checkpoint.keep" in l]
+        assert len(warnings) == 1 and "AccessDenied" in warnings[0], r.stderr
+        assert warnings[0].startswith("warning:") and "step_00000002" in warnings[0], warnings
+        deletes = [p for m, p in proxy.log if m == "DELETE"]
+        assert deletes == [f"/{moto.bucket}/nodel/step_00000002/manifest.json"], deletes
+        keys = moto.keys("nodel/")
+        assert {k for k in keys if k.endswith("manifest.json")} == {
+            "nodel/step_00000002/manifest.json", "nodel/step_00000004/manifest.json"}, keys
+
+        # the same steps written again, the first manifest DELETE failing once (500)
+        proxy.mode = "delete-500-once"
+        proxy.log.clear()
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "b",
+                                                   "train.steps": 2, "train.seed": 9})), env)
+        assert r.returncode == 0, r.stderr
+        assert proxy.deletes_failed == 1 and "retrying" in r.stderr, r.stderr
+        ops = [(m, p) for m, p in proxy.log if "/nodel/step_00000002/" in p]
+        first_write = next(i for i, (m, p) in enumerate(ops) if m in ("PUT", "POST"))
+        deletes = [i for i, (m, p) in enumerate(ops[:first_write])
+                   if m == "DELETE" and p.endswith("/manifest.json")]
+        assert len(deletes) == 2, ops  # the failed one, and the retry's
+        assert run(["ckpt", "verify", f"s3://{moto.bucket}/nodel/step_00000002", "--full"],
+                   env).returncode == 0
+    finally:
+        proxy.stop()
+
+
+def test_unusable_answers_of_the_credential_endpoints(tmp_path):
+    """An Expiration that is not a time ended the run with exit 2 (an internal check); an
+    instance-metadata role listing holding a credentials document was quoted in the error,
+    secret and all. Both are the AWS side's failures: exit 3, the body never shown. And a
+    negative MXTRAIN_S3_PART_SIZE was reported as 18446744073709551615."""
+    secret = "TOPSECRETVALUE123456"
+    doc = json.dumps({"AccessKeyId": "AKIAEXAMPLE", "SecretAccessKey": secret,
+                      "Token": "tok" + secret, "Expiration": "tomorrow " + secret})
+
+    class Endpoint(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self):
+            # the container endpoint's /creds and the instance metadata's role listing answer
+            # a credentials document; the role's credentials themselves fail
+            ok = self.command == "PUT" or self.path in (
+                "/creds", "/latest/meta-data/iam/security-credentials/")
+            body = b"TOKEN-1" if self.command == "PUT" else doc.encode() if ok else b"no"
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        clean.update({"AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                      "MXTRAIN_S3_MAX_ATTEMPTS": "1", "OMP_NUM_THREADS": "1"})
+        for extra, needle in (({"AWS_CONTAINER_CREDENTIALS_FULL_URI": url + "/creds"},
+                               "Expiration"),
+                              ({"AWS_EC2_METADATA_SERVICE_ENDPOINT": url}, "not an IAM role name")):
+            r = run(["ckpt", "ls", "s3://bkt/run1"], dict(clean, **extra), timeout=120)
+            assert r.returncode == 3 and len(errors_of(r)) == 1, (extra, r.returncode, r.stderr)
+            assert needle in errors_of(r)[0], (extra, r.stderr)
+            assert secret not in r.stderr + r.stdout, r.stderr
+    finally:
+        server.shutdown()
+    env = dict(clean, AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="x" * 40,
+               MXTRAIN_S3_PART_SIZE="-1")
+    r = run(["ckpt", "ls", "s3://bkt/run1"], env, timeout=60)
+    assert r.returncode == 2 and "MXTRAIN_S3_PART_SIZE='-1'" in r.stderr, r.stderr
+    assert "18446744073709551615" not in r.stderr, r.stderr
 
 
 def test_a_named_step_in_a_missing_bucket_says_so(moto, tmp_path):

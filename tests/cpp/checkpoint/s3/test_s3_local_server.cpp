@@ -389,6 +389,95 @@ TEST(S3Requests, AListingThatRepeatsItsContinuationTokenIsAStorageError) {
   EXPECT_EQ(s.count(), 3u);
 }
 
+// Pages that keep handing out new tokens for keys already listed never end either (678
+// requests in 30 s, memory growing, before).
+TEST(S3Requests, AListingWhoseKeysDoNotAdvanceIsAStorageError) {
+  std::atomic<int> n{0};
+  LocalServer s([&](const SeenRequest&) {
+    const int i = n++;
+    return Reply{200, mx::str("<ListBucketResult><IsTruncated>true</IsTruncated><Contents><Key>p/a",
+                              "</Key><Size>1</Size></Contents><NextContinuationToken>T", i,
+                              "</NextContinuationToken></ListBucketResult>")};
+  });
+  try {
+    client_for(s).list_all("bkt", "p");
+    FAIL() << "no error";
+  } catch (const mx::StorageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("ListObjectsV2 s3://bkt/p failed"), std::string::npos) << m;
+    EXPECT_NE(m.find("keys do not advance"), std::string::npos) << m;
+  }
+  EXPECT_EQ(s.count(), 2u);
+}
+
+// A listing cut after some </Contents> (a 200, a Content-Length to match) or lacking what every
+// listing holds is not a shorter listing: a run's start-up deleted a committed step's files.
+TEST(S3Requests, AnIncompleteListingIsAStorageError) {
+  const std::string whole =
+      "<?xml version=\"1.0\"?><ListBucketResult><Name>bkt</Name><Contents><Key>p/a</Key>"
+      "<Size>1</Size></Contents><Contents><Key>p/b</Key><Size>2</Size></Contents>"
+      "<IsTruncated>false</IsTruncated></ListBucketResult>";
+  std::string body;
+  LocalServer s([&](const SeenRequest&) { return Reply{200, body}; });
+  S3Client c = client_for(s);
+  body = whole;
+  EXPECT_EQ(c.list_all("bkt", "p").size(), 2u);
+  for (const std::string& bad :
+       {whole.substr(0, whole.find("</Contents>") + 11), whole.substr(0, whole.size() - 1),
+        std::string("<ListBucketResult><Contents><Size>1</Size></Contents><IsTruncated>false"
+                    "</IsTruncated></ListBucketResult>"),
+        std::string("<ListBucketResult><Contents><Key>k</Key></Contents><IsTruncated>false"
+                    "</IsTruncated></ListBucketResult>"),
+        std::string("<ListBucketResult><Contents><Key>k</Key><Size>1</Size></Contents>"
+                    "</ListBucketResult>")}) {
+    body = bad;
+    try {
+      c.list_all("bkt", "p");
+      FAIL() << bad;
+    } catch (const mx::StorageError& e) {
+      EXPECT_NE(std::string(e.what()).find("ListObjectsV2 s3://bkt/p failed"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// S3 answers every HEAD of an object with its size and ETag: without them the object read as
+// 0 bytes with ETag "", and a good checkpoint as one that does not verify.
+TEST(S3Requests, AHeadWithoutLengthOrEtagIsAStorageError) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  LocalServer s([&](const SeenRequest&) { return Reply{200, "", headers}; });
+  S3Client c = client_for(s);
+  headers = {{"Content-Length", "5"}, {"ETag", "\"abc\""}};
+  auto info = c.head_object("bkt", "k");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->size, 5u);
+  EXPECT_EQ(info->etag, "abc");
+  for (const auto& h : std::vector<std::vector<std::pair<std::string, std::string>>>{
+           {{"ETag", "\"abc\""}}, {{"Content-Length", "5"}},
+           {{"Content-Length", "-5"}, {"ETag", "\"abc\""}}}) {
+    headers = h;
+    EXPECT_THROW(c.head_object("bkt", "k"), mx::StorageError);
+  }
+}
+
+// A whole-object read bounded by what it may be: a 300 MB answer for a manifest was buffered
+// whole (988 MB peak). Pinned to the ETag the HEAD saw.
+TEST(S3Requests, ABoundedGetStopsAtItsLimit) {
+  const std::string big(4u << 20, 'x');
+  LocalServer s([&](const SeenRequest& r) {
+    EXPECT_EQ(r.headers.count("if-match") ? r.headers.at("if-match") : "", "\"e1\"");
+    return Reply{200, big, {{"ETag", "\"e1-1\""}}};
+  });
+  try {
+    client_for(s).get_object("bkt", "m.json", 1000, "e1");
+    FAIL() << "no error";
+  } catch (const mx::StorageError& e) {
+    EXPECT_NE(std::string(e.what()).find("longer than the 1000 bytes"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(client_for(s).get_object("bkt", "m.json", big.size(), "e1").size(), big.size());
+}
+
 TEST(S3Requests, ShortRangedReadIsAStorageError) {
   LocalServer s([&](const SeenRequest& r) {
     EXPECT_EQ(r.headers.at("range"), "bytes=10-19");
@@ -500,6 +589,43 @@ TEST(S3Credentials, TheEndpointsCodeIsShownOnlyWhenItIsAWord) {
       EXPECT_EQ(m.find("Code=Failed") != std::string::npos, shown) << m;
     }
   }
+}
+
+// An Expiration that is not a time: the endpoint's failure (exit 3, was exit 2), not shown.
+TEST(S3Credentials, AnExpirationThatIsNotATimeIsAStorageError) {
+  for (const std::string& exp : {"tomorrow hunter2", "2099-13-01T00:00:00Z", "2099-01-01"}) {
+    try {
+      parse_credentials_json(creds_json("X", exp), "the endpoint");
+      FAIL() << exp;
+    } catch (const mx::StorageError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("Expiration"), std::string::npos) << m;
+      EXPECT_EQ(m.find(exp), std::string::npos) << m;
+    }
+  }
+}
+
+// The role listing's body is the endpoint's: one that is not a role name (a credentials
+// document, secret and all) was quoted in "credentials for role '...' failed".
+TEST(S3Credentials, ARoleListingThatIsNotARoleNameIsNeverQuoted) {
+  LocalServer s([&](const SeenRequest& r) {
+    if (r.method == "PUT") return Reply{200, "TOKEN"};
+    if (r.target == "/latest/meta-data/iam/security-credentials/")
+      return Reply{200, "{\"AccessKeyId\":\"AKIAX\",\"SecretAccessKey\":\"hunter2\"}"};
+    return Reply{404, ""};
+  });
+  CredentialSources src;
+  src.env = env_of({});
+  src.imds_endpoint = s.url();
+  try {
+    DefaultCredentialsChain(src).get();
+    FAIL();
+  } catch (const mx::StorageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("not an IAM role name"), std::string::npos) << m;
+    EXPECT_EQ(m.find("hunter2"), std::string::npos) << m;
+  }
+  EXPECT_EQ(s.count(), 2u);  // the "role" is never asked for
 }
 
 TEST(S3Credentials, Imdsv2TokenThenRoleThenCredentials) {

@@ -211,6 +211,35 @@ TEST(S3Xml, ElementsByName) {
   EXPECT_EQ(xml_escape("<a&'\">"), "&lt;a&amp;&apos;&quot;&gt;");
 }
 
+// An answer cut short must not read as a shorter document: a listing ending after some
+// </Contents> (a 200 with a matching Content-Length) was read as a short listing, and a run's
+// start-up deleted the files of the committed step it no longer saw.
+TEST(S3Xml, OnlyACompleteDocumentHasARoot) {
+  const std::string full =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult xmlns=\"http://s3.amazonaws"
+      ".com/doc/2006-03-01/\"><Name>b</Name><Prefix/><Contents><Key>a&amp;b</Key><Size>3</Size>"
+      "</Contents><Contents><Key>c</Key><Size>4</Size></Contents><IsTruncated>false</IsTruncated>"
+      "</ListBucketResult>\n";
+  EXPECT_EQ(xml_root_name(full), "ListBucketResult");
+  EXPECT_EQ(xml_root_name("  <!-- c --><A x='1>2' y=\"/\"><B/><C >t &lt; u</C ><![CDATA[<x>]]></A>"
+                          "<?pi?> \r\n"), "A");
+  for (size_t cut : {full.find("</Contents>") + 11, full.find("<IsTruncated>"),
+                     full.size() - 3, full.find("<Key>c") + 3}) {
+    EXPECT_FALSE(xml_root_name(full.substr(0, cut)).has_value()) << full.substr(0, cut);
+  }
+  EXPECT_FALSE(xml_root_name("").has_value());
+  EXPECT_FALSE(xml_root_name("   ").has_value());
+  EXPECT_FALSE(xml_root_name("<html>portal").has_value());
+  EXPECT_FALSE(xml_root_name("<A></B>").has_value());           // closes another element
+  EXPECT_FALSE(xml_root_name("<A><B></A></B>").has_value());    // out of order
+  EXPECT_FALSE(xml_root_name("<A></A><A></A>").has_value());    // two roots
+  EXPECT_FALSE(xml_root_name("<A></A>trailing").has_value());   // text after the root
+  EXPECT_FALSE(xml_root_name("<A x=\"1></A>").has_value());     // a quote never closed
+  EXPECT_FALSE(xml_root_name("<!DOCTYPE A><A></A>").has_value());
+  EXPECT_FALSE(xml_root_name("<A><!-- </A>").has_value());      // an unclosed comment
+  EXPECT_EQ(xml_root_name("<Error><Code>X</Code></Error>"), "Error");
+}
+
 TEST(S3Integrity, MultipartEtagAndRedaction) {
   // Two parts "a" * 5 MiB and "b": ETag = md5(md5(p1) || md5(p2)) + "-2".
   std::string p1(5 << 20, 'a'), p2 = "b";
