@@ -521,7 +521,7 @@ std::vector<std::string> CheckpointReader::extra_names(int shard_rank) {
 }
 
 void load_shards(CheckpointReader& reader, const ShardView& view, float* master, float* m,
-                 float* v) {
+                 float* v, bool stoppable) {
   reader.check_layout(*view.layout);
   MX_REQUIRE(!(m || v) || reader.has_optimizer(), "checkpoint ", reader.location(),
              " holds no optimizer state");
@@ -531,7 +531,7 @@ void load_shards(CheckpointReader& reader, const ShardView& view, float* master,
   int64_t total = 0;
   for (size_t u = 0; u < view.units.size(); ++u)
     total += view.units[u].valid_numel(view.shard_rank) * kinds * int64_t(sizeof(float));
-  LoadProgress progress("checkpoint: loading " + reader.location(), total);
+  LoadProgress progress("checkpoint: loading " + reader.location(), total, stoppable);
   for (size_t u = 0; u < view.units.size(); ++u) {
     const ShardLayout& sl = view.units[u];
     const int64_t begin = std::min(sl.shard_begin(view.shard_rank), sl.numel);

@@ -120,9 +120,10 @@ class CheckpointReader {
 
 // Fills this view's shards (padding zeroed) from a checkpoint of any shard count. m / v may be
 // null; when given, the checkpoint must hold the optimizer state. A line every 10 s while it
-// reads; throws StopRequested (core/stop.h) between tensors once a stop is asked for.
+// reads; `stoppable` (the trainer's start-up): throws StopRequested (core/stop.h) between
+// tensors once a stop is asked for.
 void load_shards(CheckpointReader& reader, const ShardView& view, float* master, float* m,
-                 float* v);
+                 float* v, bool stoppable = false);
 
 // fp8-delayed's state in a rank file: "recipe.delayed.LAYER.LINEAR.OPERAND" holds the scale
 // then the amax history. Returns "" or why the tensor `name` (with `values`, null if absent)

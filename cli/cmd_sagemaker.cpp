@@ -387,7 +387,9 @@ void check_fixed_values(const std::vector<std::string>& sets) {
   };
   for (const std::string& item : sets) {
     const auto eq = item.find('=');
-    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    const std::string key = item.substr(0, eq);
+    // the value as the engine reads it ("'tiny'" is tiny)
+    const std::string v = canonical_value(key, item.substr(eq + 1), "hyperparameters");
     if (key == "model.preset") model_preset(v);
     else if (key == "precision.recipe") parse_recipe(v);
     else if (key == "data.format") parse_token_format(v);

@@ -10,14 +10,18 @@
 
 namespace mx {
 
-LoadProgress::LoadProgress(std::string what, int64_t total_bytes)
-    : what_(std::move(what)), total_(total_bytes), start_(Clock::now()), last_(start_) {
+LoadProgress::LoadProgress(std::string what, int64_t total_bytes, bool stoppable)
+    : what_(std::move(what)),
+      total_(total_bytes),
+      stoppable_(stoppable),
+      start_(Clock::now()),
+      last_(start_) {
   if (const char* p = std::getenv("MXTRAIN_TEST_PROGRESS_S")) period_ = std::atof(p);
   if (const char* s = std::getenv("MXTRAIN_TEST_SLOW_LOAD_MS")) slow_ms_ = std::atoi(s);
 }
 
 void LoadProgress::before_piece() {
-  if (g_stop_request.load()) throw StopRequested{};
+  if (stoppable_ && g_stop_request.load()) throw StopRequested{};
   if (slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
 }
 

@@ -104,12 +104,13 @@ void check_hf_weights(const std::string& dir, const ParamLayout& layout) {
   open_hf_weights(dir, layout);
 }
 
-void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params) {
+void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params,
+                     bool stoppable) {
   const OpenedWeights w = open_hf_weights(dir, layout);
   const auto& tensors = layout.tensors();
   int64_t total = 0;
   for (const ParamTensor& t : tensors) total += t.numel * int64_t(sizeof(float));
-  LoadProgress progress("loading " + dir, total);  // (lines, and a trainer's stop)
+  LoadProgress progress("loading " + dir, total, stoppable);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ParamTensor& t = tensors[i];
     const SafeTensorsReader* r = w.source[i];

@@ -13,7 +13,10 @@ bool is_hf_dir(const std::string& dir);
 
 // Reads the weights of `dir` into `params` (layout of `config`). Every tensor of the layout must
 // be present with its exact shape; a tied model needs no lm_head.weight. UserError otherwise.
-void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params);
+// `stoppable` (the trainer's start-up): a stop asked for by a signal throws StopRequested
+// between tensors (core/load_progress.h).
+void load_hf_weights(const std::string& dir, const ParamLayout& layout, float* params,
+                     bool stoppable = false);
 
 // load_hf_weights' checks of the files against the layout (every tensor present once with its
 // shape, none the model lacks), from the headers alone: before memory is sized by config.json

@@ -630,7 +630,8 @@ int run_training(const RunConfig& cfg) {
                "comparable"));
     const Fsdp::HostShards host = fsdp.shards_on_host();  // staged on a GPU
     try {
-      load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v);
+      load_shards(reader, fsdp_shard_view(fsdp, engine.layout), host.master, host.m, host.v,
+                  /*stoppable=*/true);
     } catch (const StopRequested&) {  // (the agreement comes next)
     }
     // A stop during the load (minutes for a large model on S3) ends the run here: it waited
@@ -674,7 +675,7 @@ int run_training(const RunConfig& cfg) {
     auto full = full_buffer();
     if (!cfg.init.from.empty()) {
       try {
-        load_hf_weights(cfg.init.from, engine.layout, full.data());
+        load_hf_weights(cfg.init.from, engine.layout, full.data(), /*stoppable=*/true);
       } catch (const StopRequested&) {  // (the agreement comes next, before any other collective)
       }
       if (const int rc = stopped_in_start_up("loading init.from")) return rc;

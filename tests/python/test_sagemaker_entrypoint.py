@@ -198,6 +198,47 @@ def test_checkpoints_in_the_model_directory_are_refused_before_training(tmp_path
         assert (root / "output" / "failure").read_text().strip() == err[0]
 
 
+def test_a_stop_during_the_final_export_still_exports(tmp_path):
+    """The stop handlers stay installed after the training, and the export's checkpoint load
+    took a SIGTERM for a start-up stop: 'internal error', exit 1, no model, where a job that
+    finished before the stop keeps its model (docs/sagemaker.md). The export now runs to its
+    end. MXTRAIN_TEST_SLOW_LOAD_MS / _PROGRESS_S slow the load and show it, so the signal lands
+    in it."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2"}))
+    require_binary()
+    p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"],
+                         env=dict(sm_env(root), MXTRAIN_TEST_SLOW_LOAD_MS="200",
+                                  MXTRAIN_TEST_PROGRESS_S="0"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err, sent = "", False
+    try:
+        for line in p.stderr:
+            err += line
+            if "checkpoint: loading" in line and not sent:
+                p.send_signal(signal.SIGTERM)
+                sent = True
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert sent, err[-3000:]
+    assert p.returncode == 0, err[-3000:]
+    assert (root / "model" / "model.safetensors").exists(), err[-3000:]
+    assert not (root / "output" / "failure").exists()
+
+
+def test_the_check_reads_fixed_set_values_as_the_job_does(tmp_path):
+    """With a config file named, `sagemaker check` compared the raw text of a fixed-set value:
+    "'tiny'" (quoted, which the job reads as tiny) was refused as an unknown preset."""
+    require_binary()
+    for value, rc in (("'tiny'", 0), ('"tiny"', 0), ("huge", 2)):
+        hp = tmp_path / "hp.json"
+        hp.write_text(json.dumps({"config": "train/c.toml", "model.preset": value}))
+        r = subprocess.run([MXTRAIN_BIN, "sagemaker", "check", "--hyperparameters", hp],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == rc, (value, r.stderr)
+
+
 def test_a_worker_host_refuses_a_bad_config_at_once(tmp_path):
     """A worker host waited up to 30 minutes for the MPI job of a master that had refused the
     config, and wrote no failure file: it reads the same hyperparameters and refuses them too."""
