@@ -987,8 +987,10 @@ int run_training(const RunConfig& cfg) {
     checkpointer.finish();
   }
   const bool resumed = resume_step >= 0;
-  std::string final_dir =
-      step > start_step || resumed ? checkpointer.store().step_location(step) : "";
+  // (nothing trained by a stop before the first step: the step it resumed from, where it is)
+  std::string final_dir = step > start_step ? checkpointer.store().step_location(step)
+                          : resumed         ? resume_store->step_location(resume_step)
+                                            : "";
   auto stats = be.gemm_stats();
   const int64_t peak = engine.tracker.peak();
   const int64_t peak_max = W > 1 ? world.all_reduce(peak, ReduceOp::kMax) : peak;

@@ -406,8 +406,12 @@ def check_job_shape(args, channels, jobs):
     without S3 checkpoints (each host's /opt/ml/checkpoints is its own; the ranks refuse a
     checkpoint directory that is not one shared directory)."""
     if args.config and not os.path.isabs(args.config):
-        channel = args.config.split("/", 1)[0]
-        if "/" not in args.config or channel not in channels:
+        path = os.path.normpath(args.config)  # ("./train/c.toml" is train/c.toml)
+        if "/" not in path:
+            raise BadInput(f"--config {args.config}: name the file as CHANNEL/FILE.toml (under "
+                           f"the job's input/data, where each channel is a directory)")
+        channel = path.split("/", 1)[0]
+        if channel not in channels:
             raise BadInput(f"--config {args.config}: names a file in channel '{channel}', but no "
                            f"--channel {channel}=s3://... is given (CHANNEL/FILE.toml under "
                            f"the job's input/data)")

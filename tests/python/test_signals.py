@@ -188,6 +188,13 @@ def test_a_stop_before_the_first_step_writes_no_checkpoint(tmp_path):
     assert "the checkpoint it resumed from stands" in r.stderr and "step_00000002" in r.stderr
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns)
             for p in out.rglob("*") if p.is_file()} == before
+    # resumed from another run's step: that step is the one named (not this run's directory)
+    other = tmp_path / "other"
+    r = subprocess.run(base[:-2] + ["--set", f"run.out_dir={other}", "--set", "train.steps=4",
+                                    "--set", f"checkpoint.resume={out}/checkpoints/step_00000002"],
+                       capture_output=True, text=True, env=stop, timeout=120)
+    assert r.returncode == 143, r.stderr
+    assert f"stands ({out}/checkpoints/step_00000002)" in r.stderr, r.stderr
 
 
 def test_a_second_ctrl_c_quits_at_once(tmp_path, monkeypatch):
