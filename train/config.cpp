@@ -185,17 +185,66 @@ const Field& require_field(const std::string& key, const std::string& where) {
                       keys, ")"));
 }
 
+// A number as the file spells it: toml11 (3.7) reads integers and floats through an istream,
+// which gives the largest value and no error on overflow (warmup_steps = 10^20 trained with a
+// warmup of 2^63 - 1; lr = 1e400 read as 1.79769e+308). TOML's integers are 64-bit and a value
+// that cannot be represented is an error (toml.io, v1.0.0), as `--set` says too.
+std::string toml_number_text(const toml::value& v) {
+  const auto* region = toml::detail::get_region(v);
+  std::string text = region ? region->str() : "";
+  text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
+  return text;
+}
+
+UserError out_of_range(const Field& f, const std::string& where, const std::string& text,
+                       const char* limit) {
+  return UserError(str("config key '", f.key, "'", where, " is out of range: ",
+                       shortened(text, 60), " does not fit ", limit));
+}
+
+int64_t toml_integer(const Field& f, const toml::value& v, const std::string& where) {
+  std::string text = toml_number_text(v);
+  int base = 10;
+  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'o' || text[1] == 'b')) {
+    base = text[1] == 'x' ? 16 : text[1] == 'o' ? 8 : 2;
+    text = text.substr(2);
+  } else if (!text.empty() && text[0] == '+') {
+    text = text.substr(1);
+  }
+  int64_t x = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), x, base);
+  if (r.ec == std::errc::result_out_of_range)
+    throw out_of_range(f, where, toml_number_text(v), "in a 64-bit integer");
+  // (toml11's value where its text is not at hand)
+  return r.ec == std::errc() && r.ptr == text.data() + text.size() ? x : int64_t(v.as_integer());
+}
+
+double toml_floating(const Field& f, const toml::value& v, const std::string& where) {
+  const double x = v.as_floating();
+  if (!std::isfinite(x))  // TOML's inf and nan: no key takes them (--set refuses them too)
+    throw UserError(str("config key '", f.key, "'", where, " must be a finite number (got ",
+                        toml_number_text(v), ")"));
+  const std::string text = toml_number_text(v);
+  if (text.empty()) return x;
+  char* end = nullptr;
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return x;
+  if (!std::isfinite(parsed)) throw out_of_range(f, where, text, "in a double");
+  return parsed;  // (a subnormal as strtod reads it: the istream failed on those too)
+}
+
 Value from_toml(const Field& f, const toml::value& v, const std::string& where) {
   switch (f.kind) {
     case Kind::kInt:
-      if (v.is_integer()) return int64_t(v.as_integer());
-      if (v.is_floating() && std::floor(v.as_floating()) == v.as_floating() &&
-          std::fabs(v.as_floating()) < 9e15)
-        return int64_t(v.as_floating());
+      if (v.is_integer()) return toml_integer(f, v, where);
+      if (v.is_floating()) {
+        const double x = toml_floating(f, v, where);
+        if (std::floor(x) == x && std::fabs(x) < 9e15) return int64_t(x);
+      }
       break;
     case Kind::kFloat:
-      if (v.is_floating()) return double(v.as_floating());
-      if (v.is_integer()) return double(v.as_integer());
+      if (v.is_floating()) return toml_floating(f, v, where);
+      if (v.is_integer()) return double(toml_integer(f, v, where));
       break;
     case Kind::kBool:
       if (v.is_boolean()) return bool(v.as_boolean());

@@ -509,3 +509,41 @@ def test_the_sample_says_what_it_cannot_show(tmp_path, mxtrain):
     r = mxtrain(base + ["--set", "model.vocab_size=200", "--set", f"run.out_dir={tmp_path / 'b'}"])
     assert r.rc == 0 and "no sample: the model's vocabulary (200) is smaller" in r.stderr, r
 
+
+
+@pytest.mark.parametrize("line,key", [
+    ("[train]\nwarmup_steps = 99999999999999999999", "train.warmup_steps"),
+    ("[train]\nsteps = 99999999999999999999", "train.steps"),
+    ("[train]\nseed = -9223372036854775809", "train.seed"),
+    ("[train]\nseed = 0x1_0000_0000_0000_0000", "train.seed"),
+    ("[train]\nlr = 1e400", "train.lr"),
+    ("[train]\ngrad_clip = 1e400", "train.grad_clip"),
+    ("[train]\ngrad_clip = -1_000e400", "train.grad_clip"),
+    ("[train]\ngrad_clip = inf", "train.grad_clip"),
+    ("[model]\nrope_theta = 1e400", "model.rope_theta"),
+])
+def test_toml_numbers_that_do_not_fit_are_refused_not_clamped(tmp_path, mxtrain, line, key):
+    """TOML's integers are 64-bit and "a value that cannot be represented losslessly" is an
+    error (toml.io, v1.0.0); a float too large for a double is not a number either. A hunt found
+    them clamped: warmup_steps = 10^20 trained with a warmup of 2^63 - 1, lr = 1e400 was read as
+    1.79769e+308, grad_clip = 1e400 (or inf) was accepted. `--set` already refused all these."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[data]\nformat = "random"\n' + line + "\n")
+    out = tmp_path / "out"
+    r = mxtrain(["train", "--config", cfg, "--set", "model.preset=tiny",
+                 "--set", "train.seq_len=32", "--set", f"run.out_dir={out}"], timeout=60)
+    assert_one_error(r, key, str(cfg))
+    assert not out.exists()
+
+
+def test_toml_numbers_at_the_limits_still_load(tmp_path, mxtrain):
+    """The control: the extreme values that do fit (and underscores, hex, a subnormal) load;
+    the run fails later on its missing data file, not on the numbers."""
+    cfg = tmp_path / "ok.toml"
+    cfg.write_text("[train]\nseed = -9223372036854775808\nwarmup_steps = 9_223_372_036_854_775_807"
+                   "\ngrad_clip = 1.7976931348623157e308\nweight_decay = 4.9e-324\n"
+                   "eval_every = 0x7fff_ffff_ffff_ffff\n"
+                   "[data]\npath = '/nonexistent/data.bin'\n")
+    r = mxtrain(["train", "--config", cfg, "--set", f"run.out_dir={tmp_path / 'out'}"],
+                timeout=60)
+    assert_one_error(r, "/nonexistent/data.bin")
