@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace mx {
@@ -53,8 +55,15 @@ void ModelConfig::validate() const {
   MX_REQUIRE(head_dim % 2 == 0, "model.head_dim must be even for rotary embeddings (got ",
              head_dim, ")");
   // Hugging Face allows head_dim * heads != hidden_size when head_dim is explicit; so do we.
-  MX_REQUIRE(rope_theta > 0, "model.rope_theta must be positive (got ", rope_theta, ")");
-  MX_REQUIRE(rms_norm_eps > 0, "model.rms_norm_eps must be positive (got ", rms_norm_eps, ")");
+  // The model computes in float32: rms_norm_eps = 1e300 (or 1e39) is inf there, every
+  // normalized activation 0, and a run trained to exit 0 with its loss stuck at ln(vocab) and
+  // a grad_norm of 0; 1e-50 is 0 there. Refused as train.eps is.
+  MX_REQUIRE(rope_theta > 0 && std::isfinite(float(rope_theta)),
+             "model.rope_theta must be positive and finite as a float32 (got ", rope_theta, ")");
+  MX_REQUIRE(rms_norm_eps > 0 && float(rms_norm_eps) > 0.0f &&
+                 std::isfinite(float(rms_norm_eps)),
+             "model.rms_norm_eps must be positive and finite as a float32, at least about "
+             "1.4e-45 (got ", rms_norm_eps, ")");
   MX_REQUIRE(vocab_size <= (int64_t(1) << 31) - 1, "model.vocab_size too large");
   // Sizes far past any model this engine trains, so that no size product overflows int64 (an
   // intermediate_size of 2^62 made the MLP's 4 x 2^62 elements wrap to 0: a 2.2K-parameter

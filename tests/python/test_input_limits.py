@@ -547,3 +547,26 @@ def test_toml_numbers_at_the_limits_still_load(tmp_path, mxtrain):
     r = mxtrain(["train", "--config", cfg, "--set", f"run.out_dir={tmp_path / 'out'}"],
                 timeout=60)
     assert_one_error(r, "/nonexistent/data.bin")
+
+
+@pytest.mark.parametrize("key,value", [("model.rms_norm_eps", "1e300"),
+                                       ("model.rms_norm_eps", "1e39"),
+                                       ("model.rms_norm_eps", "1e-50"),
+                                       ("model.rope_theta", "1e39")])
+def test_model_floats_must_be_finite_and_positive_as_float32(tmp_path, mxtrain, key, value):
+    """The model computes in float32: rms_norm_eps = 1e300 (or 1e39) is inf there, every
+    normalized activation 0, and the run trained to exit 0 with its loss stuck at ln 256 and a
+    grad_norm of 0. Refused as train.eps already is, at start-up."""
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "data.format=random",
+                 "--set", f"{key}={value}", "--set", f"run.out_dir={tmp_path / 'out'}"],
+                timeout=60)
+    assert_one_error(r, key, "finite as a float32")
+    assert not (tmp_path / "out").exists()
+    # and the file form, where `inf` is a TOML float
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f"[model]\n{key.split('.')[1]} = inf\n")
+    r = mxtrain(["train", "--config", cfg, "--set", "model.preset=tiny",
+                 "--set", "data.format=random", "--set", f"run.out_dir={tmp_path / 'out'}"],
+                timeout=60)
+    assert_one_error(r, key)
+    assert not (tmp_path / "out").exists()
