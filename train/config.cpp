@@ -500,7 +500,7 @@ void apply_set(Staging& s, const std::string& item, const std::string& origin) {
              "')");
   std::string key = item.substr(0, eq);
   const Field& f = require_field(key, " (from " + origin + ")");
-  f.set(s, from_text(f, item.substr(eq + 1)));
+  f.set(s, from_text(f, item.substr(eq + 1), origin));
   s.cfg.sources.emplace_back(origin + " " + item, item);
 }
 

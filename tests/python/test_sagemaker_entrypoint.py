@@ -862,3 +862,26 @@ def _same_weights(moto, keys, prefix, step, model_dir, local):
     assert set(saved) == set(tensors)
     for name, value in tensors.items():
         np.testing.assert_array_equal(value, saved[name], err_msg=name)
+
+
+@pytest.mark.parametrize("hp,needle", [
+    ({"train.steps": "x"}, "hyperparameters train.steps=x: expected an integer"),
+    ({"train.lr": "1e400"}, "hyperparameters train.lr=1e400: expected a finite number"),
+    ({"model.rms_norm_eps": "1e39"}, "model.rms_norm_eps"),
+])
+def test_a_bad_hyperparameter_value_is_named_as_a_hyperparameter(tmp_path, hp, needle):
+    """A hyperparameter's bad value was reported as `--set train.steps=x: ...`, a flag the job
+    never had (the unknown-key error already said "from hyperparameters"). The entrypoint and
+    `mxtrain sagemaker check` name the hyperparameter."""
+    root = make_root(tmp_path, dict(TINY, **hp))
+    r = run_entrypoint(root, timeout=120)
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1 and needle in err[0], r.stderr
+    assert "--set" not in err[0]
+    hp_file = tmp_path / "hp.json"
+    hp_file.write_text(json.dumps(dict(TINY, **hp)))
+    c = subprocess.run([MXTRAIN_BIN, "sagemaker", "check", "--hyperparameters", hp_file],
+                       capture_output=True, text=True, timeout=60)
+    err = [l for l in c.stderr.splitlines() if l.startswith("error:")]
+    assert c.returncode == 2 and len(err) == 1 and needle in err[0], c.stderr
+    assert "--set" not in err[0]
