@@ -1,5 +1,6 @@
 // mxtrain: the command line. Every failure the user can cause ends here as one `error:` line:
 // exit 2 for bad input, 3 for storage failures.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -46,22 +47,36 @@ int main(int argc, char** argv) {
   mx::cli::add_plan(app, action);
   mx::cli::add_sweep(app, action);
   mx::cli::add_sagemaker(app, action);
-  // CLI11 clamps an integer beyond 64 bits to the largest one (--seed 99999999999999999999 ran
-  // as 2^63 - 1): such a value is an error, for every integer option.
-  auto in_64_bits = [](bool is_unsigned) {
+  // Integers are decimal, as `--set` reads them (docs/config.md): CLI11 read 010 as octal 8
+  // and 0x10 as 16, and clamped a value beyond 64 bits to the largest one (--seed
+  // 99999999999999999999 ran as 2^63 - 1); an unsigned option took -1 as 2^64 - 1. A decimal
+  // value is passed on without its leading zeros, so that CLI11 cannot read it as octal.
+  auto decimal = [](bool is_unsigned) {
     return CLI::Validator(
         [is_unsigned](std::string& v) -> std::string {
+          if (v.empty()) return "an empty value is not a number";
+          const bool sign = !v.empty() && (v[0] == '+' || v[0] == '-');
+          const std::string digits = v.substr(sign ? 1 : 0);
+          if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+            return is_unsigned ? "expected a decimal integer >= 0"
+                               : "expected a decimal integer";
+          if (is_unsigned && v[0] == '-' && digits.find_first_not_of('0') != std::string::npos)
+            return "expected a decimal integer >= 0";
+          const size_t first = std::min(digits.find_first_not_of('0'), digits.size() - 1);
+          const std::string normal = (v[0] == '-' ? "-" : "") + digits.substr(first);
           errno = 0;
           char* end = nullptr;
-          if (is_unsigned) std::strtoull(v.c_str(), &end, 0);
-          else std::strtoll(v.c_str(), &end, 0);
-          if (errno != ERANGE) return "";
-          return is_unsigned ? "out of range for a 64-bit unsigned integer"
-                             : "out of range for a 64-bit integer";
+          if (is_unsigned) std::strtoull(normal.c_str(), &end, 10);
+          else std::strtoll(normal.c_str(), &end, 10);
+          if (errno == ERANGE)
+            return is_unsigned ? "out of range for a 64-bit unsigned integer"
+                               : "out of range for a 64-bit integer";
+          v = normal;
+          return "";
         },
         "");
   };
-  const CLI::Validator in_int64 = in_64_bits(false), in_uint64 = in_64_bits(true);
+  const CLI::Validator in_int64 = decimal(false), in_uint64 = decimal(true);
   // `--top-k ""` (an empty argument, as an unset shell variable gives) was read as 0.
   const CLI::Validator not_empty(
       [](std::string& v) -> std::string { return v.empty() ? "an empty value is not a number" : ""; },
@@ -71,8 +86,8 @@ int main(int argc, char** argv) {
     for (CLI::Option* o : apps[i]->get_options()) {
       const std::string type = o->get_type_name();
       if (type == "INT" || type == "UINT" || type == "FLOAT") o->check(not_empty);
-      if (type == "INT") o->check(in_int64);
-      if (type == "UINT") o->check(in_uint64);
+      if (type == "INT") o->transform(in_int64);  // (transform: it may rewrite the value)
+      if (type == "UINT") o->transform(in_uint64);
     }
     for (CLI::App* sub : apps[i]->get_subcommands([](CLI::App*) { return true; }))
       apps.push_back(sub);
@@ -113,16 +128,6 @@ int main(int argc, char** argv) {
                  mx::shortened(mx::one_line(cmd), 300).c_str());
     return 2;
   };
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return joined(app.exit(e));
-  } catch (const CLI::CallForAllHelp& e) {
-    return joined(app.exit(e));
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see mxtrain --help)\n", mx::one_line(e.what()).c_str());
-    return 2;
-  }
   // In a multi-process job a failing rank must end every rank (the others may be waiting for
   // it inside a collective): abort_all prints `error: rank R: ...` and aborts the job.
   auto fail = [](int code, const std::string& text) -> int {
@@ -140,6 +145,27 @@ int main(int argc, char** argv) {
     const std::string why = errno ? std::strerror(errno) : "write error";
     return rc == 0 ? fail(3, "cannot write standard output: " + why) : rc;
   };
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {  // (help, as any output, must have been written)
+    return joined(stdout_written(app.exit(e)));
+  } catch (const CLI::CallForAllHelp& e) {
+    return joined(stdout_written(app.exit(e)));
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    // CLI11 2.1 lists the unexpected arguments it kept back in reverse (rjoin of a list in
+    // order): `mxtrain --set a=b train` said "not expected: a=b --set". In argv's order.
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      const std::vector<std::string> rest = app.remaining(true);
+      const std::string reversed = CLI::detail::rjoin(rest, " ");
+      const std::string in_order = CLI::detail::join(rest, " ");
+      const size_t at = what.size() >= reversed.size() ? what.size() - reversed.size() : 0;
+      if (rest.size() > 1 && what.compare(at, std::string::npos, reversed) == 0)
+        what = what.substr(0, at) + in_order;
+    }
+    std::fprintf(stderr, "error: %s (see mxtrain --help)\n", mx::one_line(what).c_str());
+    return 2;
+  }
   try {
     return joined(stdout_written(action ? action() : 2));
   } catch (const mx::UserError& e) {

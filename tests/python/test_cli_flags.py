@@ -1,0 +1,65 @@
+"""Command-line flags and the command's own output: integers are decimal (as `--set` reads
+them), help that cannot be written is a storage failure, and the small words of the output say
+what they mean. Each case is what a hunt found the binary doing instead."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import set_args
+
+
+def error_lines(r):
+    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
+
+
+def assert_one_error(r, *needles, rc=2):
+    errs = error_lines(r)
+    assert r.rc == rc and len(errs) == 1, r
+    for n in needles:
+        assert n in errs[0], (n, errs[0])
+
+
+def sgemm(mxtrain, size):
+    return mxtrain(["bench", "sgemm", "--size", size, "--seconds", "0"], timeout=60)
+
+
+def test_integer_flags_are_decimal(mxtrain):
+    """`--size 020` was read as octal 16 and `--size 0x10` as hex 16 (CLI11's conversion, and
+    strtoll with base 0 in the range check), `--max-tokens 09` was "Could not convert". The rule
+    is `--set`'s (docs/config.md): decimal, 010 is 10, 0x10 an error."""
+    for text, size in [("020", 20), ("0020", 20), ("+20", 20), ("20", 20)]:
+        r = sgemm(mxtrain, text)
+        assert r.rc == 0, r
+        assert json.loads(r.stdout)["size"] == size, (text, r.stdout)
+    for text in ("0x10", "0b10", "0o20", "1e2", "20.0", " 20", "2_0"):
+        assert_one_error(sgemm(mxtrain, text), "--size")
+
+
+def test_an_unsigned_flag_refuses_a_negative_number(tmp_path, mxtrain):
+    """`numerics quantize --seed -1` wrapped to 18446744073709551615 and said so."""
+    src = tmp_path / "x.safetensors"
+    x = np.zeros((1, 32), dtype=np.float32)
+    header = json.dumps({"x": {"dtype": "F32", "shape": [1, 32], "data_offsets": [0, 128]}})
+    with open(src, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header.encode() + x.tobytes())
+    r = mxtrain(["numerics", "quantize", "--format", "e4m3", "--stochastic", "--in", src,
+                 "--out", tmp_path / "q.safetensors", "--seed", "-1"])
+    assert_one_error(r, "--seed")
+    assert "18446744073709551615" not in r.stderr
+    assert not (tmp_path / "q.safetensors").exists()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["--help-all"],
+                                  ["bench", "sgemm", "--help"]])
+def test_help_that_cannot_be_written_is_a_storage_failure(mxtrain, args):
+    """`mxtrain --help > /dev/full` exited 0 with nothing written (`--list-keys > /dev/full`
+    was already exit 3)."""
+    import subprocess
+    from conftest import MXTRAIN_BIN
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([MXTRAIN_BIN] + args, stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=60)
+    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 3 and len(errs) == 1 and "standard output" in errs[0], p.stderr
+    assert mxtrain(args).rc == 0  # the control: to a pipe it is written, exit 0
