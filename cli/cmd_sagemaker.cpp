@@ -120,6 +120,7 @@ int run_child(const std::vector<std::string>& argv, bool relay_as_usr1 = false) 
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
     ::close(exec_pipe[0]);
+    std::signal(SIGPIPE, SIG_DFL);  // ignored here (main.cpp); an ignored signal survives exec
     ::execvp(args[0], args.data());
     const int err = errno;
     (void)!::write(exec_pipe[1], &err, sizeof err);

@@ -126,6 +126,7 @@ int spawn(const std::vector<std::string>& argv, const std::string& out_file,
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);  // (exec resets handled signals anyway; until then, default)
     signal(SIGUSR1, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);  // ignored here (main.cpp); an ignored signal survives exec
     auto redirect = [](const std::string& f, int fd) {
       if (f.empty()) return;
       const int o = open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -21,6 +21,11 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) makes a write fail with EFBIG, which every writer reports,
   // instead of killing the process mid-checkpoint without a word.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A closed pipe (`mxtrain train ... 2>&1 | head -1`, a peer resetting the S3 connection)
+  // killed the process with SIGPIPE: exit 141 without a word, mid-run without a checkpoint.
+  // Ignored, a write there fails with EPIPE: a result on stdout that cannot be written is
+  // exit 3 (stdout_written below), a progress line on stderr is lost and the run goes on.
+  std::signal(SIGPIPE, SIG_IGN);
   // A training process (mxtrain train, a rank mpirun started) takes a stop request from its
   // first instructions: mpirun relays SIGUSR1 to ranks that may still be starting. Not the
   // SageMaker launcher or a worker host's waiting entrypoint: they have no step boundary to
@@ -138,7 +143,7 @@ int main(int argc, char** argv) {
     return code;
   };
   // What the command printed must have reached its destination (a redirect onto a full disk,
-  // /dev/full): a storage failure otherwise, not exit 0 with an empty file.
+  // /dev/full, a closed pipe): a storage failure otherwise, not exit 0 with an empty file.
   auto stdout_written = [&](int rc) {
     errno = 0;
     if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return rc;

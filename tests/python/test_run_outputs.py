@@ -1,0 +1,70 @@
+"""What a training run does to the files that are already in its output directory, and to the
+pipes it writes to: a second run into a directory in use is refused, an earlier run's metrics
+are kept, a closed stdout or stderr ends nothing, and an output path the configuration makes
+impossible is bad input (exit 2), not a storage failure (exit 3)."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import MXTRAIN_BIN, english_text, read_metrics, require_binary, set_args
+
+TINY = {"model.preset": "tiny", "train.seq_len": 32, "train.micro_batch": 1,
+        "train.log_every": 1, "train.eval_every": 0, "run.sample_tokens": 0,
+        "data.format": "random"}
+
+
+def error_lines(r):
+    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
+
+
+def env1():
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def metrics_lines(path):
+    """Every line parses as JSON (no torn or interleaved line)."""
+    with open(path) as f:
+        return [json.loads(l) for l in f.read().splitlines()]
+
+
+def run_with_closed_pipe(args, which):
+    """Runs mxtrain with stdout and/or stderr a pipe whose read end is already closed (what
+    `| head -1` leaves once head has exited); the other stream is captured."""
+    rd, wr = os.pipe()
+    os.close(rd)
+    try:
+        p = subprocess.run([MXTRAIN_BIN] + [str(a) for a in args],
+                           stdout=wr if "out" in which else subprocess.PIPE,
+                           stderr=wr if "err" in which else subprocess.PIPE,
+                           env=env1(), timeout=120, text=True)
+    finally:
+        os.close(wr)
+    return p
+
+
+def test_a_closed_pipe_ends_no_training_run(tmp_path):
+    """`mxtrain train ... 2>&1 | head -1` killed the run with SIGPIPE (exit 141, no `error:`,
+    no checkpoint) at its second line on stderr. Progress that cannot be written now ends
+    nothing: the run trains, writes its metrics and its checkpoint."""
+    require_binary()
+    out = tmp_path / "out"
+    p = run_with_closed_pipe(["train"] + set_args(dict(TINY, **{"train.steps": 2,
+                                                                 "run.out_dir": out})),
+                             ("out", "err"))
+    assert p.returncode == 0, p
+    steps, summary = read_metrics(out / "metrics.jsonl")
+    assert len(steps) == 2 and summary is not None
+    assert (out / "checkpoints" / "step_00000002" / "manifest.json").is_file()
+
+
+def test_a_result_that_cannot_reach_a_closed_pipe_is_a_storage_failure(tmp_path):
+    """A command's result on stdout that cannot be written is exit 3 with one error line (as
+    `> /dev/full` already was), not a silent death by SIGPIPE."""
+    require_binary()
+    p = run_with_closed_pipe(["train", "--list-keys"], ("out",))
+    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 3 and len(errs) == 1 and "standard output" in errs[0], p
