@@ -19,6 +19,7 @@
 #include "checkpoint/s3/uri.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/output_dirs.h"
 #include "core/log.h"
 
 namespace fs = std::filesystem;
@@ -158,11 +159,7 @@ class LocalStore final : public CheckpointStore {
   StoredFile write_file(int64_t step, const std::string& name, const void* data,
                         size_t size) override {
     fs::path dir = partial_dir(step);
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec)
-      throw StorageError(str("cannot create checkpoint directory ", dir.string(), ": ",
-                             ec.message()));
+    create_output_dirs(dir.string(), "cannot create checkpoint directory");
     write_file_atomic((dir / name).string(), {{data, size}});
     return {name, uint64_t(size), ""};
   }

@@ -9,6 +9,8 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/output_dirs.h"
 
 namespace mx {
 namespace {
@@ -43,9 +45,11 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   const int fd = ::open(path.c_str(),
                         O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC),
                         0644);
-  if (fd < 0)
-    throw StorageError(str("cannot open metrics file ", path, ": ",
-                           errno == ENXIO ? "a FIFO nobody reads" : std::strerror(errno)));
+  if (fd < 0) {  // (a path under a file or too long a name: the configuration's, exit 2)
+    const int err = errno;
+    throw_path_error(err, str("cannot open metrics file ", path, ": ",
+                              err == ENXIO ? "a FIFO nobody reads" : std::strerror(err)));
+  }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   if (append) {  // drop a torn last line, so that this run's first line starts a line
     const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/fnv1a.h"
 #include "core/log.h"
+#include "core/output_dirs.h"
 #include "core/stop.h"
 #include "data/byte_tokenizer.h"
 #include "data/data_split.h"
@@ -83,12 +84,12 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
   MX_REQUIRE(!(fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec)),
              "checkpoint directory ", dir, " is a symbolic link to ",
              fs::read_symlink(dir, ec).string(), ", which does not exist");
-  fs::create_directories(dir, ec);
-  if (ec) throw StorageError(str("cannot create checkpoint directory ", dir, ": ", ec.message()));
+  create_output_dirs(dir, "cannot create checkpoint directory");
   const fs::path probe = fs::path(dir) / str(".probe-", rank, "-", ::getpid());
   fs::create_directory(probe, ec);
   if (ec)
-    throw StorageError(str("cannot write to checkpoint directory ", dir, ": ", ec.message()));
+    throw_path_error(ec.value(),
+                     str("cannot write to checkpoint directory ", dir, ": ", ec.message()));
   fs::remove(probe, ec);
   if (world.size() == 1) return;
   int64_t token = rank == 0 ? int64_t(::getpid()) : 0;

@@ -68,3 +68,30 @@ def test_a_result_that_cannot_reach_a_closed_pipe_is_a_storage_failure(tmp_path)
     p = run_with_closed_pipe(["train", "--list-keys"], ("out",))
     errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     assert p.returncode == 3 and len(errs) == 1 and "standard output" in errs[0], p
+
+
+@pytest.mark.parametrize("case", ["long_name", "out_dir_under_file", "metrics_under_file",
+                                  "checkpoint_dir_under_file"])
+def test_output_paths_the_config_makes_impossible_are_bad_input(tmp_path, mxtrain, case):
+    """A 300-character run.name ("File name too long"), or an out_dir or metrics path under a
+    regular file ("Not a directory") failed as a storage failure (exit 3): they are the
+    configuration's, exit 2, and nothing is written."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "file").write_text("keep\n")
+    run = dict(TINY, **{"train.steps": 1})
+    if case == "long_name":
+        run["run.name"] = "n" * 300
+    elif case == "out_dir_under_file":
+        run["run.out_dir"] = "file/out"
+    elif case == "metrics_under_file":
+        run["run.out_dir"] = "out"
+        run["run.metrics"] = "file/m.jsonl"
+    else:
+        run["run.out_dir"] = "out"
+        run["checkpoint.dir"] = "file/ck"
+    r = mxtrain(["train"] + set_args(run), cwd=cwd, timeout=120)
+    errs = error_lines(r)
+    assert r.rc == 2 and len(errs) == 1, r
+    assert (cwd / "file").read_text() == "keep\n"
+    assert not list((cwd / "out").glob("**/step_*")) if (cwd / "out").exists() else True
