@@ -42,6 +42,7 @@
 #include "plan/gpus.h"
 #include "train/engine.h"
 #include "train/metrics.h"
+#include "train/run_lock.h"
 #include "train/schedule.h"
 
 namespace mx {
@@ -104,6 +105,13 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
   MX_REQUIRE(blind < 0, "checkpoint directory ", dir, " is not the same directory on every rank: ",
              "rank ", blind, " does not see what rank 0 writes there (every rank writes its own ",
              "file into each step: use a shared file system, or checkpoint.s3_uri)");
+}
+
+// Whether two paths name the same directory (after resolving what exists of them: links, ..).
+bool same_dir(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::weakly_canonical(fs::absolute(a, ec), ec) ==
+         fs::weakly_canonical(fs::absolute(b, ec), ec);
 }
 
 std::string hex64(uint64_t v) {
@@ -468,9 +476,20 @@ int run_training(const RunConfig& cfg) {
   // tells the others: {which location, step}.
   std::vector<std::string> resume_roots;
   int64_t choice[2] = {-1, -1};
+  // One run at a time in an out_dir and a checkpoint directory, before anything is written
+  // there: two runs into one directory both exited 0, their metrics lines interleaved (two
+  // summaries, a torn line) and one's final checkpoint replacing the other's. The checkpoint
+  // directory has a lock of its own, also under out_dir: another run's checkpoint.dir may name
+  // it. Rank 0 only: it writes the metrics and commits the checkpoints (the other ranks run
+  // under its locks).
+  std::optional<DirLock> out_dir_lock, checkpoint_dir_lock;
+  if (lead) out_dir_lock.emplace(cfg.out_dir(), "run.out_dir");
   // The directory's checks first (every rank sees the same one): a resume from a directory
   // each node has its own copy of read as a missing manifest on one rank.
   if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), world);
+  // (after the checks, which say what is wrong with a path; before anything is removed there)
+  if (lead && cfg.checkpoint.s3_uri.empty() && !same_dir(cfg.checkpoint_dir(), cfg.out_dir()))
+    checkpoint_dir_lock.emplace(cfg.checkpoint_dir(), "checkpoint.dir");
   // Before choosing: what stopped writers left behind goes, and a committed step a replacing
   // commit had moved aside (stopped between its renames) comes back (LocalStore).
   if (lead) open_checkpoint_store(cfg.checkpoint_dir())->remove_uncommitted();

@@ -31,6 +31,68 @@ def metrics_lines(path):
         return [json.loads(l) for l in f.read().splitlines()]
 
 
+def test_a_second_run_into_an_out_dir_in_use_is_refused(tmp_path, mxtrain):
+    """Two runs into one run.out_dir both exited 0: metrics.jsonl got both runs' lines, two
+    summaries and a torn line, and one run's final checkpoint replaced the other's. The second
+    is now refused at start-up, naming the directory and the first run's pid, and touches
+    nothing of the first."""
+    require_binary()
+    out = tmp_path / "out"
+    first = subprocess.Popen([MXTRAIN_BIN, "train"] + set_args(
+        dict(TINY, **{"train.steps": 100000, "run.out_dir": out, "checkpoint.every": 0})),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env1())
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and
+                                              (out / "metrics.jsonl").stat().st_size > 0):
+            time.sleep(0.1)
+        assert (out / "metrics.jsonl").exists(), "the first run did not start"
+        for extra in ({}, {"run.metrics": tmp_path / "other.jsonl"}):
+            r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": 2,
+                                                           "run.out_dir": out}, **extra)),
+                        timeout=60)
+            errs = error_lines(r)
+            assert r.rc == 2 and len(errs) == 1, r
+            assert str(out) in errs[0] and str(first.pid) in errs[0], errs[0]
+        # the same checkpoint directory from another out_dir
+        r = mxtrain(["train"] + set_args(dict(TINY, **{
+            "train.steps": 2, "run.out_dir": tmp_path / "out2",
+            "checkpoint.dir": out / "checkpoints"})), timeout=60)
+        assert r.rc == 2 and len(error_lines(r)) == 1, r
+        assert str(out / "checkpoints") in error_lines(r)[0], r
+        assert not (tmp_path / "other.jsonl").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    assert "error:" not in err, err
+    lines = metrics_lines(out / "metrics.jsonl")
+    steps = [l["step"] for l in lines if not l.get("summary")]
+    assert steps == list(range(1, len(steps) + 1)), steps
+    assert sum(1 for l in lines if l.get("summary")) == 1
+    # once it ended, the directory is free: a run there resumes from its stop checkpoint
+    r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": steps[-1] + 1,
+                                                   "run.out_dir": out})), timeout=120)
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+
+
+def test_a_killed_run_leaves_no_lock_behind(tmp_path, mxtrain):
+    """kill -9 (a spot reclaim without notice) ends the lock with the process: the next run
+    into the same directory starts."""
+    require_binary()
+    out = tmp_path / "out"
+    p = subprocess.Popen([MXTRAIN_BIN, "train"] + set_args(
+        dict(TINY, **{"train.steps": 100000, "run.out_dir": out})),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env1())
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.1)
+    p.kill()
+    p.wait()
+    r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": 1, "run.out_dir": out,
+                                                   "checkpoint.resume": "none"})), timeout=120)
+    assert r.rc == 0, r
+
+
 def run_with_closed_pipe(args, which):
     """Runs mxtrain with stdout and/or stderr a pipe whose read end is already closed (what
     `| head -1` leaves once head has exited); the other stream is captured."""
