@@ -34,12 +34,35 @@ off_t complete_lines_length(int fd, const std::string& path) {
   return 0;
 }
 
+// A fresh run into a metrics file an earlier run wrote (checkpoint.resume = none, checkpoints
+// kept elsewhere) truncated the earlier lines without a word: they are moved aside to the
+// first free PATH.N (N = 1, 2, ...) instead, and a warning says where. Only a regular file
+// holding something: a FIFO or /dev/stdout is written as it is.
+void keep_earlier_metrics(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
+  for (int n = 1;; ++n) {
+    const std::string kept = str(path, ".", n);
+    struct stat taken {};
+    if (::lstat(kept.c_str(), &taken) == 0) continue;  // (a dangling link holds its name too)
+    if (::rename(path.c_str(), kept.c_str()) != 0) {
+      const int err = errno;
+      throw StorageError(str("cannot keep the earlier metrics file ", path, " as ", kept, ": ",
+                             std::strerror(err)));
+    }
+    warn(str("metrics file ", path, " held an earlier run's lines: kept as ", kept,
+             " (this run starts a new file)"));
+    return;
+  }
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (!append) keep_earlier_metrics(path);
   // O_NONBLOCK: a FIFO nobody reads fails (ENXIO) instead of blocking the run for good; cleared
   // once open, so a pipe that is read (/dev/stdout into a collector) is written as a file is.
   const int fd = ::open(path.c_str(),

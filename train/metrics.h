@@ -9,7 +9,8 @@ namespace mx {
 
 class MetricsWriter {
  public:
-  // append = true when resuming, so the earlier steps' lines stay.
+  // append = true when resuming, so the earlier steps' lines stay; a fresh run keeps an
+  // earlier run's file as PATH.1 (or the next free .N) and says so.
   MetricsWriter(const std::string& path, bool append);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;

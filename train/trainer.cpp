@@ -132,7 +132,7 @@ std::optional<std::vector<std::string>> list_data(const std::string& path) {
   }
 }
 
-// The metrics file is opened for writing (truncated on a fresh run): it must not be one of the
+// The metrics file is opened for writing (a new file on a fresh run): it must not be one of the
 // run's inputs (the data file, which it would truncate under the reader) or a file of a
 // checkpoint, nor may the run write anything where the data paths read.
 void check_metrics_path(const RunConfig& cfg, const std::string& data_path,

@@ -93,6 +93,31 @@ def test_a_killed_run_leaves_no_lock_behind(tmp_path, mxtrain):
     assert r.rc == 0, r
 
 
+def test_a_fresh_run_keeps_an_earlier_runs_metrics(tmp_path, mxtrain):
+    """A fresh run (checkpoint.resume = none, or checkpoints kept elsewhere) into an out_dir
+    holding an earlier run's metrics.jsonl truncated it without a word. The earlier file is now
+    kept as metrics.jsonl.1 (then .2, ...), and a warning says so."""
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = '{"step": 1, "loss": 5.0}\n{"summary": true}\n'
+    (out / "metrics.jsonl").write_text(earlier)
+    (out / "metrics.jsonl.1").write_text("older\n")
+    run = dict(TINY, **{"train.steps": 1, "run.out_dir": out, "checkpoint.resume": "none"})
+    r = mxtrain(["train"] + set_args(run), timeout=120)
+    assert r.rc == 0, r
+    assert (out / "metrics.jsonl.1").read_text() == "older\n"
+    assert (out / "metrics.jsonl.2").read_text() == earlier
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    assert len(warns) == 1 and "metrics.jsonl.2" in warns[0], r.stderr
+    steps, summary = read_metrics(out / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [1] and summary is not None
+    # an empty file holds nothing to keep: no warning, no copy
+    (out / "metrics.jsonl").write_text("")
+    r = mxtrain(["train"] + set_args(run), timeout=120)
+    assert r.rc == 0 and "metrics.jsonl.3" not in r.stderr, r
+    assert not (out / "metrics.jsonl.3").exists()
+
+
 def run_with_closed_pipe(args, which):
     """Runs mxtrain with stdout and/or stderr a pipe whose read end is already closed (what
     `| head -1` leaves once head has exited); the other stream is captured."""
