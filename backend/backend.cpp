@@ -242,16 +242,17 @@ void Backend::fp8_linear_backward(float* dx, float* dw, const float* dy,
   if (dw) fp8_linear_wgrad(dw, dy, dyq_wgrad, x, xq, N, in, out, work);
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& key) {
   if (device == "cpu") return make_cpu_backend();
+  // (a flag as it is typed, `--device cuda`; a config key as `run.device = cuda`)
+  const std::string given = key.rfind("--", 0) == 0 ? key + " " : key + " = ";
   if (device == "cuda") {
     if (!g_cuda_factory)
-      throw UserError(
-          "run.device = cuda: this mxtrain was built without the CUDA backend (no nvcc/NCCL "
-          "found, or -DMXTRAIN_CUDA=OFF; see docs/cuda.md)");
+      throw UserError(str(given, "cuda: this mxtrain was built without the CUDA backend (no "
+                          "nvcc/NCCL found, or -DMXTRAIN_CUDA=OFF; see docs/cuda.md)"));
     return g_cuda_factory();
   }
-  throw UserError(str("unknown run.device '", device, "' (known: cpu, cuda)"));
+  throw UserError(str("unknown ", key, " '", device, "' (known: cpu, cuda)"));
 }
 
 }  // namespace mx

@@ -458,7 +458,9 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_host_backend();
 // "cpu" or "cuda". UserError for an unknown device, and for "cuda" in a build without the CUDA
 // backend or on a machine without a usable GPU.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// `key` names where the device came from in errors: the config key, or a command's flag.
+std::unique_ptr<Backend> make_backend(const std::string& device,
+                                      const std::string& key = "run.device");
 
 // The CUDA backend lives in its own library (mxcuda), which the engine library does not link:
 // a program built with it registers its factory once at startup (cli/main.cpp). Null: this

@@ -30,7 +30,7 @@ void add_bench(CLI::App& app, Action& action) {
     action = [n, device, seconds] {
       MX_REQUIRE(*n >= 16 && *n <= 16384, "--size must be in [16, 16384]");
       MX_REQUIRE(*seconds >= 0 && *seconds <= 600, "--seconds must be in [0, 600]");
-      auto be = make_backend(*device);
+      auto be = make_backend(*device, "--device");
       const auto t0 = std::chrono::steady_clock::now();
       double flops = measure_sgemm_flops(*be, *n, 3, *seconds);
       const double spent =

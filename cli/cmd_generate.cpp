@@ -78,7 +78,7 @@ int run_generate(const GenerateArgs& a) {
     params.resize(size_t(layout.total_numel()));
     load_hf_weights(a.model, layout, params.data());
   }
-  auto backend = make_backend(a.device);
+  auto backend = make_backend(a.device, "--device");
   auto ids = generate_tokens(cfg, layout, *backend, params.data(), prompt, options);
   std::string out;
   if (a.print_ids) {

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "plan/recipe.h"
 
 namespace mx::plan {
@@ -390,8 +391,9 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
   const PlanInput& in = given.input;
   std::string out;
   char line[256];
-  out += str("mxtrain plan: ", in.model_name, " (", double(in.model.param_count()) / 1e9,
-             "B parameters) on ", in.nodes, " x ", in.gpus_per_node, " ", gpu.name, " (",
+  // (format_count: 0.000119104B said the tiny preset's 119.1k)
+  out += str("mxtrain plan: ", in.model_name, " (", format_count(double(in.model.param_count())),
+             " parameters) on ", in.nodes, " x ", in.gpus_per_node, " ", gpu.name, " (",
              gpu.description, gpu.instance.empty() ? "" : ", " + gpu.instance, ")\n");
   out += str("config: ", describe(in), ", seq_len ", in.seq_len, ", grad_accum ", in.grad_accum,
              ", shards ", given.memory.shards,

@@ -3,6 +3,7 @@
 #include <toml.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <cmath>
@@ -95,7 +96,8 @@ const std::vector<Field>& schema() {
       MX_INT("train.warmup_steps", train.warmup_steps, "linear warmup steps"),
       MX_FLOAT("train.weight_decay", train.weight_decay, "AdamW decay on matrices"),
       MX_FLOAT("train.grad_clip", train.grad_clip, "clip the global gradient norm (0: off)"),
-      MX_INT("train.seed", train.seed, "initialization and sampling seed"),
+      MX_INT("train.seed", train.seed,
+             "seed of the initialization, the data order, stochastic rounding and the sample"),
       MX_FLOAT("train.beta1", train.beta1, "AdamW beta1"),
       MX_FLOAT("train.beta2", train.beta2, "AdamW beta2"),
       MX_FLOAT("train.eps", train.eps, "AdamW epsilon"),
@@ -270,6 +272,10 @@ Value from_text(const Field& f, std::string text, const std::string& origin = "-
   // A NUL character (a SageMaker hyperparameter's "\u0000"): paths and messages end there.
   if (text.find('\0') != std::string::npos)
     throw UserError(str(origin, " ", f.key, "=", one_line(shown), ": holds a NUL character"));
+  // stoll and strtod skip leading white space: "train.lr= 1e-3" was taken while "1e-3 " was
+  // refused. A number is its digits alone, at either end.
+  if (f.kind != Kind::kString && !text.empty() && std::isspace(static_cast<unsigned char>(text[0])))
+    throw bad();
   switch (f.kind) {
     case Kind::kInt: {
       try {

@@ -1018,7 +1018,7 @@ int run_training(const RunConfig& cfg) {
       {"summary", true},
       {"steps", step},
       {"final_loss", last_loss},
-      {"tokens", tokens_done},
+      {"tokens", int64_t(tokens_done)},  // a count (a double only for the rates below)
       {"tokens_per_s", train_seconds > 0 ? tokens_done / train_seconds : 0.0},
       {"mfu", train_seconds > 0
                   ? flops_per_token * tokens_done / train_seconds / (peak_flops * W) : 0.0},
@@ -1080,7 +1080,7 @@ int run_training(const RunConfig& cfg) {
     info("stopped by signal ", sig, " at step ", step, "; checkpoint ", final_dir);
     return sig == SIGINT ? 130 : 143;
   }
-  info("done: ", step, " steps, final loss ", last_loss, ", ",
+  info("done: ", step, step == 1 ? " step" : " steps", ", final loss ", last_loss, ", ",
        format_count(summary["tokens_per_s"].get<double>()), " tok/s, peak memory ",
        format_bytes(double(peak)), ", checkpoint ", final_dir, ", metrics ",
        cfg.metrics_path());

@@ -63,3 +63,37 @@ def test_help_that_cannot_be_written_is_a_storage_failure(mxtrain, args):
     errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     assert p.returncode == 3 and len(errs) == 1 and "standard output" in errs[0], p.stderr
     assert mxtrain(args).rc == 0  # the control: to a pipe it is written, exit 0
+
+
+def test_small_words_of_the_output(tmp_path, mxtrain):
+    """A hunt found: `done: 1 steps`; the summary's token count written as a float
+    ("tokens": 32.0); plan's header saying `tiny (0.000119104B parameters)`; `bench sgemm
+    --device tpu` naming run.device, a key that command does not have; `mxtrain --set a=b train`
+    listing the unexpected arguments in reverse ("a=b --set")."""
+    out = tmp_path / "out"
+    r = mxtrain(["train"] + set_args({"model.preset": "tiny", "data.format": "random",
+                                      "train.steps": 1, "train.seq_len": 32,
+                                      "train.micro_batch": 1, "run.sample_tokens": 0,
+                                      "run.out_dir": out}), timeout=120)
+    assert r.rc == 0, r
+    done = [l for l in r.stderr.splitlines() if l.startswith("done: ")]
+    assert done and done[0].startswith("done: 1 step, "), r.stderr
+    summary = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert summary["summary"] and type(summary["tokens"]) is int and summary["tokens"] == 32
+    r = mxtrain(["plan", "--set", "model.preset=tiny", "--gpu", "h100", "--gpus", "1"])
+    assert r.rc == 0, r
+    header = (r.stdout + r.stderr).splitlines()[0]
+    assert "tiny (119.1k parameters)" in header, header
+    assert_one_error(mxtrain(["bench", "sgemm", "--device", "tpu"]), "--device 'tpu'")
+    assert "run.device" not in mxtrain(["bench", "sgemm", "--device", "tpu"]).stderr
+    assert_one_error(mxtrain(["--set", "a=b", "train"]), "not expected: --set a=b ")
+
+
+@pytest.mark.parametrize("value", [" 1e-3", "1e-3 ", "\t1e-3"])
+def test_a_number_with_white_space_around_it_is_refused_at_either_end(mxtrain, value):
+    """`--set "train.lr= 1e-3"` was taken (strtod skips leading white space) while a trailing
+    space was refused: both are refused now, as for integers."""
+    assert_one_error(mxtrain(["train", "--set", f"train.lr={value}"]), "train.lr=",
+                     "expected a number")
+    assert_one_error(mxtrain(["train", "--set", f"train.steps={value.replace('1e-3', '3')}"]),
+                     "expected an integer")
