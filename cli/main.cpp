@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     return CLI::Validator(
         [is_unsigned](std::string& v) -> std::string {
           if (v.empty()) return "an empty value is not a number";
-          const bool sign = !v.empty() && (v[0] == '+' || v[0] == '-');
+          const bool sign = v[0] == '+' || v[0] == '-';
           const std::string digits = v.substr(sign ? 1 : 0);
           if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
             return is_unsigned ? "expected a decimal integer >= 0"
@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
           if (is_unsigned && v[0] == '-' && digits.find_first_not_of('0') != std::string::npos)
             return "expected a decimal integer >= 0";
           const size_t first = std::min(digits.find_first_not_of('0'), digits.size() - 1);
-          const std::string normal = (v[0] == '-' ? "-" : "") + digits.substr(first);
+          const bool minus = v[0] == '-' && !is_unsigned;  // (an unsigned -0 is 0)
+          const std::string normal = (minus ? "-" : "") + digits.substr(first);
           errno = 0;
           char* end = nullptr;
           if (is_unsigned) std::strtoull(normal.c_str(), &end, 10);
