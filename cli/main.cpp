@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/blas_core.h"
 #include "cli/commands.h"
+#include "mxtrain_git_commit.h"  // (generated: cmake/git_commit.cmake)
 #include "core/error.h"
 #include "parallel/communicator.h"
 #include "train/trainer.h"
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
   CLI::App app{"mxtrain: an LLM pretraining engine (Llama-style models, CPU and CUDA)"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every subcommand");
+  // (no version number: the commit names the build; empty outside a git checkout)
+  app.set_version_flag("--version", std::string("mxtrain, built from ") +
+                                        (*MXTRAIN_GIT_COMMIT ? "commit " MXTRAIN_GIT_COMMIT
+                                                             : "an unknown commit"));
   mx::cli::Action action;
   mx::cli::add_train(app, action);
   mx::cli::add_debug(app, action);
@@ -156,6 +161,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {  // (help, as any output, must have been written)
     return joined(stdout_written(app.exit(e)));
   } catch (const CLI::CallForAllHelp& e) {
+    return joined(stdout_written(app.exit(e)));
+  } catch (const CLI::CallForVersion& e) {
     return joined(stdout_written(app.exit(e)));
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();

@@ -51,7 +51,7 @@ def test_an_unsigned_flag_refuses_a_negative_number(tmp_path, mxtrain):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["--help-all"],
-                                  ["bench", "sgemm", "--help"]])
+                                  ["bench", "sgemm", "--help"], ["--version"]])
 def test_help_that_cannot_be_written_is_a_storage_failure(mxtrain, args):
     """`mxtrain --help > /dev/full` exited 0 with nothing written (`--list-keys > /dev/full`
     was already exit 3)."""
@@ -97,3 +97,13 @@ def test_a_number_with_white_space_around_it_is_refused_at_either_end(mxtrain, v
                      "expected a number")
     assert_one_error(mxtrain(["train", "--set", f"train.steps={value.replace('1e-3', '3')}"]),
                      "expected an integer")
+
+
+def test_version_names_the_commit_it_was_built_from(mxtrain):
+    """`mxtrain --version` said "A subcommand is required" (exit 2). It prints the commit the
+    build came from (git HEAD at build time, "-dirty" with uncommitted changes), exit 0."""
+    import re
+    r = mxtrain(["--version"])
+    assert r.rc == 0 and not r.stderr, r
+    assert re.fullmatch(r"mxtrain, built from (commit [0-9a-f]{12}(-dirty)?|an unknown commit)\n",
+                        r.stdout), r.stdout
