@@ -58,6 +58,19 @@ def run_mxtrain(args, timeout=240, env=None, cwd=None, threads=2):
         return Result(args, None, out, err + f"\n[timed out after {timeout}s]")
 
 
+def error_lines(r):
+    """The `error:` lines of a Result's stderr."""
+    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
+
+
+def assert_one_error(r, *needles, rc=2):
+    """Exactly one `error:` line, holding every needle, and exit code rc."""
+    errs = error_lines(r)
+    assert r.rc == rc and len(errs) == 1, r
+    for n in needles:
+        assert n in errs[0], (n, errs[0])
+
+
 def cpu_flags():
     """The feature flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
     with open("/proc/cpuinfo") as f:

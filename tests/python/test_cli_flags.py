@@ -6,18 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import set_args
-
-
-def error_lines(r):
-    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
-
-
-def assert_one_error(r, *needles, rc=2):
-    errs = error_lines(r)
-    assert r.rc == rc and len(errs) == 1, r
-    for n in needles:
-        assert n in errs[0], (n, errs[0])
+from conftest import assert_one_error, error_lines, set_args
 
 
 def sgemm(mxtrain, size):

@@ -223,6 +223,16 @@ def test_resume_over_data_rewritten_between_the_sampled_places_warns(tmp_path, m
     assert len(warns) == 1, r.stderr
 
 
+def assert_one_resume_warning(r, says, *also):
+    """A resumed run (exit 0) with no warning (says None), or exactly one holding every text."""
+    assert r.rc == 0 and "resumed from" in r.stderr, r
+    warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+    if says is None:
+        assert warns == [], r.stderr
+    else:
+        assert len(warns) == 1 and all(t in warns[0] for t in (says, *also)), r.stderr
+
+
 def test_resume_with_other_windows_warns(tmp_path, mxtrain):
     """Another train.seq_len, data.val_fraction or data.val_path on resume went on without a
     word: the windows or the split moved, the rest of the epoch took another order, and a
@@ -248,12 +258,7 @@ def test_resume_with_other_windows_warns(tmp_path, mxtrain):
                        ({"data.val_fraction": 0.4}, "validation may be measured on windows"))):
         r = mxtrain(["train"] + set_args(dict(run, **over, **{
             "train.steps": 2, "checkpoint.resume": step1, "run.out_dir": tmp_path / f"r{i}"})))
-        assert r.rc == 0 and "resumed from" in r.stderr, r
-        warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
-        if says is None:
-            assert warns == [], r.stderr
-        else:
-            assert len(warns) == 1 and says in warns[0], r.stderr
+        assert_one_resume_warning(r, says)
 
 
 def test_resume_with_another_validation_file_warns(tmp_path, mxtrain, monkeypatch):
@@ -271,12 +276,7 @@ def test_resume_with_another_validation_file_warns(tmp_path, mxtrain, monkeypatc
         r = mxtrain(["train"] + set_args(dict(run, **{
             "data.val_path": val, "train.steps": 2, "checkpoint.resume": step1,
             "run.out_dir": tmp_path / f"r{i}"})))
-        assert r.rc == 0 and "resumed from" in r.stderr, r
-        warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
-        if says is None:
-            assert warns == [], r.stderr
-        else:
-            assert len(warns) == 1 and says in warns[0] and "v2.bin" in warns[0], r.stderr
+        assert_one_resume_warning(r, says, "v2.bin")
 
 
 def test_resume_over_a_rewritten_validation_file_warns(tmp_path, mxtrain):
@@ -308,12 +308,7 @@ def test_resume_over_a_rewritten_validation_file_warns(tmp_path, mxtrain):
         write_llmc(vpath, tokens)
         r = mxtrain(["train"] + set_args(dict(run, **{
             "train.steps": 2, "checkpoint.resume": step1, "run.out_dir": tmp_path / f"r{i}"})))
-        assert r.rc == 0 and "resumed from" in r.stderr, r
-        warns = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
-        if says is None:
-            assert warns == [], r.stderr
-        else:
-            assert len(warns) == 1 and says in warns[0] and "not comparable" in warns[0], r.stderr
+        assert_one_resume_warning(r, says, "not comparable")
 
 
 def test_what_a_hunt_found_in_data_paths(tmp_path, monkeypatch):

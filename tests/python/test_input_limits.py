@@ -15,19 +15,8 @@ import numpy as np
 import pytest
 
 import hf_io
-from conftest import english_text, set_args
+from conftest import assert_one_error, english_text, error_lines, set_args
 from test_checkpoint_resume import crc32c_ref
-
-
-def error_lines(r):
-    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
-
-
-def assert_one_error(r, *needles, rc=2):
-    errs = error_lines(r)
-    assert r.rc == rc and len(errs) == 1, r
-    for n in needles:
-        assert n in errs[0], (n, errs[0])
 
 
 def raw_safetensors(path, header_bytes, data=b""):

@@ -10,15 +10,12 @@ import time
 
 import pytest
 
-from conftest import MXTRAIN_BIN, english_text, read_metrics, require_binary, set_args
+from conftest import (MXTRAIN_BIN, english_text, error_lines, read_metrics, require_binary,
+                      set_args)
 
 TINY = {"model.preset": "tiny", "train.seq_len": 32, "train.micro_batch": 1,
         "train.log_every": 1, "train.eval_every": 0, "run.sample_tokens": 0,
         "data.format": "random"}
-
-
-def error_lines(r):
-    return [l for l in r.stderr.splitlines() if l.startswith("error:")]
 
 
 def env1():
