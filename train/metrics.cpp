@@ -36,11 +36,13 @@ off_t complete_lines_length(int fd, const std::string& path) {
 
 // A fresh run into a metrics file an earlier run wrote (checkpoint.resume = none, checkpoints
 // kept elsewhere) truncated the earlier lines without a word: they are moved aside to the
-// first free PATH.N (N = 1, 2, ...) instead, and a warning says where. Only a regular file
-// holding something: a FIFO or /dev/stdout is written as it is.
+// first free PATH.N (N = 1, 2, ...) instead, and a warning says where. Only a path that is
+// itself a regular file holding something (lstat): a FIFO, or a link such as /dev/stdout or
+// /proc/self/fd/1, is written as it is (rename moves the link, not its target: /dev/stdout
+// itself was moved aside when stdout was a non-empty log file).
 void keep_earlier_metrics(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
   for (int n = 1;; ++n) {
     const std::string kept = str(path, ".", n);
     struct stat taken {};

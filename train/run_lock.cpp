@@ -21,7 +21,10 @@ DirLock::DirLock(const std::string& dir, const std::string& key)
   // would then hold a lock on a file no longer in the directory. So a lock counts only if the
   // file locked is still the one at the path; otherwise open the new one and try again.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    // A file another user's killed run left (0644): flock needs no write access, so it is
+    // taken read-only (it stopped that directory for everyone else for good).
+    if (fd < 0 && errno == EACCES) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
       const int err = errno;
       throw_path_error(err, str("cannot create the lock file ", path_, " in ", key, " ", dir,

@@ -483,12 +483,18 @@ int run_training(const RunConfig& cfg) {
   // it. Rank 0 only: it writes the metrics and commits the checkpoints (the other ranks run
   // under its locks).
   std::optional<DirLock> out_dir_lock, checkpoint_dir_lock;
-  if (lead) out_dir_lock.emplace(cfg.out_dir(), "run.out_dir");
+  // (out_dir only when the run writes there: with run.metrics and checkpoint.dir elsewhere it
+  // is never made, and a read-only working directory stays usable)
+  const bool ckpt_in_out_dir =
+      cfg.checkpoint.s3_uri.empty() && same_dir(cfg.checkpoint_dir(), cfg.out_dir());
+  if (lead && (ckpt_in_out_dir ||
+               same_dir(fs::path(cfg.metrics_path()).parent_path().string(), cfg.out_dir())))
+    out_dir_lock.emplace(cfg.out_dir(), "run.out_dir");
   // The directory's checks first (every rank sees the same one): a resume from a directory
   // each node has its own copy of read as a missing manifest on one rank.
   if (cfg.checkpoint.s3_uri.empty()) probe_checkpoint_dir(cfg.checkpoint_dir(), world);
   // (after the checks, which say what is wrong with a path; before anything is removed there)
-  if (lead && cfg.checkpoint.s3_uri.empty() && !same_dir(cfg.checkpoint_dir(), cfg.out_dir()))
+  if (lead && cfg.checkpoint.s3_uri.empty() && !(out_dir_lock && ckpt_in_out_dir))
     checkpoint_dir_lock.emplace(cfg.checkpoint_dir(), "checkpoint.dir");
   // Before choosing: what stopped writers left behind goes, and a committed step a replacing
   // commit had moved aside (stopped between its renames) comes back (LocalStore).

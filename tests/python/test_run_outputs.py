@@ -115,6 +115,57 @@ def test_a_fresh_run_keeps_an_earlier_runs_metrics(tmp_path, mxtrain):
     assert not (out / "metrics.jsonl.3").exists()
 
 
+def test_a_metrics_link_is_written_through_not_moved(tmp_path, mxtrain):
+    """run.metrics = /dev/stdout with stdout a non-empty log file: the earlier-metrics rename
+    moved the link /dev/stdout itself aside (stat followed it, rename moved it), breaking it
+    for every later process. A link is now written through as before; here a link to a
+    non-empty file stands for /dev/stdout."""
+    log = tmp_path / "log.txt"
+    log.write_text("earlier output\n")
+    link = tmp_path / "stdout"
+    link.symlink_to(log)
+    run = dict(TINY, **{"train.steps": 1, "run.out_dir": tmp_path / "o", "run.metrics": link})
+    r = mxtrain(["train"] + set_args(run), timeout=120)
+    assert r.rc == 0, r
+    assert link.is_symlink() and os.readlink(link) == str(log), list(tmp_path.iterdir())
+    assert not (tmp_path / "stdout.1").exists()
+    steps, _ = read_metrics(log)
+    assert [s["step"] for s in steps] == [1]
+
+
+def test_a_run_makes_no_out_dir_it_does_not_write(tmp_path, mxtrain):
+    """With run.metrics and checkpoint.dir elsewhere nothing goes to run.out_dir, which the lock
+    created anyway (a read-only working directory then refused the run)."""
+    run = dict(TINY, **{"train.steps": 1, "run.out_dir": tmp_path / "o",
+                        "run.metrics": tmp_path / "m" / "metrics.jsonl",
+                        "checkpoint.dir": tmp_path / "ck"})
+    r = mxtrain(["train"] + set_args(run), timeout=120)
+    assert r.rc == 0, r
+    assert not (tmp_path / "o").exists()
+    assert (tmp_path / "ck" / "step_00000001").is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to leave another user's file")
+def test_a_lock_file_another_user_left_is_taken_over(tmp_path):
+    """A killed run's .mxtrain.lock (0644, another user's) stopped everyone else for good:
+    'cannot create the lock file ...: Permission denied'. flock needs no write access: the file
+    is taken read-only."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    out = Path(tempfile.mkdtemp(prefix="mxtrain-lock-", dir="/tmp"))  # (tmp_path is 0700)
+    try:
+        os.chmod(out, 0o777)
+        (out / ".mxtrain.lock").write_text("12345\n")  # root's, as a killed root run leaves it
+        run = dict(TINY, **{"train.steps": 1, "run.out_dir": out})
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            MXTRAIN_BIN, "train"] + [str(a) for a in set_args(run)],
+                           capture_output=True, text=True, env=env1(), timeout=120, cwd="/tmp")
+        assert p.returncode == 0, p.stderr
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def run_with_closed_pipe(args, which):
     """Runs mxtrain with stdout and/or stderr a pipe whose read end is already closed (what
     `| head -1` leaves once head has exited); the other stream is captured."""
