@@ -252,7 +252,13 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
                           "nvcc/NCCL found, or -DMXTRAIN_CUDA=OFF; see docs/cuda.md)"));
     return g_cuda_factory();
   }
-  throw UserError(str("unknown ", key, " '", device, "' (known: cpu, cuda)"));
+  check_device_name(device, key);
+  throw UserError(str("unknown ", key, " '", device, "'"));  // (check_device_name threw)
+}
+
+void check_device_name(const std::string& device, const std::string& key) {
+  if (device != "cpu" && device != "cuda")
+    throw UserError(str("unknown ", key, " '", device, "' (known: cpu, cuda)"));
 }
 
 }  // namespace mx

@@ -461,6 +461,9 @@ std::unique_ptr<Backend> make_host_backend();
 // `key` names where the device came from in errors: the config key, or a command's flag.
 std::unique_ptr<Backend> make_backend(const std::string& device,
                                       const std::string& key = "run.device");
+// UserError unless `device` names a device mxtrain knows ("cpu" or "cuda"), whether or not this
+// build or machine can run it: what a config can be checked for away from the machine.
+void check_device_name(const std::string& device, const std::string& key = "run.device");
 
 // The CUDA backend lives in its own library (mxcuda), which the engine library does not link:
 // a program built with it registers its factory once at startup (cli/main.cpp). Null: this

@@ -29,6 +29,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/output_dirs.h"
 #include "data/token_dataset.h"
 #include "model/config.h"
 #include "precision/recipe.h"
@@ -277,11 +278,9 @@ int sagemaker_train() {
     // (and a restarted job, "already complete", failed the same way each time); SageMaker
     // uploads the model directory whole, as model.tar.gz.
     if (cfg.checkpoint.s3_uri.empty()) {
-      const fs::path ck = fs::weakly_canonical(fs::absolute(cfg.checkpoint_dir()), ec);
-      const fs::path model = fs::weakly_canonical(fs::absolute(paths.model), ec);
-      const auto [m_end, ck_it] = std::mismatch(model.begin(), model.end(), ck.begin(), ck.end());
-      MX_REQUIRE(m_end != model.end(), "checkpoint.dir ", cfg.checkpoint_dir(), " is ",
-                 ck == model ? "" : "inside ", "the model directory ", paths.model,
+      const PathPlace place = path_place(cfg.checkpoint_dir(), paths.model);
+      MX_REQUIRE(place == PathPlace::kOutside, "checkpoint.dir ", cfg.checkpoint_dir(), " is ",
+                 place == PathPlace::kSame ? "" : "inside ", "the model directory ", paths.model,
                  ", where the job exports its final model (SageMaker uploads that directory "
                  "as model.tar.gz): leave checkpoint.dir unset (", paths.root,
                  "/checkpoints) or name another directory");
@@ -375,29 +374,17 @@ int sagemaker_train() {
 
 // With the config file in a channel (not at hand), the keys whose values are one of a fixed
 // set, whatever else the file says: a typo there (model.preset = huge) passed the check and
-// failed in the job. Each through the engine's own reading where it has one.
+// failed in the job. Each value as the engine reads it ("'tiny'" is tiny).
 void check_fixed_values(const std::vector<std::string>& sets) {
-  auto one_of = [](const std::string& key, const std::string& v,
-                   std::initializer_list<const char*> known) {
-    std::string list;
-    for (const char* k : known) {
-      if (v == k) return;
-      list += (list.empty() ? "" : ", ") + std::string(k);
-    }
-    throw UserError(str(key, " must be one of ", list, " (got '", v, "') (from hyperparameters)"));
-  };
   for (const std::string& item : sets) {
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    // the value as the engine reads it ("'tiny'" is tiny)
-    const std::string v = canonical_value(key, item.substr(eq + 1), "hyperparameters");
-    if (key == "model.preset") model_preset(v);
-    else if (key == "precision.recipe") parse_recipe(v);
-    else if (key == "data.format") parse_token_format(v);
-    else if (key == "run.device") one_of(key, v, {"cpu", "cuda"});
-    else if (key == "parallel.sharding") one_of(key, v, {"full", "grad-op", "none", "hybrid"});
-    else if (key == "memory.activation_checkpointing")
-      one_of(key, v, {"none", "selective", "full"});
+    const std::string value = canonical_value(key, item.substr(eq + 1), "hyperparameters");
+    try {
+      check_fixed_value(key, value);
+    } catch (const UserError& e) {
+      throw UserError(str(e.what(), " (from hyperparameters)"));
+    }
   }
 }
 

@@ -13,6 +13,11 @@ bool is_config_path_errno(int err);
 // Throws UserError or StorageError (as above) with `message`.
 [[noreturn]] void throw_path_error(int err, const std::string& message);
 
+// Where `path` lies against directory `dir`, both made absolute and resolved as far as they
+// exist (links, "..", "."; the rest taken as written).
+enum class PathPlace { kOutside, kSame, kInside };
+PathPlace path_place(const std::string& path, const std::string& dir);
+
 // create_directories(dir); on failure throws as above: "<what> <dir>: <reason>".
 void create_output_dirs(const std::string& dir, const std::string& what);
 

@@ -15,8 +15,12 @@
 #include <sstream>
 #include <variant>
 
+#include "backend/backend.h"
 #include "checkpoint/s3/uri.h"
 #include "core/error.h"
+#include "data/token_dataset.h"
+#include "model/llama.h"
+#include "parallel/fsdp.h"
 #include "precision/recipe.h"
 
 namespace mx {
@@ -102,7 +106,8 @@ const std::vector<Field>& schema() {
       MX_FLOAT("train.beta2", train.beta2, "AdamW beta2"),
       MX_FLOAT("train.eps", train.eps, "AdamW epsilon"),
       MX_INT("train.eval_every", train.eval_every, "validation every N steps (0: off)"),
-      MX_INT("train.eval_batches", train.eval_batches, "micro-batches per validation"),
+      MX_INT("train.eval_batches", train.eval_batches,
+             "micro-batches per rank per validation (eval_batches x micro_batch x ranks windows)"),
       MX_INT("train.log_every", train.log_every, "metrics line every N steps"),
       MX_STRING("data.path", data.path, "token file, directory or glob of shards (empty: the bundled corpus)"),
       MX_STRING("data.val_path", data.val_path, "validation data of its own: file, directory or glob (empty: the tail of data.path, data.val_fraction)"),
@@ -415,9 +420,9 @@ void validate(const RunConfig& c) {
              "precision.high_precision_first / high_precision_last must be >= 0");
   MX_REQUIRE(c.precision.stats_every >= 0, "precision.stats_every must be >= 0 (0: off; got ",
              c.precision.stats_every, ")");
-  const auto& s = c.parallel.sharding;
-  MX_REQUIRE(s == "full" || s == "grad-op" || s == "none" || s == "hybrid",
-             "parallel.sharding must be full, grad-op, none or hybrid (got '", s, "')");
+  check_fixed_value("parallel.sharding", c.parallel.sharding);
+  check_fixed_value("data.format", c.data.format);
+  check_fixed_value("run.device", c.run.device);
   MX_REQUIRE(c.parallel.shard_group >= 0, "parallel.shard_group must be >= 0");
   {
     const Recipe r = parse_recipe(c.precision.recipe);
@@ -447,11 +452,7 @@ void validate(const RunConfig& c) {
                  c.run.name != "." && c.run.name != "..",
              "run.name must be a non-empty name without '/', not . or .. (got '", c.run.name,
              "')");
-  MX_REQUIRE(c.memory.activation_checkpointing == "none" ||
-                 c.memory.activation_checkpointing == "selective" ||
-                 c.memory.activation_checkpointing == "full",
-             "memory.activation_checkpointing must be none, selective or full (got '",
-             c.memory.activation_checkpointing, "')");
+  check_fixed_value("memory.activation_checkpointing", c.memory.activation_checkpointing);
 }
 
 }  // namespace
@@ -570,6 +571,15 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   }
   validate(s.cfg);
   return s.cfg;
+}
+
+void check_fixed_value(const std::string& key, const std::string& value) {
+  if (key == "model.preset") model_preset(value);
+  else if (key == "precision.recipe") parse_recipe(value);
+  else if (key == "data.format") parse_token_format(value);
+  else if (key == "run.device") check_device_name(value);
+  else if (key == "parallel.sharding") parse_sharding(value);
+  else if (key == "memory.activation_checkpointing") parse_checkpointing(value);
 }
 
 std::string canonical_value(const std::string& key, const std::string& value,

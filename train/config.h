@@ -118,6 +118,13 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 // the whole). For overrides of a config file that is not at hand (`mxtrain sagemaker check`).
 void check_sets(const std::vector<std::string>& sets, const std::string& origin = "--set");
 
+// The keys whose value is one of a fixed set: model.preset, precision.recipe, data.format,
+// run.device, parallel.sharding, memory.activation_checkpointing. UserError unless `value` is
+// one of `key`'s, through the engine's own reading of each (naming the valid ones); nothing
+// for any other key. validate() checks a config's with it, and `mxtrain sagemaker check` the
+// overrides of a config file it does not have.
+void check_fixed_value(const std::string& key, const std::string& value);
+
 // One `section.key=value` override's value as the key's type reads it, spelled one way: an
 // integer in decimal ("02" and "+2" are "2"), a number as the shortest text that reads back,
 // a boolean as true / false, a string unquoted. UserError for an unknown key or a value of the

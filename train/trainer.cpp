@@ -109,9 +109,7 @@ void probe_checkpoint_dir(const std::string& dir, Communicator& world) {
 
 // Whether two paths name the same directory (after resolving what exists of them: links, ..).
 bool same_dir(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return fs::weakly_canonical(fs::absolute(a, ec), ec) ==
-         fs::weakly_canonical(fs::absolute(b, ec), ec);
+  return path_place(a, b) == PathPlace::kSame;
 }
 
 std::string hex64(uint64_t v) {
