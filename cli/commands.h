@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/output_dirs.h"
 
 namespace mx::cli {
 
@@ -45,9 +46,10 @@ inline void prepare_output_file(const std::string& out, const char* out_flag) {
   const fs::path parent = fs::path(out).parent_path();
   if (parent.empty() || fs::is_directory(parent, ec)) return;
   fs::create_directories(parent, ec);
+  // (a component that is a file, a name too long: the flag's fault, exit 2; else exit 3)
   if (ec)
-    throw StorageError(str("cannot create the directory of ", out_flag, " ", out, ": ",
-                           ec.message()));
+    throw_path_error(ec.value(), str("cannot create the directory of ", out_flag, " ", out, ": ",
+                                     ec.message()));
 }
 
 }  // namespace mx::cli

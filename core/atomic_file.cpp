@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/output_dirs.h"
 
 namespace mx {
 
@@ -48,7 +49,8 @@ std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pie
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     int err = errno;
-    throw StorageError(str("cannot write '", path, "': create ", tmp, ": ", std::strerror(err)));
+    // (a name too long, a component that is a file: the path's fault, exit 2)
+    throw_path_error(err, str("cannot write '", path, "': create ", tmp, ": ", std::strerror(err)));
   }
   bool ok = true;
   for (size_t i = 0; ok && i < pieces.size(); ++i) ok = write_all(fd, pieces[i].data, pieces[i].size);

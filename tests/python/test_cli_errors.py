@@ -262,6 +262,27 @@ def test_numerics_will_not_write_over_its_input(mxtrain, tmp_path, sub):
     assert src.read_bytes() == before
 
 
+@pytest.mark.parametrize("where", ["under_a_file", "name_too_long"])
+@pytest.mark.parametrize("tool", ["debug_grads", "numerics_quantize"])
+def test_an_out_path_that_cannot_exist_is_bad_input(mxtrain, tmp_path, tool, where):
+    """ENOTDIR / ENAMETOOLONG on --out are the flag's fault: exit 2, as train's run.metrics
+    (core/output_dirs.h). They were exit 3, a storage failure."""
+    if tool == "debug_grads":
+        cfg, model, toks, _ = _grads_setup(tmp_path)
+        args = ["debug", "grads", "--init", model, "--tokens", toks, "--batch", 2, "--seq", 8]
+        a_file = toks
+    else:
+        a_file = tmp_path / "x.safetensors"
+        hf_io.write_safetensors(a_file, {"a": np.linspace(-3, 3, 64, dtype=np.float32)
+                                         .reshape(2, 32)})
+        args = ["numerics", "quantize", "--format", "e4m3", "--in", a_file]
+    out = a_file / "x.safetensors" if where == "under_a_file" else tmp_path / ("a" * 300)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    r = mxtrain(args + ["--out", out], timeout=60)
+    check_error(r, ["--out" if where == "under_a_file" else "a" * 300])
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_export_hf_missing_checkpoint(mxtrain, tmp_path):
     out = tmp_path / "export"
     out.mkdir()
