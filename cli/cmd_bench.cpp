@@ -55,16 +55,20 @@ void add_bench(CLI::App& app, Action& action) {
   auto* fma = bench->add_subcommand(
       "fma", "measured fp32 multiply-add peak of the CPU, on all OpenMP threads (JSON)");
   auto fma_seconds = std::make_shared<double>(1.0);
-  fma->add_option("--seconds", *fma_seconds, "keep timing for this long; the best run counts");
+  fma->add_option("--seconds", *fma_seconds,
+                  "keep timing for at least this long (and at least 3 runs); the best run counts");
   fma->callback([&action, fma_seconds] {
     action = [fma_seconds] {
       MX_REQUIRE(*fma_seconds >= 0 && *fma_seconds <= 600, "--seconds must be in [0, 600]");
+      const auto t0 = std::chrono::steady_clock::now();
       const FmaPeak p = measure_fma_peak(*fma_seconds);
+      const double spent =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       nlohmann::ordered_json out;
       out["gflops"] = std::round(p.flops / 1e6) / 1e3;
       out["threads"] = p.threads;
       out["vector_bits"] = p.vector_bits;
-      out["seconds"] = *fma_seconds;
+      out["seconds"] = std::round(spent * 1e3) / 1e3;  // what it took, as bench sgemm says
       std::printf("%s\n", out.dump().c_str());
       return 0;
     };
