@@ -862,9 +862,13 @@ int run_training(const RunConfig& cfg) {
   // stopped early still leaves one.
   auto profile_json = [&](int64_t last_step, const std::vector<OpProfile::Row>& rows) {
     const double wall = train_seconds - profile_from;
+    double in_ops = 0;
+    for (const OpProfile::Row& r : rows) in_ops += r.seconds;
+    // (the table's "(outside backend ops)" row: the JSON had no such figure)
     return nlohmann::json{{"first_step", profile_first},
                           {"last_step", last_step},
                           {"seconds", wall},
+                          {"outside_ops_seconds", std::max(0.0, wall - in_ops)},
                           {"ops", op_profile_json(rows, wall)}};
   };
   if (val_sampler && lead && val_sampler->num_windows() < tc.eval_batches * B * W)

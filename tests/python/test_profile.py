@@ -51,6 +51,10 @@ def test_profile_charges_each_op_its_own_time_and_flops(tmp_path, corpus):
     assert math.isclose(prof["seconds"], want_s, rel_tol=1e-9), (prof["seconds"], want_s)
     ops = {o["op"]: o for o in prof["ops"]}
     assert sum(o["seconds"] for o in ops.values()) <= prof["seconds"] * (1 + 1e-9)
+    # the table's "(outside backend ops)" row, in the JSON too
+    assert math.isclose(prof["outside_ops_seconds"],
+                        prof["seconds"] - sum(o["seconds"] for o in ops.values()),
+                        rel_tol=1e-9, abs_tol=1e-12), prof
     # GEMMs: per step 7 Linears a block forward, 14 backward (dx and dW), and the head's 3 (one
     # chunk at 64 tokens); FLOPs 2 N in out per GEMM
     N = B * T
