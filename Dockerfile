@@ -62,6 +62,9 @@ RUN if ! cmake --version | awk 'NR==1 { split($3, v, "."); exit !(v[1] > 3 || (v
 # would train with the slow fp32 attention kernel, so a failed fetch fails the build. A base
 # without nvcc (the CPU variant) skips it.
 RUN scripts/fetch_cudnn_frontend.sh
+# With nvcc in the base the CUDA backend must come out of the build: without NCCL CMake falls
+# back to the CPU engine alone (a warning), which here would be a GPU image that cannot use
+# its GPUs.
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXTRAIN_TESTS=OFF \
         -DMXTRAIN_CPU_ARCH="${CPU_ARCH}" -DMXTRAIN_CUDA="${MXTRAIN_CUDA}" \
         -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
