@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "core/stop.h"
 #include "data/splitmix64.h"
+#include "parallel/communicator.h"
 
 namespace mx {
 
@@ -76,14 +77,6 @@ int64_t usable_memory(std::string* what) {
     break;
   }
   return mem;
-}
-
-// The processes of this job on this host, each of which holds its own copy of text data
-// (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS); 1 outside mpirun.
-int64_t ranks_on_this_host() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* n = std::getenv(v); n && std::atoll(n) > 0) return std::atoll(n);
-  return 1;
 }
 
 struct FileDescriptor {
@@ -444,7 +437,7 @@ TokenFormat TokenDataset::open_file(const std::string& path, TokenFormat format,
     const size_t at = owned_.size();
     std::string memory_is;
     const int64_t memory = usable_memory(&memory_is);
-    const int64_t local = ranks_on_this_host();
+    const int64_t local = launcher_ranks_on_this_host();  // each holds its own copy
     const int64_t held = g_text_bytes.load() + file_bytes;
     MX_REQUIRE(memory <= 0 || held <= memory / 2 / local, "data file '", path, "': ",
                format_bytes(double(held)), " of text data", held > int64_t(at) + file_bytes

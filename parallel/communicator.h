@@ -145,6 +145,11 @@ Communicator& world_communicator();
 // True once world_communicator() has created an MPI world of more than one process.
 bool in_multi_process_job();
 
+// The processes of this job on this host, as the launcher says (Open MPI's
+// OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS); 1 without one. Readable before the
+// world exists: the data loader divides its in-memory budget by it.
+int64_t launcher_ranks_on_this_host();
+
 // "rank R: " when the launcher's environment says this process is rank R of more than one
 // (OMPI_COMM_WORLD_*, PMIX_RANK / PMI_*), else "": for errors before the world exists (a bad
 // config), so that they read as abort_all's do.

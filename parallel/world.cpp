@@ -97,6 +97,12 @@ std::string launcher_rank_prefix() {
   return "rank " + std::to_string(rank) + ": ";
 }
 
+int64_t launcher_ranks_on_this_host() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* n = std::getenv(v); n && std::atoll(n) > 0) return std::atoll(n);
+  return 1;
+}
+
 bool rank_left_job_unjoined() {
   if (!launched_by_mpi_launcher()) return false;
   const char* size = nullptr;  // (srun with PMIx names no size of its own: Slurm's)
