@@ -26,6 +26,7 @@
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory_limit.h"
 #include "core/stop.h"
 #include "data/splitmix64.h"
 #include "parallel/communicator.h"
@@ -54,7 +55,7 @@ constexpr uint64_t kRandomSeed = 0x6d78747261696e31ull;  // "mxtrain1": fixed so
 std::atomic<int64_t> g_text_bytes{0};
 
 // The memory this process may fill: the machine's, or its cgroup's limit where that is lower
-// (a container's; cgroup v2's memory.max, else v1's memory.limit_in_bytes). `what` names it.
+// (a container's, a job scheduler's: core/memory_limit.h). `what` names it.
 // MXTRAIN_TEST_MEMORY_BYTES stands for it in tests.
 int64_t usable_memory(std::string* what) {
   if (const char* t = std::getenv("MXTRAIN_TEST_MEMORY_BYTES"); t && *t) {
@@ -63,18 +64,11 @@ int64_t usable_memory(std::string* what) {
   }
   int64_t mem = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE));
   *what = "this machine's memory";
-  for (const char* f :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    FILE* in = std::fopen(f, "r");
-    if (!in) continue;
-    long long limit = 0;
-    const bool number = std::fscanf(in, "%lld", &limit) == 1;  // "max": no limit
-    std::fclose(in);
-    if (number && limit > 0 && (mem <= 0 || limit < mem)) {
-      mem = limit;
-      *what = "this container's memory limit";
-    }
-    break;
+  // (it read /sys/fs/cgroup's own files only: a process in a nested cgroup, as a systemd
+  // unit's or a scheduler's without a cgroup namespace, had its limit missed)
+  if (const int64_t limit = this_cgroup_memory_limit(); limit > 0 && (mem <= 0 || limit < mem)) {
+    mem = limit;
+    *what = "this container's memory limit";
   }
   return mem;
 }
