@@ -150,20 +150,28 @@ int main(int argc, char** argv) {
   };
   // What the command printed must have reached its destination (a redirect onto a full disk,
   // /dev/full, a closed pipe): a storage failure otherwise, not exit 0 with an empty file.
-  auto stdout_written = [&](int rc) {
+  // (`earlier`: the errno of a write that failed before, as the version line's own flush)
+  auto stdout_written = [&](int rc, int earlier = 0) {
     errno = 0;
     if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return rc;
-    const std::string why = errno ? std::strerror(errno) : "write error";
+    const int err = errno ? errno : earlier;
+    const std::string why = err ? std::strerror(err) : "write error";
     return rc == 0 ? fail(3, "cannot write standard output: " + why) : rc;
+  };
+  // CLI11 prints help and the version itself; the errno of its failed write is kept
+  auto printed = [&](const CLI::Error& e) {
+    errno = 0;
+    const int rc = app.exit(e);
+    return stdout_written(rc, errno);
   };
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {  // (help, as any output, must have been written)
-    return joined(stdout_written(app.exit(e)));
+    return joined(printed(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return joined(stdout_written(app.exit(e)));
+    return joined(printed(e));
   } catch (const CLI::CallForVersion& e) {
-    return joined(stdout_written(app.exit(e)));
+    return joined(printed(e));
   } catch (const CLI::ParseError& e) {
     std::string what = e.what();
     // CLI11 2.1 lists the unexpected arguments it kept back in reverse (rjoin of a list in

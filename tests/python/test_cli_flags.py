@@ -1,7 +1,9 @@
 """Command-line flags and the command's own output: integers are decimal (as `--set` reads
 them), help that cannot be written is a storage failure, and the small words of the output say
 what they mean. Each case is what a hunt found the binary doing instead."""
+import errno
 import json
+import os
 
 import numpy as np
 import pytest
@@ -51,6 +53,8 @@ def test_help_that_cannot_be_written_is_a_storage_failure(mxtrain, args):
                            timeout=60)
     errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
     assert p.returncode == 3 and len(errs) == 1 and "standard output" in errs[0], p.stderr
+    # and why, as the kernel said it (ENOSPC: `--version` said only "write error")
+    assert os.strerror(errno.ENOSPC) in errs[0], p.stderr
     assert mxtrain(args).rc == 0  # the control: to a pipe it is written, exit 0
 
 
