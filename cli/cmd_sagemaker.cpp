@@ -228,6 +228,20 @@ int run_worker(const sm::Resources& res, const sm::Paths& paths) {
   return 0;
 }
 
+// Where the job writes must be one of its own directories: a relative path is under the
+// container's working directory, which the job does not keep (checkpoint.dir = ck wrote
+// /opt/mxtrain/ck, lost with the instance, and a restarted job had nothing to resume).
+void refuse_relative_output(const std::string& key, const std::string& value,
+                            const sm::Paths& paths) {
+  if (value.empty() || !fs::path(value).is_relative()) return;
+  const bool ckpt = key == "checkpoint.dir";
+  throw UserError(str(key, " = ", value, " is a relative path: in a SageMaker job that is under "
+                      "the container's working directory, which the job does not keep; name a "
+                      "path under ", paths.root, " (or leave ", key, " unset: ",
+                      ckpt ? paths.checkpoints : paths.output_data,
+                      key == "run.metrics" ? "/metrics.jsonl" : "", ")"));
+}
+
 int sagemaker_train() {
   const sm::Paths paths = sm::paths_under(sm::root_from_env());
   if (!std::getenv("OMPI_COMM_WORLD_SIZE")) {  // the entrypoint itself, not a rank it started
@@ -273,6 +287,13 @@ int sagemaker_train() {
       }
     }
     if (!first.init.from.empty()) sets.push_back("init.from=" + under_data(first.init.from));
+    // A checkpoint to resume from, named by a relative path, is in a channel, as init.from.
+    if (const std::string& r = first.checkpoint.resume;
+        r != "auto" && r != "none" && r.rfind("s3://", 0) != 0)
+      sets.push_back("checkpoint.resume=" + under_data(r));
+    refuse_relative_output("checkpoint.dir", first.checkpoint.dir, paths);
+    refuse_relative_output("run.out_dir", first.run.out_dir, paths);
+    refuse_relative_output("run.metrics", first.run.metrics, paths);
     RunConfig cfg = load_run_config(hp.config_file, sets, "hyperparameters");
     // Checkpoints in the model directory: the export refused it only after the whole training
     // (and a restarted job, "already complete", failed the same way each time); SageMaker
@@ -397,14 +418,21 @@ int sagemaker_check(const std::string& file) {
       sm::parse_hyperparameters(read_json(file, true, {}), paths.data_dir, false);
   std::vector<std::string> sets = sm::platform_sets(paths);
   sets.insert(sets.end(), hp.sets.begin(), hp.sets.end());
+  check_sets(sets, "hyperparameters");  // (unknown keys and wrong types first)
+  for (const std::string& item : hp.sets) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (key == "checkpoint.dir" || key == "run.out_dir" || key == "run.metrics")
+      refuse_relative_output(key, canonical_value(key, item.substr(eq + 1), "hyperparameters"),
+                             paths);
+  }
   if (hp.config_file.empty()) {
     // the whole config, as the entrypoint's first reading
     load_run_config("", sets, "hyperparameters");
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " valid on the default config");
   } else {
-    // the file is in a channel: each key and value, not the whole
-    check_sets(sets, "hyperparameters");
+    // the file is in a channel: each key and value (checked above), not the whole
     check_fixed_values(hp.sets);
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " name known keys with values of their types (the config file ", hp.config_file,

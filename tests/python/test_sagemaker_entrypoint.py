@@ -198,6 +198,52 @@ def test_checkpoints_in_the_model_directory_are_refused_before_training(tmp_path
         assert (root / "output" / "failure").read_text().strip() == err[0]
 
 
+@pytest.mark.parametrize("key", ["checkpoint.dir", "run.out_dir", "run.metrics"])
+def test_relative_output_paths_are_refused_before_training(tmp_path, key):
+    """A relative checkpoint.dir (run.out_dir, run.metrics) was written under the container's
+    working directory (/opt/mxtrain), which the job does not keep: a restarted job had nothing
+    to resume. Refused by the job and by `sagemaker check`, with or without a config file."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2", key: "rel/x"}))
+    work = tmp_path / "work"
+    work.mkdir()
+    require_binary()
+    r = subprocess.run([MXTRAIN_BIN, "sagemaker", "train"], env=sm_env(root), cwd=work,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and key in err[0] and "relative" in err[0], r.stderr
+    assert (root / "output" / "failure").read_text().strip() == err[0]
+    assert list(work.iterdir()) == [] and not (root / "checkpoints").exists()
+    for extra in ({}, {"config": "train/c.toml"}):
+        hp = tmp_path / "hp.json"
+        hp.write_text(json.dumps(dict(extra, **{key: "rel/x"})))
+        c = subprocess.run([MXTRAIN_BIN, "sagemaker", "check", "--hyperparameters", hp],
+                           capture_output=True, text=True, timeout=60)
+        assert c.returncode == 2 and key in c.stderr, (extra, c.stderr)
+        hp.write_text(json.dumps(dict(extra, **{key: "/opt/ml/x"})))  # the control
+        c = subprocess.run([MXTRAIN_BIN, "sagemaker", "check", "--hyperparameters", hp],
+                           capture_output=True, text=True, timeout=60)
+        assert c.returncode == 0, (extra, c.stderr)
+
+
+def test_a_relative_resume_path_is_in_a_channel(tmp_path):
+    """checkpoint.resume naming a step by a relative path is read under input/data, as
+    init.from and data.path are (it was read from the container's working directory)."""
+    first = make_root(tmp_path / "a", dict(TINY, **{"train.steps": "2"}))
+    r = run_entrypoint(first, timeout=120)
+    assert r.returncode == 0, r.stderr
+    root = make_root(tmp_path / "b", dict(TINY, **{"train.steps": "3",
+                                                   "checkpoint.resume": "ck/step_00000002"}),
+                     channels=("train", "ck"))
+    shutil.copytree(first / "checkpoints" / "step_00000002",
+                    root / "input" / "data" / "ck" / "step_00000002")
+    r = run_entrypoint(root, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {root / 'input' / 'data' / 'ck' / 'step_00000002'}" in r.stderr, r.stderr
+    steps, _ = read_metrics(root / "output" / "data" / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [3]
+
+
 def test_a_stop_during_the_final_export_still_exports(tmp_path):
     """The stop handlers stay installed after the training, and the export's checkpoint load
     took a SIGTERM for a start-up stop: 'internal error', exit 1, no model, where a job that
