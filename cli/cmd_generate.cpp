@@ -60,7 +60,19 @@ int run_generate(const GenerateArgs& a) {
   const bool by_ids = a.prompt_ids_given;  // (an empty value too: refused below, not "The ")
   ModelConfig cfg;
   std::vector<float> params;
-  const bool hf = is_hf_dir(a.model) && !std::filesystem::exists(a.model + "/manifest.json");
+  // A checkpoint step carries a config.json of its own: one without its manifest (not
+  // committed) was read as a Hugging Face directory ("no model.safetensors").
+  auto checkpoint_step = [](const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::exists(dir + "/manifest.json", ec) || fs::exists(dir + "/state.json", ec)) return true;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("rank_", 0) == 0 && it->path().extension() == ".safetensors") return true;
+    }
+    return false;
+  };
+  const bool hf = is_hf_dir(a.model) && !checkpoint_step(a.model);
   if (hf) cfg = read_hf_config(a.model + "/config.json");
   else cfg = load_checkpoint_weights(a.model, params);
   std::vector<int32_t> prompt;
@@ -109,7 +121,9 @@ void add_generate(CLI::App& app, Action& action) {
   cmd->add_flag("--ids", a->print_ids, "print the prompt's and generated token ids, not text");
   cmd->add_option("--max-tokens", a->options.max_new_tokens, "tokens to generate");
   cmd->add_option("--temperature", a->options.temperature, "0: greedy");
-  cmd->add_option("--top-k", a->options.top_k, "0: whole vocabulary");
+  cmd->add_option("--top-k", a->options.top_k,
+                  "sample among the k most likely tokens and those tied with the k-th (0: whole "
+                  "vocabulary)");
   cmd->add_option("--seed", a->seed, "sampling seed (>= 0)");
   cmd->add_option("--device", a->device, "cpu | cuda");
   cmd->callback([&action, a, ids_opt] {

@@ -131,8 +131,16 @@ class Decoder {
   std::vector<float> logits_, host_cos_, host_sin_;
 };
 
-int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt19937_64& rng) {
+int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt19937_64& rng,
+               int64_t position) {
   const int64_t V = int64_t(logits.size());
+  // Finite weights can still overflow float32 on the way (the head's sums): a NaN or inf
+  // logit made max_element and the sort pick arbitrary tokens, silently.
+  for (int64_t v = 0; v < V; ++v)
+    if (!std::isfinite(logits[size_t(v)]))
+      throw UserError(str("the model's logit of token ", v, " at position ", position, " is ",
+                          logits[size_t(v)], ": its weights overflow float32 there, so no ",
+                          "token can be chosen"));
   if (o.temperature <= 0)
     return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> idx(V);
@@ -140,6 +148,14 @@ int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt
   int64_t k = (o.top_k > 0 && o.top_k < V) ? o.top_k : V;
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  // Top-k keeps every token whose logit is not below the k-th (as Hugging Face's top-k
+  // filter): of two tokens tied at the k-th logit, the lower id alone was ever picked.
+  if (k < V) {
+    const float kth = logits[size_t(idx[size_t(k - 1)])];
+    const auto tied = std::partition(idx.begin() + k, idx.end(),
+                                     [&](int32_t a) { return logits[size_t(a)] >= kth; });
+    k = tied - idx.begin();
+  }
   std::vector<double> p(k);
   double mx = logits[idx[0]], sum = 0;
   for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[idx[i]] - mx) / o.temperature);
@@ -188,7 +204,7 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const ParamLayou
   for (int32_t t : prompt) logits = &dec->step(t);
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     if (options.stop && options.stop->load() != 0) break;
-    int32_t next = sample(*logits, options, rng);
+    int32_t next = sample(*logits, options, rng, int64_t(out.size()));
     out.push_back(next);
     if (i + 1 < options.max_new_tokens) logits = &dec->step(next);
   }

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/json_input.h"
 #include "core/load_progress.h"
+#include "core/output_dirs.h"
 #include "model/hf_config.h"
 
 namespace fs = std::filesystem;
@@ -136,7 +137,8 @@ void save_hf_model(const std::string& dir, const ModelConfig& config, const Para
   MX_REQUIRE(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "the output directory ", dir,
              " exists and is not a directory");
   fs::create_directories(dir, ec);
-  if (ec) throw StorageError(str("cannot create directory ", dir, ": ", ec.message()));
+  // (a path through a file, a name too long: the argument's fault, exit 2; else exit 3)
+  if (ec) throw_path_error(ec.value(), str("cannot create directory ", dir, ": ", ec.message()));
   SafeTensorsWriter w;
   for (const ParamTensor& t : layout.tensors()) w.add_f32(t.hf_name, t.shape, params + t.offset, dtype);
   w.set_metadata("format", "pt");

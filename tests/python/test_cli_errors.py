@@ -283,6 +283,23 @@ def test_an_out_path_that_cannot_exist_is_bad_input(mxtrain, tmp_path, tool, whe
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_export_hf_into_a_path_through_a_file_is_bad_input(mxtrain, tmp_path):
+    """export-hf's output directory under a regular file ("Not a directory") was exit 3, a
+    storage failure; as the output argument's fault it is exit 2, the file untouched."""
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "train.steps=1",
+                 "--set", "train.seq_len=16", "--set", "train.micro_batch=1",
+                 "--set", "run.sample_tokens=0", "--set", "train.eval_every=0",
+                 "--set", "data.format=random", "--set", f"run.out_dir={tmp_path / 'run'}"],
+                timeout=120)
+    assert r.rc == 0, r
+    a_file = tmp_path / "afile"
+    a_file.write_text("keep")
+    r = mxtrain(["ckpt", "export-hf", tmp_path / "run" / "checkpoints", a_file / "sub"],
+                timeout=60)
+    check_error(r, ["afile"])
+    assert a_file.read_text() == "keep"
+
+
 def test_export_hf_missing_checkpoint(mxtrain, tmp_path):
     out = tmp_path / "export"
     out.mkdir()

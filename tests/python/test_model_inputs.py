@@ -254,3 +254,53 @@ def test_token_ids_in_and_out_for_models_past_the_byte_vocabulary(tmp_path, mxtr
         assert r.rc == 2 and len(errors(r)) == 1 and says in errors(r)[0], (bad, r)
     r = mxtrain(["generate", "--model", d, "--prompt-ids", "3", "--prompt", "hi"])
     assert r.rc == 2 and len(errors(r)) == 1 and "excludes" in errors(r)[0].lower(), r
+
+
+def test_top_k_keeps_the_tokens_tied_at_the_kth_logit(tmp_path, mxtrain):
+    """Top-k kept exactly k tokens: of two tokens whose logits are equal (here every head row
+    2j+1 is row 2j's copy) and the largest, --top-k 1 picked the lower id every time. Hugging
+    Face's top-k filter removes only logits below the k-th, so both stay, each drawn about half
+    the time (40 seeds: each at least 5 times unless the sampler ignores one, p < 1e-6)."""
+    params = llama_ref.random_params(CFG, 3, std=0.3)
+    head = params["lm_head.weight"]
+    head[1::2] = head[0::2]
+    d = model_dir(tmp_path, "dup", params=params)
+    picks = []
+    for seed in range(40):
+        r = mxtrain(["generate", "--model", d, "--prompt-ids", "1 2", "--ids", "--max-tokens", 1,
+                     "--temperature", 1, "--top-k", 1, "--seed", seed])
+        assert r.rc == 0, r
+        picks.append(int(r.stdout.split()[-1]))
+    best = llama_ref.greedy_generate(params, CFG, [1, 2], 1)[0]  # the first of the tied pair
+    assert best % 2 == 0 and set(picks) == {best, best + 1}, picks
+    assert min(picks.count(best), picks.count(best + 1)) >= 5, picks
+
+
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_logits_that_overflow_are_named_not_sampled(tmp_path, mxtrain, temperature):
+    """Finite weights whose head overflows float32 (rows of +-3e38): generate printed tokens
+    picked from inf / NaN logits, exit 0. Now one error naming the logit, exit 2."""
+    params = llama_ref.random_params(CFG, 3, std=0.3)
+    params["lm_head.weight"][:] = np.sign(params["lm_head.weight"]) * np.float32(3e38)
+    d = model_dir(tmp_path, "big", params=params)
+    r = mxtrain(["generate", "--model", d, "--prompt-ids", "1 2", "--ids", "--max-tokens", 3,
+                 "--temperature", temperature, "--top-k", 5])
+    assert r.rc == 2 and len(errors(r)) == 1, r
+    assert "logit" in errors(r)[0] and "position 2" in errors(r)[0], r
+
+
+def test_a_step_without_its_manifest_is_named_not_committed(tmp_path, mxtrain):
+    """A checkpoint step without manifest.json (its writer stopped before the commit) has a
+    config.json of its own and was read as a Hugging Face directory: 'no model.safetensors'."""
+    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "train.steps=1",
+                 "--set", "train.seq_len=16", "--set", "train.micro_batch=1",
+                 "--set", "run.sample_tokens=0", "--set", "train.eval_every=0",
+                 "--set", "data.format=random", "--set", f"run.out_dir={tmp_path / 'run'}"],
+                timeout=120)
+    assert r.rc == 0, r
+    step = tmp_path / "run" / "checkpoints" / "step_00000001"
+    (step / "manifest.json").unlink()
+    r = mxtrain(["generate", "--model", step, "--prompt-ids", "1 2", "--ids",
+                 "--max-tokens", 2])
+    assert r.rc == 2 and len(errors(r)) == 1, r
+    assert "not committed" in errors(r)[0] and "manifest.json" in errors(r)[0], r
