@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <random>
 #include <thread>
 
 #include "core/crc32c.h"
@@ -20,6 +22,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// This run as a checkpoint root's writer: a random id, the host, the pid and the start time
+// (CheckpointStore::claim_writer).
+std::string writer_claim() {
+  std::random_device rd;
+  char id[33];
+  std::snprintf(id, sizeof id, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  char host[256] = "";
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const std::time_t now = std::time(nullptr);
+  char started[32] = "";
+  std::tm utc{};
+  if (gmtime_r(&now, &utc)) std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return nlohmann::json{{"run", id}, {"host", host}, {"pid", int64_t(::getpid())},
+                        {"started", started}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // (any host name)
 }
 
 // Writes one file, retrying the whole file with exponential backoff: a storage hiccup the S3
@@ -58,8 +77,13 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, Communicator& wor
   // The staging image is allocated and its pages touched now, not inside the first checkpoint:
   // three fp32 states of the local shard, plus room for the header and recipe state.
   if (writer_) staging_.reserve(3 * sizeof(float) * size_t(view_.local_numel()) + (4u << 20));
-  // What writers that died left behind goes before anything new is written.
-  if (world_.rank() == 0) store_->remove_uncommitted();
+  // This run names itself the root's writer (S3), then what writers that died left behind
+  // goes, before anything new is written.
+  if (world_.rank() == 0) {
+    claim_ = writer_claim();
+    store_->claim_writer(claim_);
+    store_->remove_uncommitted();
+  }
   if (world_.size() > 1) world_.barrier();
 }
 
@@ -203,6 +227,7 @@ void Checkpointer::commit() {
   info.sharding = opt_.sharding;
   info.shard_size = S;
   info.has_optimizer = true;
+  store_->check_writer(claim_);  // (another run on this S3 prefix since: StorageError)
   store_->commit(step, build_manifest(info, config_, layout_, files));
   last_committed_ = store_->step_location(step);
   prune_checkpoints(*store_, opt_.keep, step);

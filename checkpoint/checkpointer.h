@@ -90,6 +90,7 @@ class Checkpointer {
   int64_t in_flight_step_ = -1;
   double stall_s_ = 0, write_s_ = 0;
   std::string last_committed_;
+  std::string claim_;  // rank 0: this run as the root's writer (CheckpointStore::claim_writer)
 };
 
 // Recipe state <-> extra tensors: "recipe.delayed.<layer>.<linear>.<op>" holds the scale then

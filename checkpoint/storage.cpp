@@ -1,6 +1,7 @@
 #include "checkpoint/storage.h"
 
 #include <fcntl.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -362,6 +363,39 @@ class S3Store final : public CheckpointStore {
     abort_open_uploads();
   }
 
+  void claim_writer(const std::string& claim) override {
+    client_->put_object(uri_.bucket, writer_key(), claim.data(), claim.size());
+    try {
+      client_->get_object(uri_.bucket, writer_key(), kMaxWriterBytes);
+      claim_readable_ = true;
+    } catch (const UserError& e) {  // (403: a role without s3:GetObject)
+      claim_readable_ = false;
+      warn(str("cannot read back ", writer_uri(), " (", e.what(), "): this run cannot tell ",
+               "whether another run writes checkpoints under ", root(), " too"));
+    }
+  }
+
+  void check_writer(const std::string& claim) override {
+    if (!claim_readable_) return;
+    const auto info = client_->head_object(uri_.bucket, writer_key());
+    if (!info) {  // removed by hand: no other run named itself since (it would be there)
+      warn(str(writer_uri(), " was removed while this run writes under ", root(),
+               "; it names itself there again"));
+      client_->put_object(uri_.bucket, writer_key(), claim.data(), claim.size());
+      return;
+    }
+    const std::string now =
+        info->size <= kMaxWriterBytes
+            ? client_->get_object(uri_.bucket, writer_key(), kMaxWriterBytes, info->etag)
+            : std::string("(") + std::to_string(info->size) + " bytes)";
+    if (now == claim) return;
+    throw StorageError(str(
+        "another run has taken over ", root(), " since this run began writing there: ",
+        writer_uri(), " now names ", describe_claim(now), "; this run stops without committing ",
+        "or deleting more (two runs on one checkpoint.s3_uri would replace and delete each ",
+        "other's steps: give each run its own prefix)"));
+  }
+
   std::optional<StoredFile> stat(int64_t step, const std::string& name) override {
     auto info = client_->head_object(uri_.bucket, key(step, name));
     if (!info) {
@@ -418,6 +452,22 @@ class S3Store final : public CheckpointStore {
     if (aborted > 0)
       info("aborted ", aborted, " multipart upload", aborted == 1 ? "" : "s",
            " a stopped run left open under ", root());
+  }
+
+  static constexpr uint64_t kMaxWriterBytes = 4096;
+  bool claim_readable_ = false;
+  std::string writer_key() const { return prefix() + ".mxtrain.writer"; }
+  std::string writer_uri() const { return "s3://" + uri_.bucket + "/" + writer_key(); }
+  // "run R on host H (pid P), started T" from a claim's JSON; its text if it is not one.
+  static std::string describe_claim(const std::string& text) {
+    try {
+      const auto j = nlohmann::json::parse(text);
+      return str("run ", j.at("run").get<std::string>(), " on host ",
+                 j.at("host").get<std::string>(), " (pid ", j.at("pid").get<int64_t>(),
+                 "), started ", j.at("started").get<std::string>());
+    } catch (const std::exception&) {
+      return "'" + shortened(one_line(text), 200) + "'";
+    }
   }
 
   std::mutex uncommit_mu_;

@@ -54,6 +54,17 @@ class CheckpointStore {
   // Removes what writers that died left behind (partial steps). Only while nothing writes.
   virtual void remove_uncommitted() = 0;
 
+  // One writer per root. S3: before anything else this run writes under the prefix, it names
+  // itself in `<prefix>/.mxtrain.writer` (`claim`, a text unique to the run), and before each
+  // commit check_writer makes sure the object still holds that text: a later run on the same
+  // prefix (a resubmitted job while the first still runs, another config naming the same
+  // checkpoint.s3_uri) has taken over, and this one stops with a StorageError instead of
+  // replacing and deleting steps among the other's. A role that may not read the object back
+  // gets a warning and no checks. Local roots: nothing (the directory's lock, train/run_lock.h,
+  // keeps a second run out).
+  virtual void claim_writer(const std::string& claim) { (void)claim; }
+  virtual void check_writer(const std::string& claim) { (void)claim; }
+
   // Reading a committed step. size_of: nullopt when the file does not exist.
   virtual std::optional<StoredFile> stat(int64_t step, const std::string& name) = 0;
   // Exactly `length` bytes from `offset` (StorageError if the file is shorter).

@@ -868,3 +868,59 @@ def test_uploads_a_stopped_run_left_open_are_aborted(moto, tmp_path):
         moto.call(op="abort_uploads", keys=kept)
     assert run(["ckpt", "verify", f"s3://{moto.bucket}/dead/step_00000001"],
                s3_env(moto)).returncode == 0
+
+
+def test_a_second_run_on_the_prefix_takes_over_and_the_first_stops(moto, tmp_path):
+    """Two runs on one checkpoint.s3_uri replaced and deleted each other's steps unnoticed (the
+    local lock covers directories only). A run names itself in <prefix>/.mxtrain.writer before
+    writing there; a later run's claim (here put by boto3, as a second run's start would) makes
+    the first stop at its next commit, exit 3, naming the other run, with nothing of the other
+    run's touched. The steps it committed before stay whole."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    base = {"model.preset": "tiny", "train.seq_len": 16, "train.micro_batch": 2,
+            "train.eval_every": 0, "run.sample_tokens": 0, "data.path": corpus,
+            "train.log_every": 1000, "checkpoint.s3_uri": f"s3://{moto.bucket}/two",
+            "checkpoint.resume": "none", "checkpoint.every": 2, "checkpoint.keep": 2}
+    env = s3_env(moto)
+    # the claim, as a run writes it
+    r = run(["train"] + set_args(dict(base, **{"train.steps": 2,
+                                               "run.out_dir": tmp_path / "a"})), env)
+    assert r.returncode == 0, r.stderr
+    moto.call(op="download", key="two/.mxtrain.writer", path=str(tmp_path / "w.json"))
+    claim = json.loads((tmp_path / "w.json").read_text())
+    assert set(claim) == {"run", "host", "pid", "started"} and len(claim["run"]) == 32, claim
+    assert claim["host"] == socket.gethostname(), claim
+
+    p = subprocess.Popen([MXTRAIN_BIN, "train"] + [str(a) for a in set_args(dict(
+        base, **{"train.steps": 1000000, "run.out_dir": tmp_path / "b"}))], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        mine = None
+        while time.time() < deadline:  # its own claim, then a commit of its own
+            moto.call(op="download", key="two/.mxtrain.writer", path=str(tmp_path / "w.json"))
+            now = json.loads((tmp_path / "w.json").read_text())
+            if now["run"] != claim["run"] and any(
+                    k.endswith("/manifest.json") and not k.startswith("two/step_00000002/")
+                    for k in moto.keys("two/")):
+                mine = now
+                break
+            time.sleep(0.1)
+        assert mine is not None and mine["pid"] == p.pid, "the run never committed a step"
+        other = {"run": "f" * 32, "host": "other-host", "pid": 4242,
+                 "started": "2026-12-03T00:00:00Z"}
+        (tmp_path / "o.json").write_text(json.dumps(other))
+        moto.call(op="put", key="two/.mxtrain.writer", path=str(tmp_path / "o.json"))
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 3, err
+    errs = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(errs) == 1 and "taken over" in errs[0] and "other-host" in errs[0], err
+    moto.call(op="download", key="two/.mxtrain.writer", path=str(tmp_path / "w.json"))
+    assert json.loads((tmp_path / "w.json").read_text()) == other  # the other run's, untouched
+    # what it committed before the takeover verifies
+    ls = run(["ckpt", "ls", f"s3://{moto.bucket}/two", "--verify"], env)
+    assert ls.returncode == 0 and " yes " in ls.stdout and " no " not in ls.stdout, ls.stdout
