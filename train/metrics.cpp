@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,17 +59,38 @@ void keep_earlier_metrics(const std::string& path) {
   }
 }
 
+// Two runs with one run.metrics outside their out_dirs (whose locks do not cover it) wrote
+// into one file: interleaved lines, two summaries, the second run's start moving the first's
+// file aside while it wrote on. The writer holds an exclusive flock on a metrics file that is
+// itself a regular file (lstat: a link such as /dev/stdout is written through, unlocked), and
+// a second writer is refused, exit 2, before it moves or truncates anything. `fd` < 0: only
+// test the path's file (opened read-only for that), else lock `fd`, kept for the run.
+void lock_metrics(const std::string& path, int fd) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  const int probe = fd >= 0 ? fd : ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (probe < 0) return;  // (the open for writing says why, if it matters)
+  const bool busy = ::flock(probe, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  if (fd < 0) ::close(probe);  // (releases the test lock)
+  if (busy) {
+    if (fd >= 0) ::close(fd);
+    throw UserError(str("run.metrics ", path, " is being written by another run now (it holds ",
+                        "the file's lock): give each run its own run.metrics"));
+  }
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  lock_metrics(path, -1);  // (another run's file: refused before it is moved aside)
   if (!append) keep_earlier_metrics(path);
   // O_NONBLOCK: a FIFO nobody reads fails (ENXIO) instead of blocking the run for good; cleared
   // once open, so a pipe that is read (/dev/stdout into a collector) is written as a file is.
   const int fd = ::open(path.c_str(),
-                        O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC),
+                        O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : 0),
                         0644);
   if (fd < 0) {  // (a path under a file or too long a name: the configuration's, exit 2)
     const int err = errno;
@@ -76,6 +98,16 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
                               err == ENXIO ? "a FIFO nobody reads" : std::strerror(err)));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  lock_metrics(path, fd);  // held until the run ends (the fd's close)
+  // (emptied once locked, not by O_TRUNC: a file another run had just made and locked would
+  // have been truncated by the open)
+  struct stat opened {};
+  if (!append && ::fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_size > 0 &&
+      ::ftruncate(fd, 0) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw StorageError(str("cannot empty metrics file ", path, ": ", std::strerror(err)));
+  }
   if (append) {  // drop a torn last line, so that this run's first line starts a line
     const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     const off_t keep = rfd < 0 ? -1 : complete_lines_length(rfd, path);

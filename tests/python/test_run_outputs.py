@@ -72,6 +72,44 @@ def test_a_second_run_into_an_out_dir_in_use_is_refused(tmp_path, mxtrain):
     assert r.rc == 0 and "resumed from" in r.stderr, r
 
 
+def test_a_second_run_into_a_metrics_file_in_use_is_refused(tmp_path, mxtrain):
+    """Two runs with their own out_dirs but one run.metrics outside both (their out_dir locks do
+    not cover it) wrote into one file: the second's start moved the first's file aside as
+    `.1` while it wrote on, then both wrote lines. The second is refused at start-up, exit 2,
+    the first's file left where it is; once the first ended, the file is free again."""
+    require_binary()
+    shared = tmp_path / "shared.jsonl"
+    first = subprocess.Popen([MXTRAIN_BIN, "train"] + set_args(
+        dict(TINY, **{"train.steps": 100000, "run.out_dir": tmp_path / "a",
+                      "run.metrics": shared, "checkpoint.every": 0})),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env1())
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (shared.exists() and shared.stat().st_size > 0):
+            time.sleep(0.1)
+        assert shared.exists(), "the first run did not start"
+        for resume in ("none", "auto"):
+            r = mxtrain(["train"] + set_args(dict(TINY, **{
+                "train.steps": 2, "run.out_dir": tmp_path / f"b_{resume}",
+                "run.metrics": shared, "checkpoint.resume": resume})), timeout=60)
+            errs = error_lines(r)
+            assert r.rc == 2 and len(errs) == 1, r
+            assert str(shared) in errs[0] and "another run" in errs[0], errs[0]
+        assert not (tmp_path / "shared.jsonl.1").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    assert "error:" not in err, err
+    lines = metrics_lines(shared)
+    steps = [l["step"] for l in lines if not l.get("summary")]
+    assert steps == list(range(1, len(steps) + 1)) and lines[-1].get("summary"), steps
+    # free once the first ended: a fresh run keeps its lines as .1 and writes its own
+    r = mxtrain(["train"] + set_args(dict(TINY, **{
+        "train.steps": 2, "run.out_dir": tmp_path / "c", "run.metrics": shared})), timeout=60)
+    assert r.rc == 0, r
+    assert metrics_lines(tmp_path / "shared.jsonl.1") == lines
+
+
 def test_a_killed_run_leaves_no_lock_behind(tmp_path, mxtrain):
     """kill -9 (a spot reclaim without notice) ends the lock with the process: the next run
     into the same directory starts."""
