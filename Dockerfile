@@ -69,7 +69,7 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXTRAIN_TESTS=OFF \
         -DMXTRAIN_CPU_ARCH="${CPU_ARCH}" -DMXTRAIN_CUDA="${MXTRAIN_CUDA}" \
         -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
     && cmake --build build -j"$(nproc)" \
-    && if [ "${MXTRAIN_CUDA}" = ON ] && command -v nvcc >/dev/null && [ ! -f build/libmxcuda.a ]; then \
+    && if [ "${MXTRAIN_CUDA}" = ON ] && command -v nvcc >/dev/null && [ ! -f build/libmxcuda.so ]; then \
         echo "error: nvcc is in the image but the CUDA backend was not built (no NCCL? see the" \
              "cmake warning above): this image would train on the CPU only" >&2; exit 1; \
     fi \

@@ -1,8 +1,12 @@
 // make_backend and the default (host memory) implementations of the Backend memory calls.
 #include "backend/backend.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -13,6 +17,46 @@ namespace mx {
 
 namespace {
 BackendFactory g_cuda_factory = nullptr;
+
+// The CUDA backend of a build that has one lives in libmxcuda.so beside the program
+// (backend/cuda/plugin.cpp), loaded here on first use: every CUDA library comes with it.
+// `given` names the setting in errors. A program that links the backend itself (the emulated
+// build, the op checks) has registered it already.
+void load_cuda_plugin(const std::string& given) {
+#ifdef MXTRAIN_CUDA_PLUGIN
+  std::string dir = ".";
+  if (const char* over = std::getenv("MXTRAIN_CUDA_PLUGIN_DIR"); over && *over) {
+    dir = over;
+  } else {
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = '\0';
+      dir = std::string(exe, size_t(n));
+      dir = dir.substr(0, dir.rfind('/'));
+    }
+  }
+  const std::string path = dir + "/libmxcuda.so";
+  if (::access(path.c_str(), F_OK) != 0)
+    throw UserError(str(given, "cuda: the CUDA backend of this mxtrain, ", path, ", is missing (",
+                        "keep libmxcuda.so in the same directory as the mxtrain program)"));
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* why = ::dlerror();
+    throw UserError(str(given, "cuda: cannot load the CUDA backend ", path, ": ",
+                        why ? why : "unknown error", " (it needs the CUDA runtime, cuBLASLt and ",
+                        "NCCL libraries on the library path; see docs/cuda.md)"));
+  }
+  using Register = int (*)();
+  const auto reg = reinterpret_cast<Register>(::dlsym(lib, "mxtrain_cuda_plugin_register"));
+  if (!reg)
+    throw UserError(str(given, "cuda: ", path, " is not mxtrain's CUDA backend (no ",
+                        "mxtrain_cuda_plugin_register)"));
+  reg();  // (the library stays loaded: its factories are in use)
+#else
+  (void)given;
+#endif
+}
 }  // namespace
 
 void register_cuda_backend_factory(BackendFactory factory) { g_cuda_factory = factory; }
@@ -247,6 +291,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
   // (a flag as it is typed, `--device cuda`; a config key as `run.device = cuda`)
   const std::string given = key.rfind("--", 0) == 0 ? key + " " : key + " = ";
   if (device == "cuda") {
+    if (!g_cuda_factory) load_cuda_plugin(given);
     if (!g_cuda_factory)
       throw UserError(str(given, "cuda: this mxtrain was built without the CUDA backend (no "
                           "nvcc/NCCL found, or -DMXTRAIN_CUDA=OFF; see docs/cuda.md)"));

@@ -117,7 +117,7 @@ fi
 if [ -z "$bindir" ]; then
   if timeout "$(cap 60)" cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release \
        -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF > "$work/mxgpu-configure.log" 2>&1 &&
-     timeout "$(cap 240)" cmake --build build-gpu --target cuda_op_check mxtrain -j16 \
+     timeout "$(cap 240)" cmake --build build-gpu --target cuda_op_check mxtrain mxcuda_plugin -j16 \
        > "$work/mxgpu-build.log" 2>&1; then
     bindir=build-gpu
   else
@@ -130,7 +130,10 @@ if [ -z "$bindir" ]; then
   echo "RESULT: no binaries (neither carried nor built); see the tails above"
   exit 3
 fi
-LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" | grep "not found" && echo "(missing libraries above)"
+# (mxtrain loads its CUDA backend, libmxcuda.so beside it, at the first run.device = cuda; the
+# emulated build links its own)
+LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" $([ -e "$bindir/libmxcuda.so" ] && echo "$bindir/libmxcuda.so") |
+  grep "not found" && echo "(missing libraries above)"
 # libcudnn is not a link dependency (dlopen'ed by the attention): say here whether it is there.
 cudnn_so=""
 for d in ${mx_ld//:/ }; do [ -e "$d/libcudnn.so.9" ] && { cudnn_so="$d/libcudnn.so.9"; break; }; done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run HERE (the build machine, no GPU) before a GPU session: builds cuda_op_check and mxtrain
-# for sm_90 and copies them with the shared libraries they need that a bare CUDA image may lack (OpenBLAS,
+# (with its CUDA backend, libmxcuda.so) for sm_90 and copies them with the shared libraries they need that a bare CUDA image may lack (OpenBLAS,
 # OpenMPI, libgomp, ...) into .gpu-prebuilt/, which bench/gpu/check.sh uses when the GPU
 # machine cannot configure the project itself (it lacks the Debian -dev packages). cuBLASLt and
 # NCCL are NOT bundled (hundreds of MB): check.sh finds them on the GPU machine (the CUDA
@@ -17,18 +17,20 @@ scripts/fetch_cudnn_frontend.sh ||
 # A baseline CPU target, not this machine's (-march=native): the GPU machine's CPU is unknown.
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMXTRAIN_TESTS=OFF \
   -DMXTRAIN_CPU_ARCH=x86-64-v3 >/dev/null
-cmake --build build-gpu --target cuda_op_check mxtrain -j2
-grep -qa "cuda attention: cudnn SDPA" build-gpu/mxtrain ||
-  { echo "prepare.sh: build-gpu/mxtrain was built without the cuDNN attention (see cmake's" \
+cmake --build build-gpu --target cuda_op_check mxtrain mxcuda_plugin -j2
+grep -qa "cuda attention: cudnn SDPA" build-gpu/libmxcuda.so ||
+  { echo "prepare.sh: build-gpu/libmxcuda.so was built without the cuDNN attention (see cmake's" \
          "'mxtrain: CUDA attention' line)" >&2; exit 1; }
 # Staged in build-gpu/prebuilt, carried as one xz archive: the OpenBLAS and OpenSSL libraries
 # alone are ~40 MB uncompressed, and the device tool carries at most 64 MiB.
 stage=build-gpu/prebuilt
 rm -rf "$stage" .gpu-prebuilt && mkdir -p "$stage/lib" .gpu-prebuilt
-cp build-gpu/cuda_op_check build-gpu/mxtrain "$stage/"
+# (mxtrain loads its CUDA backend, libmxcuda.so, from its own directory)
+cp build-gpu/cuda_op_check build-gpu/mxtrain build-gpu/libmxcuda.so "$stage/"
 strip "$stage/cuda_op_check" "$stage/mxtrain" 2>/dev/null || true
+strip --strip-unneeded "$stage/libmxcuda.so" 2>/dev/null || true
 # Every resolved library except the C runtime, the driver, and the CUDA libraries named above.
-ldd build-gpu/cuda_op_check build-gpu/mxtrain | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+ldd build-gpu/cuda_op_check build-gpu/mxtrain build-gpu/libmxcuda.so | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
     libcublas*|libnccl*|libcudart*) ;;

@@ -195,3 +195,68 @@ def test_generate_on_device_memory_is_identical(tmp_path):
     warnings = [l for l in small.stderr.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1 and "out of device memory" in warnings[0] and \
         "decoding on the CPU instead" in warnings[0], small.stderr
+
+
+PLUGIN = Path(MXTRAIN_BIN).parent / "libmxcuda.so"
+
+
+def needs_plugin():
+    require_binary()
+    if not PLUGIN.exists():
+        pytest.skip("this build has no CUDA backend (no nvcc / NCCL): no libmxcuda.so")
+
+
+def test_a_cpu_run_of_a_cuda_build_loads_no_cuda_library(tmp_path):
+    """The CUDA backend was linked into mxtrain: every command, a CPU run included, loaded
+    cudart, cuBLASLt and NCCL (227 MB resident for `mxtrain --help`; no start at all on a
+    machine without them). It is libmxcuda.so now, loaded at the first run.device = cuda. The
+    dynamic linker's own list of what a CPU run loads is the reference."""
+    needs_plugin()
+    deps = subprocess.run(["ldd", MXTRAIN_BIN], capture_output=True, text=True).stdout
+    assert not any(n in deps for n in ("libcudart", "libcublas", "libnccl")), deps
+    env = dict(os.environ, LD_DEBUG="files", OMP_NUM_THREADS="1")
+    p = subprocess.run([MXTRAIN_BIN, "train", "--set", "model.preset=tiny", "--set",
+                        "data.format=random", "--set", "train.steps=1", "--set",
+                        "train.seq_len=16", "--set", "run.sample_tokens=0", "--set",
+                        f"run.out_dir={tmp_path / 'cpu'}"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    loaded = [l for l in p.stderr.splitlines() if "calling init:" in l]
+    assert loaded and not any("cuda" in l or "cublas" in l or "nccl" in l for l in loaded), loaded
+    # run.device = cuda loads it (and, without a GPU here, says so)
+    p = train_cuda_without_gpu(tmp_path, LD_DEBUG="files")
+    assert p.returncode == 2 and "libmxcuda.so" in p.stderr and "libcublasLt" in p.stderr
+    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert len(errs) == 1 and "no usable CUDA GPU" in errs[0], p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", ["missing", "not_a_library", "no_entry"])
+def test_a_cuda_backend_that_cannot_load_is_named(tmp_path, case):
+    """mxtrain without its libmxcuda.so beside it (copied alone), or with a file there that is
+    not one: one error naming the file and why, exit 2; a CPU run of the same copy works."""
+    needs_plugin()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "mxtrain").write_bytes(Path(MXTRAIN_BIN).read_bytes())
+    (bindir / "mxtrain").chmod(0o755)
+    if case == "not_a_library":
+        (bindir / "libmxcuda.so").write_text("not an ELF file\n")
+    elif case == "no_entry":  # a real shared library, but not mxtrain's CUDA backend
+        libc = subprocess.run(["sh", "-c", "ldd /bin/sh | awk '/libc.so/{print $3}'"],
+                              capture_output=True, text=True).stdout.strip()
+        (bindir / "libmxcuda.so").write_bytes(Path(libc).read_bytes())
+    args = ["train", "--set", "model.preset=tiny", "--set", "data.format=random",
+            "--set", "train.steps=1", "--set", "train.seq_len=16", "--set", "run.sample_tokens=0"]
+    p = subprocess.run([str(bindir / "mxtrain")] + args + [
+        "--set", "run.device=cuda", "--set", f"run.out_dir={tmp_path / 'o'}"],
+        capture_output=True, text=True, timeout=60)
+    errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and len(errs) == 1, p.stderr
+    assert str(bindir / "libmxcuda.so") in errs[0], errs
+    want = {"missing": "is missing", "not_a_library": "cannot load",
+            "no_entry": "not mxtrain's CUDA backend"}[case]
+    assert want in errs[0], errs
+    p = subprocess.run([str(bindir / "mxtrain")] + args + ["--set", f"run.out_dir={tmp_path / 'c'}"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-2000:]

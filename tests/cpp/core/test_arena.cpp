@@ -63,14 +63,21 @@ TEST(Arena, EmptyArenaAsksNothingOfTheResource) {
 }
 
 TEST(Backend, CudaWithoutTheCudaLibraryIsAUserError) {
-  // The test program links the engine alone: nothing registered a CUDA factory.
+  // The test program links the engine alone: nothing registered a CUDA factory. A CPU-only
+  // build says it has no CUDA backend; a CUDA build looks for its plugin, here in a directory
+  // without one, and names the missing file.
+  ::setenv("MXTRAIN_CUDA_PLUGIN_DIR", "/nonexistent-mxtrain-plugin-dir", 1);
   try {
     mx::make_backend("cuda");
-    FAIL() << "make_backend(\"cuda\") returned";
+    ADD_FAILURE() << "make_backend(\"cuda\") returned";
   } catch (const mx::UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("built without the CUDA backend"), std::string::npos)
-        << e.what();
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("built without the CUDA backend") != std::string::npos ||
+                what.find("/nonexistent-mxtrain-plugin-dir/libmxcuda.so, is missing") !=
+                    std::string::npos)
+        << what;
   }
+  ::unsetenv("MXTRAIN_CUDA_PLUGIN_DIR");
   EXPECT_THROW(mx::make_backend("tpu"), mx::UserError);
 }
 
