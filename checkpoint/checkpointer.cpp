@@ -24,23 +24,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// This run as a checkpoint root's writer: a random id, the host, the pid and the start time
-// (CheckpointStore::claim_writer).
-std::string writer_claim() {
-  std::random_device rd;
-  char id[33];
-  std::snprintf(id, sizeof id, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-  char host[256] = "";
-  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  const std::time_t now = std::time(nullptr);
-  char started[32] = "";
-  std::tm utc{};
-  if (gmtime_r(&now, &utc)) std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return nlohmann::json{{"run", id}, {"host", host}, {"pid", int64_t(::getpid())},
-                        {"started", started}}
-      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // (any host name)
-}
-
 // Writes one file, retrying the whole file with exponential backoff: a storage hiccup the S3
 // client's own per-request retries did not absorb (or a local write error) gets more chances
 // before the run fails.
@@ -66,6 +49,21 @@ FileRecord write_with_retries(CheckpointStore& store, int64_t step, const std::s
 }
 }  // namespace
 
+std::string writer_claim() {
+  std::random_device rd;
+  char id[33];
+  std::snprintf(id, sizeof id, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  char host[256] = "";
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const std::time_t now = std::time(nullptr);
+  char started[32] = "";
+  std::tm utc{};
+  if (gmtime_r(&now, &utc)) std::strftime(started, sizeof started, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return nlohmann::json{{"run", id}, {"host", host}, {"pid", int64_t(::getpid())},
+                        {"started", started}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // (any host name)
+}
+
 Checkpointer::Checkpointer(const CheckpointerOptions& options, Communicator& world, Fsdp& fsdp,
                            const ModelConfig& config, const ParamLayout& layout)
     : opt_(options), world_(world), fsdp_(fsdp), config_(config), layout_(layout) {
@@ -80,8 +78,7 @@ Checkpointer::Checkpointer(const CheckpointerOptions& options, Communicator& wor
   // This run names itself the root's writer (S3), then what writers that died left behind
   // goes, before anything new is written.
   if (world_.rank() == 0) {
-    claim_ = writer_claim();
-    store_->claim_writer(claim_);
+    store_->check_writer(opt_.claim);  // (claimed before the resume: still this run's)
     store_->remove_uncommitted();
   }
   if (world_.size() > 1) world_.barrier();
@@ -97,6 +94,8 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state,
                         std::vector<ExtraTensor> extra) {
   const auto t0 = Clock::now();
   if (in_flight_step_ >= 0) commit();  // at most one in flight
+  // (another run on this S3 prefix since: no more files written among its steps)
+  if (world_.rank() == 0) store_->check_writer(opt_.claim);
   std::vector<TensorBytes> extra_bytes;
   for (const auto& e : extra)
     extra_bytes.push_back({e.name, "F32", {int64_t(e.values.size())}, e.values.data(),
@@ -211,6 +210,9 @@ void Checkpointer::commit() {
     MX_ASSERT(seen[size_t(s)], "checkpoint: nobody wrote shard ", s);
   for (const auto& r : records_)
     if (r.name.rfind("rank_", 0) != 0) files.push_back(r);
+  // Taken over since this checkpoint began (the other run's start removed this step's files
+  // as a dead writer's): said as that, not as a missing file.
+  store_->check_writer(opt_.claim);
   if (store_->is_s3()) {
     // ETags as S3 reports them, so a quick verify can tell a replaced object without reading.
     for (auto& f : files) {
@@ -227,9 +229,10 @@ void Checkpointer::commit() {
   info.sharding = opt_.sharding;
   info.shard_size = S;
   info.has_optimizer = true;
-  store_->check_writer(claim_);  // (another run on this S3 prefix since: StorageError)
+  store_->check_writer(opt_.claim);  // (another run on this S3 prefix since: StorageError)
   store_->commit(step, build_manifest(info, config_, layout_, files));
   last_committed_ = store_->step_location(step);
+  store_->check_writer(opt_.claim);  // (nor delete among another run's steps)
   prune_checkpoints(*store_, opt_.keep, step);
 }
 

@@ -37,7 +37,15 @@ struct CheckpointerOptions {
   bool async = true;
   int max_attempts = 4;  // whole-file attempts, on top of the S3 client's per-request retries
   std::string sharding = "full";
+  // Rank 0: this run's claim on the root (CheckpointStore::claim_writer, made by the caller
+  // before it chose a step to resume from), checked before each checkpoint's writes, its
+  // commit and its retention; empty: no checks.
+  std::string claim;
 };
+
+// This run as a checkpoint root's writer: a random id, the host, the pid and the start time,
+// as JSON (CheckpointStore::claim_writer).
+std::string writer_claim();
 
 // This rank's view of FSDP's shards, as the checkpoint format reads and writes them.
 ShardView fsdp_shard_view(const Fsdp& fsdp, const ParamLayout& layout);
@@ -90,7 +98,6 @@ class Checkpointer {
   int64_t in_flight_step_ = -1;
   double stall_s_ = 0, write_s_ = 0;
   std::string last_committed_;
-  std::string claim_;  // rank 0: this run as the root's writer (CheckpointStore::claim_writer)
 };
 
 // Recipe state <-> extra tensors: "recipe.delayed.<layer>.<linear>.<op>" holds the scale then

@@ -363,20 +363,20 @@ class S3Store final : public CheckpointStore {
     abort_open_uploads();
   }
 
-  void claim_writer(const std::string& claim) override {
+  bool claim_writer(const std::string& claim) override {
     client_->put_object(uri_.bucket, writer_key(), claim.data(), claim.size());
     try {
       client_->get_object(uri_.bucket, writer_key(), kMaxWriterBytes);
-      claim_readable_ = true;
+      return true;
     } catch (const UserError& e) {  // (403: a role without s3:GetObject)
-      claim_readable_ = false;
       warn(str("cannot read back ", writer_uri(), " (", e.what(), "): this run cannot tell ",
                "whether another run writes checkpoints under ", root(), " too"));
+      return false;
     }
   }
 
   void check_writer(const std::string& claim) override {
-    if (!claim_readable_) return;
+    if (claim.empty()) return;
     const auto info = client_->head_object(uri_.bucket, writer_key());
     if (!info) {  // removed by hand: no other run named itself since (it would be there)
       warn(str(writer_uri(), " was removed while this run writes under ", root(),
@@ -384,16 +384,17 @@ class S3Store final : public CheckpointStore {
       client_->put_object(uri_.bucket, writer_key(), claim.data(), claim.size());
       return;
     }
+    // (no If-Match: a claim replaced since the HEAD is read as it now is)
     const std::string now =
         info->size <= kMaxWriterBytes
-            ? client_->get_object(uri_.bucket, writer_key(), kMaxWriterBytes, info->etag)
+            ? client_->get_object(uri_.bucket, writer_key(), kMaxWriterBytes)
             : std::string("(") + std::to_string(info->size) + " bytes)";
     if (now == claim) return;
     throw StorageError(str(
         "another run has taken over ", root(), " since this run began writing there: ",
-        writer_uri(), " now names ", describe_claim(now), "; this run stops without committing ",
-        "or deleting more (two runs on one checkpoint.s3_uri would replace and delete each ",
-        "other's steps: give each run its own prefix)"));
+        writer_uri(), " now names ", describe_claim(now), "; this run stops here (two runs on ",
+        "one checkpoint.s3_uri would replace and delete each other's steps: give each run its ",
+        "own prefix)"));
   }
 
   std::optional<StoredFile> stat(int64_t step, const std::string& name) override {
@@ -455,7 +456,6 @@ class S3Store final : public CheckpointStore {
   }
 
   static constexpr uint64_t kMaxWriterBytes = 4096;
-  bool claim_readable_ = false;
   std::string writer_key() const { return prefix() + ".mxtrain.writer"; }
   std::string writer_uri() const { return "s3://" + uri_.bucket + "/" + writer_key(); }
   // "run R on host H (pid P), started T" from a claim's JSON; its text if it is not one.

@@ -60,9 +60,11 @@ class CheckpointStore {
   // prefix (a resubmitted job while the first still runs, another config naming the same
   // checkpoint.s3_uri) has taken over, and this one stops with a StorageError instead of
   // replacing and deleting steps among the other's. A role that may not read the object back
-  // gets a warning and no checks. Local roots: nothing (the directory's lock, train/run_lock.h,
+  // gets a warning and no checks. The trainer claims before it picks a step to resume from. Local roots: nothing (the directory's lock, train/run_lock.h,
   // keeps a second run out).
-  virtual void claim_writer(const std::string& claim) { (void)claim; }
+  // claim_writer returns whether check_writer can read the claim back (false: the warning
+  // was given, do not check).
+  virtual bool claim_writer(const std::string& claim) { (void)claim; return true; }
   virtual void check_writer(const std::string& claim) { (void)claim; }
 
   // Reading a committed step. size_of: nullopt when the file does not exist.

@@ -497,6 +497,14 @@ int run_training(const RunConfig& cfg) {
   // Before choosing: what stopped writers left behind goes, and a committed step a replacing
   // commit had moved aside (stopped between its renames) comes back (LocalStore).
   if (lead) open_checkpoint_store(cfg.checkpoint_dir())->remove_uncommitted();
+  // On S3 this run names itself the prefix's writer now, before it picks a step to resume from:
+  // a run still writing there stops at its next checkpoint instead of committing (or pruning)
+  // steps while this one loads (CheckpointStore::claim_writer).
+  std::string claim;
+  if (lead && !cfg.checkpoint.s3_uri.empty()) {
+    claim = writer_claim();
+    if (!open_checkpoint_store(cfg.checkpoint.s3_uri)->claim_writer(claim)) claim.clear();
+  }
   if (cfg.checkpoint.resume == "auto") {
     // The newest committed checkpoint that verifies, across the local directory and S3 (on a
     // tie the local copy: it reads faster).
@@ -719,6 +727,7 @@ int run_training(const RunConfig& cfg) {
   co.keep = cfg.checkpoint.keep;
   co.async = cfg.checkpoint.async;
   co.sharding = cfg.parallel.sharding;
+  co.claim = claim;
   Checkpointer checkpointer(co, world, fsdp, model_cfg, engine.layout);
 
   // MFU's denominator: a known GPU's dense BF16 datasheet rate, else the measured SGEMM rate.
