@@ -291,10 +291,33 @@ int sagemaker_train() {
     if (const std::string& r = first.checkpoint.resume;
         r != "auto" && r != "none" && r.rfind("s3://", 0) != 0)
       sets.push_back("checkpoint.resume=" + under_data(r));
-    refuse_relative_output("checkpoint.dir", first.checkpoint.dir, paths);
-    refuse_relative_output("run.out_dir", first.run.out_dir, paths);
-    refuse_relative_output("run.metrics", first.run.metrics, paths);
+    // A restarted job (a spot reclaim, a retry) replays the same hyperparameters: once its own
+    // checkpoints hold a step, an explicit checkpoint.resume (where the job began) would roll
+    // them back, refused ("newer than the step this run resumes from") at every restart. The
+    // job's own newest step goes on from there instead.
+    // (every rank decides alike: the job's checkpoints are one directory on one host, or S3)
+    if (const std::string& r = first.checkpoint.resume; r != "auto" && r != "none") {
+      const std::string own = first.checkpoint.s3_uri.empty() ? first.checkpoint_dir()
+                                                              : first.checkpoint.s3_uri;
+      std::vector<int64_t> steps;
+      if (first.checkpoint.s3_uri.empty()) {
+        std::error_code dir_ec;
+        if (fs::is_directory(own, dir_ec)) steps = open_checkpoint_store(own)->committed_steps();
+      } else {
+        steps = open_checkpoint_store(own)->committed_steps();
+      }
+      if (!steps.empty()) {
+        sets.push_back("checkpoint.resume=auto");
+        if (!mpi_rank)
+          info("sagemaker: ", own, " holds this job's checkpoints (a restarted job): resuming ",
+               "from its newest, not from checkpoint.resume = ", r, " where the job began");
+      }
+    }
     RunConfig cfg = load_run_config(hp.config_file, sets, "hyperparameters");
+    // (as resolved: an empty run.out_dir is runs/<name>, relative)
+    refuse_relative_output("checkpoint.dir", cfg.checkpoint_dir(), paths);
+    refuse_relative_output("run.out_dir", cfg.out_dir(), paths);
+    refuse_relative_output("run.metrics", cfg.metrics_path(), paths);
     // Checkpoints in the model directory: the export refused it only after the whole training
     // (and a restarted job, "already complete", failed the same way each time); SageMaker
     // uploads the model directory whole, as model.tar.gz.
@@ -422,13 +445,19 @@ int sagemaker_check(const std::string& file) {
   for (const std::string& item : hp.sets) {
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
+    const std::string value = canonical_value(key, item.substr(eq + 1), "hyperparameters");
     if (key == "checkpoint.dir" || key == "run.out_dir" || key == "run.metrics")
-      refuse_relative_output(key, canonical_value(key, item.substr(eq + 1), "hyperparameters"),
-                             paths);
+      refuse_relative_output(key, value, paths);
+    // (empty: runs/<run.name>, relative; an empty checkpoint.dir or run.metrics is under it)
+    if (key == "run.out_dir" && value.empty())
+      refuse_relative_output(key, "runs/<run.name>", paths);
   }
   if (hp.config_file.empty()) {
     // the whole config, as the entrypoint's first reading
-    load_run_config("", sets, "hyperparameters");
+    const RunConfig cfg = load_run_config("", sets, "hyperparameters");
+    refuse_relative_output("checkpoint.dir", cfg.checkpoint_dir(), paths);
+    refuse_relative_output("run.out_dir", cfg.out_dir(), paths);
+    refuse_relative_output("run.metrics", cfg.metrics_path(), paths);
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " valid on the default config");
   } else {

@@ -198,12 +198,14 @@ def test_checkpoints_in_the_model_directory_are_refused_before_training(tmp_path
         assert (root / "output" / "failure").read_text().strip() == err[0]
 
 
-@pytest.mark.parametrize("key", ["checkpoint.dir", "run.out_dir", "run.metrics"])
-def test_relative_output_paths_are_refused_before_training(tmp_path, key):
+@pytest.mark.parametrize("key,value", [("checkpoint.dir", "rel/x"), ("run.out_dir", "rel/x"),
+                                       ("run.metrics", "rel/x"), ("run.out_dir", "")])
+def test_relative_output_paths_are_refused_before_training(tmp_path, key, value):
     """A relative checkpoint.dir (run.out_dir, run.metrics) was written under the container's
     working directory (/opt/mxtrain), which the job does not keep: a restarted job had nothing
-    to resume. Refused by the job and by `sagemaker check`, with or without a config file."""
-    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2", key: "rel/x"}))
+    to resume. An empty run.out_dir is runs/<name>, relative too. Refused by the job and by
+    `sagemaker check`, with or without a config file."""
+    root = make_root(tmp_path, dict(TINY, **{"train.steps": "2", key: value}))
     work = tmp_path / "work"
     work.mkdir()
     require_binary()
@@ -216,7 +218,7 @@ def test_relative_output_paths_are_refused_before_training(tmp_path, key):
     assert list(work.iterdir()) == [] and not (root / "checkpoints").exists()
     for extra in ({}, {"config": "train/c.toml"}):
         hp = tmp_path / "hp.json"
-        hp.write_text(json.dumps(dict(extra, **{key: "rel/x"})))
+        hp.write_text(json.dumps(dict(extra, **{key: value})))
         c = subprocess.run([MXTRAIN_BIN, "sagemaker", "check", "--hyperparameters", hp],
                            capture_output=True, text=True, timeout=60)
         assert c.returncode == 2 and key in c.stderr, (extra, c.stderr)
@@ -242,6 +244,18 @@ def test_a_relative_resume_path_is_in_a_channel(tmp_path):
     assert f"resumed from {root / 'input' / 'data' / 'ck' / 'step_00000002'}" in r.stderr, r.stderr
     steps, _ = read_metrics(root / "output" / "data" / "metrics.jsonl")
     assert [s["step"] for s in steps] == [3]
+    # The job restarted (a spot reclaim) with the same hyperparameters and 2 more steps: it goes
+    # on from its own step 3, not back to the channel's step 2 (that roll-back was refused at
+    # every restart: "newer than the step this run resumes from").
+    hp = json.loads((root / "input" / "config" / "hyperparameters.json").read_text())
+    hp["train.steps"] = "5"
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+    r = run_entrypoint(root, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {root / 'checkpoints' / 'step_00000003'}" in r.stderr, r.stderr
+    assert "holds this job's checkpoints" in r.stderr, r.stderr
+    steps, _ = read_metrics(root / "output" / "data" / "metrics.jsonl")
+    assert [s["step"] for s in steps] == [3, 4, 5]
 
 
 def test_a_stop_during_the_final_export_still_exports(tmp_path):
