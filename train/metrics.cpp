@@ -35,6 +35,29 @@ off_t complete_lines_length(int fd, const std::string& path) {
   return 0;
 }
 
+// The file `path` writes into, when that is an ordinary file reached through symbolic links
+// (m.jsonl -> /data/kept.jsonl: a link to a run's earlier metrics was emptied without a copy);
+// `path` itself when it is not a link, or when a link on the way leads into /dev or /proc
+// (/dev/stdout, /proc/self/fd/1: a stream written through as it is, neither kept nor locked).
+std::string metrics_file_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  for (int hop = 0; hop < 40; ++hop) {
+    const std::string text = p.string();
+    if (text.rfind("/dev/", 0) == 0 || text.rfind("/proc/", 0) == 0) return path;
+    std::error_code ec;
+    if (!fs::is_symlink(p, ec)) {
+      if (hop == 0) return path;
+      const fs::path resolved = fs::weakly_canonical(fs::absolute(p, ec), ec);
+      return ec ? path : resolved.string();
+    }
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) return path;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return path;  // (a loop of links: the open says so)
+}
+
 // A fresh run into a metrics file an earlier run wrote (checkpoint.resume = none, checkpoints
 // kept elsewhere) truncated the earlier lines without a word: they are moved aside to the
 // first free PATH.N (N = 1, 2, ...) instead, and a warning says where. Only a path that is
@@ -85,8 +108,9 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  lock_metrics(path, -1);  // (another run's file: refused before it is moved aside)
-  if (!append) keep_earlier_metrics(path);
+  const std::string file = metrics_file_of(path);  // (through links to an ordinary file)
+  lock_metrics(file, -1);  // (another run's file: refused before it is moved aside)
+  if (!append) keep_earlier_metrics(file);
   // O_NONBLOCK: a FIFO nobody reads fails (ENXIO) instead of blocking the run for good; cleared
   // once open, so a pipe that is read (/dev/stdout into a collector) is written as a file is.
   const int fd = ::open(path.c_str(),
@@ -98,7 +122,16 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
                               err == ENXIO ? "a FIFO nobody reads" : std::strerror(err)));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  lock_metrics(path, fd);  // held until the run ends (the fd's close)
+  lock_metrics(file, fd);  // held until the run ends (the fd's close)
+  // Appending to a file with another name (a hard link: the inode of a checkpoint's state.json
+  // named as run.metrics) would change that file too; a fresh run moves its name aside instead.
+  struct stat links {};
+  if (append && ::fstat(fd, &links) == 0 && S_ISREG(links.st_mode) && links.st_nlink > 1) {
+    ::close(fd);
+    throw UserError(str("run.metrics ", path, " has ", links.st_nlink, " names (hard links): ",
+                        "appending this run's lines would change the file under its other ",
+                        "names too; give run.metrics a file of its own"));
+  }
   // (emptied once locked, not by O_TRUNC: a file another run had just made and locked would
   // have been truncated by the open)
   struct stat opened {};

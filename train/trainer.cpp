@@ -175,9 +175,13 @@ void check_metrics_path(const RunConfig& cfg, const std::string& data_path,
   if (!cfg.init.from.empty() && fs::is_directory(cfg.init.from, ec))
     for (const auto& e : fs::directory_iterator(cfg.init.from, ec))
       refuse_if_same(e.path(), "a file of init.from's model");
-  const std::string step = enclosing_step_dir(fs::absolute(m, ec).parent_path().string());
-  MX_REQUIRE(step.empty(), "run.metrics ", m, " lies inside the checkpoint ", step,
-             ": the metrics would change its files");
+  // (where it leads too: a link to a step's state.json had the metrics written into it)
+  for (const fs::path& p : {fs::absolute(m, ec), fs::weakly_canonical(fs::absolute(m, ec), ec)}) {
+    const std::string step = enclosing_step_dir(p.parent_path().string());
+    MX_REQUIRE(step.empty(), "run.metrics ", m, " lies inside the checkpoint ", step,
+               p == fs::absolute(m, ec) ? "" : str(" (it leads to ", p.string(), ")"),
+               ": the metrics would change its files");
+  }
 }
 
 std::atomic<int>& g_stop_signal = g_stop_request;  // (core/stop.h: start-up work polls it)

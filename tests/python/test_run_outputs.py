@@ -268,3 +268,46 @@ def test_output_paths_the_config_makes_impossible_are_bad_input(tmp_path, mxtrai
     assert r.rc == 2 and len(errs) == 1, r
     assert (cwd / "file").read_text() == "keep\n"
     assert not list((cwd / "out").glob("**/step_*")) if (cwd / "out").exists() else True
+
+
+def test_metrics_through_links(tmp_path, mxtrain):
+    """run.metrics reached through links. A symbolic link to a committed step's state.json:
+    refused (it was truncated and written into, and the next resume fell back a step). A link
+    to an earlier run's metrics file: the file kept as .1 with a warning, as a plain file is
+    (it was emptied). A hard link's other name on a resume: refused (appending changed the
+    step's file under its own name). Each checked against the bytes before."""
+    require_binary()
+    good = tmp_path / "good"
+    r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": 2, "run.out_dir": good})),
+                timeout=120)
+    assert r.rc == 0, r
+    state = good / "checkpoints" / "step_00000002" / "state.json"
+    before = state.read_bytes()
+
+    link = tmp_path / "m.jsonl"
+    link.symlink_to(state)
+    r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": 2, "run.out_dir": tmp_path / "o",
+                                                   "run.metrics": link})), timeout=120)
+    errs = error_lines(r)
+    assert r.rc == 2 and len(errs) == 1 and "step_00000002" in errs[0], r
+    assert state.read_bytes() == before
+
+    kept = tmp_path / "kept.jsonl"
+    kept.write_bytes((good / "metrics.jsonl").read_bytes())
+    earlier = kept.read_bytes()
+    (tmp_path / "sl").mkdir()
+    (tmp_path / "sl" / "metrics.jsonl").symlink_to(kept)
+    r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": 2,
+                                                   "run.out_dir": tmp_path / "sl"})), timeout=120)
+    assert r.rc == 0, r
+    assert (tmp_path / "kept.jsonl.1").read_bytes() == earlier
+    assert any(l.startswith("warning:") and "kept.jsonl.1" in l for l in r.stderr.splitlines()), r
+    assert [l["step"] for l in metrics_lines(kept) if not l.get("summary")] == [1, 2]
+
+    hard = tmp_path / "hard.jsonl"
+    os.link(state, hard)
+    r = mxtrain(["train"] + set_args(dict(TINY, **{"train.steps": 3, "run.out_dir": good,
+                                                   "run.metrics": hard})), timeout=120)
+    errs = error_lines(r)
+    assert r.rc == 2 and len(errs) == 1 and "hard link" in errs[0], r
+    assert state.read_bytes() == before
