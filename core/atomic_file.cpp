@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.h"
@@ -41,7 +43,15 @@ std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pie
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw UserError(str("'", path, "' exists and is not a regular file; mxtrain writes a new file "
                         "there only in place of a regular one"));
-  const std::string tmp = str(path, ".tmp.", ::getpid());
+  std::string tmp = str(path, ".tmp.", ::getpid());
+  // A name that fits the file system with its ".tmp.<pid>" past NAME_MAX: a short temporary
+  // name beside it instead (a valid --out of 245 characters was refused as too long).
+  const size_t slash = path.rfind('/');
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  static std::atomic<uint64_t> short_names{0};  // (two such writes at once: two names)
+  if (base.size() <= 255 && tmp.size() - dir.size() > 255)
+    tmp = str(dir, ".mxtrain.tmp.", ::getpid(), ".", short_names++);
   auto fail = [&](const std::string& what, int err) {
     ::unlink(tmp.c_str());
     return StorageError(str("cannot write '", path, "': ", what, ": ", std::strerror(err)));

@@ -283,6 +283,20 @@ def test_an_out_path_that_cannot_exist_is_bad_input(mxtrain, tmp_path, tool, whe
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_an_out_name_that_fits_is_written_whatever_its_temporary(mxtrain, tmp_path):
+    """A 250-character --out is a valid name (NAME_MAX is 255), but its temporary name
+    (+ ".tmp.<pid>") is not: it was refused as too long. Written now, and nothing else left."""
+    src = tmp_path / "x.safetensors"
+    hf_io.write_safetensors(src, {"a": np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)})
+    out = tmp_path / ("b" * 238 + ".safetensors")
+    assert len(out.name) == 250
+    r = mxtrain(["numerics", "quantize", "--format", "e4m3", "--in", src, "--out", out],
+                timeout=60)
+    assert r.rc == 0, r
+    assert set(hf_io.read_safetensors(out)) == {"a.codes", "a.scales", "a.dequant"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, out.name])
+
+
 def test_export_hf_into_a_path_through_a_file_is_bad_input(mxtrain, tmp_path):
     """export-hf's output directory under a regular file ("Not a directory") was exit 3, a
     storage failure; as the output argument's fault it is exit 2, the file untouched."""
