@@ -139,8 +139,8 @@ int32_t sample(const std::vector<float>& logits, const SampleOptions& o, std::mt
   for (int64_t v = 0; v < V; ++v)
     if (!std::isfinite(logits[size_t(v)]))
       throw UserError(str("the model's logit of token ", v, " at position ", position, " is ",
-                          logits[size_t(v)], ": its weights overflow float32 there, so no ",
-                          "token can be chosen"));
+                          logits[size_t(v)], ": the model's weights are not finite or ",
+                          "overflow float32 there, so no token can be chosen"));
   if (o.temperature <= 0)
     return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> idx(V);
