@@ -110,6 +110,17 @@ def write_model(dir_path, cfg, params):
     return dir_path
 
 
+def tiny_checkpoint(mxtrain, out_dir, steps=1):
+    """Trains the tiny preset for `steps` steps on random data into out_dir; returns its
+    checkpoint root (out_dir/checkpoints)."""
+    r = mxtrain(["train"] + set_args({
+        "model.preset": "tiny", "train.steps": steps, "train.seq_len": 16,
+        "train.micro_batch": 1, "run.sample_tokens": 0, "train.eval_every": 0,
+        "data.format": "random", "run.out_dir": out_dir}), timeout=120)
+    assert r.rc == 0, r
+    return out_dir / "checkpoints"
+
+
 def read_metrics(path):
     """Returns (list of per-step objects, summary object or None)."""
     steps, summary = [], None

@@ -9,7 +9,7 @@ import pytest
 
 import hf_io
 import llama_ref
-from conftest import english_text, set_args, write_model, write_tokens_i32
+from conftest import english_text, set_args, tiny_checkpoint, write_model, write_tokens_i32
 
 CRASH_MARKERS = ("Traceback", "terminate called", "Segmentation fault", "Aborted", "what():",
                  "core dumped", "AddressSanitizer", "runtime error:")
@@ -300,16 +300,10 @@ def test_an_out_name_that_fits_is_written_whatever_its_temporary(mxtrain, tmp_pa
 def test_export_hf_into_a_path_through_a_file_is_bad_input(mxtrain, tmp_path):
     """export-hf's output directory under a regular file ("Not a directory") was exit 3, a
     storage failure; as the output argument's fault it is exit 2, the file untouched."""
-    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "train.steps=1",
-                 "--set", "train.seq_len=16", "--set", "train.micro_batch=1",
-                 "--set", "run.sample_tokens=0", "--set", "train.eval_every=0",
-                 "--set", "data.format=random", "--set", f"run.out_dir={tmp_path / 'run'}"],
-                timeout=120)
-    assert r.rc == 0, r
+    root = tiny_checkpoint(mxtrain, tmp_path / "run")
     a_file = tmp_path / "afile"
     a_file.write_text("keep")
-    r = mxtrain(["ckpt", "export-hf", tmp_path / "run" / "checkpoints", a_file / "sub"],
-                timeout=60)
+    r = mxtrain(["ckpt", "export-hf", root, a_file / "sub"], timeout=60)
     check_error(r, ["afile"])
     assert a_file.read_text() == "keep"
 

@@ -9,7 +9,7 @@ import pytest
 
 import hf_io
 import llama_ref
-from conftest import english_text, set_args, write_model
+from conftest import english_text, set_args, tiny_checkpoint, write_model
 
 CFG = llama_ref.make_shape(48, 96, 2, 4, 2, 256)
 
@@ -292,13 +292,7 @@ def test_logits_that_overflow_are_named_not_sampled(tmp_path, mxtrain, temperatu
 def test_a_step_without_its_manifest_is_named_not_committed(tmp_path, mxtrain):
     """A checkpoint step without manifest.json (its writer stopped before the commit) has a
     config.json of its own and was read as a Hugging Face directory: 'no model.safetensors'."""
-    r = mxtrain(["train", "--set", "model.preset=tiny", "--set", "train.steps=1",
-                 "--set", "train.seq_len=16", "--set", "train.micro_batch=1",
-                 "--set", "run.sample_tokens=0", "--set", "train.eval_every=0",
-                 "--set", "data.format=random", "--set", f"run.out_dir={tmp_path / 'run'}"],
-                timeout=120)
-    assert r.rc == 0, r
-    step = tmp_path / "run" / "checkpoints" / "step_00000001"
+    step = tiny_checkpoint(mxtrain, tmp_path / "run") / "step_00000001"
     (step / "manifest.json").unlink()
     r = mxtrain(["generate", "--model", step, "--prompt-ids", "1 2", "--ids",
                  "--max-tokens", 2])
