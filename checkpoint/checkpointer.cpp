@@ -94,8 +94,10 @@ void Checkpointer::save(int64_t step, const nlohmann::json& state,
                         std::vector<ExtraTensor> extra) {
   const auto t0 = Clock::now();
   if (in_flight_step_ >= 0) commit();  // at most one in flight
-  // (another run on this S3 prefix since: no more files written among its steps)
+  // Another run on this S3 prefix since: no more files written among its steps, by any rank
+  // (the others wait for rank 0's check; a failed one ends the job from rank 0).
   if (world_.rank() == 0) store_->check_writer(opt_.claim);
+  if (world_.size() > 1 && store_->is_s3()) world_.barrier();
   std::vector<TensorBytes> extra_bytes;
   for (const auto& e : extra)
     extra_bytes.push_back({e.name, "F32", {int64_t(e.values.size())}, e.values.data(),

@@ -501,14 +501,20 @@ int run_training(const RunConfig& cfg) {
   // Before choosing: what stopped writers left behind goes, and a committed step a replacing
   // commit had moved aside (stopped between its renames) comes back (LocalStore).
   if (lead) open_checkpoint_store(cfg.checkpoint_dir())->remove_uncommitted();
-  // On S3 this run names itself the prefix's writer now, before it picks a step to resume from:
-  // a run still writing there stops at its next checkpoint instead of committing (or pruning)
-  // steps while this one loads (CheckpointStore::claim_writer).
+  // On S3 this run names itself the prefix's writer once its step to resume from is chosen
+  // and checked (the roll-back refusal, the model), before its tensors load: a run still
+  // writing there stops at its next checkpoint instead of committing or pruning steps while
+  // this one loads, and a launch refused as bad input has not taken the prefix from it
+  // (CheckpointStore::claim_writer).
   std::string claim;
-  if (lead && !cfg.checkpoint.s3_uri.empty()) {
+  bool claimed = false;
+  auto claim_prefix = [&]() {
+    if (claimed) return;
+    claimed = true;
+    if (!lead || cfg.checkpoint.s3_uri.empty()) return;
     claim = writer_claim();
     if (!open_checkpoint_store(cfg.checkpoint.s3_uri)->claim_writer(claim)) claim.clear();
-  }
+  };
   if (cfg.checkpoint.resume == "auto") {
     // The newest committed checkpoint that verifies, across the local directory and S3 (on a
     // tie the local copy: it reads faster).
@@ -573,6 +579,7 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.rope_theta == m.rope_theta &&
                    saved_cfg.rms_norm_eps == m.rms_norm_eps,
                "checkpoint ", reader.location(), " holds a different model than this config");
+    claim_prefix();
     const nlohmann::json state = reader.state();
     // What the checks below compare is the same on every rank (one checkpoint, one config, data
     // checked alike on every rank above): rank 0 says it, not each of W ranks.
@@ -726,6 +733,7 @@ int run_training(const RunConfig& cfg) {
     }
     fsdp.scatter_params(full.data());
   }
+  claim_prefix();  // (a fresh start: before the checkpointer's start-up clean-up)
   CheckpointerOptions co;
   co.root = ckpt_root;
   co.keep = cfg.checkpoint.keep;
