@@ -91,7 +91,10 @@ void keep_earlier_metrics(const std::string& path) {
 void lock_metrics(const std::string& path, int fd) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
-  const int probe = fd >= 0 ? fd : ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  // (opened for writing, without O_CREAT or O_TRUNC: NFS and CIFS emulate flock with fcntl
+  // locks, which take an exclusive lock only on a file open for writing; read-only, the test
+  // failed with EBADF and read as "not busy")
+  const int probe = fd >= 0 ? fd : ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
   if (probe < 0) return;  // (the open for writing says why, if it matters)
   const bool busy = ::flock(probe, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   if (fd < 0) ::close(probe);  // (releases the test lock)
@@ -100,6 +103,56 @@ void lock_metrics(const std::string& path, int fd) {
     throw UserError(str("run.metrics ", path, " is being written by another run now (it holds ",
                         "the file's lock): give each run its own run.metrics"));
   }
+}
+
+// `file` (open as `fd`, locked) copied to a new file of its own that takes its name, for
+// appending: its other hard-linked names keep the lines as they are. Returns the new file's
+// descriptor, locked; closes `fd`.
+int own_copy(const std::string& file, int fd) {
+  const std::string tmp = str(file, ".copy.", ::getpid());
+  const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    if (out >= 0) ::close(out);
+    ::unlink(tmp.c_str());
+    ::close(fd);
+    throw StorageError(str("cannot copy metrics file ", file, " (it has other names, hard ",
+                           "links, which appending would change too): ", what, ": ",
+                           std::strerror(err)));
+  };
+  if (out < 0) fail("create");
+  char buf[1 << 16];
+  const int in = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) fail("open");
+  for (;;) {
+    const ssize_t n = ::read(in, buf, sizeof buf);
+    if (n < 0) {
+      ::close(in);
+      fail("read");
+    }
+    if (n == 0) break;
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = ::write(out, buf + done, size_t(n - done));
+      if (w < 0) {
+        ::close(in);
+        fail("write");
+      }
+      done += w;
+    }
+  }
+  ::close(in);
+  if (::fsync(out) != 0 || ::rename(tmp.c_str(), file.c_str()) != 0) fail("write");
+  ::close(fd);
+  warn(str("metrics file ", file, " has other names (hard links): its lines were copied into a ",
+           "file of its own, which this run appends to (the other names keep theirs)"));
+  const int locked = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (locked < 0 || ::flock(locked, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (locked >= 0) ::close(locked);
+    throw StorageError(str("cannot open metrics file ", file, ": ", std::strerror(err)));
+  }
+  ::close(out);
+  return locked;
 }
 
 }  // namespace
@@ -113,9 +166,8 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   if (!append) keep_earlier_metrics(file);
   // O_NONBLOCK: a FIFO nobody reads fails (ENXIO) instead of blocking the run for good; cleared
   // once open, so a pipe that is read (/dev/stdout into a collector) is written as a file is.
-  const int fd = ::open(path.c_str(),
-                        O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : 0),
-                        0644);
+  int fd = ::open(path.c_str(),
+                  O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : 0), 0644);
   if (fd < 0) {  // (a path under a file or too long a name: the configuration's, exit 2)
     const int err = errno;
     throw_path_error(err, str("cannot open metrics file ", path, ": ",
@@ -123,15 +175,13 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   lock_metrics(file, fd);  // held until the run ends (the fd's close)
-  // Appending to a file with another name (a hard link: the inode of a checkpoint's state.json
-  // named as run.metrics) would change that file too; a fresh run moves its name aside instead.
+  // Appending to a file with other names (hard links: a backup made with cp -al or rsnapshot,
+  // or a checkpoint's state.json named as run.metrics) changed it under those names too: the
+  // lines are copied into a file of their own first, which this run appends to; a fresh run
+  // moves its name aside instead.
   struct stat links {};
-  if (append && ::fstat(fd, &links) == 0 && S_ISREG(links.st_mode) && links.st_nlink > 1) {
-    ::close(fd);
-    throw UserError(str("run.metrics ", path, " has ", links.st_nlink, " names (hard links): ",
-                        "appending this run's lines would change the file under its other ",
-                        "names too; give run.metrics a file of its own"));
-  }
+  if (append && ::fstat(fd, &links) == 0 && S_ISREG(links.st_mode) && links.st_nlink > 1)
+    fd = own_copy(file, fd);
   // (emptied once locked, not by O_TRUNC: a file another run had just made and locked would
   // have been truncated by the open)
   struct stat opened {};
