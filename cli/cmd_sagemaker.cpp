@@ -292,21 +292,30 @@ int sagemaker_train() {
         r != "auto" && r != "none" && r.rfind("s3://", 0) != 0)
       sets.push_back("checkpoint.resume=" + under_data(r));
     // A restarted job (a spot reclaim, a retry) replays the same hyperparameters: once its own
-    // checkpoints hold a step, an explicit checkpoint.resume (where the job began) would roll
-    // them back, refused ("newer than the step this run resumes from") at every restart. The
-    // job's own newest step goes on from there instead.
+    // checkpoints hold a step past the one checkpoint.resume names elsewhere (a channel's, where
+    // the job began), resuming from that one would roll them back, refused ("newer than the
+    // step this run resumes from") at every restart. The job's own newest step goes on from
+    // there instead. A step named in the job's own location (a deliberate roll-back) is left to
+    // the trainer's refusal, and an older own step than the one named, to the named one.
     // (every rank decides alike: the job's checkpoints are one directory on one host, or S3)
-    if (const std::string& r = first.checkpoint.resume; r != "auto" && r != "none") {
-      const std::string own = first.checkpoint.s3_uri.empty() ? first.checkpoint_dir()
-                                                              : first.checkpoint.s3_uri;
+    if (std::string r = first.checkpoint.resume; r != "auto" && r != "none") {
+      if (r.rfind("s3://", 0) != 0) r = under_data(r);
+      const bool s3 = !first.checkpoint.s3_uri.empty();
+      std::string own = s3 ? first.checkpoint.s3_uri : first.checkpoint_dir();
+      while (s3 && !own.empty() && own.back() == '/') own.pop_back();
+      const CheckpointLocation named = parse_checkpoint_location(r);
+      const bool in_own = s3 ? (named.root == own || named.root.rfind(own + "/", 0) == 0)
+                             : path_place(named.root, own) != PathPlace::kOutside;
       std::vector<int64_t> steps;
-      if (first.checkpoint.s3_uri.empty()) {
-        std::error_code dir_ec;
-        if (fs::is_directory(own, dir_ec)) steps = open_checkpoint_store(own)->committed_steps();
-      } else {
+      std::error_code dir_ec;
+      if (!in_own && (s3 || fs::is_directory(own, dir_ec)))
         steps = open_checkpoint_store(own)->committed_steps();
+      int64_t named_step = named.step;
+      if (!steps.empty() && named_step < 0) {  // a root: its newest committed step
+        const std::vector<int64_t> theirs = open_checkpoint_store(named.root)->committed_steps();
+        named_step = theirs.empty() ? -1 : theirs.back();
       }
-      if (!steps.empty()) {
+      if (!steps.empty() && steps.back() > named_step) {
         sets.push_back("checkpoint.resume=auto");
         if (!mpi_rank)
           info("sagemaker: ", own, " holds this job's checkpoints (a restarted job): resuming ",

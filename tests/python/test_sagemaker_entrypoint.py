@@ -231,7 +231,7 @@ def test_relative_output_paths_are_refused_before_training(tmp_path, key, value)
 def test_a_relative_resume_path_is_in_a_channel(tmp_path):
     """checkpoint.resume naming a step by a relative path is read under input/data, as
     init.from and data.path are (it was read from the container's working directory)."""
-    first = make_root(tmp_path / "a", dict(TINY, **{"train.steps": "2"}))
+    first = make_root(tmp_path / "a", dict(TINY, **{"train.steps": "2", "checkpoint.every": "1"}))
     r = run_entrypoint(first, timeout=120)
     assert r.returncode == 0, r.stderr
     root = make_root(tmp_path / "b", dict(TINY, **{"train.steps": "3",
@@ -256,6 +256,30 @@ def test_a_relative_resume_path_is_in_a_channel(tmp_path):
     assert "holds this job's checkpoints" in r.stderr, r.stderr
     steps, _ = read_metrics(root / "output" / "data" / "metrics.jsonl")
     assert [s["step"] for s in steps] == [3, 4, 5]
+
+    # Only a newer own step takes over: own checkpoints older than the named step (an earlier
+    # job's step 1 in the same location) leave the named step 2 in charge ...
+    older = make_root(tmp_path / "c", dict(TINY, **{"train.steps": "3",
+                                                    "checkpoint.resume": "ck/step_00000002"}),
+                      channels=("train", "ck"))
+    shutil.copytree(first / "checkpoints" / "step_00000002",
+                    older / "input" / "data" / "ck" / "step_00000002")
+    shutil.copytree(first / "checkpoints" / "step_00000001",
+                    older / "checkpoints" / "step_00000001")
+    r = run_entrypoint(older, timeout=120)
+    assert r.returncode == 0 and "holds this job's checkpoints" not in r.stderr, r.stderr
+    assert f"resumed from {older / 'input' / 'data' / 'ck' / 'step_00000002'}" in r.stderr
+    # ... and a step of the job's own location named on purpose (a roll-back past newer own
+    # steps) is the trainer's to refuse, as outside SageMaker
+    back = make_root(tmp_path / "d", dict(TINY, **{"train.steps": "3"}))
+    for n in (1, 2):
+        shutil.copytree(first / "checkpoints" / f"step_{n:08d}",
+                        back / "checkpoints" / f"step_{n:08d}")
+    hp = json.loads((back / "input" / "config" / "hyperparameters.json").read_text())
+    hp["checkpoint.resume"] = str(back / "checkpoints" / "step_00000001")
+    (back / "input" / "config" / "hyperparameters.json").write_text(json.dumps(hp))
+    r = run_entrypoint(back, timeout=120)
+    assert r.returncode == 2 and "newer than the step this run resumes from" in r.stderr, r.stderr
 
 
 def test_a_stop_during_the_final_export_still_exports(tmp_path):
