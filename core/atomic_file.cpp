@@ -4,10 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
-#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "core/error.h"
 #include "core/output_dirs.h"
@@ -44,14 +44,20 @@ std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pie
     throw UserError(str("'", path, "' exists and is not a regular file; mxtrain writes a new file "
                         "there only in place of a regular one"));
   std::string tmp = str(path, ".tmp.", ::getpid());
-  // A name that fits the file system with its ".tmp.<pid>" past NAME_MAX: a short temporary
-  // name beside it instead (a valid --out of 245 characters was refused as too long).
+  // A name that fits the file system with its ".tmp.<pid>" past the directory's NAME_MAX: a
+  // short temporary name beside it instead, random (another host's process of the same pid
+  // writing into a shared directory), (a valid --out of 250 characters was refused).
   const size_t slash = path.rfind('/');
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-  static std::atomic<uint64_t> short_names{0};  // (two such writes at once: two names)
-  if (base.size() <= 255 && tmp.size() - dir.size() > 255)
-    tmp = str(dir, ".mxtrain.tmp.", ::getpid(), ".", short_names++);
+  const long name_max = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
+  const size_t limit = name_max > 0 ? size_t(name_max) : 255;
+  if (base.size() <= limit && tmp.size() - dir.size() > limit) {
+    std::random_device rd;
+    char id[17];
+    std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
+    tmp = str(dir, ".mxtrain.tmp.", id);
+  }
   auto fail = [&](const std::string& what, int err) {
     ::unlink(tmp.c_str());
     return StorageError(str("cannot write '", path, "': ", what, ": ", std::strerror(err)));

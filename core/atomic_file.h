@@ -12,7 +12,7 @@ struct ByteSpan {
 };
 
 // Writes the pieces, in order, to path + ".tmp.<pid>" (a name that would pass NAME_MAX so:
-// .mxtrain.tmp.<pid>.<n> beside it), fsyncs it, renames it over `path` and
+// .mxtrain.tmp.<random> beside it), fsyncs it, renames it over `path` and
 // fsyncs the directory (a filesystem that cannot fsync a directory is tolerated). On failure
 // the temporary file is removed, `path` keeps what it had, and a StorageError names `path`.
 // A `path` that exists as something other than a regular file (after symlinks: a directory, a
