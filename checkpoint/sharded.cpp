@@ -283,6 +283,8 @@ std::string check_state_fields(const nlohmann::json& j, const std::string& path)
       return str(path, ": '", k, "' is not a positive integer");
   if (has("val_fraction") && !j["val_fraction"].is_number())
     return str(path, ": 'val_fraction' is not a number");
+  if (has("shuffle") && !j["shuffle"].is_boolean())
+    return str(path, ": 'shuffle' is not true or false");
   for (const char* k : {"sharding", "recipe", "data_path", "val_path"})
     if (has(k) && !j[k].is_string()) return str(path, ": '", k, "' is not a string");
   auto lower_hex = [&](const char* k, size_t digits) {

@@ -194,9 +194,25 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   if (append) {  // drop a torn last line, so that this run's first line starts a line
     const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     const off_t keep = rfd < 0 ? -1 : complete_lines_length(rfd, path);
-    if (rfd >= 0) ::close(rfd);
     struct stat st {};
-    if (keep >= 0 && ::fstat(fd, &st) == 0 && keep < st.st_size && ::ftruncate(fd, keep) != 0) {
+    const bool tail = keep >= 0 && ::fstat(fd, &st) == 0 && keep < st.st_size;
+    // A last line that is whole but for its newline (a kill between the line and its '\n', a
+    // file edited by hand) is a line: it gets its newline, not dropped (its step is not redone)
+    bool whole = false;
+    if (tail && st.st_size - keep <= (1 << 20)) {
+      std::string last(size_t(st.st_size - keep), '\0');
+      whole = ::pread(rfd, last.data(), last.size(), keep) == ssize_t(last.size()) &&
+              last.front() == '{' && nlohmann::json::accept(last);  // (an object, as ours)
+      if (whole && ::write(fd, "\n", 1) != 1) {
+        const int err = errno;
+        ::close(rfd);
+        ::close(fd);
+        throw StorageError(str("cannot end the last line of metrics file ", path, ": ",
+                               std::strerror(err)));
+      }
+    }
+    if (rfd >= 0) ::close(rfd);
+    if (tail && !whole && ::ftruncate(fd, keep) != 0) {
       const int err = errno;
       ::close(fd);
       throw StorageError(str("cannot truncate the torn last line of metrics file ", path, ": ",

@@ -636,6 +636,14 @@ int run_training(const RunConfig& cfg) {
     // The windows themselves: another seq_len, or another split between training and
     // validation (data.val_fraction, data.val_path), reorders the rest of the epoch, and
     // validation may then be measured on windows the checkpoint's run trained on.
+    // (data.shuffle was not recorded: a resume that turned it on or off went on in another
+    // order without a word)
+    if (state.contains("shuffle") && state["shuffle"].is_boolean() &&
+        state["shuffle"].get<bool>() != cfg.data.shuffle)
+      warn_once(str("data.shuffle is ", cfg.data.shuffle ? "true" : "false",
+                    ", the checkpoint's run used ", state["shuffle"].dump(),
+                    ": the rest of the epoch follows another order (windows may repeat or be ",
+                    "missed)"));
     if (state.contains("seq_len") && state["seq_len"].is_number_integer() &&
         state["seq_len"].get<int64_t>() != T)
       warn_once(str("train.seq_len is ", T, ", the checkpoint's run used ", state["seq_len"].dump(),
@@ -858,6 +866,7 @@ int run_training(const RunConfig& cfg) {
                             {"data_fingerprint", data_fingerprint},
                             {"data_crc32c", data_crc.empty() ? nlohmann::json() : nlohmann::json(data_crc)},
                             {"seq_len", T},
+                            {"shuffle", cfg.data.shuffle},
                             {"train_windows", train_sampler.num_windows()},
                             {"val_path", cfg.data.val_path},
                             {"val_fraction", cfg.data.val_fraction}};

@@ -409,7 +409,8 @@ def test_manifest_whose_lists_contradict_its_model_is_rejected(setup, tmp_path, 
                                          ("data_fingerprint", "0123456789ABCDEF"),
                                          ("data_fingerprint", "0123"),
                                          ("val_tokens", -1), ("val_fingerprint", "xyz"),
-                                         ("val_crc32c", "0123ABCD"), ("data_crc32c", 5)])
+                                         ("val_crc32c", "0123ABCD"), ("data_crc32c", 5),
+                                         ("shuffle", "yes"), ("shuffle", 1)])
 def test_state_json_with_bad_fields_fails_verify(setup, tmp_path, mxtrain, field, value):
     """state.json edited consistently with the manifest (its CRC32C and size rewritten) still
     fails when a field has the wrong type or range."""

@@ -118,3 +118,21 @@ def test_resume_warns_about_other_data_not_another_spelling_of_it(tmp_path, mxtr
         assert r.rc == 0 and f"at step {2 + i}" in r.stderr, r
         assert ("training goes on with the new data" in r.stderr) == warned, (path, r.stderr)
         assert ("train.seed is 5" in r.stderr) == (seed is not None), r.stderr
+
+
+def test_resume_with_data_shuffle_changed_says_so(tmp_path, mxtrain):
+    """data.shuffle turned on or off at a resume changes the rest of the epoch's order: it was
+    not recorded in state.json and went by without a word (as a changed seed does not)."""
+    (tmp_path / "d.txt").write_text(english_text(3000))
+    r = run1(mxtrain, frozen(tmp_path, **{"train.steps": 2, "checkpoint.every": 2}))
+    assert r.rc == 0, r
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step_00000002" /
+                        "state.json").read_text())
+    assert state["shuffle"] is False
+    for i, shuffle in enumerate([False, True]):
+        r = run1(mxtrain, frozen(tmp_path, **{"train.steps": 3 + i, "data.shuffle": shuffle}))
+        assert r.rc == 0 and f"at step {2 + i}" in r.stderr, r
+        warned = [l for l in r.stderr.splitlines() if "data.shuffle is" in l]
+        assert len(warned) == int(shuffle), r.stderr
+        if shuffle:
+            assert warned[0].startswith("warning:") and "used false" in warned[0], warned

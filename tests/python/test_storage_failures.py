@@ -202,6 +202,24 @@ def test_a_torn_metrics_line_is_dropped_when_a_run_resumes(tmp_path, mxtrain):
     assert [o["step"] for o in records if not o.get("summary")][-2:] == [3, 4]
 
 
+def test_a_metrics_line_missing_only_its_newline_is_kept_when_a_run_resumes(tmp_path, mxtrain):
+    """A last line that is a whole JSON object but for its newline (a kill between the two
+    writes) was dropped as torn, and its step, already checkpointed, was not redone: its line
+    was lost. It gets its newline now; a half object is still dropped (the test above)."""
+    r = run1(tiny(tmp_path, "run", **{"train.steps": 2}))
+    assert r.rc == 0, r
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    text = metrics.read_text()
+    lines = text.splitlines()
+    last = json.dumps({"step": 2, "loss": 5.5, "note": "whole but for its newline"})
+    metrics.write_text("\n".join(lines) + "\n" + last)
+    r = run1(tiny(tmp_path, "run", **{"train.steps": 3}))
+    assert r.rc == 0, r
+    records = [json.loads(l) for l in metrics.read_text().splitlines()]  # every line parses
+    assert json.loads(last) in records
+    assert [o["step"] for o in records if not o.get("summary")][-2:] == [2, 3]
+
+
 def test_a_metrics_fifo_nobody_reads_fails_instead_of_hanging(tmp_path, mxtrain):
     fifo = tmp_path / "m.fifo"
     os.mkfifo(fifo)
