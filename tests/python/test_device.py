@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MXTRAIN_BIN, require_binary
+from conftest import MXTRAIN_BIN, require_binary, tiny_checkpoint
 
 MPIRUN_FLAGS = os.environ.get("MXTRAIN_MPIRUN_FLAGS", "--oversubscribe --bind-to none").split()
 
@@ -71,6 +71,19 @@ def test_cuda_without_gpu_is_a_clear_error(tmp_path):
     assert lines[-1].startswith("error: run.device = cuda: "), p.stderr
     assert "no usable CUDA GPU" in lines[-1] or "built without the CUDA backend" in lines[-1]
     assert not (tmp_path / "o" / "checkpoints").exists()
+
+
+def test_a_command_flag_is_named_as_the_flag(tmp_path, mxtrain):
+    """`bench sgemm --device cuda` and `generate --device cuda` on a machine without a GPU said
+    "run.device = cuda", a key those commands do not have: their flag is named now."""
+    root = tiny_checkpoint(mxtrain, tmp_path / "run")
+    for args in (["bench", "sgemm", "--device", "cuda", "--size", "64"],
+                 ["generate", "--model", str(root), "--prompt", "hi", "--device", "cuda"]):
+        p = subprocess.run([MXTRAIN_BIN] + args, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        errs = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+        assert p.returncode == 2 and len(errs) == 1, p.stderr
+        assert errs[0].startswith("error: --device cuda: ") and "run.device" not in errs[0], errs
 
 
 def test_bad_cuda_attention_setting_is_a_clear_error(tmp_path):
