@@ -633,9 +633,6 @@ int run_training(const RunConfig& cfg) {
       warn_once(str("data.path ", data_path, " holds as many tokens as the checkpoint's run read, ",
                "but not the same ids (shards renamed, reordered or replaced? a file rewritten?): ",
                "training goes on with the data as they are now"));
-    // The windows themselves: another seq_len, or another split between training and
-    // validation (data.val_fraction, data.val_path), reorders the rest of the epoch, and
-    // validation may then be measured on windows the checkpoint's run trained on.
     // (data.shuffle was not recorded: a resume that turned it on or off went on in another
     // order without a word)
     if (state.contains("shuffle") && state["shuffle"].is_boolean() &&
@@ -644,6 +641,9 @@ int run_training(const RunConfig& cfg) {
                     ", the checkpoint's run used ", state["shuffle"].dump(),
                     ": the rest of the epoch follows another order (windows may repeat or be ",
                     "missed)"));
+    // The windows themselves: another seq_len, or another split between training and
+    // validation (data.val_fraction, data.val_path), reorders the rest of the epoch, and
+    // validation may then be measured on windows the checkpoint's run trained on.
     if (state.contains("seq_len") && state["seq_len"].is_number_integer() &&
         state["seq_len"].get<int64_t>() != T)
       warn_once(str("train.seq_len is ", T, ", the checkpoint's run used ", state["seq_len"].dump(),
