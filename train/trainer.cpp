@@ -579,7 +579,8 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.rope_theta == m.rope_theta &&
                    saved_cfg.rms_norm_eps == m.rms_norm_eps,
                "checkpoint ", reader.location(), " holds a different model than this config");
-    claim_prefix();
+    // (a run already complete, or past train.steps, writes nothing: it takes no prefix)
+    if (resume_step < tc.steps) claim_prefix();
     const nlohmann::json state = reader.state();
     // What the checks below compare is the same on every rank (one checkpoint, one config, data
     // checked alike on every rank above): rank 0 says it, not each of W ranks.

@@ -925,3 +925,26 @@ def test_a_second_run_on_the_prefix_takes_over_and_the_first_stops(moto, tmp_pat
     ls = run(["ckpt", "ls", f"s3://{moto.bucket}/two", "--verify"], env)
     assert ls.returncode == 0 and " no " not in ls.stdout, ls.stdout
     assert "step_00000004" in ls.stdout, ls.stdout
+
+
+def test_a_run_that_writes_nothing_takes_no_prefix(moto, tmp_path):
+    """The same command again after its run finished ("already complete", a retried job)
+    writes nothing, so it does not name itself the prefix's writer: it took the prefix from the
+    run writing there, which then stopped at its next checkpoint."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(english_text(3000))
+    args = ["train"] + set_args({
+        "model.preset": "tiny", "train.seq_len": 16, "train.micro_batch": 2, "train.steps": 2,
+        "train.eval_every": 0, "run.sample_tokens": 0, "data.path": corpus,
+        "checkpoint.s3_uri": f"s3://{moto.bucket}/done", "run.out_dir": tmp_path / "a"})
+    env = s3_env(moto)
+    r = run(args, env)
+    assert r.returncode == 0, r.stderr
+    other = {"run": "e" * 32, "host": "other-host", "pid": 4242,
+             "started": "2026-12-03T00:00:00Z"}
+    (tmp_path / "o.json").write_text(json.dumps(other))
+    moto.call(op="put", key="done/.mxtrain.writer", path=str(tmp_path / "o.json"))
+    r = run(args, env)
+    assert r.returncode == 0 and "already complete" in r.stderr, r.stderr
+    moto.call(op="download", key="done/.mxtrain.writer", path=str(tmp_path / "w.json"))
+    assert json.loads((tmp_path / "w.json").read_text()) == other
