@@ -242,6 +242,14 @@ void refuse_relative_output(const std::string& key, const std::string& value,
                       key == "run.metrics" ? "/metrics.jsonl" : "", ")"));
 }
 
+// The three output paths of a whole config, as resolved (an empty run.out_dir is
+// runs/<run.name>, relative).
+void refuse_relative_outputs(const RunConfig& cfg, const sm::Paths& paths) {
+  refuse_relative_output("checkpoint.dir", cfg.checkpoint_dir(), paths);
+  refuse_relative_output("run.out_dir", cfg.out_dir(), paths);
+  refuse_relative_output("run.metrics", cfg.metrics_path(), paths);
+}
+
 int sagemaker_train() {
   const sm::Paths paths = sm::paths_under(sm::root_from_env());
   if (!std::getenv("OMPI_COMM_WORLD_SIZE")) {  // the entrypoint itself, not a rank it started
@@ -323,10 +331,7 @@ int sagemaker_train() {
       }
     }
     RunConfig cfg = load_run_config(hp.config_file, sets, "hyperparameters");
-    // (as resolved: an empty run.out_dir is runs/<name>, relative)
-    refuse_relative_output("checkpoint.dir", cfg.checkpoint_dir(), paths);
-    refuse_relative_output("run.out_dir", cfg.out_dir(), paths);
-    refuse_relative_output("run.metrics", cfg.metrics_path(), paths);
+    refuse_relative_outputs(cfg, paths);
     // Checkpoints in the model directory: the export refused it only after the whole training
     // (and a restarted job, "already complete", failed the same way each time); SageMaker
     // uploads the model directory whole, as model.tar.gz.
@@ -463,10 +468,7 @@ int sagemaker_check(const std::string& file) {
   }
   if (hp.config_file.empty()) {
     // the whole config, as the entrypoint's first reading
-    const RunConfig cfg = load_run_config("", sets, "hyperparameters");
-    refuse_relative_output("checkpoint.dir", cfg.checkpoint_dir(), paths);
-    refuse_relative_output("run.out_dir", cfg.out_dir(), paths);
-    refuse_relative_output("run.metrics", cfg.metrics_path(), paths);
+    refuse_relative_outputs(load_run_config("", sets, "hyperparameters"), paths);
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " valid on the default config");
   } else {
