@@ -8,12 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <random>
 #include <thread>
 
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/random_id.h"
 #include "model/hf_config.h"
 
 namespace mx {
@@ -50,9 +50,7 @@ FileRecord write_with_retries(CheckpointStore& store, int64_t step, const std::s
 }  // namespace
 
 std::string writer_claim() {
-  std::random_device rd;
-  char id[33];
-  std::snprintf(id, sizeof id, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  const std::string id = random_hex_id(4);
   char host[256] = "";
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   const std::time_t now = std::time(nullptr);

@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "core/error.h"
 #include "core/output_dirs.h"
+#include "core/random_id.h"
 
 namespace mx {
 
@@ -53,10 +53,7 @@ std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pie
   const long name_max = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
   const size_t limit = name_max > 0 ? size_t(name_max) : 255;
   if (base.size() <= limit && tmp.size() - dir.size() > limit) {
-    std::random_device rd;
-    char id[17];
-    std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
-    tmp = str(dir, ".mxtrain.tmp.", id);
+    tmp = str(dir, ".mxtrain.tmp.", random_hex_id(2));
   }
   auto fail = [&](const std::string& what, int err) {
     ::unlink(tmp.c_str());
