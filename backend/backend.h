@@ -467,8 +467,9 @@ void check_device_name(const std::string& device, const std::string& key = "run.
 
 // The CUDA backend lives in its own library (mxcuda), which the engine library does not link:
 // a program built with it registers its factory once at startup (cli/main.cpp). Null: this
-// program has no CUDA backend.
-using BackendFactory = std::unique_ptr<Backend> (*)();
+// program has no CUDA backend. `given` is the setting as the user typed it, up to its value
+// ("run.device = " or "--device "): the factory's errors start with it and "cuda: ".
+using BackendFactory = std::unique_ptr<Backend> (*)(const std::string& given);
 void register_cuda_backend_factory(BackendFactory factory);
 // Defined in mxcuda (backend/cuda/cuda_backend.cu): registers the CUDA factory.
 void register_cuda_backend();

@@ -1656,7 +1656,7 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options
 namespace {
 // make_backend("cuda"): the GPU of this process's local rank (one process per GPU under
 // mpirun), fp32 GEMMs (the CPU backend's numbers; recipe bf16 switches Linears to bf16).
-std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
+std::unique_ptr<Backend> make_cuda_backend_for_trainer(const std::string& given) {
   // The environment first: a bad value is an error on any machine, GPU or not.
   CudaBackendOptions o;
   // MXTRAIN_CUDA_ATTENTION: cudnn (default: cuDNN's bf16 SDPA where built and supported, else
@@ -1684,7 +1684,7 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer() {
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
     cudaGetLastError();
-    throw UserError(str("run.device = cuda: no usable CUDA GPU on this machine (",
+    throw UserError(str(given, "cuda: no usable CUDA GPU on this machine (",
                         e != cudaSuccess ? cudaGetErrorString(e) : "no devices", ")"));
   }
   o.device = cuda_local_device(count);
