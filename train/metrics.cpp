@@ -110,38 +110,22 @@ void lock_metrics(const std::string& path, int fd) {
 // descriptor, locked; closes `fd`.
 int own_copy(const std::string& file, int fd) {
   const std::string tmp = str(file, ".copy.", ::getpid());
-  const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    if (out >= 0) ::close(out);
+  auto fail = [&](const char* what, int err) {
     ::unlink(tmp.c_str());
     ::close(fd);
     throw StorageError(str("cannot copy metrics file ", file, " (it has other names, hard ",
                            "links, which appending would change too): ", what, ": ",
                            std::strerror(err)));
   };
-  if (out < 0) fail("create");
-  char buf[1 << 16];
-  const int in = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) fail("open");
-  for (;;) {
-    const ssize_t n = ::read(in, buf, sizeof buf);
-    if (n < 0) {
-      ::close(in);
-      fail("read");
-    }
-    if (n == 0) break;
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t w = ::write(out, buf + done, size_t(n - done));
-      if (w < 0) {
-        ::close(in);
-        fail("write");
-      }
-      done += w;
-    }
-  }
-  ::close(in);
-  if (::fsync(out) != 0 || ::rename(tmp.c_str(), file.c_str()) != 0) fail("write");
+  std::error_code ec;  // (copy_options::none: a file already at `tmp` is an error, not replaced)
+  if (!std::filesystem::copy_file(file, tmp, std::filesystem::copy_options::none, ec))
+    fail("copy", ec ? ec.value() : EIO);
+  const int out = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+  const bool synced = out >= 0 && ::fsync(out) == 0;
+  const int err = errno;
+  if (out >= 0) ::close(out);
+  if (!synced) fail("write", err);
+  if (::rename(tmp.c_str(), file.c_str()) != 0) fail("rename", errno);
   ::close(fd);
   warn(str("metrics file ", file, " has other names (hard links): its lines were copied into a ",
            "file of its own, which this run appends to (the other names keep theirs)"));
@@ -151,7 +135,6 @@ int own_copy(const std::string& file, int fd) {
     if (locked >= 0) ::close(locked);
     throw StorageError(str("cannot open metrics file ", file, ": ", std::strerror(err)));
   }
-  ::close(out);
   return locked;
 }
 
