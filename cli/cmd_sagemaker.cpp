@@ -430,22 +430,6 @@ int sagemaker_train() {
   }
 }
 
-// With the config file in a channel (not at hand), the keys whose values are one of a fixed
-// set, whatever else the file says: a typo there (model.preset = huge) passed the check and
-// failed in the job. Each value as the engine reads it ("'tiny'" is tiny).
-void check_fixed_values(const std::vector<std::string>& sets) {
-  for (const std::string& item : sets) {
-    const auto eq = item.find('=');
-    const std::string key = item.substr(0, eq);
-    const std::string value = canonical_value(key, item.substr(eq + 1), "hyperparameters");
-    try {
-      check_fixed_value(key, value);
-    } catch (const UserError& e) {
-      throw UserError(str(e.what(), " (from hyperparameters)"));
-    }
-  }
-}
-
 // `mxtrain sagemaker check`: the hyperparameters of a job about to be submitted, as the
 // entrypoint will read them, so that a typo fails on the submitting machine instead of after
 // the instances are provisioned (launch/sagemaker/submit.py runs it).
@@ -456,10 +440,17 @@ int sagemaker_check(const std::string& file) {
   std::vector<std::string> sets = sm::platform_sets(paths);
   sets.insert(sets.end(), hp.sets.begin(), hp.sets.end());
   check_sets(sets, "hyperparameters");  // (unknown keys and wrong types first)
-  for (const std::string& item : hp.sets) {
+  for (const std::string& item : hp.sets) {  // each override, as the engine reads its value
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
     const std::string value = canonical_value(key, item.substr(eq + 1), "hyperparameters");
+    // A key whose value is one of a fixed set: with the config file in a channel (not at hand)
+    // the whole is not read here, and a typo (model.preset = huge) passed and failed in the job
+    try {
+      check_fixed_value(key, value);
+    } catch (const UserError& e) {
+      throw UserError(str(e.what(), " (from hyperparameters)"));
+    }
     if (key == "checkpoint.dir" || key == "run.out_dir" || key == "run.metrics")
       refuse_relative_output(key, value, paths);
     // (empty: runs/<run.name>, relative; an empty checkpoint.dir or run.metrics is under it)
@@ -473,7 +464,6 @@ int sagemaker_check(const std::string& file) {
          " valid on the default config");
   } else {
     // the file is in a channel: each key and value (checked above), not the whole
-    check_fixed_values(hp.sets);
     info("sagemaker check: ", hp.sets.size(), " override", hp.sets.size() == 1 ? "" : "s",
          " name known keys with values of their types (the config file ", hp.config_file,
          " is read in the job)");
