@@ -115,6 +115,11 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
   if (act != "silu")
     throw f.error("hidden_act",
                   str("is ", json_excerpt(act), "; only 'silu' (SwiGLU) is supported"));
+  // (transformers rotates only this fraction of each head's dimensions; ours rotate all)
+  const double partial = f.optional_number("partial_rotary_factor", 1.0);
+  if (partial != 1.0)
+    throw f.error("partial_rotary_factor",
+                  str("is ", partial, "; only full RoPE (1.0, every dimension rotated) is supported"));
   if (f.optional_number("attention_dropout", 0.0) != 0.0)
     throw f.error("attention_dropout", "is non-zero; attention dropout is not supported");
 
@@ -141,6 +146,10 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
     if (type != "default")
       throw f.error("rope_parameters", str("has rope_type ", json_excerpt(type),
                                            "; RoPE scaling is not supported (only 'default')"));
+    const double rp_partial = r.optional_number("partial_rotary_factor", 1.0);
+    if (rp_partial != 1.0)
+      throw f.error("rope_parameters", str("has partial_rotary_factor ", rp_partial,
+                                           "; only full RoPE (1.0) is supported"));
     const double theta = r.optional_number("rope_theta", c.rope_theta);
     if (f.find("rope_theta") && theta != c.rope_theta)
       throw f.error("rope_parameters", str("has rope_theta ", theta,

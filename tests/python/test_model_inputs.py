@@ -68,7 +68,11 @@ def test_rope_parameters_of_newer_configs_are_read(tmp_path, mxtrain):
             ("yarn", lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0,
                                                           "rope_theta": 10000.0}), "yarn"),
             ("clash", lambda c: c.update(rope_parameters={"rope_theta": 20000.0}), "rope_theta"),
-            ("notobj", lambda c: c.update(rope_parameters=[1]), "rope_parameters")):
+            ("notobj", lambda c: c.update(rope_parameters=[1]), "rope_parameters"),
+            # transformers rotates only this fraction of each head: it loaded and ran full RoPE
+            ("partial", lambda c: c.update(partial_rotary_factor=0.5), "partial_rotary_factor"),
+            ("rp_partial", lambda c: c.update(rope_parameters={
+                "rope_type": "default", "partial_rotary_factor": 0.25}), "partial_rotary_factor")):
         r = generate(mxtrain, model_dir(tmp_path, name, edit), "hi", 4)
         assert r.rc == 2, r
         assert len(errors(r)) == 1 and says in errors(r)[0], r

@@ -183,6 +183,10 @@ TEST_F(HfConfigTest, RejectsUnsupportedFeatures) {
   expect_user_error(write_variant("mbias.json", "mlp_bias", true), "mlp_bias");
   expect_user_error(write_variant("act.json", "hidden_act", "gelu"), "hidden_act");
   expect_user_error(write_variant("drop.json", "attention_dropout", 0.1), "attention_dropout");
+  expect_user_error(write_variant("partial.json", "partial_rotary_factor", 0.5),
+                    "partial_rotary_factor");
+  // 1.0 is full RoPE, what the model computes: loaded
+  EXPECT_NO_THROW(mx::read_hf_config(write_variant("full.json", "partial_rotary_factor", 1.0)));
 }
 
 TEST_F(HfConfigTest, RejectsImpossibleShapesAndBadFiles) {
