@@ -47,6 +47,15 @@ def attention_of(log):
     return None
 
 
+def die_with_parent():
+    """Child-side (preexec_fn): mxtrain gets SIGKILL when this wrapper dies. check.sh bounds the
+    wrapper with `timeout`, whose signal reaches the wrapper only: a 1B run went on training, and
+    writing its end-of-run checkpoint, beside the next step's run."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def emit(args, obj):
     line = json.dumps(obj)
     print(line, flush=True)
@@ -85,7 +94,8 @@ def run_train(binary, sets, env_extra, out, limit, stop_after=None):
         env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
     t0 = time.time()
     with open(out / "stderr.txt", "w") as err:
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                             preexec_fn=die_with_parent)
         rc = None
         while True:
             try:
@@ -179,15 +189,22 @@ def speed(args):
                 if rc not in ("stopped", 0, "timeout") or (rc == "timeout" and len(steps) < 2):
                     tried["error"] = tail[-1:] if tail else []
                     result["tried"].append(tried)
-                    # Only running out of memory makes a smaller shape worth a try; a timeout
-                    # (fits, too slow) or any other failure would repeat.
-                    if rc == "timeout" or "out of GPU memory" not in " ".join(tail):
+                    # Only running out of memory (the GPU's, or a device arena's: "arena
+                    # 'scratch' is full") makes a smaller shape worth a try; a timeout (fits,
+                    # too slow) or any other failure would repeat.
+                    said = " ".join(tail)
+                    if rc == "timeout" or not ("out of GPU memory" in said or
+                                               ("arena" in said and "is full" in said)):
                         done = True
                         break
                     continue
                 result["tried"].append(tried)
                 result["attention"] = attention_of(
                     (out / "stderr.txt").read_text(errors="replace"))
+                if result["attention"] != "cudnn":  # the speed is then not the engine's own
+                    print(f"WARNING: mxtrain {args.recipe} seq {seq}: attention ran on "
+                          f"{result['attention'] or 'an unnamed path'}, not cuDNN: its speed "
+                          f"is not comparable (see {out}/stderr.txt)", file=sys.stderr, flush=True)
                 # the trainer's line says which path ran
                 if args.recipe.startswith("fp8-") or args.recipe in ("mxfp8", "nvfp4"):
                     log = (out / "stderr.txt").read_text(errors="replace")

@@ -29,10 +29,12 @@ rm -rf "$stage" .gpu-prebuilt && mkdir -p "$stage/lib" .gpu-prebuilt
 cp build-gpu/cuda_op_check build-gpu/mxtrain build-gpu/libmxcuda.so "$stage/"
 strip "$stage/cuda_op_check" "$stage/mxtrain" 2>/dev/null || true
 strip --strip-unneeded "$stage/libmxcuda.so" 2>/dev/null || true
-# Every resolved library except the C runtime, the driver, and the CUDA libraries named above.
+# Every resolved library except glibc's, the driver, and the CUDA libraries named above.
 ldd build-gpu/cuda_op_check build-gpu/mxtrain build-gpu/libmxcuda.so | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
+    # (glibc's own too: this machine's libresolv imports GLIBC_PRIVATE symbols of its glibc)
+    libresolv.so*|libnss_*|libanl.so*|libutil.so*) ;;
     libcublas*|libnccl*|libcudart*) ;;
     *) cp -L "$lib" "$stage/lib/" ;;
   esac
