@@ -8,6 +8,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/hf_config.h"
 #include "model/hf_weights.h"
 #include "precision/recipe.h"
@@ -70,6 +71,11 @@ int run_grads(const GradsArgs& a) {
              "--high-precision-first / --high-precision-last must be >= 0");
   eo.bf16_path_only =
       bf16_path_only(recipe, eo.bf16_activations, hp_bf16, a.hp_first, a.hp_last, 0);
+  const std::string covers_all =
+      high_precision_covers_all(recipe, a.hp_first, a.hp_last, cfg.num_hidden_layers, hp_bf16,
+                                "--high-precision-first + --high-precision-last",
+                                str("--recipe ", a.recipe));
+  if (!covers_all.empty()) warn(covers_all);  // (as `train` says it)
   Engine engine(cfg, eo);
   LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, a.hp_first, a.hp_last, 0, 0);
   linear_recipe.set_high_precision_bf16(hp_bf16);

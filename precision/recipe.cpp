@@ -70,6 +70,15 @@ bool bf16_path_only(Recipe recipe, bool bf16_activations, bool high_precision_bf
          (high_precision_bf16 || hp_first + hp_last == 0);
 }
 
+std::string high_precision_covers_all(Recipe recipe, int64_t first, int64_t last, int64_t blocks,
+                                      bool high_precision_bf16, const std::string& first_last,
+                                      const std::string& recipe_given) {
+  if (recipe == Recipe::kFp32 || recipe == Recipe::kBf16 || first + last < blocks) return "";
+  return str(first_last, " = ", first + last, " covers all ", blocks, " blocks: ", recipe_given,
+             " quantizes no Linear (every one runs in ", high_precision_bf16 ? "bf16" : "fp32",
+             ")");
+}
+
 namespace {
 const char* kGatherNeeds =
     "parallel.gather_dtype = bf16 needs every block on native bf16 GEMMs: precision.recipe = "

@@ -53,6 +53,13 @@ bool bf16_activations(Recipe recipe, const std::string& activations, const std::
 // high-precision blocks). Then activation_bytes can size the arenas for that path alone.
 bool bf16_path_only(Recipe recipe, bool bf16_activations, bool high_precision_bf16,
                     int64_t hp_first, int64_t hp_last, int64_t stats_every);
+// The warning for high-precision blocks (first + last) that cover all `blocks` under a
+// recipe that quantizes (fp8-*, mxfp8, nvfp4): then it quantizes no Linear, which the start-up
+// line did not say. "" otherwise. `first_last` names the two settings as the user gave them,
+// `recipe_given` the recipe (as "precision.recipe = nvfp4" or "--recipe nvfp4").
+std::string high_precision_covers_all(Recipe recipe, int64_t first, int64_t last, int64_t blocks,
+                                      bool high_precision_bf16, const std::string& first_last,
+                                      const std::string& recipe_given);
 // parallel.gather_dtype (auto | fp32 | bf16): whether FSDP gathers the blocks as bf16 codes
 // (FsdpOptions::bf16_blocks), given path_only = bf16_path_only on a backend with native bf16
 // GEMMs. Such a model's bf16 GEMMs round every weight they read to bf16, so gathering the

@@ -439,14 +439,12 @@ int run_training(const RunConfig& cfg) {
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   // Every block left in high precision: the recipe quantizes nothing, which the start-up line
   // ("precision nvfp4: block Linears emulated") did not say.
-  if (lead && recipe != Recipe::kFp32 && recipe != Recipe::kBf16 &&
-      cfg.precision.high_precision_first + cfg.precision.high_precision_last >=
-          model_cfg.num_hidden_layers)
-    warn(str("precision.high_precision_first + high_precision_last = ",
-             cfg.precision.high_precision_first + cfg.precision.high_precision_last, " covers all ",
-             model_cfg.num_hidden_layers, " blocks: precision.recipe = ", cfg.precision.recipe,
-             " quantizes no Linear (every one runs in ", high_precision_bf16(recipe,
-             cfg.precision.high_precision) ? "bf16" : "fp32", ")"));
+  const std::string covers_all = high_precision_covers_all(
+      recipe, cfg.precision.high_precision_first, cfg.precision.high_precision_last,
+      model_cfg.num_hidden_layers, high_precision_bf16(recipe, cfg.precision.high_precision),
+      "precision.high_precision_first + high_precision_last",
+      str("precision.recipe = ", cfg.precision.recipe));
+  if (lead && !covers_all.empty()) warn(covers_all);
   // fp8-delayed: each pass's amaxes are the max over all ranks (every rank is data-parallel),
   // so all ranks quantize with the same scales and checkpoint the same histories.
   if (W > 1 && recipe == Recipe::kFp8Delayed)

@@ -368,3 +368,26 @@ def test_nvfp4_draws_new_rounding_for_each_micro_batch(mxtrain, tmp_path):
         assert abs(norms[a] - norms[b]) > 1e-4 * norms[a], norms
     # the draws are noise around one gradient, not another gradient
     assert max(norms.values()) < 1.1 * min(norms.values()), norms
+
+
+def test_debug_grads_says_when_high_precision_covers_every_block(mxtrain, case):
+    """`train` warned when the high-precision blocks left nothing quantized; `debug grads` with
+    the same settings said nothing (a shape hunt). The warning is true: nvfp4 with every block in
+    bf16 gives recipe bf16's loss, and with one block left quantized it does not."""
+    tmp, cfg, _, _, model_dir, tok = case
+    layers = cfg["num_hidden_layers"]
+
+    def grads(recipe, *extra):
+        r = mxtrain(["debug", "grads", "--init", model_dir, "--tokens", tok, "--batch", BATCH,
+                     "--seq", SEQ, "--out", tmp / f"cover_{recipe}_{len(extra)}.safetensors",
+                     "--recipe", recipe, *extra])
+        assert r.rc == 0, r
+        return float(r.value("loss")), [l for l in r.stderr.splitlines()
+                                         if l.startswith("warning:")]
+    loss, warns = grads("nvfp4", "--high-precision-first", str(layers - 1),
+                        "--high-precision-last", "1")
+    assert len(warns) == 1 and f"covers all {layers} blocks" in warns[0] and \
+        "--recipe nvfp4 quantizes no Linear" in warns[0], warns
+    assert loss == grads("bf16")[0]
+    loss, warns = grads("nvfp4", "--high-precision-first", str(layers - 1))
+    assert warns == [] and loss != grads("bf16")[0]
