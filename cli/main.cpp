@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
     std::string cmd = "mxtrain";
     for (int i = 1; i < argc; ++i) cmd += std::string(" ") + argv[i];
     std::fflush(stdout);
+    if (!mx::let_rank0_report_first()) return 2;
     std::fprintf(stderr, "error: %sthis process is a rank of a multi-process job (mpirun), but "
                  "`%s` ended without joining it, so the other ranks would wait for it forever: "
                  "start every rank with the same `mxtrain train` command, and run other "
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
     const std::string message = mx::shortened(mx::one_line(text), 4000);
     if (mx::in_multi_process_job()) mx::abort_all(code, message);
     // Under a launcher before the world exists (a config error): still say which rank
+    if (!mx::let_rank0_report_first()) return code;
     std::fprintf(stderr, "error: %s%s\n", mx::launcher_rank_prefix().c_str(), message.c_str());
     return code;
   };

@@ -155,6 +155,14 @@ int64_t launcher_ranks_on_this_host();
 // config), so that they read as abort_all's do.
 std::string launcher_rank_prefix();
 
+// Called by a failing rank before it prints its error: a rank other than 0 (as the launcher
+// numbers it) waits a moment. An error every rank finds (a config past a limit, a bad resume)
+// then reads once, as rank 0's, since rank 0's exit or MPI_Abort has the launcher kill the
+// rest before they print it again. A rank's own error (rank 0 waits for it in a collective, so
+// ends nothing) is printed after the wait. False: the launcher asked this rank to stop during
+// the wait (rank 0 has reported, the job is ending): print nothing. abort_all does the same.
+bool let_rank0_report_first();
+
 // True when the launcher says this process is one of more than one rank but it never joined
 // the MPI job (MPI_Init was not called): a rank that exits 0 so (`train --help`,
 // `--list-keys`, a one-process command) leaves the ranks that did join waiting for it forever,

@@ -6,12 +6,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop.h"
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/single_process_communicator.h"
@@ -85,7 +88,9 @@ bool launched_by_mpi_launcher() {
          env_set("PMI_RANK");
 }
 
-std::string launcher_rank_prefix() {
+namespace {
+// This process's rank as the launcher's environment says it; -1 outside a job of 2 or more.
+long launcher_rank() {
   auto first = [](std::initializer_list<const char*> names) -> long {
     for (const char* n : names)
       if (const char* v = std::getenv(n); v && *v) return std::strtol(v, nullptr, 10);
@@ -93,9 +98,26 @@ std::string launcher_rank_prefix() {
   };
   const long size = first({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"});
   const long rank = first({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"});
-  if (size <= 1 || rank < 0) return "";
-  return "rank " + std::to_string(rank) + ": ";
+  return size <= 1 ? -1 : rank;
 }
+
+bool wait_if_not_rank0(long rank) {
+  if (rank <= 0) return true;
+  // (mpirun ends the others with SIGTERM, then SIGKILL; `train` catches SIGTERM as a stop
+  // request. One asked for before, a spot notice, is not this: its rank's error is printed.)
+  const int before = g_stop_request.load();
+  for (int i = 0; i < 40 && g_stop_request.load() == before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return g_stop_request.load() == before;
+}
+}  // namespace
+
+std::string launcher_rank_prefix() {
+  const long rank = launcher_rank();
+  return rank < 0 ? "" : "rank " + std::to_string(rank) + ": ";
+}
+
+bool let_rank0_report_first() { return wait_if_not_rank0(launcher_rank()); }
 
 int64_t launcher_ranks_on_this_host() {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
@@ -129,8 +151,9 @@ void abort_all(int exit_code, const std::string& text) {
     int rank = 0, size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) std::fprintf(stderr, "error: rank %d: %s\n", rank, message.c_str());
-    else std::fprintf(stderr, "error: %s\n", message.c_str());
+    if (size == 1) std::fprintf(stderr, "error: %s\n", message.c_str());
+    else if (wait_if_not_rank0(rank))  // (see let_rank0_report_first)
+      std::fprintf(stderr, "error: rank %d: %s\n", rank, message.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, exit_code);  // mpirun kills every rank, exits with exit_code
   }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MXTRAIN_BIN
+from conftest import MXTRAIN_BIN, run_mxtrain, tiny_checkpoint
 
 STEPS = 30
 GLOBAL_BATCH = 4
@@ -125,18 +125,32 @@ def test_reshard_resume_continues_the_loss(tmp_path, reference):
             assert abs(r["loss"] - b) <= 1e-5 * abs(b), (np_, r["step"], r["loss"], b)
 
 
-def test_bad_config_on_every_rank_ends_the_job(tmp_path):
+@pytest.mark.parametrize("case", ["missing data", "bad value", "resume past steps"])
+def test_bad_config_on_every_rank_ends_the_job(tmp_path, case):
+    """An error every rank finds ends the job with one error line, rank 0's: it was printed by
+    every rank that got there before mpirun's kill (a bad value before the world exists; a
+    checkpoint past train.steps, found after)."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
+    sets = {"missing data": [f"data.path={tmp_path / 'missing.bin'}"],
+            "bad value": ["train.steps=-1"],
+            "resume past steps": ["data.format=random", "train.steps=1", "train.seq_len=16",
+                                  "train.micro_batch=1", "checkpoint.resume=auto"]}[case]
+    if case == "resume past steps":
+        tiny_checkpoint(run_mxtrain, tmp_path / "x", steps=2)
     t0 = time.monotonic()
-    p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS +
+    p = subprocess.run(["mpirun", "-np", "3"] + MPIRUN_FLAGS +
                        [MXTRAIN_BIN, "train", "--set", "model.preset=tiny",
-                        "--set", f"data.path={tmp_path / 'missing.bin'}",
-                        "--set", f"run.out_dir={tmp_path / 'x'}"],
+                        "--set", f"run.out_dir={tmp_path / 'x'}"] +
+                       [a for s in sets for a in ("--set", s)],
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2, p.stderr
     assert time.monotonic() - t0 < 30
-    assert "error: rank" in p.stderr and "missing.bin" in p.stderr, p.stderr
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    says = {"missing data": "missing.bin", "bad value": "train.steps",
+            "resume past steps": "past train.steps"}[case]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0: ") and says in errors[0], \
+        p.stderr
 
 
 @pytest.mark.parametrize("rank1_extra,named", [
