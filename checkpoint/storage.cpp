@@ -357,9 +357,24 @@ class S3Store final : public CheckpointStore {
       if (name == kManifestName) committed.insert(step);
       keys[step].push_back(o.key);
     }
-    for (const auto& [step, ks] : keys)
-      if (!committed.count(step))
-        for (const auto& k : ks) client_->delete_object(uri_.bucket, k);
+    for (const auto& [step, ks] : keys) {
+      if (committed.count(step)) continue;
+      // A role that may not delete (no s3:DeleteObject, Object Lock) could not resume after a
+      // stop mid-checkpoint: every restart ended here. Files of an uncommitted step are never
+      // read (a step is its manifest's files), and a new write of the step replaces them.
+      size_t removed = 0;
+      try {
+        for (const auto& k : ks) {
+          client_->delete_object(uri_.bucket, k);
+          ++removed;
+        }
+      } catch (const std::exception& e) {
+        warn(str("could not remove the ", ks.size() - removed, " file",
+                 ks.size() - removed == 1 ? "" : "s", " an interrupted checkpoint left in ",
+                 location(step, ""), " (", e.what(), "); a step without its manifest is never ",
+                 "read, and this run's own save of that step writes over them"));
+      }
+    }
     abort_open_uploads();
   }
 

@@ -760,6 +760,27 @@ def test_replacing_a_step_and_a_role_that_may_not_delete(moto, tmp_path):
         assert len(deletes) == 2, ops  # the failed one, and the retry's
         assert run(["ckpt", "verify", f"s3://{moto.bucket}/nodel/step_00000002", "--full"],
                    env).returncode == 0
+
+        # An interrupted checkpoint's files (no manifest) under a role that may not delete:
+        # the start-of-run clean-up ended every restart (exit 3), so the run could not resume.
+        # Now a warning; the run resumes from step 2 and its own step 4 writes over them.
+        junk = tmp_path / "junk.bin"
+        junk.write_bytes(b"half a shard")
+        for name in ("rank_00000-of-00001.safetensors", "rank_00003-of-00004.safetensors"):
+            moto.call(op="put", key=f"nodel/step_00000004/{name}", path=str(junk))
+        moto.call(op="delete", key="nodel/step_00000004/manifest.json")
+        proxy.mode = "deny-delete"
+        proxy.log.clear()
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "c",
+                                                   "train.steps": 4, "train.seed": 9,
+                                                   "checkpoint.resume": "auto"})), env)
+        assert r.returncode == 0, r.stderr
+        warned = [l for l in r.stderr.splitlines() if "interrupted checkpoint" in l]
+        assert len(warned) == 1 and warned[0].startswith("warning:") and \
+            "step_00000004" in warned[0] and "AccessDenied" in warned[0], r.stderr
+        assert "resum" in r.stderr and "step 2" in r.stderr, r.stderr
+        assert run(["ckpt", "verify", f"s3://{moto.bucket}/nodel/step_00000004", "--full"],
+                   env).returncode == 0
     finally:
         proxy.stop()
 
