@@ -410,6 +410,14 @@ void validate(const RunConfig& c) {
              t.eps, ")");
   MX_REQUIRE(t.eval_every >= 0, "train.eval_every must be >= 0 (got ", t.eval_every, ")");
   MX_REQUIRE(t.eval_batches >= 1, "train.eval_batches must be >= 1 (got ", t.eval_batches, ")");
+  // A validation reads eval_batches micro-batches on each rank, as a step of that grad_accum
+  // would: the same cap (1e11 was taken, and a run that validated would never end a step).
+  int64_t eval_tokens = 0;
+  MX_REQUIRE(!__builtin_mul_overflow(micro_tokens, t.eval_batches, &eval_tokens) &&
+                 eval_tokens <= kMaxStepTokensPerRank,
+             "train.micro_batch x train.seq_len x train.eval_batches (", t.micro_batch, " x ",
+             t.seq_len, " x ", t.eval_batches, ") is more than ", kMaxStepTokensPerRank,
+             " tokens per rank a validation");
   MX_REQUIRE(t.log_every >= 1, "train.log_every must be >= 1 (got ", t.log_every, ")");
   MX_REQUIRE(c.data.val_fraction >= 0 && c.data.val_fraction < 1,
              "data.val_fraction must be in [0, 1) (got ", c.data.val_fraction, ")");

@@ -839,12 +839,21 @@ int run_training(const RunConfig& cfg) {
     const LinearRecipe::ReplayScope replay(&linear_recipe);
     double sum = 0;
     for (int64_t i = 0; i < tc.eval_batches; ++i) {
+      // A stop signal ends the validation (SIGTERM was not heard until every batch was done,
+      // past a spot notice's grace with many eval_batches), agreed by the ranks, whose
+      // forwards share collectives: no val_loss; the step loop then stops with a checkpoint.
+      if (i > 0 && (W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
+                          : int64_t(g_stop_signal.load())) != 0) {
+        if (lead) info("validation stopped by a signal after ", i, " of ", tc.eval_batches,
+                       " batches: no val_loss this step");
+        return std::optional<double>();
+      }
       val_sampler->fill((i * W + rank) * B, B, engine.batch_tokens());
       sum += engine.model->forward_loss(fsdp, engine.batch_tokens(), B, T);
       fsdp.finish_micro_batch();
     }
     const double mean = sum / double(tc.eval_batches);
-    return W > 1 ? world.all_reduce(mean, ReduceOp::kAvg) : mean;
+    return std::optional<double>(W > 1 ? world.all_reduce(mean, ReduceOp::kAvg) : mean);
   };
 
   // Starts a checkpoint of `step` (in the background when checkpoint.async).
@@ -981,7 +990,7 @@ int run_training(const RunConfig& cfg) {
     }
     if (val_sampler && (done % tc.eval_every == 0 || done == tc.steps)) {
       be.set_profiling(false);
-      rec["val_loss"] = evaluate();
+      if (const std::optional<double> val = evaluate()) rec["val_loss"] = *val;
       be.set_profiling(cfg.run.profile);
       log_now = true;
     }

@@ -259,3 +259,44 @@ def test_a_signal_during_the_end_of_run_sample_ends_it(tmp_path, sig, code):
     v = subprocess.run([MXTRAIN_BIN, "ckpt", "verify", str(out / "checkpoints" / "step_00000002")],
                        capture_output=True, text=True)
     assert v.returncode == 0, v.stderr
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143)])
+def test_a_signal_during_validation_ends_it(tmp_path, sig, code):
+    """The flag was read only between training steps: a validation of many eval_batches ran
+    every batch before the run heard SIGTERM (10 minutes on, still validating). Now the ranks
+    stop it at the next batch: no val_loss that step, the step's checkpoint written, exit 143.
+    And a validation larger than a step may be (1e11 batches) is refused at start."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a stitch in time saves nine. " * 400)
+    out = tmp_path / "run"
+    args = [MXTRAIN_BIN, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus}",
+            "--set", "train.steps=1000000", "--set", "train.seq_len=32",
+            "--set", "train.eval_every=2", "--set", "train.log_every=1",
+            "--set", "run.sample_tokens=0", "--set", f"run.out_dir={out}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(args + ["--set", "train.eval_batches=100000000000"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "train.eval_batches" in errors[0], r.stderr
+    p = subprocess.Popen(args + ["--set", "train.eval_batches=10000000"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, errors="replace", env=env)
+    metrics = out / "metrics.jsonl"
+    try:
+        wait_for(lambda: metrics.exists() and '"step":1,' in metrics.read_text())
+        time.sleep(2.0)  # step 2, then into its validation (10^7 batches: hours)
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == code, err[-2000:]
+    assert time.monotonic() - t0 < 30
+    stopped = [l for l in err.splitlines() if "validation stopped by a signal" in l]
+    assert len(stopped) == 1 and "of 10000000 batches" in stopped[0], err[-2000:]
+    recs = [json.loads(l) for l in metrics.read_text().splitlines()]
+    steps = [r for r in recs if not r.get("summary")]
+    assert steps[-1]["step"] == 2 and "val_loss" not in steps[-1], steps
+    ckpt = out / "checkpoints" / "step_00000002"
+    v = subprocess.run([MXTRAIN_BIN, "ckpt", "verify", str(ckpt)], capture_output=True, text=True)
+    assert v.returncode == 0, v.stderr
