@@ -361,7 +361,8 @@ class S3Store final : public CheckpointStore {
       if (committed.count(step)) continue;
       // A role that may not delete (no s3:DeleteObject, Object Lock) could not resume after a
       // stop mid-checkpoint: every restart ended here. Files of an uncommitted step are never
-      // read (a step is its manifest's files), and a new write of the step replaces them.
+      // read (a reader opens the files its manifest names, verify checks those alone); a new
+      // write of the step replaces those of the same names, and remove_step takes them all.
       size_t removed = 0;
       try {
         for (const auto& k : ks) {
@@ -371,8 +372,8 @@ class S3Store final : public CheckpointStore {
       } catch (const std::exception& e) {
         warn(str("could not remove the ", ks.size() - removed, " file",
                  ks.size() - removed == 1 ? "" : "s", " an interrupted checkpoint left in ",
-                 location(step, ""), " (", e.what(), "); a step without its manifest is never ",
-                 "read, and this run's own save of that step writes over them"));
+                 location(step, ""), " (", e.what(), "); they are never read (a step's files ",
+                 "are those its manifest lists) and stay until the step is removed"));
       }
     }
     abort_open_uploads();

@@ -781,6 +781,15 @@ def test_replacing_a_step_and_a_role_that_may_not_delete(moto, tmp_path):
         assert "resum" in r.stderr and "step 2" in r.stderr, r.stderr
         assert run(["ckpt", "verify", f"s3://{moto.bucket}/nodel/step_00000004", "--full"],
                    env).returncode == 0
+        # the other world size's leftover stays beside the new step, which never names it
+        assert "nodel/step_00000004/rank_00003-of-00004.safetensors" in moto.keys("nodel/")
+        moto.call(op="download", key="nodel/step_00000004/manifest.json",
+                  path=str(tmp_path / "m4.json"))
+        assert "rank_00003-of-00004" not in (tmp_path / "m4.json").read_text()
+        r = run(["train"] + set_args(dict(base, **{"run.out_dir": tmp_path / "d",
+                                                   "train.steps": 6, "train.seed": 9,
+                                                   "checkpoint.resume": "auto"})), env)
+        assert r.returncode == 0 and "step 4" in r.stderr, r.stderr
     finally:
         proxy.stop()
 
