@@ -159,8 +159,8 @@ std::string launcher_rank_prefix();
 // numbers it) waits a moment. An error every rank finds (a config past a limit, a bad resume)
 // then reads once, as rank 0's, since rank 0's exit or MPI_Abort has the launcher kill the
 // rest before they print it again. A rank's own error (rank 0 waits for it in a collective, so
-// ends nothing) is printed after the wait. False: the launcher asked this rank to stop during
-// the wait (rank 0 has reported, the job is ending): print nothing. abort_all does the same.
+// ends nothing) is printed after the wait. False: a SIGTERM came during the wait (mpirun's, as
+// rank 0's failure ends the job): print nothing. abort_all does the same.
 bool let_rank0_report_first();
 
 // True when the launcher says this process is one of more than one rank but it never joined

@@ -104,11 +104,12 @@ long launcher_rank() {
 bool wait_if_not_rank0(long rank) {
   if (rank <= 0) return true;
   // (mpirun ends the others with SIGTERM, then SIGKILL; `train` catches SIGTERM as a stop
-  // request. One asked for before, a spot notice, is not this: its rank's error is printed.)
-  const int before = g_stop_request.load();
-  for (int i = 0; i < 40 && g_stop_request.load() == before; ++i)
+  // request and counts it. One taken before, a spot notice, is not this, and a Ctrl-C passed
+  // on is not the job ending: the rank's error is printed then.)
+  const int before = g_sigterm_count.load();
+  for (int i = 0; i < 40 && g_sigterm_count.load() == before; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  return g_stop_request.load() == before;
+  return g_sigterm_count.load() == before;
 }
 }  // namespace
 

@@ -202,6 +202,7 @@ void on_signal(int sig) {
                               "(Ctrl-C again to quit at once, without one)\n";
     (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
   }
+  if (sig != SIGINT) g_sigterm_count.fetch_add(1);
   g_stop_signal.store(sig == SIGUSR1 ? SIGTERM : sig);
 }
 

@@ -54,6 +54,11 @@ def die_with_parent():
     import ctypes
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != WRAPPER_PID:  # the wrapper died before the prctl: no signal will come
+        os._exit(1)
+
+
+WRAPPER_PID = os.getpid()
 
 
 def emit(args, obj):
