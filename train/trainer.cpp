@@ -578,8 +578,20 @@ int run_training(const RunConfig& cfg) {
                    saved_cfg.rope_theta == m.rope_theta &&
                    saved_cfg.rms_norm_eps == m.rms_norm_eps,
                "checkpoint ", reader.location(), " holds a different model than this config");
-    // (a run already complete, or past train.steps, writes nothing: it takes no prefix)
-    if (resume_step < tc.steps) claim_prefix();
+    // Before any tensor loads (a whole checkpoint's download from S3, to be told then that
+    // there was nothing to do, or a mistake): a step past train.steps, or the run complete.
+    MX_REQUIRE(resume_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
+               resume_step, ", past train.steps = ", tc.steps);
+    if (resume_step == tc.steps) {
+      // A finished run started again (a retried SageMaker job, the same command twice): its
+      // metrics and checkpoint stay as they are, and it takes no S3 prefix. Running on would
+      // append a summary of zero steps (final loss NaN, 0 tok/s) after the real one, which
+      // readers take as the result.
+      info("the run is already complete at train.steps = ", tc.steps, " (checkpoint ",
+           reader.location(), "): nothing to train (metrics and checkpoints unchanged)");
+      return 0;
+    }
+    claim_prefix();
     const nlohmann::json state = reader.state();
     // What the checks below compare is the same on every rank (one checkpoint, one config, data
     // checked alike on every rank above): rank 0 says it, not each of W ranks.
@@ -710,18 +722,8 @@ int run_training(const RunConfig& cfg) {
                     "changed?): the other ", want - restored, " start at scale 1, with empty ",
                     "amax histories"));
     start_step = resume_step;
-    MX_REQUIRE(start_step <= tc.steps, "checkpoint ", reader.location(), " is at step ",
-               start_step, ", past train.steps = ", tc.steps);
     info("resumed from ", reader.location(), " at step ", start_step, " (saved by ",
          reader.world_size(), " processes, ", reader.shard_size(), " shards)");
-    if (start_step == tc.steps) {
-      // A finished run started again (a retried SageMaker job, the same command twice): its
-      // metrics and checkpoint stay as they are. Running on would append a summary of zero
-      // steps (final loss NaN, 0 tok/s) after the real one, which readers take as the result.
-      info("the run is already complete at train.steps = ", tc.steps,
-           ": nothing to train (metrics and checkpoints unchanged)");
-      return 0;
-    }
   } else {
     auto full = full_buffer();
     if (!cfg.init.from.empty()) {

@@ -978,3 +978,20 @@ def test_a_run_that_writes_nothing_takes_no_prefix(moto, tmp_path):
     assert r.returncode == 0 and "already complete" in r.stderr, r.stderr
     moto.call(op="download", key="done/.mxtrain.writer", path=str(tmp_path / "w.json"))
     assert json.loads((tmp_path / "w.json").read_text()) == other
+
+    # From S3 alone (another out_dir): the run is found complete, or a step past train.steps
+    # refused, from the manifest and state, before any tensor is read (both downloaded the
+    # whole checkpoint first)
+    proxy = RewritingProxy(moto, tmp_path)
+    try:
+        penv = s3_env(moto, endpoint=proxy.url)
+        for steps, rc, says in ((2, 0, "already complete"), (1, 2, "past train.steps")):
+            proxy.log.clear()
+            r = run([a if a != "train.steps=2" else f"train.steps={steps}" for a in args[:-2]] +
+                    ["--set", f"run.out_dir={tmp_path / 'b'}"], penv)
+            assert r.returncode == rc and says in r.stderr, r.stderr
+            gets = [p for m, p in proxy.log if m == "GET" and "/step_00000002/" in p]
+            # (the shard's header alone: its 8-byte length, then the header, for the model check)
+            assert gets and len([p for p in gets if "rank_" in p]) <= 2, (steps, proxy.log)
+    finally:
+        proxy.stop()
