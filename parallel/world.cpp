@@ -4,9 +4,9 @@
 #endif
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <cstring>
 #include <initializer_list>
 #include <string>

@@ -328,9 +328,14 @@ int run_training(const RunConfig& cfg) {
   // A stop during start-up (the data's id scan takes minutes for terabytes of shards) ends the
   // run here, before its first step: nothing trained, nothing to checkpoint. Every rank agrees
   // (the one collective each calls at this point), whichever ranks the signal reached.
+  // The stop signal as the ranks agree on it (the highest any of them took; 0: none), a
+  // collective: every rank calls it at the same point.
+  auto agreed_stop = [&]() -> int64_t {
+    const int64_t mine = g_stop_signal.load();
+    return W > 1 ? world.all_reduce(mine, ReduceOp::kMax) : mine;
+  };
   auto stopped_in_start_up = [&](const char* during) -> int {
-    const int64_t sig = W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
-                              : int64_t(g_stop_signal.load());
+    const int64_t sig = agreed_stop();
     if (!sig) return 0;
     info("stopped by signal ", sig, " during start-up (", during, "), before the first step: ",
          "nothing trained, no checkpoint written");
@@ -845,8 +850,7 @@ int run_training(const RunConfig& cfg) {
       // A stop signal ends the validation (SIGTERM was not heard until every batch was done,
       // past a spot notice's grace with many eval_batches), agreed by the ranks, whose
       // forwards share collectives: no val_loss; the step loop then stops with a checkpoint.
-      if (i > 0 && (W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
-                          : int64_t(g_stop_signal.load())) != 0) {
+      if (i > 0 && agreed_stop() != 0) {
         if (lead) info("validation stopped by a signal after ", i, " of ", tc.eval_batches,
                        " batches: no val_loss this step");
         return std::optional<double>();
@@ -925,8 +929,7 @@ int run_training(const RunConfig& cfg) {
     std::raise(SIGTERM);
   for (; step < tc.steps; ++step) {
     // Every rank stops at the same step boundary (a signal may reach only some of them).
-    stop_signal = W > 1 ? world.all_reduce(int64_t(g_stop_signal.load()), ReduceOp::kMax)
-                        : g_stop_signal.load();
+    stop_signal = agreed_stop();
     if (stop_signal) break;
     auto t0 = Clock::now();
     const Backend::GemmStats gemm_before = be.gemm_stats();
