@@ -119,7 +119,7 @@ ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
   const double partial = f.optional_number("partial_rotary_factor", 1.0);
   if (partial != 1.0)
     throw f.error("partial_rotary_factor",
-                  str("is ", partial, "; only full RoPE (1.0, every dimension rotated) is supported"));
+                  str("is ", partial, "; only full RoPE (1.0) is supported"));
   if (f.optional_number("attention_dropout", 0.0) != 0.0)
     throw f.error("attention_dropout", "is non-zero; attention dropout is not supported");
 

@@ -204,15 +204,14 @@ def speed(args):
                         break
                     continue
                 result["tried"].append(tried)
-                result["attention"] = attention_of(
-                    (out / "stderr.txt").read_text(errors="replace"))
+                log = (out / "stderr.txt").read_text(errors="replace")
+                result["attention"] = attention_of(log)
                 if result["attention"] != "cudnn":  # the speed is then not the engine's own
                     print(f"WARNING: mxtrain {args.recipe} seq {seq}: attention ran on "
                           f"{result['attention'] or 'an unnamed path'}, not cuDNN: its speed "
                           f"is not comparable (see {out}/stderr.txt)", file=sys.stderr, flush=True)
                 # the trainer's line says which path ran
                 if args.recipe.startswith("fp8-") or args.recipe in ("mxfp8", "nvfp4"):
-                    log = (out / "stderr.txt").read_text(errors="replace")
                     # all 7 Linears of a block; "k of 7" where the shape keeps some emulated
                     result["fp8_tensor_cores"] = ("block Linears on the backend's FP8 GEMMs" in log
                                                   or "block Linears on the backend's FP4 GEMMs" in log)

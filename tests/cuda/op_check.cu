@@ -567,7 +567,8 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
 // on the gradients and the 16-point RHT on both weight-gradient operands, as the recipe does
 // them. Against the CPU reference form (the recipe's exact emulation): the same codes and
 // scales (check_quantizers' quant_nvfp4_gemm_operand*), so only the accumulation order and the
-// place of the global scale (alpha instead of each dequantized value) differ: 3 kFp8Gemm of each row's max |out|.
+// place of the global scale (alpha instead of each dequantized value) differ: 3 kFp8Gemm of
+// each row's max |out|.
 // Rows and 16-column groups of very different magnitude give each block its own scale, so a
 // wrong scale layout fails far outside the tolerance.
 void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
