@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "checkpoint/s3/uri.h"
 #include "core/error.h"
+#include "data/byte_tokenizer.h"
 #include "data/token_dataset.h"
 #include "model/llama.h"
 #include "parallel/fsdp.h"
@@ -474,14 +475,23 @@ std::string RunConfig::checkpoint_dir() const {
 }
 
 namespace {
-// The deepest nesting of arrays and inline tables in TOML text (strings and comments skipped).
-// toml11 parses them recursively: 100000 nested `[` overflowed the stack (SIGSEGV). Real
-// configs nest 2 levels at most.
+// The deepest nesting of arrays, inline tables and tables in TOML text (strings and comments
+// skipped). toml11 parses and copies them recursively: 100000 nested `[` overflowed the stack
+// (SIGSEGV), and so did a dotted key or a table header of 60000 parts (`a.a.a... = 1`, each
+// part a table in the next). Each run of dots between separators counts as that many levels
+// on top of the brackets open around it (a float's one dot included: an over-count of one).
+// Real configs nest 3 levels at most.
 constexpr int kMaxTomlDepth = 64;
 int toml_nesting_depth(const std::string& text) {
-  int depth = 0, deepest = 0;
+  int depth = 0, deepest = 0, dots = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
+    if (c == '.') {
+      deepest = std::max(deepest, depth + ++dots);
+    } else if (c == '=' || c == ',' || c == '\n' || c == '[' || c == ']' || c == '{' ||
+               c == '}' || c == '#') {
+      dots = 0;
+    }
     if (c == '#') {  // a comment, to the end of the line
       while (i < text.size() && text[i] != '\n') ++i;
     } else if (c == '"' || c == '\'') {
@@ -538,9 +548,23 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
       std::ifstream in(path, std::ios::binary);
       std::stringstream text;
       if (in) text << in.rdbuf();
-      if (in && !in.bad())  // (an unreadable file: toml::parse says why, below)
-        MX_REQUIRE(toml_nesting_depth(text.str()) <= kMaxTomlDepth, "config file ", path,
-                   " nests arrays or inline tables deeper than ", kMaxTomlDepth, " levels");
+      if (in && !in.bad()) {  // (an unreadable file: toml::parse says why, below)
+        // TOML is UTF-8; toml11 read past its buffer on some invalid sequences (a 0x9F inside
+        // a literal string: a heap over-read that surfaced as "basic_string::_M_create").
+        const std::string bytes = text.str();
+        const std::string valid = sanitize_utf8(bytes);
+        if (valid != bytes) {
+          const size_t at = size_t(
+              std::mismatch(bytes.begin(), bytes.end(), valid.begin(), valid.end()).first -
+              bytes.begin());
+          throw UserError(str("config file ", path, " is not valid UTF-8 (line ",
+                              1 + std::count(bytes.begin(), bytes.begin() + long(at), '\n'),
+                              ", byte ", at, "); TOML files are UTF-8"));
+        }
+        MX_REQUIRE(toml_nesting_depth(bytes) <= kMaxTomlDepth, "config file ", path,
+                   " nests arrays, tables or dotted keys deeper than ", kMaxTomlDepth,
+                   " levels");
+      }
     }
     try {
       root = toml::parse(path);

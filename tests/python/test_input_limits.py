@@ -235,7 +235,12 @@ def test_deeply_nested_toml_is_refused_not_a_crash(tmp_path, mxtrain):
     deep.write_text("[train]\nx = " + "[" * 100000 + "]" * 100000 + "\n")
     tables = tmp_path / "tables.toml"
     tables.write_text("[train]\nx = " + "{a=" * 20000 + "1" + "}" * 20000 + "\n")
-    for f in (deep, tables):
+    # a dotted key or a table header of 60000 parts nests as deep (SIGSEGV, exit 139, too)
+    dotted = tmp_path / "dotted.toml"
+    dotted.write_text("[run]\n" + ".".join(["a"] * 60000) + " = 1\n")
+    header = tmp_path / "header.toml"
+    header.write_text("[" + ".".join(["a"] * 60000) + "]\n")
+    for f in (deep, tables, dotted, header):
         r = mxtrain(["train", "--config", f], timeout=60)
         assert_one_error(r, str(f), "deeper than 64 levels")
     b = "[" * 200
@@ -244,6 +249,27 @@ def test_deeply_nested_toml_is_refused_not_a_crash(tmp_path, mxtrain):
                   f"[run]\nout_dir = '''\n{tmp_path}/{b}'''\n")
     r = mxtrain(["train", "--config", ok], timeout=60)
     assert_one_error(r, "/nonexistent/")
+    # dotted keys and floats of real configs stay well inside the limit
+    fine = tmp_path / "fine.toml"
+    fine.write_text('model.preset = "tiny"\n[train]\nlr = 6.0e-4\nsteps = 1\n'
+                    f'[data]\npath = "/nonexistent/{"." * 200}"\n')
+    r = mxtrain(["train", "--config", fine], timeout=60)
+    assert_one_error(r, "/nonexistent/")
+
+
+def test_config_that_is_not_utf8_is_refused(tmp_path, mxtrain):
+    """toml11 read past its buffer on invalid UTF-8 inside a literal string (a heap over-read
+    under AddressSanitizer; the binary said "is not valid TOML: basic_string::_M_create").
+    TOML is UTF-8: the first bad byte is named; valid multi-byte text loads."""
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"[run]\nname = 'ok'\na = 'd\x9f'\n")
+    r = mxtrain(["train", "--config", bad], timeout=60)
+    assert_one_error(r, str(bad), "not valid UTF-8", "line 3", "byte 24")
+    good = tmp_path / "good.toml"
+    good.write_text('# Grüße, 日本語, 🙂\n[model]\npreset = "tiny"\n'
+                    '[data]\npath = "/nonexistent/Grüße"\n', encoding="utf-8")
+    r = mxtrain(["train", "--config", good], timeout=60)
+    assert_one_error(r, "/nonexistent/Grüße")
 
 
 @pytest.mark.parametrize("change", ["truncate", "rewrite"])
