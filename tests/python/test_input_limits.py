@@ -192,6 +192,39 @@ def test_verify_refuses_a_state_json_that_contradicts_the_manifest(trained, tmp_
     assert_one_error(r, "state.json", key)
 
 
+def test_a_small_manifest_cannot_make_verify_build_a_huge_one(trained, tmp_path):
+    """The manifest's derived lists were rebuilt from its model and shard_size before any was
+    compared: 15 KB naming 4096 layers and 200 shards (no shard list) took 29 s and 3.1 GB,
+    and under a 1 GB address-space limit the binary aborted (std::bad_alloc in a destructor).
+    The lists' lengths are now compared first: one error line, exit 2, within the limit."""
+    import resource
+    from conftest import MXTRAIN_BIN, require_binary
+    require_binary()
+    root = tmp_path / "ck"
+    shutil.copytree(trained, root)
+    step = root / "step_00000002"
+    m = json.loads((step / "manifest.json").read_text())
+    shards = 200
+    m["model"]["num_hidden_layers"] = 4096
+    m["shard_size"] = shards
+    m["files"] = [f for f in m["files"] if f["name"] in ("config.json", "state.json")] + [
+        {"name": f"rank_{r:05d}-of-{shards:05d}.safetensors", "size": 0, "crc32c": "00000000"}
+        for r in range(shards)]
+    m["units"] = [{"name": "x", "numel": 1}]
+    del m["tensors"], m["shards"]
+    (step / "manifest.json").write_text(json.dumps(m))
+    assert (step / "manifest.json").stat().st_size < 20000
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    p = subprocess.run([MXTRAIN_BIN, "ckpt", "verify", str(step)], capture_output=True,
+                       text=True, timeout=120, preexec_fn=limit,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    errs = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(errs) == 1, (p.returncode, p.stderr[-2000:])
+    assert "'units' list does not match" in errs[0], errs
+
+
 def test_verify_refuses_a_tensor_that_is_not_f32(trained, tmp_path, mxtrain):
     """A rank file whose header says I32 for an F32 tensor (same bytes, CRC refreshed) verified,
     so resume = auto took the step and failed on it instead of falling back."""
