@@ -450,12 +450,16 @@ std::string build_header(const std::string& label, const std::vector<T>& tensors
 }
 }  // namespace
 
-void SafeTensorsWriter::write(const std::string& path) const {
+std::string SafeTensorsWriter::stage(const std::string& path) const {
   std::string header_text = build_header(path, tensors_, metadata_);
   uint64_t header_len = header_text.size();
   std::vector<ByteSpan> pieces = {{&header_len, 8}, {header_text.data(), header_text.size()}};
   for (const auto& t : tensors_) pieces.push_back({t.bytes.data(), t.bytes.size()});
-  write_file_atomic(path, pieces);
+  return stage_file(path, pieces);
+}
+
+void SafeTensorsWriter::write(const std::string& path) const {
+  commit_staged_file(stage(path), path);
 }
 
 void HostBuffer::reserve(size_t n) {

@@ -82,6 +82,9 @@ class SafeTensorsWriter {
   // a failed write never leaves a partial file at `path`. I/O failure -> StorageError, with the
   // temporary file removed.
   void write(const std::string& path) const;
+  // write's first half (core/atomic_file.h, stage_file): the file written and fsynced under its
+  // temporary name, which is returned, for commit_staged_file(s).
+  std::string stage(const std::string& path) const;
 
  private:
   struct Pending {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -90,6 +91,67 @@ void commit_staged_file(const std::string& staged, const std::string& path) {
   // The rename is durable only once the directory entry is. A failure here leaves a complete
   // file at `path`, so it is reported but nothing is removed.
   fsync_directory(parent_dir(path));
+}
+
+void commit_staged_files(const std::vector<StagedFile>& files) {
+  struct Kept {
+    std::string backup;   // where the file `path` had is kept; "" if it had none
+    bool linked = false;  // the backup is a hard link (path still there), else a rename of it
+  };
+  const size_t n = files.size();
+  std::vector<Kept> kept(n);
+  auto unlink_staged_from = [&](size_t first) {
+    for (size_t j = first; j < n; ++j) ::unlink(files[j].staged.c_str());
+  };
+  auto unlink_links = [&](size_t first, size_t end) {
+    for (size_t j = first; j < end; ++j)
+      if (kept[j].linked) ::unlink(kept[j].backup.c_str());
+  };
+  // Keep each existing file.
+  for (size_t i = 0; i < n; ++i) {
+    struct stat st {};
+    // (nothing to keep; what is not a file, say a directory, no rename can replace either)
+    if (::lstat(files[i].path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    kept[i].backup = str(parent_dir(files[i].path), "/.mxtrain.old.", random_hex_id(2));
+    if (::link(files[i].path.c_str(), kept[i].backup.c_str()) == 0) {
+      kept[i].linked = true;
+    } else if (errno != EPERM && errno != EOPNOTSUPP && errno != EXDEV && errno != EMLINK) {
+      const int err = errno;
+      unlink_links(0, i);
+      unlink_staged_from(0);
+      throw StorageError(str("cannot write '", files[i].path, "': keep the file it replaces: ",
+                             std::strerror(err)));
+    }  // else: no hard links here; the file is renamed away just before its replacement
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& path = files[i].path;
+    bool moved_away = false;
+    int err = 0;
+    if (!kept[i].backup.empty() && !kept[i].linked) {
+      if (::rename(path.c_str(), kept[i].backup.c_str()) == 0) moved_away = true;
+      else err = errno;
+    }
+    if (err == 0 && ::rename(files[i].staged.c_str(), path.c_str()) != 0) err = errno;
+    if (err == 0) continue;
+    // Put the set back as it was: this file if moved away, then each one already replaced
+    // (a backup that cannot be renamed back stays, under its hidden name).
+    if (moved_away) ::rename(kept[i].backup.c_str(), path.c_str());
+    for (size_t j = i; j-- > 0;) {
+      if (!kept[j].backup.empty()) ::rename(kept[j].backup.c_str(), files[j].path.c_str());
+      else ::unlink(files[j].path.c_str());
+    }
+    unlink_links(i, n);
+    unlink_staged_from(i);
+    throw StorageError(str("cannot write '", path, "': rename: ", std::strerror(err)));
+  }
+  for (const Kept& k : kept)
+    if (!k.backup.empty()) ::unlink(k.backup.c_str());
+  std::vector<std::string> dirs;
+  for (const StagedFile& f : files) {
+    const std::string d = parent_dir(f.path);
+    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  }
+  for (const std::string& d : dirs) fsync_directory(d);
 }
 
 bool fsync_directory(const std::string& dir) {

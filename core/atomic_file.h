@@ -27,6 +27,18 @@ void write_file_atomic(const std::string& path, const std::string& text);
 std::string stage_file(const std::string& path, const std::vector<ByteSpan>& pieces);
 void commit_staged_file(const std::string& staged, const std::string& path);
 
+// Commits staged files that must change together (files[i] = {staged, path}): all of them or,
+// should a rename fail, none. Each existing `path` is first kept under a short hidden name
+// beside it (a hard link, so `path` never goes missing; a rename where the file system has no
+// links); a failed rename puts back every file already replaced (and removes those that did not
+// exist before), removes the staged files left, and throws StorageError naming the path. Then
+// the kept copies are removed and each directory fsynced once (a failure there leaves the new
+// set complete and is reported). A kill during the renames can still leave a mixed set.
+struct StagedFile {
+  std::string staged, path;
+};
+void commit_staged_files(const std::vector<StagedFile>& files);
+
 // fsyncs a directory so that renames into it are durable. Returns false (and does nothing) if
 // the directory cannot be opened; an fsync failure throws StorageError, except EINVAL: a
 // filesystem that cannot fsync a directory is tolerated.

@@ -142,19 +142,21 @@ void save_hf_model(const std::string& dir, const ModelConfig& config, const Para
   SafeTensorsWriter w;
   for (const ParamTensor& t : layout.tensors()) w.add_f32(t.hf_name, t.shape, params + t.offset, dtype);
   w.set_metadata("format", "pt");
-  // config.json is staged before the weights are written and renamed into place after them: a
-  // failure (a full disk) leaves the earlier pair as it was, never new weights beside an old
-  // config. (Between the two renames a kill can still part them.)
+  // Both files are written whole under temporary names, then renamed in as a pair: a failure
+  // (a full disk, a rename refused) leaves the earlier pair as it was, never new weights beside
+  // an old config. (A kill between the two renames can still part them.)
   const std::string config_path = (fs::path(dir) / "config.json").string();
+  const std::string weights_path = (fs::path(dir) / "model.safetensors").string();
   const std::string text = hf_config_text(config, dtype == "BF16" ? "bfloat16" : "float32");
   const std::string staged = stage_file(config_path, {ByteSpan{text.data(), text.size()}});
+  std::string staged_weights;
   try {
-    w.write((fs::path(dir) / "model.safetensors").string());
+    staged_weights = w.stage(weights_path);
   } catch (...) {
     fs::remove(staged, ec);
     throw;
   }
-  commit_staged_file(staged, config_path);
+  commit_staged_files({{staged_weights, weights_path}, {staged, config_path}});
 }
 
 }  // namespace mx
