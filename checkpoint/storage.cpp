@@ -274,15 +274,23 @@ class LocalStore final : public CheckpointStore {
   void read_stream(int64_t step, const std::string& name,
                    const std::function<void(const uint8_t*, size_t)>& sink) override {
     fs::path p = step_dir(step) / name;
-    std::ifstream in(p, std::ios::binary);
-    if (!in) throw StorageError(str("cannot open ", p.string()));
-    std::vector<char> buf(4 << 20);
-    while (in) {
-      in.read(buf.data(), std::streamsize(buf.size()));
-      std::streamsize n = in.gcount();
-      if (n > 0) sink(reinterpret_cast<const uint8_t*>(buf.data()), size_t(n));
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw StorageError(str("cannot open ", p.string(), ": ", std::strerror(errno)));
+    std::vector<uint8_t> buf(4 << 20);
+    try {
+      for (;;) {
+        ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0)  // (the reason: an I/O error said only "cannot read")
+          throw StorageError(str("cannot read ", p.string(), ": ", std::strerror(errno)));
+        if (n == 0) break;
+        sink(buf.data(), size_t(n));
+      }
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
-    if (in.bad()) throw StorageError(str("cannot read ", p.string()));
+    ::close(fd);
   }
 
  private:

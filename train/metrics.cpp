@@ -141,9 +141,9 @@ int own_copy(const std::string& file, int fd) {
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  std::error_code ec;
   auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  // (its reason, a read-only file system say, not the open's ENOENT after it)
+  if (!parent.empty()) create_output_dirs(parent.string(), "cannot create the metrics directory");
   const std::string file = metrics_file_of(path);  // (through links to an ordinary file)
   lock_metrics(file, -1);  // (another run's file: refused before it is moved aside)
   if (!append) keep_earlier_metrics(file);

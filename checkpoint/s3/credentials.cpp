@@ -69,8 +69,12 @@ std::time_t parse_iso8601_utc(const std::string& s) {
   size_t sign = s.find_first_of("+-", tpos);
   if (sign != std::string::npos) {
     int oh = 0, om = 0;
-    if (std::sscanf(s.c_str() + sign + 1, "%d:%d", &oh, &om) >= 1)
-      t -= (s[sign] == '+' ? 1 : -1) * (oh * 3600 + om * 60);
+    const int got = std::sscanf(s.c_str() + sign + 1, "%d:%d", &oh, &om);
+    // (+999999999:0 overflowed oh * 3600: real offsets are within a day)
+    if (got >= 1 && (oh < 0 || oh > 23 || om < 0 || om > 59))
+      throw StorageError(str("the credentials' Expiration (", s.size(),
+                             " characters, not shown) has no valid UTC offset"));
+    if (got >= 1) t -= (s[sign] == '+' ? 1 : -1) * (oh * 3600 + om * 60);
   }
   return t;
 }

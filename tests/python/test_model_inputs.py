@@ -139,6 +139,12 @@ def test_a_tensor_in_two_shards_is_refused(tmp_path, mxtrain):
     r = generate(mxtrain, d, "hi", 4)
     assert r.rc == 2, r
     assert len(errors(r)) == 1 and "model.norm.weight" in errors(r)[0], r
+    # a NUL ends the name the file system sees: "a.safetensors\0x" opened a.safetensors
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: "a.safetensors\u0000x" for k in params}}))
+    r = generate(mxtrain, d, "hi", 4)
+    assert r.rc == 2, r
+    assert len(errors(r)) == 1 and "NUL" in errors(r)[0], r
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

@@ -228,6 +228,22 @@ def test_a_metrics_fifo_nobody_reads_fails_instead_of_hanging(tmp_path, mxtrain)
     assert len(errors(r)) == 1 and "FIFO" in errors(r)[0], r
 
 
+def test_a_metrics_directory_that_cannot_be_made_says_why(tmp_path, mxtrain):
+    """The directory's creation failed silently and the open after it said "No such file or
+    directory". /sys refuses new directories (EPERM, or read-only) where this runs; where it
+    does not (a test machine with a writable /sys), the case is skipped."""
+    probe = f"/sys/mxtrain_probe_{os.getpid()}"
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+        pytest.skip("/sys takes new directories here")
+    except OSError as e:
+        why = os.strerror(e.errno)
+    r = run1(tiny(tmp_path, "run", **{"run.metrics": f"{probe}/m.jsonl"}), timeout=60)
+    assert r.rc == 3, r
+    assert len(errors(r)) == 1 and probe in errors(r)[0] and why in errors(r)[0], r
+
+
 def test_output_that_cannot_be_written_is_a_storage_failure(tmp_path, mxtrain):
     """stdout onto a full disk (/dev/full): exit 3 and an error line, not exit 0 and nothing."""
     r = run1(tiny(tmp_path, "run", **{"train.steps": 2}))

@@ -506,6 +506,10 @@ TEST(S3Credentials, EnvironmentVariables) {
   EXPECT_EQ(parse_iso8601_utc("2013-05-24T00:00:00Z"), 1369353600);
   EXPECT_EQ(parse_iso8601_utc("2013-05-24T00:00:00.123Z"), 1369353600);
   EXPECT_EQ(parse_iso8601_utc("2013-05-24T02:00:00+02:00"), 1369353600);
+  EXPECT_EQ(parse_iso8601_utc("2013-05-23T20:30:00-03:30"), 1369353600);
+  // an offset past a day overflowed its int seconds (UBSan); the answer is unusable: exit 3
+  EXPECT_THROW(parse_iso8601_utc("2024-01-01T00:00:00+999999999:0"), mx::StorageError);
+  EXPECT_THROW(parse_iso8601_utc("2024-01-01T00:00:00+02:75"), mx::StorageError);
 }
 
 static std::string creds_json(const std::string& id, const std::string& expiration) {
