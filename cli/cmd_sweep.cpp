@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -426,12 +427,19 @@ int run_sweep(const SweepArgs& a) {
       if (summary.is_object() && summary.contains("tokens_per_s")) {
         r.measured = true;
         r.status = "ok";
-        r.tokens_per_s = summary.value("tokens_per_s", 0.0);
+        // (a value that is not a number, e.g. null for a NaN, threw nlohmann's type_error out
+        // of value(): an "internal error"; it is NaN here, absent stays 0)
+        auto number = [&](const char* key) {
+          const auto it = summary.find(key);
+          if (it == summary.end()) return 0.0;
+          return it->is_number() ? it->get<double>() : std::nan("");
+        };
+        r.tokens_per_s = number("tokens_per_s");
         r.peak_mem_bytes = summary.contains("peak_mem_bytes_max_rank")
-                               ? summary.value("peak_mem_bytes_max_rank", 0.0)
-                               : summary.value("peak_mem_bytes", 0.0);
-        r.final_loss = summary.value("final_loss", 0.0);
-        r.mfu = summary.value("mfu", 0.0);
+                               ? number("peak_mem_bytes_max_rank")
+                               : number("peak_mem_bytes");
+        r.final_loss = number("final_loss");
+        r.mfu = number("mfu");
       } else {
         r.status = "failed: no summary in " + q.metrics_path;
       }
@@ -462,13 +470,15 @@ int run_sweep(const SweepArgs& a) {
       {"failed", failed},
   };
   for (const auto& r : results) all["points"].push_back(plan::result_to_json(r));
-  write_text(out / "results.json", all.dump(2) + "\n");
-  write_text(out / "results.csv", plan::results_csv(results));
   const std::string title = "mxtrain sweep: " + std::to_string(results.size()) + " points, " +
                             std::to_string(a.steps) + " steps each, " + std::to_string(a.np) +
                             (a.np == 1 ? " process" : " processes");
   const std::string md = plan::results_markdown(results, title);
-  write_text(out / "results.md", md);
+  // The three tables are one result: a failure (a full disk) leaves the earlier three as they
+  // were, never a mix of two sweeps.
+  write_files_atomic({{(out / "results.json").string(), all.dump(2) + "\n"},
+                      {(out / "results.csv").string(), plan::results_csv(results)},
+                      {(out / "results.md").string(), md}});
   std::printf("%s\n", md.c_str());
   std::printf("sweep: %d run, %d reused, %d skipped, %d failed; results in %s\n", executed,
               reused, skipped, failed, out.string().c_str());

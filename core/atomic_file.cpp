@@ -154,6 +154,18 @@ void commit_staged_files(const std::vector<StagedFile>& files) {
   for (const std::string& d : dirs) fsync_directory(d);
 }
 
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files) {
+  std::vector<StagedFile> staged;
+  try {
+    for (const auto& [path, text] : files)
+      staged.push_back({stage_file(path, {ByteSpan{text.data(), text.size()}}), path});
+  } catch (...) {
+    for (const StagedFile& f : staged) ::unlink(f.staged.c_str());
+    throw;
+  }
+  commit_staged_files(staged);
+}
+
 bool fsync_directory(const std::string& dir) {
   int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) return false;

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mx {
@@ -38,6 +39,10 @@ struct StagedFile {
   std::string staged, path;
 };
 void commit_staged_files(const std::vector<StagedFile>& files);
+
+// Writes texts (path, text) that must change together: each staged (a failure removes those
+// staged so far, every path unchanged), then commit_staged_files.
+void write_files_atomic(const std::vector<std::pair<std::string, std::string>>& files);
 
 // fsyncs a directory so that renames into it are durable. Returns false (and does nothing) if
 // the directory cannot be opened; an fsync failure throws StorageError, except EINVAL: a

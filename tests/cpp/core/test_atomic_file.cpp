@@ -103,5 +103,17 @@ TEST_F(CommitStagedFilesTest, AFailedThirdRenamePutsBothBack) {
   EXPECT_EQ(listing(), (std::set<std::string>{"a", "c"}));
 }
 
+TEST_F(CommitStagedFilesTest, WriteFilesAtomicStagesAllBeforeReplacingAny) {
+  put("a", "old a");
+  write_files_atomic({{at("a"), "new a"}, {at("b"), "new b"}});
+  EXPECT_EQ(get("a"), "new a");
+  EXPECT_EQ(get("b"), "new b");
+  // the second cannot be staged (its path is a directory): the first is not replaced
+  block("b");
+  EXPECT_THROW(write_files_atomic({{at("a"), "newer a"}, {at("b"), "newer b"}}), UserError);
+  EXPECT_EQ(get("a"), "new a");
+  EXPECT_EQ(listing(), (std::set<std::string>{"a", "b"}));
+}
+
 }  // namespace
 }  // namespace mx
