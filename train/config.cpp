@@ -495,19 +495,29 @@ int toml_nesting_depth(const std::string& text) {
     if (c == '#') {  // a comment, to the end of the line
       while (i < text.size() && text[i] != '\n') ++i;
     } else if (c == '"' || c == '\'') {
+      const size_t open = i;
       const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
       const std::string end = multi ? std::string(3, c) : std::string(1, c);
+      bool closed = false;
       for (i += end.size(); i < text.size(); ++i) {
         if (c == '"' && text[i] == '\\') {  // basic strings' escapes
           ++i;
           continue;
         }
-        if (!multi && text[i] == '\n') break;  // unterminated: the parser will say so
+        if (!multi && text[i] == '\n') break;
         if (text.compare(i, end.size(), end) == 0) {
           i += end.size() - 1;
+          // a multi-line string may end in two more quotes: """x""""" is x"" (read as ending
+          // at the first three, the last quote opened a string that hid the rest of the line)
+          for (int more = 0; multi && more < 2 && i + 1 < text.size() && text[i + 1] == c; ++more)
+            ++i;
+          closed = true;
           break;
         }
       }
+      // Unterminated by this reading: the rest is counted as if no string had begun, so no
+      // reading of quotes that differs from the parser's can hide brackets from the count.
+      if (!closed) i = open;
     } else if (c == '[' || c == '{') {
       deepest = std::max(deepest, ++depth);
     } else if ((c == ']' || c == '}') && depth > 0) {

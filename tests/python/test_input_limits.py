@@ -273,7 +273,16 @@ def test_deeply_nested_toml_is_refused_not_a_crash(tmp_path, mxtrain):
     dotted.write_text("[run]\n" + ".".join(["a"] * 60000) + " = 1\n")
     header = tmp_path / "header.toml"
     header.write_text("[" + ".".join(["a"] * 60000) + "]\n")
-    for f in (deep, tables, dotted, header):
+    # a multi-line string closed by four or five quotes ("""x"""" is x") was read as closed
+    # at the first three, its last quote as an unterminated string hiding the line's brackets
+    quotes = []
+    for q in ('"', "'"):
+        for extra in (1, 2):
+            f = tmp_path / f"quotes{len(quotes)}.toml"
+            f.write_text(f"a = [{q * 3}x{q * (3 + extra)}, " + "[" * 100000 + "]" * 100000 +
+                         "]\n")
+            quotes.append(f)
+    for f in (deep, tables, dotted, header, *quotes):
         r = mxtrain(["train", "--config", f], timeout=60)
         assert_one_error(r, str(f), "deeper than 64 levels")
     b = "[" * 200
@@ -288,6 +297,12 @@ def test_deeply_nested_toml_is_refused_not_a_crash(tmp_path, mxtrain):
                     f'[data]\npath = "/nonexistent/{"." * 200}"\n')
     r = mxtrain(["train", "--config", fine], timeout=60)
     assert_one_error(r, "/nonexistent/")
+    # those closings are TOML: the strings end there and what follows counts as usual
+    q3 = "'" * 3
+    fine.write_text('[model]\npreset = """tiny"""\n[data]\npath = """/nonexistent/a""""\n'
+                    f"[run]\nout_dir = {q3}{tmp_path}/[[{q3}''\n")
+    r = mxtrain(["train", "--config", fine], timeout=60)
+    assert_one_error(r, '/nonexistent/a"')
 
 
 def test_config_that_is_not_utf8_is_refused(tmp_path, mxtrain):
