@@ -74,12 +74,19 @@ def numpy_sgemm_gflops():
 
 
 def test_sgemm_runs_under_the_fma_peak_and_near_it():
-    peak = fma(1.0, threads=1)["gflops"]
-    sgemm = numpy_sgemm_gflops()
-    mx = run_mxtrain(["bench", "sgemm", "--size", "1024", "--seconds", "1"],
-                     env={"OMP_NUM_THREADS": "1"}, timeout=120)
-    assert mx.rc == 0, mx
-    mx_sgemm = json.loads(mx.stdout.strip().splitlines()[-1])["gflops"]
+    """Each rate is the best seen over up to three rounds: other work on the machine only lowers
+    a measurement, and lowering the peak's and not the SGEMMs' (or the other way round) put one
+    side outside the bounds on a busy CI machine. A FLOP count off by 2x stays outside."""
+    peak = sgemm = mx_sgemm = 0.0
+    for _ in range(3):
+        peak = max(peak, fma(1.0, threads=1)["gflops"])
+        sgemm = max(sgemm, numpy_sgemm_gflops())
+        mx = run_mxtrain(["bench", "sgemm", "--size", "1024", "--seconds", "1"],
+                         env={"OMP_NUM_THREADS": "1"}, timeout=120)
+        assert mx.rc == 0, mx
+        mx_sgemm = max(mx_sgemm, json.loads(mx.stdout.strip().splitlines()[-1])["gflops"])
+        if all(0.4 * peak < rate < 1.15 * peak for rate in (sgemm, mx_sgemm)):
+            break
     for rate in (sgemm, mx_sgemm):
         assert 0.4 * peak < rate < 1.15 * peak, (rate, peak)
 
