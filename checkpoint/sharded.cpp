@@ -11,6 +11,7 @@
 #include "core/json_input.h"
 #include "core/load_progress.h"
 #include "core/log.h"
+#include "core/output_dirs.h"
 #include "model/hf_config.h"
 #include "numerics/quantize.h"
 
@@ -114,15 +115,6 @@ struct FiniteScan {
   bool bad_nonneg = false;
   float bad_value = 0.0f;
 };
-
-// A manifest's file name must name a file inside the step and nothing else.
-bool is_plain_file_name(const std::string& name) {
-  if (name.empty() || name.size() > 255 || name == "." || name == "..") return false;
-  if (name.find("..") != std::string::npos) return false;
-  for (char c : name)
-    if (c == '/' || c == '\\' || c == '\0') return false;
-  return true;
-}
 
 const char* kind_prefix(StateKind k) {
   switch (k) {

@@ -42,4 +42,12 @@ void create_output_dirs(const std::string& dir, const std::string& what) {
   if (ec) throw_path_error(ec.value(), str(what, " ", dir, ": ", ec.message()));
 }
 
+bool is_plain_file_name(const std::string& name) {
+  if (name.empty() || name.size() > 255 || name == "." || name.find("..") != std::string::npos)
+    return false;
+  for (char c : name)
+    if (c == '/' || c == '\\' || c == '\0') return false;
+  return true;
+}
+
 }  // namespace mx

@@ -18,6 +18,11 @@ bool is_config_path_errno(int err);
 enum class PathPlace { kOutside, kSame, kInside };
 PathPlace path_place(const std::string& path, const std::string& dir);
 
+// Whether `name` names a file inside a directory and nothing else: not empty, at most 255
+// bytes, not ".", no '/', '\\', NUL or "..". For names read from files (a checkpoint's
+// manifest, a Hugging Face index) that are joined to a directory.
+bool is_plain_file_name(const std::string& name);
+
 // create_directories(dir); on failure throws as above: "<what> <dir>: <reason>".
 void create_output_dirs(const std::string& dir, const std::string& what);
 

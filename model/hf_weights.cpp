@@ -49,11 +49,10 @@ std::vector<std::string> weight_files(const std::string& dir) {
       MX_REQUIRE(file.is_string(), index.string(), ": weight_map entry ", name,
                  " is not a string");
       std::string f = file.get<std::string>();
-      MX_REQUIRE(f.find('/') == std::string::npos && f.find("..") == std::string::npos,
-                 index.string(), ": shard file name '", f, "' leaves the directory");
       // (a NUL would end the name the file system sees: "m.st\u0000x" opened m.st)
-      MX_REQUIRE(f.find('\0') == std::string::npos && !f.empty(), index.string(),
-                 ": shard file name ", json_excerpt(file), " is empty or holds a NUL byte");
+      MX_REQUIRE(is_plain_file_name(f), index.string(), ": shard file name ", json_excerpt(file),
+                 " is not a plain file name in the directory (empty, '/', '\\', '..' or a NUL "
+                 "byte)");
       files.insert((fs::path(dir) / f).string());
     }
     return {files.begin(), files.end()};
