@@ -1,4 +1,5 @@
 // mxemu's scheduler and runtime (see emu.h).
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -201,12 +202,296 @@ std::string where() {
          std::to_string(cur_block.z) + ")";
 }
 
+// ---- race check (MXEMU_RACECHECK=1) ---------------------------------------------------------
+// The backend's translated sources are compiled with GCC's ThreadSanitizer instrumentation
+// (-fsanitize=thread: a call before every load and store the compiler cannot prove private) but
+// not linked with ThreadSanitizer's runtime: the calls (__tsan_read4 ...) land at the end of this
+// file, which checks the accesses kernels make to device and shared memory against CUDA's
+// ordering rules, as compute-sanitizer's racecheck does on a GPU:
+// - the threads of one block are ordered only by __syncthreads: two accesses to one byte by
+//   different threads of a block between the same two barriers, at least one a write, race
+//   (shuffles exchange values, not memory; no kernel here uses __syncwarp or fences);
+// - different blocks of one launch are not ordered at all: a byte of device memory that one
+//   block writes and another reads or writes races;
+// - atomics do not race with each other; launches are ordered (a kernel sees the previous one's
+//   writes; streams are the scheduler's business, above);
+// - shared memory is each block's own: another block's accesses to it never race.
+// Every byte of a tracked region has a shadow cell: its last write and its last read (with
+// whether other threads of the same interval, or other blocks of the launch, read it too), each
+// as (block serial, barrier interval, thread, code address). The first race of a launch fails it
+// (sticky, as a GPU's fault), naming both accesses' source lines.
+struct Access {
+  uint32_t serial = 0;  // the block's serial (blocks run so far, counting it); 0: none
+  uint32_t epoch = 0;   // barriers the block had passed
+  uint16_t tid = 0;     // thread index in the block
+  uint16_t flags = 0;
+  uint32_t pc = 0;  // code address, from the executable's load address
+};
+// kOthersRead: other threads of the block read the byte in the same interval too; kBlocksRead:
+// other blocks of the launch did. kOthersAtomic / kBlocksAtomic: atomics of other threads of the
+// block in the same interval, or of other blocks of the launch, wrote it too (an atomic write
+// stands only for its own thread's earlier atomics: the others stay unordered with what follows).
+enum : uint16_t {
+  kAtomic = 1,
+  kOthersRead = 2,
+  kBlocksRead = 4,
+  kOthersAtomic = 8,
+  kBlocksAtomic = 16
+};
+struct Cell {
+  Access w, r;
+};
+struct Region {
+  char* begin;
+  size_t bytes;
+  Cell* shadow;
+  size_t shadow_bytes;
+  bool shared;  // shared memory (static or dynamic): each block's own
+  const char* what;
+};
+bool race_enabled = [] {
+  const char* v = std::getenv("MXEMU_RACECHECK");
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  std::fprintf(stderr, "error: MXEMU_RACECHECK=%s: expected 0 or 1\n", v);
+  std::exit(2);
+}();
+std::map<char*, Region> race_regions;  // by first byte
+const Region* race_hit = nullptr;      // the region found last
+uintptr_t race_miss_page = 1;          // a page found in no region last (1: none)
+uint32_t race_serial = 0, race_launch_first = 1, race_epoch = 0;
+uint64_t races_seen = 0;
+std::string race_report;
+char* race_dyn_begin = nullptr;
+
+void race_forget_lookups() {
+  race_hit = nullptr;
+  race_miss_page = 1;
+}
+void race_add_region(char* begin, size_t bytes, bool shared, const char* what) {
+  if (!race_enabled || bytes == 0) return;
+  const size_t sb = bytes * sizeof(Cell);
+  void* m = mmap(nullptr, sb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) throw std::runtime_error("mxemu: cannot map the race check's shadow");
+  race_regions[begin] = {begin, bytes, static_cast<Cell*>(m), sb, shared, what};
+  race_forget_lookups();
+}
+void race_remove_region(char* begin) {
+  auto it = race_regions.find(begin);
+  if (it == race_regions.end()) return;
+  munmap(it->second.shadow, it->second.shadow_bytes);
+  race_regions.erase(it);
+  race_forget_lookups();
+}
+
+const Region* race_region_of(char* c) {
+  if (race_hit && c >= race_hit->begin && c < race_hit->begin + race_hit->bytes) return race_hit;
+  const uintptr_t pg = reinterpret_cast<uintptr_t>(c) >> 12;
+  if (pg == race_miss_page) return nullptr;
+  auto it = race_regions.upper_bound(c);
+  if (it != race_regions.begin()) {
+    --it;
+    if (c < it->first + it->second.bytes) return race_hit = &it->second;
+  }
+  // No region: cache the page unless a region starts or ends inside it.
+  bool clear = true;
+  auto nx = race_regions.upper_bound(c);
+  if (nx != race_regions.end() && (reinterpret_cast<uintptr_t>(nx->first) >> 12) == pg)
+    clear = false;
+  if (it != race_regions.end() && it->first <= c &&
+      (reinterpret_cast<uintptr_t>(it->first + it->second.bytes) >> 12) == pg)
+    clear = false;
+  if (clear) race_miss_page = pg;
+  return nullptr;
+}
+
+uintptr_t exe_base() {
+  static const uintptr_t base = [] {
+    Dl_info info{};
+    dladdr(reinterpret_cast<void*>(&exe_base), &info);
+    return reinterpret_cast<uintptr_t>(info.dli_fbase);
+  }();
+  return base;
+}
+// "file:line (function)" of a code address in this executable, by addr2line (only when a race
+// is reported); the address itself where it cannot say.
+std::string source_line(uint32_t pc) {
+  char cmd[512], exe[256] = {};
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  const std::string off = "0x" + [&] {
+    char b[32];
+    std::snprintf(b, sizeof b, "%x", pc ? pc - 1 : 0);  // the call, not the return address
+    return std::string(b);
+  }();
+  if (n > 0) {
+    std::snprintf(cmd, sizeof cmd, "addr2line -C -f -e '%s' %s 2>/dev/null", exe, off.c_str());
+    if (FILE* p = popen(cmd, "r")) {
+      char fn[4096] = {}, line[4096] = {};
+      const bool ok = std::fgets(fn, sizeof fn, p) && std::fgets(line, sizeof line, p);
+      pclose(p);
+      if (ok) {
+        std::string f(fn), l(line);
+        while (!f.empty() && f.back() == '\n') f.pop_back();
+        while (!l.empty() && l.back() == '\n') l.pop_back();
+        // The path from the source tree's top (the sources are under backend/ and tests/).
+        size_t top = l.rfind("/backend/");
+        if (top == std::string::npos) top = l.rfind("/tests/");
+        if (top != std::string::npos) l = l.substr(top + 1);
+        const size_t disc = l.find(" (discriminator");
+        if (disc != std::string::npos) l.erase(disc);
+        // The function's name without its parameter list and anonymous namespaces.
+        if (!f.empty() && f.back() == ')') {
+          int depth = 0;
+          for (size_t k = f.size(); k-- > 0;) {
+            depth += f[k] == ')' ? 1 : f[k] == '(' ? -1 : 0;
+            if (depth == 0) {
+              f.erase(k);
+              break;
+            }
+          }
+        }
+        for (size_t a; (a = f.find("(anonymous namespace)::")) != std::string::npos;)
+          f.erase(a, sizeof "(anonymous namespace)::" - 1);
+        if (l.rfind("??", 0) != 0) return l + " (" + f + ")";
+      }
+    }
+  }
+  return "code offset " + off + " (addr2line found no line)";
+}
+
+std::string block_coords(uint32_t serial) {
+  // Blocks of the running launch by serial: the run order maps back to the linear block index.
+  const uint64_t blocks = uint64_t(cur_grid_dim.x) * cur_grid_dim.y * cur_grid_dim.z;
+  const uint64_t i = serial - race_launch_first;
+  const uint64_t k = reverse_order() ? blocks - 1 - i : i;
+  const dim3 g = cur_grid_dim;
+  return "(" + std::to_string(k % g.x) + ", " + std::to_string(k / g.x % g.y) + ", " +
+         std::to_string(k / (uint64_t(g.x) * g.y)) + ")";
+}
+std::string thread_coords(uint16_t tid) {
+  const unsigned t = tid;
+  const dim3 b = cur_block_dim;
+  return "(" + std::to_string(t % b.x) + ", " + std::to_string(t / b.x % b.y) + ", " +
+         std::to_string(t / (b.x * b.y)) + ")";
+}
+
+// Why an earlier access races with this one: it is itself concurrent, or it stands for other
+// threads of the block (same interval) or other blocks of the launch that read the byte too.
+enum class RaceWith { kIt, kOtherThreads, kOtherBlocks, kOtherAtomics };
+void race_found(const Region& r, size_t offset, const Access& now, bool now_write,
+                const Access& before, bool before_write, RaceWith with) {
+  if (races_seen++ > 0) return;
+  auto kind = [](const Access& a, bool write) {
+    return std::string(a.flags & kAtomic ? "atomic " : "") + (write ? "write" : "read");
+  };
+  auto who = [&](const Access& a) {
+    return "thread " + thread_coords(a.tid) +
+           (a.serial == now.serial ? " of the same block" : " of block " + block_coords(a.serial));
+  };
+  std::string msg = "data race on " + std::string(r.what) + " (byte " + std::to_string(offset) +
+                    " of " + std::to_string(r.bytes) + "): thread " + thread_coords(now.tid) +
+                    " of block " + block_coords(now.serial) + ": " + kind(now, now_write) + " at " +
+                    source_line(now.pc) + "; ";
+  const std::string done = std::string(before_write ? "wrote" : "read") +
+                           (before.flags & kAtomic ? " atomically" : "") + " at " +
+                           source_line(before.pc);
+  switch (with) {
+    case RaceWith::kIt:
+      msg += who(before) + (before.serial == now.serial ? " between the same two barriers" : "") +
+             " " + done;
+      break;
+    case RaceWith::kOtherThreads:
+      msg += "other threads of the same block read it between the same two barriers (the last: " +
+             who(before) + ", " + done + ")";
+      break;
+    case RaceWith::kOtherAtomics:
+      msg += "other threads wrote it atomically, unordered with this access (the last atomic: " +
+             who(before) + ", " + done + ")";
+      break;
+    case RaceWith::kOtherBlocks:
+      msg += "other blocks of the launch read it (the last read: " + who(before) + ", " + done +
+             ")";
+      break;
+  }
+  race_report = msg;
+}
+
+// One access of `bytes` bytes at p by the running thread.
+void race_access(void* p, size_t bytes, bool write, bool atomic, void* ret) {
+  char* c = static_cast<char*>(p);
+  const Region* r = race_region_of(c);
+  if (!r) return;
+  Access now;
+  now.serial = race_serial;
+  now.epoch = race_epoch;
+  now.tid = uint16_t(current->index);
+  now.flags = atomic ? kAtomic : 0;
+  now.pc = uint32_t(reinterpret_cast<uintptr_t>(ret) - exe_base());
+  const size_t off = size_t(c - r->begin);
+  const size_t end = std::min(r->bytes, off + bytes);
+  // Whether an earlier access is not ordered before this one.
+  auto concurrent = [&](const Access& a) {
+    if (a.serial == 0) return false;
+    if (a.serial == now.serial) return a.epoch == now.epoch && a.tid != now.tid;
+    return !r->shared && a.serial >= race_launch_first;
+  };
+  for (size_t i = off; i < end; ++i) {
+    Cell& cell = r->shadow[i];
+    // Other threads' atomics before this thread's own last one, still unordered with this
+    // access: for device memory, any in this launch; for shared memory, any in this interval.
+    const Access& wr = cell.w;
+    const bool same_interval_w = wr.serial == now.serial && wr.epoch == now.epoch;
+    const bool launch_w = !r->shared && wr.serial >= race_launch_first;
+    const uint16_t live_atomics = uint16_t((same_interval_w ? wr.flags & kOthersAtomic : 0) |
+                                           (launch_w ? wr.flags & kBlocksAtomic : 0));
+    const bool atomics_live = live_atomics != 0;
+    if (concurrent(wr) && !(atomic && (wr.flags & kAtomic))) {
+      race_found(*r, i, now, write, wr, true, RaceWith::kIt);
+    } else if (atomics_live && !atomic) {
+      race_found(*r, i, now, write, wr, true, RaceWith::kOtherAtomics);
+    } else if (write && cell.r.serial != 0) {
+      const Access& rd = cell.r;
+      const bool same_interval = rd.serial == now.serial && rd.epoch == now.epoch;
+      if (concurrent(rd))
+        race_found(*r, i, now, write, rd, false, RaceWith::kIt);
+      else if (same_interval && (rd.flags & kOthersRead))
+        race_found(*r, i, now, write, rd, false, RaceWith::kOtherThreads);
+      else if (!r->shared && (rd.flags & kBlocksRead) && rd.serial >= race_launch_first)
+        race_found(*r, i, now, write, rd, false, RaceWith::kOtherBlocks);
+    }
+    if (write) {
+      Access nw = now;
+      if (atomic && (wr.flags & kAtomic)) {
+        nw.flags |= live_atomics;
+        if (concurrent(wr)) nw.flags |= wr.serial == now.serial ? kOthersAtomic : kBlocksAtomic;
+      }
+      cell.w = nw;
+      cell.r = Access{};
+    } else {
+      Access rd = now;
+      const Access& old = cell.r;
+      if (old.serial != 0) {
+        if (old.serial == now.serial && old.epoch == now.epoch) {
+          rd.flags |= old.flags & (kOthersRead | kBlocksRead);
+          if (old.tid != now.tid) rd.flags |= kOthersRead;
+        } else if (!r->shared && old.serial >= race_launch_first) {
+          rd.flags |= old.serial != now.serial ? kBlocksRead : (old.flags & kBlocksRead);
+        }
+      }
+      cell.r = rd;
+    }
+  }
+}
+
 // Runs one block to completion: every live fiber runs until it waits; then the warps whose
 // mask lanes all wait at a warp primitive exchange, or, with nothing else waiting, the block
 // passes its barrier. Anything else is a deadlock on a GPU.
 void run_block(int n) {
   block_threads = n;
   ++block_serial;
+  ++race_serial;
+  race_epoch = 0;
   pass_order.resize(size_t(n));
   for (int i = 0; i < n; ++i) {
     pass_order[size_t(i)] = reverse_order() ? n - 1 - i : i;
@@ -263,6 +548,7 @@ void run_block(int n) {
     }
     if (done == n) return;
     if (done + sync == n) {
+      ++race_epoch;  // the block passes a barrier
       for (int i = 0; i < n; ++i)
         if (fibers[size_t(i)].wait == Wait::kSync) fibers[size_t(i)].wait = Wait::kRun;
       continue;
@@ -415,6 +701,10 @@ void clear_sticky_error_for_tests() {
   pending_error.clear();
 }
 
+void race_atomic(void* p, size_t bytes, void* ret) {
+  if (race_enabled && current) race_access(p, bytes, true, true, ret);
+}
+void set_racecheck_for_tests(bool on) { race_enabled = on; }
 const uint3& thread_idx() { return current->tid; }
 const uint3& block_idx() { return cur_block; }
 const dim3& block_dim() { return cur_block_dim; }
@@ -425,6 +715,8 @@ void* dynamic_shared_memory() { return dyn_smem; }
 void block_shared(void* array, size_t bytes) {
   auto [it, first] = shared_seen.emplace(array, 0);
   if (first) {
+    if (race_enabled && !race_regions.count(static_cast<char*>(array)))
+      race_add_region(static_cast<char*>(array), bytes, true, "static shared memory");
     static_shared_bytes += bytes;
     if (static_shared_bytes > size_t(kDefaultSmem) && shared_overflow.empty())
       shared_overflow = std::to_string(static_shared_bytes) +
@@ -512,6 +804,18 @@ void run_grid(const void* kernel, const char* name, const Config& c,
     dyn_smem_bytes = (c.smem + 15) / 16 * 16;
     dyn_smem = reinterpret_cast<unsigned char*>(dyn_map + dyn_map_bytes - page() - dyn_smem_bytes);
   }
+  if (race_enabled) {
+    race_launch_first = race_serial + 1;
+    races_seen = 0;
+    race_report.clear();
+    auto* begin = reinterpret_cast<char*>(dyn_smem);
+    auto it = race_regions.find(race_dyn_begin);
+    if (begin != race_dyn_begin || it == race_regions.end() || it->second.bytes != dyn_smem_bytes) {
+      race_remove_region(race_dyn_begin);
+      race_add_region(begin, dyn_smem_bytes, true, "dynamic shared memory");
+      race_dyn_begin = begin;
+    }
+  }
   shared_seen.clear();
   static_shared_bytes = 0;
   shared_overflow.clear();
@@ -533,6 +837,12 @@ void run_grid(const void* kernel, const char* name, const Config& c,
   }
   if (!shared_overflow.empty())
     fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name + ": " + shared_overflow);
+  if (races_seen > 0) {
+    std::string count;
+    if (races_seen > 1)
+      count = " (" + std::to_string(races_seen) + " racing byte accesses in this launch)";
+    fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name + ": " + race_report + count);
+  }
   cur_body = nullptr;
 }
 
@@ -732,12 +1042,14 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
     mprotect(base, n, PROT_NONE);
   }
   mappings[start] = {bytes, base, n};
+  race_add_region(start, bytes, false, "device memory");
   mapped_bytes += bytes;
   *p = start;
   return cudaSuccess;
 }
 namespace {
 void unmap(std::map<char*, Mapping>::iterator it) {
+  race_remove_region(it->first);
   munmap(it->second.base, it->second.data_bytes + page());
   mapped_bytes -= it->second.bytes;
   mappings.erase(it);
@@ -977,3 +1289,85 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   *ms = std::chrono::duration<float, std::milli>(b.t - a.t).count();
   return cudaSuccess;
 }
+
+// The calls GCC's -fsanitize=thread puts before loads and stores (see "race check" above).
+#define MXEMU_TSAN_SIZED(n)                                                                    \
+  extern "C" void __tsan_read##n(void* p) {                                                    \
+    if (mxemu::race_enabled && mxemu::current)                                                 \
+      mxemu::race_access(p, n, false, false, __builtin_return_address(0));                     \
+  }                                                                                            \
+  extern "C" void __tsan_write##n(void* p) {                                                   \
+    if (mxemu::race_enabled && mxemu::current)                                                 \
+      mxemu::race_access(p, n, true, false, __builtin_return_address(0));                      \
+  }                                                                                            \
+  extern "C" void __tsan_unaligned_read##n(void* p) {                                          \
+    if (mxemu::race_enabled && mxemu::current)                                                 \
+      mxemu::race_access(p, n, false, false, __builtin_return_address(0));                     \
+  }                                                                                            \
+  extern "C" void __tsan_unaligned_write##n(void* p) {                                         \
+    if (mxemu::race_enabled && mxemu::current)                                                 \
+      mxemu::race_access(p, n, true, false, __builtin_return_address(0));                      \
+  }
+MXEMU_TSAN_SIZED(1)
+MXEMU_TSAN_SIZED(2)
+MXEMU_TSAN_SIZED(4)
+MXEMU_TSAN_SIZED(8)
+MXEMU_TSAN_SIZED(16)
+#undef MXEMU_TSAN_SIZED
+extern "C" void __tsan_read_range(void* p, long n) {
+  if (mxemu::race_enabled && mxemu::current)
+    mxemu::race_access(p, size_t(n), false, false, __builtin_return_address(0));
+}
+extern "C" void __tsan_write_range(void* p, long n) {
+  if (mxemu::race_enabled && mxemu::current)
+    mxemu::race_access(p, size_t(n), true, false, __builtin_return_address(0));
+}
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit(void*) {}
+extern "C" void __tsan_vptr_update(void*, void*) {}
+extern "C" void __tsan_vptr_read(void*) {}
+// Host code in those sources uses atomics (reference counts, flags): ThreadSanitizer's forms of
+// them, as the plain atomic operations. Kernels use CUDA's atomics (emu.h), not these.
+#define MXEMU_TSAN_ATOMIC(bits, T)                                                             \
+  extern "C" T __tsan_atomic##bits##_load(const volatile void* a, int) {                       \
+    return __atomic_load_n(static_cast<const volatile T*>(a), __ATOMIC_SEQ_CST);               \
+  }                                                                                            \
+  extern "C" void __tsan_atomic##bits##_store(volatile void* a, T v, int) {                    \
+    __atomic_store_n(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);                        \
+  }                                                                                            \
+  extern "C" T __tsan_atomic##bits##_exchange(volatile void* a, T v, int) {                    \
+    return __atomic_exchange_n(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);              \
+  }                                                                                            \
+  extern "C" T __tsan_atomic##bits##_fetch_add(volatile void* a, T v, int) {                   \
+    return __atomic_fetch_add(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);               \
+  }                                                                                            \
+  extern "C" T __tsan_atomic##bits##_fetch_sub(volatile void* a, T v, int) {                   \
+    return __atomic_fetch_sub(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);               \
+  }                                                                                            \
+  extern "C" T __tsan_atomic##bits##_fetch_and(volatile void* a, T v, int) {                   \
+    return __atomic_fetch_and(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);               \
+  }                                                                                            \
+  extern "C" T __tsan_atomic##bits##_fetch_or(volatile void* a, T v, int) {                    \
+    return __atomic_fetch_or(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);                \
+  }                                                                                            \
+  extern "C" T __tsan_atomic##bits##_fetch_xor(volatile void* a, T v, int) {                   \
+    return __atomic_fetch_xor(static_cast<volatile T*>(a), v, __ATOMIC_SEQ_CST);               \
+  }                                                                                            \
+  extern "C" bool __tsan_atomic##bits##_compare_exchange_strong(volatile void* a, void* e, T v, \
+                                                                int, int) {                    \
+    return __atomic_compare_exchange_n(static_cast<volatile T*>(a), static_cast<T*>(e), v,     \
+                                       false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);             \
+  }                                                                                            \
+  extern "C" bool __tsan_atomic##bits##_compare_exchange_weak(volatile void* a, void* e, T v,   \
+                                                              int, int) {                      \
+    return __atomic_compare_exchange_n(static_cast<volatile T*>(a), static_cast<T*>(e), v,     \
+                                       false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);             \
+  }
+MXEMU_TSAN_ATOMIC(8, uint8_t)
+MXEMU_TSAN_ATOMIC(16, uint16_t)
+MXEMU_TSAN_ATOMIC(32, uint32_t)
+MXEMU_TSAN_ATOMIC(64, uint64_t)
+#undef MXEMU_TSAN_ATOMIC
+extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }

@@ -22,13 +22,15 @@
 //   (a memory protection key where the CPU has them, else mprotect), so host code that
 //   dereferences a device pointer faults here as it would with a real GPU; new
 //   allocations and each block's dynamic shared memory are filled with 0xFF (NaN as fp32), as
-//   a GPU leaves them uninitialised.
+//   a GPU leaves them uninitialised;
+// - races (MXEMU_RACECHECK=1, emu.cpp's "race check"): kernel accesses to device and shared
+//   memory that CUDA leaves unordered (two threads of a block between the same two barriers,
+//   two blocks of a launch), at least one a write, fail the launch naming both source lines,
+//   whatever order the fibers run in.
 //
-// What it cannot check: timing, occupancy and races between threads (a fiber runs until it
-// waits, so a missing __syncthreads between a write and another thread's read shows up only
-// when the schedule reads before the write); the GPU's own arithmetic (fast-math intrinsics
-// and FMA contraction differ in the last bits: the op check's tolerances cover both); warp-
-// synchronous code without a primitive (not used here).
+// What it cannot check: timing, occupancy; races between kernels of different streams; the
+// GPU's own arithmetic (fast-math intrinsics and FMA contraction differ in the last bits: the
+// op check's tolerances cover both).
 //
 // Streams: every operation queued on a stream (launch, copy, set, cuBLASLt, CUB, NCCL, event
 // record, event wait) joins that stream's queue, and the queues run as late or as early as
@@ -139,6 +141,11 @@ bool is_device_pointer(const void* p);
 void fail_launch(const char* name, std::string why);
 // The emulator's own tests provoke sticky errors one after another.
 void clear_sticky_error_for_tests();
+// The race check (MXEMU_RACECHECK=1, emu.cpp): an atomic access of `bytes` at p from the code
+// address `ret`; and the switch, for the emulator's own tests (regions are tracked from the
+// allocations made while it is on).
+void race_atomic(void* p, size_t bytes, void* ret);
+void set_racecheck_for_tests(bool on);
 // A static __shared__ array's first use in a block (translate.py adds the call after each
 // declaration): filled with 0xFF once a block, its bytes counted against the 48 KiB limit.
 void block_shared(void* array, size_t bytes);
@@ -267,36 +274,45 @@ T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   return ::mxemu::from_bits<T>(::mxemu::warp_exchange(mask, ::mxemu::to_bits(v), src));
 }
 
-// Atomics: one thread runs at a time, so plain read-modify-writes are atomic.
-inline unsigned atomicMax(unsigned* p, unsigned v) {
+// Atomics: one thread runs at a time, so plain read-modify-writes are atomic. Each tells the
+// race check (emu.cpp) it is atomic; the functions are kept out of line and uninstrumented so
+// that the check sees one atomic access at the caller's address, not a plain read and write.
+#define MXEMU_ATOMIC __attribute__((noinline, no_sanitize("thread")))
+MXEMU_ATOMIC inline unsigned atomicMax(unsigned* p, unsigned v) {
+  ::mxemu::race_atomic(p, sizeof *p, __builtin_return_address(0));
   const unsigned o = *p;
   if (v > o) *p = v;
   return o;
 }
-inline int atomicMax(int* p, int v) {
+MXEMU_ATOMIC inline int atomicMax(int* p, int v) {
+  ::mxemu::race_atomic(p, sizeof *p, __builtin_return_address(0));
   const int o = *p;
   if (v > o) *p = v;
   return o;
 }
-inline unsigned atomicMin(unsigned* p, unsigned v) {
+MXEMU_ATOMIC inline unsigned atomicMin(unsigned* p, unsigned v) {
+  ::mxemu::race_atomic(p, sizeof *p, __builtin_return_address(0));
   const unsigned o = *p;
   if (v < o) *p = v;
   return o;
 }
 template <class T>
-T atomicAdd(T* p, T v) {
+MXEMU_ATOMIC T atomicAdd(T* p, T v) {
+  ::mxemu::race_atomic(p, sizeof *p, __builtin_return_address(0));
   const T o = *p;
   *p = o + v;
   return o;
 }
 template <class T>
-T atomicExch(T* p, T v) {
+MXEMU_ATOMIC T atomicExch(T* p, T v) {
+  ::mxemu::race_atomic(p, sizeof *p, __builtin_return_address(0));
   const T o = *p;
   *p = v;
   return o;
 }
 template <class T>
-T atomicCAS(T* p, T cmp, T v) {
+MXEMU_ATOMIC T atomicCAS(T* p, T cmp, T v) {
+  ::mxemu::race_atomic(p, sizeof *p, __builtin_return_address(0));
   const T o = *p;
   if (o == cmp) *p = v;
   return o;

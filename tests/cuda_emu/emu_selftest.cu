@@ -508,3 +508,217 @@ TEST(Mxemu, AFaultNothingChecksStillFailsTheProgram) {
       },
       ::testing::ExitedWithCode(1), "faulted during the run: .*deadlock");
 }
+
+// ---- the race check (MXEMU_RACECHECK=1) -------------------------------------------------------
+// Each case runs a kernel whose accesses CUDA's rules order, or do not, and checks the verdict
+// and what the message names: the two accesses' threads, blocks and source lines (the lines
+// below, taken with __LINE__), and the number of racing byte accesses worked out by hand for
+// the forward order the self-test runs in.
+
+struct RaceCheck {
+  RaceCheck() { mxemu::set_racecheck_for_tests(true); }
+  ~RaceCheck() {
+    mxemu::set_racecheck_for_tests(false);
+    mxemu::clear_sticky_error_for_tests();
+  }
+};
+// The launch's verdict: empty when it succeeded, else the error message.
+std::string verdict() {
+  const cudaError_t e = cudaDeviceSynchronize();
+  return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+}
+// "file:line (function)", as the message names an access.
+std::string at_line(int line, const char* fn) {
+  return "tests/cuda_emu/emu_selftest.cu:" + std::to_string(line) + " (" + fn + ")";
+}
+
+constexpr int kUnorderedWriteLine = __LINE__ + 3;
+__global__ void unordered_shared_kernel(int* out) {
+  __shared__ int s[64];
+  s[threadIdx.x] = int(threadIdx.x);
+  out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];  // no barrier: reads another's write
+}
+constexpr int kUnorderedReadLine = kUnorderedWriteLine + 1;
+
+TEST(MxemuRaceCheck, AReadOfAnotherThreadsSharedWriteWithoutABarrierRaces) {
+  RaceCheck on;
+  Buf<int> out(64);
+  unordered_shared_kernel<<<1, 64>>>(out.p);
+  const std::string v = verdict();
+  // Threads 0 to 31 read bytes nobody wrote yet; thread 32 is the first to write a byte another
+  // thread read (thread 31 read s[32]). Threads 32 to 63 each overwrite four bytes read before
+  // and read four bytes written before by another thread: 256 racing byte accesses.
+  EXPECT_NE(v.find("kernel unordered_shared_kernel: data race on static shared memory (byte 128 "
+                   "of 256): thread (32, 0, 0) of block (0, 0, 0): write at " +
+                   at_line(kUnorderedWriteLine, "unordered_shared_kernel") +
+                   "; thread (31, 0, 0) of the same block between the same two barriers read at " +
+                   at_line(kUnorderedReadLine, "unordered_shared_kernel")),
+            std::string::npos)
+      << v;
+  EXPECT_NE(v.find("(256 racing byte accesses in this launch)"), std::string::npos) << v;
+}
+
+TEST(MxemuRaceCheck, BarrierOrderedSharedMemoryAndPerBlockSharedArraysDoNotRace) {
+  RaceCheck on;
+  Buf<int> out(256);
+  reverse_kernel<<<1, 256>>>(out.p);
+  EXPECT_EQ(verdict(), "");
+  // Three blocks use the same static array: each its own shared memory.
+  Buf<uint32_t> out2(3 * 64);
+  shared_first_read_kernel<<<3, 64>>>(out2.p);
+  EXPECT_EQ(verdict(), "");
+  const int n = 1000;
+  Buf<float> dx{size_t(n)}, sum{1};
+  dx.put(std::vector<float>(size_t(n), 1.0f));
+  block_sum_kernel<<<1, 128>>>(dx.p, n, sum.p);
+  EXPECT_EQ(verdict(), "");
+  EXPECT_EQ(sum.get()[0], 1000.0f);
+}
+
+constexpr int kNeighbourReadLine = __LINE__ + 5;
+__global__ void write_after_read_kernel(int* out) {
+  __shared__ int s[64];
+  s[threadIdx.x] = 1;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % 64];
+  s[threadIdx.x] = 2;  // thread t - 1 may not have read s[t] yet
+}
+constexpr int kOverwriteLine = kNeighbourReadLine + 1;
+
+TEST(MxemuRaceCheck, OverwritingWhatAnotherThreadStillReadsRaces) {
+  RaceCheck on;
+  Buf<int> out(64);
+  write_after_read_kernel<<<1, 64>>>(out.p);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("(byte 4 of 256): thread (1, 0, 0) of block (0, 0, 0): write at " +
+                   at_line(kOverwriteLine, "write_after_read_kernel") +
+                   "; thread (0, 0, 0) of the same block between the same two barriers read at " +
+                   at_line(kNeighbourReadLine, "write_after_read_kernel")),
+            std::string::npos)
+      << v;
+  // Threads 1 to 63 overwrite what their neighbour read (4 bytes each); thread 63's s[0] read
+  // comes after thread 0's write of it (4 more).
+  EXPECT_NE(v.find("(256 racing byte accesses in this launch)"), std::string::npos) << v;
+}
+
+__global__ void dynamic_shared_race_kernel(float* out) {
+  extern __shared__ float d[];
+  d[threadIdx.x] = 1.0f;
+  out[threadIdx.x] = d[(threadIdx.x + 1) % blockDim.x];
+}
+
+TEST(MxemuRaceCheck, DynamicSharedMemoryIsCheckedToo) {
+  RaceCheck on;
+  Buf<float> out(32);
+  dynamic_shared_race_kernel<<<1, 32, 32 * sizeof(float)>>>(out.p);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("data race on dynamic shared memory (byte 4 of 128): thread (1, 0, 0)"),
+            std::string::npos)
+      << v;
+}
+
+constexpr int kBlockWriteLine = __LINE__ + 2;
+__global__ void one_element_per_block_kernel(int* out, int same) {
+  if (threadIdx.x == 0) out[same ? 0 : blockIdx.x] = int(blockIdx.x);
+}
+
+TEST(MxemuRaceCheck, TwoBlocksWritingOneElementRaceAndSeparateElementsDoNot) {
+  RaceCheck on;
+  Buf<int> out(4);
+  one_element_per_block_kernel<<<4, 32>>>(out.p, 0);
+  EXPECT_EQ(verdict(), "");
+  one_element_per_block_kernel<<<4, 32>>>(out.p, 1);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("data race on device memory (byte 0 of 16): thread (0, 0, 0) of block (1, 0, "
+                   "0): write at " +
+                   at_line(kBlockWriteLine, "one_element_per_block_kernel") +
+                   "; thread (0, 0, 0) of block (0, 0, 0) wrote at " +
+                   at_line(kBlockWriteLine, "one_element_per_block_kernel")),
+            std::string::npos)
+      << v;
+  // Blocks 1 to 3 each overwrite the 4 bytes.
+  EXPECT_NE(v.find("(12 racing byte accesses in this launch)"), std::string::npos) << v;
+}
+
+__global__ void write_kernel(int* p, int v) { p[threadIdx.x] = v; }
+__global__ void read_kernel(const int* p, int* out) {
+  out[threadIdx.x] = p[(threadIdx.x + 1) % 32];
+}
+
+TEST(MxemuRaceCheck, LaunchesOnAStreamAreOrdered) {
+  RaceCheck on;
+  Buf<int> a(32), b(32);
+  write_kernel<<<2, 32>>>(b.p, 0);  // (two blocks writing the same bytes: a race, reported)
+  EXPECT_NE(verdict().find("data race"), std::string::npos);
+  mxemu::clear_sticky_error_for_tests();
+  write_kernel<<<1, 32>>>(a.p, 7);
+  read_kernel<<<1, 32>>>(a.p, b.p);
+  write_kernel<<<1, 32>>>(a.p, 8);
+  EXPECT_EQ(verdict(), "");
+  for (int v : b.get()) EXPECT_EQ(v, 7);
+}
+
+__global__ void count_kernel(const unsigned* in, unsigned* count, unsigned* seen) {
+  atomicAdd(count, in[0]);  // every block reads in[0]: reads do not race
+  if (seen && blockIdx.x == 1 && threadIdx.x == 0) *seen = *count;  // a plain read: races
+}
+
+TEST(MxemuRaceCheck, AtomicsDoNotRaceWithEachOtherButAPlainReadOfTheirTargetDoes) {
+  RaceCheck on;
+  Buf<unsigned> in(1), count(1), seen(1);
+  in.put({3});
+  count.put({0});
+  count_kernel<<<3, 64>>>(in.p, count.p, nullptr);
+  EXPECT_EQ(verdict(), "");
+  EXPECT_EQ(count.get()[0], 3u * 3 * 64);
+  // Block 1's thread 0 reads after its own atomic: the other threads' atomics (block 0's and
+  // its own block's) are not ordered before the read.
+  count_kernel<<<3, 64>>>(in.p, count.p, seen.p);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("thread (0, 0, 0) of block (1, 0, 0): read at"), std::string::npos) << v;
+  EXPECT_NE(v.find("other threads wrote it atomically, unordered with this access (the last "
+                   "atomic: thread (0, 0, 0) of the same block, wrote atomically at"),
+            std::string::npos)
+      << v;
+}
+
+__global__ void all_read_one_writes_kernel(int* g, int* out) {
+  const int v = g[0];
+  if (threadIdx.x == blockDim.x - 1) g[0] = v + 1;  // the others read g[0] in this interval
+  out[threadIdx.x] = v;
+}
+
+TEST(MxemuRaceCheck, AWriteAfterOtherThreadsReadsRacesEvenIfItsThreadReadLast) {
+  RaceCheck on;
+  Buf<int> g(1), out(32);
+  g.put({5});
+  all_read_one_writes_kernel<<<1, 32>>>(g.p, out.p);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("thread (31, 0, 0) of block (0, 0, 0): write at"), std::string::npos) << v;
+  EXPECT_NE(v.find("other threads of the same block read it between the same two barriers (the "
+                   "last: thread (31, 0, 0) of the same block, read at"),
+            std::string::npos)
+      << v;
+}
+
+__global__ void blocks_read_then_one_writes_kernel(int* g, int* out) {
+  const int v = g[0];
+  __syncthreads();  // orders this block's reads, not the other blocks'
+  if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) g[0] = v + 1;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
+TEST(MxemuRaceCheck, AWriteAfterOtherBlocksReadsRacesAcrossABarrier) {
+  RaceCheck on;
+  Buf<int> g(1), out(64);
+  g.put({5});
+  blocks_read_then_one_writes_kernel<<<1, 64>>>(g.p, out.p);
+  EXPECT_EQ(verdict(), "");  // one block: the barrier orders every read before the write
+  blocks_read_then_one_writes_kernel<<<2, 32>>>(g.p, out.p);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("thread (0, 0, 0) of block (1, 0, 0): write at"), std::string::npos) << v;
+  EXPECT_NE(v.find("other blocks of the launch read it (the last read: thread (31, 0, 0) of the "
+                   "same block"),
+            std::string::npos)
+      << v;
+}

@@ -9,7 +9,9 @@ test_grads and test_recipes); under a recipe the CPU runs its emulation of the r
 side the recipe's GEMMs on the (emulated) tensor cores: the same codes and scales, products
 accumulated in another order. The tolerances are for that order (the emulated GEMM accumulates
 in double, the CPU's in fp32) and its effect on the next operands' codes, a few steps in; a
-wrong scale, layout or kernel index moves the loss by far more (see docs/cuda_emu.md)."""
+wrong scale, layout or kernel index moves the loss by far more (see docs/cuda_emu.md). Every
+emulated run is under the race check (MXEMU_RACECHECK=1): a kernel access two threads or blocks
+make unordered fails the run."""
 import json
 import os
 import subprocess
@@ -46,7 +48,7 @@ def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), step
     if recipe != "fp32":  # the GPU's default under a recipe, set on the CPU twin too
         args += ["--set", "precision.activations=bf16"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM=sm,
-               MXEMU_STREAMS=streams,
+               MXEMU_STREAMS=streams, MXEMU_RACECHECK="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = (["mpirun", "-np", str(np_)] + MPIRUN_FLAGS + args) if np_ > 1 else args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -204,7 +206,8 @@ def test_debug_grads_on_the_device_matches_cpu(tmp_path):
     d = write_model(tmp_path / "m", cfg, llama_ref.random_params(cfg, 3, std=0.3))
     tokens = tmp_path / "tok.i32"
     np.random.default_rng(1).integers(0, 256, 2 * 9, dtype=np.int32).tofile(tokens)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90",
+               MXEMU_RACECHECK="1")
     grads = {}
     for name, binary, device in (("cpu", MXTRAIN_BIN, "cpu"), ("cuda", EMU_BIN, "cuda")):
         out = tmp_path / f"{name}.safetensors"
