@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -211,10 +213,39 @@ __global__ void swiglu_backward_kernel(float* dg, float* du, const float* ds,
 }
 
 // The bf16 path's MLP: g, u as codes, the results as RNE codes (numerics::encode_bf16).
+// vec (every pointer 16-byte aligned): four elements a thread an iteration, 8-byte loads and
+// stores of codes and a 16-byte load of ds (2-byte accesses ran these at under half the H200's
+// bandwidth); elements [4 (n / 4), n) one by one. The same per-element math either way.
+__device__ __forceinline__ float4 bf16x4(uint2 p) {
+  return make_float4(numerics::decode_bf16(uint16_t(p.x & 0xFFFFu)),
+                     numerics::decode_bf16(uint16_t(p.x >> 16)),
+                     numerics::decode_bf16(uint16_t(p.y & 0xFFFFu)),
+                     numerics::decode_bf16(uint16_t(p.y >> 16)));
+}
+__device__ __forceinline__ uint2 bf16x4_codes(float a, float b, float c, float d) {
+  auto e = [](float v) { return uint32_t(numerics::encode_bf16(v, numerics::Saturation::kNoSat)); };
+  return make_uint2(e(a) | e(b) << 16, e(c) | e(d) << 16);  // little-endian: a first
+}
+bool all_16_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
 __global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
                                            const uint16_t* __restrict__ g16,
-                                           const uint16_t* __restrict__ u16, int64_t n) {
-  MX_GRID_STRIDE(i, n) {
+                                           const uint16_t* __restrict__ u16, int64_t n,
+                                           bool vec) {
+  const int64_t n4 = vec ? n / 4 : 0;
+  MX_GRID_STRIDE(j, n4) {
+    const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
+    const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
+    reinterpret_cast<uint2*>(s16)[j] =
+        bf16x4_codes(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y), swiglu_value(g.z, u.z),
+                     swiglu_value(g.w, u.w));
+  }
+  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float s = swiglu_value(numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]));
     s16[i] = numerics::encode_bf16(s, numerics::Saturation::kNoSat);
   }
@@ -224,8 +255,23 @@ __global__ void swiglu_backward_bf16_kernel(uint16_t* __restrict__ dg16,
                                             uint16_t* __restrict__ du16,
                                             const float* __restrict__ ds,
                                             const uint16_t* __restrict__ g16,
-                                            const uint16_t* __restrict__ u16, int64_t n) {
-  MX_GRID_STRIDE(i, n) {
+                                            const uint16_t* __restrict__ u16, int64_t n,
+                                            bool vec) {
+  const int64_t n4 = vec ? n / 4 : 0;
+  MX_GRID_STRIDE(j, n4) {
+    const float4 d = reinterpret_cast<const float4*>(ds)[j];
+    const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
+    const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
+    float4 dg, du;
+    swiglu_grads(d.x, g.x, u.x, dg.x, du.x);
+    swiglu_grads(d.y, g.y, u.y, dg.y, du.y);
+    swiglu_grads(d.z, g.z, u.z, dg.z, du.z);
+    swiglu_grads(d.w, g.w, u.w, dg.w, du.w);
+    reinterpret_cast<uint2*>(dg16)[j] = bf16x4_codes(dg.x, dg.y, dg.z, dg.w);
+    reinterpret_cast<uint2*>(du16)[j] = bf16x4_codes(du.x, du.y, du.z, du.w);
+  }
+  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     float dgi, dui;
     swiglu_grads(ds[i], numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]), dgi, dui);
     dg16[i] = numerics::encode_bf16(dgi, numerics::Saturation::kNoSat);
@@ -273,48 +319,96 @@ __global__ void embedding_backward_runs_kernel(float* __restrict__ dtable,
 // loss[r] = max + log(sum exp(l - max)) - l[target] (in double, as the CPU sums chunk losses);
 // with grad: row <- grad_scale * (softmax - onehot).
 // grad16 (null: not written): the bf16 head's copy of the logits gradient (RNE of the fp32
-// value the row holds afterwards), the operand of its two backward GEMMs.
-__global__ void cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
-                                          const int32_t* __restrict__ targets, int64_t V,
-                                          float grad_scale, bool grad,
-                                          uint16_t* __restrict__ grad16) {
+// value grad_scale * softmax - onehot), the operand of its two backward GEMMs; the fp32 row is
+// then left as it was (nothing reads it: the GEMMs take the copy).
+// Memory-bound: three reads of the row (max, sum, gradient) and one write, the softmax
+// recomputed in the third pass rather than stored in the second (an H200 ran the head's
+// cross-entropy at a quarter of its bandwidth with the store and 4-byte loads). vec: rows read
+// as float4 (V a multiple of 4, logits 16-byte and grad16 8-byte aligned), each thread's
+// loads unrolled so several are in flight; else element by element.
+constexpr int kCeThreads = 512;
+struct CeRow {
+  float mx, k;  // the row's max, and grad_scale / sum
+};
+__device__ __forceinline__ uint16_t ce_bf16(float v) {
+  return numerics::encode_bf16(v, numerics::Saturation::kNoSat);
+}
+__global__ void __launch_bounds__(kCeThreads)
+    cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
+                              const int32_t* __restrict__ targets, int64_t V, float grad_scale,
+                              bool grad, uint16_t* __restrict__ grad16, bool vec) {
   const int64_t r = blockIdx.x;
   float* row = logits + r * V;
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  const int64_t n4 = vec ? V / 4 : 0;
   const int32_t tgt = targets[r];
   const float target_logit = row[tgt];
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, row[j]);
-  mx = block_max(mx);
-  __shared__ float mx_shared;
-  if (threadIdx.x == 0) mx_shared = mx;
-  __syncthreads();
-  mx = mx_shared;
-  KahanSum acc;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float e = expf(row[j] - mx);
-    acc.add(e);
-    if (grad) row[j] = e;
+  {
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+      const float4 v = row4[j];
+      m[0] = fmaxf(m[0], v.x), m[1] = fmaxf(m[1], v.y), m[2] = fmaxf(m[2], v.z),
+      m[3] = fmaxf(m[3], v.w);
+    }
+    for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) m[0] = fmaxf(m[0], row[j]);
+    mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
   }
+  mx = block_max(mx);
+  __shared__ CeRow shared;
+  if (threadIdx.x == 0) shared.mx = mx;
+  __syncthreads();
+  mx = shared.mx;
+  KahanSum acc;
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+    const float4 v = row4[j];
+    acc.add(expf(v.x - mx)), acc.add(expf(v.y - mx)), acc.add(expf(v.z - mx)),
+        acc.add(expf(v.w - mx));
+  }
+  for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) acc.add(expf(row[j] - mx));
   const double sum = block_sum(acc.value());
-  __shared__ float sum_shared;
   if (threadIdx.x == 0) {
-    sum_shared = float(sum);
+    shared.k = grad_scale / float(sum);
     loss[r] = double(mx) + log(double(float(sum))) - double(target_logit);
   }
   __syncthreads();
-  if (grad) {
-    const float k = grad_scale / sum_shared;
-    uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      row[j] *= k;
-      if (row16) row16[j] = numerics::encode_bf16(row[j], numerics::Saturation::kNoSat);
+  if (!grad) return;
+  const float k = shared.k;
+  uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
+  if (row16) {
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+      const float4 v = row4[j];
+      const uint32_t lo = uint32_t(ce_bf16(expf(v.x - mx) * k)) |
+                          uint32_t(ce_bf16(expf(v.y - mx) * k)) << 16;
+      const uint32_t hi = uint32_t(ce_bf16(expf(v.z - mx) * k)) |
+                          uint32_t(ce_bf16(expf(v.w - mx) * k)) << 16;
+      reinterpret_cast<uint2*>(row16)[j] = make_uint2(lo, hi);  // little-endian: 4j first
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      row[tgt] -= grad_scale;
-      if (row16) row16[tgt] = numerics::encode_bf16(row[tgt], numerics::Saturation::kNoSat);
-    }
+    for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x)
+      row16[j] = ce_bf16(expf(row[j] - mx) * k);
+    __syncthreads();  // row16[tgt] was written above
+    if (threadIdx.x == 0) row16[tgt] = ce_bf16(expf(target_logit - mx) * k - grad_scale);
+    return;
   }
+  float4* out4 = reinterpret_cast<float4*>(row);
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
+    float4 v = row4[j];
+    v.x = expf(v.x - mx) * k, v.y = expf(v.y - mx) * k, v.z = expf(v.z - mx) * k,
+    v.w = expf(v.w - mx) * k;
+    out4[j] = v;
+  }
+  for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) row[j] = expf(row[j] - mx) * k;
+  __syncthreads();  // row[tgt] was written above
+  if (threadIdx.x == 0) row[tgt] = expf(target_logit - mx) * k - grad_scale;
+}
+// Whether cross_entropy_rows_kernel may read the rows as float4 (see there).
+bool ce_vec(const float* logits, int64_t V, const uint16_t* grad16) {
+  return V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(grad16) % 8 == 0;
 }
 
 __global__ void round_bf16_kernel(float* y, const float* x, int64_t n) {
@@ -361,17 +455,36 @@ __global__ void sum_doubles_kernel(double* __restrict__ out, const double* __res
   if (threadIdx.x == 0) *out = s;
 }
 
+__device__ __forceinline__ void adamw_elem(float& param, float g, float& m, float& v, float beta1,
+                                           float beta2, float eps, float step_size,
+                                           float bc2_sqrt, float decay) {
+  const float mi = m = beta1 * m + (1.0f - beta1) * g;
+  const float vi = v = beta2 * v + (1.0f - beta2) * g * g;
+  const float p = param * decay;
+  param = p - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+}
+// vec: every pointer 16-byte aligned; elements [0, n & ~3) as float4 (one 16-byte load or store
+// per array and thread an iteration: the optimizer step is memory-bound, 28 bytes an element),
+// the rest one by one. The same arithmetic per element either way.
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
                              float* __restrict__ m, float* __restrict__ v, int64_t n, float beta1,
                              float beta2, float eps, float step_size, float bc2_sqrt,
-                             float decay) {
-  MX_GRID_STRIDE(i, n) {
-    const float g = grad[i];
-    const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-    const float p = param[i] * decay;
-    param[i] = p - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+                             float decay, bool vec) {
+  const int64_t n4 = vec ? n / 4 : 0;
+  MX_GRID_STRIDE(j, n4) {
+    float4 p = reinterpret_cast<float4*>(param)[j], mm = reinterpret_cast<float4*>(m)[j],
+           vv = reinterpret_cast<float4*>(v)[j];
+    const float4 g = reinterpret_cast<const float4*>(grad)[j];
+    adamw_elem(p.x, g.x, mm.x, vv.x, beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    adamw_elem(p.y, g.y, mm.y, vv.y, beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    adamw_elem(p.z, g.z, mm.z, vv.z, beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    adamw_elem(p.w, g.w, mm.w, vv.w, beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    reinterpret_cast<float4*>(param)[j] = p, reinterpret_cast<float4*>(m)[j] = mm,
+    reinterpret_cast<float4*>(v)[j] = vv;
   }
+  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    adamw_elem(param[i], grad[i], m[i], v[i], beta1, beta2, eps, step_size, bc2_sqrt, decay);
 }
 
 class CudaBackendImpl final : public CudaBackend {
@@ -1017,14 +1130,17 @@ class CudaBackendImpl final : public CudaBackend {
   void swiglu_forward_bf16(uint16_t* s16, const uint16_t* g16, const uint16_t* u16,
                            int64_t n) override {
     if (n == 0) return;
-    swiglu_forward_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(s16, g16, u16, n);
+    const bool vec = all_16_aligned({s16, g16, u16});
+    swiglu_forward_bf16_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
+        s16, g16, u16, n, vec);
     launched("swiglu_forward_bf16");
   }
   void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds, const uint16_t* g16,
                             const uint16_t* u16, int64_t n) override {
     if (n == 0) return;
-    swiglu_backward_bf16_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(dg16, du16, ds, g16, u16,
-                                                                      n);
+    const bool vec = all_16_aligned({dg16, du16, ds, g16, u16});
+    swiglu_backward_bf16_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
+        dg16, du16, ds, g16, u16, n, vec);
     launched("swiglu_backward_bf16");
   }
 
@@ -1076,8 +1192,9 @@ class CudaBackendImpl final : public CudaBackend {
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       const int64_t R = std::min(chunk_rows, N - r0);
       linear_forward(workspace, h + r0 * C, w, R, C, V);  // logits [R, V]
-      cross_entropy_rows_kernel<<<unsigned(R), kThreads, 0, stream_>>>(
-          workspace, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr);
+      cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
+          workspace, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr,
+          ce_vec(workspace, V, nullptr));
       launched("head_cross_entropy");
       if (dh) linear_backward(dh + r0 * C, dw, workspace, h + r0 * C, w, R, C, V, false);
     }
@@ -1147,8 +1264,9 @@ class CudaBackendImpl final : public CudaBackend {
     const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, float(t)));
     const float step_size = lr / bc1;
     const float decay = 1.0f - lr * weight_decay;
-    adamw_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(param, grad, m, v, n, beta1, beta2, eps,
-                                                       step_size, bc2_sqrt, decay);
+    const bool vec = all_16_aligned({param, grad, m, v});
+    adamw_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
+        param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay, vec);
     launched("adamw");
   }
 
@@ -1178,9 +1296,10 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::round_to_bf16(h16, h + r0 * C, R * C, stream_);
       lt_.gemm_bf16(false, true, R, V, C, 1.0f, nullptr, h16, nullptr, w16, 0.0f, logits,
                     nullptr, ws, ws_bytes, scratch_, stream_);
-      cross_entropy_rows_kernel<<<unsigned(R), kThreads, 0, stream_>>>(
-          logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr,
-          dh ? g16 : nullptr);
+      uint16_t* g = dh ? g16 : nullptr;
+      cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
+          logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, g,
+          ce_vec(logits, V, g));
       launched("head_cross_entropy");
       stats_.flops += 2.0 * double(R) * double(V) * double(C);
       if (!dh) continue;
