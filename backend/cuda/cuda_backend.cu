@@ -97,15 +97,37 @@ __device__ __forceinline__ void store_out(uint16_t* y, int64_t i, float v) {
   y[i] = numerics::encode_bf16(v, numerics::Saturation::kNoSat);
 }
 
+// Four outputs at 4-aligned i: one 16-byte fp32 store or one 8-byte store of bf16 codes.
+__device__ __forceinline__ void store_out4(float* y, int64_t i, float4 v) {
+  *reinterpret_cast<float4*>(y + i) = v;
+}
+__device__ __forceinline__ void store_out4(uint16_t* y, int64_t i, float4 v) {
+  auto e = [](float f) { return uint32_t(numerics::encode_bf16(f, numerics::Saturation::kNoSat)); };
+  *reinterpret_cast<uint2*>(y + i) = make_uint2(e(v.x) | e(v.y) << 16, e(v.z) | e(v.w) << 16);
+}
+__device__ __forceinline__ float4 ld4(const float* p, int64_t i) {
+  return *reinterpret_cast<const float4*>(p + i);
+}
+
+// The row kernels below: vec (C a multiple of 4, every pointer 16-byte aligned) reads and
+// writes four elements a thread an iteration (4-byte accesses ran them at about a third of the
+// H200's bandwidth); else one by one. The same per-element math either way; each thread's
+// Kahan sum takes its elements in a different order, as the block's sum already does.
+
 // y fp32 (rmsnorm_forward) or bf16 codes (rmsnorm_forward_bf16): the same fp32 math either way.
 template <typename Out>
 __global__ void rmsnorm_forward_kernel(Out* __restrict__ y, float* __restrict__ rstd,
                                        const float* __restrict__ x, const float* __restrict__ w,
-                                       int64_t C, float eps) {
+                                       int64_t C, float eps, bool vec) {
   const int64_t n = blockIdx.x;
   const float* xr = x + n * C;
+  const int64_t c4 = vec ? C : 0;  // elements [0, c4) four at a time
   KahanSum acc;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) acc.add(xr[c] * xr[c]);
+  for (int64_t c = 4 * int64_t(threadIdx.x); c < c4; c += 4 * int64_t(blockDim.x)) {
+    const float4 v = ld4(xr, c);
+    acc.add(v.x * v.x), acc.add(v.y * v.y), acc.add(v.z * v.z), acc.add(v.w * v.w);
+  }
+  for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x) acc.add(xr[c] * xr[c]);
   const double ss = block_sum(acc.value());
   __shared__ float r_shared;
   if (threadIdx.x == 0) {
@@ -114,7 +136,12 @@ __global__ void rmsnorm_forward_kernel(Out* __restrict__ y, float* __restrict__ 
   }
   __syncthreads();
   const float r = r_shared;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+  for (int64_t c = 4 * int64_t(threadIdx.x); c < c4; c += 4 * int64_t(blockDim.x)) {
+    const float4 v = ld4(xr, c), wv = ld4(w, c);
+    store_out4(y, n * C + c,
+               make_float4(v.x * r * wv.x, v.y * r * wv.y, v.z * r * wv.z, v.w * r * wv.w));
+  }
+  for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x)
     store_out(y, n * C + c, xr[c] * r * w[c]);
 }
 
@@ -122,19 +149,32 @@ __global__ void rmsnorm_forward_kernel(Out* __restrict__ y, float* __restrict__ 
 __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* __restrict__ dy,
                                            const float* __restrict__ x,
                                            const float* __restrict__ w,
-                                           const float* __restrict__ rstd, int64_t C) {
+                                           const float* __restrict__ rstd, int64_t C, bool vec) {
   const int64_t n = blockIdx.x;
   const float* xr = x + n * C;
   const float* dyr = dy + n * C;
+  const int64_t c4 = vec ? C : 0;
   KahanSum acc;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) acc.add(dyr[c] * w[c] * xr[c]);
+  for (int64_t c = 4 * int64_t(threadIdx.x); c < c4; c += 4 * int64_t(blockDim.x)) {
+    const float4 d = ld4(dyr, c), wv = ld4(w, c), v = ld4(xr, c);
+    acc.add(d.x * wv.x * v.x), acc.add(d.y * wv.y * v.y), acc.add(d.z * wv.z * v.z),
+        acc.add(d.w * wv.w * v.w);
+  }
+  for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x) acc.add(dyr[c] * w[c] * xr[c]);
   const double dot = block_sum(acc.value());
   __shared__ float k_shared;
   const float r = rstd[n];
   if (threadIdx.x == 0) k_shared = float(dot * double(r) * r * r / double(C));
   __syncthreads();
   const float k = k_shared;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dx[n * C + c] += r * w[c] * dyr[c] - xr[c] * k;
+  for (int64_t c = 4 * int64_t(threadIdx.x); c < c4; c += 4 * int64_t(blockDim.x)) {
+    const float4 d = ld4(dyr, c), wv = ld4(w, c), v = ld4(xr, c);
+    float4 o = ld4(dx + n * C, c);
+    o.x += r * wv.x * d.x - v.x * k, o.y += r * wv.y * d.y - v.y * k,
+        o.z += r * wv.z * d.z - v.z * k, o.w += r * wv.w * d.w - v.w * k;
+    store_out4(dx, n * C + c, o);
+  }
+  for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x) dx[n * C + c] += r * w[c] * dyr[c] - xr[c] * k;
 }
 
 // dw partials: part[s, c] = sum over rows n = s, s + splits, ... of dy x r (compensated float,
@@ -324,16 +364,33 @@ __global__ void embedding_backward_runs_kernel(float* __restrict__ dtable,
 // Memory-bound: three reads of the row (max, sum, gradient) and one write, the softmax
 // recomputed in the third pass rather than stored in the second (an H200 ran the head's
 // cross-entropy at a quarter of its bandwidth with the store and 4-byte loads). vec: rows read
-// as float4 (V a multiple of 4, logits 16-byte and grad16 8-byte aligned), each thread's
-// loads unrolled so several are in flight; else element by element.
-constexpr int kCeThreads = 512;
+// as float4 (V a multiple of 4, logits 16-byte and grad16 8-byte aligned), each thread issuing
+// kCeBatch loads before it uses them; else element by element. 1024 threads, one block an SM
+// (__launch_bounds__ lets it use 64 registers). (With 512 threads and no batching the kernel
+// moved 1.3 TB/s on the H200, a third of its bandwidth: at more than 32 registers a thread,
+// three blocks an SM take 396 of a chunk's 512 rows and the rest run as a thin second wave.)
+constexpr int kCeThreads = 1024, kCeBatch = 4;
 struct CeRow {
   float mx, k;  // the row's max, and grad_scale / sum
 };
 __device__ __forceinline__ uint16_t ce_bf16(float v) {
   return numerics::encode_bf16(v, numerics::Saturation::kNoSat);
 }
-__global__ void __launch_bounds__(kCeThreads)
+// f(v, j) for the float4s j of a row (j < n4) this thread takes, kCeBatch loads at a time.
+template <typename F>
+__device__ __forceinline__ void ce_for_vec(const float4* __restrict__ row4, int64_t n4, F&& f) {
+  const int64_t step = int64_t(blockDim.x);
+  for (int64_t j0 = threadIdx.x; j0 < n4; j0 += kCeBatch * step) {
+    float4 v[kCeBatch];
+#pragma unroll
+    for (int u = 0; u < kCeBatch; ++u)
+      if (j0 + u * step < n4) v[u] = row4[j0 + u * step];
+#pragma unroll
+    for (int u = 0; u < kCeBatch; ++u)
+      if (j0 + u * step < n4) f(v[u], j0 + u * step);
+  }
+}
+__global__ void __launch_bounds__(kCeThreads, 1)
     cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
                               const int32_t* __restrict__ targets, int64_t V, float grad_scale,
                               bool grad, uint16_t* __restrict__ grad16, bool vec) {
@@ -346,12 +403,10 @@ __global__ void __launch_bounds__(kCeThreads)
   float mx = -INFINITY;
   {
     float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
-      const float4 v = row4[j];
+    ce_for_vec(row4, n4, [&](float4 v, int64_t) {
       m[0] = fmaxf(m[0], v.x), m[1] = fmaxf(m[1], v.y), m[2] = fmaxf(m[2], v.z),
       m[3] = fmaxf(m[3], v.w);
-    }
+    });
     for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) m[0] = fmaxf(m[0], row[j]);
     mx = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
   }
@@ -361,12 +416,10 @@ __global__ void __launch_bounds__(kCeThreads)
   __syncthreads();
   mx = shared.mx;
   KahanSum acc;
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
-    const float4 v = row4[j];
+  ce_for_vec(row4, n4, [&](float4 v, int64_t) {
     acc.add(expf(v.x - mx)), acc.add(expf(v.y - mx)), acc.add(expf(v.z - mx)),
         acc.add(expf(v.w - mx));
-  }
+  });
   for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) acc.add(expf(row[j] - mx));
   const double sum = block_sum(acc.value());
   if (threadIdx.x == 0) {
@@ -378,15 +431,13 @@ __global__ void __launch_bounds__(kCeThreads)
   const float k = shared.k;
   uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
   if (row16) {
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
-      const float4 v = row4[j];
+    ce_for_vec(row4, n4, [&](float4 v, int64_t j) {
       const uint32_t lo = uint32_t(ce_bf16(expf(v.x - mx) * k)) |
                           uint32_t(ce_bf16(expf(v.y - mx) * k)) << 16;
       const uint32_t hi = uint32_t(ce_bf16(expf(v.z - mx) * k)) |
                           uint32_t(ce_bf16(expf(v.w - mx) * k)) << 16;
       reinterpret_cast<uint2*>(row16)[j] = make_uint2(lo, hi);  // little-endian: 4j first
-    }
+    });
     for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x)
       row16[j] = ce_bf16(expf(row[j] - mx) * k);
     __syncthreads();  // row16[tgt] was written above
@@ -394,13 +445,11 @@ __global__ void __launch_bounds__(kCeThreads)
     return;
   }
   float4* out4 = reinterpret_cast<float4*>(row);
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < n4; j += blockDim.x) {
-    float4 v = row4[j];
+  ce_for_vec(row4, n4, [&](float4 v, int64_t j) {
     v.x = expf(v.x - mx) * k, v.y = expf(v.y - mx) * k, v.z = expf(v.z - mx) * k,
     v.w = expf(v.w - mx) * k;
     out4[j] = v;
-  }
+  });
   for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) row[j] = expf(row[j] - mx) * k;
   __syncthreads();  // row[tgt] was written above
   if (threadIdx.x == 0) row[tgt] = expf(target_logit - mx) * k - grad_scale;
@@ -951,20 +1000,23 @@ class CudaBackendImpl final : public CudaBackend {
   void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N,
                        int64_t C, float eps) override {
     if (N == 0) return;
-    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(y, rstd, x, w, C, eps);
+    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(
+        y, rstd, x, w, C, eps, C % 4 == 0 && all_16_aligned({y, x, w}));
     launched("rmsnorm_forward");
   }
   void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
                             int64_t N, int64_t C, float eps) override {
     if (N == 0) return;
-    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(y16, rstd, x, w, C, eps);
+    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(
+        y16, rstd, x, w, C, eps, C % 4 == 0 && all_16_aligned({y16, x, w}));
     launched("rmsnorm_forward_bf16");
   }
 
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
     if (N == 0) return;
-    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(dx, dy, x, w, rstd, C);
+    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(
+        dx, dy, x, w, rstd, C, C % 4 == 0 && all_16_aligned({dx, dy, x, w}));
     launched("rmsnorm_backward");
     if (!dw) return;
     DeviceArenaScope scope(scratch_);
