@@ -27,12 +27,19 @@ __device__ inline float warp_amax(float m) {
 __device__ inline float load(const float* x, int64_t i) { return x[i]; }
 __device__ inline float load(const uint16_t* x, int64_t i) { return numerics::decode_bf16(x[i]); }
 
-// Four consecutive elements from 4-element-aligned i (one 16-byte fp32 or 8-byte bf16 load).
-__device__ inline float4 load4(const float* x, int64_t i) {
+// Four consecutive elements from 4-element-aligned i (one 16-byte fp32 or 8-byte bf16 load), in
+// two steps: raw4 loads the four elements as stored (a float4, or the four bf16 codes in a
+// uint2: half the registers while they wait), widen4 makes them floats.
+__device__ inline float4 raw4(const float* x, int64_t i) {
   return *reinterpret_cast<const float4*>(x + i);
 }
-__device__ inline float4 load4(const uint16_t* x, int64_t i) {
-  const uint2 p = *reinterpret_cast<const uint2*>(x + i);
+__device__ inline uint2 raw4(const uint16_t* x, int64_t i) {
+  return *reinterpret_cast<const uint2*>(x + i);
+}
+__device__ inline float4 raw4_zero(const float*) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+__device__ inline uint2 raw4_zero(const uint16_t*) { return make_uint2(0u, 0u); }  // +0.0 x 4
+__device__ inline float4 widen4(float4 v) { return v; }
+__device__ inline float4 widen4(uint2 p) {
   return make_float4(numerics::decode_bf16(uint16_t(p.x & 0xFFFFu)),
                      numerics::decode_bf16(uint16_t(p.x >> 16)),
                      numerics::decode_bf16(uint16_t(p.y & 0xFFFFu)),
@@ -44,7 +51,7 @@ __device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, i
 }
 
 // ---- whole-tensor amax ------------------------------------------------------------------------
-// m folded with four elements (a load4).
+// m folded with four elements (a widened raw4).
 __device__ inline float amax_fold4(float m, float4 v) {
   m = numerics::amax_fold(numerics::amax_fold(m, v.x), v.y);
   return numerics::amax_fold(numerics::amax_fold(m, v.z), v.w);
@@ -65,15 +72,27 @@ __device__ float block_amax(float m) {
   return b;
 }
 
-// vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for load4).
+// The vectors (four elements each) a thread of the vec4 loops below loads before it uses any:
+// enough bytes in flight to cover the memory latency (elem_grid caps the grid).
+constexpr int kUnroll = 4;
+
+// vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for raw4).
 template <class T>
 __global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_t n,
                                     bool vec4) {
   float m = 0.0f;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  if (vec4) {
-    for (int64_t j = first; j < n / 4; j += stride) m = amax_fold4(m, load4(x, 4 * j));
+  if (vec4) {  // kUnroll vectors a thread an iteration, their loads issued together
+    const int64_t nv = n / 4;
+    for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
+      decltype(raw4(x, 0)) v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        v[u] = j0 + u * stride < nv ? raw4(x, 4 * (j0 + u * stride)) : raw4_zero(x);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) m = amax_fold4(m, widen4(v[u]));  // +0: no change
+    }
   } else {
     for (int64_t i = first; i < n; i += stride) m = numerics::amax_fold(m, load(x, i));
   }
@@ -161,7 +180,7 @@ __global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t 
                                  int64_t br, int64_t bc, int64_t scale_rows, int64_t scale_cols,
                                  bool pow2, bool stochastic, RandomStream rng,
                                  uint8_t* __restrict__ codes, float* __restrict__ scales,
-                                 float* __restrict__ dequant) {
+                                 float* __restrict__ dequant, bool transposed) {
   const int64_t b = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (b >= scale_rows * scale_cols) return;  // whole warps leave together
@@ -173,9 +192,144 @@ __global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t 
   for_lane_elements(g, cols, lane, [&](int64_t i) {
     const uint8_t c = numerics::encode_fp8_elem(load(x, i) * scale, Format::kE4M3, stochastic,
                                                 rand_bits(stochastic, rng, i));
-    codes[i] = c;
+    codes[transposed ? (i % cols) * rows + i / cols : i] = c;  // codes^T [cols, rows]
     if (dequant) dequant[i] = numerics::decode_e4m3(c) * inv;
   });
+}
+
+// ---- FP8 quantizers, tiled: per tensor, 1x128, 128x1 and 128x128 blocks ------------------------
+// A thread block (32 x 8 threads) per 128 x 128 tile of x [rows, cols]: thread (tx, ty) holds
+// the four consecutive columns 4 tx .. 4 tx + 3 of rows ty, ty + 8, ..., ty + 120 of its tile in
+// registers (16 vector loads in flight: 16-byte fp32 / 8-byte bf16), so x is read once, a warp
+// taking whole 128-element row pieces (256 or 512 bytes). The scales come from those registers:
+// - kTensor: one given scale (*scale_ptr, fmt), amax (may be null) folded as fp8_codes_kernel's;
+// - kRow (1x128): a row piece is one warp: a shuffle reduction;
+// - kCol (128x1): a column's 16 values a thread, then its 8 threads' through shared memory;
+// - kSquare (128x128): all 64 values, the warps, then shared memory.
+// Then each group of four codes is one 4-byte store into codes [rows, cols] (kRowMajor) and/or
+// goes through a shared-memory tile into codes_t [cols, rows] (kTransposed), so that each row
+// of codes^T gets whole 128-byte pieces, 4 bytes a thread (packed_t: rows % 4 == 0 and codes_t
+// 4-byte aligned; else byte by byte). Blocks never straddle a tile, since tiles and blocks both
+// start at multiples of 128; elements past the edges load as +0, which leaves every amax (a max
+// of |x| from 0) unchanged, and are not stored. The per-element rules and the amaxes (exact
+// and order-free, as above) are fp8_block_kernel's / fp8_codes_kernel's, so the bytes are the
+// same. Requires cols % 4 == 0 and x, codes and dequant aligned to their vectors (codes_t
+// needs no alignment).
+enum class TileKind { kTensor, kRow, kCol, kSquare };
+constexpr int kQTile = 128, kQRows = 8, kQPer = kQTile / kQRows;  // 16 rows a thread
+template <class T, TileKind kKind, bool kRowMajor, bool kTransposed>
+__global__ void __launch_bounds__(256)
+    fp8_tile_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
+                    int64_t scale_cols, bool pow2, Format fmt, const float* __restrict__ scale_ptr,
+                    bool stochastic, RandomStream rng, uint8_t* __restrict__ codes,
+                    uint8_t* __restrict__ codes_t, float* __restrict__ scales,
+                    float* __restrict__ dequant, float* amax_out, bool packed_t) {
+  constexpr bool kBlocks = kKind == TileKind::kCol || kKind == TileKind::kSquare;
+  __shared__ float part[kBlocks ? kQRows : 1][kQTile];  // 128x1: [ty][column]; 128x128: [0][ty]
+  __shared__ uint8_t tile_t[kTransposed ? kQTile : 1][kQTile + 1];  // [column][row], odd pitch
+  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
+  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
+  const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
+  const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
+  const bool col_in = c < cols;
+  decltype(raw4(x, 0)) v[kQPer];
+#pragma unroll
+  for (int k = 0; k < kQPer; ++k) {
+    const int64_t r = r0 + ty + kQRows * k;
+    v[k] = col_in && r < rows ? raw4(x, r * cols + c) : raw4_zero(x);
+  }
+  auto scale_of = [&](float amax) {
+    return numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, 0.0f, pow2);
+  };
+  // The encode scales of this thread's elements: sc[j] for column c + j (kTensor, kCol,
+  // kSquare), or sk[k] for row k (kRow).
+  float sc[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  float sk[kKind == TileKind::kRow ? kQPer : 1];
+  if (kKind == TileKind::kTensor) {
+    sc[0] = sc[1] = sc[2] = sc[3] = *scale_ptr;
+    if (amax_out) {
+      float m = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kQPer; ++k) m = amax_fold4(m, widen4(v[k]));
+      block_amax_to(m, amax_out);
+    }
+  } else if (kKind == TileKind::kRow) {
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k) {
+      const float a = warp_amax(amax_fold4(0.0f, widen4(v[k])));
+      sk[k] = scale_of(a);
+      const int64_t r = r0 + ty + kQRows * k;
+      if (tx == 0 && r < rows) scales[r * scale_cols + c0 / kQTile] = 1.0f / sk[k];
+    }
+  } else if (kKind == TileKind::kCol) {
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k) {
+      const float4 f = widen4(v[k]);
+      m[0] = numerics::amax_fold(m[0], f.x);
+      m[1] = numerics::amax_fold(m[1], f.y);
+      m[2] = numerics::amax_fold(m[2], f.z);
+      m[3] = numerics::amax_fold(m[3], f.w);
+    }
+    for (int j = 0; j < 4; ++j) part[ty][4 * tx + j] = m[j];
+    __syncthreads();
+    for (int j = 0; j < 4; ++j) {
+      float a = 0.0f;
+      for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y][4 * tx + j]);
+      sc[j] = scale_of(a);
+      if (ty == 0 && col_in) scales[(r0 / kQTile) * scale_cols + c + j] = 1.0f / sc[j];
+    }
+  } else {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k) m = amax_fold4(m, widen4(v[k]));
+    m = warp_amax(m);
+    if (tx == 0) part[0][ty] = m;
+    __syncthreads();
+    float a = 0.0f;
+    for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[0][y]);
+    sc[0] = sc[1] = sc[2] = sc[3] = scale_of(a);
+    if (tx == 0 && ty == 0) scales[(r0 / kQTile) * scale_cols + c0 / kQTile] = 1.0f / sc[0];
+  }
+#pragma unroll
+  for (int k = 0; k < kQPer; ++k) {
+    const int64_t r = r0 + ty + kQRows * k;
+    if (!col_in || r >= rows) continue;
+    const float4 f = widen4(v[k]);
+    const float e[4] = {f.x, f.y, f.z, f.w};
+    uint32_t packed = 0;
+    float d[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float s = kKind == TileKind::kRow ? sk[kKind == TileKind::kRow ? k : 0] : sc[j];
+      const int64_t i = r * cols + c + j;
+      const uint8_t code =
+          numerics::encode_fp8_elem(e[j] * s, fmt, stochastic, rand_bits(stochastic, rng, i));
+      packed |= uint32_t(code) << (8 * j);  // little-endian: column c + j at byte j
+      if (kTransposed) tile_t[4 * tx + j][ty + kQRows * k] = code;
+      if (dequant) d[j] = numerics::decode_fp8_elem(code, fmt) * (1.0f / s);
+    }
+    if (kRowMajor) *reinterpret_cast<uint32_t*>(codes + r * cols + c) = packed;
+    if (dequant)
+      *reinterpret_cast<float4*>(dequant + r * cols + c) = make_float4(d[0], d[1], d[2], d[3]);
+  }
+  if (kTransposed) {
+    __syncthreads();
+    // codes^T row c0 + j (x's column), bytes r0 + 4 tx .. + 3 (x's rows) from this thread
+    const int64_t r = r0 + 4 * tx;
+    for (int j = ty; j < kQTile; j += kQRows) {
+      const int64_t col = c0 + j;
+      if (col >= cols || r >= rows) continue;
+      uint8_t* dst = codes_t + col * rows + r;
+      if (packed_t && r + 3 < rows) {
+        *reinterpret_cast<uint32_t*>(dst) =
+            uint32_t(tile_t[j][4 * tx]) | uint32_t(tile_t[j][4 * tx + 1]) << 8 |
+            uint32_t(tile_t[j][4 * tx + 2]) << 16 | uint32_t(tile_t[j][4 * tx + 3]) << 24;
+      } else {
+        for (int q = 0; q < 4 && r + q < rows; ++q) dst[q] = tile_t[j][4 * tx + q];
+      }
+    }
+  }
 }
 
 template <class T>
@@ -252,15 +406,25 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
   float m = 0.0f;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  if (vec4) {
-    for (int64_t j = first; j < n / 4; j += stride) {
-      const float4 v = load4(x, 4 * j);
-      m = amax_fold4(m, v);
-      auto code = [&](float e) {
-        return uint32_t(numerics::encode_fp8_elem(e * scale, fmt, false, 0u));
-      };
-      const uint32_t packed = code(v.x) | code(v.y) << 8 | code(v.z) << 16 | code(v.w) << 24;
-      reinterpret_cast<uint32_t*>(codes)[j] = packed;  // little-endian: element 4j at byte 0
+  if (vec4) {  // kUnroll vectors a thread an iteration, their loads issued together
+    const int64_t nv = n / 4;
+    auto code = [&](float e) {
+      return uint32_t(numerics::encode_fp8_elem(e * scale, fmt, false, 0u));
+    };
+    for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
+      decltype(raw4(x, 0)) raw[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        raw[u] = j0 + u * stride < nv ? raw4(x, 4 * (j0 + u * stride)) : raw4_zero(x);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = j0 + u * stride;
+        if (j >= nv) break;
+        const float4 v = widen4(raw[u]);
+        m = amax_fold4(m, v);
+        const uint32_t packed = code(v.x) | code(v.y) << 8 | code(v.z) << 16 | code(v.w) << 24;
+        reinterpret_cast<uint32_t*>(codes)[j] = packed;  // little-endian: element 4j at byte 0
+      }
     }
   } else {
     for (int64_t i = first; i < n; i += stride) {
@@ -421,6 +585,7 @@ unsigned elem_grid(int64_t n) {
   return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
 }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 // Grid y of a transposing kernel: its row tiles, at most max_grid_yz() (the kernels loop).
 unsigned row_tiles(int64_t rows, int64_t tile) {
   return unsigned(std::min(ceil_div(rows, tile), max_grid_yz()));
@@ -441,11 +606,41 @@ void fp8_scales(float* scale, float* scale_inv, const float* amax, float given, 
 }
 
 namespace {
+// fp8_tile_kernel for one kind and layout: codes [rows, cols] and/or codes_t [cols, rows]
+// (whichever is not null).
+template <TileKind kKind, class T>
+void launch_tiles(const T* x, int64_t rows, int64_t cols, int64_t scale_cols, bool pow2,
+                  Format fmt, const float* scale, const numerics::RoundingOptions& ro,
+                  uint8_t* codes, uint8_t* codes_t, float* scales, float* dequant, float* amax,
+                  cudaStream_t s) {
+  const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
+  const bool packed_t = rows % 4 == 0 && aligned(codes_t, 4);
+  auto go = [&](auto row_major, auto transposed) {
+    fp8_tile_kernel<T, kKind, decltype(row_major)::value, decltype(transposed)::value>
+        <<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
+            x, rows, cols, tiles_c, scale_cols, pow2, fmt, scale, ro.stochastic, ro.rng, codes,
+            codes_t, scales, dequant, amax, packed_t);
+  };
+  using Y = std::true_type;
+  using N = std::false_type;
+  if (codes && codes_t) go(Y{}, Y{});
+  else if (codes_t) go(N{}, Y{});
+  else go(Y{}, N{});
+}
+
 // fp8_codes_t_kernel over x [rows, cols]: codes_t [cols, rows] (and codes, if given).
 template <class T>
 void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
                     uint8_t* codes_t, uint8_t* codes, float* amax, cudaStream_t s,
                     const char* op) {
+  if (cols % 4 == 0 && aligned(x, 4 * sizeof(T)) && (!codes || aligned(codes, 4))) {
+    // whole vectors: the tiled kernel (8- / 16-byte loads, 4-byte stores both ways)
+    launch_tiles<TileKind::kTensor>(x, rows, cols, 0, false, fmt, scale,
+                                    numerics::RoundingOptions{}, codes, codes_t, nullptr,
+                                    nullptr, amax, s);
+    return;
+  }
   const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
   const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
   fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
@@ -467,8 +662,8 @@ void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const floa
     const int64_t n = rows * cols;
     const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 &&
                       reinterpret_cast<uintptr_t>(codes) % 4 == 0;
-    fp8_codes_kernel<<<elem_grid(vec4 ? n / 4 : n), 256, 0, s>>>(x, n, fmt, scale, codes, amax,
-                                                                  vec4);
+    fp8_codes_kernel<<<elem_grid(vec4 ? ceil_div(n / 4, kUnroll) : n), 256, 0, s>>>(
+        x, n, fmt, scale, codes, amax, vec4);
   } else {
     launch_codes_t(x, rows, cols, fmt, scale, codes, nullptr, amax, s, "fp8_codes");
   }
@@ -560,7 +755,7 @@ template <class T>
 void abs_max_of(float* amax, const T* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
   DeviceArenaScope scope(scratch);
   const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0;
-  const unsigned blocks = n > 0 ? elem_grid(vec4 ? n / 4 : n) : 1;
+  const unsigned blocks = n > 0 ? elem_grid(vec4 ? ceil_div(n / 4, kUnroll) : n) : 1;
   float* part = scratch.alloc_f32(blocks);
   amax_partial_kernel<<<blocks, 256, 0, s>>>(part, x, n, vec4);
   amax_final_kernel<<<1, 32, 0, s>>>(amax, part, int(blocks));
@@ -606,16 +801,36 @@ void quantize_fp8_current(const float* x, int64_t rows, int64_t cols, Format fmt
 }
 
 namespace {
+// codes: [rows, cols], or with `transposed` codes^T [cols, rows] (then no dequant).
 template <class T>
 void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_rows,
                            int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
-                           uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
+                           uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s,
+                           bool transposed = false) {
   MX_REQUIRE(block_rows >= 1 && block_cols >= 1, "block shape must be positive");
   const int64_t sr = ceil_div(rows, block_rows), sc = ceil_div(cols, block_cols);
   if (sr * sc == 0) return;
-  fp8_block_kernel<<<warp_grid(sr * sc), kWarpsPerBlock * 32, 0, s>>>(
-      x, rows, cols, block_rows, block_cols, sr, sc, pow2_scales, ro.stochastic, ro.rng, codes,
-      scales_f32, dequant);
+  // The tiled kernel: the recipe's shapes, whole vectors (cols % 4 == 0, aligned pointers).
+  const bool row = block_rows == 1 && block_cols == kQTile;
+  const bool col = block_rows == kQTile && block_cols == 1;
+  const bool square = block_rows == kQTile && block_cols == kQTile;
+  const bool vec = cols % 4 == 0 && aligned(x, 4 * sizeof(T)) &&
+                   (transposed || aligned(codes, 4)) && (!dequant || aligned(dequant, 16));
+  if (vec && (row || col || square)) {
+    auto launch = [&](auto kind) {
+      launch_tiles<decltype(kind)::value>(x, rows, cols, sc, pow2_scales, Format::kE4M3, nullptr,
+                                          ro, transposed ? nullptr : codes,
+                                          transposed ? codes : nullptr, scales_f32,
+                                          transposed ? nullptr : dequant, nullptr, s);
+    };
+    if (row) launch(std::integral_constant<TileKind, TileKind::kRow>{});
+    else if (col) launch(std::integral_constant<TileKind, TileKind::kCol>{});
+    else launch(std::integral_constant<TileKind, TileKind::kSquare>{});
+  } else {
+    fp8_block_kernel<<<warp_grid(sr * sc), kWarpsPerBlock * 32, 0, s>>>(
+        x, rows, cols, block_rows, block_cols, sr, sc, pow2_scales, ro.stochastic, ro.rng, codes,
+        scales_f32, transposed ? nullptr : dequant, transposed);
+  }
   MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
 }
 }  // namespace
@@ -632,6 +847,20 @@ void quantize_fp8_block(const uint16_t* x, int64_t rows, int64_t cols, int block
                         uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s) {
   quantize_fp8_block_of(x, rows, cols, block_rows, block_cols, pow2_scales, ro, codes,
                         scales_f32, dequant, s);
+}
+
+void quantize_fp8_block_t(const float* x, int64_t rows, int64_t cols, int block_rows,
+                          int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                          uint8_t* codes_t, float* scales_f32, cudaStream_t s) {
+  quantize_fp8_block_of(x, rows, cols, block_rows, block_cols, pow2_scales, ro, codes_t,
+                        scales_f32, nullptr, s, true);
+}
+
+void quantize_fp8_block_t(const uint16_t* x, int64_t rows, int64_t cols, int block_rows,
+                          int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                          uint8_t* codes_t, float* scales_f32, cudaStream_t s) {
+  quantize_fp8_block_of(x, rows, cols, block_rows, block_cols, pow2_scales, ro, codes_t,
+                        scales_f32, nullptr, s, true);
 }
 
 namespace {

@@ -37,6 +37,18 @@ void quantize_fp8_block(const uint16_t* x, int64_t rows, int64_t cols, int block
                         int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
                         uint8_t* codes, float* scales_f32, float* dequant, cudaStream_t s);
 
+// The same quantization with the codes written transposed: codes_t [cols, rows] = the codes
+// quantize_fp8_block writes, transposed (the bytes quantize_fp8_block + transpose_bytes give,
+// from one pass: no row-major copy), scales_f32 as quantize_fp8_block's ([sr, sc], untransposed),
+// no dequant. For an fp8-block GEMM operand x^T (128x1 blocks of activations and gradients,
+// 128x128 of weights).
+void quantize_fp8_block_t(const float* x, int64_t rows, int64_t cols, int block_rows,
+                          int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                          uint8_t* codes_t, float* scales_f32, cudaStream_t s);
+void quantize_fp8_block_t(const uint16_t* x, int64_t rows, int64_t cols, int block_rows,
+                          int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
+                          uint8_t* codes_t, float* scales_f32, cudaStream_t s);
+
 // MXFP8: 1x32 (or 32x1 when columnwise) blocks, E8M0 scale bytes [ceil(rows/32), cols] when
 // columnwise, else [rows, ceil(cols/32)]. dequant may be null (the tensor-core path).
 void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
