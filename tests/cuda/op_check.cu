@@ -1750,6 +1750,20 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "scales", sc.download(), q.scales_f32);
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // The transposed codes straight from the quantizer (quantize_fp8_block_t: fp8-block's
+        // x^T, dy^T and W^T operands): the CPU's codes transposed, its scales as they are.
+        for (auto [br, bc] : std::vector<std::pair<int, int>>{{128, 1}, {128, 128}})
+          run_case("quant_fp8_block_t_" + std::to_string(br) + "x" + std::to_string(bc), name, [&](Result& r) {
+            const auto q = numerics::quantize_fp8_block(x.data(), R, C, br, bc, true, ro);
+            std::vector<uint8_t> want_t(R * C);
+            for (int64_t i = 0; i < R; ++i)
+              for (int64_t j = 0; j < C; ++j) want_t[j * R + i] = q.codes[i * C + j];
+            Dev<uint8_t> codes_t(R * C);
+            Dev<float> sc(q.scales_f32.size());
+            cuda::quantize_fp8_block_t(dx.p, R, C, br, bc, true, ro, codes_t.p, sc.p, s);
+            expect_bytes(r, "codes_t", codes_t.download(), want_t);
+            expect_floats(r, "scales", sc.download(), q.scales_f32);
+          });
         // fp8-block as the Blackwell GEMM's operand (any GPU: no tensor cores involved): the
         // K-major codes (x, or x^T for 128x1 and the transposed 128x128 weight) and the block
         // scales as E8M0 bytes in the swizzled layout, byte for byte against the CPU twin
@@ -1768,10 +1782,12 @@ void check_quantizers(CudaBackend& gpu) {
               std::vector<uint8_t> want_scales(size_t(numerics::swizzled_scale_bytes(OR, kb)));
               const int64_t bad = numerics::fp8_block_scales_to_mx(q.scales_f32.data(), R, C, br, bc, tr, want_scales.data());
               if (bad) r.note += "CPU twin: " + std::to_string(bad) + " scales not convertible; ";
-              Dev<uint8_t> tmp(R * C), codes(R * C), sw(want_scales.size());
+              Dev<uint8_t> codes(R * C), sw(want_scales.size());
               Dev<float> raw(q.scales_f32.size());
-              cuda::quantize_fp8_block(dx.p, R, C, br, bc, true, {}, tr ? tmp.p : codes.p, raw.p, nullptr, s);
-              if (tr) cuda::transpose_bytes(tmp.p, R, C, codes.p, s);
+              if (tr)  // as the backend's fp8_block_mx_operand makes x^T
+                cuda::quantize_fp8_block_t(dx.p, R, C, br, bc, true, {}, codes.p, raw.p, s);
+              else
+                cuda::quantize_fp8_block(dx.p, R, C, br, bc, true, {}, codes.p, raw.p, nullptr, s);
               cuda::fp8_block_scales_to_mx(raw.p, R, C, br, bc, tr, sw.p, s);
               expect_bytes(r, "codes", codes.download(), want_codes);
               expect_bytes(r, "e8m0 scales", sw.download(), want_scales);
