@@ -4,6 +4,8 @@
 // so the parallel reduction finds the same amax as the CPU's sequential loop.
 #include "backend/cuda/quantize_kernels.h"
 
+#include <cstdlib>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.cuh"
 #include "numerics/block_scale_layout.h"
@@ -74,7 +76,10 @@ __device__ float block_amax(float m) {
 
 // The vectors (four elements each) a thread of the vec4 loops below loads before it uses any:
 // enough bytes in flight to cover the memory latency (elem_grid caps the grid).
-constexpr int kUnroll = 4;
+// Vectors a thread issues together in the per-tensor cast and amax kernels. 1: as before the
+// tiled rework, whose 4 came with the per-tensor casts' 2-3x slowdown on the H200 (not yet
+// told apart from the tiled kernel's share of it).
+constexpr int kUnroll = 1;
 
 // vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for raw4).
 template <class T>
@@ -634,8 +639,15 @@ template <class T>
 void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
                     uint8_t* codes_t, uint8_t* codes, float* amax, cudaStream_t s,
                     const char* op) {
-  if (cols % 4 == 0 && aligned(x, 4 * sizeof(T)) && (!codes || aligned(codes, 4))) {
-    // whole vectors: the tiled kernel (8- / 16-byte loads, 4-byte stores both ways)
+  // The tiled kernel (8- / 16-byte loads, 4-byte stores both ways) is byte-identical but ran
+  // these per-tensor casts 2-3x SLOWER on the H200 (2026-12-04: fp8-delayed's both-layouts
+  // casts 25 -> 79 ms a step; at 70-128 registers a thread too few threads hide the encoder's
+  // arithmetic), so it is off here until tuned: MXTRAIN_FP8_TILED_CASTS=1 turns it on.
+  static const bool tiled = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_TILED_CASTS");
+    return e && e[0] == '1';
+  }();
+  if (tiled && cols % 4 == 0 && aligned(x, 4 * sizeof(T)) && (!codes || aligned(codes, 4))) {
     launch_tiles<TileKind::kTensor>(x, rows, cols, 0, false, fmt, scale,
                                     numerics::RoundingOptions{}, codes, codes_t, nullptr,
                                     nullptr, amax, s);
