@@ -72,6 +72,17 @@ size_t cuda_scratch_bytes() {
   return size_t(v) << 20;
 }
 
+size_t cuda_head_chunk_bytes() {
+  const char* mb = std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB");
+  if (!mb) return size_t(256) << 20;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(mb, &end, 10);
+  MX_REQUIRE(*mb >= '0' && *mb <= '9' && end && *end == '\0' && v >= 16 && v <= (1ull << 16),
+             "MXTRAIN_CUDA_HEAD_CHUNK_MB must be a whole number of mebibytes from 16 to 65536 "
+             "(got '", mb, "')");
+  return size_t(v) << 20;
+}
+
 bool Backend::host_addressable() const {
   static const bool staged = [] {
     const char* e = std::getenv("MXTRAIN_TEST_STAGING");

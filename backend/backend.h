@@ -451,6 +451,13 @@ inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
 // not a positive whole number. Read by the CUDA factory and by `mxtrain plan` (its GPU
 // accounting of this engine), so both use the same number.
 size_t cuda_scratch_bytes();
+// The fp32 logits chunk of the head's cross-entropy on a GPU (head_chunk_rows):
+// MXTRAIN_CUDA_HEAD_CHUNK_MB mebibytes, default 256. Each chunk's weight-gradient GEMM reads
+// and writes all of dW (V x C fp32), so fewer, larger chunks move less (at Llama 3's 128K
+// vocabulary and 16K tokens, 256 MiB makes 32 chunks: ~67 GB of dW traffic a step); the
+// planner counts the chunk (and its bf16 copies) in the activations. UserError for a value
+// that is not a whole number from 16 to 65536.
+size_t cuda_head_chunk_bytes();
 
 std::unique_ptr<Backend> make_cpu_backend();
 // The CPU backend on plain host memory whatever MXTRAIN_TEST_STAGING / _DEVICE_MEMORY say:

@@ -28,11 +28,14 @@ int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device) {
   // CPU: 32M floats (128 MiB) of logits at a time: about 1000 rows at a 32K vocabulary, where
   // the head's three GEMMs reach the full SGEMM rate (at 256 rows they ran ~20% slower), and
   // still a bounded workspace at Llama 3's 128K vocabulary (256 rows).
-  // GPU: 64M floats (256 MiB): about 520 rows at 128K. Every chunk's GEMMs read all of W (V x
-  // C), so with 256 rows the head's GEMMs do 256 multiply-adds per bf16 weight read, about an
-  // H200's FLOP:byte balance (~200), and would run near memory-bound; twice that keeps them
-  // compute-bound for 128 MiB more of a 141-268 GB device.
-  const int64_t budget = device ? int64_t(64) << 20 : int64_t(32) << 20;
+  // GPU: 64M floats (256 MiB, MXTRAIN_CUDA_HEAD_CHUNK_MB): about 520 rows at 128K. Every
+  // chunk's GEMMs read all of W (V x C), so with 256 rows the head's GEMMs do 256
+  // multiply-adds per bf16 weight read, about an H200's FLOP:byte balance (~200), and would
+  // run near memory-bound; twice that keeps them compute-bound for 128 MiB more of a 141-268
+  // GB device. (Each chunk's weight gradient also reads and writes all of dW in fp32: larger
+  // chunks move less; cuda_head_chunk_bytes.)
+  const int64_t budget =
+      device ? int64_t(cuda_head_chunk_bytes() / sizeof(float)) : int64_t(32) << 20;
   return std::clamp<int64_t>(budget / c.vocab_size, 1, std::max<int64_t>(tokens, 1));
 }
 

@@ -1348,12 +1348,16 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::round_to_bf16(h16, h + r0 * C, R * C, stream_);
       lt_.gemm_bf16(false, true, R, V, C, 1.0f, nullptr, h16, nullptr, w16, 0.0f, logits,
                     nullptr, ws, ws_bytes, scratch_, stream_);
+      // (run.profile: each GEMM's time and FLOPs apart from the cross-entropy kernel's; the
+      // first H200 profiles counted the logits GEMM's time in the kernel's row and its FLOPs
+      // in the backward GEMMs')
+      stats_.flops += 2.0 * double(R) * double(V) * double(C);
+      done("head_cross_entropy (logits GEMM)");
       uint16_t* g = dh ? g16 : nullptr;
       cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
           logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, g,
           ce_vec(logits, V, g));
       launched("head_cross_entropy");
-      stats_.flops += 2.0 * double(R) * double(V) * double(C);
       if (!dh) continue;
       lt_.gemm_bf16(false, false, R, C, V, 1.0f, nullptr, g16, nullptr, w16, 0.0f, dh + r0 * C,
                     nullptr, ws, ws_bytes, scratch_, stream_);
@@ -1361,7 +1365,7 @@ class CudaBackendImpl final : public CudaBackend {
         lt_.gemm_bf16(true, false, V, C, R, 1.0f, nullptr, g16, nullptr, h16, 1.0f, dw, nullptr,
                       ws, ws_bytes, scratch_, stream_);
       stats_.flops += (dw ? 4.0 : 2.0) * double(R) * double(V) * double(C);
-      done("head_cross_entropy (bf16 GEMMs)");
+      done("head_cross_entropy (backward GEMMs)");
     }
   }
 

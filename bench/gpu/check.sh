@@ -32,8 +32,10 @@
 #      is profiled (run.profile), and the table lists each one's top ops.
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
-#      Last, if the budget has 40 s left: recipe bf16 with precision.activations = fp32 ("mx
-#      bf16/a32"), to measure what the default bf16 activations cost or save.
+#      Then, if the budget has 40 s left: recipe bf16 with 1 GiB head chunks ("mx bf16 head1g",
+#      MXTRAIN_CUDA_HEAD_CHUNK_MB=1024); last, if it still has 40 s: recipe bf16 with
+#      precision.activations = fp32 ("mx bf16/a32"), to measure what the default bf16
+#      activations cost or save.
 #
 # Dry run without a GPU (tests/python/test_gpu_check.py; docs/cuda.md, "Running the GPU check"):
 # these variables, each changing nothing when unset, point the script at mxemu's binaries
@@ -278,6 +280,14 @@ for recipe in mxfp8 nvfp4; do
   fi
 done
 echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
+# The head's logits chunk at 1 GiB instead of the default 256 MiB (MXTRAIN_CUDA_HEAD_CHUNK_MB):
+# each chunk's weight-gradient GEMM reads and writes all of dW in fp32, 32 chunks a step at the
+# default (row "mx bf16 head1g").
+if (( $(cap 50) >= 40 )); then
+  t0=$(date +%s)
+  MXTRAIN_CUDA_HEAD_CHUNK_MB=1024 mx_speed bf16 --variant head1g
+  echo "mxtrain bf16, 1 GiB head chunks: $(( $(date +%s) - t0 )) s"
+fi
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
 # precision.activations = fp32, if the budget has room left (it runs last for that reason).
 if (( $(cap 50) >= 40 )); then
@@ -308,7 +318,9 @@ by = {}
 for r in speed:
     if "tokens_per_s" not in r:
         why = r.get("error") or (r.get("tried") or [{}])[-1]
-        label = r["impl"] + " " + r.get("recipe", "") + ("/a32" if r.get("activations") == "fp32" else "")
+        label = (r["impl"] + " " + r.get("recipe", "") +
+                 ("/a32" if r.get("activations") == "fp32" else "") +
+                 (" " + r["variant"] if r.get("variant") else ""))
         print(f"{label:14s} {r['seq']:5d}  did not run: {why}")
         continue
     ck = r.get("checkpointing", False)
@@ -316,6 +328,8 @@ for r in speed:
     impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
     if r.get("activations") == "fp32":
         impl += "/a32"
+    if r.get("variant"):
+        impl += " " + r["variant"]
     native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
     if r.get("fp8_native_linears"):  # the shape keeps some of a block's Linears emulated
         native = f" (tensor cores for {r['fp8_native_linears']} Linears, the others EMULATED)"
@@ -340,6 +354,9 @@ for r in speed:  # where each profiled run's step time went: its top ops
 for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
+    if ("mx bf16 head1g", seq) in by and ("mx bf16", seq) in by:
+        print(f"seq {seq}: mxtrain bf16, 1 GiB / 256 MiB head chunks = "
+              f"{by[('mx bf16 head1g', seq)] / by[('mx bf16', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
               f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")

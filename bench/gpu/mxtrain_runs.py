@@ -170,6 +170,7 @@ def speed(args):
     for seq in args.seq:
         result = {"impl": "mxtrain", "seq": seq, "recipe": args.recipe,
                   "activations": args.activations or "default",
+                  **({"variant": args.variant} if args.variant else {}),
                   "gemm_env": os.environ.get("MXTRAIN_CUDA_GEMM", "fp32"), "tried": []}
         for batch in args.batches:
             done = False
@@ -191,7 +192,8 @@ def speed(args):
                 sets.update(args.sets)  # --set: last, so they override the above
                 if args.profile:  # each op's own GPU time (one CUDA event per op)
                     sets["run.profile"] = "true"
-                out = Path(args.work) / f"speed_{args.recipe}_{args.activations}_{seq}_{batch}_{policy}"
+                out = Path(args.work) / (f"speed_{args.recipe}_{args.activations}_{seq}_{batch}_"
+                                         f"{policy}{'_' + args.variant if args.variant else ''}")
                 rc, tail, steps, secs = run_train(args.bin, sets, {}, out,
                                                   min(args.limit, left), stop_after=args.steps)
                 tried = {"micro_batch": batch, "policy": policy, "rc": rc,
@@ -263,6 +265,9 @@ def main():
                     help="speed: precision.activations (default: the GPU's, bf16 under a recipe)")
     ap.add_argument("--recipes", nargs="+", default=["fp32", "bf16"], choices=sorted(TOL),
                     help="loss-match: the recipes compared")
+    ap.add_argument("--variant", default="",
+                    help="speed: a label for the row (the table shows it after the recipe), "
+                         "e.g. for a run under an environment variable")
     ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
     ap.add_argument("--budget", type=float, default=200, help="speed: seconds for all shapes")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

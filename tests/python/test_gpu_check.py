@@ -106,7 +106,8 @@ def test_exit_code_and_files(dry_run):
         names = t.getnames()
     runs = {n.split("/")[1] for n in names if n.endswith("/stderr.txt")}
     want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES for d in ("cpu", "cuda")} |
-            {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"})
+            {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
+            {f"speed_bf16__{SEQ}_2_none_head1g"})
     assert runs == want
     assert not [n for n in names if "checkpoints" in n]
     assert (out / "runs_stderr.tgz").stat().st_size < 4 << 20
@@ -147,7 +148,11 @@ def test_loss_match(dry_run):
 def test_speed_rows(dry_run):
     rc, log, out, _ = dry_run
     res = rows(out / "speed.json")
-    mx = {(r["recipe"], r.get("activations")): r for r in res if r["impl"] == "mxtrain"}
+    mx = {(r["recipe"], r.get("activations")): r for r in res
+          if r["impl"] == "mxtrain" and not r.get("variant")}
+    head1g = [r for r in res if r.get("variant") == "head1g"]
+    assert len(head1g) == 1 and head1g[0]["recipe"] == "bf16" and head1g[0]["tokens_per_s"] > 0
+
     for recipe in ["bf16"] + FP8:
         r = mx[(recipe, "default")]
         assert r["seq"] == SEQ and r["micro_batch"] == TOKENS // SEQ, r
@@ -183,7 +188,8 @@ def test_speed_rows(dry_run):
 def test_table(dry_run):
     rc, log, out, _ = dry_run
     res = rows(out / "speed.json")
-    tps = {("mx " + r["recipe"] + ("/a32" if r["activations"] == "fp32" else "")): r["tokens_per_s"]
+    tps = {("mx " + r["recipe"] + ("/a32" if r["activations"] == "fp32" else "") +
+            (" " + r["variant"] if r.get("variant") else "")): r["tokens_per_s"]
            for r in res if r["impl"] == "mxtrain" and "tokens_per_s" in r}
     tps.update({r["impl"]: r["tokens_per_s"] for r in res if r["impl"] == "torch"
                 and "tokens_per_s" in r})
@@ -201,6 +207,9 @@ def test_table(dry_run):
     for recipe in ("mxfp8", "nvfp4"):
         assert re.search(rf"^mxtrain {recipe}\s+{SEQ}  did not run: skipped: runs natively on "
                          r"sm_100 only \(this GPU: compute capability 9\.0\)$", log, re.M)
+    assert re.search(rf"^mx bf16 head1g\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32$", log, re.M)
+    assert (f"seq {SEQ}: mxtrain bf16, 1 GiB / 256 MiB head chunks = "
+            f"{tps['mx bf16 head1g'] / tps['mx bf16']:.3f}") in log
     assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
             f"{tps['mx bf16'] / tps['mx bf16/a32']:.3f}") in log
     if "torch" in tps:

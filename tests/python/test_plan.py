@@ -329,6 +329,29 @@ def test_bad_cuda_scratch_setting_exits_2():
         256 << 20
 
 
+def test_cuda_head_chunk_setting(mxtrain):
+    """MXTRAIN_CUDA_HEAD_CHUNK_MB sizes the GPU head's fp32 logits chunk, and the plan counts it:
+    at llama3-8b's head-bound peak, 1024 MiB instead of 256 adds at least the extra rows' fp32
+    logits (floor(MiB * 2^20 / 4 / V) rows each). Bad values: one error line, exit 2."""
+    from conftest import run_mxtrain
+    for value in ("lots", "-5", "0", "15", "65537", "12x", ""):
+        r = run_mxtrain(["plan", "--gpu", "h200", "--gpus", "1", "--json"],
+                        env={"MXTRAIN_CUDA_HEAD_CHUNK_MB": value})
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.rc == 2 and len(lines) == 1 and lines[0].startswith("error:"), (value, r)
+        assert "MXTRAIN_CUDA_HEAD_CHUNK_MB" in lines[0]
+    settings = {"model.preset": "llama3-8b", "train.seq_len": 8192, "train.micro_batch": 4}
+    total = {}
+    for mib in (256, 1024):
+        r = run_mxtrain(["plan", "--gpu", "b200", "--gpus", "8", "--json"] + set_args(settings),
+                        env={"MXTRAIN_CUDA_HEAD_CHUNK_MB": str(mib)})
+        assert r.rc == 0, r
+        total[mib] = json.loads(r.stdout)["memory"]["total_bytes"]
+    V = 128256
+    rows = {mib: (mib << 20) // 4 // V for mib in (256, 1024)}
+    assert total[1024] - total[256] >= (rows[1024] - rows[256]) * V * 4
+
+
 def test_eval_forward_is_in_the_peak(mxtrain, tmp_path):
     """With validation on, the plan takes the max of the training step and the eval forward."""
     settings = {"model.preset": "tiny", "train.micro_batch": 2, "train.seq_len": 64,
