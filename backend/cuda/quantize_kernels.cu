@@ -6,12 +6,36 @@
 
 #include <cstdlib>
 
+#if !defined(MXTRAIN_CUDA_EMU)
+#include <cuda_fp8.h>
+#endif
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.cuh"
 #include "numerics/block_scale_layout.h"
 #include "numerics/fp8_block_mx.h"
 
 namespace mx::cuda {
+
+// The FP8 code of v, RNE, saturating to the largest finite value (numerics::encode_fp8_elem's
+// byte, kSatFinite). Compiled for compute capability >= 8.9, the hardware conversion
+// (cvt.rn.satfinite; the numerics encoder costs some 30-40 instructions an element, which left
+// the per-tensor casts and the block quantizers short of the H200's bandwidth), with NaN given
+// the CPU's 0x7F whatever its sign; elsewhere, and in the emulation, the numerics encoder
+// itself. The op check's fp8_encoder case compares the two over all 2^32 floats on the GPU.
+__device__ __forceinline__ uint8_t fp8_code(float v, numerics::Format fmt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MXTRAIN_CUDA_EMU)
+  if (v != v) return 0x7F;
+  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE,
+                                       fmt == numerics::Format::kE5M2 ? __NV_E5M2 : __NV_E4M3));
+#else
+  return numerics::encode_fp8_elem(v, fmt, false, 0u);
+#endif
+}
+// With stochastic rounding: the numerics encoder (no hardware form of the CPU's rule).
+__device__ __forceinline__ uint8_t fp8_code(float v, numerics::Format fmt, bool stochastic, uint32_t rand) {
+  return stochastic ? numerics::encode_fp8_elem(v, fmt, true, rand) : fp8_code(v, fmt);
+}
 namespace {
 
 using numerics::Format;
@@ -136,8 +160,7 @@ __global__ void fp8_tensor_kernel(const float* __restrict__ x, int64_t n, Format
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = inv;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint8_t c = numerics::encode_fp8_elem(x[i] * scale, fmt, stochastic,
-                                                rand_bits(stochastic, rng, i));
+    const uint8_t c = fp8_code(x[i] * scale, fmt, stochastic, rand_bits(stochastic, rng, i));
     codes[i] = c;
     dequant[i] = numerics::decode_fp8_elem(c, fmt) * inv;
   }
@@ -195,8 +218,8 @@ __global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t 
   const float inv = 1.0f / scale;
   if (lane == 0) scales[b] = inv;
   for_lane_elements(g, cols, lane, [&](int64_t i) {
-    const uint8_t c = numerics::encode_fp8_elem(load(x, i) * scale, Format::kE4M3, stochastic,
-                                                rand_bits(stochastic, rng, i));
+    const uint8_t c = fp8_code(load(x, i) * scale, Format::kE4M3, stochastic,
+                                 rand_bits(stochastic, rng, i));
     codes[transposed ? (i % cols) * rows + i / cols : i] = c;  // codes^T [cols, rows]
     if (dequant) dequant[i] = numerics::decode_e4m3(c) * inv;
   });
@@ -309,7 +332,7 @@ __global__ void __launch_bounds__(256)
       const float s = kKind == TileKind::kRow ? sk[kKind == TileKind::kRow ? k : 0] : sc[j];
       const int64_t i = r * cols + c + j;
       const uint8_t code =
-          numerics::encode_fp8_elem(e[j] * s, fmt, stochastic, rand_bits(stochastic, rng, i));
+          fp8_code(e[j] * s, fmt, stochastic, rand_bits(stochastic, rng, i));
       packed |= uint32_t(code) << (8 * j);  // little-endian: column c + j at byte j
       if (kTransposed) tile_t[4 * tx + j][ty + kQRows * k] = code;
       if (dequant) d[j] = numerics::decode_fp8_elem(code, fmt) * (1.0f / s);
@@ -351,8 +374,8 @@ __global__ void mxfp8_kernel(const T* __restrict__ x, int64_t rows, int64_t cols
   const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(amax, elem, rule);
   if (lane == 0) scales[b] = bs.code;
   for_lane_elements(g, cols, lane, [&](int64_t i) {
-    const uint8_t c = numerics::encode_fp8_elem(load(x, i) * bs.encode_multiplier, elem,
-                                                stochastic, rand_bits(stochastic, rng, i));
+    const uint8_t c = fp8_code(load(x, i) * bs.encode_multiplier, elem, stochastic,
+                                 rand_bits(stochastic, rng, i));
     codes[i] = c;
     if (dequant) dequant[i] = numerics::decode_fp8_elem(c, elem) * bs.decode_scale;
   });
@@ -414,7 +437,7 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
   if (vec4) {  // kUnroll vectors a thread an iteration, their loads issued together
     const int64_t nv = n / 4;
     auto code = [&](float e) {
-      return uint32_t(numerics::encode_fp8_elem(e * scale, fmt, false, 0u));
+      return uint32_t(fp8_code(e * scale, fmt));
     };
     for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
       decltype(raw4(x, 0)) raw[kUnroll];
@@ -435,7 +458,7 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
     for (int64_t i = first; i < n; i += stride) {
       const float v = load(x, i);
       m = numerics::amax_fold(m, v);
-      codes[i] = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
+      codes[i] = fp8_code(v * scale, fmt);
     }
   }
   if (amax) block_amax_to(m, amax);
@@ -469,7 +492,7 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
       if (r < rows && c < cols) {
         const float v = load(x, r * cols + c);
         m = numerics::amax_fold(m, v);
-        const uint8_t code = numerics::encode_fp8_elem(v * scale, fmt, false, 0u);
+        const uint8_t code = fp8_code(v * scale, fmt);
         tile[i][threadIdx.x] = code;
         if (codes) codes[r * cols + c] = code;
       }
@@ -915,6 +938,46 @@ void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
       x, rows, cols, br, sr, sc, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
       dequant);
   MX_CUDA_LAUNCH_CHECK("quantize_nvfp4");
+}
+
+namespace {
+__global__ void fp8_encoder_check_kernel(uint64_t first, uint64_t count, Format fmt,
+                                         unsigned long long* bad, unsigned* first_bad) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < count;
+       i += uint64_t(gridDim.x) * blockDim.x) {
+    const uint32_t bits = uint32_t(first + i);
+    const float v = numerics::bits_float(bits);
+    if (fp8_code(v, fmt) != numerics::encode_fp8_elem(v, fmt, false, 0u)) {
+      atomicAdd(bad, 1ull);
+      atomicMin(first_bad, bits);
+    }
+  }
+}
+}  // namespace
+
+uint64_t fp8_encoder_mismatches(Format fmt, uint64_t first, uint64_t count,
+                                uint32_t* first_bad_bits, cudaStream_t s) {
+  check_fp8(fmt, "fp8_encoder_mismatches");
+  struct Counters {
+    unsigned long long bad;
+    unsigned first_bad;
+  };
+  Counters* d = nullptr;
+  MX_CUDA_CHECK("fp8_encoder_mismatches", cudaMalloc(&d, sizeof(Counters)));
+  const Counters init{0ull, 0xFFFFFFFFu};
+  MX_CUDA_CHECK("fp8_encoder_mismatches",
+                cudaMemcpyAsync(d, &init, sizeof init, cudaMemcpyHostToDevice, s));
+  const uint64_t blocks = std::min<uint64_t>((count + 255) / 256, 132 * 64);
+  fp8_encoder_check_kernel<<<unsigned(blocks > 0 ? blocks : 1), 256, 0, s>>>(
+      first, count, fmt, &d->bad, &d->first_bad);
+  MX_CUDA_LAUNCH_CHECK("fp8_encoder_mismatches");
+  Counters host{};
+  MX_CUDA_CHECK("fp8_encoder_mismatches",
+                cudaMemcpyAsync(&host, d, sizeof host, cudaMemcpyDeviceToHost, s));
+  MX_CUDA_CHECK("fp8_encoder_mismatches", cudaStreamSynchronize(s));
+  MX_CUDA_CHECK("fp8_encoder_mismatches", cudaFree(d));
+  if (first_bad_bits) *first_bad_bits = host.first_bad;
+  return host.bad;
 }
 
 }  // namespace mx::cuda

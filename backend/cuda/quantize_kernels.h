@@ -132,4 +132,11 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 
+// Test support (the op check's fp8_encoder case): over the float bit patterns first ..
+// first + count - 1, how many the kernels' FP8 encoder (the hardware conversion on compute
+// capability >= 8.9) encodes differently from numerics::encode_fp8_elem (saturating, RNE);
+// first_bad_bits (may be null): the smallest such pattern. Synchronizes.
+uint64_t fp8_encoder_mismatches(numerics::Format fmt, uint64_t first, uint64_t count,
+                                uint32_t* first_bad_bits, cudaStream_t s);
+
 }  // namespace mx::cuda

@@ -1654,6 +1654,34 @@ void expect_floats(Result& r, const char* what, const std::vector<float>& got, c
   }
 }
 
+// The kernels' FP8 encoder (quantize_kernels.cu's fp8_code: the hardware conversion on compute
+// capability >= 8.9) against numerics::encode_fp8_elem, the CPU's, on every float: all 2^32 bit
+// patterns on a GPU (a second or so), both formats. Under mxemu both sides are the numerics
+// encoder, so it runs a sample there (the case's note says which).
+void check_fp8_encoder(CudaBackend& gpu) {
+  for (Format fmt : {Format::kE4M3, Format::kE5M2}) {
+    run_case(std::string("fp8_encoder_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2"), "all floats",
+             [&](Result& r) {
+#ifdef MXTRAIN_CUDA_EMU
+      const uint64_t first = 0x3F000000u, count = uint64_t(1) << 14;  // around 0.5 .. 1
+      r.note = "emulated: 2^14 patterns, the numerics encoder on both sides";
+#else
+      const uint64_t first = 0, count = uint64_t(1) << 32;
+      r.note = "2^32 patterns";
+#endif
+      uint32_t bad_bits = 0;
+      const uint64_t bad = cuda::fp8_encoder_mismatches(fmt, first, count, &bad_bits, gpu.stream());
+      r.pass = bad == 0;
+      if (bad) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "; %llu differ, the first 0x%08x", (unsigned long long)bad,
+                      bad_bits);
+        r.note += buf;
+      }
+    });
+  }
+}
+
 void check_quantizers(CudaBackend& gpu) {
   DeviceArena scratch("op_check-quant", size_t(64) << 20, nullptr);
   const cudaStream_t s = gpu.stream();
@@ -2016,6 +2044,7 @@ int main(int argc, char** argv) {
     check_attention_cudnn_groups(*cpu, *gpu);
 #endif
     check_quantizers(*gpu);
+    check_fp8_encoder(*gpu);
     std::printf("%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
