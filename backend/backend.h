@@ -320,6 +320,11 @@ class Backend {
   // the bf16 GEMMs that take them next would round them to anyway.
   virtual void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
                                     const uint16_t* g16, const uint16_t* u16, int64_t n) = 0;
+  // swiglu_backward with g, u as codes and dg, du fp32: exactly unpack_bf16 of both then
+  // swiglu_backward, without the widened copies (the FP8 recipes' MLP backward, whose Linears
+  // quantize fp32 gradients). dg may alias ds.
+  virtual void swiglu_backward_codes(float* dg, float* du, const float* ds, const uint16_t* g16,
+                                     const uint16_t* u16, int64_t n) = 0;
 
   // The bf16 path's producers, each the fp32 op followed by to_bf16 (the fp32 result is never
   // written): RMSNorm into codes (rstd fp32 as rmsnorm_forward), RoPE from fp32 x (a GEMM's

@@ -370,6 +370,16 @@ class CpuBackend final : public Backend {
     to_bf16(du16, du.data(), n);
   }
 
+  void swiglu_backward_codes(float* dg, float* du, const float* ds, const uint16_t* g16,
+                             const uint16_t* u16, int64_t n) override {
+    OpScope scope(*this, "swiglu_backward_codes");
+    const size_t len = static_cast<size_t>(n);
+    std::vector<float> g(len), u(len);
+    unpack_bf16(g.data(), g16, n);
+    unpack_bf16(u.data(), u16, n);
+    swiglu_backward(dg, du, ds, g.data(), u.data(), n);
+  }
+
   // The bf16 path's producers and attention: the fp32 ops on widened copies, then the codes
   // (bit for bit what the fp32 op followed by pack_bf16 gives).
   void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,

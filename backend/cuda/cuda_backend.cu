@@ -319,6 +319,34 @@ __global__ void swiglu_backward_bf16_kernel(uint16_t* __restrict__ dg16,
   }
 }
 
+// fp32 gradients from codes (swiglu_backward_codes). dg may alias ds: each element reads ds
+// before writing dg, and neither is __restrict__.
+__global__ void swiglu_backward_codes_kernel(float* dg, float* __restrict__ du, const float* ds,
+                                             const uint16_t* __restrict__ g16,
+                                             const uint16_t* __restrict__ u16, int64_t n,
+                                             bool vec) {
+  const int64_t n4 = vec ? n / 4 : 0;
+  MX_GRID_STRIDE(j, n4) {
+    const float4 d = reinterpret_cast<const float4*>(ds)[j];
+    const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
+    const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
+    float4 dgv, duv;
+    swiglu_grads(d.x, g.x, u.x, dgv.x, duv.x);
+    swiglu_grads(d.y, g.y, u.y, dgv.y, duv.y);
+    swiglu_grads(d.z, g.z, u.z, dgv.z, duv.z);
+    swiglu_grads(d.w, g.w, u.w, dgv.w, duv.w);
+    reinterpret_cast<float4*>(du)[j] = duv;
+    reinterpret_cast<float4*>(dg)[j] = dgv;
+  }
+  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float dgi, dui;
+    swiglu_grads(ds[i], numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]), dgi, dui);
+    du[i] = dui;
+    dg[i] = dgi;
+  }
+}
+
 // ---- embedding --------------------------------------------------------------------------------
 __global__ void embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
                                          const float* __restrict__ table, int64_t N, int64_t C) {
@@ -1194,6 +1222,14 @@ class CudaBackendImpl final : public CudaBackend {
     swiglu_backward_bf16_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
         dg16, du16, ds, g16, u16, n, vec);
     launched("swiglu_backward_bf16");
+  }
+  void swiglu_backward_codes(float* dg, float* du, const float* ds, const uint16_t* g16,
+                             const uint16_t* u16, int64_t n) override {
+    if (n == 0) return;
+    const bool vec = all_16_aligned({dg, du, ds, g16, u16});
+    swiglu_backward_codes_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
+        dg, du, ds, g16, u16, n, vec);
+    launched("swiglu_backward_codes");
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,

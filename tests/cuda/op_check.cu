@@ -1060,6 +1060,18 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "du", widen(dDU.download()), widen(du16), tol);
       compare(r, "ds", dDS.download(), ds, {0, 0});  // an input: unchanged
     });
+    // fp32 gradients from codes (the FP8 recipes' MLP backward), dg written over ds as the
+    // model calls it: the fp32 swiglu's tolerance.
+    run_case("swiglu_backward_codes", dims({n}), [&](Result& r) {
+      const auto ds = randn(n);
+      std::vector<float> dg = ds, du(n);
+      Dev<uint16_t> dG(g16), dU(u16);
+      Dev<float> dDG(ds), dDU(n);
+      cpu.swiglu_backward_codes(dg.data(), du.data(), dg.data(), g16.data(), u16.data(), n);
+      gpu.swiglu_backward_codes(dDG.p, dDU.p, dDG.p, dG.p, dU.p, n);
+      compare(r, "dg", dDG.download(), dg, kElementwise);
+      compare(r, "du", dDU.download(), du, kElementwise);
+    });
   }
   // (the backward: few ids repeat at V = 1000; V = 3 makes runs of ~23000 positions; N = 70000
   // is past the 65535 limit of a grid's y and z dimensions)

@@ -469,6 +469,28 @@ TEST(CpuOps, SwigluOnBf16CodesMatchesDefinition) {
   }
 }
 
+// fp32 SwiGLU gradients from codes (the FP8 recipes' MLP backward), dg over ds as the model
+// calls it: against the definition in double on the values the codes hold (fp32 error only).
+TEST(CpuOps, SwigluBackwardFromCodesMatchesDefinition) {
+  auto be = mx::make_cpu_backend();
+  const int64_t n = 1007;
+  auto g = randn(n, 31, 3.0f), u = randn(n, 32), ds = randn(n, 33);
+  std::vector<uint16_t> g16(n), u16(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g16[i] = bf16_code(g[i]);
+    u16[i] = bf16_code(u[i]);
+  }
+  std::vector<float> dg = ds, du(n, -7.0f);
+  be->swiglu_backward_codes(dg.data(), du.data(), dg.data(), g16.data(), u16.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double gv = bf16_value(g16[i]), uv = bf16_value(u16[i]);
+    const double sig = 1.0 / (1.0 + std::exp(-gv));
+    const double want_du = ds[i] * gv * sig, want_dg = ds[i] * uv * sig * (1 + gv * (1 - sig));
+    ASSERT_NEAR(du[i], want_du, 1e-5 * (1 + std::fabs(want_du))) << i;
+    ASSERT_NEAR(dg[i], want_dg, 1e-5 * (1 + std::fabs(want_dg))) << i;
+  }
+}
+
 // The bf16 path's producers: RMSNorm and RoPE into codes, against their definitions in
 // double: each code the RNE of a value within fp32 error of the definition, so within half a
 // bf16 step (at most 2^-8 relative: 8 significant bits) plus that error. RoPE leaves its fp32
