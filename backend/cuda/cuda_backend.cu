@@ -291,37 +291,10 @@ __global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
   }
 }
 
-__global__ void swiglu_backward_bf16_kernel(uint16_t* __restrict__ dg16,
-                                            uint16_t* __restrict__ du16,
-                                            const float* __restrict__ ds,
-                                            const uint16_t* __restrict__ g16,
-                                            const uint16_t* __restrict__ u16, int64_t n,
-                                            bool vec) {
-  const int64_t n4 = vec ? n / 4 : 0;
-  MX_GRID_STRIDE(j, n4) {
-    const float4 d = reinterpret_cast<const float4*>(ds)[j];
-    const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
-    const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
-    float4 dg, du;
-    swiglu_grads(d.x, g.x, u.x, dg.x, du.x);
-    swiglu_grads(d.y, g.y, u.y, dg.y, du.y);
-    swiglu_grads(d.z, g.z, u.z, dg.z, du.z);
-    swiglu_grads(d.w, g.w, u.w, dg.w, du.w);
-    reinterpret_cast<uint2*>(dg16)[j] = bf16x4_codes(dg.x, dg.y, dg.z, dg.w);
-    reinterpret_cast<uint2*>(du16)[j] = bf16x4_codes(du.x, du.y, du.z, du.w);
-  }
-  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float dgi, dui;
-    swiglu_grads(ds[i], numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]), dgi, dui);
-    dg16[i] = numerics::encode_bf16(dgi, numerics::Saturation::kNoSat);
-    du16[i] = numerics::encode_bf16(dui, numerics::Saturation::kNoSat);
-  }
-}
-
-// fp32 gradients from codes (swiglu_backward_codes). dg may alias ds: each element reads ds
-// before writing dg, and neither is __restrict__.
-__global__ void swiglu_backward_codes_kernel(float* dg, float* __restrict__ du, const float* ds,
+// dg, du as RNE codes (swiglu_backward_bf16) or fp32 (swiglu_backward_codes: dg may then alias
+// ds; each element reads ds before writing dg, so neither is __restrict__).
+template <typename Out>
+__global__ void swiglu_backward_codes_kernel(Out* dg, Out* __restrict__ du, const float* ds,
                                              const uint16_t* __restrict__ g16,
                                              const uint16_t* __restrict__ u16, int64_t n,
                                              bool vec) {
@@ -335,15 +308,15 @@ __global__ void swiglu_backward_codes_kernel(float* dg, float* __restrict__ du, 
     swiglu_grads(d.y, g.y, u.y, dgv.y, duv.y);
     swiglu_grads(d.z, g.z, u.z, dgv.z, duv.z);
     swiglu_grads(d.w, g.w, u.w, dgv.w, duv.w);
-    reinterpret_cast<float4*>(du)[j] = duv;
-    reinterpret_cast<float4*>(dg)[j] = dgv;
+    store_out4(du, 4 * j, duv);
+    store_out4(dg, 4 * j, dgv);
   }
   for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float dgi, dui;
     swiglu_grads(ds[i], numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]), dgi, dui);
-    du[i] = dui;
-    dg[i] = dgi;
+    store_out(du, i, dui);
+    store_out(dg, i, dgi);
   }
 }
 
@@ -1219,7 +1192,7 @@ class CudaBackendImpl final : public CudaBackend {
                             const uint16_t* u16, int64_t n) override {
     if (n == 0) return;
     const bool vec = all_16_aligned({dg16, du16, ds, g16, u16});
-    swiglu_backward_bf16_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
+    swiglu_backward_codes_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
         dg16, du16, ds, g16, u16, n, vec);
     launched("swiglu_backward_bf16");
   }
