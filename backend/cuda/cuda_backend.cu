@@ -97,13 +97,30 @@ __device__ __forceinline__ void store_out(uint16_t* y, int64_t i, float v) {
   y[i] = numerics::encode_bf16(v, numerics::Saturation::kNoSat);
 }
 
+// Four bf16 codes (one 8-byte load) widened, and four values as RNE codes (one 8-byte store):
+// little-endian, the first element in the low half of the first word.
+__device__ __forceinline__ float4 bf16x4(uint2 p) {
+  return make_float4(numerics::decode_bf16(uint16_t(p.x & 0xFFFFu)),
+                     numerics::decode_bf16(uint16_t(p.x >> 16)),
+                     numerics::decode_bf16(uint16_t(p.y & 0xFFFFu)),
+                     numerics::decode_bf16(uint16_t(p.y >> 16)));
+}
+__device__ __forceinline__ uint2 bf16x4_codes(float a, float b, float c, float d) {
+  auto e = [](float v) { return uint32_t(numerics::encode_bf16(v, numerics::Saturation::kNoSat)); };
+  return make_uint2(e(a) | e(b) << 16, e(c) | e(d) << 16);  // little-endian: a first
+}
+bool all_16_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
 // Four outputs at 4-aligned i: one 16-byte fp32 store or one 8-byte store of bf16 codes.
 __device__ __forceinline__ void store_out4(float* y, int64_t i, float4 v) {
   *reinterpret_cast<float4*>(y + i) = v;
 }
 __device__ __forceinline__ void store_out4(uint16_t* y, int64_t i, float4 v) {
-  auto e = [](float f) { return uint32_t(numerics::encode_bf16(f, numerics::Saturation::kNoSat)); };
-  *reinterpret_cast<uint2*>(y + i) = make_uint2(e(v.x) | e(v.y) << 16, e(v.z) | e(v.w) << 16);
+  *reinterpret_cast<uint2*>(y + i) = bf16x4_codes(v.x, v.y, v.z, v.w);
 }
 __device__ __forceinline__ float4 ld4(const float* p, int64_t i) {
   return *reinterpret_cast<const float4*>(p + i);
@@ -256,22 +273,6 @@ __global__ void swiglu_backward_kernel(float* dg, float* du, const float* ds,
 // vec (every pointer 16-byte aligned): four elements a thread an iteration, 8-byte loads and
 // stores of codes and a 16-byte load of ds (2-byte accesses ran these at under half the H200's
 // bandwidth); elements [4 (n / 4), n) one by one. The same per-element math either way.
-__device__ __forceinline__ float4 bf16x4(uint2 p) {
-  return make_float4(numerics::decode_bf16(uint16_t(p.x & 0xFFFFu)),
-                     numerics::decode_bf16(uint16_t(p.x >> 16)),
-                     numerics::decode_bf16(uint16_t(p.y & 0xFFFFu)),
-                     numerics::decode_bf16(uint16_t(p.y >> 16)));
-}
-__device__ __forceinline__ uint2 bf16x4_codes(float a, float b, float c, float d) {
-  auto e = [](float v) { return uint32_t(numerics::encode_bf16(v, numerics::Saturation::kNoSat)); };
-  return make_uint2(e(a) | e(b) << 16, e(c) | e(d) << 16);  // little-endian: a first
-}
-bool all_16_aligned(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
-
 __global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
                                            const uint16_t* __restrict__ g16,
                                            const uint16_t* __restrict__ u16, int64_t n,
@@ -280,9 +281,8 @@ __global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
   MX_GRID_STRIDE(j, n4) {
     const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
     const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
-    reinterpret_cast<uint2*>(s16)[j] =
-        bf16x4_codes(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y), swiglu_value(g.z, u.z),
-                     swiglu_value(g.w, u.w));
+    store_out4(s16, 4 * j, make_float4(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y),
+                                       swiglu_value(g.z, u.z), swiglu_value(g.w, u.w)));
   }
   for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -374,9 +374,6 @@ constexpr int kCeThreads = 1024, kCeBatch = 4;
 struct CeRow {
   float mx, k;  // the row's max, and grad_scale / sum
 };
-__device__ __forceinline__ uint16_t ce_bf16(float v) {
-  return numerics::encode_bf16(v, numerics::Saturation::kNoSat);
-}
 // f(v, j) for the float4s j of a row (j < n4) this thread takes, kCeBatch loads at a time.
 template <typename F>
 __device__ __forceinline__ void ce_for_vec(const float4* __restrict__ row4, int64_t n4, F&& f) {
@@ -390,6 +387,22 @@ __device__ __forceinline__ void ce_for_vec(const float4* __restrict__ row4, int6
     for (int u = 0; u < kCeBatch; ++u)
       if (j0 + u * step < n4) f(v[u], j0 + u * step);
   }
+}
+// The gradient pass: out[j] = grad_scale * softmax_j, then grad_scale less at the target; out
+// is the bf16 copy (codes) or the row itself (fp32, over the logits each thread has read).
+template <typename Out>
+__device__ __forceinline__ void ce_gradient(Out* out, const float* row, const float4* row4,
+                                            int64_t n4, int64_t V, int32_t tgt,
+                                            float target_logit, float mx, float k,
+                                            float grad_scale) {
+  ce_for_vec(row4, n4, [&](float4 v, int64_t j) {
+    store_out4(out, 4 * j, make_float4(expf(v.x - mx) * k, expf(v.y - mx) * k,
+                                       expf(v.z - mx) * k, expf(v.w - mx) * k));
+  });
+  for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x)
+    store_out(out, j, expf(row[j] - mx) * k);
+  __syncthreads();  // out[tgt] was written above
+  if (threadIdx.x == 0) store_out(out, tgt, expf(target_logit - mx) * k - grad_scale);
 }
 __global__ void __launch_bounds__(kCeThreads, 1)
     cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
@@ -431,29 +444,10 @@ __global__ void __launch_bounds__(kCeThreads, 1)
   if (!grad) return;
   const float k = shared.k;
   uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
-  if (row16) {
-    ce_for_vec(row4, n4, [&](float4 v, int64_t j) {
-      const uint32_t lo = uint32_t(ce_bf16(expf(v.x - mx) * k)) |
-                          uint32_t(ce_bf16(expf(v.y - mx) * k)) << 16;
-      const uint32_t hi = uint32_t(ce_bf16(expf(v.z - mx) * k)) |
-                          uint32_t(ce_bf16(expf(v.w - mx) * k)) << 16;
-      reinterpret_cast<uint2*>(row16)[j] = make_uint2(lo, hi);  // little-endian: 4j first
-    });
-    for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x)
-      row16[j] = ce_bf16(expf(row[j] - mx) * k);
-    __syncthreads();  // row16[tgt] was written above
-    if (threadIdx.x == 0) row16[tgt] = ce_bf16(expf(target_logit - mx) * k - grad_scale);
-    return;
-  }
-  float4* out4 = reinterpret_cast<float4*>(row);
-  ce_for_vec(row4, n4, [&](float4 v, int64_t j) {
-    v.x = expf(v.x - mx) * k, v.y = expf(v.y - mx) * k, v.z = expf(v.z - mx) * k,
-    v.w = expf(v.w - mx) * k;
-    out4[j] = v;
-  });
-  for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) row[j] = expf(row[j] - mx) * k;
-  __syncthreads();  // row[tgt] was written above
-  if (threadIdx.x == 0) row[tgt] = expf(target_logit - mx) * k - grad_scale;
+  if (row16)
+    ce_gradient(row16, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale);
+  else
+    ce_gradient(row, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale);
 }
 // Whether cross_entropy_rows_kernel may read the rows as float4 (see there).
 bool ce_vec(const float* logits, int64_t V, const uint16_t* grad16) {
