@@ -1184,19 +1184,21 @@ class CudaBackendImpl final : public CudaBackend {
   }
   void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds, const uint16_t* g16,
                             const uint16_t* u16, int64_t n) override {
-    if (n == 0) return;
-    const bool vec = all_16_aligned({dg16, du16, ds, g16, u16});
-    swiglu_backward_codes_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
-        dg16, du16, ds, g16, u16, n, vec);
-    launched("swiglu_backward_bf16");
+    swiglu_backward_from_codes(dg16, du16, ds, g16, u16, n, "swiglu_backward_bf16");
   }
   void swiglu_backward_codes(float* dg, float* du, const float* ds, const uint16_t* g16,
                              const uint16_t* u16, int64_t n) override {
+    swiglu_backward_from_codes(dg, du, ds, g16, u16, n, "swiglu_backward_codes");
+  }
+  // Both: swiglu_backward_codes_kernel, dg and du as codes or fp32.
+  template <typename Out>
+  void swiglu_backward_from_codes(Out* dg, Out* du, const float* ds, const uint16_t* g16,
+                                  const uint16_t* u16, int64_t n, const char* op) {
     if (n == 0) return;
     const bool vec = all_16_aligned({dg, du, ds, g16, u16});
     swiglu_backward_codes_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
         dg, du, ds, g16, u16, n, vec);
-    launched("swiglu_backward_codes");
+    launched(op);
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
