@@ -1614,6 +1614,20 @@ class CudaBackendImpl final : public CudaBackend {
     return most;
   }
 
+  // fp8-block codes of x (or, transposed, of x^T) and its raw [sr, sc] block scales, power-of-
+  // two. x^T's codes come straight from the tiles (quantize_fp8_block_t), not through a
+  // temporary and a byte transpose: the H200 spent 0.35 s a step in fp8-block's operands so.
+  template <class X>
+  void fp8_block_codes(const X* x, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+                       bool transposed, uint8_t* codes, float* raw) {
+    if (transposed)
+      cuda::quantize_fp8_block_t(x, rows, cols, int(br), int(bc), true,
+                                 numerics::RoundingOptions{}, codes, raw, stream_);
+    else
+      cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
+                               codes, raw, nullptr, stream_);
+  }
+
   // One fp8-block operand as the GEMM operand [R, K] (K-major): x itself (R = rows, K = cols)
   // or, transposed, x^T (R = cols, K = rows; written transposed as they are made: `tmp` is
   // unused since, kept for the callers' shared form with mxfp8_operand).
@@ -1635,14 +1649,7 @@ class CudaBackendImpl final : public CudaBackend {
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
-    // x^T's codes straight from the tiles (quantize_fp8_block_t), not through `tmp` and a
-    // byte transpose: the H200 spent 0.35 s a step in fp8-block's operands that way.
-    if (transposed)
-      cuda::quantize_fp8_block_t(x, rows, cols, int(br), int(bc), true,
-                                 numerics::RoundingOptions{}, codes, raw, stream_);
-    else
-      cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
-                               codes, raw, nullptr, stream_);
+    fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw);
     float* dst = fill ? static_cast<float*>(shared_scales_) : scratch_.alloc_f32(dst_floats);
     if (square)
       cuda::relayout_f32(raw, sc, transposed, R / 128, K / 128, round4(K / 128), dst, stream_);
@@ -1691,14 +1698,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (fill) codes = shared_codes_;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
-    // x^T's codes straight from the tiles (quantize_fp8_block_t), not through `tmp` and a
-    // byte transpose: the H200 spent 0.35 s a step in fp8-block's operands that way.
-    if (transposed)
-      cuda::quantize_fp8_block_t(x, rows, cols, int(br), int(bc), true,
-                                 numerics::RoundingOptions{}, codes, raw, stream_);
-    else
-      cuda::quantize_fp8_block(x, rows, cols, int(br), int(bc), true, numerics::RoundingOptions{},
-                               codes, raw, nullptr, stream_);
+    fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw);
     uint8_t* dst = fill ? static_cast<uint8_t*>(shared_scales_)
                         : scratch_.alloc_as<uint8_t>(dst_bytes);
     cuda::fp8_block_scales_to_mx(raw, rows, cols, int(br), int(bc), transposed, dst, stream_);
