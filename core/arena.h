@@ -38,6 +38,8 @@ class MemoryResource {
   virtual void zero(void* p, size_t bytes) = 0;
   // Bytes allocated and not yet deallocated (what the resource holds now).
   int64_t held_bytes() const { return held_; }
+  // A device's free and total memory now (a GPU's cudaMemGetInfo); false where not known.
+  virtual bool device_memory(int64_t* free_bytes, int64_t* total_bytes) const { return false; }
 
  protected:
   // Implementations report each allocation and deallocation here.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -36,7 +37,40 @@ int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device) {
   // chunks move less; cuda_head_chunk_bytes.)
   const int64_t budget =
       device ? int64_t(cuda_head_chunk_bytes() / sizeof(float)) : int64_t(32) << 20;
-  return std::clamp<int64_t>(budget / c.vocab_size, 1, std::max<int64_t>(tokens, 1));
+  int64_t rows = budget / c.vocab_size;
+  // Tests: a planned device chunk of a few rows, so that spare_head_chunk_rows has something to
+  // grow at the small shapes an emulated device trains.
+  if (const char* t = std::getenv("MXTRAIN_TEST_HEAD_CHUNK_ROWS"); device && t && *t)
+    rows = std::atoll(t);
+  return std::clamp<int64_t>(rows, 1, std::max<int64_t>(tokens, 1));
+}
+
+int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens, bool bf16_operands) {
+  // head_workspace_floats grows with the rows: the largest that fits, by bisection
+  int64_t lo = 0, hi = std::max<int64_t>(tokens, 0);
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (head_workspace_floats(mid, c.hidden_size, c.vocab_size, bf16_operands) <= floats)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, bool bf16_operands,
+                              int64_t free_bytes, int64_t total_bytes) {
+  const int64_t planned = head_chunk_rows(c, tokens, true);
+  const int64_t reserve = (int64_t(4) << 30) + total_bytes / 32;
+  for (int64_t logits_mib : {4096, 2048, 1024, 512}) {
+    const int64_t rows =
+        std::min(tokens, (logits_mib << 20) / int64_t(sizeof(float)) / c.vocab_size);
+    if (rows <= planned) continue;
+    const int64_t bytes = int64_t(sizeof(float)) *
+                          head_workspace_floats(rows, c.hidden_size, c.vocab_size, bf16_operands);
+    if (bytes + reserve <= free_bytes) return rows;
+  }
+  return 0;
 }
 
 // What one block allocates, as counts of floats, so that forward, backward and the arena
@@ -948,9 +982,17 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   float* hf = scratch_.alloc_f32(N * C);
   float* rstdf = scratch_.alloc_f32(N);
   be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm_in_unit(head_w), N, C, eps);
-  const int64_t chunk = head_chunk_rows(c_, N, be_.memory() != nullptr);
+  int64_t chunk = head_chunk_rows(c_, N, be_.memory() != nullptr);
   const bool head_bf16 = recipe_ && recipe_->high_precision_bf16();
-  float* workspace = scratch_.alloc_f32(head_workspace_floats(chunk, C, V, head_bf16));
+  float* workspace = nullptr;
+  if (head_ws_) {  // spare device memory (set_head_workspace), where it holds more rows
+    const int64_t rows = head_rows_in(head_ws_floats_, c_, N, head_bf16);
+    if (rows > chunk) {
+      chunk = rows;
+      workspace = head_ws_;
+    }
+  }
+  if (!workspace) workspace = scratch_.alloc_f32(head_workspace_floats(chunk, C, V, head_bf16));
   float* dh = training ? scratch_.alloc_f32(N * C) : nullptr;
   float* head_matrix = tied ? embed : layout_.lm_head_in_unit(head_w);
   float* head_matrix_grad =

@@ -34,6 +34,21 @@ const char* checkpointing_name(Checkpointing c);
 // larger (model/llama.cpp says why).
 int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device = false);
 
+// A GPU run's larger head chunks (MXTRAIN_CUDA_HEAD_CHUNK_MB not set): the rows of a logits
+// chunk to take in device memory the run leaves free once every arena is allocated, or 0 for
+// none (the planned head_chunk_rows chunk, in the scratch arena, stays). Every chunk's weight
+// gradient reads and writes all of the head's fp32 dW, so fewer chunks move less: the H200's
+// head backward GEMMs ran at 455 TFLOP/s with 256 MiB chunks, 730 with 1 GiB (bench/RESULTS.md).
+// Tried in turn: fp32 logits of 4 GiB, 2 GiB, 1 GiB and 512 MiB (capped at `tokens` rows); the
+// first whose workspace (head_workspace_floats, 4 bytes each) fits in free_bytes less a reserve
+// of 4 GiB + total_bytes / 32 (what the libraries and NCCL may still allocate) and has more
+// rows than the planned chunk is taken.
+int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, bool bf16_operands,
+                              int64_t free_bytes, int64_t total_bytes);
+// The rows of a head workspace of `floats` floats (the largest chunk_rows, at most `tokens`,
+// whose head_workspace_floats fits; 0 when not even one row does).
+int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens, bool bf16_operands);
+
 // Bytes of the two arenas for one forward+backward on [B, T] (upper bounds that size them).
 struct ActivationBytes {
   size_t saved = 0;
@@ -117,6 +132,12 @@ class LlamaModel {
   // The residual stream, the RMSNorm and attention statistics and every gradient stay fp32.
   // The arenas must be sized for it (activation_bytes(..., bf16_activations = true)).
   void set_bf16_activations(bool on) { bf16_acts_ = on; }
+  // A head workspace outside the scratch arena (spare_head_chunk_rows: a GPU's spare memory),
+  // used instead of the planned one where it holds more rows; null: none.
+  void set_head_workspace(float* workspace, int64_t floats) {
+    head_ws_ = workspace;
+    head_ws_floats_ = floats;
+  }
 
   // How many of a block's 7 Linears (q, k, v, o, gate, up, down) take the backend's FP8 / FP4
   // GEMMs at N tokens a micro-batch, for a layer the recipe quantizes (what the trainer's
@@ -230,6 +251,8 @@ class LlamaModel {
   ModelConfig c_;
   LinearRecipe* recipe_ = nullptr;
   bool bf16_acts_ = false;
+  float* head_ws_ = nullptr;  // set_head_workspace
+  int64_t head_ws_floats_ = 0;
   // fp8-delayed amax slots, one per (layer, linear, operand): backend memory (or amax_host_
   // when the backend has no MemoryResource, i.e. host memory).
   float* amax_slots_ = nullptr;

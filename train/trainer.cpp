@@ -783,6 +783,39 @@ int run_training(const RunConfig& cfg) {
       if (const char* t = std::getenv("MXTRAIN_TEST_SGEMM_GFLOPS")) peak_flops = std::atof(t) * 1e9;
     }
   }
+  // The head's logits in larger chunks where the GPU has memory to spare once every arena is
+  // allocated (MXTRAIN_CUDA_HEAD_CHUNK_MB not set): each chunk's weight gradient reads and
+  // writes all of the head's fp32 dW, so fewer chunks move less (spare_head_chunk_rows).
+  struct SpareHead {
+    MemoryResource* mem = nullptr;
+    void* p = nullptr;
+    int64_t bytes = 0;
+    ~SpareHead() {
+      if (p) mem->deallocate(p);
+    }
+  } spare_head;
+  int64_t head_rows = head_chunk_rows(model_cfg, B * T, be.memory() != nullptr);
+  if (MemoryResource* mem = be.memory(); mem && !std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB")) {
+    int64_t free_b = 0, total_b = 0;
+    const bool head_bf16 = recipe != Recipe::kFp32 && linear_recipe.high_precision_bf16();
+    if (mem->device_memory(&free_b, &total_b)) {
+      const int64_t rows = spare_head_chunk_rows(model_cfg, B * T, head_bf16, free_b, total_b);
+      if (rows > 0) {
+        const int64_t floats = head_workspace_floats(rows, model_cfg.hidden_size,
+                                                     model_cfg.vocab_size, head_bf16);
+        spare_head.mem = mem;
+        spare_head.bytes = int64_t(sizeof(float)) * floats;
+        spare_head.p = mem->allocate(size_t(spare_head.bytes), "head_chunk");
+        engine.model->set_head_workspace(static_cast<float*>(spare_head.p), floats);
+        head_rows = rows;
+      }
+    }
+  }
+  if (lead && be.memory())
+    info("head: logits in chunks of ", std::min(head_rows, B * T), " of ", B * T, " rows",
+         spare_head.p ? str(" (", format_bytes(double(spare_head.bytes)), " of spare device memory)")
+         : std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") ? std::string(" (MXTRAIN_CUDA_HEAD_CHUNK_MB)")
+                                                     : std::string(" (planned)"));
   const int64_t tokens_per_step = B * T * tc.grad_accum * W;
   const double flops_per_token = model_cfg.flops_per_token(T);
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",
@@ -1096,8 +1129,11 @@ int run_training(const RunConfig& cfg) {
   if (MemoryResource* mem = be.memory()) {
     // Device memory this rank's arenas hold (allocated whole up front, so their capacities),
     // besides the backend's own scratch: what `mxtrain plan` reports as memory.engine.
-    const int64_t held = mem->held_bytes();
+    // (the head's chunks in spare memory apart: not part of the plan)
+    const int64_t held = mem->held_bytes() - spare_head.bytes;
     summary["device_mem_bytes"] = held;
+    summary["head_chunk_rows"] = std::min(head_rows, B * T);
+    if (spare_head.p) summary["head_spare_bytes"] = spare_head.bytes;
     if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
   }
   if (sig) summary["stopped_by_signal"] = sig;

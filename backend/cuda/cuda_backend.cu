@@ -1534,6 +1534,16 @@ class CudaBackendImpl final : public CudaBackend {
     void zero(void* p, size_t bytes) override {
       MX_CUDA_CHECK("arena zero", cudaMemsetAsync(p, 0, bytes, be->stream_));
     }
+    bool device_memory(int64_t* free_bytes, int64_t* total_bytes) const override {
+      size_t f = 0, t = 0;
+      if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      *free_bytes = int64_t(f);
+      *total_bytes = int64_t(t);
+      return true;
+    }
   };
 
   static int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }

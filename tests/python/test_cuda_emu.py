@@ -35,7 +35,7 @@ def corpus(tmp_path):
 
 
 def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), steps=STEPS,
-          streams="compute-late"):
+          streams="compute-late", env_extra=None):
     out = tmp_path / name
     args = [binary, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
             "--set", f"train.steps={STEPS}", "--set", "train.seq_len=64",
@@ -49,7 +49,7 @@ def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), step
         args += ["--set", "precision.activations=bf16"]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM=sm,
                MXEMU_STREAMS=streams, MXEMU_RACECHECK="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env_extra or {}))
     cmd = (["mpirun", "-np", str(np_)] + MPIRUN_FLAGS + args) if np_ > 1 else args
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
@@ -171,6 +171,34 @@ def test_resume_on_the_device_continues_exactly(tmp_path):
     host = generate(MXTRAIN_BIN, "cpu")
     assert host.startswith("The emulated") and len(host) > 30
     assert generate(EMU_BIN, "cuda") == host
+
+
+def test_head_chunks_grow_into_spare_device_memory(tmp_path):
+    """With MXTRAIN_CUDA_HEAD_CHUNK_MB unset, a run whose GPU has memory to spare once its arenas
+    are allocated takes the head's logits in larger chunks there (model/llama.h,
+    spare_head_chunk_rows); the variable pins the planned chunk. The planned chunk is made 16
+    rows here (a test hook: the tiny shapes' 256 rows fit any real chunk), so the run with the
+    variable set takes 16 chunks, accumulating the head's weight gradient over them, and the
+    other grows to one chunk of all 256 rows in the emulated device's 8 GiB. Both match the CPU."""
+    require_emu()
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", "bf16")
+    hook = {"MXTRAIN_TEST_HEAD_CHUNK_ROWS": "16"}
+    grown, summary, log = train(tmp_path, "grown", EMU_BIN, "cuda", "bf16", env_extra=hook)
+    # tiny: hidden 64, vocabulary 256; recipe bf16's head keeps bf16 operand copies after the
+    # fp32 logits: W's, the logits gradient's and h's (2 bytes each), or the CPU's fp32 copies
+    # of W and h where larger (backend.h, head_workspace_floats), each part padded to 16 bytes
+    rows, C, V = 4 * 64, 64, 256
+    pad = lambda b: (b + 15) // 16 * 16
+    want = pad(4 * rows * V) + max(pad(2 * V * C) + pad(2 * rows * V) + pad(2 * rows * C),
+                                   4 * (V * C + rows * C))
+    assert summary["head_chunk_rows"] == rows and summary["head_spare_bytes"] == want, summary
+    assert f"head: logits in chunks of {rows} of {rows} rows ({want / 1024:.1f} KiB of spare" in log
+    compare(cpu, grown, 1e-4)
+    pinned, summary, log = train(tmp_path, "pinned", EMU_BIN, "cuda", "bf16",
+                                 env_extra=dict(hook, MXTRAIN_CUDA_HEAD_CHUNK_MB="16"))
+    assert summary["head_chunk_rows"] == 16 and "head_spare_bytes" not in summary, summary
+    assert "head: logits in chunks of 16 of 256 rows (MXTRAIN_CUDA_HEAD_CHUNK_MB)" in log
+    compare(cpu, pinned, 1e-4)
 
 
 # Shapes where different phases set the device scratch arena's peak (blocks, the attention
