@@ -35,6 +35,9 @@ namespace mx {
 namespace {
 
 constexpr int kThreads = 256;
+// rmsnorm_backward's one-pass kernel: blocks (each over rows b, b + blocks, ...) and so dw's
+// double partials, blocks x C (8 MiB of scratch at C = 2048).
+constexpr int64_t kRmsnormBackwardBlocks = 512;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 unsigned grid_1d(int64_t n) {  // grid-stride loops: enough blocks to fill any GPU, capped
@@ -192,6 +195,59 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
     store_out4(dx, n * C + c, o);
   }
   for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x) dx[n * C + c] += r * w[c] * dyr[c] - xr[c] * k;
+}
+
+// dx and dw's partials in one pass over dy and x (vec rows, C <= 4 K blockDim.x): block b takes
+// rows b, b + gridDim.x, ...; thread t holds columns 4 (t + k blockDim.x) .. + 3, k < K, of
+// the row in registers for both of dx's passes, and those columns' dw sums (dy x r,
+// compensated) over its rows, written to part[b, c] in double. The separate kernels read dy
+// and x once more for dw (a third of the op's traffic). k_shared is safe to rewrite for the
+// next row: block_sum's first barrier comes after every thread has read it.
+template <int K>
+__global__ void rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
+                                              const float* __restrict__ dy,
+                                              const float* __restrict__ x,
+                                              const float* __restrict__ w,
+                                              const float* __restrict__ rstd, int64_t N,
+                                              int64_t C) {
+  float4 wv[K] = {};
+  KahanSum dw_acc[K][4];
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
+    if (c < C) wv[k] = ld4(w, c);
+  }
+  __shared__ float k_shared;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    float4 d[K] = {}, v[K] = {};
+    KahanSum acc;
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
+      if (c >= C) continue;
+      d[k] = ld4(dy + n * C, c), v[k] = ld4(x + n * C, c);
+      acc.add(d[k].x * wv[k].x * v[k].x), acc.add(d[k].y * wv[k].y * v[k].y),
+          acc.add(d[k].z * wv[k].z * v[k].z), acc.add(d[k].w * wv[k].w * v[k].w);
+    }
+    const double dot = block_sum(acc.value());
+    const float r = rstd[n];
+    if (threadIdx.x == 0) k_shared = float(dot * double(r) * r * r / double(C));
+    __syncthreads();
+    const float kk = k_shared;
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
+      if (c >= C) continue;
+      float4 o = ld4(dx + n * C, c);
+      o.x += r * wv[k].x * d[k].x - v[k].x * kk, o.y += r * wv[k].y * d[k].y - v[k].y * kk,
+          o.z += r * wv[k].z * d[k].z - v[k].z * kk, o.w += r * wv[k].w * d[k].w - v[k].w * kk;
+      store_out4(dx, n * C + c, o);
+      dw_acc[k][0].add(d[k].x * v[k].x * r), dw_acc[k][1].add(d[k].y * v[k].y * r),
+          dw_acc[k][2].add(d[k].z * v[k].z * r), dw_acc[k][3].add(d[k].w * v[k].w * r);
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
+    if (c >= C) continue;
+    for (int j = 0; j < 4; ++j) part[blockIdx.x * C + c + j] = dw_acc[k][j].value();
+  }
 }
 
 // dw partials: part[s, c] = sum over rows n = s, s + splits, ... of dy x r (compensated float,
@@ -1010,8 +1066,27 @@ class CudaBackendImpl final : public CudaBackend {
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
     if (N == 0) return;
-    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(
-        dx, dy, x, w, rstd, C, C % 4 == 0 && all_16_aligned({dx, dy, x, w}));
+    const bool vec = C % 4 == 0 && all_16_aligned({dx, dy, x, w});
+    if (dw && vec && C <= 4 * 4 * 512) {  // one pass: rmsnorm_backward_fused_kernel
+      DeviceArenaScope scope(scratch_);
+      const int threads = C <= 4 * 4 * kThreads ? kThreads : 512;
+      const int64_t per_thread = (C / 4 + threads - 1) / threads;  // float4s: K, rounded up
+      const int64_t blocks = std::min<int64_t>(N, kRmsnormBackwardBlocks);
+      double* part = scratch_.alloc_as<double>(blocks * C);
+      const unsigned grid = unsigned(blocks);
+      if (per_thread == 1)
+        rmsnorm_backward_fused_kernel<1><<<grid, threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
+      else if (per_thread == 2)
+        rmsnorm_backward_fused_kernel<2><<<grid, threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
+      else
+        rmsnorm_backward_fused_kernel<4><<<grid, threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
+      launched("rmsnorm_backward");
+      rmsnorm_backward_dw_reduce_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dw, part, blocks, C);
+      launched("rmsnorm_backward");
+      done("rmsnorm_backward");
+      return;
+    }
+    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(dx, dy, x, w, rstd, C, vec);
     launched("rmsnorm_backward");
     if (!dw) return;
     DeviceArenaScope scope(scratch_);
