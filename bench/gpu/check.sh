@@ -29,7 +29,8 @@
 #      on compute capability 10.x fp8-block runs natively too, its block scales as E8M0 on the
 #      MXFP8 GEMM, and its row says so; mxfp8 and nvfp4 only on 10.x, where they run natively:
 #      a "skipped" row each elsewhere, an H200 included) (speed.json). Every mxtrain speed run
-#      is profiled (run.profile), and the table lists each one's top ops.
+#      is profiled (run.profile), and the table lists each one's top ops; PyTorch profiles one
+#      more step after its timed ones (torch.profiler, its top 15 kernels), for a side-by-side.
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
 #      Then, if the budget has 40 s left: recipe bf16 with the planned 256 MiB head chunks ("mx
@@ -260,7 +261,7 @@ torch_rc=0
 errs=$(lines "$OUT/errors.txt")
 # shellcheck disable=SC2086
 PYTHONUNBUFFERED=1 timeout -k 10 "$(cap 150)" "$py" bench/gpu/torch_llama.py --seq "$seq" \
-  --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" --preset "$preset" \
+  --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" --preset "$preset" --profile \
   ${MXTRAIN_GPU_TORCH_ARGS:-} > /dev/null 2>> "$OUT/errors.txt" || torch_rc=$?
 (( torch_rc != 0 )) && echo "torch seq $seq: exit $torch_rc (see errors.txt)"
 # (no torch, a crash, its time limit: a row saying so)
@@ -356,9 +357,10 @@ for r in speed:  # where each profiled run's step time went: its top ops
     prof = r.get("op_profile")
     if not prof:
         continue
-    print(f"profile mx {r.get('recipe')} seq {r['seq']} x {r['micro_batch']} (steps "
+    who = "torch" if r["impl"] == "torch" else f"mx {r.get('recipe')}"
+    print(f"profile {who} seq {r['seq']} x {r['micro_batch']} (steps "
           f"{prof['first_step']}-{prof['last_step']}, {prof['seconds']:.3f} s):")
-    for o in prof["ops"][:8]:
+    for o in prof["ops"][:8 if r["impl"] != "torch" else 15]:
         rate = f" {o['gflops'] / 1e3:7.1f} TFLOP/s" if o["gflops"] > 0 else ""
         print(f"  {o['op'][:40]:40s} {o['calls']:6d} calls {100 * o['share']:5.1f}%{rate}")
 for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)

@@ -7,7 +7,8 @@ timed on the same shapes as mxtrain, in the same run.
 Prints one JSON object per shape on stdout (and appends it to --json):
   {"impl": "torch", "seq": T, "micro_batch": B, "tokens_per_s": ..., "mfu": ..., "loss": ...,
    "checkpointing": bool, "compiled": bool, "step_s": [...], "peak_mem_bytes": ...,
-   "attention": "torch sdpa" (or "torch math (no sdpa)" on a PyTorch without SDPA, < 2.0)}
+   "attention": "torch sdpa" (or "torch math (no sdpa)" on a PyTorch without SDPA, < 2.0),
+   with --profile "op_profile": one more step's top kernels, as mxtrain's run.profile}
 MFU uses mxtrain's FLOP count (model/config.cpp, flops_per_token: 6 N + 12 L H D T, N without
 the norms, the head counted) over --peak-tflops (dense BF16: 989.4 for H100/H200, datasheet).
 
@@ -195,12 +196,46 @@ def run_shape(args, p, seq, batch, device):
     timed = times[args.warmup:] or times[-1:]
     tok_s = batch * seq * len(timed) / sum(timed)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return dict(impl="torch", seq=seq, micro_batch=batch, tokens_per_s=tok_s,
+    extra = {}
+    if args.profile:  # after the timed steps, so the timing is the profiler's own
+        extra["op_profile"] = profile_step(step, data[-1], device, args.steps + 1)
+        progress(f"profiled step {args.steps + 1}: {extra['op_profile']['seconds']:.3f} s")
+    return dict(impl="torch", seq=seq, micro_batch=batch, tokens_per_s=tok_s, **extra,
                 mfu=flops_per_token(p, seq) * tok_s / (args.peak_tflops * 1e12),
                 loss_first=losses[0], loss_last=losses[-1], step_s=times,
                 checkpointing=args.checkpointing, compiled=args.compile, peak_mem_bytes=peak,
                 attention=ATTENTION,
                 device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+
+
+def profile_step(step, tokens, device, number):
+    """One more step under torch.profiler: where PyTorch's step time goes, in the form of
+    mxtrain's run.profile (op_profile in its metrics): the kernels (on a CPU, the operators) by
+    their own time, largest first, each name's calls summed. Kernel names are cut to 120
+    characters. gflops is 0: the profiler does not count FLOPs here."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        step(tokens)
+        sync(device)
+    seconds = time.perf_counter() - t0
+    ops = []
+    for e in prof.key_averages():
+        if device.type == "cuda":  # (PyTorch 2.4 renamed cuda to device)
+            us = getattr(e, "self_device_time_total", None)
+            us = getattr(e, "self_cuda_time_total", 0) if us is None else us
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            ops.append(dict(op=e.key[:120], calls=int(e.count), seconds=us / 1e6))
+    ops.sort(key=lambda o: -o["seconds"])
+    for o in ops:
+        o["share"] = o["seconds"] / seconds
+        o["gflops"] = 0.0
+    return dict(first_step=number, last_step=number, seconds=seconds, ops=ops[:25],
+                measured="kernels" if device.type == "cuda" else "operators (cpu)")
 
 
 def sync(device):
@@ -221,6 +256,8 @@ def main():
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--peak-tflops", type=float, default=989.4)
     ap.add_argument("--json", help="append one JSON line per shape here")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more step under torch.profiler: its top kernels go to op_profile")
     args = ap.parse_args()
     device = torch.device(args.device)
     # Bad input: one `error:` line, exit 2 (as mxtrain), not a traceback mid-run.

@@ -185,6 +185,15 @@ def test_speed_rows(dry_run):
     assert t["device"] == "cpu" and t["preset"] == "tiny" and t["compiled"] is False
     assert t["attention"] == ("torch sdpa" if hasattr(F, "scaled_dot_product_attention")
                               else "torch math (no sdpa)")
+    # one more step profiled (torch.profiler; on the CPU its operators): the matrix products
+    # are among them, each op's own time within the step's
+    prof = t["op_profile"]
+    names = [o["op"] for o in prof["ops"]]
+    assert prof["measured"] == "operators (cpu)" and prof["first_step"] == prof["last_step"]
+    assert any(n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul") for n in names), names
+    assert all(0 < o["seconds"] <= prof["seconds"] and o["calls"] >= 1 for o in prof["ops"])
+    assert [o["seconds"] for o in prof["ops"]] == sorted((o["seconds"] for o in prof["ops"]),
+                                                          reverse=True)
 
 
 def test_table(dry_run):
@@ -217,6 +226,8 @@ def test_table(dry_run):
     assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
             f"{tps['mx bf16'] / tps['mx bf16/a32']:.3f}") in log
     if "torch" in tps:
+        assert re.search(rf"^profile torch seq {SEQ} x 2 \(steps (\d+)-\1, [\d.]+ s\):$", log,
+                         re.M), log[-3000:]
         assert re.search(rf"^torch\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% torch (sdpa|math)", log,
                          re.M)
         assert f"seq {SEQ}: mxtrain bf16 / torch = {tps['mx bf16'] / tps['torch']:.3f}" in log
