@@ -790,9 +790,11 @@ int run_training(const RunConfig& cfg) {
     MemoryResource* mem = nullptr;
     void* p = nullptr;
     int64_t bytes = 0;
-    ~SpareHead() {
+    void release() {
       if (p) mem->deallocate(p);
+      p = nullptr;
     }
+    ~SpareHead() { release(); }
   } spare_head;
   int64_t head_rows = head_chunk_rows(model_cfg, B * T, be.memory() != nullptr);
   if (MemoryResource* mem = be.memory(); mem && !std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB")) {
@@ -1096,6 +1098,11 @@ int run_training(const RunConfig& cfg) {
   std::string final_dir = step > start_step ? checkpointer.store().step_location(step)
                           : resumed         ? resume_store->step_location(resume_step)
                                             : "";
+  // The head's spare-memory chunks are done with: the end-of-run sample copies the weights to
+  // the device and may need that memory.
+  const int64_t head_spare_bytes = spare_head.bytes;
+  engine.model->set_head_workspace(nullptr, 0);
+  spare_head.release();
   auto stats = be.gemm_stats();
   const int64_t peak = engine.tracker.peak();
   const int64_t peak_max = W > 1 ? world.all_reduce(peak, ReduceOp::kMax) : peak;
@@ -1129,11 +1136,11 @@ int run_training(const RunConfig& cfg) {
   if (MemoryResource* mem = be.memory()) {
     // Device memory this rank's arenas hold (allocated whole up front, so their capacities),
     // besides the backend's own scratch: what `mxtrain plan` reports as memory.engine.
-    // (the head's chunks in spare memory apart: not part of the plan)
-    const int64_t held = mem->held_bytes() - spare_head.bytes;
+    // (the head's chunks in spare memory, released above, are not part of the plan)
+    const int64_t held = mem->held_bytes();
     summary["device_mem_bytes"] = held;
     summary["head_chunk_rows"] = std::min(head_rows, B * T);
-    if (spare_head.p) summary["head_spare_bytes"] = spare_head.bytes;
+    if (head_spare_bytes > 0) summary["head_spare_bytes"] = head_spare_bytes;
     if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
   }
   if (sig) summary["stopped_by_signal"] = sig;
