@@ -967,6 +967,14 @@ int run_training(const RunConfig& cfg) {
     stop_signal = agreed_stop();
     if (stop_signal) break;
     auto t0 = Clock::now();
+    // CUDA's profile charges each op the device time since the previous op's event: restarted
+    // here, the time between steps (logging, the last step's profile read back: outside every
+    // step time) goes to no op, instead of to this step's first (the GPU is idle: the last
+    // step ended with a synchronize, so the restart waits for nothing).
+    if (cfg.run.profile && step > start_step) {
+      be.set_profiling(false);
+      be.set_profiling(true);
+    }
     const Backend::GemmStats gemm_before = be.gemm_stats();
     checkpointer.poll();  // commits a background checkpoint once every rank has written it
     const double comm_wait_before = fsdp.comm_wait_seconds();

@@ -201,6 +201,24 @@ def test_head_chunks_grow_into_spare_device_memory(tmp_path):
     compare(cpu, pinned, 1e-4)
 
 
+def test_device_profile_charges_no_time_between_steps(tmp_path):
+    """run.profile on the device charges each op the device time since the previous op's event.
+    The time between two steps (logging, the profile's read-back: outside every step's time)
+    went to the next step's first op, so the ops added up to more than the profiled steps took.
+    Each step now restarts the clock: the rows fit inside the steps' time, which is the sum of
+    the profiled steps' step_time_s."""
+    require_emu()
+    steps, summary, log = train(tmp_path, "prof", EMU_BIN, "cuda", "bf16",
+                                extra=("--set", "run.profile=true"))
+    prof = summary["op_profile"]
+    assert (prof["first_step"], prof["last_step"]) == (2, STEPS), prof
+    want = sum(s["step_time_s"] for s in steps if s["step"] >= 2)
+    assert abs(prof["seconds"] - want) <= 1e-9 * want, (prof["seconds"], want)
+    in_ops = sum(o["seconds"] for o in prof["ops"])
+    assert 0 < in_ops <= prof["seconds"], (in_ops, prof["seconds"])
+    assert {"gemm_bf16", "rmsnorm_backward", "adamw"} <= {o["op"] for o in prof["ops"]}, prof
+
+
 # Shapes where different phases set the device scratch arena's peak (blocks, the attention
 # half, the head): the CUDA backend's own arena sizing must hold every allocation under every
 # policy, evaluation included, or the run fails.
