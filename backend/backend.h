@@ -356,9 +356,13 @@ class Backend {
   virtual void fill(float* x, float value, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
 
-  // AdamW (decoupled weight decay, PyTorch's torch.optim.AdamW): step t starts at 1.
+  // AdamW (decoupled weight decay, PyTorch's torch.optim.AdamW): step t starts at 1. The
+  // gradient it steps on is grad * grad_scale (gradient clipping's factor, 1 for none), rounded
+  // to float as a separate scale(grad, grad_scale) would leave it, without that pass over grad
+  // (which is left unchanged).
   virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-                     float beta1, float beta2, float eps, float weight_decay, int64_t t) = 0;
+                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                     float grad_scale) = 0;
 
  protected:
   // The shared input (begin_shared_input) and the key of the quantization kept from it.

@@ -344,10 +344,8 @@ int64_t Fsdp::transient_bytes() const {
 }
 
 void Fsdp::zero_grads() { be_.fill(grad_base_, 0.0f, local_numel_); }
-void Fsdp::scale_grads(float s) { be_.scale(grad_base_, s, local_numel_); }
-
 void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
-                      int64_t t) {
+                      int64_t t, float grad_scale) {
   const int r = shard_comm_->rank();
   const auto& units = layout_.units();
   for (size_t u = 0; u < units.size(); ++u) {
@@ -360,7 +358,7 @@ void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weigh
       if (lo >= hi) continue;
       const int64_t at = base + (lo - sb);
       be_.adamw(master_base_ + at, grad_base_ + at, m_base_ + at, v_base_ + at, hi - lo, lr,
-                beta1, beta2, eps, t_.decay ? weight_decay : 0.0f, t);
+                beta1, beta2, eps, t_.decay ? weight_decay : 0.0f, t, grad_scale);
     }
   }
 }

@@ -63,10 +63,10 @@ class Fsdp final : public UnitAccess {
   // global L2 norm of the gradient (before clipping).
   double reduce_gradients_and_norm();
   void zero_grads();
-  void scale_grads(float s);
-  // AdamW on this rank's shards; weight decay only on the tensors the layout marks.
+  // AdamW on this rank's shards; weight decay only on the tensors the layout marks. The
+  // gradients are taken times grad_scale (clipping's factor; Backend::adamw), left unchanged.
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int64_t t);
+                  int64_t t, float grad_scale = 1.0f);
 
   // Whole-model views, for init, checkpoints and generation: full flat buffers in the layout's
   // order. scatter_* keep this rank's shard of a full buffer (every rank passes the same one);

@@ -1008,10 +1008,13 @@ int run_training(const RunConfig& cfg) {
     MX_REQUIRE(std::isfinite(loss), "loss is ", loss, " at step ", step + 1,
                ": training diverged (lower train.lr or set train.grad_clip)");
     const double grad_norm = fsdp.reduce_gradients_and_norm();
-    if (tc.grad_clip > 0 && grad_norm > tc.grad_clip)
-      fsdp.scale_grads(float(tc.grad_clip / (grad_norm + 1e-6)));
+    // Clipping scales the gradients inside AdamW's own pass over them (Backend::adamw): the
+    // same floats as scaling them first, without a read and a write of every gradient.
+    const float clip = tc.grad_clip > 0 && grad_norm > tc.grad_clip
+                           ? float(tc.grad_clip / (grad_norm + 1e-6))
+                           : 1.0f;
     fsdp.adamw_step(float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps),
-                    float(tc.weight_decay), step + 1);
+                    float(tc.weight_decay), step + 1, clip);
     be.synchronize();  // a GPU queues the update: the step ends when it has run
     const double dt = seconds_since(t0);
     train_seconds += dt;

@@ -62,15 +62,16 @@ inline vf8 sqrt8(vf8 x) {
 }
 
 // torch.optim.AdamW on n elements (see Backend::adamw), 8 at a time; decay = 1 - lr * wd,
-// step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). Same operations in the same order
-// as the scalar formula, so the same bits.
+// step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t), the gradient grad * grad_scale.
+// Same operations in the same order as the scalar formula, so the same bits.
 inline void adamw_span(float* param, const float* grad, float* m, float* v, int64_t n,
                        float beta1, float beta2, float eps, float decay, float step_size,
-                       float bc2_sqrt) {
+                       float bc2_sqrt, float grad_scale) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     vf8 g, mi, vi, p;
     std::memcpy(&g, grad + i, sizeof g);
+    g = g * grad_scale;
     std::memcpy(&mi, m + i, sizeof mi);
     std::memcpy(&vi, v + i, sizeof vi);
     std::memcpy(&p, param + i, sizeof p);
@@ -83,7 +84,7 @@ inline void adamw_span(float* param, const float* grad, float* m, float* v, int6
     std::memcpy(param + i, &p, sizeof p);
   }
   for (; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * grad_scale;
     const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
     const float p = param[i] * decay;

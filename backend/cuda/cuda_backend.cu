@@ -555,9 +555,10 @@ __global__ void sum_doubles_kernel(double* __restrict__ out, const double* __res
   if (threadIdx.x == 0) *out = s;
 }
 
-__device__ __forceinline__ void adamw_elem(float& param, float g, float& m, float& v, float beta1,
-                                           float beta2, float eps, float step_size,
-                                           float bc2_sqrt, float decay) {
+__device__ __forceinline__ void adamw_elem(float& param, float grad, float& m, float& v,
+                                           float beta1, float beta2, float eps, float step_size,
+                                           float bc2_sqrt, float decay, float grad_scale) {
+  const float g = grad * grad_scale;
   const float mi = m = beta1 * m + (1.0f - beta1) * g;
   const float vi = v = beta2 * v + (1.0f - beta2) * g * g;
   const float p = param * decay;
@@ -569,22 +570,23 @@ __device__ __forceinline__ void adamw_elem(float& param, float g, float& m, floa
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
                              float* __restrict__ m, float* __restrict__ v, int64_t n, float beta1,
                              float beta2, float eps, float step_size, float bc2_sqrt,
-                             float decay, bool vec) {
+                             float decay, float grad_scale, bool vec) {
   const int64_t n4 = vec ? n / 4 : 0;
   MX_GRID_STRIDE(j, n4) {
     float4 p = reinterpret_cast<float4*>(param)[j], mm = reinterpret_cast<float4*>(m)[j],
            vv = reinterpret_cast<float4*>(v)[j];
     const float4 g = reinterpret_cast<const float4*>(grad)[j];
-    adamw_elem(p.x, g.x, mm.x, vv.x, beta1, beta2, eps, step_size, bc2_sqrt, decay);
-    adamw_elem(p.y, g.y, mm.y, vv.y, beta1, beta2, eps, step_size, bc2_sqrt, decay);
-    adamw_elem(p.z, g.z, mm.z, vv.z, beta1, beta2, eps, step_size, bc2_sqrt, decay);
-    adamw_elem(p.w, g.w, mm.w, vv.w, beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    adamw_elem(p.x, g.x, mm.x, vv.x, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale);
+    adamw_elem(p.y, g.y, mm.y, vv.y, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale);
+    adamw_elem(p.z, g.z, mm.z, vv.z, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale);
+    adamw_elem(p.w, g.w, mm.w, vv.w, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale);
     reinterpret_cast<float4*>(param)[j] = p, reinterpret_cast<float4*>(m)[j] = mm,
     reinterpret_cast<float4*>(v)[j] = vv;
   }
   for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    adamw_elem(param[i], grad[i], m[i], v[i], beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    adamw_elem(param[i], grad[i], m[i], v[i], beta1, beta2, eps, step_size, bc2_sqrt, decay,
+               grad_scale);
 }
 
 class CudaBackendImpl final : public CudaBackend {
@@ -1389,7 +1391,8 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-             float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+             float beta1, float beta2, float eps, float weight_decay, int64_t t,
+             float grad_scale) override {
     if (n == 0) return;
     // The step's scalars on the host, with the CPU backend's expressions (same float results).
     const float bc1 = 1.0f - std::pow(beta1, float(t));
@@ -1398,7 +1401,7 @@ class CudaBackendImpl final : public CudaBackend {
     const float decay = 1.0f - lr * weight_decay;
     const bool vec = all_16_aligned({param, grad, m, v});
     adamw_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
-        param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay, vec);
+        param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale, vec);
     launched("adamw");
   }
 

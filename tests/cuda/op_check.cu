@@ -1613,10 +1613,12 @@ void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
     run_case("adamw", sh, [&](Result& r) {
       auto p = randn(n), g = randn(n), m = randn(n, 0.1f), v = uniform(n, 0.0f, 0.1f);
       Dev<float> dp(p), dg(g), dm(m), dv(v);
-      for (int64_t t = 1; t <= 3; ++t) {
-        cpu.adamw(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-        gpu.adamw(dp.p, dg.p, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+      for (int64_t t = 1; t <= 3; ++t) {  // step 2 with a clipping factor
+        const float s = t == 2 ? 0.37f : 1.0f;
+        cpu.adamw(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, s);
+        gpu.adamw(dp.p, dg.p, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, s);
       }
+      compare(r, "grad", dg.download(), g, {0, 0});  // unchanged
       compare(r, "param", dp.download(), p, kElementwise);
       compare(r, "m", dm.download(), m, kElementwise);
       compare(r, "v", dv.download(), v, kElementwise);

@@ -541,27 +541,33 @@ TEST(CpuOps, NormAndRopeIntoBf16CodesMatchDefinition) {
 
 TEST(CpuOps, AdamWMatchesTorchFormula) {
   auto be = mx::make_cpu_backend();
-  // 33: one vector block per thread and a scalar tail; 1003: many blocks per thread.
-  for (const int64_t n : {int64_t{33}, int64_t{1003}}) {
-    auto p = randn(n, 15), g = randn(n, 16), m = randn(n, 17, 0.1f), v = randn(n, 18, 0.1f);
-    for (auto& x : v) x = std::fabs(x);
-    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
-    const int64_t t = 3;
-    std::vector<double> p_ref(n), m_ref(n), v_ref(n);
-    for (int64_t i = 0; i < n; ++i) {
-      // torch.optim.AdamW, written from its documentation's algorithm.
-      double theta = p[i] * (1 - lr * wd);
-      double mi = m_ref[i] = b1 * m[i] + (1 - b1) * g[i];
-      double vi = v_ref[i] = b2 * v[i] + (1 - b2) * double(g[i]) * g[i];
-      double mhat = mi / (1 - std::pow(b1, t)), vhat = vi / (1 - std::pow(b2, t));
-      p_ref[i] = theta - lr * mhat / (std::sqrt(vhat) + eps);
+  // 33: one vector block per thread and a scalar tail; 1003: many blocks per thread. A
+  // gradient scale (clipping's factor) other than 1: the step on the float product g * s.
+  for (const float s : {1.0f, 0.37f})
+    for (const int64_t n : {int64_t{33}, int64_t{1003}}) {
+      auto p = randn(n, 15), g = randn(n, 16), m = randn(n, 17, 0.1f), v = randn(n, 18, 0.1f);
+      for (auto& x : v) x = std::fabs(x);
+      const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+      const int64_t t = 3;
+      std::vector<double> p_ref(n), m_ref(n), v_ref(n);
+      for (int64_t i = 0; i < n; ++i) {
+        // torch.optim.AdamW, written from its documentation's algorithm, on the clipped
+        // gradient as torch.nn.utils.clip_grad_norm_ leaves it (a float multiplication)
+        const double gi = double(g[i] * s);
+        double theta = p[i] * (1 - lr * wd);
+        double mi = m_ref[i] = b1 * m[i] + (1 - b1) * gi;
+        double vi = v_ref[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        double mhat = mi / (1 - std::pow(b1, t)), vhat = vi / (1 - std::pow(b2, t));
+        p_ref[i] = theta - lr * mhat / (std::sqrt(vhat) + eps);
+      }
+      const auto g_before = g;
+      be->adamw(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2),
+                float(eps), float(wd), t, s);
+      expect_close(p, p_ref, 1e-6, "adamw param");
+      expect_close(m, m_ref, 1e-6, "adamw m");
+      expect_close(v, v_ref, 1e-6, "adamw v");
+      EXPECT_EQ(g, g_before);  // the gradient itself is left as it was
     }
-    be->adamw(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1), float(b2),
-              float(eps), float(wd), t);
-    expect_close(p, p_ref, 1e-6, "adamw param");
-    expect_close(m, m_ref, 1e-6, "adamw m");
-    expect_close(v, v_ref, 1e-6, "adamw v");
-  }
 }
 
 TEST(CpuOps, AttentionDecodeMatchesLastRowOfCausalAttention) {
