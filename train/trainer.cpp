@@ -813,11 +813,6 @@ int run_training(const RunConfig& cfg) {
       }
     }
   }
-  if (lead && be.memory())
-    info("head: logits in chunks of ", std::min(head_rows, B * T), " of ", B * T, " rows",
-         spare_head.p ? str(" (", format_bytes(double(spare_head.bytes)), " of spare device memory)")
-         : std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") ? std::string(" (MXTRAIN_CUDA_HEAD_CHUNK_MB)")
-                                                     : std::string(" (planned)"));
   const int64_t tokens_per_step = B * T * tc.grad_accum * W;
   const double flops_per_token = model_cfg.flops_per_token(T);
   info("mxtrain: ", format_count(double(model_cfg.param_count())), " parameters (",
@@ -867,6 +862,12 @@ int run_training(const RunConfig& cfg) {
            ": block Linears emulated at this shape (fp32 GEMMs over dequantized operands; ",
            rule, ")");
   }
+
+  if (lead && be.memory())  // (after the start-up line: what the head took)
+    info("head: logits in chunks of ", head_rows, " of ", B * T, " rows",
+         spare_head.p ? str(" (", format_bytes(double(spare_head.bytes)), " of spare device memory)")
+         : std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") ? std::string(" (MXTRAIN_CUDA_HEAD_CHUNK_MB)")
+                                                     : std::string(" (planned)"));
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
@@ -1150,7 +1151,7 @@ int run_training(const RunConfig& cfg) {
     // (the head's chunks in spare memory, released above, are not part of the plan)
     const int64_t held = mem->held_bytes();
     summary["device_mem_bytes"] = held;
-    summary["head_chunk_rows"] = std::min(head_rows, B * T);
+    summary["head_chunk_rows"] = head_rows;
     if (head_spare_bytes > 0) summary["head_spare_bytes"] = head_spare_bytes;
     if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
   }
