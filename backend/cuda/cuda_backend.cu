@@ -35,9 +35,11 @@ namespace mx {
 namespace {
 
 constexpr int kThreads = 256;
-// rmsnorm_backward's one-pass kernel: blocks (each over rows b, b + blocks, ...) and so dw's
-// double partials, blocks x C (8 MiB of scratch at C = 2048).
+// rmsnorm_backward's one-pass kernel: at most 512 blocks (each over rows b, b + blocks, ...),
+// fewer where C is wide, so that dw's double partials (blocks x C) stay within 8 MiB of scratch
+// (512 blocks at C = 2048, 128 at 8192; the two-kernel form took 64 x C).
 constexpr int64_t kRmsnormBackwardBlocks = 512;
+constexpr int64_t kRmsnormPartialBytes = int64_t(8) << 20;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 unsigned grid_1d(int64_t n) {  // grid-stride loops: enough blocks to fill any GPU, capped
@@ -1073,7 +1075,8 @@ class CudaBackendImpl final : public CudaBackend {
       DeviceArenaScope scope(scratch_);
       const int threads = C <= 4 * 4 * kThreads ? kThreads : 512;
       const int64_t per_thread = (C / 4 + threads - 1) / threads;  // float4s: K, rounded up
-      const int64_t blocks = std::min<int64_t>(N, kRmsnormBackwardBlocks);
+      const int64_t blocks = std::min<int64_t>(
+          N, std::clamp<int64_t>(kRmsnormPartialBytes / (8 * C), 64, kRmsnormBackwardBlocks));
       double* part = scratch_.alloc_as<double>(blocks * C);
       const unsigned grid = unsigned(blocks);
       if (per_thread == 1)
