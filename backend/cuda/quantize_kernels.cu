@@ -98,12 +98,21 @@ __device__ float block_amax(float m) {
   return b;
 }
 
-// The vectors (four elements each) a thread of the vec4 loops below loads before it uses any:
-// enough bytes in flight to cover the memory latency (elem_grid caps the grid).
-// Vectors a thread issues together in the per-tensor cast and amax kernels. 1: as before the
-// tiled rework, whose 4 came with the per-tensor casts' 2-3x slowdown on the H200 (not yet
-// told apart from the tiled kernel's share of it).
+// The vectors (four elements each) a thread of the per-tensor cast and amax kernels' vec4
+// loops loads before it uses any, to put more bytes in flight (elem_grid caps the grid). 1: as
+// before the tiled rework, whose 4 came with the per-tensor casts' 2-3x slowdown on the H200
+// (not yet told apart from the tiled kernel's share of it).
 constexpr int kUnroll = 1;
+
+// Those kUnroll vectors of a thread's iteration at vector j0: j0, j0 + stride, ..., their
+// loads issued together; a vector at or past nv reads as zeros.
+template <class T, class V>
+__device__ __forceinline__ void load4_batch(V (&v)[kUnroll], const T* __restrict__ x, int64_t j0,
+                                            int64_t stride, int64_t nv) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    v[u] = j0 + u * stride < nv ? raw4(x, 4 * (j0 + u * stride)) : raw4_zero(x);
+}
 
 // vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for raw4).
 template <class T>
@@ -116,9 +125,7 @@ __global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_
     const int64_t nv = n / 4;
     for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
       decltype(raw4(x, 0)) v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        v[u] = j0 + u * stride < nv ? raw4(x, 4 * (j0 + u * stride)) : raw4_zero(x);
+      load4_batch(v, x, j0, stride, nv);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) m = amax_fold4(m, widen4(v[u]));  // +0: no change
     }
@@ -441,9 +448,7 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
     };
     for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
       decltype(raw4(x, 0)) raw[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        raw[u] = j0 + u * stride < nv ? raw4(x, 4 * (j0 + u * stride)) : raw4_zero(x);
+      load4_batch(raw, x, j0, stride, nv);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j = j0 + u * stride;
