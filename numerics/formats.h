@@ -148,6 +148,15 @@ MX_HOST_DEVICE inline uint16_t encode_bf16(float x, Saturation sat = Saturation:
   const uint32_t sign = (bits >> 16) & 0x8000u;
   const uint32_t a = bits & 0x7FFFFFFFu;
   if (a > 0x7F800000u) return sat == Saturation::kSatFinite ? 0x7FFF : uint16_t(sign | 0x7FC0);
+  if (sat == Saturation::kNoSat && !stochastic) {
+    // RNE without saturation, the common case (every bf16 activation and GEMM operand), in
+    // three integer operations: bf16 keeps fp32's exponent range, so rounding is adding half a
+    // quantum less one, plus the kept part's lowest bit (ties to even), to the bits and
+    // dropping the low 16. A carry moves into the exponent as rounding up should (into inf
+    // past the largest bf16, as kNoSat overflows), never into the sign (a <= 0x7F800000).
+    // Identical to the general path below for every float (test_formats.cpp: all 2^32).
+    return uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
   if (a == 0x7F800000u)
     return uint16_t(sign | (sat == Saturation::kSatFinite ? 0x7F7F : 0x7F80));
   uint32_t mag = round_to_minifloat_code(a, 7, -126, stochastic, rand);

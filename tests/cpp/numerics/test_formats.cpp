@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -204,3 +205,33 @@ TEST(Codecs, StochasticRoundingThresholdIsExact) {
 }
 
 }  // namespace
+
+// encode_bf16's RNE fast path (kNoSat, not stochastic: integer add and shift) against the
+// general minifloat rounding (round_to_minifloat_code with bf16's 7 mantissa bits and emin
+// -126, inf past 0x7F7F, NaN to sign | 0x7FC0), which the other formats use. The result
+// depends on the sign, the exponent, the kept mantissa's lowest bit and carry (its 7 bits: all
+// ones or not) and the 16 dropped bits: every sign and exponent (subnormals, inf and NaN
+// included) x kept mantissas 0, 1, 0x3E, 0x3F, 0x40, 0x7E, 0x7F x all 65536 dropped patterns,
+// then every 65519th float of all 2^32.
+TEST(Formats, Bf16FastRoundingMatchesTheGeneralPath) {
+  auto general = [](uint32_t bits) -> uint16_t {
+    const uint32_t sign = (bits >> 16) & 0x8000u, a = bits & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return uint16_t(sign | 0x7FC0);
+    if (a == 0x7F800000u) return uint16_t(sign | 0x7F80);
+    uint32_t mag = mx::numerics::round_to_minifloat_code(a, 7, -126, false, 0);
+    if (mag > 0x7F7F) mag = 0x7F80;
+    return uint16_t(sign | mag);
+  };
+  int64_t bad = 0;
+  auto check = [&](uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, 4);
+    const uint16_t got = encode_bf16(x, Saturation::kNoSat), want = general(bits);
+    if (got != want && ++bad <= 5) ADD_FAILURE() << std::hex << "bits 0x" << bits << ": 0x" << got << ", want 0x" << want;
+  };
+  for (uint32_t se = 0; se < 512; ++se)
+    for (uint32_t hi : {0u, 1u, 0x3Eu, 0x3Fu, 0x40u, 0x7Eu, 0x7Fu})
+      for (uint32_t lo = 0; lo < 65536; ++lo) check(se << 23 | hi << 16 | lo);
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 65519) check(uint32_t(b));
+  EXPECT_EQ(bad, 0);
+}
