@@ -946,10 +946,14 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
     be_.copy_from_host(inputs, host_in.data(), sizeof(int32_t) * size_t(N));
     be_.copy_from_host(targets, host_tg.data(), sizeof(int32_t) * size_t(N));
     const size_t table = size_t(T * c_.head_dim / 2);
-    std::vector<float> host_cos(table), host_sin(table);
-    make_rope_tables(T, host_cos.data(), host_sin.data());
-    be_.copy_from_host(cos, host_cos.data(), sizeof(float) * table);
-    be_.copy_from_host(sin, host_sin.data(), sizeof(float) * table);
+    if (rope_host_T_ != T) {
+      rope_host_cos_.assign(table, 0.0f);
+      rope_host_sin_.assign(table, 0.0f);
+      make_rope_tables(T, rope_host_cos_.data(), rope_host_sin_.data());
+      rope_host_T_ = T;
+    }
+    be_.copy_from_host(cos, rope_host_cos_.data(), sizeof(float) * table);
+    be_.copy_from_host(sin, rope_host_sin_.data(), sizeof(float) * table);
   }
   rope_cos_ = cos;
   rope_sin_ = sin;

@@ -271,6 +271,11 @@ class LlamaModel {
   Arena& saved_;
   Arena& scratch_;
   const float* rope_cos_ = nullptr;
+  // The host's RoPE tables of the last sequence length, kept: making them (2 x T x head_dim / 2
+  // double sines and cosines: some milliseconds at T = 8192) every step left a GPU idle while
+  // the host worked, the step's inputs not yet copied.
+  std::vector<float> rope_host_cos_, rope_host_sin_;
+  int64_t rope_host_T_ = -1;
   const float* rope_sin_ = nullptr;
 };
 
