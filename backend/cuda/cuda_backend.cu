@@ -601,6 +601,7 @@ class CudaBackendImpl final : public CudaBackend {
     device_memory_.be = this;
     MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     scratch_.set_stream(stream_);
+    lt_.set_tune(opt_.gemm_tune);
     const char* env = std::getenv("MXTRAIN_CUDA_SYNC");
     if (env && env[0] == '1') opt_.sync_after_each_op = true;
     cudaDeviceProp prop{};
@@ -686,6 +687,8 @@ class CudaBackendImpl final : public CudaBackend {
     opt_.gemm_precision = base_precision_ = p;
   }
   size_t scratch_peak_bytes() const override { return scratch_.peak(); }
+  int64_t gemm_shapes_timed() const override { return lt_.tune_stats().timed; }
+  int64_t gemm_shapes_retuned() const override { return lt_.tune_stats().changed; }
 
   // GEMM FLOPs are counted; GEMM seconds are not measured yet (0): timing asynchronous work
   // needs events read back at the step's end (TODO with the CUDA step loop).
@@ -1961,6 +1964,7 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer(const std::string& given)
     else if (v == "emulate") o.fp8_tensor_cores = false;
     else throw UserError(str("MXTRAIN_CUDA_FP8 must be native or emulate (got '", v, "')"));
   }
+  o.gemm_tune = parse_cuda_gemm_tune(std::getenv("MXTRAIN_CUDA_GEMM_TUNE"));
   o.scratch_bytes = cuda_scratch_bytes();  // default 1 GiB: bf16 copies of large GEMMs' operands
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -1982,6 +1986,17 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer(const std::string& given)
   return make_cuda_backend(o);
 }
 }  // namespace
+
+CudaGemmTune parse_cuda_gemm_tune(const char* value) {
+  if (!value) return CudaGemmTune::kLarge;
+  const std::string v = value;
+  if (v == "0") return CudaGemmTune::kOff;
+  if (v == "1") return CudaGemmTune::kLarge;
+  if (v == "all") return CudaGemmTune::kAll;
+  throw UserError(str("MXTRAIN_CUDA_GEMM_TUNE must be 0 (the heuristic's first algorithm), 1 "
+                      "(time the candidates of products of 2^30 FLOPs and more: the default) "
+                      "or all (got '", v, "')"));
+}
 
 int cuda_local_device(int device_count) {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",

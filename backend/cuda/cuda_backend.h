@@ -28,11 +28,21 @@ enum class CudaGemmPrecision : uint8_t {
   kBf16,  // operands rounded to bf16 (RNE, numerics/formats.h) into scratch, fp32 accumulate
 };
 
+// Which cuBLASLt algorithm a GEMM shape runs (MXTRAIN_CUDA_GEMM_TUNE; docs/cuda.md, "GEMM
+// tuning"): the heuristic's first (kOff: 0), or the fastest of the heuristic's first eight,
+// timed on the GPU at the shape's first call, for products of at least 2^30 FLOPs (kLarge: 1,
+// the default: smaller ones cost more to time than they could save) or for every shape (kAll:
+// all; the tests' setting).
+enum class CudaGemmTune : uint8_t { kOff, kLarge, kAll };
+// MXTRAIN_CUDA_GEMM_TUNE's value (null: unset, the default); UserError for anything else.
+CudaGemmTune parse_cuda_gemm_tune(const char* value);
+
 struct CudaBackendOptions {
   int device = 0;
   CudaGemmPrecision gemm_precision = CudaGemmPrecision::kFp32;
   size_t scratch_bytes = size_t(512) << 20;       // per-op temporaries
   size_t gemm_workspace_bytes = size_t(32) << 20;  // cuBLASLt workspace (inside scratch)
+  CudaGemmTune gemm_tune = CudaGemmTune::kLarge;
   bool sync_after_each_op = false;  // debugging: surface async faults at the op that caused them
   // The per-tensor FP8 Linears (Backend::fp8_linear_*) on FP8 tensor cores when the GPU has
   // them (compute capability >= 8.9); false: fp8_tensor_cores() says no, and the recipes run
@@ -58,6 +68,10 @@ class CudaBackend : public Backend {
   virtual int device() const = 0;
   virtual void set_gemm_precision(CudaGemmPrecision p) = 0;
   virtual size_t scratch_peak_bytes() const = 0;
+  // GEMM tuning so far (CudaGemmTune): the shapes whose candidates were timed, and how many of
+  // them took another algorithm than the heuristic's first.
+  virtual int64_t gemm_shapes_timed() const = 0;
+  virtual int64_t gemm_shapes_retuned() const = 0;
   virtual void set_attention(CudaAttention a) = 0;
   // Which implementation attention_forward / _backward run for this shape: "cudnn", or "fp32"
   // followed by the reason when cuDNN was asked for but cannot take it ("fp32 (...)"). Asking

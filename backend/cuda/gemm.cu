@@ -6,7 +6,10 @@
 // cuBLASLt's first operand is our B (transposed iff trans_b), its second our A (iff trans_a).
 #include "backend/cuda/gemm.h"
 
+#include <cstdlib>
+
 #include "backend/cuda/cuda_check.h"
+#include "core/log.h"
 #include "numerics/formats.h"
 
 namespace mx::cuda {
@@ -212,8 +215,15 @@ void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   const AlgoKey key{0,       M,       N,       K,       trans_a,
                     trans_b, in_type, compute, out_type, 0,
                     align_a, align_b, align_c, int64_t(workspace_bytes)};
+  const Trial trial{[&](const cublasLtMatmulAlgo_t& algo, void* D) {
+                      return cublasLtMatmul(handle_, call.desc, &alpha, first, call.a, second,
+                                            call.b, &beta, C, call.c, D, call.c, &algo,
+                                            workspace, workspace_bytes, stream);
+                    },
+                    C, size_t(M * N) * (out_type == CUDA_R_16BF ? 2 : 4), beta != 0.0f,
+                    2.0 * double(M) * double(N) * double(K), stream};
   const cublasLtMatmulAlgo_t* algo =
-      cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, "gemm");
+      cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, "gemm", &trial);
   if (!algo)
     throw CudaError(str("cublasLt: gemm: no algorithm for M=", M, " N=", N, " K=", K,
                         " trans_a=", trans_a, " trans_b=", trans_b, " in_type=", int(in_type),
@@ -228,22 +238,99 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
                                                 cublasLtMatrixLayout_t b,
                                                 cublasLtMatrixLayout_t c,
                                                 cublasLtMatmulPreference_t pref,
-                                                const char* op) {
+                                                const char* op, const Trial* trial) {
   if (auto it = algos_.find(key); it != algos_.end()) return &it->second;
   if (no_algo_.count(key)) return nullptr;
-  cublasLtMatmulHeuristicResult_t heuristic{};
+  const bool tune = trial && (tune_ == CudaGemmTune::kAll ||
+                              (tune_ == CudaGemmTune::kLarge && trial->flops >= 0x1p30));
+  cublasLtMatmulHeuristicResult_t heuristic[kTuneCandidates] = {};
   int found = 0;
   // No algorithm shows as CUBLAS_STATUS_NOT_SUPPORTED (as Transformer Engine reads it) or as
   // success with none found: both are "none" here, any other status an error.
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, pref, 1,
-                                                           &heuristic, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      handle_, desc, a, b, c, c, pref, tune ? kTuneCandidates : 1, heuristic, &found);
   if (st != CUBLAS_STATUS_NOT_SUPPORTED) MX_CUBLAS_CHECK(op, st);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || found == 0 ||
-      heuristic.state != CUBLAS_STATUS_SUCCESS) {  // the caller throws, or falls back
+  int n = 0;  // the usable candidates, in the heuristic's order
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED)
+    for (int i = 0; i < found; ++i)
+      if (heuristic[i].state == CUBLAS_STATUS_SUCCESS) heuristic[n++] = heuristic[i];
+  if (n == 0) {  // the caller throws, or falls back
     no_algo_.insert(key);
     return nullptr;
   }
-  return &algos_.emplace(key, heuristic.algo).first->second;
+  const int pick = tune && n > 1 ? fastest(heuristic, n, *trial, op) : 0;
+  return &algos_.emplace(key, heuristic[pick].algo).first->second;
+}
+
+int LtGemm::fastest(const cublasLtMatmulHeuristicResult_t* cand, int n, const Trial& trial,
+                    const char* op) {
+  // Where the trials write: the call's output when the call does not read it, else a stand-in.
+  void* D = trial.D;
+  void* stand_in = nullptr;
+  if (trial.reads_c) {
+    if (cudaMalloc(&stand_in, trial.d_bytes) != cudaSuccess) {
+      cudaGetLastError();  // no memory to spare: the heuristic's first, untimed
+      return 0;
+    }
+    D = stand_in;
+  }
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  int best = 0, timed = 0;
+  double best_s = 0, first_s = 0;
+  bool timed_first = false;
+  try {
+    for (cudaEvent_t& e : ev) MX_CUDA_CHECK(op, cudaEventCreate(&e));
+    for (int i = 0; i < n; ++i) {
+      // A candidate cuBLASLt refuses at run time (a workspace or alignment rule the heuristic
+      // did not apply) is left out; the last error is cleared so the next op does not see it.
+      if (trial.run(cand[i].algo, D) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
+        continue;
+      }
+      MX_CUDA_CHECK(op, cudaEventRecord(ev[0], trial.stream));
+      bool ok = true;
+      for (int r = 0; r < kTuneRuns && ok; ++r)
+        ok = trial.run(cand[i].algo, D) == CUBLAS_STATUS_SUCCESS;
+      MX_CUDA_CHECK(op, cudaEventRecord(ev[1], trial.stream));
+      MX_CUDA_CHECK(op, cudaEventSynchronize(ev[1]));
+      if (!ok) {
+        cudaGetLastError();
+        continue;
+      }
+      float ms = 0;
+      MX_CUDA_CHECK(op, cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      const double s = double(ms) * 1e-3 / kTuneRuns;
+      ++timed;
+      if (i == 0) {
+        first_s = s;
+        timed_first = true;
+      }
+      if (best_s == 0 || s < best_s) {
+        best_s = s;
+        best = i;
+      }
+    }
+  } catch (...) {
+    for (cudaEvent_t e : ev)
+      if (e) cudaEventDestroy(e);
+    if (stand_in) cudaFree(stand_in);
+    throw;
+  }
+  for (cudaEvent_t e : ev)
+    if (e) cudaEventDestroy(e);
+  if (stand_in) cudaFree(stand_in);
+  ++tune_stats_.timed;
+  if (best != 0) {
+    ++tune_stats_.changed;
+    if (timed_first) tune_stats_.saved_seconds += first_s - best_s;
+  }
+  if (std::getenv("MXTRAIN_CUDA_GEMM_TUNE_LOG"))  // one line a shape (bench/gpu/check.sh)
+    info(str("cuda gemm tune: ", op, " ", trial.flops / 1e9, " GFLOP: candidate ", best, " of ",
+             n, " (", timed, " timed), ", best_s * 1e3, " ms (first ",
+             timed_first ? first_s * 1e3 : -1.0, " ms), ",
+             best_s > 0 ? trial.flops / best_s / 1e12 : 0.0, " TFLOP/s",
+             trial.reads_c ? ", stand-in output" : ""));
+  return best;
 }
 
 bool LtGemm::fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
@@ -389,8 +476,16 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   const AlgoKey key{D16 ? 2 : 1, M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
                     a.scale != nullptr, aligns[0], aligns[1], aligns[2],
                     int64_t(workspace_bytes)};
-  const cublasLtMatmulAlgo_t* algo =
-      cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, op);
+  // (device scalars, nvfp4's: beta is not known here, and C was zeroed for it: untuned)
+  const Trial trial{[&](const cublasLtMatmulAlgo_t& algo, void* out) {
+                      return cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data,
+                                            call.b, beta, D, call.c, out, call.c, &algo,
+                                            workspace, workspace_bytes, stream);
+                    },
+                    D, size_t(M * N) * (D16 ? 2 : 4), beta_value != 0.0f,
+                    2.0 * double(M) * double(N) * double(K), stream};
+  const cublasLtMatmulAlgo_t* algo = cached_algo(key, call.desc, call.a, call.b, call.c,
+                                                 call.pref, op, device_scalars ? nullptr : &trial);
   if (!algo) {
     if (D16) return false;  // the caller writes fp32 and rounds
     throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -21,6 +22,19 @@ class LtGemm {
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
+
+  // Which algorithm each GEMM shape runs (CudaGemmTune; MXTRAIN_CUDA_GEMM_TUNE): the
+  // heuristic's first, or the fastest of its first kTuneCandidates timed on the GPU at the
+  // shape's first call. What tuning did so far: shapes timed, how many of them changed
+  // algorithm, and the time the changes save per call of each shape once (sum, seconds; from
+  // the timings).
+  static constexpr int kTuneCandidates = 8;
+  void set_tune(CudaGemmTune t) { tune_ = t; }
+  struct TuneStats {
+    int64_t timed = 0, changed = 0;
+    double saved_seconds = 0;
+  };
+  TuneStats tune_stats() const { return tune_stats_; }
 
   // workspace: device memory for cuBLASLt (may be null with workspace_bytes 0). For kBf16 the
   // operands' bf16 copies are allocated from `scratch` for the duration of the call.
@@ -139,14 +153,37 @@ class LtGemm {
   // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds of host time per call, about
   // what a small GEMM takes on the GPU, and a training step repeats the same few dozen shapes.
   // A key with no algorithm is remembered too (no_algo_), for the bf16 outputs' fallback.
+  //
+  // Tuning (tune_, `trial` given): the heuristic is asked for kTuneCandidates algorithms and
+  // each is timed on the call's own operands (a warm-up, then kTuneRuns runs between two
+  // events); the fastest is kept for the key. trial->run(algo, D) queues the call's product
+  // with `algo` into D: the call's own output where the call does not read it (beta 0: the
+  // call writes it afterwards anyway), else a stand-in of d_bytes from cudaMalloc, freed at
+  // once (no stand-in to be had: the heuristic's first, untimed). A candidate cuBLASLt refuses
+  // at run time is left out.
   using AlgoKey = std::array<int64_t, 14>;
+  struct Trial {
+    std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&, void* D)> run;
+    void* D;         // the call's output
+    size_t d_bytes;  // its size
+    bool reads_c;    // beta != 0: the trials must not write D
+    double flops;    // 2 M N K
+    cudaStream_t stream;
+  };
+  static constexpr int kTuneRuns = 3;
   const cublasLtMatmulAlgo_t* cached_algo(const AlgoKey& key, cublasLtMatmulDesc_t desc,
                                           cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                           cublasLtMatrixLayout_t c,
-                                          cublasLtMatmulPreference_t pref, const char* op);
+                                          cublasLtMatmulPreference_t pref, const char* op,
+                                          const Trial* trial = nullptr);
+  // The index of the fastest of `n` candidates (0 when none could be timed).
+  int fastest(const cublasLtMatmulHeuristicResult_t* cand, int n, const Trial& trial,
+              const char* op);
   cublasLtHandle_t handle_ = nullptr;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
   std::set<AlgoKey> no_algo_;
+  CudaGemmTune tune_ = CudaGemmTune::kLarge;
+  TuneStats tune_stats_;
 };
 
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU

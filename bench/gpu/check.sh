@@ -33,10 +33,9 @@
 #      more step after its timed ones (torch.profiler, its top 15 kernels), for a side-by-side.
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
-#      Then, if the budget has 40 s left: recipe bf16 with the planned 256 MiB head chunks ("mx
-#      bf16 head256", MXTRAIN_CUDA_HEAD_CHUNK_MB=256; the default takes larger ones in spare
-#      GPU memory), fp8-delayed with the tiled per-tensor FP8 casts
-#      ("mx fp8-delayed tiled", MXTRAIN_FP8_TILED_CASTS=1); last, if it still has 40 s: recipe bf16 with
+#      Then, if the budget has 40 s left: recipe bf16 with untuned GEMMs ("mx bf16 notune",
+#      MXTRAIN_CUDA_GEMM_TUNE=0: the heuristic's first algorithm at every shape, against the
+#      default's fastest of eight); last, if it still has 40 s: recipe bf16 with
 #      precision.activations = fp32 ("mx bf16/a32"), to measure what the default bf16
 #      activations cost or save.
 #
@@ -252,6 +251,7 @@ mx_speed() {  # mx_speed RECIPE [ARGS...]: one profiled mxtrain speed run
   (( $(lines "$OUT/speed.json") == rows )) && no_row mxtrain "$recipe" "$rc" "$errs" "$act"
   return 0
 }
+export MXTRAIN_CUDA_GEMM_TUNE_LOG=1
 mx_speed bf16
 echo "mxtrain bf16 speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
@@ -283,21 +283,14 @@ for recipe in mxfp8 nvfp4; do
   fi
 done
 echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
-# The head's logits chunk pinned at the planned 256 MiB (MXTRAIN_CUDA_HEAD_CHUNK_MB) instead of
-# the default's larger chunks in spare GPU memory (docs/cuda.md, "Head chunks"): each chunk's
-# weight-gradient GEMM reads and writes all of dW in fp32, 32 chunks a step at 256 MiB (row
-# "mx bf16 head256").
+# GEMM tuning (MXTRAIN_CUDA_GEMM_TUNE; docs/cuda.md, "GEMM tuning"): recipe bf16 with the
+# heuristic's first algorithm at every shape instead of the fastest of its first eight (row
+# "mx bf16 notune"). Every speed run logs its tuned shapes (MXTRAIN_CUDA_GEMM_TUNE_LOG: a
+# "cuda gemm tune: ..." line each, in runs_stderr.tgz).
 if (( $(cap 50) >= 40 )); then
   t0=$(date +%s)
-  MXTRAIN_CUDA_HEAD_CHUNK_MB=256 mx_speed bf16 --variant head256
-  echo "mxtrain bf16, 256 MiB head chunks: $(( $(date +%s) - t0 )) s"
-fi
-# fp8-delayed with the tiled per-tensor FP8 casts (MXTRAIN_FP8_TILED_CASTS=1; off by default:
-# slower than the plain kernels with the numerics encoder, unmeasured with the hardware one).
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_FP8_TILED_CASTS=1 mx_speed fp8-delayed --variant tiled
-  echo "mxtrain fp8-delayed, tiled casts: $(( $(date +%s) - t0 )) s"
+  MXTRAIN_CUDA_GEMM_TUNE=0 mx_speed bf16 --variant notune
+  echo "mxtrain bf16, untuned GEMMs: $(( $(date +%s) - t0 )) s"
 fi
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
 # precision.activations = fp32, if the budget has room left (it runs last for that reason).
@@ -366,12 +359,9 @@ for r in speed:  # where each profiled run's step time went: its top ops
 for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
-    if ("mx bf16 head256", seq) in by and ("mx bf16", seq) in by:
-        print(f"seq {seq}: mxtrain bf16, spare-memory / 256 MiB head chunks = "
-              f"{by[('mx bf16', seq)] / by[('mx bf16 head256', seq)]:.3f}")
-    if ("mx fp8-delayed tiled", seq) in by and ("mx fp8-delayed", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-delayed, tiled / plain casts = "
-              f"{by[('mx fp8-delayed tiled', seq)] / by[('mx fp8-delayed', seq)]:.3f}")
+    if ("mx bf16 notune", seq) in by and ("mx bf16", seq) in by:
+        print(f"seq {seq}: mxtrain bf16, tuned / untuned GEMMs = "
+              f"{by[('mx bf16', seq)] / by[('mx bf16 notune', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
               f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")

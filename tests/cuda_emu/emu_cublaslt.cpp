@@ -40,6 +40,10 @@ struct cublasLtMatmulPreferenceOpaque {
 
 namespace {
 
+// The heuristic's candidates (algo.data[0] = 1 .. kAlgos), and the one the run refuses.
+constexpr int kAlgos = 3;
+constexpr uint64_t kRefusedAlgo = 3;
+
 template <class T>
 cublasStatus_t read_attr(T& dst, const void* buf, size_t bytes) {
   if (bytes != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
@@ -315,11 +319,16 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *returned = 0;
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (unsupported(*desc, *a, *b, *c, pref)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  results[0] = {};
-  results[0].algo.data[0] = 1;
-  results[0].state = CUBLAS_STATUS_SUCCESS;
-  results[0].wavesCount = 1.0f;
-  *returned = 1;
+  // Up to three candidates, all computing the same product; the third is one the run refuses
+  // (cublasLtMatmul: CUBLAS_STATUS_NOT_SUPPORTED), as cuBLASLt may refuse a heuristic's
+  // candidate at run time: the backend's GEMM tuning must leave it out.
+  *returned = requested < kAlgos ? requested : kAlgos;
+  for (int i = 0; i < *returned; ++i) {
+    results[i] = {};
+    results[i].algo.data[0] = uint64_t(i + 1);
+    results[i].state = CUBLAS_STATUS_SUCCESS;
+    results[i].wavesCount = 1.0f;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -332,13 +341,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   // The descriptors and host scalars are read at the call, as cuBLASLt does; the operands,
   // scales and device scalars when the stream gets to the product.
   const cublasLtMatmulDescOpaque dc = *desc;
-  if (!algo || unsupported(dc, *a, *b, *d, nullptr)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!algo || algo->data[0] == kRefusedAlgo || unsupported(dc, *a, *b, *d, nullptr))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (algo->data[0] < 1 || algo->data[0] > uint64_t(kAlgos)) return CUBLAS_STATUS_INVALID_VALUE;
   const bool ta = dc.trans_a == CUBLAS_OP_T, tb = dc.trans_b == CUBLAS_OP_T;
   const int64_t m = int64_t(ta ? a->cols : a->rows), k = int64_t(ta ? a->rows : a->cols);
   const int64_t kb = int64_t(tb ? b->cols : b->rows), n = int64_t(tb ? b->rows : b->cols);
   if (k != kb || int64_t(d->rows) != m || int64_t(d->cols) != n || c->rows != d->rows ||
-      c->cols != d->cols || c->type != d->type || C != D)
+      c->cols != d->cols || c->type != d->type)
     return CUBLAS_STATUS_INVALID_VALUE;
+  // Out of place (D != C, the backend's tuning trials of a call that reads C): C is read, D
+  // written; they must not overlap.
+  if (C != D && C) {
+    const size_t bytes = size_t(d->ld) * d->cols * (d->type == CUDA_R_16BF ? 2 : 4);
+    const char* c0 = static_cast<const char*>(C);
+    const char* d0 = static_cast<const char*>(D);
+    if (d0 < c0 + bytes && c0 < d0 + bytes) return CUBLAS_STATUS_INVALID_VALUE;
+  }
   // Where each pointer must be, as cuBLASLt reads it: the operands, C, D, the scales and the
   // workspace on the device; alpha and beta on the host, or with POINTER_MODE_DEVICE on the
   // device.

@@ -97,6 +97,17 @@ def test_bad_cuda_attention_setting_is_a_clear_error(tmp_path):
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 
+def test_bad_gemm_tune_setting_is_a_clear_error(tmp_path):
+    # MXTRAIN_CUDA_GEMM_TUNE (0, 1 or all) is read with the other CUDA settings, before the GPU
+    # is looked for.
+    p = train_cuda_without_gpu(tmp_path, MXTRAIN_CUDA_GEMM_TUNE="yes")
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (last.startswith("error: MXTRAIN_CUDA_GEMM_TUNE must be 0 ") and last.endswith("(got 'yes')")
+            or "built without the CUDA backend" in last), p.stderr
+    assert not (tmp_path / "o" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("recipe,stats,activations", [("fp32", 0, ""), ("nvfp4", 0, ""),
                                                       ("nvfp4", 5, ""), ("mxfp8", 0, ""),
                                                       ("bf16", 0, "bf16")])
