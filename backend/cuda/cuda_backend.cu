@@ -606,6 +606,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (env && env[0] == '1') opt_.sync_after_each_op = true;
     cudaDeviceProp prop{};
     MX_CUDA_CHECK("make_cuda_backend", cudaGetDeviceProperties(&prop, opt_.device));
+    sm_count_ = std::max(1, prop.multiProcessorCount);
     // FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x).
     fp8_native_ = opt_.fp8_tensor_cores && prop.major * 10 + prop.minor >= 89;
     // 1x128 / 128x128 block scales: compute capability 9.x (cuBLAS >= 12.9; Blackwell's
@@ -1078,16 +1079,22 @@ class CudaBackendImpl final : public CudaBackend {
       DeviceArenaScope scope(scratch_);
       const int threads = C <= 4 * 4 * kThreads ? kThreads : 512;
       const int64_t per_thread = (C / 4 + threads - 1) / threads;  // float4s: K, rounded up
+      auto* kernel = per_thread == 1   ? rmsnorm_backward_fused_kernel<1>
+                     : per_thread == 2 ? rmsnorm_backward_fused_kernel<2>
+                                       : rmsnorm_backward_fused_kernel<4>;
+      // At most the blocks the GPU holds at once: each walks its rows one after another, so a
+      // second, partial wave of blocks (the H200 holds 3 of these a multiprocessor, 396 in
+      // all, against the 512 the partials allow at C = 2048) ran at a fraction of the GPU
+      // while doubling the op's time.
+      int per_sm = 0;
+      MX_CUDA_CHECK("rmsnorm_backward",
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      const int64_t resident = int64_t(std::max(per_sm, 1)) * sm_count_;
       const int64_t blocks = std::min<int64_t>(
-          N, std::clamp<int64_t>(kRmsnormPartialBytes / (8 * C), 64, kRmsnormBackwardBlocks));
+          {N, resident,
+           std::clamp<int64_t>(kRmsnormPartialBytes / (8 * C), 64, kRmsnormBackwardBlocks)});
       double* part = scratch_.alloc_as<double>(blocks * C);
-      const unsigned grid = unsigned(blocks);
-      if (per_thread == 1)
-        rmsnorm_backward_fused_kernel<1><<<grid, threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
-      else if (per_thread == 2)
-        rmsnorm_backward_fused_kernel<2><<<grid, threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
-      else
-        rmsnorm_backward_fused_kernel<4><<<grid, threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
+      kernel<<<unsigned(blocks), threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
       launched("rmsnorm_backward");
       rmsnorm_backward_dw_reduce_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dw, part, blocks, C);
       launched("rmsnorm_backward");
@@ -1926,6 +1933,7 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceArena scratch_;
   cudaStream_t stream_ = nullptr;
   cuda::LtGemm lt_;
+  int64_t sm_count_ = 1;  // multiprocessors (launches sized to what the GPU holds at once)
 #ifdef MXTRAIN_HAVE_CUDNN
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // created at the first attention call
 #endif

@@ -742,6 +742,15 @@ uint64_t warp_exchange(unsigned mask, uint64_t bits, int src) {
   return current->result;
 }
 
+cudaError_t occupancy(int* blocks, int block_size, size_t dynamic_smem) {
+  if (!blocks || block_size <= 0 || block_size > 1024 || dynamic_smem > size_t(kOptinSmem))
+    return fail(cudaErrorInvalidValue, "cudaOccupancyMaxActiveBlocksPerMultiprocessor: block of " +
+                                           std::to_string(block_size) + " threads, " +
+                                           std::to_string(dynamic_smem) + " bytes of shared memory");
+  *blocks = std::max(1, std::min(32, 65536 / (128 * block_size)));
+  return cudaSuccess;
+}
+
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes) {
   if (bytes < 0 || bytes > kOptinSmem)
     return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(bytes) +

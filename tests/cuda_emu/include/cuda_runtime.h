@@ -100,6 +100,17 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 namespace mxemu {
 cudaError_t set_max_dynamic_shared(const void* kernel, int bytes);
 }
+namespace mxemu {
+cudaError_t occupancy(int* blocks, int block_size, size_t dynamic_smem);
+}
+// mxemu knows no kernel's registers: it answers for a kernel of 128 registers a thread (the
+// 64K-register file's worth of blocks, at least one), so a launch sized by this runs in fewer
+// blocks than the 2048-threads-a-multiprocessor bound would give, as register-heavy kernels do.
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F*, int block_size,
+                                                          size_t dynamic_smem) {
+  return mxemu::occupancy(blocks, block_size, dynamic_smem);
+}
 template <class F>
 cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
