@@ -301,10 +301,11 @@ if (( $(cap 50) >= 40 )); then
 fi
 
 # ---- table -------------------------------------------------------------------------------------
-"$py" - "$OUT" "${cc:-unknown}" <<'PY'
-import json, sys, pathlib
+"$py" - "$OUT" "${cc:-unknown}" "$work/mxgpu-runs" <<'PY'
+import json, re, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 cc = sys.argv[2]
+runs = pathlib.Path(sys.argv[3])
 def rows(name):
     p = out / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
@@ -356,6 +357,22 @@ for r in speed:  # where each profiled run's step time went: its top ops
     for o in prof["ops"][:8 if r["impl"] != "torch" else 15]:
         rate = f" {o['gflops'] / 1e3:7.1f} TFLOP/s" if o["gflops"] > 0 else ""
         print(f"  {o['op'][:40]:40s} {o['calls']:6d} calls {100 * o['share']:5.1f}%{rate}")
+# GEMM tuning in the bf16 speed run (MXTRAIN_CUDA_GEMM_TUNE_LOG's lines): each tuned shape's
+# kept candidate against the heuristic's first, the largest saving first.
+tune = []
+for f in sorted(runs.glob("speed_bf16__*_none/stderr.txt")):
+    for line in f.read_text(errors="replace").splitlines():
+        m = re.search(r"cuda gemm tune: (\S+) ([\d.e+-]+) GFLOP: candidate (\d+) of (\d+) "
+                      r"\((\d+) timed\), ([\d.e+-]+) ms \(first ([\d.e+-]+) ms\)", line)
+        if m:
+            tune.append((float(m[7]) - float(m[6]), m[1], float(m[2]), int(m[3]), int(m[4]),
+                         float(m[6]), float(m[7])))
+if tune:
+    print(f"gemm tune (mx bf16): {len(tune)} shapes timed, "
+          f"{sum(t[3] != 0 for t in tune)} took another than the heuristic's first")
+    for saved, op, gf, cand, n, ms, first in sorted(tune, reverse=True)[:8]:
+        print(f"  {op:9s} {gf:8.1f} GFLOP: candidate {cand} of {n}, {ms:.3f} ms "
+              f"(first {first:.3f} ms, {gf / ms:.0f} TFLOP/s)")
 for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")

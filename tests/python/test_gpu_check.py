@@ -81,7 +81,10 @@ def dry_run(tmp_path_factory):
         MXTRAIN_GPU_SEQ=str(SEQ), MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
         MXTRAIN_GPU_SPEED_SETS="model.hidden_size=128 model.intermediate_size=256 "
                                "model.num_key_value_heads=4",
-        MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile")
+        MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile",
+        # every GEMM shape tuned (the tiny shapes are under the default's 2^30 FLOPs), so the
+        # table's tuning lines have something to show; the notune row sets 0 itself
+        MXTRAIN_CUDA_GEMM_TUNE="all")
     t0 = time.time()
     # From another directory: the script must find the repository itself.
     p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env,
@@ -218,6 +221,16 @@ def test_table(dry_run):
         assert re.search(rf"^mxtrain {recipe}\s+{SEQ}  did not run: skipped: runs natively on "
                          r"sm_100 only \(this GPU: compute capability 9\.0\)$", log, re.M)
     assert re.search(rf"^mx bf16 notune\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32$", log, re.M)
+    # GEMM tuning: the bf16 run's tuned shapes summed up, the notune run's none (its variable
+    # reached the trainer); under mxemu each shape has 3 candidates, 2 of them timed
+    m = re.search(r"^gemm tune \(mx bf16\): (\d+) shapes timed, (\d+) took another", log, re.M)
+    assert m and int(m[1]) > 0 and int(m[2]) <= int(m[1]), log[-3000:]
+    lines = re.findall(r"^  gemm\s+[\d.]+ GFLOP: candidate [01] of 3, [\d.]+ ms \(first [\d.]+ ms, "
+                       r"\d+ TFLOP/s\)$", log, re.M)
+    assert 0 < len(lines) <= min(8, int(m[1])), log[-3000:]
+    with tarfile.open(out / "runs_stderr.tgz") as t:
+        notune = t.extractfile(f"mxgpu-runs/speed_bf16__{SEQ}_2_none_notune/stderr.txt").read()
+    assert b"cuda gemm tune:" not in notune
     assert (f"seq {SEQ}: mxtrain bf16, tuned / untuned GEMMs = "
             f"{tps['mx bf16'] / tps['mx bf16 notune']:.3f}") in log
     assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
