@@ -347,6 +347,18 @@ class Backend {
                                        const uint16_t* v16, const uint16_t* out16,
                                        const float* lse, int64_t B, int64_t T, int64_t H,
                                        int64_t KV, int64_t D) = 0;
+  // The same backward on codes throughout (the bf16 path's attention backward, where dout
+  // comes out of its GEMM as codes and dq, dk, dv go on as codes): exactly widening dout16,
+  // attention_backward_bf16 and to_bf16 of each gradient. cuDNN's SDPA reads and writes these
+  // codes itself, so on CUDA nothing is widened or rounded around it.
+  virtual void attention_backward_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
+                                        const uint16_t* dout16, const uint16_t* q16,
+                                        const uint16_t* k16, const uint16_t* v16,
+                                        const uint16_t* out16, const float* lse, int64_t B,
+                                        int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  // RoPE's backward in place on codes: exactly widening, rope_backward and to_bf16.
+  virtual void rope_backward_bf16(uint16_t* dx16, const float* cos, const float* sin, int64_t B,
+                                  int64_t T, int64_t heads, int64_t D) = 0;
 
   // y = a + b over n elements (residual adds); y may alias a.
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;

@@ -326,9 +326,10 @@ void LlamaModel::gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
 void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
                               const uint16_t* dy16, const uint16_t* x16, const float* w, int64_t N,
                               int64_t in, int64_t out, bool accumulate_dx, bool native,
-                              const float* x_wide) {
+                              const float* x_wide, uint16_t* dx16) {
   const size_t m = scratch_.mark();
   const uint16_t* w16 = w16_[size_t(linear)];
+  MX_ASSERT(!dx16 || (native && !dx && !accumulate_dx), "dx as codes: native, written, not added");
   if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x as codes or widened from them
     MX_ASSERT(dy && !dy16);
     MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
@@ -343,7 +344,7 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
     dy16 = codes;
   }
   gemm16(false, false, N, in, out, nullptr, dy16, w16 ? nullptr : w, w16,
-         accumulate_dx ? 1.0f : 0.0f, dx, nullptr);
+         accumulate_dx ? 1.0f : 0.0f, dx, dx16);
   gemm16(true, false, out, in, N, nullptr, dy16, nullptr, x16, 1.0f, dw, nullptr);
   scratch_.release(m);
 }
@@ -572,7 +573,32 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     scratch_.release(m);
   }
   // Attention half.
-  {
+  if (bp && nat) {
+    // On the bf16 GEMMs the attention's gradients stay codes: d_o out of its GEMM (the epilogue
+    // rounds the fp32 product, as attention would round it), dq, dk, dv out of attention
+    // (cuDNN writes bf16), RoPE's backward on them in place, and the GEMMs read them as they
+    // are (their operands: rounded anyway). The rounding path rounds at the same places.
+    size_t m = scratch_.mark();
+    float* dh1 = scratch_.alloc_f32(N * C);
+    uint16_t* d_o16 = alloc_bf16(scratch_, N * c_.q_dim());
+    uint16_t* dq16 = alloc_bf16(scratch_, N * c_.q_dim());
+    uint16_t* dk16 = alloc_bf16(scratch_, N * c_.kv_dim());
+    uint16_t* dv16 = alloc_bf16(scratch_, N * c_.kv_dim());
+    linear_bwd16(3, nullptr, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false, true,
+                 nullptr, d_o16);
+    be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16, a.lse,
+                                 B, T, H, KV, D);
+    be_.rope_backward_bf16(dq16, rope_cos_, rope_sin_, B, T, H, D);
+    be_.rope_backward_bf16(dk16, rope_cos_, rope_sin_, B, T, KV, D);
+    {
+      const auto shared = shared_input(a.h1_16, N, false);
+      linear_bwd16(0, dh1, dw.wq, nullptr, dq16, a.h1_16, w.wq, N, C, c_.q_dim(), false, true);
+      linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, true);
+      linear_bwd16(2, dh1, dw.wv, nullptr, dv16, a.h1_16, w.wv, N, C, c_.kv_dim(), true, true);
+    }
+    be_.rmsnorm_backward(dresid, dw.input_norm, dh1, x, w.input_norm, a.rstd1, N, C);
+    scratch_.release(m);
+  } else {
     size_t m = scratch_.mark();
     float* d_o = scratch_.alloc_f32(N * c_.q_dim());
     float* dq = scratch_.alloc_f32(N * c_.q_dim());
@@ -582,10 +608,20 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     if (bp)
       linear_bwd16(3, d_o, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false, nat);
     else linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
+    // The rounding path rounds where the bf16 path keeps these gradients as codes (bf16
+    // activations, the block's Linears on bf16 GEMMs): d_o before attention, dq, dk and dv
+    // after it, before RoPE. The same values, so the same gradients bit for bit.
+    const bool as_codes = !bp && bf16_acts_ && bf16_linears();
+    if (as_codes) be_.round_bf16(d_o, d_o, N * c_.q_dim());
     if (bp)
       be_.attention_backward_bf16(dq, dk, dv, d_o, a.q_16, a.k_16, a.v_16, a.o_16, a.lse, B, T,
                                   H, KV, D);
     else be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
+    if (as_codes) {
+      be_.round_bf16(dq, dq, N * c_.q_dim());
+      be_.round_bf16(dk, dk, N * c_.kv_dim());
+      be_.round_bf16(dv, dv, N * c_.kv_dim());
+    }
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
     if (bp) {
@@ -757,6 +793,14 @@ bool LlamaModel::native_bf16(bool on) {
       (recipe_->recipe() != Recipe::kBf16 || recipe_->collecting_stats()))
     return false;
   return be_.set_bf16_gemm_operands(on);
+}
+
+bool LlamaModel::bf16_linears() const {
+  // native_bf16's rule without asking the backend: a block left out of the recipe
+  // (precision.high_precision = bf16), or recipe bf16 off its telemetry steps
+  if (!lowered(layer_)) return false;
+  return !recipe_->active(layer_) ||
+         (recipe_->recipe() == Recipe::kBf16 && !recipe_->collecting_stats());
 }
 
 bool LlamaModel::lowered(int64_t layer) const {

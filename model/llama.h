@@ -180,9 +180,11 @@ class LlamaModel {
                     const float* x_wide = nullptr);
   // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes (or x_wide, as above). native: dy
   // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32.
+  // dx16 (native, dx null, not accumulating): dx as codes, out of the GEMM's epilogue.
   void linear_bwd16(int linear, float* dx, float* dw, const float* dy, const uint16_t* dy16,
                     const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
-                    bool accumulate_dx, bool native, const float* x_wide = nullptr);
+                    bool accumulate_dx, bool native, const float* x_wide = nullptr,
+                    uint16_t* dx16 = nullptr);
   // Block `layer`'s weights through `access`: fp32 pointers, or (bf16 gathers) the RMSNorm
   // weights with null matrices and the matrices' codes in w16_.
   BlockParams block_weights(UnitAccess& access, int64_t layer, bool backward);
@@ -206,6 +208,9 @@ class LlamaModel {
   // backend's bf16 GEMMs where it has them, else Backend::round_bf16 copies in quantize()'s
   // place, with no recipe state and no telemetry).
   bool lowered(int64_t layer) const;
+  // This block's Linears are bf16 GEMMs (native or rounded): native_bf16(true)'s rule, the
+  // backend aside.
+  bool bf16_linears() const;
   // The block Linears, through the recipe when one is active for the current layer.
   // linear: 0..6 = q, k, v, o, gate, up, down.
   // x16 (with x null): the input as bf16 codes, only where fp8_reads_codes() holds.

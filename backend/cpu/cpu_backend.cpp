@@ -420,6 +420,29 @@ class CpuBackend final : public Backend {
                        KV, D);
   }
 
+  void attention_backward_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
+                                const uint16_t* dout16, const uint16_t* q16, const uint16_t* k16,
+                                const uint16_t* v16, const uint16_t* out16, const float* lse,
+                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_backward_codes");
+    const std::vector<float> dout = widened(dout16, B * T * H * D);
+    std::vector<float> dq(size_t(B * T * H * D)), dk(size_t(B * T * KV * D)),
+        dv(size_t(B * T * KV * D));
+    attention_backward_bf16(dq.data(), dk.data(), dv.data(), dout.data(), q16, k16, v16, out16,
+                            lse, B, T, H, KV, D);
+    to_bf16(dq16, dq.data(), int64_t(dq.size()));
+    to_bf16(dk16, dk.data(), int64_t(dk.size()));
+    to_bf16(dv16, dv.data(), int64_t(dv.size()));
+  }
+
+  void rope_backward_bf16(uint16_t* dx16, const float* cos, const float* sin, int64_t B,
+                          int64_t T, int64_t heads, int64_t D) override {
+    OpScope scope(*this, "rope_backward_bf16");
+    std::vector<float> dx = widened(dx16, B * T * heads * D);
+    rope_backward(dx.data(), cos, sin, B, T, heads, D);
+    to_bf16(dx16, dx.data(), int64_t(dx.size()));
+  }
+
   std::vector<float> widened(const uint16_t* codes, int64_t n) {
     std::vector<float> x(static_cast<size_t>(n));
     unpack_bf16(x.data(), codes, n);

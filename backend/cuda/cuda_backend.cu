@@ -281,8 +281,13 @@ __global__ void rmsnorm_backward_dw_reduce_kernel(float* __restrict__ dw,
 // y = rope(x): in place (y == x, fp32: rope_forward / rope_backward) or into bf16 codes from an
 // unchanged fp32 x (rope_forward_bf16). Each thread reads its pair before writing it, so y may
 // alias x (hence no __restrict__ on either).
-template <typename Out>
-__global__ void rope_kernel(Out* y, const float* x, const float* __restrict__ cos_t,
+// rope_backward_bf16 reads and writes codes, in place (x == y, uint16_t).
+__device__ __forceinline__ float load_in(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float load_in(const uint16_t* x, int64_t i) {
+  return numerics::decode_bf16(x[i]);
+}
+template <typename Out, typename In>
+__global__ void rope_kernel(Out* y, const In* x, const float* __restrict__ cos_t,
                             const float* __restrict__ sin_t, int64_t B, int64_t T, int64_t heads,
                             int64_t D, float sign) {
   const int64_t half = D / 2;
@@ -290,7 +295,7 @@ __global__ void rope_kernel(Out* y, const float* x, const float* __restrict__ co
     const int64_t i = idx % half, row = idx / half;  // row = (b, t, h)
     const int64_t t = (row / heads) % T;
     const float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
-    const float x1 = x[row * D + i], x2 = x[row * D + i + half];
+    const float x1 = load_in(x, row * D + i), x2 = load_in(x, row * D + i + half);
     store_out(y, row * D + i, x1 * c - x2 * s);
     store_out(y, row * D + i + half, x2 * c + x1 * s);
   }
@@ -1126,6 +1131,10 @@ class CudaBackendImpl final : public CudaBackend {
                          int64_t B, int64_t T, int64_t heads, int64_t D) override {
     rope(y16, x, cos, sin, B, T, heads, D, 1.0f, "rope_forward_bf16");
   }
+  void rope_backward_bf16(uint16_t* dx16, const float* cos, const float* sin, int64_t B,
+                          int64_t T, int64_t heads, int64_t D) override {
+    rope(dx16, dx16, cos, sin, B, T, heads, D, -1.0f, "rope_backward_bf16");
+  }
 
   // cuDNN's SDPA (bf16) where built, selected and supported for the shape, else the fp32 kernel.
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -1227,6 +1236,48 @@ class CudaBackendImpl final : public CudaBackend {
                                                   n, T, H, KV, D, scratch_, stream_);
                        });
     done("attention_backward_bf16");
+  }
+  void attention_backward_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
+                                const uint16_t* dout16, const uint16_t* q16, const uint16_t* k16,
+                                const uint16_t* v16, const uint16_t* out16, const float* lse,
+                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) override {
+    const int64_t sq = T * H * D, sk = T * KV * D;
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (use_cudnn(B, T, H, KV, D)) {  // cuDNN reads and writes the codes as they are
+      using A = cuda::CudnnAttention;
+      cudnn_in_groups(B, T, H, KV, D, true, "attention_backward_codes",
+                      [&](int64_t b0, int64_t n) {
+        cudnn_->backward(A::Out::bf16(dq16 + b0 * sq), A::Out::bf16(dk16 + b0 * sk),
+                         A::Out::bf16(dv16 + b0 * sk), A::In::bf16(dout16 + b0 * sq),
+                         A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
+                         A::In::bf16(v16 + b0 * sk), A::In::bf16(out16 + b0 * sq),
+                         lse + b0 * H * T, n, T, H, KV, D, scratch_);
+      });
+      return done("attention_backward_codes");
+    }
+#endif
+    // The fp32 kernel a group of sequences at a time, as attention_backward_bf16, with dout
+    // widened and the gradients rounded around it in the same scratch (three allocations more
+    // than in_sequence_groups' slack allows for: their rounding counted per sequence).
+    in_sequence_groups(B, 4 * (4 * sq + 4 * sk + H * T) + 3 * int64_t(DeviceArena::kAlign),
+                       "attention_backward_codes",
+                       [&](int64_t b0, int64_t n) {
+                         float* q = widened(q16 + b0 * sq, n * sq);
+                         float* k = widened(k16 + b0 * sk, n * sk);
+                         float* v = widened(v16 + b0 * sk, n * sk);
+                         float* out = widened(out16 + b0 * sq, n * sq);
+                         float* dout = widened(dout16 + b0 * sq, n * sq);
+                         float* dq = scratch_.alloc_f32(n * sq);
+                         float* dk = scratch_.alloc_f32(n * sk);
+                         float* dv = scratch_.alloc_f32(n * sk);
+                         cuda::attention_backward(dq, dk, dv, dout, q, k, v, out,
+                                                  lse + b0 * H * T, n, T, H, KV, D, scratch_,
+                                                  stream_);
+                         cuda::round_to_bf16(dq16 + b0 * sq, dq, n * sq, stream_);
+                         cuda::round_to_bf16(dk16 + b0 * sk, dk, n * sk, stream_);
+                         cuda::round_to_bf16(dv16 + b0 * sk, dv, n * sk, stream_);
+                       });
+    done("attention_backward_codes");
   }
   void set_attention(CudaAttention a) override { opt_.attention = a; }
   size_t cudnn_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
@@ -1465,8 +1516,8 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  template <typename Out>
-  void rope(Out* y, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+  template <typename Out, typename In>
+  void rope(Out* y, const In* x, const float* cos, const float* sin, int64_t B, int64_t T,
             int64_t heads, int64_t D, float sign, const char* op) {
     const int64_t n = B * T * heads * (D / 2);
     if (n == 0) return;

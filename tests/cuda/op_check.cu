@@ -1101,6 +1101,18 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "y", widen(dy.download()), widen(y16), {kElementwise.atol, kElementwise.rtol + kBf16Ulp});
       expect_floats(r, "x", dx.download(), x);  // an input: unchanged, bit for bit
     });
+    // RoPE's backward in place on codes (the bf16 path's dq, dk), against the CPU twin
+    // (widen, rope_backward, to_bf16): the fp32 op's tolerance plus one bf16 ulp.
+    run_case("rope_backward_bf16", dims({B, T, Hh, D}), [&](Result& r) {
+      const auto x16 = bf16_codes(randn(B * T * Hh * D));
+      auto c = uniform(T * D / 2, -1, 1), s = uniform(T * D / 2, -1, 1);
+      std::vector<uint16_t> y16 = x16;
+      Dev<uint16_t> dx(x16);
+      Dev<float> dc(c), ds(s);
+      cpu.rope_backward_bf16(y16.data(), c.data(), s.data(), B, T, Hh, D);
+      gpu.rope_backward_bf16(dx.p, dc.p, ds.p, B, T, Hh, D);
+      compare(r, "x", widen(dx.download()), widen(y16), {kElementwise.atol, kElementwise.rtol + kBf16Ulp});
+    });
   }
   for (int64_t n : {1, 7, 1000, 65537}) {
     run_case("swiglu_forward", dims({n}), [&](Result& r) {
@@ -1492,6 +1504,21 @@ void check_attention(Backend& cpu, CudaBackend& gpu) {
       compare(r, "dv", dDV.download(), dv, t);
       compare(r, "dout", dG.download(), g, {0, 0});  // an input: unchanged
     });
+    // The same on codes throughout (dout in, dq, dk, dv out: attention_backward_codes), the
+    // fp32 kernel between the widening and the rounding: the fp32 cases' tolerances plus one
+    // bf16 ulp, against the CPU twin (widen, attention_backward_bf16, to_bf16).
+    run_case("attention_backward_codes", sh, [&](Result& r) {
+      const auto g16 = bf16_codes(randn(out16.size()));
+      std::vector<uint16_t> dq(q.size()), dk(k.size()), dv(v.size());
+      cpu.attention_backward_codes(dq.data(), dk.data(), dv.data(), g16.data(), q16.data(), k16.data(), v16.data(), out16.data(), lse16.data(), B, T, H, KV, D);
+      Dev<uint16_t> dQ(q16), dK(k16), dV(v16), dO(out16), dG(g16), dDQ(dq.size()), dDK(dk.size()), dDV(dv.size());
+      Dev<float> dL(lse16);
+      gpu.attention_backward_codes(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+      const Tol t{1e-4, 1e-3 + kBf16Ulp};
+      compare(r, "dq", widen(dDQ.download()), widen(dq), t);
+      compare(r, "dk", widen(dDK.download()), widen(dk), t);
+      compare(r, "dv", widen(dDV.download()), widen(dv), t);
+    });
   }
   for (auto [T, H, KV, D] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 16}, {33, 4, 2, 64}, {1000, 8, 2, 128}, {77, 2, 2, 100}}) {
     run_case("attention_decode", dims({T, H, KV, D}), [&](Result& r) {
@@ -1564,6 +1591,34 @@ void check_attention_cudnn_bf16(Backend& cpu, CudaBackend& gpu, int64_t B, int64
     compare(r, "dk", dGK.download(), gk, {3e-2 * max_abs(gk), 0.0});
     compare(r, "dv", dGV.download(), gv, {3e-2 * max_abs(gv), 0.0});
     compare(r, "dout", dG.download(), g, {0, 0});  // an input: unchanged
+  });  // On codes throughout (the bf16 path's backward): dout, dq, dk, dv as codes, cuDNN reading
+  // and writing them as they are; the same tolerance, against the same twin on the same
+  // bf16 dout; the element before each output untouched.
+  run_case("attention_cudnn_backward_codes", sh, [&](Result& r) {
+    if (path != "cudnn") {
+      r.pass = false;
+      r.note = "did not run on cuDNN: " + path;
+      return;
+    }
+    const auto g16 = bf16_codes(randn(nq));
+    const auto gb = widen(g16);
+    std::vector<float> gq(nq), gk(nk), gv(nk);
+    cpu.attention_backward_bf16(gq.data(), gk.data(), gv.data(), gb.data(), q16.data(), k16.data(), v16.data(), out16.data(), lse.data(), B, T, H, KV, D);
+    Dev<uint16_t> dO(padded(out16)), dG(padded(g16)), dGQ(size_t(nq + off)), dGK(size_t(nk + off)), dGV(size_t(nk + off));
+    Dev<float> dL(lse);  // (the outputs start poisoned, 0xFFFF codes)
+    gpu.attention_backward_codes(dGQ.p + off, dGK.p + off, dGV.p + off, dG.p + off, dq.p + off, dk.p + off, dv.p + off, dO.p + off, dL.p, B, T, H, KV, D);
+    auto got = [&](Dev<uint16_t>& d, const char* name) {
+      auto v = d.download();
+      if (off && v[0] != 0xFFFF) {
+        r.pass = false;
+        r.note += std::string(name) + ": the element before it was written; ";
+      }
+      v.erase(v.begin(), v.begin() + off);
+      return widen(v);
+    };
+    compare(r, "dq", got(dGQ, "dq"), gq, {3e-2 * max_abs(gq), 0.0});
+    compare(r, "dk", got(dGK, "dk"), gk, {3e-2 * max_abs(gk), 0.0});
+    compare(r, "dv", got(dGV, "dv"), gv, {3e-2 * max_abs(gv), 0.0});
   });
 }
 
