@@ -1210,16 +1210,8 @@ class CudaBackendImpl final : public CudaBackend {
                                int64_t H, int64_t KV, int64_t D) override {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
-      using A = cuda::CudnnAttention;
-      const int64_t sq = T * H * D, sk = T * KV * D;
-      cudnn_in_groups(B, T, H, KV, D, true, "attention_backward_bf16",
-                      [&](int64_t b0, int64_t n) {
-        cudnn_->backward(A::Out::fp32(dq + b0 * sq), A::Out::fp32(dk + b0 * sk),
-                         A::Out::fp32(dv + b0 * sk), A::In::fp32(dout + b0 * sq),
-                         A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
-                         A::In::bf16(v16 + b0 * sk), A::In::bf16(out16 + b0 * sq),
-                         lse + b0 * H * T, n, T, H, KV, D, scratch_);
-      });
+      cudnn_backward_codes_in(dq, dk, dv, dout, q16, k16, v16, out16, lse, B, T, H, KV, D,
+                              "attention_backward_bf16");
       return done("attention_backward_bf16");
     }
 #endif
@@ -1244,15 +1236,8 @@ class CudaBackendImpl final : public CudaBackend {
     const int64_t sq = T * H * D, sk = T * KV * D;
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {  // cuDNN reads and writes the codes as they are
-      using A = cuda::CudnnAttention;
-      cudnn_in_groups(B, T, H, KV, D, true, "attention_backward_codes",
-                      [&](int64_t b0, int64_t n) {
-        cudnn_->backward(A::Out::bf16(dq16 + b0 * sq), A::Out::bf16(dk16 + b0 * sk),
-                         A::Out::bf16(dv16 + b0 * sk), A::In::bf16(dout16 + b0 * sq),
-                         A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
-                         A::In::bf16(v16 + b0 * sk), A::In::bf16(out16 + b0 * sq),
-                         lse + b0 * H * T, n, T, H, KV, D, scratch_);
-      });
+      cudnn_backward_codes_in(dq16, dk16, dv16, dout16, q16, k16, v16, out16, lse, B, T, H, KV,
+                              D, "attention_backward_codes");
       return done("attention_backward_codes");
     }
 #endif
@@ -1596,6 +1581,25 @@ class CudaBackendImpl final : public CudaBackend {
                "scratch for one sequence of ", T, " tokens and ", left, " are free; raise "
                "MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20, ")");
     for (int64_t b0 = 0; b0 < B; b0 += g) call(b0, std::min(g, B - b0));
+  }
+  // cuDNN's backward on q, k, v and out as codes, in groups of sequences; dq, dk, dv (G) and
+  // dout (O) in fp32 or as codes (float or uint16_t: CudnnAttention's Out / In forms).
+  static cuda::CudnnAttention::Out cudnn_out(float* p) { return cuda::CudnnAttention::Out::fp32(p); }
+  static cuda::CudnnAttention::Out cudnn_out(uint16_t* p) { return cuda::CudnnAttention::Out::bf16(p); }
+  static cuda::CudnnAttention::In cudnn_in(const float* p) { return cuda::CudnnAttention::In::fp32(p); }
+  static cuda::CudnnAttention::In cudnn_in(const uint16_t* p) { return cuda::CudnnAttention::In::bf16(p); }
+  template <typename G, typename O>
+  void cudnn_backward_codes_in(G* dq, G* dk, G* dv, const O* dout, const uint16_t* q16,
+                               const uint16_t* k16, const uint16_t* v16, const uint16_t* out16,
+                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D, const char* op) {
+    const int64_t sq = T * H * D, sk = T * KV * D;
+    cudnn_in_groups(B, T, H, KV, D, true, op, [&](int64_t b0, int64_t n) {
+      cudnn_->backward(cudnn_out(dq + b0 * sq), cudnn_out(dk + b0 * sk), cudnn_out(dv + b0 * sk),
+                       cudnn_in(dout + b0 * sq), cudnn_in(q16 + b0 * sq), cudnn_in(k16 + b0 * sk),
+                       cudnn_in(v16 + b0 * sk), cudnn_in(out16 + b0 * sq), lse + b0 * H * T, n,
+                       T, H, KV, D, scratch_);
+    });
   }
 #endif
 
