@@ -320,10 +320,7 @@ int LtGemm::fastest(const cublasLtMatmulHeuristicResult_t* cand, int n, const Tr
     if (e) cudaEventDestroy(e);
   if (stand_in) cudaFree(stand_in);
   ++tune_stats_.timed;
-  if (best != 0) {
-    ++tune_stats_.changed;
-    if (timed_first) tune_stats_.saved_seconds += first_s - best_s;
-  }
+  if (best != 0) ++tune_stats_.changed;
   if (std::getenv("MXTRAIN_CUDA_GEMM_TUNE_LOG"))  // one line a shape (bench/gpu/check.sh)
     info(str("cuda gemm tune: ", op, " ", trial.flops / 1e9, " GFLOP: candidate ", best, " of ",
              n, " (", timed, " timed), ", best_s * 1e3, " ms (first ",

@@ -25,14 +25,12 @@ class LtGemm {
 
   // Which algorithm each GEMM shape runs (CudaGemmTune; MXTRAIN_CUDA_GEMM_TUNE): the
   // heuristic's first, or the fastest of its first kTuneCandidates timed on the GPU at the
-  // shape's first call. What tuning did so far: shapes timed, how many of them changed
-  // algorithm, and the time the changes save per call of each shape once (sum, seconds; from
-  // the timings).
+  // shape's first call. What tuning did so far: shapes timed, and how many of them changed
+  // algorithm (each shape's times: MXTRAIN_CUDA_GEMM_TUNE_LOG's lines).
   static constexpr int kTuneCandidates = 8;
   void set_tune(CudaGemmTune t) { tune_ = t; }
   struct TuneStats {
     int64_t timed = 0, changed = 0;
-    double saved_seconds = 0;
   };
   TuneStats tune_stats() const { return tune_stats_; }
 
