@@ -786,18 +786,15 @@ void LlamaModel::fp8_flush() {
 
 bool LlamaModel::native_bf16(bool on) {
   // bf16 is a rounding of each GEMM operand (RNE) before an fp32 GEMM: a backend whose GEMM
-  // does that itself (CUDA) runs it natively, unless telemetry needs the quantize() calls. A
-  // block left out of the recipe (precision.high_precision = bf16) has no telemetry.
-  const bool high_precision = !recipe_->active(layer_);
-  if (on && !high_precision &&
-      (recipe_->recipe() != Recipe::kBf16 || recipe_->collecting_stats()))
-    return false;
+  // does that itself (CUDA) runs it natively, for the blocks whose Linears are bf16 GEMMs.
+  // (Its callers have checked lowered().)
+  if (on && !bf16_linears()) return false;
   return be_.set_bf16_gemm_operands(on);
 }
 
 bool LlamaModel::bf16_linears() const {
-  // native_bf16's rule without asking the backend: a block left out of the recipe
-  // (precision.high_precision = bf16), or recipe bf16 off its telemetry steps
+  // A block left out of the recipe (precision.high_precision = bf16: no telemetry), or recipe
+  // bf16 off its telemetry steps (which need the quantize() calls).
   if (!lowered(layer_)) return false;
   return !recipe_->active(layer_) ||
          (recipe_->recipe() == Recipe::kBf16 && !recipe_->collecting_stats());

@@ -209,7 +209,7 @@ class LlamaModel {
   // place, with no recipe state and no telemetry).
   bool lowered(int64_t layer) const;
   // This block's Linears are bf16 GEMMs (native or rounded): native_bf16(true)'s rule, the
-  // backend aside.
+  // backend aside (native_bf16 asks it).
   bool bf16_linears() const;
   // The block Linears, through the recipe when one is active for the current layer.
   // linear: 0..6 = q, k, v, o, gate, up, down.
