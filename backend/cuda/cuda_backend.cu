@@ -203,10 +203,18 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
 // rows b, b + gridDim.x, ...; thread t holds columns 4 (t + k blockDim.x) .. + 3, k < K, of
 // the row in registers for both of dx's passes, and those columns' dw sums (dy x r,
 // compensated) over its rows, written to part[b, c] in double. The separate kernels read dy
-// and x once more for dw (a third of the op's traffic). k_shared is safe to rewrite for the
-// next row: block_sum's first barrier comes after every thread has read it.
-template <int K>
-__global__ void rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
+// and x once more for dw (a third of the op's traffic).
+// A row costs one trip to memory and one barrier: dx's old values and rstd are loaded with dy
+// and x (the sum does not need them), and the row's sum is the warps' partial sums, which
+// every thread adds up itself in warp order after the one barrier (block_sum's three barriers
+// and its second, serial shuffle, then a broadcast, left the H200 waiting on latency at about
+// 1.8 TB/s). The partials alternate between two arrays: a warp writing row i + 2's may not
+// overwrite row i's before every thread has read them, and row i + 1's barrier orders that.
+// Threads and MinBlocks bound the registers: K = 2 (C = 2048) in at most 80, three 256-thread
+// blocks a multiprocessor as before dx was held too (unbounded, ptxas took 84, room for two);
+// K = 4 in at most 128 (two blocks of 256, one of 512).
+template <int K, int Threads, int MinBlocks>
+__global__ void __launch_bounds__(Threads, MinBlocks) rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
                                               const float* __restrict__ dy,
                                               const float* __restrict__ x,
                                               const float* __restrict__ w,
@@ -218,29 +226,36 @@ __global__ void rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __
     const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
     if (c < C) wv[k] = ld4(w, c);
   }
-  __shared__ float k_shared;
-  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
-    float4 d[K] = {}, v[K] = {};
-    KahanSum acc;
+  __shared__ double partial[2][32];
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int warps = int(blockDim.x / 32);
+  int parity = 0;
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x, parity ^= 1) {
+    float4 d[K] = {}, v[K] = {}, o[K] = {};
+    const float r = rstd[n];
     for (int k = 0; k < K; ++k) {
       const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
       if (c >= C) continue;
-      d[k] = ld4(dy + n * C, c), v[k] = ld4(x + n * C, c);
+      d[k] = ld4(dy + n * C, c), v[k] = ld4(x + n * C, c), o[k] = ld4(dx + n * C, c);
+    }
+    KahanSum acc;
+    for (int k = 0; k < K; ++k)
       acc.add(d[k].x * wv[k].x * v[k].x), acc.add(d[k].y * wv[k].y * v[k].y),
           acc.add(d[k].z * wv[k].z * v[k].z), acc.add(d[k].w * wv[k].w * v[k].w);
-    }
-    const double dot = block_sum(acc.value());
-    const float r = rstd[n];
-    if (threadIdx.x == 0) k_shared = float(dot * double(r) * r * r / double(C));
+    double s = acc.value();
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(kFull, s, off);
+    if (lane == 0) partial[parity][warp] = s;
     __syncthreads();
-    const float kk = k_shared;
+    double dot = 0.0;
+    for (int i = 0; i < warps; ++i) dot += partial[parity][i];
+    const float kk = float(dot * double(r) * r * r / double(C));
     for (int k = 0; k < K; ++k) {
       const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
       if (c >= C) continue;
-      float4 o = ld4(dx + n * C, c);
-      o.x += r * wv[k].x * d[k].x - v[k].x * kk, o.y += r * wv[k].y * d[k].y - v[k].y * kk,
-          o.z += r * wv[k].z * d[k].z - v[k].z * kk, o.w += r * wv[k].w * d[k].w - v[k].w * kk;
-      store_out4(dx, n * C + c, o);
+      o[k].x += r * wv[k].x * d[k].x - v[k].x * kk, o[k].y += r * wv[k].y * d[k].y - v[k].y * kk,
+          o[k].z += r * wv[k].z * d[k].z - v[k].z * kk,
+          o[k].w += r * wv[k].w * d[k].w - v[k].w * kk;
+      store_out4(dx, n * C + c, o[k]);
       dw_acc[k][0].add(d[k].x * v[k].x * r), dw_acc[k][1].add(d[k].y * v[k].y * r),
           dw_acc[k][2].add(d[k].z * v[k].z * r), dw_acc[k][3].add(d[k].w * v[k].w * r);
     }
@@ -1084,9 +1099,10 @@ class CudaBackendImpl final : public CudaBackend {
       DeviceArenaScope scope(scratch_);
       const int threads = C <= 4 * 4 * kThreads ? kThreads : 512;
       const int64_t per_thread = (C / 4 + threads - 1) / threads;  // float4s: K, rounded up
-      auto* kernel = per_thread == 1   ? rmsnorm_backward_fused_kernel<1>
-                     : per_thread == 2 ? rmsnorm_backward_fused_kernel<2>
-                                       : rmsnorm_backward_fused_kernel<4>;
+      auto* kernel = per_thread == 1   ? rmsnorm_backward_fused_kernel<1, kThreads, 1>
+                     : per_thread == 2 ? rmsnorm_backward_fused_kernel<2, kThreads, 3>
+                     : threads == kThreads ? rmsnorm_backward_fused_kernel<4, kThreads, 2>
+                                           : rmsnorm_backward_fused_kernel<4, 512, 1>;
       // At most the blocks the GPU holds at once: each walks its rows one after another, so a
       // second, partial wave of blocks (the H200 holds 3 of these a multiprocessor, 396 in
       // all, against the 512 the partials allow at C = 2048) ran at a fraction of the GPU
