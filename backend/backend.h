@@ -371,10 +371,12 @@ class Backend {
   // AdamW (decoupled weight decay, PyTorch's torch.optim.AdamW): step t starts at 1. The
   // gradient it steps on is grad * grad_scale (gradient clipping's factor, 1 for none), rounded
   // to float as a separate scale(grad, grad_scale) would leave it, without that pass over grad
-  // (which is left unchanged).
+  // (which is left unchanged). codes (optional): also written with each updated parameter's
+  // bf16 code (RNE, numerics::encode_bf16), the copy the bf16 GEMMs read (Fsdp's resident
+  // block codes) made in the same pass instead of a second read of param.
   virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                     float grad_scale) = 0;
+                     float grad_scale, uint16_t* codes = nullptr) = 0;
 
  protected:
   // The shared input (begin_shared_input) and the key of the quantization kept from it.

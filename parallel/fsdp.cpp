@@ -114,6 +114,27 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
   grad_shards_ = state("gradients", &grad_base_);
   m_ = state("adam_m", &m_base_);
   v_ = state("adam_v", &v_base_);
+  resident_codes_ = z.resident_codes;
+  if (resident_codes_) {
+    codes_ = std::make_unique<Arena>("bf16_block_codes", z.resident_code_bytes, tracker,
+                                     backend.memory());
+    unit_codes_.assign(layout.units().size(), nullptr);
+    norm_at_.resize(layout.units().size());
+    for (int u = 0; u < int(layout.units().size()); ++u) {
+      if (u == layout.embed_unit() || u == layout.head_unit()) continue;
+      const ParamUnit& pu = layout.units()[size_t(u)];
+      unit_codes_[size_t(u)] =
+          static_cast<uint16_t*>(codes_->alloc(sizeof(uint16_t) * size_t(pu.numel)));
+      size_t k = 0;  // the 1-D tensors, in the unit's order: input, post-attention norm
+      for (int ti : pu.tensors) {
+        const ParamTensor& t = layout.tensors()[size_t(ti)];
+        if (t.shape.size() != 1) continue;
+        MX_ASSERT(k < 2, "block unit ", u, " with more than two 1-D tensors");
+        norm_at_[size_t(u)][k++] = t.offset - pu.offset;
+      }
+      MX_ASSERT(k == 2, "block unit ", u, " with ", k, " 1-D tensors");
+    }
+  }
   if (S > 1) {
     // grad-op keeps every unit's gathered weights from forward to backward; full needs the
     // unit in use, the prefetched next one and (tied heads) the embedding. Gradient slots:
@@ -207,8 +228,20 @@ void Fsdp::start_gather(int unit) {
                                            CommDtype::kF32);
 }
 
+void Fsdp::refresh_codes() {
+  if (codes_fresh_) return;
+  for (size_t u = 0; u < unit_codes_.size(); ++u)
+    if (unit_codes_[u])
+      be_.to_bf16(unit_codes_[u], shard_of(master_base_, int(u)), layout_.units()[u].numel);
+  codes_fresh_ = true;
+}
+
 const float* Fsdp::acquire(int unit, bool backward) {
-  if (shard_comm_->size() == 1) return shard_of(master_base_, unit);
+  if (shard_comm_->size() == 1) {
+    if (!resident_unit(unit)) return shard_of(master_base_, unit);
+    refresh_codes();
+    return nullptr;
+  }
   Slot* s = find_slot(param_slots_, unit);
   if (!s) {
     start_gather(unit);
@@ -240,7 +273,14 @@ const float* Fsdp::acquire(int unit, bool backward) {
 }
 
 UnitAccess::BlockCodes Fsdp::block_codes(int unit) {
-  if (shard_comm_->size() == 1 || !code_unit(unit)) return {};
+  if (shard_comm_->size() == 1) {
+    if (!resident_unit(unit)) return {};
+    MX_ASSERT(codes_fresh_, "block_codes of unit ", unit, " before acquire");
+    const float* base = shard_of(master_base_, unit);
+    return {unit_codes_[size_t(unit)], base + norm_at_[size_t(unit)][0],
+            base + norm_at_[size_t(unit)][1]};
+  }
+  if (!code_unit(unit)) return {};
   Slot* s = find_slot(param_slots_, unit);
   MX_ASSERT(s, "block_codes of unit ", unit, " before acquire");
   const ExactExchange& x = exchange_[size_t(unit)];
@@ -335,6 +375,8 @@ double Fsdp::reduce_gradients_and_norm() {
   return std::sqrt(shard_comm_->all_reduce(local, ReduceOp::kSum));
 }
 
+int64_t Fsdp::resident_code_bytes() const { return codes_ ? int64_t(codes_->used()) : 0; }
+
 int64_t Fsdp::state_bytes() const {
   return int64_t(master_->used() + grad_shards_->used() + m_->used() + v_->used());
 }
@@ -357,15 +399,21 @@ void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weigh
       const int64_t lo = std::max(begin, sb), hi = std::min(end, se);
       if (lo >= hi) continue;
       const int64_t at = base + (lo - sb);
+      // resident codes (one shard: the shard is the unit) rewritten in the same pass
+      uint16_t* codes = resident_unit(int(u)) ? unit_codes_[u] + lo : nullptr;
       be_.adamw(master_base_ + at, grad_base_ + at, m_base_ + at, v_base_ + at, hi - lo, lr,
-                beta1, beta2, eps, t_.decay ? weight_decay : 0.0f, t, grad_scale);
+                beta1, beta2, eps, t_.decay ? weight_decay : 0.0f, t, grad_scale, codes);
     }
   }
+  // Every tensor of every unit was stepped, so every code is the new weight's; were they stale
+  // before, they are not now.
+  if (resident_codes_) codes_fresh_ = true;
 }
 
 // Host code reaches the shards (backend memory) only through be_.copy_*: a memcpy on the CPU,
 // a host<->device copy on CUDA.
 void Fsdp::scatter_params(const float* full) {
+  codes_fresh_ = false;
   const int r = shard_comm_->rank();
   const auto& units = layout_.units();
   std::vector<float> shard;
@@ -427,6 +475,7 @@ void Fsdp::gather_moments(float* full_m, float* full_v) {
 }
 
 Fsdp::HostShards Fsdp::shards_on_host() {
+  codes_fresh_ = false;  // the caller may write the master weights (a checkpoint load)
   if (be_.host_addressable()) return {master_base_, m_base_, v_base_};
   const size_t n = size_t(local_numel_);
   host_master_.resize(n);
@@ -446,6 +495,7 @@ Fsdp::HostShards Fsdp::read_shards_to_host() {
 }
 
 void Fsdp::write_shards_from_host(const HostShards& h) {
+  codes_fresh_ = false;
   if (h.master == master_base_) return;
   const size_t bytes = sizeof(float) * size_t(local_numel_);
   be_.copy_from_host(master_base_, h.master, bytes);

@@ -13,6 +13,7 @@
 // backward descending), and a unit's gradient reduce-scatter runs while the next unit's
 // backward computes. Every buffer comes from arenas on the engine's MemoryTracker.
 #pragma once
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +38,8 @@ struct FsdpOptions {
   // weights (half the bytes of fp32 gathers and slots), their RMSNorm weights exactly beside
   // them (fsdp_sizes.h: ExactExchange); the model reads them through block_codes(). Only for a
   // model whose every block runs on native bf16 GEMMs (LlamaModel's bf16 path, recipe bf16):
-  // they round the weights to bf16 anyway, so the values are the same. Ignored with one shard.
+  // they round the weights to bf16 anyway, so the values are the same. With one shard nothing
+  // is gathered: the block units' codes are kept resident instead (resident_codes()).
   bool bf16_blocks = false;
 };
 
@@ -54,6 +56,13 @@ class Fsdp final : public UnitAccess {
   void grads_ready(int unit) override;
   BlockCodes block_codes(int unit) override;
   bool bf16_blocks() const { return bf16_blocks_; }
+  // bf16_blocks with one shard: every block unit's bf16 codes kept beside the master weights,
+  // written by AdamW in its own pass (Backend::adamw's codes) and remade from the master weights
+  // after anything else writes them (init, a checkpoint load); acquire() of a block unit then
+  // returns null and block_codes() gives them, so the bf16 GEMMs read codes instead of rounding
+  // each block weight at every use (twice a step, three times with recompute).
+  bool resident_codes() const { return resident_codes_; }
+  int64_t resident_code_bytes() const;
 
   // After a forward (or forward+backward) of one micro-batch: every gather and reduce-scatter
   // complete, every gathered buffer free.
@@ -90,8 +99,12 @@ class Fsdp final : public UnitAccess {
 
   // For sharded checkpoints: this rank's flat shards (local_numel() floats each, laid out unit
   // after unit as unit_shards() / unit_local_offsets() say; padding is zero). In the backend's
-  // memory: host code goes through the calls above.
-  float* master_shard() { return master_base_; }
+  // memory: host code goes through the calls above. (A caller may write the master weights
+  // through master_shard(): the resident codes are remade before their next use.)
+  float* master_shard() {
+    codes_fresh_ = false;
+    return master_base_;
+  }
   float* exp_avg_shard() { return m_base_; }
   float* exp_avg_sq_shard() { return v_base_; }
   const std::vector<ShardLayout>& unit_shards() const { return shards_; }
@@ -119,6 +132,10 @@ class Fsdp final : public UnitAccess {
   void start_gather(int unit);
   void complete_reduce_scatter();
   void gather_state(const float* local, float* full);
+  bool resident_unit(int unit) const {
+    return resident_codes_ && unit_codes_[size_t(unit)] != nullptr;
+  }
+  void refresh_codes();  // the resident codes from the master weights, where stale
   float* shard_of(float* base, int unit) const { return base + unit_local_offset_[unit]; }
 
   const ParamLayout& layout_;
@@ -134,6 +151,11 @@ class Fsdp final : public UnitAccess {
   bool bf16_blocks_ = false;
   std::vector<size_t> unit_bytes_;           // a unit's gathered weights (S > 1)
   std::vector<ExactExchange> exchange_;      // bf16 block units' exact exchange (else empty)
+  bool resident_codes_ = false;
+  bool codes_fresh_ = false;                 // the resident codes match the master weights
+  std::unique_ptr<Arena> codes_;             // resident codes (block units; null elsewhere)
+  std::vector<uint16_t*> unit_codes_;
+  std::vector<std::array<int64_t, 2>> norm_at_;  // a block unit's two RMSNorm weights
   std::unique_ptr<Arena> master_, grad_shards_, m_, v_, gathered_, unit_grads_, rs_out_;
   float *master_base_ = nullptr, *grad_base_ = nullptr, *m_base_ = nullptr, *v_base_ = nullptr;
   std::vector<Slot> param_slots_, grad_slots_;

@@ -55,6 +55,7 @@ FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sha
   FsdpBufferSizes z;
   z.shard_size = shard_size;
   z.bf16_blocks = bf16_blocks && shard_size > 1;
+  z.resident_codes = bf16_blocks && shard_size == 1;
   int64_t max_padded = 0, max_shard = 0, block_padded = 0;
   size_t per_unit_slots = 0, weight_max = 0, weight_block_max = 0;
   const int n_units = int(layout.units().size());
@@ -64,6 +65,8 @@ FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sha
     max_padded = std::max(max_padded, sl.padded_numel);
     max_shard = std::max(max_shard, sl.shard_numel);
     const bool block = i != layout.embed_unit() && i != layout.head_unit();
+    if (z.resident_codes && block)
+      z.resident_code_bytes += Arena::round_up(sizeof(uint16_t) * size_t(sl.padded_numel));
     const size_t weights = z.bf16_blocks && block
                                ? bf16_block_slot_bytes(sl, exact_exchange(layout, i, shard_size))
                                : Arena::round_up(elem_bytes * size_t(sl.padded_numel));

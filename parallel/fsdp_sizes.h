@@ -21,6 +21,10 @@
 // codes (2 bytes an element, padded) plus its exact fp32 exchange (ExactExchange below: the
 // all-gather's S x per_rank elements and the numel assembled ones); the other units and every
 // gradient slot stay fp32. The large slot is the largest unit's slot in either form.
+// Resident block codes (bf16_blocks with S = 1: nothing is gathered): each block unit's bf16
+// codes, kept beside the master weights and rewritten by AdamW in its pass, which the model's
+// bf16 GEMMs read instead of rounding every block weight at every use (resident_code_bytes:
+// 2 bytes a block element, 64-byte rounded per unit).
 // Two block-sized slots are enough beside the large one: the embedding and an untied head are
 // never held at once (the embedding is released before the first block; its gradients start
 // after the head's are reduce-scattered), and a tied head's unit is its final norm alone, while
@@ -45,6 +49,7 @@ struct FsdpBufferSizes {
   int param_slots = 0;
   int grad_slots = 0;
   bool bf16_blocks = false;  // block units gathered as bf16 codes (S > 1 only)
+  bool resident_codes = false;  // block units kept as bf16 codes too (bf16 blocks, S == 1)
   // Arena capacities in bytes (each a whole number of 64-byte-rounded allocations).
   size_t state_bytes = 0;           // one of master / gradients / m / v
   size_t slot_bytes = 0;            // the large slot, fp32 (gradients)
@@ -56,8 +61,10 @@ struct FsdpBufferSizes {
                                     // weight_block_slot_bytes; grad-op: the sum of unit_bytes
   size_t unit_grad_bytes = 0;       // slot_bytes + 2 block_slot_bytes
   size_t reduce_scatter_bytes = 0;  // rounded 4 x max_shard
+  size_t resident_code_bytes = 0;   // resident_codes: the block units' codes
   size_t total_bytes() const {
-    return 4 * state_bytes + gathered_bytes + unit_grad_bytes + reduce_scatter_bytes;
+    return 4 * state_bytes + gathered_bytes + unit_grad_bytes + reduce_scatter_bytes +
+           resident_code_bytes;
   }
 };
 
@@ -87,7 +94,7 @@ struct ExactExchange {
 ExactExchange exact_exchange(const ParamLayout& layout, int unit, int shard_size);
 
 // elem_bytes: bytes per element of the state and the fp32 slots (fp32 on the CPU engine).
-// bf16_blocks: FsdpOptions::bf16_blocks (ignored when shard_size is 1).
+// bf16_blocks: FsdpOptions::bf16_blocks (with shard_size 1: resident block codes).
 FsdpBufferSizes fsdp_buffer_sizes(const ParamLayout& layout, int shard_size, Sharding sharding,
                                   bool bf16_blocks = false, size_t elem_bytes = sizeof(float));
 

@@ -833,7 +833,10 @@ int run_training(const RunConfig& cfg) {
        cfg.parallel.sharding,
        // (append, not operator+: GCC 12 warns falsely, -Wrestrict, on "literal" + string&&)
        device_comm ? std::string(" over ").append(device_comm->kind()) : std::string(),
-       fsdp.bf16_blocks() ? " (bf16 block gathers)" : "", ", ",
+       fsdp.bf16_blocks()      ? " (bf16 block gathers)"
+       : fsdp.resident_codes() ? " (bf16 block codes resident)"
+                               : "",
+       ", ",
        omp_get_max_threads(), " threads/rank, device ", be.name(),
        be.device_name().empty() ? std::string() : std::string(" ").append(be.device_name()),
        ", peak ",
@@ -1136,6 +1139,7 @@ int run_training(const RunConfig& cfg) {
       {"fsdp_gather_dtype", fsdp.bf16_blocks() ? "bf16" : "fp32"},
       {"fsdp_state_bytes", fsdp.state_bytes()},
       {"fsdp_transient_bytes", fsdp.transient_bytes()},
+      {"fsdp_resident_code_bytes", fsdp.resident_code_bytes()},
       {"comm_wait_seconds", fsdp.comm_wait_seconds()},
       {"checkpoint", final_dir},
       // Time the step loop waited for checkpoints (async: the staging copies), and the time the

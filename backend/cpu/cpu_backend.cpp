@@ -488,7 +488,7 @@ class CpuBackend final : public Backend {
 
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t t,
-             float grad_scale) override {
+             float grad_scale, uint16_t* codes = nullptr) override {
     OpScope scope(*this, "adamw");
     // torch.optim.AdamW (single-tensor path): p *= 1 - lr wd; m, v updated;
     // p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
@@ -499,6 +499,8 @@ class CpuBackend final : public Backend {
     parallel_chunks(n, [&](int64_t i0, int64_t i1) {
       cpu::adamw_span(param + i0, grad + i0, m + i0, v + i0, i1 - i0, beta1, beta2, eps, decay,
                       step_size, bc2_sqrt, grad_scale);
+      if (codes)
+        for (int64_t i = i0; i < i1; ++i) codes[i] = numerics::encode_bf16(param[i]);
     });
   }
 

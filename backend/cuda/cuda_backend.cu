@@ -589,10 +589,12 @@ __device__ __forceinline__ void adamw_elem(float& param, float grad, float& m, f
 // vec: every pointer 16-byte aligned; elements [0, n & ~3) as float4 (one 16-byte load or store
 // per array and thread an iteration: the optimizer step is memory-bound, 28 bytes an element),
 // the rest one by one. The same arithmetic per element either way.
+// codes (optional; 8-byte aligned where vec): each updated parameter's RNE bf16 code too.
 __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict__ grad,
-                             float* __restrict__ m, float* __restrict__ v, int64_t n, float beta1,
-                             float beta2, float eps, float step_size, float bc2_sqrt,
-                             float decay, float grad_scale, bool vec) {
+                             float* __restrict__ m, float* __restrict__ v,
+                             uint16_t* __restrict__ codes, int64_t n, float beta1, float beta2,
+                             float eps, float step_size, float bc2_sqrt, float decay,
+                             float grad_scale, bool vec) {
   const int64_t n4 = vec ? n / 4 : 0;
   MX_GRID_STRIDE(j, n4) {
     float4 p = reinterpret_cast<float4*>(param)[j], mm = reinterpret_cast<float4*>(m)[j],
@@ -604,11 +606,14 @@ __global__ void adamw_kernel(float* __restrict__ param, const float* __restrict_
     adamw_elem(p.w, g.w, mm.w, vv.w, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale);
     reinterpret_cast<float4*>(param)[j] = p, reinterpret_cast<float4*>(m)[j] = mm,
     reinterpret_cast<float4*>(v)[j] = vv;
+    if (codes) reinterpret_cast<uint2*>(codes)[j] = bf16x4_codes(p.x, p.y, p.z, p.w);
   }
   for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
+       i += int64_t(gridDim.x) * blockDim.x) {
     adamw_elem(param[i], grad[i], m[i], v[i], beta1, beta2, eps, step_size, bc2_sqrt, decay,
                grad_scale);
+    if (codes) store_out(codes, i, param[i]);
+  }
 }
 
 class CudaBackendImpl final : public CudaBackend {
@@ -1457,16 +1462,18 @@ class CudaBackendImpl final : public CudaBackend {
 
   void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t t,
-             float grad_scale) override {
+             float grad_scale, uint16_t* codes = nullptr) override {
     if (n == 0) return;
     // The step's scalars on the host, with the CPU backend's expressions (same float results).
     const float bc1 = 1.0f - std::pow(beta1, float(t));
     const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, float(t)));
     const float step_size = lr / bc1;
     const float decay = 1.0f - lr * weight_decay;
-    const bool vec = all_16_aligned({param, grad, m, v});
+    const bool vec = all_16_aligned({param, grad, m, v}) &&
+                     reinterpret_cast<uintptr_t>(codes) % 8 == 0;
     adamw_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
-        param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale, vec);
+        param, grad, m, v, codes, n, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale,
+        vec);
     launched("adamw");
   }
 

@@ -1765,6 +1765,26 @@ void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
       compare(r, "m", dm.download(), m, kElementwise);
       compare(r, "v", dv.download(), v, kElementwise);
     });
+    // The optional codes output (Fsdp's resident block codes): the codes of the device's own
+    // updated parameters (the host's encode_bf16 on what came back), bit for bit; once with the
+    // codes 8-byte aligned (the float4 form), once one element past (the scalar form).
+    for (const int64_t off : {0, 1}) {
+      run_case(off ? "adamw_codes_unaligned" : "adamw_codes", sh, [&](Result& r) {
+        auto p = randn(n), g = randn(n), m = randn(n, 0.1f), v = uniform(n, 0.0f, 0.1f);
+        Dev<float> dp(p), dg(g), dm(m), dv(v);
+        Dev<uint16_t> dc(std::vector<uint16_t>(size_t(n + off), 0xFFFF));
+        gpu.adamw(dp.p, dg.p, dm.p, dv.p, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, 0.5f,
+                  dc.p + off);
+        const auto pd = dp.download();
+        const auto cd = dc.download();
+        int64_t bad = off && cd[0] != 0xFFFF;  // the element before the codes: untouched
+        for (int64_t i = 0; i < n; ++i)
+          bad += cd[size_t(i + off)] != numerics::encode_bf16(pd[size_t(i)]);
+        r.max_abs = double(bad);
+        r.max_ratio = bad ? 1e9 : 0.0;
+        r.pass = bad == 0;
+      });
+    }
   }
 }
 

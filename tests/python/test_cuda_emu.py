@@ -148,12 +148,14 @@ def test_checkpointing_eval_and_sample_on_the_device_match_cpu(tmp_path, policy)
 
 def test_resume_on_the_device_continues_exactly(tmp_path):
     """A checkpoint written from device memory resumes on the device (staged load, optimizer
-    state, data position) onto the uninterrupted run's trajectory, bit for bit (the emulated
-    device is deterministic), and `mxtrain generate --device cuda` decodes the same text as on
+    state, data position, the resident block codes remade from the loaded weights) onto the
+    uninterrupted run's trajectory, bit for bit (the emulated device is deterministic), and `mxtrain generate --device cuda` decodes the same text as on
     the CPU from it."""
     require_emu()
     extra = ("--set", "checkpoint.every=2", "--set", "run.sample_tokens=0")
-    full, _, _ = train(tmp_path, "full", EMU_BIN, "cuda", "bf16", extra=extra)
+    full, summary, log = train(tmp_path, "full", EMU_BIN, "cuda", "bf16", extra=extra)
+    # one process on the bf16 path: the blocks' codes resident, written by the device's AdamW
+    assert "(bf16 block codes resident)" in log and summary["fsdp_resident_code_bytes"] > 0
     ckpt = tmp_path / "full" / "checkpoints" / "step_00000002"
     resumed, _, _ = train(tmp_path, "resumed", EMU_BIN, "cuda", "bf16", extra=extra[:2] + (
         "--set", f"checkpoint.resume={ckpt}"), steps=STEPS - 2)

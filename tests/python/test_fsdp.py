@@ -257,6 +257,51 @@ def weight_slot_saving(S, sharding, C=32, V=256, L=2):
         (max(others + [bf16_block]) + 2 * bf16_block)
 
 
+def test_resident_block_codes_give_the_rounding_paths_bits(tmp_path):
+    """One process under parallel.gather_dtype auto on the bf16 path keeps the blocks' bf16
+    codes resident, rewritten by AdamW in its pass (Fsdp::resident_codes), and the bf16 GEMMs
+    read them instead of rounding the fp32 weights at every use: the same values, so the same
+    bits as gather_dtype fp32 (which rounds inside each GEMM), in the losses, gradient norms,
+    validation, sample and checkpoints. A resume from the step-3 checkpoint (codes remade from
+    the loaded weights) continues the uninterrupted run exactly; stale codes would not."""
+    extra = BF16_GATHER_SHAPE + [
+        "--set", "precision.recipe=bf16", "--set", "precision.activations=bf16",
+        "--set", "memory.activation_checkpointing=full", "--set", "train.steps=6",
+        "--set", "train.eval_every=3", "--set", "data.val_fraction=0.2",
+        "--set", "run.sample_tokens=12", "--set", "checkpoint.every=3"]
+    env = {"MXTRAIN_TEST_BF16_GEMM": "1", "MXTRAIN_TEST_DEVICE_MEMORY": "1"}
+    runs = {}
+    for g in ("fp32", "auto"):
+        log = []
+        runs[g] = train(tmp_path, 1, "full", extra + ["--set", f"parallel.gather_dtype={g}"],
+                        name=g, env_extra=env, log=log) + (log[0].stdout, log[0].stderr)
+    (f_steps, f_sum, f_out, f_text, f_err), (b_steps, b_sum, b_out, b_text, b_err) = \
+        runs["fp32"], runs["auto"]
+    assert "(bf16 block codes resident)" in b_err and "(bf16 block codes" not in f_err
+    assert f_sum["fsdp_resident_code_bytes"] == 0
+    # 2 bytes a block element, each block's codes 64-byte rounded; 2 blocks in tiny
+    assert b_sum["fsdp_resident_code_bytes"] == 2 * r64(2 * block_elements())
+    assert b_sum["device_mem_bytes"] - f_sum["device_mem_bytes"] == \
+        b_sum["fsdp_resident_code_bytes"]
+    assert len(b_steps) == 6 and any("val_loss" in r for r in b_steps)
+    for a, b in zip(b_steps, f_steps):
+        assert (a["loss"], a["grad_norm"], a.get("val_loss")) == \
+            (b["loss"], b["grad_norm"], b.get("val_loss")), (a, b)
+    assert "sample" in b_text and b_text.split("sample", 1)[1] == f_text.split("sample", 1)[1]
+    f_files = sorted(p.relative_to(f_out) for p in (f_out / "checkpoints").rglob("*.safetensors"))
+    b_files = sorted(p.relative_to(b_out) for p in (b_out / "checkpoints").rglob("*.safetensors"))
+    assert f_files == b_files and len(f_files) == 2
+    for rel in f_files:
+        assert (f_out / rel).read_bytes() == (b_out / rel).read_bytes(), rel
+    ckpt = b_out / "checkpoints" / "step_00000003"
+    r_steps, _, _ = train(tmp_path, 1, "full", extra + [
+        "--set", f"checkpoint.resume={ckpt}", "--set", "run.sample_tokens=0"],
+        name="resumed", env_extra=env)
+    assert [r["step"] for r in r_steps] == [4, 5, 6]
+    for a, b in zip(r_steps, f_steps[3:]):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+
+
 @pytest.mark.parametrize("np_,sharding,policy,env", [
     (2, "full", "none", {"MXTRAIN_TEST_STAGING": "1"}),
     (2, "grad-op", "selective", {"MXTRAIN_TEST_DEVICE_MEMORY": "1"}),

@@ -570,6 +570,26 @@ TEST(CpuOps, AdamWMatchesTorchFormula) {
     }
 }
 
+TEST(CpuOps, AdamWWritesTheUpdatedParametersBf16Codes) {
+  // The optional codes output (Fsdp's resident block codes): each updated parameter's RNE
+  // code, against the format's definition (bf16_bits.h); the update itself as without codes.
+  auto be = mx::make_cpu_backend();
+  for (const int64_t n : {int64_t{33}, int64_t{1003}}) {
+    auto p = randn(n, 25), g = randn(n, 26), m = randn(n, 27, 0.1f), v = randn(n, 28, 0.1f);
+    for (auto& x : v) x = std::fabs(x);
+    auto p2 = p, m2 = m, v2 = v;
+    std::vector<uint16_t> codes(size_t(n), 0xFFFF);
+    be->adamw(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2,
+              0.5f, codes.data());
+    be->adamw(p2.data(), g.data(), m2.data(), v2.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2,
+              0.5f);
+    EXPECT_EQ(p, p2);
+    EXPECT_EQ(m, m2);
+    EXPECT_EQ(v, v2);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(codes[size_t(i)], mxtest::bf16_code(p[size_t(i)])) << i;
+  }
+}
+
 TEST(CpuOps, AttentionDecodeMatchesLastRowOfCausalAttention) {
   auto be = mx::make_cpu_backend();
   const int64_t T = 9, H = 4, KV = 2, D = 8;
