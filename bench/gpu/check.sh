@@ -32,10 +32,13 @@
 #      is profiled (run.profile), and the table lists each one's top ops; PyTorch profiles one
 #      more step after its timed ones (torch.profiler, its top 15 kernels), for a side-by-side.
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
-#      checkpointing none, then full. (Seq 4096 was dropped to keep the budget with the FP8 runs.)
+#      checkpointing none, then full.
 #      Then, if the budget has 40 s left: recipe bf16 with untuned GEMMs ("mx bf16 notune",
 #      MXTRAIN_CUDA_GEMM_TUNE=0: the heuristic's first algorithm at every shape, against the
-#      default's fastest of eight); last, if it still has 40 s: recipe bf16 with
+#      default's fastest of eight); then, if it has 120 s left, the issue's second shape, seq
+#      4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain fp8-delayed (about 85 s on
+#      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
+#      last, if it still has 40 s: recipe bf16 with
 #      precision.activations = fp32 ("mx bf16/a32"), to measure what the default bf16
 #      activations cost or save.
 #
@@ -54,6 +57,7 @@
 #                                bf16+cudnn), MXTRAIN_GPU_LOSS_STEPS its steps (50)
 #   MXTRAIN_GPU_SEQ              the speed runs' sequence length (8192), MXTRAIN_GPU_TOKENS the
 #                                tokens of the largest micro-batch tried (16384)
+#   MXTRAIN_GPU_SEQ2             the second shape's sequence length (4096; 0: none)
 #   MXTRAIN_GPU_PRESET           the speed runs' model preset, mxtrain's and PyTorch's (llama3.2-1b)
 #   MXTRAIN_GPU_SPEED_SETS       extra KEY=VALUE overrides (space-separated) for mxtrain's speed
 #                                runs, e.g. "model.hidden_size=128 model.intermediate_size=256"
@@ -212,8 +216,12 @@ for kv in ${MXTRAIN_GPU_SPEED_SETS:-}; do speed_sets+=(--set "$kv"); done
 # MXFP8 GEMM (E8M0 scales converted from the power-of-two block scales), and only 10.x runs
 # mxfp8 and nvfp4 natively.
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
-b=$(( ${MXTRAIN_GPU_TOKENS:-16384} / seq )); batches=""
-while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
+set_batches() {  # the micro-batches tried at $seq: the largest of MXTRAIN_GPU_TOKENS, halving
+  local b=$(( ${MXTRAIN_GPU_TOKENS:-16384} / seq ))
+  batches=""
+  while (( b >= 1 )); do batches="$batches $b"; b=$(( b / 2 )); done
+}
+set_batches
 # Every mxtrain speed run is profiled (run.profile: one CUDA event as each op finishes
 # queueing, resolved while the GPU works), so the one GPU session also says where the time goes.
 # Order: what the issue's targets compare comes first (mxtrain bf16, PyTorch, then fp8-delayed,
@@ -257,15 +265,19 @@ echo "mxtrain bf16 speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 # PyTorch builds its model on the GPU and compiles one block (tens of seconds cold); its
 # progress lines (stderr) go to errors.txt, so a run cut short still says how far it got.
-torch_rc=0
-errs=$(lines "$OUT/errors.txt")
-# shellcheck disable=SC2086
-PYTHONUNBUFFERED=1 timeout -k 10 "$(cap 150)" "$py" bench/gpu/torch_llama.py --seq "$seq" \
-  --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" --preset "$preset" --profile \
-  ${MXTRAIN_GPU_TORCH_ARGS:-} > /dev/null 2>> "$OUT/errors.txt" || torch_rc=$?
-(( torch_rc != 0 )) && echo "torch seq $seq: exit $torch_rc (see errors.txt)"
-# (no torch, a crash, its time limit: a row saying so)
-grep -q '"impl": "torch"' "$OUT/speed.json" 2>/dev/null || no_row torch "" "$torch_rc" "$errs"
+torch_speed() {  # one PyTorch speed run at $seq (no row of its own: a row saying why)
+  local torch_rc=0 errs rows
+  errs=$(lines "$OUT/errors.txt"); rows=$(lines "$OUT/speed.json")
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout -k 10 "$(cap 150)" "$py" bench/gpu/torch_llama.py --seq "$seq" \
+    --batches $batches --steps 5 --warmup 2 --json "$OUT/speed.json" --preset "$preset" \
+    --profile ${MXTRAIN_GPU_TORCH_ARGS:-} > /dev/null 2>> "$OUT/errors.txt" || torch_rc=$?
+  (( torch_rc != 0 )) && echo "torch seq $seq: exit $torch_rc (see errors.txt)"
+  # (no torch, a crash, its time limit: a row saying so)
+  (( $(lines "$OUT/speed.json") == rows )) && no_row torch "" "$torch_rc" "$errs"
+  return 0
+}
+torch_speed
 echo "torch speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 for recipe in fp8-delayed fp8-current fp8-block; do
@@ -292,6 +304,23 @@ if (( $(cap 50) >= 40 )); then
   MXTRAIN_CUDA_GEMM_TUNE=0 mx_speed bf16 --variant notune
   echo "mxtrain bf16, untuned GEMMs: $(( $(date +%s) - t0 )) s"
 fi
+# The issue's second shape, seq 4096 (MXTRAIN_GPU_SEQ2; 0: none), if the budget has 120 s left:
+# mxtrain bf16, PyTorch and mxtrain fp8-delayed, the same micro-batch rule (16384 tokens and
+# down). Their rows carry seq 4096; the table's ratios are per seq.
+seq2=${MXTRAIN_GPU_SEQ2:-4096}
+# (none where MXTRAIN_GPU_TOKENS holds no whole sequence of it)
+if (( seq2 > 0 && seq2 != seq && ${MXTRAIN_GPU_TOKENS:-16384} / seq2 >= 1 )) &&
+   (( $(cap 200) >= 120 )); then
+  t0=$(date +%s)
+  seq=$seq2
+  set_batches
+  mx_speed bf16
+  torch_speed
+  mx_speed fp8-delayed
+  echo "seq $seq: mxtrain bf16, PyTorch, fp8-delayed: $(( $(date +%s) - t0 )) s"
+  seq=${MXTRAIN_GPU_SEQ:-8192}
+  set_batches
+fi
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
 # precision.activations = fp32, if the budget has room left (it runs last for that reason).
 if (( $(cap 50) >= 40 )); then
@@ -301,11 +330,12 @@ if (( $(cap 50) >= 40 )); then
 fi
 
 # ---- table -------------------------------------------------------------------------------------
-"$py" - "$OUT" "${cc:-unknown}" "$work/mxgpu-runs" <<'PY'
+"$py" - "$OUT" "${cc:-unknown}" "$work/mxgpu-runs" "$seq" <<'PY'
 import json, re, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 cc = sys.argv[2]
 runs = pathlib.Path(sys.argv[3])
+main_seq = int(sys.argv[4])  # the first shape's (the tuning lines are its bf16 run's)
 def rows(name):
     p = out / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
@@ -360,7 +390,7 @@ for r in speed:  # where each profiled run's step time went: its top ops
 # GEMM tuning in the bf16 speed run (MXTRAIN_CUDA_GEMM_TUNE_LOG's lines): each tuned shape's
 # kept candidate against the heuristic's first, the largest saving first.
 tune = []
-for f in sorted(runs.glob("speed_bf16__*_none/stderr.txt")):
+for f in sorted(runs.glob(f"speed_bf16__{main_seq}_*_none/stderr.txt")):
     for line in f.read_text(errors="replace").splitlines():
         m = re.search(r"cuda gemm tune: (\S+) ([\d.e+-]+) GFLOP: candidate (\d+) of (\d+) "
                       r"\((\d+) timed\), ([\d.e+-]+) ms \(first ([\d.e+-]+) ms\)", line)

@@ -28,6 +28,7 @@ EMU_BINS = {"mxtrain": EMU_DIR / "mxtrain_emu", "cuda_op_check": EMU_DIR / "cuda
 CHECK = REPO / "bench" / "gpu" / "check.sh"
 
 SEQ, TOKENS = 64, 128  # micro-batches tried: 2, then 1
+SEQ2 = 32  # the second shape (MXTRAIN_GPU_SEQ2): micro-batches 4, 2, 1
 OPCHECK_FILTER = ["rmsnorm_forward", "adamw", "fp8_linear_forward", "attention_cudnn"]
 LOSS_RECIPES = ["fp32", "bf16", "fp8-delayed"]
 LOSS_STEPS = 2
@@ -79,6 +80,7 @@ def dry_run(tmp_path_factory):
         tmp, MXTRAIN_GPU_BINDIR=str(bindir), MXTRAIN_GPU_OPCHECK_FILTER=",".join(OPCHECK_FILTER),
         MXTRAIN_GPU_LOSS_RECIPES=" ".join(LOSS_RECIPES), MXTRAIN_GPU_LOSS_STEPS=str(LOSS_STEPS),
         MXTRAIN_GPU_SEQ=str(SEQ), MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
+        MXTRAIN_GPU_SEQ2=str(SEQ2),
         MXTRAIN_GPU_SPEED_SETS="model.hidden_size=128 model.intermediate_size=256 "
                                "model.num_key_value_heads=4",
         MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile",
@@ -110,7 +112,8 @@ def test_exit_code_and_files(dry_run):
     runs = {n.split("/")[1] for n in names if n.endswith("/stderr.txt")}
     want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES for d in ("cpu", "cuda")} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
-            {f"speed_bf16__{SEQ}_2_none_notune"})
+            {f"speed_bf16__{SEQ}_2_none_notune"} |
+            {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
     assert not [n for n in names if "checkpoints" in n]
     assert (out / "runs_stderr.tgz").stat().st_size < 4 << 20
@@ -150,7 +153,8 @@ def test_loss_match(dry_run):
 
 def test_speed_rows(dry_run):
     rc, log, out, _ = dry_run
-    res = rows(out / "speed.json")
+    res_all = rows(out / "speed.json")
+    res = [r for r in res_all if r["seq"] == SEQ]
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
     notune = [r for r in res if r.get("variant")]
@@ -175,6 +179,17 @@ def test_speed_rows(dry_run):
         r = mx[(recipe, None)]
         assert r["error"].startswith("skipped") and "compute capability 9.0" in r["error"], r
         assert "tokens_per_s" not in r
+    # the second shape (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch, mxtrain fp8-delayed, each a
+    # row at SEQ2 with its largest micro-batch
+    res2 = [r for r in res_all if r["seq"] == SEQ2]
+    assert [(r["impl"], r.get("recipe")) for r in res2] == \
+        [("mxtrain", "bf16"), ("torch", None), ("mxtrain", "fp8-delayed")], res2
+    for r in res2:
+        if r["impl"] == "mxtrain" or HAS_TORCH:
+            assert r["micro_batch"] == TOKENS // SEQ2 and r["tokens_per_s"] > 0, r
+        else:
+            assert "torch" in r["error"], r
+    assert {r["seq"] for r in res_all} == {SEQ, SEQ2}
     torch_rows = [r for r in res if r["impl"] == "torch"]
     assert len(torch_rows) == 1
     t = torch_rows[0]
@@ -200,7 +215,7 @@ def test_speed_rows(dry_run):
 
 def test_table(dry_run):
     rc, log, out, _ = dry_run
-    res = rows(out / "speed.json")
+    res = [r for r in rows(out / "speed.json") if r["seq"] == SEQ]
     tps = {("mx " + r["recipe"] + ("/a32" if r["activations"] == "fp32" else "") +
             (" " + r["variant"] if r.get("variant") else "")): r["tokens_per_s"]
            for r in res if r["impl"] == "mxtrain" and "tokens_per_s" in r}
@@ -244,6 +259,16 @@ def test_table(dry_run):
     for recipe in ["bf16"] + FP8:  # each profiled run's top ops
         assert re.search(rf"^profile mx {recipe} seq {SEQ} x 2 \(steps 2-3, [\d.]+ s\):$", log,
                          re.M), recipe
+    # the second shape's rows and its own ratios
+    res2 = {(r["impl"], r.get("recipe")): r for r in rows(out / "speed.json")
+            if r["seq"] == SEQ2 and "tokens_per_s" in r}
+    bf16_2 = res2[("mxtrain", "bf16")]["tokens_per_s"]
+    assert re.search(rf"^mx bf16\s+{SEQ2}\s+4\s+none\s+{bf16_2:.0f}\s+[\d.]+% fp32$", log, re.M)
+    ratio2 = res2[("mxtrain", "fp8-delayed")]["tokens_per_s"] / bf16_2
+    assert f"seq {SEQ2}: mxtrain fp8-delayed / bf16 = {ratio2:.3f} (target >= 1.3)" in log
+    if ("torch", None) in res2:
+        assert (f"seq {SEQ2}: mxtrain bf16 / torch = "
+                f"{bf16_2 / res2[('torch', None)]['tokens_per_s']:.3f}") in log
     if HAS_TORCH:  # nothing else did not run
         assert "did not run" not in log.replace("did not run: skipped", ""), log[-3000:]
     assert re.search(r"^total: \d+ s$", log, re.M)
