@@ -214,12 +214,11 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
 // blocks a multiprocessor as before dx was held too (unbounded, ptxas took 84, room for two);
 // K = 4 in at most 128 (two blocks of 256, one of 512).
 template <int K, int Threads, int MinBlocks>
-__global__ void __launch_bounds__(Threads, MinBlocks) rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
-                                              const float* __restrict__ dy,
-                                              const float* __restrict__ x,
-                                              const float* __restrict__ w,
-                                              const float* __restrict__ rstd, int64_t N,
-                                              int64_t C) {
+__global__ void __launch_bounds__(Threads, MinBlocks)
+    rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
+                                  const float* __restrict__ dy, const float* __restrict__ x,
+                                  const float* __restrict__ w, const float* __restrict__ rstd,
+                                  int64_t N, int64_t C) {
   float4 wv[K] = {};
   KahanSum dw_acc[K][4];
   for (int k = 0; k < K; ++k) {

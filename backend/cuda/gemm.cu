@@ -264,61 +264,61 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
 
 int LtGemm::fastest(const cublasLtMatmulHeuristicResult_t* cand, int n, const Trial& trial,
                     const char* op) {
+  // The trials' events and stand-in output, freed on every way out (a CUDA error throws).
+  struct Resources {
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    void* stand_in = nullptr;
+    ~Resources() {
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+      if (stand_in) cudaFree(stand_in);
+    }
+  } res;
   // Where the trials write: the call's output when the call does not read it, else a stand-in.
   void* D = trial.D;
-  void* stand_in = nullptr;
   if (trial.reads_c) {
-    if (cudaMalloc(&stand_in, trial.d_bytes) != cudaSuccess) {
+    if (cudaMalloc(&res.stand_in, trial.d_bytes) != cudaSuccess) {
       cudaGetLastError();  // no memory to spare: the heuristic's first, untimed
+      res.stand_in = nullptr;
       return 0;
     }
-    D = stand_in;
+    D = res.stand_in;
   }
-  cudaEvent_t ev[2] = {nullptr, nullptr};
+  cudaEvent_t* ev = res.ev;
   int best = 0, timed = 0;
   double best_s = 0, first_s = 0;
   bool timed_first = false;
-  try {
-    for (cudaEvent_t& e : ev) MX_CUDA_CHECK(op, cudaEventCreate(&e));
-    for (int i = 0; i < n; ++i) {
-      // A candidate cuBLASLt refuses at run time (a workspace or alignment rule the heuristic
-      // did not apply) is left out; the last error is cleared so the next op does not see it.
-      if (trial.run(cand[i].algo, D) != CUBLAS_STATUS_SUCCESS) {
-        cudaGetLastError();
-        continue;
-      }
-      MX_CUDA_CHECK(op, cudaEventRecord(ev[0], trial.stream));
-      bool ok = true;
-      for (int r = 0; r < kTuneRuns && ok; ++r)
-        ok = trial.run(cand[i].algo, D) == CUBLAS_STATUS_SUCCESS;
-      MX_CUDA_CHECK(op, cudaEventRecord(ev[1], trial.stream));
-      MX_CUDA_CHECK(op, cudaEventSynchronize(ev[1]));
-      if (!ok) {
-        cudaGetLastError();
-        continue;
-      }
-      float ms = 0;
-      MX_CUDA_CHECK(op, cudaEventElapsedTime(&ms, ev[0], ev[1]));
-      const double s = double(ms) * 1e-3 / kTuneRuns;
-      ++timed;
-      if (i == 0) {
-        first_s = s;
-        timed_first = true;
-      }
-      if (best_s == 0 || s < best_s) {
-        best_s = s;
-        best = i;
-      }
+  for (cudaEvent_t& e : res.ev) MX_CUDA_CHECK(op, cudaEventCreate(&e));
+  for (int i = 0; i < n; ++i) {
+    // A candidate cuBLASLt refuses at run time (a workspace or alignment rule the heuristic
+    // did not apply) is left out; the last error is cleared so the next op does not see it.
+    if (trial.run(cand[i].algo, D) != CUBLAS_STATUS_SUCCESS) {
+      cudaGetLastError();
+      continue;
     }
-  } catch (...) {
-    for (cudaEvent_t e : ev)
-      if (e) cudaEventDestroy(e);
-    if (stand_in) cudaFree(stand_in);
-    throw;
+    MX_CUDA_CHECK(op, cudaEventRecord(ev[0], trial.stream));
+    bool ok = true;
+    for (int r = 0; r < kTuneRuns && ok; ++r)
+      ok = trial.run(cand[i].algo, D) == CUBLAS_STATUS_SUCCESS;
+    MX_CUDA_CHECK(op, cudaEventRecord(ev[1], trial.stream));
+    MX_CUDA_CHECK(op, cudaEventSynchronize(ev[1]));
+    if (!ok) {
+      cudaGetLastError();
+      continue;
+    }
+    float ms = 0;
+    MX_CUDA_CHECK(op, cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    const double s = double(ms) * 1e-3 / kTuneRuns;
+    ++timed;
+    if (i == 0) {
+      first_s = s;
+      timed_first = true;
+    }
+    if (best_s == 0 || s < best_s) {
+      best_s = s;
+      best = i;
+    }
   }
-  for (cudaEvent_t e : ev)
-    if (e) cudaEventDestroy(e);
-  if (stand_in) cudaFree(stand_in);
   ++tune_stats_.timed;
   if (best != 0) ++tune_stats_.changed;
   if (std::getenv("MXTRAIN_CUDA_GEMM_TUNE_LOG"))  // one line a shape (bench/gpu/check.sh)

@@ -586,7 +586,8 @@ TEST(CpuOps, AdamWWritesTheUpdatedParametersBf16Codes) {
     EXPECT_EQ(p, p2);
     EXPECT_EQ(m, m2);
     EXPECT_EQ(v, v2);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(codes[size_t(i)], mxtest::bf16_code(p[size_t(i)])) << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(codes[size_t(i)], mxtest::bf16_code(p[size_t(i)])) << i;
   }
 }
 
