@@ -1737,6 +1737,18 @@ void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
       cpu.fill(x.data(), -2.5f, n);
       gpu.fill(dx.p, -2.5f, n);
       compare(r, "x", dx.download(), x, {0, 0});
+      // +0 (the memset) and -0 (the kernel) over the poisoned buffer: exact bits
+      for (const float z : {0.0f, -0.0f}) {
+        Dev<float> dz(n);
+        gpu.fill(dz.p + 1, z, n - 1);
+        const auto got = dz.download();
+        int64_t bad = 0;
+        for (int64_t i = 1; i < n; ++i) bad += std::memcmp(&got[size_t(i)], &z, 4) != 0;
+        if (bad) {
+          r.pass = false;
+          r.note += std::to_string(bad) + (std::signbit(z) ? " not -0; " : " not +0; ");
+        }
+      }
     });
     run_case("copy", sh, [&](Result& r) {
       auto x = randn(n);
