@@ -558,14 +558,49 @@ __global__ void add_kernel(float* y, const float* a, const float* b, int64_t n) 
 __global__ void scale_kernel(float* x, float s, int64_t n) { MX_GRID_STRIDE(i, n) x[i] *= s; }
 __global__ void fill_kernel(float* x, float value, int64_t n) { MX_GRID_STRIDE(i, n) x[i] = value; }
 
-// Per-block partial sums of squares in double, then one block folds the partials: a fixed grid
-// and a fixed fold order, so the result is deterministic. (Kept in double, unlike the norms:
-// once per step over the parameters, and the op check holds it to 1e-10 of the CPU's sum.)
+// A sum of squares to about twice float's precision in FP32 operations (Ogita, Rump and Oishi's
+// Dot2): each square split exactly into x*x and its rounding error (an FMA), the running sum
+// kept as s + c by an error-free TwoSum, the errors gathered in c. The CPU sums in double; this
+// stays within the op check's 1e-10 of it without an FP64 multiply-add an element, which a
+// B300 (FP64 at about 1/60 of its FP32 rate) would make the step's slowest pass over the
+// gradients. Squares that float cannot hold exactly (|x| >= 2^60 overflows past 2^120, tiny
+// ones lose their error term) go to a double sum beside it.
+struct SquareSum {
+  float s = 0.0f, c = 0.0f;
+  double wide = 0.0;
+  __device__ void add(float x) {
+    const float a = fabsf(x);
+    if (!(a < 0x1p60f && a > 0x1p-50f)) {  // NaN and infinities included: double keeps them
+      if (a != 0.0f) wide += double(x) * x;
+      return;
+    }
+    // The _rn operations are never fused into FMAs: each rounding is the one the algorithm
+    // needs (nvcc contracts a * b + c by default, which would skip the product's).
+    const float p = __fmul_rn(x, x);
+    const float pe = fmaf(x, x, -p);  // x * x == p + pe exactly
+    const float t = __fadd_rn(s, p);  // TwoSum: s + p == t + e exactly
+    const float z = __fsub_rn(t, s);
+    const float e = __fadd_rn(__fsub_rn(s, __fsub_rn(t, z)), __fsub_rn(p, z));
+    s = t;
+    c += e + pe;
+  }
+  __device__ double value() const { return double(s) + double(c) + wide; }
+};
+// Per-block partial sums of squares (SquareSum per thread, then double across the block), then
+// one block folds the partials: a fixed grid and a fixed fold order, so the result is
+// deterministic. vec: x 16-byte aligned, elements [0, n & ~3) four at a time.
 __global__ void sum_squares_partial_kernel(double* __restrict__ part, const float* __restrict__ x,
-                                           int64_t n) {
-  double s = 0;
-  MX_GRID_STRIDE(i, n) s += double(x[i]) * x[i];
-  s = block_sum(s);
+                                           int64_t n, bool vec) {
+  SquareSum acc;
+  const int64_t n4 = vec ? n / 4 : 0;
+  MX_GRID_STRIDE(j, n4) {
+    const float4 v = reinterpret_cast<const float4*>(x)[j];
+    acc.add(v.x), acc.add(v.y), acc.add(v.z), acc.add(v.w);
+  }
+  for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    acc.add(x[i]);
+  const double s = block_sum(acc.value());
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 __global__ void sum_doubles_kernel(double* __restrict__ out, const double* __restrict__ in,
@@ -1436,9 +1471,10 @@ class CudaBackendImpl final : public CudaBackend {
   double sum_squares(const float* x, int64_t n) override {
     if (n == 0) return 0.0;
     DeviceArenaScope scope(scratch_);
-    const unsigned blocks = grid_1d(n);
+    const bool vec = all_16_aligned({x});
+    const unsigned blocks = grid_1d(vec ? (n + 3) / 4 : n);
     double* part = scratch_.alloc_as<double>(blocks);
-    sum_squares_partial_kernel<<<blocks, kThreads, 0, stream_>>>(part, x, n);
+    sum_squares_partial_kernel<<<blocks, kThreads, 0, stream_>>>(part, x, n, vec);
     launched("sum_squares");
     return fold_doubles(part, blocks, "sum_squares");
   }

@@ -1746,7 +1746,8 @@ void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
         for (int64_t i = 1; i < n; ++i) bad += std::memcmp(&got[size_t(i)], &z, 4) != 0;
         if (bad) {
           r.pass = false;
-          r.note += std::to_string(bad) + (std::signbit(z) ? " not -0; " : " not +0; ");
+          r.note += std::to_string(bad);  // (appended apart: GCC 12's false -Wrestrict)
+          r.note += std::signbit(z) ? " not -0; " : " not +0; ";
         }
       }
     });
@@ -1764,6 +1765,24 @@ void check_vector_ops(Backend& cpu, CudaBackend& gpu) {
       r.max_ratio = r.max_abs / (1e-10 * std::fabs(c) + 1e-300);  // double sums, other order
       r.pass = r.max_ratio <= 1.0;
     });
+    // Values over the whole float range (squares past float's, and too small to split exactly:
+    // the kernel's double side sum), once from one element past 16 bytes (the scalar form).
+    // The reference: the sum of the exact squares in long double.
+    for (const int64_t off : {0, 1}) {
+      if (off >= n) continue;
+      run_case(off ? "sum_squares_wide_unaligned" : "sum_squares_wide", sh, [&](Result& r) {
+        auto x = randn(n);
+        const auto e = uniform(n, -70.0f, 70.0f);
+        for (int64_t i = 0; i < n; ++i) x[size_t(i)] *= std::exp2(std::round(e[size_t(i)]));
+        Dev<float> dx(x);
+        long double want = 0;
+        for (int64_t i = off; i < n; ++i) want += (long double)(x[size_t(i)]) * x[size_t(i)];
+        const double g = gpu.sum_squares(dx.p + off, n - off);
+        r.max_abs = double(std::fabs((long double)g - want));
+        r.max_ratio = r.max_abs / (1e-10 * double(want) + 1e-300);
+        r.pass = r.max_ratio <= 1.0;
+      });
+    }
     run_case("adamw", sh, [&](Result& r) {
       auto p = randn(n), g = randn(n), m = randn(n, 0.1f), v = uniform(n, 0.0f, 0.1f);
       Dev<float> dp(p), dg(g), dm(m), dv(v);

@@ -329,6 +329,16 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+// CUDA's correctly rounded single operations, which nvcc never fuses into an FMA: each result
+// goes through a register the compiler cannot see into, so the host compiler (contracting by
+// default under -march=native) cannot fuse it with the next operation either.
+inline float mxemu_rounded(float r) {
+  asm volatile("" : "+x"(r));
+  return r;
+}
+inline float __fmul_rn(float a, float b) { return mxemu_rounded(a * b); }
+inline float __fadd_rn(float a, float b) { return mxemu_rounded(a + b); }
+inline float __fsub_rn(float a, float b) { return mxemu_rounded(a - b); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
