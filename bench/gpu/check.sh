@@ -312,13 +312,14 @@ seq2=${MXTRAIN_GPU_SEQ2:-4096}
 if (( seq2 > 0 && seq2 != seq && ${MXTRAIN_GPU_TOKENS:-16384} / seq2 >= 1 )) &&
    (( $(cap 200) >= 120 )); then
   t0=$(date +%s)
+  seq1=$seq
   seq=$seq2
   set_batches
   mx_speed bf16
   torch_speed
   mx_speed fp8-delayed
   echo "seq $seq: mxtrain bf16, PyTorch, fp8-delayed: $(( $(date +%s) - t0 )) s"
-  seq=${MXTRAIN_GPU_SEQ:-8192}
+  seq=$seq1
   set_batches
 fi
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
