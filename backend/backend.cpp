@@ -116,6 +116,14 @@ void Backend::gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const floa
                           "set_bf16_gemm_operands)"));
 }
 
+void Backend::gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                 float alpha, const float* A, const uint16_t* A16, const float* B,
+                                 const uint16_t* B16, const float* R, float* C) {
+  MX_ASSERT(R != C, "gemm_bf16_residual: the residual must not be the output");
+  gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, 0.0f, C);
+  add(C, R, C, M * N);
+}
+
 namespace {
 // LinearRecipe::quantize's FP8 / FP4 cases (per-tensor, fp8-block, mxfp8, nvfp4): the dequantized operand into `out`.
 void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,

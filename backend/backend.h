@@ -74,6 +74,13 @@ class Backend {
   virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                          float alpha, const float* A, const uint16_t* A16, const float* B,
                          const uint16_t* B16, float beta, float* C, uint16_t* C16 = nullptr);
+  // The same GEMM with a residual added: C = alpha op(A) op(B) + R in fp32 (R [M, N], not C).
+  // The base class: gemm_bf16 into C, then add(C, R, C) (R + the product, the separate add's
+  // order). CUDA reads R in cuBLASLt's epilogue (C from R, D into C): the product never
+  // exists as a tensor of its own, one pass over [M, N] less.
+  virtual void gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                  float alpha, const float* A, const uint16_t* A16,
+                                  const float* B, const uint16_t* B16, const float* R, float* C);
 
   // Counters for the benchmark's "GEMM at N% of the machine's SGEMM rate" figure.
   struct GemmStats {
@@ -316,9 +323,11 @@ class Backend {
   // unpack_bf16, swiglu_forward and pack_bf16 in a row.
   virtual void swiglu_forward_bf16(uint16_t* s16, const uint16_t* g16, const uint16_t* u16,
                                    int64_t n) = 0;
-  // swiglu_backward with g, u as codes, its dg and du written as bf16 codes (RNE): the values
-  // the bf16 GEMMs that take them next would round them to anyway.
-  virtual void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
+  // swiglu_backward on codes: ds (down's data gradient, out of its GEMM's epilogue), g and u
+  // as codes, its dg and du written as bf16 codes (RNE): the values the bf16 GEMMs that take
+  // them next would round them to anyway. Exactly unpack_bf16 of the three, swiglu_backward,
+  // to_bf16 of both results.
+  virtual void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const uint16_t* ds16,
                                     const uint16_t* g16, const uint16_t* u16, int64_t n) = 0;
   // swiglu_backward with g, u as codes and dg, du fp32: exactly unpack_bf16 of both then
   // swiglu_backward, without the widened copies (the FP8 recipes' MLP backward, whose Linears

@@ -139,7 +139,8 @@ size_t bf16_path_scratch(const ModelConfig& c, int64_t B, int64_t T, Checkpointi
   BlockSizes z(c, B, T);
   auto forward = [&](Checkpointing p) {
     const bool cheap = BlockSizes::keeps(p, true), gemm = BlockSizes::keeps(p, false);
-    size_t s = bytes_f32(z.q) + bytes_f32(z.k) + 2 * bytes_f32(N * C);  // q, k; proj, down
+    // q, k (the output projections add their residual themselves: no proj, no down)
+    size_t s = bytes_f32(z.q) + bytes_f32(z.k);
     if (!cheap)  // h1, rstd1, h2, rstd2, s
       s += 2 * bytes_bf16(z.h1) + 2 * bytes_f32(z.rstd1) + bytes_bf16(z.s);
     if (!gemm)  // q, k, v, o, g, u as codes; lse, x_mid
@@ -152,7 +153,7 @@ size_t bf16_path_scratch(const ModelConfig& c, int64_t B, int64_t T, Checkpointi
   if (policy == Checkpointing::kSelective)
     recompute = 2 * bytes_f32(z.rstd1) + 2 * bytes_bf16(z.h1) + bytes_bf16(z.s);
   // ds, dg and du as codes, dh2, the output gradient's codes (down's: N x C)
-  const size_t mlp = bytes_f32(z.g) + 2 * bytes_bf16(z.g) + bytes_f32(N * C) + bytes_bf16(N * C);
+  const size_t mlp = 3 * bytes_bf16(z.g) + bytes_f32(N * C) + bytes_bf16(N * C);
   // d_o, dq, dk, dv, dh1, one output gradient's codes at a time (o's N x C, q's N x Q, ...)
   const size_t attention = 2 * bytes_f32(z.q) + 2 * bytes_f32(z.k) + bytes_f32(N * C) +
                            bytes_bf16(N * std::max(C, c.q_dim()));
@@ -301,8 +302,16 @@ float* LlamaModel::widened(const uint16_t* codes, int64_t n) {
 
 void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16,
                               const float* w, int64_t N, int64_t in, int64_t out, bool native,
-                              const float* x_wide) {
+                              const float* x_wide, const float* residual) {
+  MX_ASSERT(!residual || (y && !y16), "a residual goes with an fp32 output alone");
   const uint16_t* w16 = w16_[size_t(linear)];
+  if (native && residual) {
+    be_.set_bf16_gemm_operands(true);
+    be_.gemm_bf16_residual(false, true, N, out, in, 1.0f, nullptr, x16, w16 ? nullptr : w, w16,
+                           residual, y);
+    be_.set_bf16_gemm_operands(false);
+    return;
+  }
   if (native)
     return gemm16(false, true, N, out, in, nullptr, x16, w16 ? nullptr : w, w16, 0.0f, y, y16);
   MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
@@ -312,6 +321,7 @@ void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_
   float* result = y ? y : scratch_.alloc_f32(N * out);  // with y16 alone: the Linear's scratch
   linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr, y ? nullptr : y16);
   if (y && y16) be_.to_bf16(y16, y, N * out);
+  if (residual) be_.add(y, residual, y, N * out);  // residual + product, as gemm_bf16_residual
   scratch_.release(m);
 }
 
@@ -425,12 +435,14 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     round_activation(a.o, a.o_16, z.o);
   }
   a.x_mid = keep(false, z.x_mid, nullptr);
-  float* proj = scratch_.alloc_f32(N * C);
-  if (bp) linear_fwd16(3, proj, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, nat);
-  else linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
-  be_.add(a.x_mid, x, proj, N * C);
+  if (bp) {  // x_mid = x + o Wo^T (on the bf16 GEMMs the epilogue adds x)
+    linear_fwd16(3, a.x_mid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, nat, nullptr, x);
+  } else {
+    float* proj = scratch_.alloc_f32(N * C);
+    linear_fwd(3, proj, a.o, w.wo, N, c_.q_dim(), C);
+    be_.add(a.x_mid, x, proj, N * C);
+  }
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
-  float* down = nullptr;
   if (bp) {  // the norm output, gate, up and their product as codes only
     a.h2 = a.g = a.u = a.s = nullptr;
     a.h2_16 = codes_only(true, z.h2);
@@ -449,8 +461,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     }
     a.s_16 = codes_only(true, z.s);
     be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
-    down = scratch_.alloc_f32(N * C);
-    linear_fwd16(6, down, nullptr, a.s_16, w.w_down, N, I, C, nat);
+    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid);  // y = x_mid + down
   } else {
     a.h2 = keep(true, z.h2, &a.h2_16);
     a.rstd2 = keep(true, z.rstd2, nullptr);
@@ -468,10 +479,10 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.s = keep(true, z.s, &a.s_16);
     be_.swiglu_forward(a.s, a.g, a.u, N * I);
     round_activation(a.s, a.s_16, z.s);
-    down = scratch_.alloc_f32(N * C);
+    float* down = scratch_.alloc_f32(N * C);
     linear_fwd(6, down, a.s, w.w_down, N, I, C);
+    be_.add(y, a.x_mid, down, N * C);
   }
-  be_.add(y, a.x_mid, down, N * C);
 }
 
 void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, const float* x,
@@ -528,14 +539,18 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
   const bool nat = a.native16;
-  if (bp && nat) {  // the gradients of gate and up go straight to codes (their GEMMs round them)
+  if (bp && nat) {
+    // ds out of down's data-gradient GEMM as codes (its epilogue rounds the fp32 product), the
+    // gradients of gate and up straight to codes (their GEMMs would round them): SwiGLU's
+    // backward reads and writes 2 bytes an element each way. The rounding path rounds ds too.
     size_t m = scratch_.mark();
-    float* ds = scratch_.alloc_f32(N * I);
+    uint16_t* ds16 = alloc_bf16(scratch_, N * I);
     uint16_t* dg16 = alloc_bf16(scratch_, N * I);
     uint16_t* du16 = alloc_bf16(scratch_, N * I);
     float* dh2 = scratch_.alloc_f32(N * C);
-    linear_bwd16(6, ds, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, true);
-    be_.swiglu_backward_bf16(dg16, du16, ds, a.g_16, a.u_16, N * I);
+    linear_bwd16(6, nullptr, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, true,
+                 nullptr, ds16);
+    be_.swiglu_backward_bf16(dg16, du16, ds16, a.g_16, a.u_16, N * I);
     linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, true);
     linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, true);
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
@@ -562,6 +577,9 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* du = scratch_.alloc_f32(N * I);
     float* dh2 = scratch_.alloc_f32(N * C);
     linear_bwd(6, dg, dw.w_down, dresid, a.s, w.w_down, N, I, C, false);
+    // where the bf16 path has ds as codes (bf16 activations, the block's Linears on bf16
+    // GEMMs), the same rounding here: the same gradients bit for bit
+    if (bf16_acts_ && bf16_linears()) be_.round_bf16(dg, dg, N * I);
     be_.swiglu_backward(dg, du, dg, a.g, a.u, N * I);
     {
       const auto shared = shared_input(a.h2, N, true);

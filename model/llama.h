@@ -175,9 +175,11 @@ class LlamaModel {
   // A block Linear in the bf16 path, x as codes: y fp32, or (y null) its codes into y16.
   // Off the bf16 GEMMs (native false) x is widened from x16, or taken from x_wide when the
   // caller widened it once for several Linears.
+  // residual (fp32, with y, not y16): y = x W^T + residual, the block's residual add (on the
+  // bf16 GEMMs in their epilogue: Backend::gemm_bf16_residual; otherwise a separate add).
   void linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16, const float* w,
                     int64_t N, int64_t in, int64_t out, bool native,
-                    const float* x_wide = nullptr);
+                    const float* x_wide = nullptr, const float* residual = nullptr);
   // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes (or x_wide, as above). native: dy
   // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32.
   // dx16 (native, dx null, not accumulating): dx as codes, out of the GEMM's epilogue.

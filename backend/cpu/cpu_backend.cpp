@@ -119,8 +119,9 @@ class CpuBackend final : public Backend {
                  const float* A, const float* B, float beta, float* C) {
     if (M == 0 || N == 0) return;
     auto t0 = std::chrono::steady_clock::now();
-    if (K == 0) {
-      scale(C, beta, M * N);
+    if (K == 0) {  // the empty product: C = beta C; beta 0 does not read C (no 0 * NaN)
+      if (beta == 0.0f) fill(C, 0.0f, M * N);
+      else scale(C, beta, M * N);
     } else {
       split_gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
     }
@@ -358,14 +359,15 @@ class CpuBackend final : public Backend {
     to_bf16(s16, s.data(), n);
   }
 
-  void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds,
+  void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const uint16_t* ds16,
                             const uint16_t* g16, const uint16_t* u16, int64_t n) override {
     OpScope scope(*this, "swiglu_backward_bf16");
     const size_t len = static_cast<size_t>(n);
-    std::vector<float> g(len), u(len), dg(len), du(len);
+    std::vector<float> ds(len), g(len), u(len), dg(len), du(len);
+    unpack_bf16(ds.data(), ds16, n);
     unpack_bf16(g.data(), g16, n);
     unpack_bf16(u.data(), u16, n);
-    swiglu_backward(dg.data(), du.data(), ds, g.data(), u.data(), n);
+    swiglu_backward(dg.data(), du.data(), ds.data(), g.data(), u.data(), n);
     to_bf16(dg16, dg.data(), n);
     to_bf16(du16, du.data(), n);
   }

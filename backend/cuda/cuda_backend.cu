@@ -297,6 +297,12 @@ __global__ void rmsnorm_backward_dw_reduce_kernel(float* __restrict__ dw,
 // alias x (hence no __restrict__ on either).
 // rope_backward_bf16 reads and writes codes, in place (x == y, uint16_t).
 __device__ __forceinline__ float load_in(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float4 load_in4(const float* x, int64_t j) {  // elements 4j..4j+3
+  return reinterpret_cast<const float4*>(x)[j];
+}
+__device__ __forceinline__ float4 load_in4(const uint16_t* x, int64_t j) {
+  return bf16x4(reinterpret_cast<const uint2*>(x)[j]);
+}
 __device__ __forceinline__ float load_in(const uint16_t* x, int64_t i) {
   return numerics::decode_bf16(x[i]);
 }
@@ -368,16 +374,16 @@ __global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
   }
 }
 
-// dg, du as RNE codes (swiglu_backward_bf16) or fp32 (swiglu_backward_codes: dg may then alias
-// ds; each element reads ds before writing dg, so neither is __restrict__).
-template <typename Out>
-__global__ void swiglu_backward_codes_kernel(Out* dg, Out* __restrict__ du, const float* ds,
+// ds and dg, du as RNE codes (swiglu_backward_bf16) or fp32 (swiglu_backward_codes: dg may
+// then alias ds; each element reads ds before writing dg, so neither is __restrict__).
+template <typename Out, typename Dy>
+__global__ void swiglu_backward_codes_kernel(Out* dg, Out* __restrict__ du, const Dy* ds,
                                              const uint16_t* __restrict__ g16,
                                              const uint16_t* __restrict__ u16, int64_t n,
                                              bool vec) {
   const int64_t n4 = vec ? n / 4 : 0;
   MX_GRID_STRIDE(j, n4) {
-    const float4 d = reinterpret_cast<const float4*>(ds)[j];
+    const float4 d = load_in4(ds, j);
     const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
     const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
     float4 dgv, duv;
@@ -391,7 +397,8 @@ __global__ void swiglu_backward_codes_kernel(Out* dg, Out* __restrict__ du, cons
   for (int64_t i = 4 * n4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float dgi, dui;
-    swiglu_grads(ds[i], numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]), dgi, dui);
+    swiglu_grads(load_in(ds, i), numerics::decode_bf16(g16[i]), numerics::decode_bf16(u16[i]),
+                 dgi, dui);
     store_out(du, i, dui);
     store_out(dg, i, dgi);
   }
@@ -778,6 +785,23 @@ class CudaBackendImpl final : public CudaBackend {
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     lt_.gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, beta, C, C16, ws, ws_bytes,
                   scratch_, stream_);
+    stats_.flops += 2.0 * double(M) * double(N) * double(K);
+    done("gemm_bf16");
+  }
+  // The residual read by the epilogue (C from R, D into C, beta 1): the block's output
+  // projections write x + proj in one pass, where a separate add read the product and x and
+  // wrote the sum again (8 bytes an element saved, twice a block).
+  void gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                          float alpha, const float* A, const uint16_t* A16, const float* B,
+                          const uint16_t* B16, const float* R, float* C) override {
+    MX_ASSERT(opt_.gemm_precision == CudaGemmPrecision::kBf16,
+              "gemm_bf16_residual: called without set_bf16_gemm_operands(true)");
+    MX_ASSERT(R != C, "gemm_bf16_residual: the residual must not be the output");
+    DeviceArenaScope scope(scratch_);
+    const size_t ws_bytes = opt_.gemm_workspace_bytes;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    lt_.gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, 1.0f, C, nullptr, ws,
+                  ws_bytes, scratch_, stream_, R);
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("gemm_bf16");
   }
@@ -1363,17 +1387,17 @@ class CudaBackendImpl final : public CudaBackend {
         s16, g16, u16, n, vec);
     launched("swiglu_forward_bf16");
   }
-  void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const float* ds, const uint16_t* g16,
-                            const uint16_t* u16, int64_t n) override {
-    swiglu_backward_from_codes(dg16, du16, ds, g16, u16, n, "swiglu_backward_bf16");
+  void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const uint16_t* ds16,
+                            const uint16_t* g16, const uint16_t* u16, int64_t n) override {
+    swiglu_backward_from_codes(dg16, du16, ds16, g16, u16, n, "swiglu_backward_bf16");
   }
   void swiglu_backward_codes(float* dg, float* du, const float* ds, const uint16_t* g16,
                              const uint16_t* u16, int64_t n) override {
     swiglu_backward_from_codes(dg, du, ds, g16, u16, n, "swiglu_backward_codes");
   }
-  // Both: swiglu_backward_codes_kernel, dg and du as codes or fp32.
-  template <typename Out>
-  void swiglu_backward_from_codes(Out* dg, Out* du, const float* ds, const uint16_t* g16,
+  // Both: swiglu_backward_codes_kernel, ds, dg and du as codes or fp32.
+  template <typename Out, typename Dy>
+  void swiglu_backward_from_codes(Out* dg, Out* du, const Dy* ds, const uint16_t* g16,
                                   const uint16_t* u16, int64_t n, const char* op) {
     if (n == 0) return;
     const bool vec = all_16_aligned({dg, du, ds, g16, u16});

@@ -6,6 +6,7 @@
 // cuBLASLt's first operand is our B (transposed iff trans_b), its second our A (iff trans_a).
 #include "backend/cuda/gemm.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
@@ -139,14 +140,19 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void LtGemm::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
                        float beta, float* C, uint16_t* C16, void* workspace,
-                       size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream) {
+                       size_t workspace_bytes, DeviceArena& scratch, cudaStream_t stream,
+                       const float* C_in) {
   MX_ASSERT(!C16 || beta == 0.0f, "gemm_bf16: a bf16 result takes beta = 0");
+  MX_ASSERT(!C16 || !C_in, "gemm_bf16: a bf16 result reads no C");
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // the empty product: C = beta C, or bf16 zeros (+0, code 0x0000)
+  if (K == 0) {  // the empty product: C = beta C (or C_in), or bf16 zeros (+0, code 0x0000)
     if (C16) {
       MX_CUDA_CHECK("gemm_bf16 (K = 0)",
                     cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(M * N), stream));
     } else {
+      if (C_in && C_in != C)
+        MX_CUDA_CHECK("gemm_bf16 (K = 0)", cudaMemcpyAsync(C, C_in, sizeof(float) * size_t(M * N),
+                                                           cudaMemcpyDeviceToDevice, stream));
       scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
       MX_CUDA_LAUNCH_CHECK("gemm_bf16 (K = 0)");
     }
@@ -167,13 +173,15 @@ void LtGemm::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
     return matmul(trans_a, trans_b, M, N, K, alpha, A16, B16, CUDA_R_16BF, CUBLAS_COMPUTE_32F,
                   0.0f, C16, CUDA_R_16BF, workspace, workspace_bytes, stream);
   matmul(trans_a, trans_b, M, N, K, alpha, A16, B16, CUDA_R_16BF, CUBLAS_COMPUTE_32F, beta, C,
-         CUDA_R_32F, workspace, workspace_bytes, stream);
+         CUDA_R_32F, workspace, workspace_bytes, stream, C_in);
 }
 
 void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const void* A, const void* B, cudaDataType_t in_type,
                     cublasComputeType_t compute, float beta, void* C, cudaDataType_t out_type,
-                    void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                    void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                    const void* C_in) {
+  if (!C_in) C_in = C;
   const void* first = B;   // cuBLASLt's A
   const void* second = A;  // cuBLASLt's B
   LtCall call;
@@ -198,8 +206,9 @@ void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
                               call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                               &workspace_bytes, sizeof(workspace_bytes)));
+  // C and D share a layout, so one alignment for both: the smaller of the two pointers'.
   const uint32_t align_a = alignment_of(first), align_b = alignment_of(second),
-                 align_c = alignment_of(C);
+                 align_c = std::min(alignment_of(C), alignment_of(C_in));
   MX_CUBLAS_CHECK("gemm", cublasLtMatmulPreferenceSetAttribute(
                               call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
                               sizeof(align_a)));
@@ -217,10 +226,11 @@ void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     align_a, align_b, align_c, int64_t(workspace_bytes)};
   const Trial trial{[&](const cublasLtMatmulAlgo_t& algo, void* D) {
                       return cublasLtMatmul(handle_, call.desc, &alpha, first, call.a, second,
-                                            call.b, &beta, C, call.c, D, call.c, &algo,
+                                            call.b, &beta, C_in, call.c, D, call.c, &algo,
                                             workspace, workspace_bytes, stream);
                     },
-                    C, size_t(M * N) * (out_type == CUDA_R_16BF ? 2 : 4), beta != 0.0f,
+                    C, size_t(M * N) * (out_type == CUDA_R_16BF ? 2 : 4),
+                    beta != 0.0f && C_in == C,
                     2.0 * double(M) * double(N) * double(K), stream};
   const cublasLtMatmulAlgo_t* algo =
       cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, "gemm", &trial);
@@ -229,7 +239,7 @@ void LtGemm::matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                         " trans_a=", trans_a, " trans_b=", trans_b, " in_type=", int(in_type),
                         " out_type=", int(out_type)));
   MX_CUBLAS_CHECK("gemm", cublasLtMatmul(handle_, call.desc, &alpha, first, call.a, second,
-                                         call.b, &beta, C, call.c, C, call.c, algo, workspace,
+                                         call.b, &beta, C_in, call.c, C, call.c, algo, workspace,
                                          workspace_bytes, stream));
 }
 

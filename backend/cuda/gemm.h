@@ -47,11 +47,13 @@ class LtGemm {
   // op(B) + beta C in fp32; C16 not null: the fp32 result alpha op(A) op(B) converted to bf16
   // by cuBLASLt's epilogue into C16 (beta must be 0; C unused). Backend::gemm_bf16, gemm in
   // kBf16 mode, and the head's bf16 path (which keeps W's copy for a whole call instead of
-  // rounding it again for every chunk's GEMM) all end here.
+  // rounding it again for every chunk's GEMM) all end here. C_in (fp32 output only): the
+  // epilogue reads beta's term from C_in instead of C (C = alpha op(A) op(B) + beta C_in; C is
+  // then only written): Backend::gemm_bf16_residual.
   void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
                  float beta, float* C, uint16_t* C16, void* workspace, size_t workspace_bytes,
-                 DeviceArena& scratch, cudaStream_t stream);
+                 DeviceArena& scratch, cudaStream_t stream, const float* C_in = nullptr);
 
   // Per-tensor FP8 GEMM on FP8 tensor cores: C[M, N] (fp32) =
   //   (a_scale * A[M, K]) (b_scale * B[N, K])^T + beta * C,
@@ -135,10 +137,11 @@ class LtGemm {
   // gemm / gemm_bf16 after their operand handling: one cuBLASLt call on operands of in_type,
   // C (and D, the same buffer) of out_type (CUDA_R_32F, or CUDA_R_16BF with beta 0), fp32
   // scale type.
+  // C_in: where beta's term is read (null: C itself).
   void matmul(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const void* A, const void* B, cudaDataType_t in_type, cublasComputeType_t compute,
               float beta, void* C, cudaDataType_t out_type, void* workspace,
-              size_t workspace_bytes, cudaStream_t stream);
+              size_t workspace_bytes, cudaStream_t stream, const void* C_in = nullptr);
   // FP8 front of scaled_tn_gemm: format and shape rules, K = 0; modes as ScaledOperand's.
   bool fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const void* a_scale, int32_t a_mode, const uint8_t* B,
@@ -164,7 +167,7 @@ class LtGemm {
     std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&, void* D)> run;
     void* D;         // the call's output
     size_t d_bytes;  // its size
-    bool reads_c;    // beta != 0: the trials must not write D
+    bool reads_c;    // beta != 0 and C read from D itself: the trials must not write D
     double flops;    // 2 M N K
     cudaStream_t stream;
   };

@@ -875,6 +875,44 @@ void check_gemm_bf16_operands(Backend& cpu, CudaBackend& gpu) {
             if (s[0] == 37 || ops == (2 * ta + tb + out) % 4) one(s[0], s[1], s[2], ta, tb, out, ops, 0);
   for (int out = 0; out < 3; ++out) one(37, 53, 29, false, true, out, 3, 1);
   one(37, 53, 29, true, false, 2, 0, 1);
+  // gemm_bf16_residual (C = alpha op(A) op(B) + R, R read by cuBLASLt's epilogue) against the
+  // CPU twin's (gemm_bf16, then add). C is poisoned first: the call must write every element
+  // without reading it. R and C at offsets r_off / c_off (4-byte-aligned fp32 pointers), and
+  // K = 0 (C = R).
+  auto residual = [&](int64_t M, int64_t N, int64_t K, bool ta, bool tb, int ops, int64_t r_off,
+                      int64_t c_off) {
+    const std::string shape = dims({M, N, K}) + " ta" + std::to_string(ta) + " tb" + std::to_string(tb) +
+                              ((ops & 1) ? " A=bf16" : " A=f32") + ((ops & 2) ? " B=bf16" : " B=f32") +
+                              " R+" + std::to_string(r_off) + " C+" + std::to_string(c_off);
+    run_case("gemm_bf16_residual", shape, [&](Result& r) {
+      const bool a16 = ops & 1, b16 = ops & 2;
+      const auto A = randn(M * K), B = randn(K * N), R = randn(M * N);
+      const auto A16 = bf16_codes(A), B16 = bf16_codes(B);
+      std::vector<float> Rh(static_cast<size_t>(r_off));
+      Rh.insert(Rh.end(), R.begin(), R.end());
+      Dev<float> dA(A), dB(B), dR(Rh), dC(std::vector<float>(size_t(c_off + M * N), std::nanf("")));
+      Dev<uint16_t> dA16(A16), dB16(B16);
+      std::vector<float> C(size_t(M * N), std::nanf(""));
+      cpu.gemm_bf16_residual(ta, tb, M, N, K, alpha, a16 ? nullptr : A.data(),
+                             a16 ? A16.data() : nullptr, b16 ? nullptr : B.data(),
+                             b16 ? B16.data() : nullptr, R.data(), C.data());
+      gpu.gemm_bf16_residual(ta, tb, M, N, K, alpha, a16 ? nullptr : dA.p, a16 ? dA16.p : nullptr,
+                             b16 ? nullptr : dB.p, b16 ? dB16.p : nullptr, dR.p + r_off,
+                             dC.p + c_off);
+      auto got = dC.download();
+      got.erase(got.begin(), got.begin() + c_off);
+      compare(r, "C", got, C, {kGemm.atol * std::sqrt(double(std::max<int64_t>(K, 1))), kGemm.rtol});
+      auto r_after = dR.download();  // the residual is only read
+      r_after.erase(r_after.begin(), r_after.begin() + r_off);
+      expect_floats(r, "R", r_after, R);
+    });
+  };
+  for (auto& s : shapes) residual(s[0], s[1], s[2], false, true, 1, 0, 0);
+  residual(37, 53, 29, false, false, 3, 0, 0);
+  residual(37, 53, 29, true, true, 0, 0, 0);
+  residual(256, 512, 384, false, true, 3, 1, 0);
+  residual(256, 512, 384, false, true, 3, 0, 3);
+  residual(37, 53, 0, false, true, 3, 1, 2);
   cpu.set_bf16_gemm_operands(false);
   gpu.set_bf16_gemm_operands(false);
 }
@@ -999,6 +1037,22 @@ void check_gemm_tuned(Backend& cpu) {
         if (out) compare(r, "C", dC.download(), C, tol);
         else compare(r, "C16", widen(dC16.download()), widen(C16), tol);
       });
+    // A shape whose first call adds a residual (gemm_bf16_residual): the trials read R and
+    // write the call's own output, which the call then overwrites; R must come out unchanged.
+    run_case("gemm_tuned", "41x56x24 bf16 residual first", [&](Result& r) {
+      const int64_t m = 41, n = 56, k = 24;
+      const auto A = randn(m * k), B = randn(n * k), R = randn(m * n);
+      const auto A16 = bf16_codes(A), B16 = bf16_codes(B);
+      Dev<uint16_t> dA16(A16), dB16(B16);
+      Dev<float> dR(R), dC(std::vector<float>(size_t(m * n), std::nanf("")));
+      std::vector<float> C(size_t(m * n));
+      cpu.gemm_bf16_residual(false, true, m, n, k, 1.0f, nullptr, A16.data(), nullptr, B16.data(),
+                             R.data(), C.data());
+      tuned->gemm_bf16_residual(false, true, m, n, k, 1.0f, nullptr, dA16.p, nullptr, dB16.p, dR.p,
+                                dC.p);
+      compare(r, "C", dC.download(), C, {kGemm.atol * std::sqrt(double(k)), kGemm.rtol});
+      expect_floats(r, "R", dR.download(), R);
+    });
     cpu.set_bf16_gemm_operands(false);
     tuned->set_bf16_gemm_operands(false);
   }
@@ -1021,7 +1075,7 @@ void check_gemm_tuned(Backend& cpu) {
   // chosen; under mxemu every one (three candidates offered), on a GPU those where the
   // heuristic offered more than one.
   run_case("gemm_tuned", "shapes timed", [&](Result& r) {
-    const int64_t want = 4 + 1 + 2 + (tuned->fp8_tensor_cores() ? 1 : 0);
+    const int64_t want = 4 + 1 + 3 + (tuned->fp8_tensor_cores() ? 1 : 0);
     const int64_t timed = tuned->gemm_shapes_timed();
     r.note = "timed " + std::to_string(timed) + ", retuned " +
              std::to_string(tuned->gemm_shapes_retuned()) + ", keys " + std::to_string(want);
@@ -1152,15 +1206,14 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "s", widen(dS.download()), widen(s16), tol);
     });
     run_case("swiglu_backward_bf16", dims({n}), [&](Result& r) {
-      const auto ds = randn(n);
+      const auto ds16 = bf16_codes(randn(n));
       std::vector<uint16_t> dg16(n), du16(n);
-      Dev<uint16_t> dG(g16), dU(u16), dDG(n), dDU(n);
-      Dev<float> dDS(ds);
-      cpu.swiglu_backward_bf16(dg16.data(), du16.data(), ds.data(), g16.data(), u16.data(), n);
+      Dev<uint16_t> dG(g16), dU(u16), dDG(n), dDU(n), dDS(ds16);
+      cpu.swiglu_backward_bf16(dg16.data(), du16.data(), ds16.data(), g16.data(), u16.data(), n);
       gpu.swiglu_backward_bf16(dDG.p, dDU.p, dDS.p, dG.p, dU.p, n);
       compare(r, "dg", widen(dDG.download()), widen(dg16), tol);
       compare(r, "du", widen(dDU.download()), widen(du16), tol);
-      compare(r, "ds", dDS.download(), ds, {0, 0});  // an input: unchanged
+      compare(r, "ds", widen(dDS.download()), widen(ds16), {0, 0});  // an input: unchanged
     });
     // fp32 gradients from codes (the FP8 recipes' MLP backward), dg written over ds as the
     // model calls it: the fp32 swiglu's tolerance.

@@ -450,22 +450,24 @@ TEST(CpuOps, SwigluOnBf16CodesMatchesDefinition) {
   auto be = mx::make_cpu_backend();
   const int64_t n = 1007;
   auto g = randn(n, 28, 3.0f), u = randn(n, 29), ds = randn(n, 30);
-  std::vector<uint16_t> g16(n), u16(n), s16(n, 0xABCD), dg16(n, 0xABCD), du16(n, 0xABCD);
+  std::vector<uint16_t> g16(n), u16(n), ds16(n), s16(n, 0xABCD), dg16(n, 0xABCD),
+      du16(n, 0xABCD);
   for (int64_t i = 0; i < n; ++i) {
     g16[i] = bf16_code(g[i]);
     u16[i] = bf16_code(u[i]);
+    ds16[i] = bf16_code(ds[i]);
   }
   be->swiglu_forward_bf16(s16.data(), g16.data(), u16.data(), n);
-  be->swiglu_backward_bf16(dg16.data(), du16.data(), ds.data(), g16.data(), u16.data(), n);
+  be->swiglu_backward_bf16(dg16.data(), du16.data(), ds16.data(), g16.data(), u16.data(), n);
   auto close = [](uint16_t got, double want) {
     return std::fabs(double(bf16_value(got)) - want) <= std::ldexp(std::fabs(want), -8) + 1e-30;
   };
   for (int64_t i = 0; i < n; ++i) {
-    const double gv = bf16_value(g16[i]), uv = bf16_value(u16[i]);
+    const double gv = bf16_value(g16[i]), uv = bf16_value(u16[i]), dsv = bf16_value(ds16[i]);
     const double sig = 1.0 / (1.0 + std::exp(-gv));
     ASSERT_TRUE(close(s16[i], gv * sig * uv)) << i;
-    ASSERT_TRUE(close(du16[i], ds[i] * gv * sig)) << i;
-    ASSERT_TRUE(close(dg16[i], ds[i] * uv * sig * (1 + gv * (1 - sig)))) << i;
+    ASSERT_TRUE(close(du16[i], dsv * gv * sig)) << i;
+    ASSERT_TRUE(close(dg16[i], dsv * uv * sig * (1 + gv * (1 - sig)))) << i;
   }
 }
 
