@@ -116,6 +116,33 @@ void Backend::gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const floa
                           "set_bf16_gemm_operands)"));
 }
 
+void Backend::swiglu_backward_bf16_fused(uint16_t* dgu16, const uint16_t* ds16,
+                                         const uint16_t* g16, const uint16_t* u16, int64_t rows,
+                                         int64_t cols) {
+  const size_t n = size_t(rows * cols);
+  std::vector<uint16_t> dg(n), du(n);
+  swiglu_backward_bf16(dg.data(), du.data(), ds16, g16, u16, rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dgu16 + 2 * r * cols, dg.data() + r * cols, sizeof(uint16_t) * size_t(cols));
+    std::memcpy(dgu16 + 2 * r * cols + cols, du.data() + r * cols, sizeof(uint16_t) * size_t(cols));
+  }
+}
+
+void Backend::rope_backward_bf16_into(uint16_t* out, int64_t ld, const uint16_t* dx16,
+                                      const float* cos, const float* sin, int64_t B, int64_t T,
+                                      int64_t heads, int64_t D) {
+  const int64_t cols = heads * D;
+  std::vector<uint16_t> d(dx16, dx16 + B * T * cols);
+  rope_backward_bf16(d.data(), cos, sin, B, T, heads, D);
+  copy_rows_bf16(out, ld, d.data(), B * T, cols);
+}
+
+void Backend::copy_rows_bf16(uint16_t* out, int64_t ld, const uint16_t* in, int64_t rows,
+                             int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out + r * ld, in + r * cols, sizeof(uint16_t) * size_t(cols));
+}
+
 void Backend::gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                                  float alpha, const float* A, const uint16_t* A16, const float* B,
                                  const uint16_t* B16, const float* R, float* C) {

@@ -329,6 +329,21 @@ class Backend {
   // to_bf16 of both results.
   virtual void swiglu_backward_bf16(uint16_t* dg16, uint16_t* du16, const uint16_t* ds16,
                                     const uint16_t* g16, const uint16_t* u16, int64_t n) = 0;
+  // swiglu_backward_bf16 for one GEMM over gate and up: inputs [rows, cols] as there, dg and
+  // du side by side, row r's dg codes at dgu16[2 r cols, 2 r cols + cols) and its du's right
+  // after: the data-gradient operand [rows, 2 cols] of gate's and up's weights taken as one
+  // [2 cols, C] matrix (w_gate then w_up, adjacent in the parameter layout). The base class
+  // (the CPU twin, host memory): swiglu_backward_bf16, then the rows interleaved.
+  virtual void swiglu_backward_bf16_fused(uint16_t* dgu16, const uint16_t* ds16,
+                                          const uint16_t* g16, const uint16_t* u16, int64_t rows,
+                                          int64_t cols);
+  // Whether the bf16 path runs the backward GEMMs of Linears that share an input as one pair
+  // (gate and up: swiglu_backward_bf16_fused; q, k and v: rope_backward_bf16_into and
+  // copy_rows_bf16 lay dq, dk, dv side by side): CUDA, where each further data-gradient GEMM
+  // read and wrote dh1 or dh2 in fp32 again and read x again for its weight gradient. Not the
+  // CPU: there the bf16 path must equal the rounding path bit for bit, and one sum over the
+  // joined K runs in another order than separate sums added.
+  virtual bool fuse_linear_backward() const { return false; }
   // swiglu_backward with g, u as codes and dg, du fp32: exactly unpack_bf16 of both then
   // swiglu_backward, without the widened copies (the FP8 recipes' MLP backward, whose Linears
   // quantize fp32 gradients). dg may alias ds.
@@ -368,6 +383,16 @@ class Backend {
   // RoPE's backward in place on codes: exactly widening, rope_backward and to_bf16.
   virtual void rope_backward_bf16(uint16_t* dx16, const float* cos, const float* sin, int64_t B,
                                   int64_t T, int64_t heads, int64_t D) = 0;
+  // The same out of place into rows of a wider buffer: dx16 (not changed) rotated back into
+  // out, token n's heads at out + n ld (ld >= heads D): dq and dk into the [N, q + 2 kv]
+  // operand of one data-gradient GEMM over q, k and v (fuse_linear_backward). The base class
+  // (the CPU twin, host memory): rope_backward_bf16 on a copy, then its rows copied.
+  virtual void rope_backward_bf16_into(uint16_t* out, int64_t ld, const uint16_t* dx16,
+                                       const float* cos, const float* sin, int64_t B, int64_t T,
+                                       int64_t heads, int64_t D);
+  // out[r ld + c] = in[r cols + c]: codes into rows of a wider buffer (dv beside dq and dk).
+  virtual void copy_rows_bf16(uint16_t* out, int64_t ld, const uint16_t* in, int64_t rows,
+                              int64_t cols);
 
   // y = a + b over n elements (residual adds); y may alias a.
   virtual void add(float* y, const float* a, const float* b, int64_t n) = 0;

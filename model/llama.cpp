@@ -359,6 +359,25 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
   scratch_.release(m);
 }
 
+bool LlamaModel::fusable(const BlockParams& w, const BlockParams& dw, int first,
+                         int count) const {
+  // Linears first .. first + count - 1 (BlockParams order) as one matrix: each one's weight
+  // (or its bf16 codes, where the GEMMs read those; the fp32 pointers are then null) and its
+  // gradient start where the previous one's end (ParamLayout keeps q, k, v and gate, up so).
+  const int64_t C = c_.hidden_size, I = c_.intermediate_size, q = c_.q_dim(), kv = c_.kv_dim();
+  const float* ws[7] = {w.wq, w.wk, w.wv, w.wo, w.w_gate, w.w_up, w.w_down};
+  const float* ds[7] = {dw.wq, dw.wk, dw.wv, dw.wo, dw.w_gate, dw.w_up, dw.w_down};
+  const int64_t size[7] = {q * C, kv * C, kv * C, C * q, I * C, I * C, C * I};
+  for (int i = first + 1; i < first + count; ++i) {
+    const int64_t prev = size[i - 1];
+    const bool weights = w16_[size_t(first)]
+                             ? w16_[size_t(i)] == w16_[size_t(i - 1)] + prev
+                             : ws[i - 1] && ws[i] == ws[i - 1] + prev;
+    if (!weights || !ds[i - 1] || ds[i] != ds[i - 1] + prev) return false;
+  }
+  return true;
+}
+
 uint16_t* LlamaModel::alloc_bf16(Arena& arena, int64_t n) {
   return static_cast<uint16_t*>(arena.alloc(sizeof(uint16_t) * size_t(n)));
 }
@@ -545,14 +564,23 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     // backward reads and writes 2 bytes an element each way. The rounding path rounds ds too.
     size_t m = scratch_.mark();
     uint16_t* ds16 = alloc_bf16(scratch_, N * I);
-    uint16_t* dg16 = alloc_bf16(scratch_, N * I);
-    uint16_t* du16 = alloc_bf16(scratch_, N * I);
+    uint16_t* dgu16 = alloc_bf16(scratch_, 2 * N * I);  // dg then du, or fused row by row
     float* dh2 = scratch_.alloc_f32(N * C);
     linear_bwd16(6, nullptr, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, true,
                  nullptr, ds16);
-    be_.swiglu_backward_bf16(dg16, du16, ds16, a.g_16, a.u_16, N * I);
-    linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, true);
-    linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, true);
+    if (be_.fuse_linear_backward() && fusable(w, dw, 4, 2)) {
+      // one GEMM pair over [w_gate; w_up] ([2I, C]): dh2 written once, h2 read once for both
+      // weight gradients (Backend::fuse_linear_backward)
+      be_.swiglu_backward_bf16_fused(dgu16, ds16, a.g_16, a.u_16, N, I);
+      linear_bwd16(4, dh2, dw.w_gate, nullptr, dgu16, a.h2_16, w.w_gate, N, C, 2 * I, false,
+                   true);
+    } else {
+      uint16_t* dg16 = dgu16;
+      uint16_t* du16 = dgu16 + N * I;
+      be_.swiglu_backward_bf16(dg16, du16, ds16, a.g_16, a.u_16, N * I);
+      linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, true);
+      linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, true);
+    }
     be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
     scratch_.release(m);
   } else if (bp) {  // the recipe's Linears quantize fp32 gradients: dg, du stay fp32
@@ -606,9 +634,19 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
                  nullptr, d_o16);
     be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16, a.lse,
                                  B, T, H, KV, D);
-    be_.rope_backward_bf16(dq16, rope_cos_, rope_sin_, B, T, H, D);
-    be_.rope_backward_bf16(dk16, rope_cos_, rope_sin_, B, T, KV, D);
-    {
+    if (be_.fuse_linear_backward() && fusable(w, dw, 0, 3)) {
+      // dq and dk rotated back straight into a [N, q + 2 kv] operand and dv copied beside
+      // them: one GEMM pair over [wq; wk; wv] writes dh1 once (two fp32 read-and-writes of
+      // it fewer) and reads h1 once for the three weight gradients
+      const int64_t Q = c_.q_dim(), K = c_.kv_dim(), ld = Q + 2 * K;
+      uint16_t* dqkv16 = alloc_bf16(scratch_, N * ld);
+      be_.rope_backward_bf16_into(dqkv16, ld, dq16, rope_cos_, rope_sin_, B, T, H, D);
+      be_.rope_backward_bf16_into(dqkv16 + Q, ld, dk16, rope_cos_, rope_sin_, B, T, KV, D);
+      be_.copy_rows_bf16(dqkv16 + Q + K, ld, dv16, N, K);
+      linear_bwd16(0, dh1, dw.wq, nullptr, dqkv16, a.h1_16, w.wq, N, C, ld, false, true);
+    } else {
+      be_.rope_backward_bf16(dq16, rope_cos_, rope_sin_, B, T, H, D);
+      be_.rope_backward_bf16(dk16, rope_cos_, rope_sin_, B, T, KV, D);
       const auto shared = shared_input(a.h1_16, N, false);
       linear_bwd16(0, dh1, dw.wq, nullptr, dq16, a.h1_16, w.wq, N, C, c_.q_dim(), false, true);
       linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, true);

@@ -172,6 +172,9 @@ class LlamaModel {
   void gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
               const uint16_t* A16, const float* B, const uint16_t* B16, float beta, float* C,
               uint16_t* C16);
+  // Linears first .. first + count - 1 (weights or their codes, and gradients) form one
+  // matrix (Backend::fuse_linear_backward): q, k, v (0, 3) and gate, up (4, 2).
+  bool fusable(const BlockParams& w, const BlockParams& dw, int first, int count) const;
   // A block Linear in the bf16 path, x as codes: y fp32, or (y null) its codes into y16.
   // Off the bf16 GEMMs (native false) x is widened from x16, or taken from x_wide when the
   // caller widened it once for several Linears.

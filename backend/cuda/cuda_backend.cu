@@ -306,18 +306,36 @@ __device__ __forceinline__ float4 load_in4(const uint16_t* x, int64_t j) {
 __device__ __forceinline__ float load_in(const uint16_t* x, int64_t i) {
   return numerics::decode_bf16(x[i]);
 }
+// y's tokens ld elements apart (ld = heads * D: x's own layout; wider: rope_backward_bf16_into).
 template <typename Out, typename In>
 __global__ void rope_kernel(Out* y, const In* x, const float* __restrict__ cos_t,
                             const float* __restrict__ sin_t, int64_t B, int64_t T, int64_t heads,
-                            int64_t D, float sign) {
+                            int64_t D, float sign, int64_t ld) {
   const int64_t half = D / 2;
   MX_GRID_STRIDE(idx, B * T * heads * half) {
     const int64_t i = idx % half, row = idx / half;  // row = (b, t, h)
-    const int64_t t = (row / heads) % T;
+    const int64_t token = row / heads, t = token % T;
+    const int64_t out = token * ld + (row - token * heads) * D + i;
     const float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
     const float x1 = load_in(x, row * D + i), x2 = load_in(x, row * D + i + half);
-    store_out(y, row * D + i, x1 * c - x2 * s);
-    store_out(y, row * D + i + half, x2 * c + x1 * s);
+    store_out(y, out, x1 * c - x2 * s);
+    store_out(y, out + half, x2 * c + x1 * s);
+  }
+}
+
+// copy_rows_bf16: out[r ld + c] = in[r cols + c], a block per row; 8-byte pieces where cols,
+// ld and both pointers allow it.
+__global__ void copy_rows_kernel(uint16_t* __restrict__ out, int64_t ld,
+                                 const uint16_t* __restrict__ in, int64_t rows, int64_t cols,
+                                 bool vec) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (vec) {
+      const uint2* src = reinterpret_cast<const uint2*>(in + r * cols);
+      uint2* dst = reinterpret_cast<uint2*>(out + r * ld);
+      for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) dst[j] = src[j];
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * ld + c] = in[r * cols + c];
+    }
   }
 }
 
@@ -401,6 +419,39 @@ __global__ void swiglu_backward_codes_kernel(Out* dg, Out* __restrict__ du, cons
                  dgi, dui);
     store_out(du, i, dui);
     store_out(dg, i, dgi);
+  }
+}
+
+// swiglu_backward_bf16_fused: a block per row (grid-stride over rows), its threads along the
+// row; dg's codes at 2 r cols + c, du's at 2 r cols + cols + c. vec (cols a multiple of 4,
+// every pointer 8-byte aligned): four elements a thread an iteration, 8-byte loads and stores.
+__global__ void swiglu_backward_fused_kernel(uint16_t* __restrict__ dgu16,
+                                             const uint16_t* __restrict__ ds16,
+                                             const uint16_t* __restrict__ g16,
+                                             const uint16_t* __restrict__ u16, int64_t rows,
+                                             int64_t cols, bool vec) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t in = r * cols, out = 2 * r * cols;
+    if (vec) {
+      for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) {
+        const float4 d = load_in4(ds16 + in, j), g = load_in4(g16 + in, j),
+                     u = load_in4(u16 + in, j);
+        float4 dgv, duv;
+        swiglu_grads(d.x, g.x, u.x, dgv.x, duv.x);
+        swiglu_grads(d.y, g.y, u.y, dgv.y, duv.y);
+        swiglu_grads(d.z, g.z, u.z, dgv.z, duv.z);
+        swiglu_grads(d.w, g.w, u.w, dgv.w, duv.w);
+        store_out4(dgu16, out + 4 * j, dgv);
+        store_out4(dgu16, out + cols + 4 * j, duv);
+      }
+      continue;
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float dgi, dui;
+      swiglu_grads(load_in(ds16, in + c), load_in(g16, in + c), load_in(u16, in + c), dgi, dui);
+      store_out(dgu16, out + c, dgi);
+      store_out(dgu16, out + cols + c, dui);
+    }
   }
 }
 
@@ -1214,6 +1265,22 @@ class CudaBackendImpl final : public CudaBackend {
                           int64_t T, int64_t heads, int64_t D) override {
     rope(dx16, dx16, cos, sin, B, T, heads, D, -1.0f, "rope_backward_bf16");
   }
+  void rope_backward_bf16_into(uint16_t* out, int64_t ld, const uint16_t* dx16, const float* cos,
+                               const float* sin, int64_t B, int64_t T, int64_t heads,
+                               int64_t D) override {
+    MX_ASSERT(ld >= heads * D, "rope_backward_bf16_into: ld ", ld, " < heads x D");
+    rope(out, dx16, cos, sin, B, T, heads, D, -1.0f, "rope_backward_bf16", ld);
+  }
+  void copy_rows_bf16(uint16_t* out, int64_t ld, const uint16_t* in, int64_t rows,
+                      int64_t cols) override {
+    if (rows == 0 || cols == 0) return;
+    auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
+    const bool vec = cols % 4 == 0 && ld % 4 == 0 && aligned8(out) && aligned8(in);
+    copy_rows_kernel<<<unsigned(std::min<int64_t>(rows, 1 << 16)), kThreads, 0, stream_>>>(
+        out, ld, in, rows, cols, vec);
+    launched("copy_rows_bf16");
+  }
+  bool fuse_linear_backward() const override { return true; }
 
   // cuDNN's SDPA (bf16) where built, selected and supported for the shape, else the fp32 kernel.
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
@@ -1394,6 +1461,16 @@ class CudaBackendImpl final : public CudaBackend {
   void swiglu_backward_codes(float* dg, float* du, const float* ds, const uint16_t* g16,
                              const uint16_t* u16, int64_t n) override {
     swiglu_backward_from_codes(dg, du, ds, g16, u16, n, "swiglu_backward_codes");
+  }
+  void swiglu_backward_bf16_fused(uint16_t* dgu16, const uint16_t* ds16, const uint16_t* g16,
+                                  const uint16_t* u16, int64_t rows, int64_t cols) override {
+    if (rows == 0 || cols == 0) return;
+    auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
+    const bool vec = cols % 4 == 0 && aligned8(dgu16) && aligned8(ds16) && aligned8(g16) &&
+                     aligned8(u16);
+    swiglu_backward_fused_kernel<<<unsigned(std::min<int64_t>(rows, 1 << 16)), kThreads, 0,
+                                   stream_>>>(dgu16, ds16, g16, u16, rows, cols, vec);
+    launched("swiglu_backward_bf16");
   }
   // Both: swiglu_backward_codes_kernel, ds, dg and du as codes or fp32.
   template <typename Out, typename Dy>
@@ -1592,10 +1669,11 @@ class CudaBackendImpl final : public CudaBackend {
 
   template <typename Out, typename In>
   void rope(Out* y, const In* x, const float* cos, const float* sin, int64_t B, int64_t T,
-            int64_t heads, int64_t D, float sign, const char* op) {
+            int64_t heads, int64_t D, float sign, const char* op, int64_t ld = 0) {
     const int64_t n = B * T * heads * (D / 2);
     if (n == 0) return;
-    rope_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, x, cos, sin, B, T, heads, D, sign);
+    rope_kernel<<<grid_1d(n), kThreads, 0, stream_>>>(y, x, cos, sin, B, T, heads, D, sign,
+                                                      ld ? ld : heads * D);
     launched(op);
   }
 

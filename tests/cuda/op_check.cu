@@ -23,6 +23,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -1167,7 +1168,48 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       gpu.rope_backward_bf16(dx.p, dc.p, ds.p, B, T, Hh, D);
       compare(r, "x", widen(dx.download()), widen(y16), {kElementwise.atol, kElementwise.rtol + kBf16Ulp});
     });
+    // Out of place into rows `off` elements into a buffer ld = Hh D + 2 D + 3 wide (the fused
+    // q, k, v gradient): the rotated rows against the CPU twin, every element outside them
+    // left as it was (poison), and the input unchanged.
+    run_case("rope_backward_bf16_into", dims({B, T, Hh, D}), [&](Result& r) {
+      const auto x16 = bf16_codes(randn(B * T * Hh * D));
+      auto c = uniform(T * D / 2, -1, 1), s = uniform(T * D / 2, -1, 1);
+      const int64_t ld = Hh * D + 2 * D + 3, off = D + 1, N = B * T;
+      std::vector<uint16_t> out(size_t(N * ld), 0x7FC1);
+      Dev<uint16_t> dx(x16), dout(out);
+      Dev<float> dc(c), ds(s);
+      cpu.rope_backward_bf16_into(out.data() + off, ld, x16.data(), c.data(), s.data(), B, T, Hh, D);
+      gpu.rope_backward_bf16_into(dout.p + off, ld, dx.p, dc.p, ds.p, B, T, Hh, D);
+      compare(r, "out", widen(dout.download()), widen(out), {kElementwise.atol, kElementwise.rtol + kBf16Ulp});
+      std::vector<uint16_t> y16 = x16;  // the twin's rows are the in-place op's
+      cpu.rope_backward_bf16(y16.data(), c.data(), s.data(), B, T, Hh, D);
+      for (int64_t n = 0; n < N && r.pass; ++n)
+        for (int64_t j = 0; j < Hh * D; ++j)
+          if (out[size_t(n * ld + off + j)] != y16[size_t(n * Hh * D + j)]) {
+            r.pass = false;
+            r.note = "the CPU twin's row " + std::to_string(n) + " is not the in-place op's";
+            break;
+          }
+      compare(r, "dx", widen(dx.download()), widen(x16), {0, 0});  // an input: unchanged
+    });
   }
+  // copy_rows_bf16 (dv beside dq and dk): rows into a wider buffer, 8-byte pieces and not
+  // (cols % 4, ld % 4, pointer offsets), the rest of the buffer untouched.
+  for (auto [rows, cols, ld, off] : std::vector<std::array<int64_t, 4>>{
+           {1, 1, 1, 0}, {5, 8, 20, 4}, {5, 8, 20, 1}, {7, 13, 40, 3}, {300, 64, 192, 128}})
+    run_case("copy_rows_bf16", dims({rows, cols, ld}) + " +" + std::to_string(off), [&](Result& r) {
+      std::vector<uint16_t> in(size_t(rows * cols));
+      for (size_t i = 0; i < in.size(); ++i) in[i] = uint16_t(i * 2654435761u >> 16);
+      std::vector<uint16_t> want(size_t(off + rows * ld), 0x7FC1);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) want[size_t(off + i * ld + j)] = in[size_t(i * cols + j)];
+      std::vector<uint16_t> cpu_out(want.size(), 0x7FC1);
+      Dev<uint16_t> din(in), dout(std::vector<uint16_t>(want.size(), 0x7FC1));
+      cpu.copy_rows_bf16(cpu_out.data() + off, ld, in.data(), rows, cols);
+      gpu.copy_rows_bf16(dout.p + off, ld, din.p, rows, cols);
+      r.pass = dout.download() == want && cpu_out == want;
+      if (!r.pass) r.note = "codes differ from the definition";
+    });
   for (int64_t n : {1, 7, 1000, 65537}) {
     run_case("swiglu_forward", dims({n}), [&](Result& r) {
       auto g = randn(n, 3.0f), u = randn(n);
@@ -1215,6 +1257,20 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "du", widen(dDU.download()), widen(du16), tol);
       compare(r, "ds", widen(dDS.download()), widen(ds16), {0, 0});  // an input: unchanged
     });
+    // dg and du side by side, row by row (the bf16 path's one GEMM over gate and up): the
+    // codes against the CPU twin's, with rows x cols = n split as the vec and scalar forms
+    // need (cols a multiple of 4, or not), and outputs poisoned first.
+    for (int64_t cols : std::set<int64_t>{1, 4, n % 4 == 0 ? n / 4 : n})
+      if (n % cols == 0)
+        run_case("swiglu_backward_bf16_fused", dims({n / cols, cols}), [&](Result& r) {
+          const int64_t rows = n / cols;
+          const auto ds16 = bf16_codes(randn(n));
+          std::vector<uint16_t> dgu16(2 * n, 0x7FC1);
+          Dev<uint16_t> dG(g16), dU(u16), dDS(ds16), dDGU(dgu16);
+          cpu.swiglu_backward_bf16_fused(dgu16.data(), ds16.data(), g16.data(), u16.data(), rows, cols);
+          gpu.swiglu_backward_bf16_fused(dDGU.p, dDS.p, dG.p, dU.p, rows, cols);
+          compare(r, "dgu", widen(dDGU.download()), widen(dgu16), tol);
+        });
     // fp32 gradients from codes (the FP8 recipes' MLP backward), dg written over ds as the
     // model calls it: the fp32 swiglu's tolerance.
     run_case("swiglu_backward_codes", dims({n}), [&](Result& r) {

@@ -469,6 +469,16 @@ TEST(CpuOps, SwigluOnBf16CodesMatchesDefinition) {
     ASSERT_TRUE(close(du16[i], dsv * gv * sig)) << i;
     ASSERT_TRUE(close(dg16[i], dsv * uv * sig * (1 + gv * (1 - sig)))) << i;
   }
+  // The fused form (one GEMM over gate and up): row r of the [19, 53] inputs gives dg at
+  // [106 r, 106 r + 53) and du after it, the same codes.
+  const int64_t rows = 19, cols = 53;
+  std::vector<uint16_t> dgu16(2 * n, 0xABCD);
+  be->swiglu_backward_bf16_fused(dgu16.data(), ds16.data(), g16.data(), u16.data(), rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(dgu16[2 * r * cols + c], dg16[r * cols + c]) << r << " " << c;
+      ASSERT_EQ(dgu16[2 * r * cols + cols + c], du16[r * cols + c]) << r << " " << c;
+    }
 }
 
 // fp32 SwiGLU gradients from codes (the FP8 recipes' MLP backward), dg over ds as the model
