@@ -8,6 +8,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <numeric>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -726,17 +727,25 @@ class CudaBackendImpl final : public CudaBackend {
     sm_count_ = std::max(1, prop.multiProcessorCount);
     // FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x).
     fp8_native_ = opt_.fp8_tensor_cores && prop.major * 10 + prop.minor >= 89;
+    // The scale modes below need a cuBLASLt that has them: the headers built against and the
+    // library loaded (an older libcublasLt on the machine refuses the attributes, which would
+    // throw where the recipe should fall back to emulation).
+    const size_t lt = std::min<size_t>(CUBLAS_VERSION, cublasLtGetVersion());
     // 1x128 / 128x128 block scales: compute capability 9.x (cuBLAS >= 12.9; Blackwell's
     // block-scaled GEMMs take VEC32_UE8M0 / VEC16_UE4M3 scales instead).
-    fp8_block_native_ = opt_.fp8_tensor_cores && prop.major == 9 && CUBLAS_VERSION >= 120900;
+    fp8_block_native_ = opt_.fp8_tensor_cores && prop.major == 9 && lt >= 120900;
+    // The Blackwell modes from 12.8.4: through 12.8.3 cuBLASLt's heuristic cache could hand a
+    // block-scaled call an algorithm cached for a per-tensor one of the same shape (Transformer
+    // Engine's cublaslt_gemm.cu works around it for those versions).
+    const bool mx_lt = lt >= 120804;
     // fp8-block on Blackwell: the same E4M3 codes with the power-of-two block scales rewritten
     // as E8M0 (exact, numerics/fp8_block_mx.h) on the MXFP8 GEMM, as Transformer Engine does.
-    fp8_block_via_mx_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
+    fp8_block_via_mx_ = opt_.fp8_tensor_cores && prop.major == 10 && mx_lt;
     // MXFP8 (1x32 blocks, E8M0 scales, CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0): compute
-    // capability 10.x (cuBLAS >= 12.8). Hopper has no such scale mode: mxfp8 stays emulated there.
-    mxfp8_native_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
+    // capability 10.x. Hopper has no such scale mode: mxfp8 stays emulated there.
+    mxfp8_native_ = opt_.fp8_tensor_cores && prop.major == 10 && mx_lt;
     // NVFP4 (E2M1 operands, 1x16 blocks, UE4M3 scales, VEC16_UE4M3): the same GPUs.
-    nvfp4_native_ = opt_.fp8_tensor_cores && prop.major == 10 && CUBLAS_VERSION >= 120800;
+    nvfp4_native_ = opt_.fp8_tensor_cores && prop.major == 10 && mx_lt;
   }
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
@@ -1742,11 +1751,23 @@ class CudaBackendImpl final : public CudaBackend {
     auto need = [&](int64_t n) { return cudnn_need(n, T, H, KV, D, backward); };
     int64_t g = B;
     while (g > 1 && need(g) > left) g = (g + 1) / 2;
-    const std::string& why = cudnn().problem(g, T, H, KV, D);
-    MX_REQUIRE(why.empty(), op, ": cuDNN attention in groups of ", g, " sequences: ", why);
-    MX_REQUIRE(need(g) <= left, op, ": cuDNN attention needs ", need(g), " bytes of CUDA "
-               "scratch for one sequence of ", T, " tokens and ", left, " are free; raise "
-               "MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20, ")");
+    // A group's softmax statistics start at lse + b0 H T floats, which the graphs declare
+    // 16-byte aligned and cuDNN does not check (the frontend's sdpa_support_surface.h: wrong
+    // output on sm_90 / sm_100 otherwise): groups of a multiple of 4 / gcd(H T, 4) sequences.
+    const int64_t m = 4 / std::gcd<int64_t>(H * T, 4);
+    if (g < B) g -= g % m;
+    MX_REQUIRE(g > 0, op, ": cuDNN attention in groups needs ", m, " sequences of ", T,
+               " tokens at a time (their statistics' alignment) and the CUDA scratch has room "
+               "for fewer (", left, " bytes free); raise MXTRAIN_CUDA_SCRATCH_MB (now ",
+               scratch_.capacity() >> 20, ")");
+    for (const int64_t n : {g, B % g}) {  // the groups' size, and the last one's if smaller
+      if (n == 0) continue;
+      const std::string& why = cudnn().problem(n, T, H, KV, D);
+      MX_REQUIRE(why.empty(), op, ": cuDNN attention in groups of ", n, " sequences: ", why);
+      MX_REQUIRE(need(n) <= left, op, ": cuDNN attention needs ", need(n), " bytes of CUDA "
+                 "scratch for ", n, " sequence(s) of ", T, " tokens and ", left, " are free; "
+                 "raise MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20, ")");
+    }
     for (int64_t b0 = 0; b0 < B; b0 += g) call(b0, std::min(g, B - b0));
   }
   // cuDNN's backward on q, k, v and out as codes, in groups of sequences; dq, dk, dv (G) and

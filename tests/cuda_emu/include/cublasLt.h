@@ -87,6 +87,7 @@ typedef struct {
 const char* cublasLtGetStatusName(cublasStatus_t status);
 const char* cublasLtGetStatusString(cublasStatus_t status);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
+inline size_t cublasLtGetVersion() { return CUBLAS_VERSION; }  // the library is the header
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
                                         cudaDataType_t scale_type);
