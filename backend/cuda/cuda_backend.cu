@@ -1397,9 +1397,10 @@ class CudaBackendImpl final : public CudaBackend {
     }
 #endif
     // The fp32 kernel a group of sequences at a time, as attention_backward_bf16, with dout
-    // widened and the gradients rounded around it in the same scratch (three allocations more
-    // than in_sequence_groups' slack allows for: their rounding counted per sequence).
-    in_sequence_groups(B, 4 * (4 * sq + 4 * sk + H * T) + 3 * int64_t(DeviceArena::kAlign),
+    // widened and the gradients rounded around it in the same scratch: nine allocations a
+    // group (five widened operands, three gradients, the kernel's row dots), four more than
+    // in_sequence_groups' slack allows for (their rounding counted per sequence, 5 for room).
+    in_sequence_groups(B, 4 * (4 * sq + 4 * sk + H * T) + 5 * int64_t(DeviceArena::kAlign),
                        "attention_backward_codes",
                        [&](int64_t b0, int64_t n) {
                          float* q = widened(q16 + b0 * sq, n * sq);
