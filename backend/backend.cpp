@@ -143,6 +143,13 @@ void Backend::copy_rows_bf16(uint16_t* out, int64_t ld, const uint16_t* in, int6
     std::memcpy(out + r * ld, in + r * cols, sizeof(uint16_t) * size_t(cols));
 }
 
+void Backend::rmsnorm_backward_bf16(float* dx, uint16_t* dx16, float* dw, const float* dy,
+                                    const float* x, const float* w, const float* rstd, int64_t N,
+                                    int64_t C) {
+  rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+  to_bf16(dx16, dx, N * C);
+}
+
 void Backend::gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                                  float alpha, const float* A, const uint16_t* A16, const float* B,
                                  const uint16_t* B16, const float* R, float* C) {

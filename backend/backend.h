@@ -246,6 +246,12 @@ class Backend {
   // dx += d/dx, dw += d/dw (dx accumulates: the residual stream's gradient is already there).
   virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
                                 const float* w, const float* rstd, int64_t N, int64_t C) = 0;
+  // The same, and dx16 = the updated dx's bf16 codes (RNE): the bf16 path's residual gradient,
+  // which the next output projection's backward reads as codes. The base class:
+  // rmsnorm_backward, then to_bf16; CUDA's kernel stores the codes beside dx.
+  virtual void rmsnorm_backward_bf16(float* dx, uint16_t* dx16, float* dw, const float* dy,
+                                     const float* x, const float* w, const float* rstd,
+                                     int64_t N, int64_t C);
 
   // Rotary embedding in place on x[B, T, heads, D], Hugging Face rotate-half convention:
   // pairs (i, i + D/2) rotated by angle pos * theta^(-2i/D). cos/sin tables are [T, D/2].

@@ -480,7 +480,8 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     }
     a.s_16 = codes_only(true, z.s);
     be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
-    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid);  // y = x_mid + down
+    // y = x_mid + s W_down^T (on the bf16 GEMMs the epilogue adds x_mid)
+    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid);
   } else {
     a.h2 = keep(true, z.h2, &a.h2_16);
     a.rstd2 = keep(true, z.rstd2, nullptr);
@@ -558,6 +559,20 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   }
   // MLP half. dresid = dL/dy = dL/d(down output).
   const bool nat = a.native16;
+  // The bf16 path's residual gradient as codes (set_residual_codes): made here when the last
+  // update did not make them, then kept current by the norms' backward.
+  auto dresid_codes = [&]() -> const uint16_t* {
+    if (!dresid16_) return nullptr;
+    if (!dresid16_valid_) be_.to_bf16(dresid16_, dresid, N * C);
+    dresid16_valid_ = true;
+    return dresid16_;
+  };
+  auto norm_backward = [&](float* dw_norm, const float* dh, const float* xin, const float* wn,
+                           const float* rstd) {
+    if (dresid16_) be_.rmsnorm_backward_bf16(dresid, dresid16_, dw_norm, dh, xin, wn, rstd, N, C);
+    else be_.rmsnorm_backward(dresid, dw_norm, dh, xin, wn, rstd, N, C);
+    dresid16_valid_ = dresid16_ != nullptr;
+  };
   if (bp && nat) {
     // ds out of down's data-gradient GEMM as codes (its epilogue rounds the fp32 product), the
     // gradients of gate and up straight to codes (their GEMMs would round them): SwiGLU's
@@ -566,8 +581,8 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     uint16_t* ds16 = alloc_bf16(scratch_, N * I);
     uint16_t* dgu16 = alloc_bf16(scratch_, 2 * N * I);  // dg then du, or fused row by row
     float* dh2 = scratch_.alloc_f32(N * C);
-    linear_bwd16(6, nullptr, dw.w_down, dresid, nullptr, a.s_16, w.w_down, N, I, C, false, true,
-                 nullptr, ds16);
+    linear_bwd16(6, nullptr, dw.w_down, dresid, dresid_codes(), a.s_16, w.w_down, N, I, C, false,
+                 true, nullptr, ds16);
     if (be_.fuse_linear_backward() && fusable(w, dw, 4, 2)) {
       // one GEMM pair over [w_gate; w_up] ([2I, C]): dh2 written once, h2 read once for both
       // weight gradients (Backend::fuse_linear_backward)
@@ -581,7 +596,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, true);
       linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, true);
     }
-    be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
+    norm_backward(dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2);
     scratch_.release(m);
   } else if (bp) {  // the recipe's Linears quantize fp32 gradients: dg, du stay fp32
     size_t m = scratch_.mark();
@@ -597,7 +612,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     const auto shared = shared_input(shared_x, N, true);
     linear_bwd16(4, dh2, dw.w_gate, dg, nullptr, a.h2_16, w.w_gate, N, C, I, false, false, h2);
     linear_bwd16(5, dh2, dw.w_up, du, nullptr, a.h2_16, w.w_up, N, C, I, true, false, h2);
-    be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
+    norm_backward(dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2);
     scratch_.release(m);
   } else {
     size_t m = scratch_.mark();
@@ -615,7 +630,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       linear_bwd(5, dh2, dw.w_up, du, a.h2, w.w_up, N, C, I, true);
     }
     // dresid becomes dL/dx_mid: the residual path plus the norm's input gradient.
-    be_.rmsnorm_backward(dresid, dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2, N, C);
+    norm_backward(dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2);
     scratch_.release(m);
   }
   // Attention half.
@@ -630,8 +645,8 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     uint16_t* dq16 = alloc_bf16(scratch_, N * c_.q_dim());
     uint16_t* dk16 = alloc_bf16(scratch_, N * c_.kv_dim());
     uint16_t* dv16 = alloc_bf16(scratch_, N * c_.kv_dim());
-    linear_bwd16(3, nullptr, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false, true,
-                 nullptr, d_o16);
+    linear_bwd16(3, nullptr, dw.wo, dresid, dresid_codes(), a.o_16, w.wo, N, c_.q_dim(), C, false,
+                 true, nullptr, d_o16);
     be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16, a.lse,
                                  B, T, H, KV, D);
     if (be_.fuse_linear_backward() && fusable(w, dw, 0, 3)) {
@@ -652,7 +667,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, true);
       linear_bwd16(2, dh1, dw.wv, nullptr, dv16, a.h1_16, w.wv, N, C, c_.kv_dim(), true, true);
     }
-    be_.rmsnorm_backward(dresid, dw.input_norm, dh1, x, w.input_norm, a.rstd1, N, C);
+    norm_backward(dw.input_norm, dh1, x, w.input_norm, a.rstd1);
     scratch_.release(m);
   } else {
     size_t m = scratch_.mark();
@@ -694,7 +709,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       linear_bwd(1, dh1, dw.wk, dk, a.h1, w.wk, N, C, c_.kv_dim(), true);
       linear_bwd(2, dh1, dw.wv, dv, a.h1, w.wv, N, C, c_.kv_dim(), true);
     }
-    be_.rmsnorm_backward(dresid, dw.input_norm, dh1, x, w.input_norm, a.rstd1, N, C);
+    norm_backward(dw.input_norm, dh1, x, w.input_norm, a.rstd1);
     scratch_.release(m);
   }
 }
@@ -1111,6 +1126,10 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   scratch_.release(head_mark);
 
   if (training) {
+    // (after the head, whose scratch the arenas' bound does not count them beside; each
+    // block's output projections then read these instead of rounding dresid into scratch)
+    dresid16_ = residual_codes_ ? alloc_bf16(scratch_, N * C) : nullptr;
+    dresid16_valid_ = false;
     for (int64_t l = L - 1; l >= 0; --l) {
       size_t sm = scratch_.mark();
       const int u = layout_.block_unit(l);
@@ -1123,6 +1142,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
       scratch_.release(sm);
       saved_.release(marks[l]);
     }
+    dresid16_ = nullptr;
     be_.embedding_backward(access.grads(embed_u), inputs, dresid, N, C);
     access.grads_ready(embed_u);
   }

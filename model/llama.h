@@ -132,6 +132,11 @@ class LlamaModel {
   // The residual stream, the RMSNorm and attention statistics and every gradient stay fp32.
   // The arenas must be sized for it (activation_bytes(..., bf16_activations = true)).
   void set_bf16_activations(bool on) { bf16_acts_ = on; }
+  // Every block on the bf16 path, the arenas sized for it alone (Engine's bf16_path_only):
+  // the backward keeps the residual gradient's bf16 codes beside it, written by the RMSNorm
+  // backwards that update it (rmsnorm_backward_bf16) and read by the output projections'
+  // backward, which otherwise rounded it themselves, twice a block.
+  void set_residual_codes(bool on) { residual_codes_ = on; }
   // A head workspace outside the scratch arena (spare_head_chunk_rows: a GPU's spare memory),
   // used instead of the planned one where it holds more rows; null: none.
   void set_head_workspace(float* workspace, int64_t floats) {
@@ -261,6 +266,9 @@ class LlamaModel {
   ModelConfig c_;
   LinearRecipe* recipe_ = nullptr;
   bool bf16_acts_ = false;
+  bool residual_codes_ = false;
+  uint16_t* dresid16_ = nullptr;  // during a backward (set_residual_codes): dresid's codes,
+  bool dresid16_valid_ = false;   // valid: made from dresid as it is now
   float* head_ws_ = nullptr;  // set_head_workspace
   int64_t head_ws_floats_ = 0;
   // fp8-delayed amax slots, one per (layer, linear, operand): backend memory (or amax_host_

@@ -32,6 +32,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   model = std::make_unique<LlamaModel>(config, layout, *backend, opt.checkpointing, *saved,
                                        *scratch);
   model->set_bf16_activations(opt.bf16_activations);
+  model->set_residual_codes(options.bf16_path_only);
 }
 
 }  // namespace mx

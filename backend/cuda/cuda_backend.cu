@@ -214,12 +214,14 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
 // Threads and MinBlocks bound the registers: K = 2 (C = 2048) in at most 80, three 256-thread
 // blocks a multiprocessor as before dx was held too (unbounded, ptxas took 84, room for two);
 // K = 4 in at most 128 (two blocks of 256, one of 512).
-template <int K, int Threads, int MinBlocks>
+// Codes: dx16 also gets the updated dx's bf16 codes (rmsnorm_backward_bf16), a second store of
+// what the thread holds (8 bytes a float4).
+template <int K, int Threads, int MinBlocks, bool Codes = false>
 __global__ void __launch_bounds__(Threads, MinBlocks)
     rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
                                   const float* __restrict__ dy, const float* __restrict__ x,
                                   const float* __restrict__ w, const float* __restrict__ rstd,
-                                  int64_t N, int64_t C) {
+                                  int64_t N, int64_t C, uint16_t* __restrict__ dx16 = nullptr) {
   float4 wv[K] = {};
   KahanSum dw_acc[K][4];
   for (int k = 0; k < K; ++k) {
@@ -256,6 +258,7 @@ __global__ void __launch_bounds__(Threads, MinBlocks)
           o[k].z += r * wv[k].z * d[k].z - v[k].z * kk,
           o[k].w += r * wv[k].w * d[k].w - v[k].w * kk;
       store_out4(dx, n * C + c, o[k]);
+      if constexpr (Codes) store_out4(dx16, n * C + c, o[k]);
       dw_acc[k][0].add(d[k].x * v[k].x * r), dw_acc[k][1].add(d[k].y * v[k].y * r),
           dw_acc[k][2].add(d[k].z * v[k].z * r), dw_acc[k][3].add(d[k].w * v[k].w * r);
     }
@@ -1216,16 +1219,33 @@ class CudaBackendImpl final : public CudaBackend {
 
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
+    rmsnorm_backward_codes(dx, nullptr, dw, dy, x, w, rstd, N, C);
+  }
+  void rmsnorm_backward_bf16(float* dx, uint16_t* dx16, float* dw, const float* dy,
+                             const float* x, const float* w, const float* rstd, int64_t N,
+                             int64_t C) override {
+    rmsnorm_backward_codes(dx, dx16, dw, dy, x, w, rstd, N, C);
+  }
+  // Both: the one-pass kernel stores the codes itself; the other kernels are followed by a
+  // rounding pass.
+  void rmsnorm_backward_codes(float* dx, uint16_t* dx16, float* dw, const float* dy,
+                              const float* x, const float* w, const float* rstd, int64_t N,
+                              int64_t C) {
     if (N == 0) return;
-    const bool vec = C % 4 == 0 && all_16_aligned({dx, dy, x, w});
+    const bool vec_dx = C % 4 == 0 && all_16_aligned({dx, dy, x, w});
+    const bool vec = vec_dx && (!dx16 || reinterpret_cast<uintptr_t>(dx16) % 8 == 0);
     if (dw && vec && C <= 4 * 4 * 512) {  // one pass: rmsnorm_backward_fused_kernel
       DeviceArenaScope scope(scratch_);
       const int threads = C <= 4 * 4 * kThreads ? kThreads : 512;
       const int64_t per_thread = (C / 4 + threads - 1) / threads;  // float4s: K, rounded up
-      auto* kernel = per_thread == 1   ? rmsnorm_backward_fused_kernel<1, kThreads, 1>
-                     : per_thread == 2 ? rmsnorm_backward_fused_kernel<2, kThreads, 3>
-                     : threads == kThreads ? rmsnorm_backward_fused_kernel<4, kThreads, 2>
-                                           : rmsnorm_backward_fused_kernel<4, 512, 1>;
+      auto pick = [&](auto codes) {
+        constexpr bool kCodes = decltype(codes)::value;
+        return per_thread == 1       ? rmsnorm_backward_fused_kernel<1, kThreads, 1, kCodes>
+               : per_thread == 2     ? rmsnorm_backward_fused_kernel<2, kThreads, 3, kCodes>
+               : threads == kThreads ? rmsnorm_backward_fused_kernel<4, kThreads, 2, kCodes>
+                                     : rmsnorm_backward_fused_kernel<4, 512, 1, kCodes>;
+      };
+      auto* kernel = dx16 ? pick(std::true_type{}) : pick(std::false_type{});
       // At most the blocks the GPU holds at once: each walks its rows one after another, so a
       // second, partial wave of blocks (the H200 holds 3 of these a multiprocessor, 396 in
       // all, against the 512 the partials allow at C = 2048) ran at a fraction of the GPU
@@ -1238,15 +1258,20 @@ class CudaBackendImpl final : public CudaBackend {
           {N, resident,
            std::clamp<int64_t>(kRmsnormPartialBytes / (8 * C), 64, kRmsnormBackwardBlocks)});
       double* part = scratch_.alloc_as<double>(blocks * C);
-      kernel<<<unsigned(blocks), threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C);
+      kernel<<<unsigned(blocks), threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C, dx16);
       launched("rmsnorm_backward");
       rmsnorm_backward_dw_reduce_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dw, part, blocks, C);
       launched("rmsnorm_backward");
       done("rmsnorm_backward");
       return;
     }
-    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(dx, dy, x, w, rstd, C, vec);
+    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, stream_>>>(dx, dy, x, w, rstd, C,
+                                                                        vec_dx);
     launched("rmsnorm_backward");
+    if (dx16) {
+      cuda::round_to_bf16(dx16, dx, N * C, stream_);  // checks its launch
+      done("rmsnorm_backward");
+    }
     if (!dw) return;
     DeviceArenaScope scope(scratch_);
     const int64_t splits = N < 64 ? N : 64;

@@ -1114,6 +1114,33 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       compare(r, "dx", dDX.download(), dxv, kReduction);
       compare(r, "dw", dDW.download(), dwv, kReduction);
     });
+    // With the updated dx's codes (the bf16 path's residual gradient): dx and dw as above,
+    // the codes against the CPU twin's (rmsnorm_backward, to_bf16) within one bf16 ulp more,
+    // and against the GPU's own dx (each code the RNE rounding of the dx beside it), with and
+    // without dw (the one-pass kernel, and the dx kernel followed by a rounding pass).
+    for (bool with_dw : {true, false})
+      run_case("rmsnorm_backward_bf16", dims({N, C}) + (with_dw ? "" : " no dw"), [&](Result& r) {
+        auto x = randn(N * C), w = uniform(C, 0.5f, 1.5f), g = randn(N * C), dxv = randn(N * C),
+             dwv = randn(C);
+        std::vector<float> y(N * C), rstd(N);
+        std::vector<uint16_t> dx16(N * C);
+        cpu.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+        Dev<float> dX(x), dW(w), dG(g), dR(rstd), dDX(dxv), dDW(dwv);
+        Dev<uint16_t> dDX16(std::vector<uint16_t>(N * C, 0x7FC1));
+        cpu.rmsnorm_backward_bf16(dxv.data(), dx16.data(), with_dw ? dwv.data() : nullptr, g.data(),
+                                  x.data(), w.data(), rstd.data(), N, C);
+        gpu.rmsnorm_backward_bf16(dDX.p, dDX16.p, with_dw ? dDW.p : nullptr, dG.p, dX.p, dW.p, dR.p,
+                                  N, C);
+        const auto got_dx = dDX.download();
+        compare(r, "dx", got_dx, dxv, kReduction);
+        if (with_dw) compare(r, "dw", dDW.download(), dwv, kReduction);
+        const auto got16 = dDX16.download();
+        compare(r, "dx16", widen(got16), widen(dx16), {kReduction.atol, kReduction.rtol + kBf16Ulp});
+        if (got16 != bf16_codes(got_dx)) {
+          r.pass = false;
+          r.note = "the codes are not the RNE rounding of the dx written beside them";
+        }
+      });
     // The bf16 path's RMSNorm: y as RNE codes, rstd fp32, against the CPU twin (rmsnorm_forward
     // then to_bf16). Tolerance: the fp32 op's plus one bf16 ulp (fp32 results a few ulps apart
     // can round to adjacent codes); rstd as the fp32 op's; x unchanged.
