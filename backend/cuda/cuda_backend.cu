@@ -115,11 +115,12 @@ __device__ __forceinline__ uint2 bf16x4_codes(float a, float b, float c, float d
   auto e = [](float v) { return uint32_t(numerics::encode_bf16(v, numerics::Saturation::kNoSat)); };
   return make_uint2(e(a) | e(b) << 16, e(c) | e(d) << 16);  // little-endian: a first
 }
-bool all_16_aligned(std::initializer_list<const void*> ptrs) {
+bool all_aligned(size_t bytes, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0) return false;
   return true;
 }
+bool all_16_aligned(std::initializer_list<const void*> ptrs) { return all_aligned(16, ptrs); }
 
 // Four outputs at 4-aligned i: one 16-byte fp32 store or one 8-byte store of bf16 codes.
 __device__ __forceinline__ void store_out4(float* y, int64_t i, float4 v) {
@@ -590,8 +591,7 @@ __global__ void __launch_bounds__(kCeThreads, 1)
 }
 // Whether cross_entropy_rows_kernel may read the rows as float4 (see there).
 bool ce_vec(const float* logits, int64_t V, const uint16_t* grad16) {
-  return V % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(grad16) % 8 == 0;
+  return V % 4 == 0 && all_aligned(16, {logits}) && all_aligned(8, {grad16});
 }
 
 __global__ void round_bf16_kernel(float* y, const float* x, int64_t n) {
@@ -1233,7 +1233,7 @@ class CudaBackendImpl final : public CudaBackend {
                               int64_t C) {
     if (N == 0) return;
     const bool vec_dx = C % 4 == 0 && all_16_aligned({dx, dy, x, w});
-    const bool vec = vec_dx && (!dx16 || reinterpret_cast<uintptr_t>(dx16) % 8 == 0);
+    const bool vec = vec_dx && all_aligned(8, {dx16});  // (null is aligned)
     if (dw && vec && C <= 4 * 4 * 512) {  // one pass: rmsnorm_backward_fused_kernel
       DeviceArenaScope scope(scratch_);
       const int threads = C <= 4 * 4 * kThreads ? kThreads : 512;
@@ -1308,8 +1308,7 @@ class CudaBackendImpl final : public CudaBackend {
   void copy_rows_bf16(uint16_t* out, int64_t ld, const uint16_t* in, int64_t rows,
                       int64_t cols) override {
     if (rows == 0 || cols == 0) return;
-    auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
-    const bool vec = cols % 4 == 0 && ld % 4 == 0 && aligned8(out) && aligned8(in);
+    const bool vec = cols % 4 == 0 && ld % 4 == 0 && all_aligned(8, {out, in});
     copy_rows_kernel<<<unsigned(std::min<int64_t>(rows, 1 << 16)), kThreads, 0, stream_>>>(
         out, ld, in, rows, cols, vec);
     launched("copy_rows_bf16");
@@ -1500,9 +1499,7 @@ class CudaBackendImpl final : public CudaBackend {
   void swiglu_backward_bf16_fused(uint16_t* dgu16, const uint16_t* ds16, const uint16_t* g16,
                                   const uint16_t* u16, int64_t rows, int64_t cols) override {
     if (rows == 0 || cols == 0) return;
-    auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
-    const bool vec = cols % 4 == 0 && aligned8(dgu16) && aligned8(ds16) && aligned8(g16) &&
-                     aligned8(u16);
+    const bool vec = cols % 4 == 0 && all_aligned(8, {dgu16, ds16, g16, u16});
     swiglu_backward_fused_kernel<<<unsigned(std::min<int64_t>(rows, 1 << 16)), kThreads, 0,
                                    stream_>>>(dgu16, ds16, g16, u16, rows, cols, vec);
     launched("swiglu_backward_bf16");
@@ -1647,8 +1644,7 @@ class CudaBackendImpl final : public CudaBackend {
     const float bc2_sqrt = std::sqrt(1.0f - std::pow(beta2, float(t)));
     const float step_size = lr / bc1;
     const float decay = 1.0f - lr * weight_decay;
-    const bool vec = all_16_aligned({param, grad, m, v}) &&
-                     reinterpret_cast<uintptr_t>(codes) % 8 == 0;
+    const bool vec = all_16_aligned({param, grad, m, v}) && all_aligned(8, {codes});
     adamw_kernel<<<grid_1d(vec ? (n + 3) / 4 : n), kThreads, 0, stream_>>>(
         param, grad, m, v, codes, n, beta1, beta2, eps, step_size, bc2_sqrt, decay, grad_scale,
         vec);
