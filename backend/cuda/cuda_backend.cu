@@ -385,8 +385,7 @@ __global__ void swiglu_forward_bf16_kernel(uint16_t* __restrict__ s16,
                                            bool vec) {
   const int64_t n4 = vec ? n / 4 : 0;
   MX_GRID_STRIDE(j, n4) {
-    const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
-    const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
+    const float4 g = load_in4(g16, j), u = load_in4(u16, j);
     store_out4(s16, 4 * j, make_float4(swiglu_value(g.x, u.x), swiglu_value(g.y, u.y),
                                        swiglu_value(g.z, u.z), swiglu_value(g.w, u.w)));
   }
@@ -406,9 +405,7 @@ __global__ void swiglu_backward_codes_kernel(Out* dg, Out* __restrict__ du, cons
                                              bool vec) {
   const int64_t n4 = vec ? n / 4 : 0;
   MX_GRID_STRIDE(j, n4) {
-    const float4 d = load_in4(ds, j);
-    const float4 g = bf16x4(reinterpret_cast<const uint2*>(g16)[j]);
-    const float4 u = bf16x4(reinterpret_cast<const uint2*>(u16)[j]);
+    const float4 d = load_in4(ds, j), g = load_in4(g16, j), u = load_in4(u16, j);
     float4 dgv, duv;
     swiglu_grads(d.x, g.x, u.x, dgv.x, duv.x);
     swiglu_grads(d.y, g.y, u.y, dgv.y, duv.y);
@@ -841,15 +838,7 @@ class CudaBackendImpl final : public CudaBackend {
   void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
                  float beta, float* C, uint16_t* C16 = nullptr) override {
-    MX_ASSERT(opt_.gemm_precision == CudaGemmPrecision::kBf16,
-              "gemm_bf16: called without set_bf16_gemm_operands(true)");
-    DeviceArenaScope scope(scratch_);
-    const size_t ws_bytes = opt_.gemm_workspace_bytes;
-    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    lt_.gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, beta, C, C16, ws, ws_bytes,
-                  scratch_, stream_);
-    stats_.flops += 2.0 * double(M) * double(N) * double(K);
-    done("gemm_bf16");
+    bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, beta, C, C16, nullptr);
   }
   // The residual read by the epilogue (C from R, D into C, beta 1): the block's output
   // projections write x + proj in one pass, where a separate add read the product and x and
@@ -857,14 +846,21 @@ class CudaBackendImpl final : public CudaBackend {
   void gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                           float alpha, const float* A, const uint16_t* A16, const float* B,
                           const uint16_t* B16, const float* R, float* C) override {
-    MX_ASSERT(opt_.gemm_precision == CudaGemmPrecision::kBf16,
-              "gemm_bf16_residual: called without set_bf16_gemm_operands(true)");
     MX_ASSERT(R != C, "gemm_bf16_residual: the residual must not be the output");
+    bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, 1.0f, C, nullptr, R);
+  }
+  // Both: LtGemm::gemm_bf16 (the fp32 operands' copies and the cuBLASLt workspace in scratch),
+  // beta's term read from C_in where given.
+  void bf16_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, const uint16_t* A16, const float* B, const uint16_t* B16,
+                 float beta, float* C, uint16_t* C16, const float* C_in) {
+    MX_ASSERT(opt_.gemm_precision == CudaGemmPrecision::kBf16,
+              "gemm_bf16: called without set_bf16_gemm_operands(true)");
     DeviceArenaScope scope(scratch_);
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    lt_.gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, 1.0f, C, nullptr, ws,
-                  ws_bytes, scratch_, stream_, R);
+    lt_.gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, A16, B, B16, beta, C, C16, ws, ws_bytes,
+                  scratch_, stream_, C_in);
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("gemm_bf16");
   }
