@@ -286,8 +286,9 @@ void Backend::fp8_input(float* out, const void* id, const float* x, int64_t rows
 
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                                 float* work, uint16_t* y16) {
+                                 float* work, uint16_t* y16, const float* residual) {
   OpScope scope(*this, "fp8_linear_forward");
+  MX_REQUIRE(!residual || (y && !y16), "fp8_linear_forward: a residual takes an fp32 y alone");
   std::vector<float> wide;
   const void* id = xq.bf16 ? static_cast<const void*>(xq.bf16) : x;
   x = operand_values(x, xq, N * in, wide);
@@ -297,6 +298,7 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
   fp8_emulate(wd, w, out, in, wq);
   gemm(false, true, N, out, in, 1.0f, xd, wd, 0.0f, y);
   if (y16) to_bf16(y16, y, N * out);
+  if (residual) add(y, residual, y, N * out);
 }
 
 void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,

@@ -182,9 +182,14 @@ class Backend {
   // in y16 instead; y is still backend memory for N * out floats, which the call may use as
   // scratch (its contents after are unspecified). CUDA writes y16 from the GEMM's epilogue
   // (the bf16 path's v, gate and up: no fp32 copy written and read back); here y, then to_bf16.
+  // residual not null (y16 null, y given): y = residual + q(x) q(w)^T, the sum add(y, residual,
+  // y) would make of the product (residual may not overlap y). CUDA adds it in the GEMM's
+  // epilogue (C = residual, beta 1: the bf16 path's o and down projections, as
+  // gemm_bf16_residual), here the product then add.
   virtual void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                   const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                                  float* work, uint16_t* y16 = nullptr);
+                                  float* work, uint16_t* y16 = nullptr,
+                                  const float* residual = nullptr);
   // dx[N,in] (= or +=) q(dy[N,out]) q(w[out,in])
   virtual void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq,
                                 const float* w, const Fp8Operand& wq, int64_t N, int64_t in,

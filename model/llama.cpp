@@ -319,9 +319,9 @@ void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_
   const bool codes = !x_wide && fp8_reads_codes(N, in, out);
   const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
   float* result = y ? y : scratch_.alloc_f32(N * out);  // with y16 alone: the Linear's scratch
-  linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr, y ? nullptr : y16);
+  linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr, y ? nullptr : y16,
+             residual);
   if (y && y16) be_.to_bf16(y16, y, N * out);
-  if (residual) be_.add(y, residual, y, N * out);  // residual + product, as gemm_bf16_residual
   scratch_.release(m);
 }
 
@@ -900,8 +900,10 @@ SharedInputScope LlamaModel::shared_input(const void* x, int64_t N, bool mlp) co
 }
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
-                            int64_t in, int64_t out, const uint16_t* x16, uint16_t* y16) {
+                            int64_t in, int64_t out, const uint16_t* x16, uint16_t* y16,
+                            const float* residual) {
   MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
+  MX_ASSERT(!residual || (y && !y16), "a residual goes with an fp32 output alone");
   if (!lowered(layer_)) {
     be_.linear_forward(y, x, w, N, in, out);
   } else if (native_bf16(true)) {
@@ -913,7 +915,8 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
     xq.bf16 = x16;
     const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
-    be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16);  // writes y16 itself
+    // writes y16 itself; adds the residual itself (residual + product, as the add below)
+    be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16, residual);
     scratch_.release(m);
     return;
   } else {
@@ -926,6 +929,7 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     scratch_.release(m);
   }
   if (y16) be_.to_bf16(y16, y, N * out);
+  if (residual) be_.add(y, residual, y, N * out);  // residual + product, as gemm_bf16_residual
 }
 
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,

@@ -184,7 +184,7 @@ class LlamaModel {
   // Off the bf16 GEMMs (native false) x is widened from x16, or taken from x_wide when the
   // caller widened it once for several Linears.
   // residual (fp32, with y, not y16): y = x W^T + residual, the block's residual add (on the
-  // bf16 GEMMs in their epilogue: Backend::gemm_bf16_residual; otherwise a separate add).
+  // bf16 GEMMs in their epilogue: Backend::gemm_bf16_residual; otherwise linear_fwd's).
   void linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16, const float* w,
                     int64_t N, int64_t in, int64_t out, bool native,
                     const float* x_wide = nullptr, const float* residual = nullptr);
@@ -227,8 +227,11 @@ class LlamaModel {
   // y16 (not null): the output is wanted as bf16 codes there (to_bf16's); y is then scratch
   // whose contents after are unspecified (the FP8 Linears on CUDA write y16 straight from the
   // GEMM: Backend::fp8_linear_forward).
+  // residual (with y, not y16): y = residual + x W^T, the block's residual add (the FP8
+  // Linears on tensor cores add it in their GEMM's epilogue; otherwise a separate add).
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
-                  int64_t out, const uint16_t* x16 = nullptr, uint16_t* y16 = nullptr);
+                  int64_t out, const uint16_t* x16 = nullptr, uint16_t* y16 = nullptr,
+                  const float* residual = nullptr);
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
                   const uint16_t* x16 = nullptr);

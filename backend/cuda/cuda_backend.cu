@@ -927,11 +927,15 @@ class CudaBackendImpl final : public CudaBackend {
   // const uint16_t* overloads). Not for nvfp4, whose device path transposes and transforms fp32
   // operands (LlamaModel widens its input: fp8_reads_codes).
   // An output wanted as bf16 codes (y16): the GEMM's epilogue writes them (fp8_output).
+  // A residual: the epilogue adds it (C = residual, beta 1, D = y), except under nvfp4 (its
+  // GEMM takes beta from the device): there an add after.
   void fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                           const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work,
-                          uint16_t* y16) override {
-    with_input(x, xq, "fp8_linear_forward",
-               [&](const auto* xs) { fp8_forward(y, y16, xs, xq, w, wq, N, in, out, work); });
+                          uint16_t* y16, const float* residual) override {
+    MX_REQUIRE(!residual || (y && !y16), "fp8_linear_forward: a residual takes an fp32 y alone");
+    with_input(x, xq, "fp8_linear_forward", [&](const auto* xs) {
+      fp8_forward(y, y16, residual, xs, xq, w, wq, N, in, out, work);
+    });
   }
 
   void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
@@ -995,18 +999,21 @@ class CudaBackendImpl final : public CudaBackend {
 
   // X: float (fp32 input) or uint16_t (bf16 codes; never for nvfp4). The caller holds a scope.
   template <class X>
-  void fp8_forward(float* y, uint16_t* y16, const X* x, const Fp8Operand& xq, const float* w,
-                   const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work) {
+  void fp8_forward(float* y, uint16_t* y16, const float* residual, const X* x,
+                   const Fp8Operand& xq, const float* w, const Fp8Operand& wq, int64_t N,
+                   int64_t in, int64_t out, float* work) {
     uint8_t* xc = reinterpret_cast<uint8_t*>(work);
     uint8_t* wc = xc + round_up_256(N * in);
-    // gemm(C, C16): the product into C (fp32) or C16 (bf16 codes); false: no such algorithm
-    auto output = [&](auto&& gemm) { fp8_output(y, y16, N * out, gemm); };
+    // gemm(C, C16, R): the product into C (fp32; plus R where R is given: beta 1, C = R) or
+    // C16 (bf16 codes); false: no such algorithm
+    auto output = [&](auto&& gemm) { fp8_output(y, y16, residual, N * out, gemm); };
     if constexpr (std::is_same_v<X, float>) {
       if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
         const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
         const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
         nvfp4_gemm(N, out, in, a, b, 0.0f, y);  // fp32 only (device-side alpha)
         if (y16) round_output(y16, y, N * out);
+        if (residual) add(y, residual, y, N * out);  // residual + product, as the CPU's
         return;
       }
     }
@@ -1015,30 +1022,31 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
       const uint8_t* ws = mxfp8_operand(wc, tmp, w, out, in, false);
-      return output([&](float* C, uint16_t* C16) {
-        return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, C, C16);
+      return output([&](float* C, uint16_t* C16, const float* R) {
+        return mxfp8_gemm(N, out, in, xc, xs, wc, ws, R ? 1.0f : 0.0f, C, C16, R);
       });
     }
     if (xq.block_rows > 0 && fp8_block_via_mx_) {  // fp8-block (Blackwell): MXFP8 GEMM
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = fp8_block_mx_operand(xc, tmp, x, N, in, xq, false);
       const uint8_t* ws = fp8_block_mx_operand(wc, tmp, w, out, in, wq, false);
-      return output([&](float* C, uint16_t* C16) {
-        return mxfp8_gemm(N, out, in, xc, xs, wc, ws, 0.0f, C, C16);
+      return output([&](float* C, uint16_t* C16, const float* R) {
+        return mxfp8_gemm(N, out, in, xc, xs, wc, ws, R ? 1.0f : 0.0f, C, C16, R);
       });
     }
     if (xq.block_rows > 0) {
       uint8_t* tmp = wc + round_up_256(out * in);
       const float* xs = fp8_block_operand(xc, tmp, x, N, in, xq, false);
       const float* ws = fp8_block_operand(wc, tmp, w, out, in, wq, false);
-      return output([&](float* C, uint16_t* C16) {
-        return fp8_block_gemm(N, out, in, xc, xs, xq, wc, ws, wq, 0.0f, C, C16);
+      return output([&](float* C, uint16_t* C16, const float* R) {
+        return fp8_block_gemm(N, out, in, xc, xs, xq, wc, ws, wq, R ? 1.0f : 0.0f, C, C16, R);
       });
     }
     const float* xs = fp8_operand(xc, x, N, in, xq, false);
     const float* ws = fp8_operand(wc, w, out, in, wq, false);
-    output([&](float* C, uint16_t* C16) {
-      return tensor_fp8_gemm(N, out, in, xc, xq.fmt, xs, wc, wq.fmt, ws, 0.0f, C, C16);
+    output([&](float* C, uint16_t* C16, const float* R) {
+      return tensor_fp8_gemm(N, out, in, xc, xq.fmt, xs, wc, wq.fmt, ws, R ? 1.0f : 0.0f, C, C16,
+                             R);
     });
   }
 
@@ -1047,16 +1055,23 @@ class CudaBackendImpl final : public CudaBackend {
   // written to y: the same codes as rounding y) where cuBLASLt has an algorithm for it and
   // set_fp8_bf16_output is on; else gemm(y, null) and y rounded into y16 (y is then the
   // caller's scratch). Saves the fp32 copy's write and read: 8 of 10 bytes an element.
+  // residual given (y16 null): gemm(y, null, residual), the epilogue reading residual as C with
+  // beta 1 and writing the sum to y: no product written and read back by an add (8 bytes an
+  // element), the bf16 path's o and down projections.
   template <class G>
-  void fp8_output(float* y, uint16_t* y16, int64_t n, G&& gemm) {
+  void fp8_output(float* y, uint16_t* y16, const float* residual, int64_t n, G&& gemm) {
+    if (residual) {
+      gemm(y, nullptr, residual);  // an fp32 output: no algorithm throws
+      return;
+    }
     if (y16 && fp8_bf16_output_) {
-      if (gemm(nullptr, y16)) return;
+      if (gemm(nullptr, y16, nullptr)) return;
       if (fp8_bf16_fallbacks_++ == 0)
         info("cuda: an FP8 Linear has no bf16-output GEMM at its shape; its output is written "
              "in fp32 and rounded (slower, same values)");
     }
     MX_REQUIRE(y, "fp8_linear_forward: y is null (it is the fallback's fp32 buffer)");
-    gemm(y, nullptr);
+    gemm(y, nullptr, nullptr);
     if (y16) round_output(y16, y, n);
   }
   void round_output(uint16_t* y16, const float* y, int64_t n) {
@@ -1064,15 +1079,17 @@ class CudaBackendImpl final : public CudaBackend {
     done("fp8_linear_forward (round)");
   }
 
-  // The per-tensor FP8 GEMM (LtGemm::fp8_gemm), fp32 C or bf16 C16; the caller holds a scope.
+  // The per-tensor FP8 GEMM (LtGemm::fp8_gemm), fp32 C or bf16 C16, beta's term from C_in
+  // (null: C); the caller holds a scope.
   bool tensor_fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
-                       const float* b_scale, float beta, float* C, uint16_t* C16) {
+                       const float* b_scale, float beta, float* C, uint16_t* C16,
+                       const float* C_in = nullptr) {
     DeviceArenaScope scope(scratch_);  // the workspace, released after queueing (one stream)
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     if (!lt_.fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, ws, ws_bytes,
-                      stream_, C16))
+                      stream_, C16, C_in))
       return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("fp8_gemm");
@@ -2025,13 +2042,14 @@ class CudaBackendImpl final : public CudaBackend {
   // (C16: LtGemm's bf16 output; false where it has no algorithm for one, nothing written.)
   bool fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* as,
                       const Fp8Operand& aq, const uint8_t* B, const float* bs,
-                      const Fp8Operand& bq, float beta, float* C, uint16_t* C16 = nullptr) {
+                      const Fp8Operand& bq, float beta, float* C, uint16_t* C16 = nullptr,
+                      const float* C_in = nullptr) {
     DeviceArenaScope scope(scratch_);  // as tensor_fp8_gemm
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     if (!lt_.fp8_block_gemm(M, N, K, A, as, aq.block_rows > 1 && aq.block_cols > 1, B, bs,
                             bq.block_rows > 1 && bq.block_cols > 1, beta, C, ws, ws_bytes,
-                            stream_, C16))
+                            stream_, C16, C_in))
       return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("fp8_block_gemm");
@@ -2107,11 +2125,12 @@ class CudaBackendImpl final : public CudaBackend {
 
   bool mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* as,
                   const uint8_t* B, const uint8_t* bs, float beta, float* C,
-                  uint16_t* C16 = nullptr) {
+                  uint16_t* C16 = nullptr, const float* C_in = nullptr) {
     DeviceArenaScope scope(scratch_);  // as tensor_fp8_gemm
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
-    if (!lt_.mxfp8_gemm(M, N, K, A, as, B, bs, beta, C, ws, ws_bytes, stream_, C16)) return false;
+    if (!lt_.mxfp8_gemm(M, N, K, A, as, B, bs, beta, C, ws, ws_bytes, stream_, C16, C_in))
+      return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("mxfp8_gemm");
     return true;

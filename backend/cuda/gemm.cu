@@ -343,16 +343,17 @@ int LtGemm::fastest(const cublasLtMatmulHeuristicResult_t* cand, int n, const Tr
 bool LtGemm::fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                       const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                       const float* b_scale, float beta, float* C, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, uint16_t* C16) {
+                      size_t workspace_bytes, cudaStream_t stream, uint16_t* C16,
+                      const float* C_in) {
   return fp8_gemm_scaled(M, N, K, A, a_fmt, a_scale, 0, B, b_fmt, b_scale, 0, beta, C,
-                         workspace, workspace_bytes, stream, C16);
+                         workspace, workspace_bytes, stream, C16, C_in);
 }
 
 bool LtGemm::fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                             const float* a_scales, bool a_2d, const uint8_t* B,
                             const float* b_scales, bool b_2d, float beta, float* C,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                            uint16_t* C16) {
+                            uint16_t* C16, const float* C_in) {
   MX_REQUIRE(!(a_2d && b_2d), "fp8_block_gemm: 128x128 blocks on one operand only");
   MX_REQUIRE(M % 128 == 0 && N % 128 == 0 && K % 128 == 0, "fp8_block_gemm: M = ", M,
              ", N = ", N, ", K = ", K, " must be multiples of 128");
@@ -360,19 +361,19 @@ bool LtGemm::fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                 blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
   return fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, a_2d ? blk : vec, B,
                          numerics::Format::kE4M3, b_scales, b_2d ? blk : vec, beta, C, workspace,
-                         workspace_bytes, stream, C16);
+                         workspace_bytes, stream, C16, C_in);
 }
 
 bool LtGemm::mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                         const uint8_t* a_scales, const uint8_t* B, const uint8_t* b_scales,
                         float beta, float* C, void* workspace, size_t workspace_bytes,
-                        cudaStream_t stream, uint16_t* C16) {
+                        cudaStream_t stream, uint16_t* C16, const float* C_in) {
   MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 32 == 0, "mxfp8_gemm: M = ", M, ", N = ", N,
              " must be multiples of 16 and K = ", K, " of 32");
   const int32_t vec32 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
   return fp8_gemm_scaled(M, N, K, A, numerics::Format::kE4M3, a_scales, vec32, B,
                          numerics::Format::kE4M3, b_scales, vec32, beta, C, workspace,
-                         workspace_bytes, stream, C16);
+                         workspace_bytes, stream, C16, C_in);
 }
 
 void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
@@ -406,7 +407,8 @@ bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                              numerics::Format a_fmt, const void* a_scale, int32_t a_mode,
                              const uint8_t* B, numerics::Format b_fmt, const void* b_scale,
                              int32_t b_mode, float beta, float* C, void* workspace,
-                             size_t workspace_bytes, cudaStream_t stream, uint16_t* C16) {
+                             size_t workspace_bytes, cudaStream_t stream, uint16_t* C16,
+                             const float* C_in) {
   using numerics::Format;
   MX_REQUIRE((a_fmt == Format::kE4M3 || a_fmt == Format::kE5M2) &&
                  (b_fmt == Format::kE4M3 || b_fmt == Format::kE5M2) &&
@@ -415,6 +417,7 @@ bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
   MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "fp8_gemm: M = ", M, ", N = ", N,
              ", K = ", K, " must be multiples of 16");
   MX_REQUIRE(!C16 || beta == 0.0f, "fp8_gemm: a bf16 output takes beta 0, got ", beta);
+  MX_REQUIRE(!C16 || !C_in, "fp8_gemm: a bf16 output reads no C");
   if (M == 0 || N == 0) return true;
   if (K == 0) {
     if (C16) {
@@ -422,6 +425,9 @@ bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                     cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(M * N), stream));
       return true;
     }
+    if (C_in && C_in != C)  // C = beta C_in, as gemm_bf16's empty product
+      MX_CUDA_CHECK("fp8_gemm (K = 0)", cudaMemcpyAsync(C, C_in, sizeof(float) * size_t(M * N),
+                                                        cudaMemcpyDeviceToDevice, stream));
     scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
     MX_CUDA_LAUNCH_CHECK("fp8_gemm (K = 0)");
     return true;
@@ -430,22 +436,24 @@ bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
   const float alpha = 1.0f;
   return scaled_tn_gemm("fp8_gemm", M, N, K, {A, type(a_fmt), a_scale, a_mode},
                         {B, type(b_fmt), b_scale, b_mode}, &alpha, &beta, false, beta, C,
-                        workspace, workspace_bytes, stream, "FP8 needs sm_89+", C16);
+                        workspace, workspace_bytes, stream, "FP8 needs sm_89+", C16, C_in);
 }
 
 bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
                             const ScaledOperand& a, const ScaledOperand& b, const float* alpha,
                             const float* beta, bool device_scalars, float beta_value, float* C,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                            const char* hint, uint16_t* D16) {
+                            const char* hint, uint16_t* D16, const float* C_in) {
   // Column-major: C^T[N, M] = B[K, N]^T A[K, M], where our row-major B[N, K] is the
   // column-major [K, N] (ld K) and A[M, K] the column-major [K, M]: cuBLASLt's A is our B
   // (transposed), its B our A: the TN form. The scale pointers and modes follow the operands.
   // A bf16 output (D16): C and D both described as bf16 (the FP8 kernels' "C type BF16, D type
   // BF16" form; beta 0, so C is not read).
-  MX_REQUIRE(!D16 || (beta_value == 0.0f && !device_scalars), op,
-             ": a bf16 output takes beta 0 on the host");
+  MX_REQUIRE(!D16 || (beta_value == 0.0f && !device_scalars && !C_in), op,
+             ": a bf16 output takes beta 0 on the host and no C");
   void* D = D16 ? static_cast<void*>(D16) : static_cast<void*>(C);
+  // Where beta's term is read: C_in, or D itself. C and D share a layout, so one alignment.
+  const void* Cr = C_in ? static_cast<const void*>(C_in) : D;
   const cudaDataType_t out_type = D16 ? CUDA_R_16BF : CUDA_R_32F;
   LtCall call;
   MX_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -472,8 +480,8 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(
                           call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                           sizeof(workspace_bytes)));
-  const uint32_t aligns[4] = {alignment_of(b.data), alignment_of(a.data), alignment_of(D),
-                              alignment_of(D)};
+  const uint32_t align_cd = std::min(alignment_of(D), alignment_of(Cr));
+  const uint32_t aligns[4] = {alignment_of(b.data), alignment_of(a.data), align_cd, align_cd};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -486,10 +494,10 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   // (device scalars, nvfp4's: beta is not known here, and C was zeroed for it: untuned)
   const Trial trial{[&](const cublasLtMatmulAlgo_t& algo, void* out) {
                       return cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data,
-                                            call.b, beta, D, call.c, out, call.c, &algo,
+                                            call.b, beta, Cr, call.c, out, call.c, &algo,
                                             workspace, workspace_bytes, stream);
                     },
-                    D, size_t(M * N) * (D16 ? 2 : 4), beta_value != 0.0f,
+                    D, size_t(M * N) * (D16 ? 2 : 4), beta_value != 0.0f && Cr == D,
                     2.0 * double(M) * double(N) * double(K), stream};
   const cublasLtMatmulAlgo_t* algo = cached_algo(key, call.desc, call.a, call.b, call.c,
                                                  call.pref, op, device_scalars ? nullptr : &trial);
@@ -499,7 +507,7 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
                         " beta=", beta_value, " (", hint, ")"));
   }
   MX_CUBLAS_CHECK(op, cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b,
-                                     beta, D, call.c, D, call.c, algo, workspace,
+                                     beta, Cr, call.c, D, call.c, algo, workspace,
                                      workspace_bytes, stream));
   return true;
 }

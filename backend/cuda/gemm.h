@@ -68,10 +68,15 @@ class LtGemm {
   // false, writing nothing, where cuBLASLt has no algorithm for the bf16 output at this shape
   // (remembered per shape, so asked once): the caller then writes C in fp32 and rounds it. An
   // fp32 output with no algorithm throws, as ever; the functions return true otherwise.
+  //
+  // C_in (the same three, fp32 output only): beta's term is read from C_in instead of C
+  // (C = product + beta C_in; C only written), as gemm_bf16's: the FP8 Linears' residual add
+  // in the epilogue (Backend::fp8_linear_forward's `residual`).
   bool fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                 const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                 const float* b_scale, float beta, float* C, void* workspace,
-                size_t workspace_bytes, cudaStream_t stream, uint16_t* C16 = nullptr);
+                size_t workspace_bytes, cudaStream_t stream, uint16_t* C16 = nullptr,
+                const float* C_in = nullptr);
 
   // Block-scaled FP8 GEMM (recipe fp8-block; Hopper): C[M, N] (fp32) = A[M, K] B[N, K]^T +
   // beta C, E4M3 codes, both K-major, each element decoded with its block's scale: 1 x 128
@@ -86,7 +91,7 @@ class LtGemm {
   bool fp8_block_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_scales,
                       bool a_2d, const uint8_t* B, const float* b_scales, bool b_2d, float beta,
                       float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                      uint16_t* C16 = nullptr);
+                      uint16_t* C16 = nullptr, const float* C_in = nullptr);
 
   // MXFP8 GEMM (recipe mxfp8; Blackwell, compute capability 10.x): C[M, N] (fp32) = A[M, K]
   // B[N, K]^T + beta C, E4M3 codes, both K-major, each 1 x 32 block along K decoded with its
@@ -97,7 +102,7 @@ class LtGemm {
   bool mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
                   const uint8_t* B, const uint8_t* b_scales, float beta, float* C,
                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                  uint16_t* C16 = nullptr);
+                  uint16_t* C16 = nullptr, const float* C_in = nullptr);
 
   // NVFP4 GEMM (recipe nvfp4; Blackwell, compute capability 10.x, cuBLAS >= 12.8): C[M, N]
   // (fp32) = alpha A[M, K] B[N, K]^T + beta C with alpha = (1 / a_global[0]) (1 / b_global[0]),
@@ -128,12 +133,13 @@ class LtGemm {
   // beta point to host floats, or with device_scalars to device floats
   // (CUBLASLT_POINTER_MODE_DEVICE); beta_value and `hint` are for the "no algorithm" message.
   // D16 not null (beta 0, host scalars): the output is bf16 codes in D16 (C unused), and a
-  // missing algorithm returns false instead of throwing.
+  // missing algorithm returns false instead of throwing. C_in (fp32 output): beta's term read
+  // from C_in (null: C itself).
   bool scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K, const ScaledOperand& a,
                       const ScaledOperand& b, const float* alpha, const float* beta,
                       bool device_scalars, float beta_value, float* C, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream, const char* hint,
-                      uint16_t* D16 = nullptr);
+                      uint16_t* D16 = nullptr, const float* C_in = nullptr);
   // gemm / gemm_bf16 after their operand handling: one cuBLASLt call on operands of in_type,
   // C (and D, the same buffer) of out_type (CUDA_R_32F, or CUDA_R_16BF with beta 0), fp32
   // scale type.
@@ -147,7 +153,7 @@ class LtGemm {
                        const void* a_scale, int32_t a_mode, const uint8_t* B,
                        numerics::Format b_fmt, const void* b_scale, int32_t b_mode, float beta,
                        float* C, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                       uint16_t* C16);
+                       uint16_t* C16, const float* C_in);
   // The heuristic's first algorithm for a call whose descriptors are set: asked once per key
   // (every attribute the descriptors were built from: shapes, transposes, data and compute
   // types (the output's included), scale modes, pointer mode, operand alignments, workspace size), then reused.

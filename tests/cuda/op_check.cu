@@ -278,6 +278,27 @@ void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend
     });
 }
 
+// The forward with a residual (Backend::fp8_linear_forward's `residual`: the bf16 path's o and
+// down projections, x as codes as the trainer calls them): CUDA reads R as the GEMM's C with
+// beta 1 and writes R + product to y (nvfp4: the product, then an add), the CPU twin computes
+// the product and adds. y is poisoned before; R, a unit normal (the residual stream's size
+// beside the product's), must come out unchanged bit for bit. Tolerance: the plain forward's,
+// kFp8Gemm of each row's max |y| (times `scale`). fwd(on_gpu, y, R) runs the Linear on one
+// backend.
+template <class F>
+void check_fp8_residual(const char* op, const std::string& shape, int64_t n, int64_t cols,
+                        double scale, F&& fwd) {
+  run_case(op, shape, [&](Result& r) {
+    const std::vector<float> R = randn(n);
+    std::vector<float> y(n);
+    Dev<float> dY(n), dR(R);
+    fwd(false, y.data(), R.data());
+    fwd(true, dY.p, dR.p);
+    compare_rows(r, "y", dY.download(), y, cols, scale);
+    expect_floats(r, "R", dR.download(), R);
+  });
+}
+
 // The per-tensor FP8 Linears (recipes fp8-current / fp8-delayed): CUDA's quantize kernels +
 // cuBLASLt FP8 GEMMs against the CPU backend's reference form (the recipe's exact emulation:
 // fp32 GEMM over the dequantized operands) on the same inputs. Both quantize to the same codes
@@ -358,6 +379,17 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
                                op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p);
         compare_rows(r, "y", dY.download(), y, O);
         check_amax(r);
+      });
+      check_fp8_residual("fp8_linear_forward_residual", shape, N * O, O, 1,
+                         [&](bool on_gpu, float* y, const float* R) {
+        if (on_gpu)
+          gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)), dW.p,
+                                 op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p,
+                                 nullptr, R);
+        else
+          cpu.fp8_linear_forward(y, xb.wide.data(), op(Format::kE4M3, x, &cpu_amax[0]), w.data(),
+                                 op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, cpu_work.data(),
+                                 nullptr, R);
       });
       check_fp8_bf16_output("fp8_linear_forward_bf16out", shape, gpu, N * O, O,
                             [&](bool on_gpu, float* y, uint16_t* y16) {
@@ -468,6 +500,13 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O);
     });
+    check_fp8_residual("fp8_block_linear_forward_residual", shape, N * O, O, 1,
+                       [&](bool on_gpu, float* y, const float* R) {
+      if (on_gpu)
+        gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p, nullptr, R);
+      else
+        cpu.fp8_linear_forward(y, xb.wide.data(), blocks(1, 128), w.data(), blocks(128, 128), N, I, O, cpu_work.data(), nullptr, R);
+    });
     check_fp8_bf16_output("fp8_block_linear_forward_bf16out", shape, gpu, N * O, O,
                           [&](bool on_gpu, float* y, uint16_t* y16) {
       if (on_gpu)
@@ -545,6 +584,13 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O);
     });
+    check_fp8_residual("mxfp8_linear_forward_residual", shape, N * O, O, 1,
+                       [&](bool on_gpu, float* y, const float* R) {
+      if (on_gpu)
+        gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p, nullptr, R);
+      else
+        cpu.fp8_linear_forward(y, xb.wide.data(), mx(false), w.data(), mx(false), N, I, O, cpu_work.data(), nullptr, R);
+    });
     check_fp8_bf16_output("mxfp8_linear_forward_bf16out", shape, gpu, N * O, O,
                           [&](bool on_gpu, float* y, uint16_t* y16) {
       if (on_gpu)
@@ -608,6 +654,13 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       cpu.fp8_linear_forward(y.data(), x.data(), fp4(1, 16, false, 0), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data());
       gpu.fp8_linear_forward(dY.p, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O, 3);
+    });
+    check_fp8_residual("nvfp4_linear_forward_residual", shape, N * O, O, 3,
+                       [&](bool on_gpu, float* y, const float* R) {
+      if (on_gpu)
+        gpu.fp8_linear_forward(y, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p, nullptr, R);
+      else
+        cpu.fp8_linear_forward(y, x.data(), fp4(1, 16, false, 0), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data(), nullptr, R);
     });
     run_case("nvfp4_linear_forward_bf16out", shape, [&](Result& r) {  // fp32, then rounded
       std::vector<float> y(N * O);
