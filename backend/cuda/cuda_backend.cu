@@ -1376,7 +1376,8 @@ class CudaBackendImpl final : public CudaBackend {
                       [&](int64_t b0, int64_t n) {
         cudnn_->forward(A::Out::bf16(out16 + b0 * sq), lse + b0 * H * T,
                         A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
-                        A::In::bf16(v16 + b0 * sk), n, T, H, KV, D, scratch_);
+                        A::In::bf16(v16 + b0 * sk), n, T, H, KV, D, scratch_,
+                        "attention_forward_bf16");
       });
       return done("attention_forward_bf16");
     }
@@ -1821,7 +1822,7 @@ class CudaBackendImpl final : public CudaBackend {
       cudnn_->backward(cudnn_out(dq + b0 * sq), cudnn_out(dk + b0 * sk), cudnn_out(dv + b0 * sk),
                        cudnn_in(dout + b0 * sq), cudnn_in(q16 + b0 * sq), cudnn_in(k16 + b0 * sk),
                        cudnn_in(v16 + b0 * sk), cudnn_in(out16 + b0 * sq), lse + b0 * H * T, n,
-                       T, H, KV, D, scratch_);
+                       T, H, KV, D, scratch_, op);
     });
   }
 #endif

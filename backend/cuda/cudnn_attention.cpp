@@ -321,8 +321,8 @@ size_t CudnnAttention::backward_scratch_bytes(int64_t B, int64_t T, int64_t H, i
 }
 
 void CudnnAttention::forward(Out out, float* lse, In q, In k, In v, int64_t B, int64_t T,
-                             int64_t H, int64_t KV, int64_t D, DeviceArena& scratch) {
-  const char* op = "attention_forward";
+                             int64_t H, int64_t KV, int64_t D, DeviceArena& scratch,
+                             const char* op) {
   const Entry& e = impl_->ready(op, B, T, H, KV, D);
   const cudaStream_t s = impl_->stream;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
@@ -339,8 +339,7 @@ void CudnnAttention::forward(Out out, float* lse, In q, In k, In v, int64_t B, i
 
 void CudnnAttention::backward(Out dq, Out dk, Out dv, In dout, In q, In k, In v, In out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
-                              int64_t D, DeviceArena& scratch) {
-  const char* op = "attention_backward";
+                              int64_t D, DeviceArena& scratch, const char* op) {
   const Entry& e = impl_->ready(op, B, T, H, KV, D);
   const cudaStream_t s = impl_->stream;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;

@@ -64,11 +64,13 @@ class CudnnAttention {
 
   // Both require problem(...) == "" for the shape (one graph per shape, whatever form the
   // operands take). Scratch: the bf16 copies and cuDNN's workspace, released on return (stream
-  // order keeps later users after these kernels).
+  // order keeps later users after these kernels). op: the backend op's name, which errors
+  // carry (attention_forward_bf16 and the other codes forms run here too).
   void forward(Out out, float* lse, In q, In k, In v, int64_t B, int64_t T, int64_t H,
-               int64_t KV, int64_t D, DeviceArena& scratch);
+               int64_t KV, int64_t D, DeviceArena& scratch, const char* op = "attention_forward");
   void backward(Out dq, Out dk, Out dv, In dout, In q, In k, In v, In out, const float* lse,
-                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch,
+                const char* op = "attention_backward");
   // The fp32 interface (Backend::attention_forward / _backward): every operand fp32.
   void forward(float* out, float* lse, const float* q, const float* k, const float* v,
                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, DeviceArena& scratch) {
