@@ -477,6 +477,8 @@ constexpr int kTile = 32, kTileRows = 8;
 // (`packed`: rows a multiple of 4 and codes_t 4-byte aligned; else byte by byte), 128 bytes a
 // warp, where 32 x 32 tiles stored 32.
 constexpr int kCodesTileRows = 128;
+// The rows of a tile each thread reads (the block is kTile x kTileRows threads).
+constexpr int kCodesRowsPerThread = kCodesTileRows / kTileRows;
 // codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
 // amax (may be null): max |x| too, as fp8_codes_kernel.
 template <class T>
@@ -490,14 +492,26 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
   const int64_t c0 = int64_t(blockIdx.x) * kTile;
   float m = 0.0f;
   // Row tiles beyond grid y's limit (65535 x 128 rows) are taken by the same blocks in turn.
+  const int64_t c = c0 + threadIdx.x;
   for (int64_t r0 = int64_t(blockIdx.y) * kCodesTileRows; r0 < rows;
        r0 += int64_t(gridDim.y) * kCodesTileRows) {
-    for (int i = threadIdx.y; i < kCodesTileRows; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    // All of a thread's kCodesRowsPerThread loads first (predicated, so issued back to back),
+    // then their codes. Written as one loop of load, encode, store, the SASS (sm_90, cuobjdump)
+    // waited on each load before issuing the next: one 128-byte load in flight a warp, far too
+    // few bytes in flight to cover the memory latency (Little's law).
+    float v[kCodesRowsPerThread];
+#pragma unroll
+    for (int k = 0; k < kCodesRowsPerThread; ++k) {
+      const int64_t r = r0 + threadIdx.y + k * kTileRows;
+      v[k] = r < rows && c < cols ? load(x, r * cols + c) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kCodesRowsPerThread; ++k) {
+      const int i = int(threadIdx.y) + k * kTileRows;
+      const int64_t r = r0 + i;
       if (r < rows && c < cols) {
-        const float v = load(x, r * cols + c);
-        m = numerics::amax_fold(m, v);
-        const uint8_t code = fp8_code(v * scale, fmt);
+        m = numerics::amax_fold(m, v[k]);
+        const uint8_t code = fp8_code(v[k] * scale, fmt);
         tile[i][threadIdx.x] = code;
         if (codes) codes[r * cols + c] = code;
       }
@@ -506,9 +520,9 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
     // codes^T row c (x's column c), bytes r0 + 4 tx .. r0 + 4 tx + 3 (x's rows) from this thread
     const int i = 4 * int(threadIdx.x);
     for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t c = c0 + j, r = r0 + i;
-      if (c >= cols || r >= rows) continue;
-      uint8_t* dst = codes_t + c * rows + r;
+      const int64_t ct = c0 + j, r = r0 + i;
+      if (ct >= cols || r >= rows) continue;
+      uint8_t* dst = codes_t + ct * rows + r;
       if (packed && r + 3 < rows) {
         *reinterpret_cast<uint32_t*>(dst) = uint32_t(tile[i][j]) | uint32_t(tile[i + 1][j]) << 8 |
                                             uint32_t(tile[i + 2][j]) << 16 |
