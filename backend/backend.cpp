@@ -303,22 +303,28 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
 
 void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
                                const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                               bool accumulate_dx, float* work) {
+                               bool accumulate_dx, float* work, uint16_t* dx16) {
   OpScope scope(*this, "fp8_linear_dgrad");
+  MX_REQUIRE(!dx16 || (dx && !accumulate_dx),
+             "fp8_linear_dgrad: bf16 codes of dx are written, not added, with dx as scratch");
+  std::vector<float> wide;
+  dy = operand_values(dy, dyq, N * out, wide);
   float* dyd = work;
   float* wd = work + N * out;
   fp8_emulate(dyd, dy, N, out, dyq);
   fp8_emulate(wd, w, out, in, wq);
   gemm(false, false, N, in, out, 1.0f, dyd, wd, accumulate_dx ? 1.0f : 0.0f, dx);
+  if (dx16) to_bf16(dx16, dx, N * in);
 }
 
 void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
                                const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                                float* work) {
   OpScope scope(*this, "fp8_linear_wgrad");
-  std::vector<float> wide;
+  std::vector<float> wide, wide_dy;
   const void* id = xq.bf16 ? static_cast<const void*>(xq.bf16) : x;
   x = operand_values(x, xq, N * in, wide);
+  dy = operand_values(dy, dyq, N * out, wide_dy);
   float* dyd = work;
   float* xd = work + N * out;
   if (dyq.rht) {  // nvfp4: dW += q(RHT(dy^T)) q(RHT(x^T))^T, the emulation's GEMM call
@@ -336,8 +342,11 @@ void Backend::fp8_linear_backward(float* dx, float* dw, const float* dy,
                                   const Fp8Operand& dyq_dgrad, const float* w,
                                   const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
                                   const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
-                                  int64_t out, bool accumulate_dx, float* work) {
-  if (dx) fp8_linear_dgrad(dx, dy, dyq_dgrad, w, wq, N, in, out, accumulate_dx, work);
+                                  int64_t out, bool accumulate_dx, float* work,
+                                  uint16_t* dx16) {
+  MX_REQUIRE(!(dx && dw) || dyq_dgrad.bf16 == dyq_wgrad.bf16,
+             "fp8_linear_backward: dy's two operands given as different codes");
+  if (dx) fp8_linear_dgrad(dx, dy, dyq_dgrad, w, wq, N, in, out, accumulate_dx, work, dx16);
   if (dw) fp8_linear_wgrad(dw, dy, dyq_wgrad, x, xq, N, in, out, work);
 }
 

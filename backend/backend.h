@@ -191,10 +191,16 @@ class Backend {
                                   float* work, uint16_t* y16 = nullptr,
                                   const float* residual = nullptr);
   // dx[N,in] (= or +=) q(dy[N,out]) q(w[out,in])
+  // dy may come as bf16 codes (dyq.bf16, dy null; not under nvfp4), as x does in the forward.
+  // dx16 not null (accumulate_dx false): the result is wanted as bf16 codes (RNE of each fp32
+  // element, as to_bf16) in dx16 instead; dx is still backend memory for N * in floats, which
+  // the call may use as scratch. CUDA writes dx16 from the GEMM's epilogue (where cuBLASLt has
+  // an algorithm for it, else fp32 then rounded: the same codes); here dx, then to_bf16.
   virtual void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq,
                                 const float* w, const Fp8Operand& wq, int64_t N, int64_t in,
-                                int64_t out, bool accumulate_dx, float* work);
-  // dw[out,in] += q(dy[N,out])^T q(x[N,in])
+                                int64_t out, bool accumulate_dx, float* work,
+                                uint16_t* dx16 = nullptr);
+  // dw[out,in] += q(dy[N,out])^T q(x[N,in]); dy and x each fp32 or bf16 codes (not nvfp4).
   virtual void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq,
                                 const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                 int64_t out, float* work);
@@ -204,11 +210,13 @@ class Backend {
   // CUDA, where dy's two quantizations are the same per-tensor one (fp8-current; fp8-delayed
   // when its two scales agree), takes dy's amax once and writes its codes in both layouts in
   // one pass (cuda::fp8_codes_both: the same bytes), and records the amax for both operands.
+  // dy as codes: both operands' bf16 (the same codes), dy null. dx16: as fp8_linear_dgrad's.
   virtual void fp8_linear_backward(float* dx, float* dw, const float* dy,
                                    const Fp8Operand& dyq_dgrad, const float* w,
                                    const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
                                    const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
-                                   int64_t out, bool accumulate_dx, float* work);
+                                   int64_t out, bool accumulate_dx, float* work,
+                                   uint16_t* dx16 = nullptr);
 
   // ---- Shared inputs: one quantization for the Linears that read the same tensor -----------
   // q, k and v read one normalized input (h1), gate and up another (h2). Between

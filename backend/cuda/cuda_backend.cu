@@ -941,8 +941,11 @@ class CudaBackendImpl final : public CudaBackend {
   void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
                         const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                         float* work) override {
-    with_input(x, xq, "fp8_linear_wgrad",
-               [&](const auto* xs) { fp8_wgrad(dw, dy, dyq, xs, xq, N, in, out, work); });
+    with_input(x, xq, "fp8_linear_wgrad", [&](const auto* xs) {
+      with_grad(dy, dyq, "fp8_linear_wgrad", [&](const auto* dys) {
+        fp8_wgrad(dw, dys, dyq, xs, xq, N, in, out, work);
+      });
+    });
   }
 
   // Both GEMMs of a Linear's backward. Where dy's two quantizations are one per-tensor
@@ -950,11 +953,12 @@ class CudaBackendImpl final : public CudaBackend {
   // once and its codes written in both layouts from one read (fp8_codes_both); the amax goes to
   // both operands' slots. The codes are the bytes the two separate calls write. Otherwise, or
   // where `work` (the larger of the two calls' floats) cannot hold the four code buffers, the
-  // two calls.
+  // two calls. dy as codes (both operands' bf16) and dx16: as fp8_linear_dgrad's.
   void fp8_linear_backward(float* dx, float* dw, const float* dy, const Fp8Operand& dyq_dgrad,
                            const float* w, const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
                            const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
-                           int64_t out, bool accumulate_dx, float* work) override {
+                           int64_t out, bool accumulate_dx, float* work,
+                           uint16_t* dx16) override {
     auto per_tensor = [](const Fp8Operand& q) {
       return !q.mx && !q.nvfp4 && q.block_rows == 0 && q.block_cols == 0;
     };
@@ -965,26 +969,34 @@ class CudaBackendImpl final : public CudaBackend {
     if (!dx || !dw || !per_tensor(dyq_dgrad) || !per_tensor(dyq_wgrad) || !same ||
         need > have) {
       return Backend::fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in,
-                                          out, accumulate_dx, work);
+                                          out, accumulate_dx, work, dx16);
     }
+    MX_REQUIRE(dyq_dgrad.bf16 == dyq_wgrad.bf16,
+               "fp8_linear_backward: dy's two operands given as different codes");
+    MX_REQUIRE(!dx16 || !accumulate_dx,
+               "fp8_linear_backward: bf16 codes of dx are written, not added");
     with_input(x, xq, "fp8_linear_backward", [&](const auto* xs) {
+      with_grad(dy, dyq_dgrad, "fp8_linear_backward", [&](const auto* dys) {
       uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
       uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
       uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
       uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
       Fp8Operand dyq = dyq_dgrad;  // dy's amax goes to the wgrad operand's slot too
       if (!dyq.amax) dyq.amax = dyq_wgrad.amax;
-      const float* scale_inv = fp8_operand(dytc, dy, N, out, dyq, true, dyc);
+      const float* scale_inv = fp8_operand(dytc, dys, N, out, dyq, true, dyc);
       if (dyq_wgrad.amax && dyq_wgrad.amax != dyq.amax)
         MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, dyq.amax,
                                                              sizeof(float),
                                                              cudaMemcpyDeviceToDevice, stream_));
       const float* ws = fp8_operand(wtc, w, out, in, wq, true);
-      tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
-                      accumulate_dx ? 1.0f : 0.0f, dx, nullptr);
+      fp8_output(dx, dx16, nullptr, N * in, [&](float* C, uint16_t* C16, const float*) {
+        return tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
+                               accumulate_dx ? 1.0f : 0.0f, C, C16);
+      });
       const float* xsc = fp8_operand(xtc, xs, N, in, xq, true);
       tensor_fp8_gemm(out, in, N, dytc, dyq_dgrad.fmt, scale_inv, xtc, xq.fmt, xsc, 1.0f, dw,
                       nullptr);
+      });
     });
   }
 
@@ -1096,50 +1108,86 @@ class CudaBackendImpl final : public CudaBackend {
     return true;
   }
 
+  // dy given as codes (dyq.bf16): the quantizers read them. dx16: the product as bf16 codes
+  // out of the GEMM's epilogue (fp8_output's fallback where it has none; dx its scratch).
   void fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
                         const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
-                        bool accumulate_dx, float* work) override {
+                        bool accumulate_dx, float* work, uint16_t* dx16) override {
+    MX_REQUIRE(!dx16 || (dx && !accumulate_dx),
+               "fp8_linear_dgrad: bf16 codes of dx are written, not added, with dx as scratch");
     DeviceArenaScope scope(scratch_);
+    with_grad(dy, dyq, "fp8_linear_dgrad", [&](const auto* dys) {
+      fp8_dgrad(dx, dx16, dys, dyq, w, wq, N, in, out, accumulate_dx, work);
+    });
+  }
+
+  // f(dy) or, given as codes, f(dyq.bf16) (not under nvfp4, whose device path transforms fp32
+  // operands). No scope of its own: the callers hold one.
+  template <class F>
+  void with_grad(const float* dy, const Fp8Operand& dyq, const char* op, F&& f) {
+    if (!dyq.bf16) return f(dy);
+    MX_REQUIRE(!dy && !dyq.nvfp4, op, ": bf16 codes of dy given with dy, or under nvfp4");
+    f(dyq.bf16);
+  }
+
+  // DY: float (fp32 gradient) or uint16_t (bf16 codes; never for nvfp4). The caller holds a
+  // scope.
+  template <class DY>
+  void fp8_dgrad(float* dx, uint16_t* dx16, const DY* dy, const Fp8Operand& dyq, const float* w,
+                 const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
+                 float* work) {
     uint8_t* dyc = reinterpret_cast<uint8_t*>(work);   // [N, out]: K = out innermost
     uint8_t* wtc = dyc + round_up_256(N * out);          // W^T [in, out]
     const float beta = accumulate_dx ? 1.0f : 0.0f;
-    if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
-      const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
-      const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
-      return nvfp4_gemm(N, in, out, a, b, beta, dx);
+    // gemm(C, C16, R): as fp8_forward's (R unused: null)
+    auto output = [&](auto&& gemm) { fp8_output(dx, dx16, nullptr, N * in, gemm); };
+    if constexpr (std::is_same_v<DY, float>) {
+      if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
+        const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
+        const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
+        nvfp4_gemm(N, in, out, a, b, beta, dx);
+        if (dx16) round_output(dx16, dx, N * in);
+        return;
+      }
     }
+    MX_REQUIRE(!dyq.nvfp4, "fp8_dgrad: nvfp4 takes fp32 operands");
     if (dyq.mx) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const uint8_t* dys = mxfp8_operand(dyc, tmp, dy, N, out, false);
       const uint8_t* ws = mxfp8_operand(wtc, tmp, w, out, in, true);
-      mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
-      return;
+      return output([&](float* C, uint16_t* C16, const float*) {
+        return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, C, C16);
+      });
     }
     if (dyq.block_rows > 0 && fp8_block_via_mx_) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const uint8_t* dys = fp8_block_mx_operand(dyc, tmp, dy, N, out, dyq, false);
       const uint8_t* ws = fp8_block_mx_operand(wtc, tmp, w, out, in, wq, true);
-      mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, dx);
-      return;
+      return output([&](float* C, uint16_t* C16, const float*) {
+        return mxfp8_gemm(N, in, out, dyc, dys, wtc, ws, beta, C, C16);
+      });
     }
     if (dyq.block_rows > 0) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const float* dys = fp8_block_operand(dyc, tmp, dy, N, out, dyq, false);
       const float* ws = fp8_block_operand(wtc, tmp, w, out, in, wq, true);
-      fp8_block_gemm(N, in, out, dyc, dys, dyq, wtc, ws, wq, beta, dx);
-      return;
+      return output([&](float* C, uint16_t* C16, const float*) {
+        return fp8_block_gemm(N, in, out, dyc, dys, dyq, wtc, ws, wq, beta, C, C16);
+      });
     }
     const float* dys = fp8_operand(dyc, dy, N, out, dyq, false);
     const float* ws = fp8_operand(wtc, w, out, in, wq, true);
-    fp8_gemm(N, in, out, dyc, dyq.fmt, dys, wtc, wq.fmt, ws, beta, dx);
+    output([&](float* C, uint16_t* C16, const float*) {
+      return tensor_fp8_gemm(N, in, out, dyc, dyq.fmt, dys, wtc, wq.fmt, ws, beta, C, C16);
+    });
   }
 
-  template <class X>
-  void fp8_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const X* x,
+  template <class DY, class X>
+  void fp8_wgrad(float* dw, const DY* dy, const Fp8Operand& dyq, const X* x,
                  const Fp8Operand& xq, int64_t N, int64_t in, int64_t out, float* work) {
     uint8_t* dytc = reinterpret_cast<uint8_t*>(work);  // dy^T [out, N]: K = N innermost
     uint8_t* xtc = dytc + round_up_256(N * out);         // x^T [in, N]
-    if constexpr (std::is_same_v<X, float>) {
+    if constexpr (std::is_same_v<X, float> && std::is_same_v<DY, float>) {
       if (dyq.nvfp4) {  // RHT(dy^T) and RHT(x^T) in fp32 in `work`, then 1x16 along the tokens
         MX_REQUIRE(dyq.rht && xq.rht, "fp8_linear_wgrad: nvfp4 on the device takes the RHT "
                    "operands (tokens a multiple of 16), got none");
@@ -1942,16 +1990,12 @@ class CudaBackendImpl final : public CudaBackend {
     float* fused_amax = q.current ? nullptr : amax;
     cuda::fp8_scales(scale, scale_inv, q.current ? amax : nullptr, q.scale, q.fmt, stream_);
     [&] {
-      if constexpr (std::is_same_v<X, float>) {
-        if (codes_rows) {
-          MX_ASSERT(transposed, "fp8_operand: the row-major copy goes with the transposed codes");
-          cuda::fp8_codes_both(x, rows, cols, q.fmt, scale, codes_rows, codes, stream_,
-                               fused_amax);
-          launched("fp8_operand (both layouts)");
-          return;
-        }
+      if (codes_rows) {
+        MX_ASSERT(transposed, "fp8_operand: the row-major copy goes with the transposed codes");
+        cuda::fp8_codes_both(x, rows, cols, q.fmt, scale, codes_rows, codes, stream_, fused_amax);
+        launched("fp8_operand (both layouts)");
+        return;
       }
-      MX_ASSERT(!codes_rows, "fp8_operand: both layouts of bf16 codes");
       cuda::fp8_codes(x, rows, cols, q.fmt, scale, codes, transposed, stream_, fused_amax);
       launched("fp8_operand");
     }();

@@ -735,13 +735,27 @@ void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, Format fmt, const 
   fp8_codes_of(x, rows, cols, fmt, scale, codes, transposed, s, amax);
 }
 
-void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-                    uint8_t* codes, uint8_t* codes_t, cudaStream_t s, float* amax) {
+namespace {
+template <class T>
+void fp8_codes_both_of(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+                       uint8_t* codes, uint8_t* codes_t, cudaStream_t s, float* amax) {
   check_fp8(fmt, "fp8_codes_both");
   zero_amax(amax, s);
   if (rows * cols == 0) return;
   launch_codes_t(x, rows, cols, fmt, scale, codes_t, codes, amax, s, "fp8_codes_both");
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both");
+}
+}  // namespace
+
+void fp8_codes_both(const float* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+                    uint8_t* codes, uint8_t* codes_t, cudaStream_t s, float* amax) {
+  fp8_codes_both_of(x, rows, cols, fmt, scale, codes, codes_t, s, amax);
+}
+
+void fp8_codes_both(const uint16_t* x, int64_t rows, int64_t cols, Format fmt,
+                    const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s,
+                    float* amax) {
+  fp8_codes_both_of(x, rows, cols, fmt, scale, codes, codes_t, s, amax);
 }
 
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,

@@ -86,8 +86,11 @@ void fp8_codes(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format f
 // Both layouts of fp8_codes from one read of x (the cast + transpose Transformer Engine fuses):
 // codes [rows, cols] and codes_t [cols, rows], the same bytes as the two fp8_codes calls. For a
 // Linear's output gradient, which the data gradient reads row-major and the weight gradient
-// transposed.
+// transposed (x as bf16 codes: the bf16 path's gradients).
 void fp8_codes_both(const float* x, int64_t rows, int64_t cols, numerics::Format fmt,
+                    const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s,
+                    float* amax = nullptr);
+void fp8_codes_both(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format fmt,
                     const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s,
                     float* amax = nullptr);
 

@@ -438,6 +438,69 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
           compare_rows(r, "dw", dDW.download(), dw, I);
           expect_floats(r, "amax", amax4.download(), camax);
         });
+      // The bf16 path's gradients as codes: dy given as bf16 codes (Fp8Operand::bf16; the CPU
+      // twin reads host codes through the same field), dx wanted as codes (dx16, out of the
+      // GEMM's epilogue on CUDA; dx poisoned scratch). dx16 at the fp32 result's tolerance plus
+      // one bf16 ulp; the amaxes exactly (of the codes' values).
+      const Bf16Input dyb(dy);
+      auto with_codes = [](Backend::Fp8Operand q, const uint16_t* codes) {
+        q.bf16 = codes;
+        return q;
+      };
+      run_case("fp8_linear_dgrad_bf16dy", shape + " dx16", [&](Result& r) {
+        std::vector<float> dx(N * I);
+        std::vector<uint16_t> dx16(N * I);
+        Dev<float> dDX(N * I);
+        Dev<uint16_t> dDX16(N * I);
+        gpu_amax.poison();
+        cpu.fp8_linear_dgrad(dx.data(), nullptr,
+                             with_codes(op(Format::kE5M2, dy, &cpu_amax[0]), dyb.codes.data()),
+                             w.data(), op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, false,
+                             cpu_work.data(), dx16.data());
+        gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(op(Format::kE5M2, dy, gpu_amax.p)), dW.p,
+                             op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, false, gpu_work.p,
+                             dDX16.p);
+        compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+        check_amax(r);
+      });
+      run_case("fp8_linear_wgrad_bf16dy", shape, [&](Result& r) {
+        auto dw = randn(O * I, 1e-3f);
+        Dev<float> dDW(dw);
+        gpu_amax.poison();
+        cpu.fp8_linear_wgrad(dw.data(), nullptr,
+                             with_codes(op(Format::kE5M2, dy, &cpu_amax[0]), dyb.codes.data()),
+                             nullptr, with_codes(op(Format::kE4M3, x, &cpu_amax[1]),
+                                                 xb.codes.data()),
+                             N, I, O, cpu_work.data());
+        gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(op(Format::kE5M2, dy, gpu_amax.p)),
+                             nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p + 1)), N, I, O,
+                             gpu_work.p);
+        compare_rows(r, "dw", dDW.download(), dw, I);
+        check_amax(r);
+      });
+      run_case("fp8_linear_backward", shape + " dy bf16 dx16", [&](Result& r) {
+        auto dw = randn(O * I, 1e-3f);
+        std::vector<float> dx(N * I), camax(4);
+        std::vector<uint16_t> dx16(N * I);
+        Dev<float> dDX(N * I), dDW(dw), amax4(4);
+        Dev<uint16_t> dDX16(N * I);
+        const uint16_t* hc = dyb.codes.data();
+        cpu.fp8_linear_backward(dx.data(), dw.data(), nullptr,
+                                with_codes(op(Format::kE5M2, dy, &camax[0]), hc), w.data(),
+                                op(Format::kE4M3, w, &camax[1]),
+                                with_codes(op(Format::kE5M2, dy, &camax[2]), hc), nullptr,
+                                with_codes(op(Format::kE4M3, x, &camax[3]), xb.codes.data()),
+                                N, I, O, false, cpu_work.data(), dx16.data());
+        gpu.fp8_linear_backward(dDX.p, dDW.p, nullptr,
+                                dyb.on_gpu(op(Format::kE5M2, dy, amax4.p)), dW.p,
+                                op(Format::kE4M3, w, amax4.p + 1),
+                                dyb.on_gpu(op(Format::kE5M2, dy, amax4.p + 2)), nullptr,
+                                xb.on_gpu(op(Format::kE4M3, x, amax4.p + 3)), N, I, O, false,
+                                gpu_work.p, dDX16.p);
+        compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+        compare_rows(r, "dw", dDW.download(), dw, I);
+        expect_floats(r, "amax", amax4.download(), camax);
+      });
     }
 }
 
@@ -519,6 +582,28 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
       Dev<float> dDW(dw);
       cpu.fp8_linear_wgrad(dw.data(), dy.data(), blocks(128, 1), xb.wide.data(), blocks(128, 1), N, I, O, cpu_work.data());
       gpu.fp8_linear_wgrad(dDW.p, dDY.p, blocks(128, 1), nullptr, xb.on_gpu(blocks(128, 1)), N, I, O, gpu_work.p);
+      compare_rows(r, "dw", dDW.download(), dw, I);
+    });
+    // dy as bf16 codes (the CPU twin on host codes), dx as codes (dx16): as the per-tensor cases
+    const Bf16Input dyb(dy);
+    auto host_codes = [&](Backend::Fp8Operand q, const Bf16Input& b) {
+      q.bf16 = b.codes.data();
+      return q;
+    };
+    run_case("fp8_block_linear_dgrad_bf16dy", shape + " dx16", [&](Result& r) {
+      std::vector<float> dx(N * I);
+      std::vector<uint16_t> dx16(N * I);
+      Dev<float> dDX(N * I);
+      Dev<uint16_t> dDX16(N * I);
+      cpu.fp8_linear_dgrad(dx.data(), nullptr, host_codes(blocks(1, 128), dyb), w.data(), blocks(128, 128), N, I, O, false, cpu_work.data(), dx16.data());
+      gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, false, gpu_work.p, dDX16.p);
+      compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+    });
+    run_case("fp8_block_linear_wgrad_bf16dy", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);
+      cpu.fp8_linear_wgrad(dw.data(), nullptr, host_codes(blocks(128, 1), dyb), nullptr, host_codes(blocks(128, 1), xb), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(blocks(128, 1)), nullptr, xb.on_gpu(blocks(128, 1)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
   }
@@ -603,6 +688,28 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
       Dev<float> dDW(dw);
       cpu.fp8_linear_wgrad(dw.data(), dy.data(), mx(true), xb.wide.data(), mx(true), N, I, O, cpu_work.data());
       gpu.fp8_linear_wgrad(dDW.p, dDY.p, mx(true), nullptr, xb.on_gpu(mx(true)), N, I, O, gpu_work.p);
+      compare_rows(r, "dw", dDW.download(), dw, I);
+    });
+    // dy as bf16 codes (the CPU twin on host codes), dx as codes (dx16): as the per-tensor cases
+    const Bf16Input dyb(dy);
+    auto host_codes = [&](Backend::Fp8Operand q, const Bf16Input& b) {
+      q.bf16 = b.codes.data();
+      return q;
+    };
+    run_case("mxfp8_linear_dgrad_bf16dy", shape + " dx16", [&](Result& r) {
+      std::vector<float> dx(N * I);
+      std::vector<uint16_t> dx16(N * I);
+      Dev<float> dDX(N * I);
+      Dev<uint16_t> dDX16(N * I);
+      cpu.fp8_linear_dgrad(dx.data(), nullptr, host_codes(mx(false), dyb), w.data(), mx(true), N, I, O, false, cpu_work.data(), dx16.data());
+      gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(mx(false)), dW.p, mx(true), N, I, O, false, gpu_work.p, dDX16.p);
+      compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+    });
+    run_case("mxfp8_linear_wgrad_bf16dy", shape, [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);
+      cpu.fp8_linear_wgrad(dw.data(), nullptr, host_codes(mx(true), dyb), nullptr, host_codes(mx(true), xb), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(mx(true)), nullptr, xb.on_gpu(mx(true)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
   }
