@@ -339,13 +339,20 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
                               const float* x_wide, uint16_t* dx16) {
   const size_t m = scratch_.mark();
   const uint16_t* w16 = w16_[size_t(linear)];
-  MX_ASSERT(!dx16 || (native && !dx && !accumulate_dx), "dx as codes: native, written, not added");
-  if (!native) {  // the recipe's (or fp32) Linear: fp32 dy, x as codes or widened from them
-    MX_ASSERT(dy && !dy16);
+  MX_ASSERT(!dx16 || (!dx && !accumulate_dx), "dx as codes: written, not added");
+  if (!native) {  // the recipe's (or fp32) Linear: x as codes or widened from them
+    MX_ASSERT((dy != nullptr) != (dy16 != nullptr), "one form of dy off the native GEMMs");
     MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
-    const bool codes = !x_wide && fp8_reads_codes(N, in, out);
+    // The FP8 Linears read x and dy as codes and write dx as codes themselves; the others
+    // (emulated recipes, nvfp4, fp32) take fp32 operands widened here, and dx is rounded after.
+    const bool codes = fp8_reads_codes(N, in, out);
     const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
-    linear_bwd(linear, dx, dw, dy, x, w, N, in, out, accumulate_dx, codes ? x16 : nullptr);
+    if (dy16 && !codes) dy = widened(dy16, N * out);
+    float* dxf = dx16 ? scratch_.alloc_f32(N * in) : dx;
+    linear_bwd(linear, dxf, dw, codes && dy16 ? nullptr : dy, x, w, N, in, out, accumulate_dx,
+               codes && !x_wide ? x16 : nullptr, codes ? dy16 : nullptr,
+               codes ? dx16 : nullptr);
+    if (dx16 && !codes) be_.to_bf16(dx16, dxf, N * in);
     return scratch_.release(m);
   }
   if (!dy16) {  // rounded once for both GEMMs
@@ -573,17 +580,22 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     else be_.rmsnorm_backward(dresid, dw_norm, dh, xin, wn, rstd, N, C);
     dresid16_valid_ = dresid16_ != nullptr;
   };
-  if (bp && nat) {
+  // With bf16 activations, the gradients between a lowered block's ops are bf16 (as autocast's
+  // bf16 GEMMs and Transformer Engine's FP8 Linears return them): ds, dg, du, d_o, dq, dk, dv.
+  const bool grads16 = bf16_acts_ && lowered(layer_);
+  if (bp && grads16) {
     // ds out of down's data-gradient GEMM as codes (its epilogue rounds the fp32 product), the
-    // gradients of gate and up straight to codes (their GEMMs would round them): SwiGLU's
-    // backward reads and writes 2 bytes an element each way. The rounding path rounds ds too.
+    // gradients of gate and up straight to codes: SwiGLU's backward reads and writes 2 bytes an
+    // element each way, and gate's and up's Linears read them as codes (the bf16 GEMMs, the FP8
+    // quantizers) or widened (the emulated recipes). The rounding path rounds at these places.
     size_t m = scratch_.mark();
     uint16_t* ds16 = alloc_bf16(scratch_, N * I);
     uint16_t* dgu16 = alloc_bf16(scratch_, 2 * N * I);  // dg then du, or fused row by row
     float* dh2 = scratch_.alloc_f32(N * C);
-    linear_bwd16(6, nullptr, dw.w_down, dresid, dresid_codes(), a.s_16, w.w_down, N, I, C, false,
-                 true, nullptr, ds16);
-    if (be_.fuse_linear_backward() && fusable(w, dw, 4, 2)) {
+    // (the FP8 Linears quantize dresid itself: its codes would round it once more)
+    linear_bwd16(6, nullptr, dw.w_down, dresid, nat ? dresid_codes() : nullptr, a.s_16, w.w_down,
+                 N, I, C, false, nat, nullptr, ds16);
+    if (nat && be_.fuse_linear_backward() && fusable(w, dw, 4, 2)) {
       // one GEMM pair over [w_gate; w_up] ([2I, C]): dh2 written once, h2 read once for both
       // weight gradients (Backend::fuse_linear_backward)
       be_.swiglu_backward_bf16_fused(dgu16, ds16, a.g_16, a.u_16, N, I);
@@ -593,12 +605,15 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       uint16_t* dg16 = dgu16;
       uint16_t* du16 = dgu16 + N * I;
       be_.swiglu_backward_bf16(dg16, du16, ds16, a.g_16, a.u_16, N * I);
-      linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, true);
-      linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, true);
+      const float* h2 = nat || mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);  // once
+      const void* shared_x = h2 ? static_cast<const void*>(h2) : a.h2_16;
+      const auto shared = shared_input(shared_x, N, true);
+      linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, nat, h2);
+      linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, nat, h2);
     }
     norm_backward(dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2);
     scratch_.release(m);
-  } else if (bp) {  // the recipe's Linears quantize fp32 gradients: dg, du stay fp32
+  } else if (bp) {  // a block left in fp32 (precision.high_precision = fp32): fp32 gradients
     size_t m = scratch_.mark();
     float* dg = scratch_.alloc_f32(N * I);  // first holds dL/ds, then dL/dg (same element)
     float* du = scratch_.alloc_f32(N * I);
@@ -620,10 +635,14 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* du = scratch_.alloc_f32(N * I);
     float* dh2 = scratch_.alloc_f32(N * C);
     linear_bwd(6, dg, dw.w_down, dresid, a.s, w.w_down, N, I, C, false);
-    // where the bf16 path has ds as codes (bf16 activations, the block's Linears on bf16
-    // GEMMs), the same rounding here: the same gradients bit for bit
-    if (bf16_acts_ && bf16_linears()) be_.round_bf16(dg, dg, N * I);
+    // where the bf16 path has ds, dg and du as codes (bf16 activations, a lowered block), the
+    // same roundings here: the same gradients bit for bit
+    if (grads16) be_.round_bf16(dg, dg, N * I);
     be_.swiglu_backward(dg, du, dg, a.g, a.u, N * I);
+    if (grads16) {
+      be_.round_bf16(dg, dg, N * I);
+      be_.round_bf16(du, du, N * I);
+    }
     {
       const auto shared = shared_input(a.h2, N, true);
       linear_bwd(4, dh2, dw.w_gate, dg, a.h2, w.w_gate, N, C, I, false);
@@ -634,22 +653,23 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     scratch_.release(m);
   }
   // Attention half.
-  if (bp && nat) {
-    // On the bf16 GEMMs the attention's gradients stay codes: d_o out of its GEMM (the epilogue
-    // rounds the fp32 product, as attention would round it), dq, dk, dv out of attention
-    // (cuDNN writes bf16), RoPE's backward on them in place, and the GEMMs read them as they
-    // are (their operands: rounded anyway). The rounding path rounds at the same places.
+  if (bp && grads16) {
+    // The attention's gradients stay codes: d_o out of its GEMM (the epilogue rounds the fp32
+    // product, as attention would round it), dq, dk, dv out of attention (cuDNN writes bf16),
+    // RoPE's backward on them in place, and the Linears read them as they are (the bf16 GEMMs'
+    // operands, the FP8 quantizers' input) or widened. The rounding path rounds at the same
+    // places.
     size_t m = scratch_.mark();
     float* dh1 = scratch_.alloc_f32(N * C);
     uint16_t* d_o16 = alloc_bf16(scratch_, N * c_.q_dim());
     uint16_t* dq16 = alloc_bf16(scratch_, N * c_.q_dim());
     uint16_t* dk16 = alloc_bf16(scratch_, N * c_.kv_dim());
     uint16_t* dv16 = alloc_bf16(scratch_, N * c_.kv_dim());
-    linear_bwd16(3, nullptr, dw.wo, dresid, dresid_codes(), a.o_16, w.wo, N, c_.q_dim(), C, false,
-                 true, nullptr, d_o16);
+    linear_bwd16(3, nullptr, dw.wo, dresid, nat ? dresid_codes() : nullptr, a.o_16, w.wo, N,
+                 c_.q_dim(), C, false, nat, nullptr, d_o16);
     be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16, a.lse,
                                  B, T, H, KV, D);
-    if (be_.fuse_linear_backward() && fusable(w, dw, 0, 3)) {
+    if (nat && be_.fuse_linear_backward() && fusable(w, dw, 0, 3)) {
       // dq and dk rotated back straight into a [N, q + 2 kv] operand and dv copied beside
       // them: one GEMM pair over [wq; wk; wv] writes dh1 once (two fp32 read-and-writes of
       // it fewer) and reads h1 once for the three weight gradients
@@ -662,10 +682,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     } else {
       be_.rope_backward_bf16(dq16, rope_cos_, rope_sin_, B, T, H, D);
       be_.rope_backward_bf16(dk16, rope_cos_, rope_sin_, B, T, KV, D);
-      const auto shared = shared_input(a.h1_16, N, false);
-      linear_bwd16(0, dh1, dw.wq, nullptr, dq16, a.h1_16, w.wq, N, C, c_.q_dim(), false, true);
-      linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, true);
-      linear_bwd16(2, dh1, dw.wv, nullptr, dv16, a.h1_16, w.wv, N, C, c_.kv_dim(), true, true);
+      const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);  // once
+      const void* shared_x = h1 ? static_cast<const void*>(h1) : a.h1_16;
+      const auto shared = shared_input(shared_x, N, false);
+      linear_bwd16(0, dh1, dw.wq, nullptr, dq16, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1);
+      linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1);
+      linear_bwd16(2, dh1, dw.wv, nullptr, dv16, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1);
     }
     norm_backward(dw.input_norm, dh1, x, w.input_norm, a.rstd1);
     scratch_.release(m);
@@ -680,9 +702,9 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       linear_bwd16(3, d_o, dw.wo, dresid, nullptr, a.o_16, w.wo, N, c_.q_dim(), C, false, nat);
     else linear_bwd(3, d_o, dw.wo, dresid, a.o, w.wo, N, c_.q_dim(), C, false);
     // The rounding path rounds where the bf16 path keeps these gradients as codes (bf16
-    // activations, the block's Linears on bf16 GEMMs): d_o before attention, dq, dk and dv
-    // after it, before RoPE. The same values, so the same gradients bit for bit.
-    const bool as_codes = !bp && bf16_acts_ && bf16_linears();
+    // activations, a lowered block): d_o before attention, dq, dk and dv after it, dq and dk
+    // again after RoPE's backward. The same values, so the same gradients bit for bit.
+    const bool as_codes = !bp && grads16;
     if (as_codes) be_.round_bf16(d_o, d_o, N * c_.q_dim());
     if (bp)
       be_.attention_backward_bf16(dq, dk, dv, d_o, a.q_16, a.k_16, a.v_16, a.o_16, a.lse, B, T,
@@ -695,6 +717,10 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     }
     be_.rope_backward(dq, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_backward(dk, rope_cos_, rope_sin_, B, T, KV, D);
+    if (as_codes) {
+      be_.round_bf16(dq, dq, N * c_.q_dim());
+      be_.round_bf16(dk, dk, N * c_.kv_dim());
+    }
     if (bp) {
       // once for all three
       const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);
@@ -934,8 +960,12 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
 
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                             const float* w, int64_t N, int64_t in, int64_t out,
-                            bool accumulate_dx, const uint16_t* x16) {
+                            bool accumulate_dx, const uint16_t* x16, const uint16_t* dy16,
+                            uint16_t* dx16) {
   MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
+  MX_ASSERT((!dy16 || !dy) && ((!dy16 && !dx16) || fp8_reads_codes(N, in, out)) &&
+                (!dx16 || (dx && !accumulate_dx)),
+            "bf16-code gradients off the FP8 Linears");
   if (!lowered(layer_)) return be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
   if (native_bf16(true)) {
     be_.linear_backward(dx, dw, dy, x, w, N, in, out, accumulate_dx);
@@ -949,10 +979,12 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     Backend::Fp8Operand dyq_dgrad, wq, dyq_wgrad, xq;
     if (dx) {
       dyq_dgrad = fp8_operand(LinearOperand::kDgradGrad, linear);
+      dyq_dgrad.bf16 = dy16;
       wq = fp8_operand(LinearOperand::kDgradWeight, linear);
     }
     if (dw) {
       dyq_wgrad = fp8_operand(LinearOperand::kWgradGrad, linear);
+      dyq_wgrad.bf16 = dy16;
       xq = fp8_operand(LinearOperand::kWgradInput, linear);
       xq.bf16 = x16;
       if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
@@ -961,7 +993,7 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
       }
     }
     be_.fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in, out,
-                            accumulate_dx, work);
+                            accumulate_dx, work, dx16);
     scratch_.release(m);
     return;
   }

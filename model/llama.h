@@ -189,8 +189,10 @@ class LlamaModel {
                     int64_t N, int64_t in, int64_t out, bool native,
                     const float* x_wide = nullptr, const float* residual = nullptr);
   // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes (or x_wide, as above). native: dy
-  // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32.
-  // dx16 (native, dx null, not accumulating): dx as codes, out of the GEMM's epilogue.
+  // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32 or
+  // (dy null) codes, which the FP8 Linears' quantizers read (fp8_reads_codes) and the others
+  // widen. dx16 (dx null, not accumulating): dx as codes, out of the GEMM's epilogue (native,
+  // and the FP8 Linears that read codes), else the fp32 product rounded.
   void linear_bwd16(int linear, float* dx, float* dw, const float* dy, const uint16_t* dy16,
                     const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
                     bool accumulate_dx, bool native, const float* x_wide = nullptr,
@@ -232,9 +234,12 @@ class LlamaModel {
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
                   int64_t out, const uint16_t* x16 = nullptr, uint16_t* y16 = nullptr,
                   const float* residual = nullptr);
+  // dy16 / dx16 (only where fp8_reads_codes: the FP8 Linears): dy as codes (dy null), dx
+  // wanted as codes too (dx then scratch), as Backend::fp8_linear_backward takes them.
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
-                  const uint16_t* x16 = nullptr);
+                  const uint16_t* x16 = nullptr, const uint16_t* dy16 = nullptr,
+                  uint16_t* dx16 = nullptr);
   // This Linear of the current layer runs on the backend's FP8 Linears (native_fp8; per-tensor,
   // fp8-block, mxfp8, not nvfp4), whose quantizers read a bf16-code input directly
   // (Backend::Fp8Operand::bf16): on the bf16 path its input is never widened.
