@@ -200,6 +200,10 @@ struct Bf16Input {
     q.bf16 = dev.p;
     return q;
   }
+  Backend::Fp8Operand on_host(Backend::Fp8Operand q) const {  // the CPU twin's codes form
+    q.bf16 = codes.data();
+    return q;
+  }
 };
 
 double max_abs(const std::vector<float>& v) {
@@ -285,6 +289,25 @@ void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend
 // beside the product's), must come out unchanged bit for bit. Tolerance: the plain forward's,
 // kFp8Gemm of each row's max |y| (times `scale`). fwd(on_gpu, y, R) runs the Linear on one
 // backend.
+// The data gradient as bf16 codes (fp8_linear_dgrad's dx16, dy given as codes: the bf16 path's
+// gradients): CUDA's epilogue codes against the CPU twin's rounded product, at the fp32
+// tolerance plus one bf16 ulp; dx (scratch) and dx16 poisoned. dgrad(on_gpu, dx, dx16); then
+// `also` (e.g. the amax slots).
+template <class F, class A = void (*)(Result&)>
+void check_fp8_dgrad_codes(const char* op, const std::string& shape, int64_t N, int64_t I,
+                           F&& dgrad, A also = [](Result&) {}) {
+  run_case(op, shape + " dx16", [&](Result& r) {
+    std::vector<float> dx(N * I);
+    std::vector<uint16_t> dx16(N * I);
+    Dev<float> dDX(N * I);
+    Dev<uint16_t> dDX16(N * I);
+    dgrad(false, dx.data(), dx16.data());
+    dgrad(true, dDX.p, dDX16.p);
+    compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+    also(r);
+  });
+}
+
 template <class F>
 void check_fp8_residual(const char* op, const std::string& shape, int64_t n, int64_t cols,
                         double scale, F&& fwd) {
@@ -443,35 +466,25 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
       // GEMM's epilogue on CUDA; dx poisoned scratch). dx16 at the fp32 result's tolerance plus
       // one bf16 ulp; the amaxes exactly (of the codes' values).
       const Bf16Input dyb(dy);
-      auto with_codes = [](Backend::Fp8Operand q, const uint16_t* codes) {
-        q.bf16 = codes;
-        return q;
-      };
-      run_case("fp8_linear_dgrad_bf16dy", shape + " dx16", [&](Result& r) {
-        std::vector<float> dx(N * I);
-        std::vector<uint16_t> dx16(N * I);
-        Dev<float> dDX(N * I);
-        Dev<uint16_t> dDX16(N * I);
-        gpu_amax.poison();
-        cpu.fp8_linear_dgrad(dx.data(), nullptr,
-                             with_codes(op(Format::kE5M2, dy, &cpu_amax[0]), dyb.codes.data()),
-                             w.data(), op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, false,
-                             cpu_work.data(), dx16.data());
-        gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(op(Format::kE5M2, dy, gpu_amax.p)), dW.p,
-                             op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, false, gpu_work.p,
-                             dDX16.p);
-        compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
-        check_amax(r);
-      });
+      gpu_amax.poison();
+      check_fp8_dgrad_codes("fp8_linear_dgrad_bf16dy", shape, N, I,
+                            [&](bool on_gpu, float* dx, uint16_t* dx16) {
+        if (on_gpu)
+          gpu.fp8_linear_dgrad(dx, nullptr, dyb.on_gpu(op(Format::kE5M2, dy, gpu_amax.p)), dW.p,
+                               op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, false, gpu_work.p,
+                               dx16);
+        else
+          cpu.fp8_linear_dgrad(dx, nullptr, dyb.on_host(op(Format::kE5M2, dy, &cpu_amax[0])),
+                               w.data(), op(Format::kE4M3, w, &cpu_amax[1]), N, I, O, false,
+                               cpu_work.data(), dx16);
+      }, check_amax);
       run_case("fp8_linear_wgrad_bf16dy", shape, [&](Result& r) {
         auto dw = randn(O * I, 1e-3f);
         Dev<float> dDW(dw);
         gpu_amax.poison();
-        cpu.fp8_linear_wgrad(dw.data(), nullptr,
-                             with_codes(op(Format::kE5M2, dy, &cpu_amax[0]), dyb.codes.data()),
-                             nullptr, with_codes(op(Format::kE4M3, x, &cpu_amax[1]),
-                                                 xb.codes.data()),
-                             N, I, O, cpu_work.data());
+        cpu.fp8_linear_wgrad(dw.data(), nullptr, dyb.on_host(op(Format::kE5M2, dy, &cpu_amax[0])),
+                             nullptr, xb.on_host(op(Format::kE4M3, x, &cpu_amax[1])), N, I, O,
+                             cpu_work.data());
         gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(op(Format::kE5M2, dy, gpu_amax.p)),
                              nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p + 1)), N, I, O,
                              gpu_work.p);
@@ -484,13 +497,12 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         std::vector<uint16_t> dx16(N * I);
         Dev<float> dDX(N * I), dDW(dw), amax4(4);
         Dev<uint16_t> dDX16(N * I);
-        const uint16_t* hc = dyb.codes.data();
         cpu.fp8_linear_backward(dx.data(), dw.data(), nullptr,
-                                with_codes(op(Format::kE5M2, dy, &camax[0]), hc), w.data(),
+                                dyb.on_host(op(Format::kE5M2, dy, &camax[0])), w.data(),
                                 op(Format::kE4M3, w, &camax[1]),
-                                with_codes(op(Format::kE5M2, dy, &camax[2]), hc), nullptr,
-                                with_codes(op(Format::kE4M3, x, &camax[3]), xb.codes.data()),
-                                N, I, O, false, cpu_work.data(), dx16.data());
+                                dyb.on_host(op(Format::kE5M2, dy, &camax[2])), nullptr,
+                                xb.on_host(op(Format::kE4M3, x, &camax[3])), N, I, O, false,
+                                cpu_work.data(), dx16.data());
         gpu.fp8_linear_backward(dDX.p, dDW.p, nullptr,
                                 dyb.on_gpu(op(Format::kE5M2, dy, amax4.p)), dW.p,
                                 op(Format::kE4M3, w, amax4.p + 1),
@@ -586,23 +598,16 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
     });
     // dy as bf16 codes (the CPU twin on host codes), dx as codes (dx16): as the per-tensor cases
     const Bf16Input dyb(dy);
-    auto host_codes = [&](Backend::Fp8Operand q, const Bf16Input& b) {
-      q.bf16 = b.codes.data();
-      return q;
-    };
-    run_case("fp8_block_linear_dgrad_bf16dy", shape + " dx16", [&](Result& r) {
-      std::vector<float> dx(N * I);
-      std::vector<uint16_t> dx16(N * I);
-      Dev<float> dDX(N * I);
-      Dev<uint16_t> dDX16(N * I);
-      cpu.fp8_linear_dgrad(dx.data(), nullptr, host_codes(blocks(1, 128), dyb), w.data(), blocks(128, 128), N, I, O, false, cpu_work.data(), dx16.data());
-      gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, false, gpu_work.p, dDX16.p);
-      compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+    check_fp8_dgrad_codes("fp8_block_linear_dgrad_bf16dy", shape, N, I, [&](bool on_gpu, float* dx, uint16_t* dx16) {
+      if (on_gpu)
+        gpu.fp8_linear_dgrad(dx, nullptr, dyb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, false, gpu_work.p, dx16);
+      else
+        cpu.fp8_linear_dgrad(dx, nullptr, dyb.on_host(blocks(1, 128)), w.data(), blocks(128, 128), N, I, O, false, cpu_work.data(), dx16);
     });
     run_case("fp8_block_linear_wgrad_bf16dy", shape, [&](Result& r) {
       auto dw = randn(O * I, 1e-3f);
       Dev<float> dDW(dw);
-      cpu.fp8_linear_wgrad(dw.data(), nullptr, host_codes(blocks(128, 1), dyb), nullptr, host_codes(blocks(128, 1), xb), N, I, O, cpu_work.data());
+      cpu.fp8_linear_wgrad(dw.data(), nullptr, dyb.on_host(blocks(128, 1)), nullptr, xb.on_host(blocks(128, 1)), N, I, O, cpu_work.data());
       gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(blocks(128, 1)), nullptr, xb.on_gpu(blocks(128, 1)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
@@ -692,23 +697,16 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
     });
     // dy as bf16 codes (the CPU twin on host codes), dx as codes (dx16): as the per-tensor cases
     const Bf16Input dyb(dy);
-    auto host_codes = [&](Backend::Fp8Operand q, const Bf16Input& b) {
-      q.bf16 = b.codes.data();
-      return q;
-    };
-    run_case("mxfp8_linear_dgrad_bf16dy", shape + " dx16", [&](Result& r) {
-      std::vector<float> dx(N * I);
-      std::vector<uint16_t> dx16(N * I);
-      Dev<float> dDX(N * I);
-      Dev<uint16_t> dDX16(N * I);
-      cpu.fp8_linear_dgrad(dx.data(), nullptr, host_codes(mx(false), dyb), w.data(), mx(true), N, I, O, false, cpu_work.data(), dx16.data());
-      gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(mx(false)), dW.p, mx(true), N, I, O, false, gpu_work.p, dDX16.p);
-      compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+    check_fp8_dgrad_codes("mxfp8_linear_dgrad_bf16dy", shape, N, I, [&](bool on_gpu, float* dx, uint16_t* dx16) {
+      if (on_gpu)
+        gpu.fp8_linear_dgrad(dx, nullptr, dyb.on_gpu(mx(false)), dW.p, mx(true), N, I, O, false, gpu_work.p, dx16);
+      else
+        cpu.fp8_linear_dgrad(dx, nullptr, dyb.on_host(mx(false)), w.data(), mx(true), N, I, O, false, cpu_work.data(), dx16);
     });
     run_case("mxfp8_linear_wgrad_bf16dy", shape, [&](Result& r) {
       auto dw = randn(O * I, 1e-3f);
       Dev<float> dDW(dw);
-      cpu.fp8_linear_wgrad(dw.data(), nullptr, host_codes(mx(true), dyb), nullptr, host_codes(mx(true), xb), N, I, O, cpu_work.data());
+      cpu.fp8_linear_wgrad(dw.data(), nullptr, dyb.on_host(mx(true)), nullptr, xb.on_host(mx(true)), N, I, O, cpu_work.data());
       gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(mx(true)), nullptr, xb.on_gpu(mx(true)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
