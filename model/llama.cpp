@@ -349,7 +349,7 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
     const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
     if (dy16 && !codes) dy = widened(dy16, N * out);
     float* dxf = dx16 ? scratch_.alloc_f32(N * in) : dx;
-    linear_bwd(linear, dxf, dw, codes && dy16 ? nullptr : dy, x, w, N, in, out, accumulate_dx,
+    linear_bwd(linear, dxf, dw, dy, x, w, N, in, out, accumulate_dx,
                codes && !x_wide ? x16 : nullptr, codes ? dy16 : nullptr,
                codes ? dx16 : nullptr);
     if (dx16 && !codes) be_.to_bf16(dx16, dxf, N * in);

@@ -977,25 +977,25 @@ class CudaBackendImpl final : public CudaBackend {
                "fp8_linear_backward: bf16 codes of dx are written, not added");
     with_input(x, xq, "fp8_linear_backward", [&](const auto* xs) {
       with_grad(dy, dyq_dgrad, "fp8_linear_backward", [&](const auto* dys) {
-      uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
-      uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
-      uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
-      uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
-      Fp8Operand dyq = dyq_dgrad;  // dy's amax goes to the wgrad operand's slot too
-      if (!dyq.amax) dyq.amax = dyq_wgrad.amax;
-      const float* scale_inv = fp8_operand(dytc, dys, N, out, dyq, true, dyc);
-      if (dyq_wgrad.amax && dyq_wgrad.amax != dyq.amax)
-        MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, dyq.amax,
-                                                             sizeof(float),
-                                                             cudaMemcpyDeviceToDevice, stream_));
-      const float* ws = fp8_operand(wtc, w, out, in, wq, true);
-      fp8_output(dx, dx16, nullptr, N * in, [&](float* C, uint16_t* C16, const float*) {
-        return tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
-                               accumulate_dx ? 1.0f : 0.0f, C, C16);
-      });
-      const float* xsc = fp8_operand(xtc, xs, N, in, xq, true);
-      tensor_fp8_gemm(out, in, N, dytc, dyq_dgrad.fmt, scale_inv, xtc, xq.fmt, xsc, 1.0f, dw,
-                      nullptr);
+        uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
+        uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
+        uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
+        uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
+        Fp8Operand dyq = dyq_dgrad;  // dy's amax goes to the wgrad operand's slot too
+        if (!dyq.amax) dyq.amax = dyq_wgrad.amax;
+        const float* scale_inv = fp8_operand(dytc, dys, N, out, dyq, true, dyc);
+        if (dyq_wgrad.amax && dyq_wgrad.amax != dyq.amax)
+          MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, dyq.amax,
+                                                               sizeof(float),
+                                                               cudaMemcpyDeviceToDevice, stream_));
+        const float* ws = fp8_operand(wtc, w, out, in, wq, true);
+        fp8_output(dx, dx16, nullptr, N * in, [&](float* C, uint16_t* C16, const float*) {
+          return tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
+                                 accumulate_dx ? 1.0f : 0.0f, C, C16);
+        });
+        const float* xsc = fp8_operand(xtc, xs, N, in, xq, true);
+        tensor_fp8_gemm(out, in, N, dytc, dyq_dgrad.fmt, scale_inv, xtc, xq.fmt, xsc, 1.0f, dw,
+                        nullptr);
       });
     });
   }
