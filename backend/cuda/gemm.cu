@@ -89,6 +89,22 @@ unsigned grid_for(int64_t n) {
   return unsigned(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
 
+// The empty product (K = 0) of every GEMM here, as the CPU backend's: C = beta C_in (C_in null:
+// C itself; beta 0 writes zeros, so a NaN in C does not survive), or, for a bf16 output C16,
+// bf16 zeros (+0, code 0x0000). op: "gemm (K = 0)" and the like, for the error.
+void empty_product(float* C, const float* C_in, uint16_t* C16, float beta, int64_t n,
+                   cudaStream_t stream, const char* op) {
+  if (C16) {
+    MX_CUDA_CHECK(op, cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(n), stream));
+    return;
+  }
+  if (C_in && C_in != C)
+    MX_CUDA_CHECK(op, cudaMemcpyAsync(C, C_in, sizeof(float) * size_t(n),
+                                      cudaMemcpyDeviceToDevice, stream));
+  scale_kernel<<<grid_for(n), 256, 0, stream>>>(C, beta, n);
+  MX_CUDA_LAUNCH_CHECK(op);
+}
+
 // NVFP4: alpha = the product of the two global decode scales (the emulation's s_dec = 1 / S_enc
 // per operand), beta as given; both read by cuBLASLt from the device.
 __global__ void nvfp4_scalars_kernel(float* scalars, const float* a_global,
@@ -123,11 +139,7 @@ void LtGemm::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   CudaGemmPrecision precision, void* workspace, size_t workspace_bytes,
                   DeviceArena& scratch, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // C = beta C, as the CPU backend does
-    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
-    MX_CUDA_LAUNCH_CHECK("gemm (K = 0)");
-    return;
-  }
+  if (K == 0) return empty_product(C, nullptr, nullptr, beta, M * N, stream, "gemm (K = 0)");
   if (precision == CudaGemmPrecision::kBf16)
     return gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, nullptr, B, nullptr, beta, C, nullptr,
                      workspace, workspace_bytes, scratch, stream);
@@ -145,19 +157,7 @@ void LtGemm::gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   MX_ASSERT(!C16 || beta == 0.0f, "gemm_bf16: a bf16 result takes beta = 0");
   MX_ASSERT(!C16 || !C_in, "gemm_bf16: a bf16 result reads no C");
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // the empty product: C = beta C (or C_in), or bf16 zeros (+0, code 0x0000)
-    if (C16) {
-      MX_CUDA_CHECK("gemm_bf16 (K = 0)",
-                    cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(M * N), stream));
-    } else {
-      if (C_in && C_in != C)
-        MX_CUDA_CHECK("gemm_bf16 (K = 0)", cudaMemcpyAsync(C, C_in, sizeof(float) * size_t(M * N),
-                                                           cudaMemcpyDeviceToDevice, stream));
-      scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
-      MX_CUDA_LAUNCH_CHECK("gemm_bf16 (K = 0)");
-    }
-    return;
-  }
+  if (K == 0) return empty_product(C, C_in, C16, beta, M * N, stream, "gemm_bf16 (K = 0)");
   DeviceArenaScope scope(scratch);  // the fp32 operands' bf16 copies live until the call returns
   if (!A16) {
     uint16_t* a16 = scratch.alloc_as<uint16_t>(M * K);
@@ -384,11 +384,7 @@ void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
   MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 32 == 0, "nvfp4_gemm: M = ", M, ", N = ", N,
              " must be multiples of 16 and K = ", K, " of 32");
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
-    MX_CUDA_LAUNCH_CHECK("nvfp4_gemm (K = 0)");
-    return;
-  }
+  if (K == 0) return empty_product(C, nullptr, nullptr, beta, M * N, stream, "nvfp4_gemm (K = 0)");
   // beta is read from the device, so the kernel cannot skip C when it is 0: zero C first, so
   // that a NaN-poisoned C cannot leak (0 * NaN) into the result.
   if (beta == 0.0f)
@@ -420,16 +416,7 @@ bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
   MX_REQUIRE(!C16 || !C_in, "fp8_gemm: a bf16 output reads no C");
   if (M == 0 || N == 0) return true;
   if (K == 0) {
-    if (C16) {
-      MX_CUDA_CHECK("fp8_gemm (K = 0)",
-                    cudaMemsetAsync(C16, 0, sizeof(uint16_t) * size_t(M * N), stream));
-      return true;
-    }
-    if (C_in && C_in != C)  // C = beta C_in, as gemm_bf16's empty product
-      MX_CUDA_CHECK("fp8_gemm (K = 0)", cudaMemcpyAsync(C, C_in, sizeof(float) * size_t(M * N),
-                                                        cudaMemcpyDeviceToDevice, stream));
-    scale_kernel<<<grid_for(M * N), 256, 0, stream>>>(C, beta, M * N);
-    MX_CUDA_LAUNCH_CHECK("fp8_gemm (K = 0)");
+    empty_product(C, C_in, C16, beta, M * N, stream, "fp8_gemm (K = 0)");
     return true;
   }
   auto type = [](Format f) { return f == Format::kE5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; };
