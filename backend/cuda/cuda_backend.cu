@@ -989,10 +989,11 @@ class CudaBackendImpl final : public CudaBackend {
                                                                sizeof(float),
                                                                cudaMemcpyDeviceToDevice, stream_));
         const float* ws = fp8_operand(wtc, w, out, in, wq, true);
-        fp8_output(dx, dx16, nullptr, N * in, [&](float* C, uint16_t* C16, const float*) {
-          return tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc, wq.fmt, ws,
-                                 accumulate_dx ? 1.0f : 0.0f, C, C16);
-        });
+        fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
+                   [&](float* C, uint16_t* C16, const float*) {
+                     return tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc,
+                                            wq.fmt, ws, accumulate_dx ? 1.0f : 0.0f, C, C16);
+                   });
         const float* xsc = fp8_operand(xtc, xs, N, in, xq, true);
         tensor_fp8_gemm(out, in, N, dytc, dyq_dgrad.fmt, scale_inv, xtc, xq.fmt, xsc, 1.0f, dw,
                         nullptr);
@@ -1018,13 +1019,15 @@ class CudaBackendImpl final : public CudaBackend {
     uint8_t* wc = xc + round_up_256(N * in);
     // gemm(C, C16, R): the product into C (fp32; plus R where R is given: beta 1, C = R) or
     // C16 (bf16 codes); false: no such algorithm
-    auto output = [&](auto&& gemm) { fp8_output(y, y16, residual, N * out, gemm); };
+    auto output = [&](auto&& gemm) {
+      fp8_output("fp8_linear_forward", y, y16, residual, N * out, gemm);
+    };
     if constexpr (std::is_same_v<X, float>) {
       if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
         const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
         const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
         nvfp4_gemm(N, out, in, a, b, 0.0f, y);  // fp32 only (device-side alpha)
-        if (y16) round_output(y16, y, N * out);
+        if (y16) round_output("fp8_linear_forward", y16, y, N * out);
         if (residual) add(y, residual, y, N * out);  // residual + product, as the CPU's
         return;
       }
@@ -1069,9 +1072,11 @@ class CudaBackendImpl final : public CudaBackend {
   // caller's scratch). Saves the fp32 copy's write and read: 8 of 10 bytes an element.
   // residual given (y16 null): gemm(y, null, residual), the epilogue reading residual as C with
   // beta 1 and writing the sum to y: no product written and read back by an add (8 bytes an
-  // element), the bf16 path's o and down projections.
+  // element), the bf16 path's o and down projections. op: the Linear op, for the messages and
+  // the profile (the forward's y16, the data gradient's dx16).
   template <class G>
-  void fp8_output(float* y, uint16_t* y16, const float* residual, int64_t n, G&& gemm) {
+  void fp8_output(const char* op, float* y, uint16_t* y16, const float* residual, int64_t n,
+                  G&& gemm) {
     if (residual) {
       gemm(y, nullptr, residual);  // an fp32 output: no algorithm throws
       return;
@@ -1082,13 +1087,13 @@ class CudaBackendImpl final : public CudaBackend {
         info("cuda: an FP8 Linear has no bf16-output GEMM at its shape; its output is written "
              "in fp32 and rounded (slower, same values)");
     }
-    MX_REQUIRE(y, "fp8_linear_forward: y is null (it is the fallback's fp32 buffer)");
+    MX_REQUIRE(y, op, ": the fp32 buffer is null (it is the bf16 output's fallback)");
     gemm(y, nullptr, nullptr);
-    if (y16) round_output(y16, y, n);
+    if (y16) round_output(op, y16, y, n);
   }
-  void round_output(uint16_t* y16, const float* y, int64_t n) {
+  void round_output(const char* op, uint16_t* y16, const float* y, int64_t n) {
     cuda::round_to_bf16(y16, y, n, stream_);  // checks its launch
-    done("fp8_linear_forward (round)");
+    done(str(op, " (round)").c_str());
   }
 
   // The per-tensor FP8 GEMM (LtGemm::fp8_gemm), fp32 C or bf16 C16, beta's term from C_in
@@ -1140,13 +1145,15 @@ class CudaBackendImpl final : public CudaBackend {
     uint8_t* wtc = dyc + round_up_256(N * out);          // W^T [in, out]
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     // gemm(C, C16, R): as fp8_forward's (R unused: null)
-    auto output = [&](auto&& gemm) { fp8_output(dx, dx16, nullptr, N * in, gemm); };
+    auto output = [&](auto&& gemm) {
+      fp8_output("fp8_linear_dgrad", dx, dx16, nullptr, N * in, gemm);
+    };
     if constexpr (std::is_same_v<DY, float>) {
       if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
         const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
         const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
         nvfp4_gemm(N, in, out, a, b, beta, dx);
-        if (dx16) round_output(dx16, dx, N * in);
+        if (dx16) round_output("fp8_linear_dgrad", dx16, dx, N * in);
         return;
       }
     }
