@@ -5,6 +5,8 @@
 #include "backend/cuda/quantize_kernels.h"
 
 #include <cstdlib>
+#include <string>
+#include <type_traits>
 
 #if !defined(MXTRAIN_CUDA_EMU)
 #include <cuda_fp8.h>
@@ -12,6 +14,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.cuh"
+#include "core/log.h"
 #include "numerics/block_scale_layout.h"
 #include "numerics/fp8_block_mx.h"
 
@@ -35,6 +38,20 @@ __device__ __forceinline__ uint8_t fp8_code(float v, numerics::Format fmt) {
 // With stochastic rounding: the numerics encoder (no hardware form of the CPU's rule).
 __device__ __forceinline__ uint8_t fp8_code(float v, numerics::Format fmt, bool stochastic, uint32_t rand) {
   return stochastic ? numerics::encode_fp8_elem(v, fmt, true, rand) : fp8_code(v, fmt);
+}
+int fp8_cast_unroll() {
+  static const int u = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_CAST_UNROLL");
+    if (!e) return 1;
+    const std::string v = e;
+    if (v == "1" || v == "2" || v == "4") {  // said once (bench/gpu/check.sh's run logs)
+      info(str("cuda fp8 casts: ", v, " vector(s) of 4 elements a thread in flight ",
+               "(MXTRAIN_FP8_CAST_UNROLL)"));
+      return std::stoi(v);
+    }
+    throw UserError(str("MXTRAIN_FP8_CAST_UNROLL must be 1, 2 or 4 (got '", v, "')"));
+  }();
+  return u;
 }
 namespace {
 
@@ -98,36 +115,37 @@ __device__ float block_amax(float m) {
   return b;
 }
 
-// The vectors (four elements each) a thread of the per-tensor cast and amax kernels' vec4
-// loops loads before it uses any, to put more bytes in flight (elem_grid caps the grid). 1: as
-// before the tiled rework, whose 4 came with the per-tensor casts' 2-3x slowdown on the H200
-// (not yet told apart from the tiled kernel's share of it).
-constexpr int kUnroll = 1;
+// U, the vectors (four elements each) a thread of the per-tensor cast and amax kernels' vec4
+// loops loads before it uses any, to put more bytes in flight (elem_grid caps the grid):
+// fp8_cast_unroll(), MXTRAIN_FP8_CAST_UNROLL = 1 (the default), 2 or 4. 1 is what the H200 runs
+// measured (4 came with the tiled rework's 2-3x slowdown of these casts, not yet told apart
+// from the tiled kernel's share of it); with bf16 input a thread then has 8 bytes in flight,
+// which by Little's law may be too few at full occupancy: bench/gpu/check.sh times 2 beside 1.
 
-// Those kUnroll vectors of a thread's iteration at vector j0: j0, j0 + stride, ..., their
-// loads issued together; a vector at or past nv reads as zeros.
-template <class T, class V>
-__device__ __forceinline__ void load4_batch(V (&v)[kUnroll], const T* __restrict__ x, int64_t j0,
+// Those U vectors of a thread's iteration at vector j0: j0, j0 + stride, ..., their loads
+// issued together; a vector at or past nv reads as zeros.
+template <int U, class T, class V>
+__device__ __forceinline__ void load4_batch(V (&v)[U], const T* __restrict__ x, int64_t j0,
                                             int64_t stride, int64_t nv) {
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < U; ++u)
     v[u] = j0 + u * stride < nv ? raw4(x, 4 * (j0 + u * stride)) : raw4_zero(x);
 }
 
 // vec4: as fp8_codes_kernel's (n a multiple of 4, x aligned for raw4).
-template <class T>
+template <int U, class T>
 __global__ void amax_partial_kernel(float* part, const T* __restrict__ x, int64_t n,
                                     bool vec4) {
   float m = 0.0f;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  if (vec4) {  // kUnroll vectors a thread an iteration, their loads issued together
+  if (vec4) {  // U vectors a thread an iteration, their loads issued together
     const int64_t nv = n / 4;
-    for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
-      decltype(raw4(x, 0)) v[kUnroll];
-      load4_batch(v, x, j0, stride, nv);
+    for (int64_t j0 = first; j0 < nv; j0 += U * stride) {
+      decltype(raw4(x, 0)) v[U];
+      load4_batch<U>(v, x, j0, stride, nv);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) m = amax_fold4(m, widen4(v[u]));  // +0: no change
+      for (int u = 0; u < U; ++u) m = amax_fold4(m, widen4(v[u]));  // +0: no change
     }
   } else {
     for (int64_t i = first; i < n; i += stride) m = numerics::amax_fold(m, load(x, i));
@@ -433,7 +451,7 @@ __global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* a
 // vec4 (n a multiple of 4, x 16-byte (fp32) / 8-byte (bf16) and codes 4-byte aligned): four
 // elements a thread an iteration, one vector load and one 4-byte store of their codes (the
 // same codes: each byte is its element's encode_fp8_elem), instead of a 1-byte store each.
-template <class T>
+template <int U, class T>
 __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
                                  const float* __restrict__ scale_ptr, uint8_t* __restrict__ codes,
                                  float* amax, bool vec4) {
@@ -441,16 +459,16 @@ __global__ void fp8_codes_kernel(const T* __restrict__ x, int64_t n, Format fmt,
   float m = 0.0f;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  if (vec4) {  // kUnroll vectors a thread an iteration, their loads issued together
+  if (vec4) {  // U vectors a thread an iteration, their loads issued together
     const int64_t nv = n / 4;
     auto code = [&](float e) {
       return uint32_t(fp8_code(e * scale, fmt));
     };
-    for (int64_t j0 = first; j0 < nv; j0 += kUnroll * stride) {
-      decltype(raw4(x, 0)) raw[kUnroll];
-      load4_batch(raw, x, j0, stride, nv);
+    for (int64_t j0 = first; j0 < nv; j0 += U * stride) {
+      decltype(raw4(x, 0)) raw[U];
+      load4_batch<U>(raw, x, j0, stride, nv);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int64_t j = j0 + u * stride;
         if (j >= nv) break;
         const float4 v = widen4(raw[u]);
@@ -627,6 +645,15 @@ __global__ void rht16_kernel(float* __restrict__ x, int64_t groups, uint32_t sig
 unsigned warp_grid(int64_t nblocks) {
   return unsigned((nblocks + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
+// f(std::integral_constant<int, U>{}) for U = fp8_cast_unroll().
+template <class F>
+void with_cast_unroll(F&& f) {
+  switch (fp8_cast_unroll()) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
 unsigned elem_grid(int64_t n) {
   const int64_t blocks = (n + 255) / 256;
   return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
@@ -716,8 +743,11 @@ void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const floa
     const int64_t n = rows * cols;
     const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 &&
                       reinterpret_cast<uintptr_t>(codes) % 4 == 0;
-    fp8_codes_kernel<<<elem_grid(vec4 ? ceil_div(n / 4, kUnroll) : n), 256, 0, s>>>(
-        x, n, fmt, scale, codes, amax, vec4);
+    with_cast_unroll([&](auto u) {
+      constexpr int U = decltype(u)::value;
+      fp8_codes_kernel<U, T><<<elem_grid(vec4 ? ceil_div(n / 4, U) : n), 256, 0, s>>>(
+          x, n, fmt, scale, codes, amax, vec4);
+    });
   } else {
     launch_codes_t(x, rows, cols, fmt, scale, codes, nullptr, amax, s, "fp8_codes");
   }
@@ -823,10 +853,13 @@ template <class T>
 void abs_max_of(float* amax, const T* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
   DeviceArenaScope scope(scratch);
   const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0;
-  const unsigned blocks = n > 0 ? elem_grid(vec4 ? ceil_div(n / 4, kUnroll) : n) : 1;
-  float* part = scratch.alloc_f32(blocks);
-  amax_partial_kernel<<<blocks, 256, 0, s>>>(part, x, n, vec4);
-  amax_final_kernel<<<1, 32, 0, s>>>(amax, part, int(blocks));
+  with_cast_unroll([&](auto u) {
+    constexpr int U = decltype(u)::value;
+    const unsigned blocks = n > 0 ? elem_grid(vec4 ? ceil_div(n / 4, U) : n) : 1;
+    float* part = scratch.alloc_f32(blocks);
+    amax_partial_kernel<U, T><<<blocks, 256, 0, s>>>(part, x, n, vec4);
+    amax_final_kernel<<<1, 32, 0, s>>>(amax, part, int(blocks));
+  });
   MX_CUDA_LAUNCH_CHECK("abs_max");
 }
 }  // namespace

@@ -131,6 +131,11 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
                             int block_rows, int block_cols, bool transposed, uint8_t* dst,
                             cudaStream_t s);
 
+// The vectors of 4 elements a thread of the per-tensor FP8 cast and amax kernels loads before it
+// uses any: MXTRAIN_FP8_CAST_UNROLL = 1 (unset: the default), 2 or 4, read once (the first call
+// says a value that is set, `cuda fp8 casts: ...`); UserError for anything else.
+int fp8_cast_unroll();
+
 // max |x| over n values into amax[0] (device), NaN skipped as numerics::abs_max does.
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cudaStream_t s);

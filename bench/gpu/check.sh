@@ -20,7 +20,12 @@
 #      bf16: CUDA's bf16 GEMM vs the CPU's emulation), 5e-3 (fp8-current, fp8-delayed: FP8
 #      tensor-core GEMMs vs the CPU's emulation; a guess until measured), all four with the
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
-#      a guess) (loss_match.json)
+#      a guess) (loss_match.json). After step 4's FP8 rows, with 60 s of the budget left, the
+#      trainer's paths no GPU run had reached (MXTRAIN_GPU_FEATURE_RECIPES): fp8-block+wide,
+#      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32 and
+#      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) the same way; then resume on the GPU
+#      (MXTRAIN_GPU_RESUME_STEPS, 20: straight against half and a resume, bit for bit expected)
+#      and generation (sampled, one seed) on cuda against cpu (rows "bf16 resume" and "generate")
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (head in bf16, precision.high_precision; attention: the
 #      default, cuDNN where it loads, the table's last column says which ran): mxtrain with recipe
 #      bf16, then PyTorch (fp32 master weights, BF16 autocast, SDPA, torch.compile per block,
@@ -35,7 +40,9 @@
 #      checkpointing none, then full.
 #      Then, if the budget has 40 s left: recipe bf16 with untuned GEMMs ("mx bf16 notune",
 #      MXTRAIN_CUDA_GEMM_TUNE=0: the heuristic's first algorithm at every shape, against the
-#      default's fastest of eight); then, if it has 120 s left, the issue's second shape, seq
+#      default's fastest of eight); then, if it has 40 s left, fp8-delayed with two vectors a
+#      thread in flight in the per-tensor casts ("mx fp8-delayed unroll2",
+#      MXTRAIN_FP8_CAST_UNROLL=2); then, if it has 120 s left, the issue's second shape, seq
 #      4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
 #      last, if it still has 40 s: recipe bf16 with
@@ -55,6 +62,9 @@
 #   MXTRAIN_GPU_OPCHECK_FILTER   the op check's --filter (comma list of op-name substrings; all)
 #   MXTRAIN_GPU_LOSS_RECIPES     the loss match's recipes (fp32 bf16 fp8-current fp8-delayed
 #                                bf16+cudnn), MXTRAIN_GPU_LOSS_STEPS its steps (50)
+#   MXTRAIN_GPU_FEATURE_RECIPES  the trainer paths' loss-match rows (fp8-block+wide bf16+ckpt
+#                                fp32+tf32 fp8-delayed+emulate; set empty: none)
+#   MXTRAIN_GPU_RESUME_STEPS     the resume check's steps (20: 10, a resume, 10 more)
 #   MXTRAIN_GPU_SEQ              the speed runs' sequence length (8192), MXTRAIN_GPU_TOKENS the
 #                                tokens of the largest micro-batch tried (16384)
 #   MXTRAIN_GPU_SEQ2             the second shape's sequence length (4096; 0: none)
@@ -176,20 +186,22 @@ t0=$(date +%s)
 corpus="$work/mxgpu-corpus.txt"
 cat docs/*.md README.md bench/*.md > "$corpus"
 recipes=${MXTRAIN_GPU_LOSS_RECIPES:-fp32 bf16 fp8-current fp8-delayed bf16+cudnn}
-loss_rc=0
-# (word-split on purpose: a list of recipe names)
-# shellcheck disable=SC2086
-MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 90)" "$py" bench/gpu/mxtrain_runs.py loss-match \
-  --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" --threads "$threads" --limit 25 \
-  --recipes $recipes --steps "${MXTRAIN_GPU_LOSS_STEPS:-50}" --json "$OUT/loss_match.json" \
-  > /dev/null 2>> "$OUT/errors.txt" || loss_rc=$?
-echo "loss match: exit $loss_rc, $(( $(date +%s) - t0 )) s"
-# A recipe the loss match did not reach (its time limit, a crash) gets a row saying so, so the
-# table shows it instead of leaving it out.
-# shellcheck disable=SC2086
-"$py" - "$OUT/loss_match.json" "$loss_rc" $recipes <<'PY'
+loss_match() {  # loss_match CAP RECIPE...: mxtrain_runs.py loss-match within CAP seconds
+  local limit=$1 rc=0
+  shift
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$limit" "$py" bench/gpu/mxtrain_runs.py \
+    loss-match --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" \
+    --threads "$threads" --limit 25 --recipes "$@" --steps "${MXTRAIN_GPU_LOSS_STEPS:-50}" \
+    --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt" || rc=$?
+  missing_rows "$rc" loss-match "$@"
+  return $rc
+}
+# A recipe (or check) that mxtrain_runs.py did not reach (its time limit, a crash) gets a row
+# saying so, so the table shows it instead of leaving it out.
+missing_rows() {  # missing_rows RC WHAT NAME...
+  "$py" - "$OUT/loss_match.json" "$@" <<'PY'
 import json, sys
-path, rc, asked = sys.argv[1], sys.argv[2], sys.argv[3:]
+path, rc, what, asked = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 done = set()
 try:
     for line in open(path):
@@ -199,12 +211,19 @@ try:
             pass
 except FileNotFoundError:
     pass
-why = f"no result: mxtrain_runs.py loss-match exit {rc}" + (" (time limit)" if rc in ("124", "137") else "")
+why = f"no result: mxtrain_runs.py {what} exit {rc}" + (" (time limit)" if rc in ("124", "137") else "")
 with open(path, "a") as f:
     for r in asked:
         if r not in done:
-            f.write(json.dumps({"check": "loss_match", "recipe": r, "ok": False, "error": why}) + "\n")
+            f.write(json.dumps({"check": what.replace("-", "_"), "recipe": r, "ok": False,
+                                "error": why}) + "\n")
 PY
+}
+loss_rc=0
+# (word-split on purpose: a list of recipe names)
+# shellcheck disable=SC2086
+loss_match "$(cap 90)" $recipes || loss_rc=$?
+echo "loss match: exit $loss_rc, $(( $(date +%s) - t0 )) s"
 
 # ---- 4. speed, seq 8192: mxtrain bf16, PyTorch, then mxtrain under the FP8 recipes --------
 t0=$(date +%s)
@@ -295,6 +314,29 @@ for recipe in mxfp8 nvfp4; do
   fi
 done
 echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
+# ---- 5. the trainer's paths no GPU run had reached, if the budget has 60 s left ---------------
+# The loss match again (tiny preset, cuda vs cpu) for fp8-block on the GPU's block-scaled GEMM
+# (fp8-block+wide: widths of 128, which that GEMM needs),
+# recipe bf16 with activation checkpointing and gradient accumulation (bf16+ckpt), fp32 on tf32
+# tensor cores (fp32+tf32) and the FP8 recipe's emulation on the GPU (fp8-delayed+emulate)
+# (MXTRAIN_GPU_FEATURE_RECIPES, set empty for none; rows in loss_match.json); then resume and generation on the GPU
+# (mxtrain_runs.py resume: recipe bf16, MXTRAIN_GPU_RESUME_STEPS = 20 steps straight against
+# 10 + a resume to 20, then sampled generation, one seed, on cuda against cpu; rows "bf16 resume" and
+# "generate"). After the speed rows, which the targets need first.
+features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate}
+if (( $(cap 100) >= 60 )); then
+  t0=$(date +%s)
+  feat_rc=0
+  # shellcheck disable=SC2086
+  [ -n "$features" ] && { loss_match "$(cap 70)" $features || feat_rc=$?; }
+  res_rc=0
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 40)" "$py" bench/gpu/mxtrain_runs.py \
+    resume --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" \
+    --threads "$threads" --limit 25 --steps "${MXTRAIN_GPU_RESUME_STEPS:-20}" \
+    --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt" || res_rc=$?
+  missing_rows "$res_rc" resume "bf16 resume" generate
+  echo "features: loss match exit $feat_rc, resume exit $res_rc, $(( $(date +%s) - t0 )) s"
+fi
 # GEMM tuning (MXTRAIN_CUDA_GEMM_TUNE; docs/cuda.md, "GEMM tuning"): recipe bf16 with the
 # heuristic's first algorithm at every shape instead of the fastest of its first eight (row
 # "mx bf16 notune"). Every speed run logs its tuned shapes (MXTRAIN_CUDA_GEMM_TUNE_LOG: a
@@ -303,6 +345,14 @@ if (( $(cap 50) >= 40 )); then
   t0=$(date +%s)
   MXTRAIN_CUDA_GEMM_TUNE=0 mx_speed bf16 --variant notune
   echo "mxtrain bf16, untuned GEMMs: $(( $(date +%s) - t0 )) s"
+fi
+# The per-tensor FP8 casts and amax with two vectors a thread in flight instead of one
+# (MXTRAIN_FP8_CAST_UNROLL=2, row "mx fp8-delayed unroll2"), if the budget has 40 s left: its
+# profile's fp8 cast rows against the fp8-delayed run's above say which to keep.
+if (( $(cap 50) >= 40 )); then
+  t0=$(date +%s)
+  MXTRAIN_FP8_CAST_UNROLL=2 mx_speed fp8-delayed --variant unroll2
+  echo "mxtrain fp8-delayed, cast unroll 2: $(( $(date +%s) - t0 )) s"
 fi
 # The issue's second shape, seq 4096 (MXTRAIN_GPU_SEQ2; 0: none), if the budget has 120 s left:
 # mxtrain bf16, PyTorch and mxtrain fp8-delayed, the same micro-batch rule (16384 tokens and
@@ -341,11 +391,24 @@ def rows(name):
     p = out / name
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 for r in rows("loss_match.json"):
-    if "max_rel" in r:
+    if r.get("check") == "resume" and "max_rel" in r:
+        print(f"resume {r['recipe']:15s}: steps {r['resumed_at'] + 1}-{r['steps']} after a resume "
+              f"at {r['resumed_at']}, max rel diff {r['max_rel']:.2e} (tolerance "
+              f"{r['tolerance_rel']:.0e}), {'bit-exact' if r['bit_exact'] else 'NOT bit-exact'}"
+              f" -> {'PASS' if r['ok'] else 'FAIL'}")
+    elif r.get("check") == "generate" and "same_prefix" in r:
+        print(f"generate cuda vs cpu   : sampled, {len(r['ids_cpu'])} ids on cpu, "
+              f"{len(r['ids_cuda'])} on cuda, the first {r['same_prefix']} the same -> "
+              f"{'PASS' if r['ok'] else 'FAIL'}")
+    elif r.get("check") in ("resume", "generate"):
+        print(f"{r['check']} {r['recipe']:15s}: FAILED TO RUN {r.get('error')}")
+    elif "max_rel" in r:
         print(f"loss match {r['recipe']:11s}: max rel diff {r['max_rel']:.2e} at step "
               f"{r['worst_step']} (tolerance {r['tolerance_rel']:.0e}) -> "
               f"{'PASS' if r['ok'] else 'FAIL'}; last loss cpu {r['loss_last_cpu']:.5f} "
-              f"cuda {r['loss_last_cuda']:.5f}; attention {r.get('attention')}")
+              f"cuda {r['loss_last_cuda']:.5f}; attention {r.get('attention')}" +
+              ("" if "native_linears" not in r else
+               "; Linears " + ("native" if r["native_linears"] else "emulated")))
     else:
         print(f"loss match {r['recipe']:11s}: FAILED TO RUN {r.get('error')}")
 speed = rows("speed.json")
@@ -410,6 +473,9 @@ for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16 notune", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, tuned / untuned GEMMs = "
               f"{by[('mx bf16', seq)] / by[('mx bf16 notune', seq)]:.3f}")
+    if ("mx fp8-delayed unroll2", seq) in by and ("mx fp8-delayed", seq) in by:
+        print(f"seq {seq}: mxtrain fp8-delayed, cast unroll 2 / 1 = "
+              f"{by[('mx fp8-delayed unroll2', seq)] / by[('mx fp8-delayed', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
               f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")

@@ -8,7 +8,17 @@
               GEMMs vs the CPU's emulation). These run the CUDA side's fp32 attention kernel
               (MXTRAIN_CUDA_ATTENTION=fp32), so they measure what they name; a recipe written
               NAME+cudnn (e.g. bf16+cudnn) runs the default attention instead, cuDNN's bf16
-              SDPA, against the CPU's fp32 attention.
+              SDPA, against the CPU's fp32 attention. More modifiers (NAME+MOD[+MOD...],
+              MODIFIERS below) run the trainer's other paths, each on both devices:
+              +ckpt (activation checkpointing full and 2 micro-batches a step), +tf32
+              (MXTRAIN_CUDA_GEMM=tf32), +emulate (MXTRAIN_CUDA_FP8=emulate) and +wide (widths
+              of 128, so that fp8-block's Linears run on the block-scaled GEMM).
+  resume      resume and generation on the device: recipe bf16 trained --steps straight, and
+              the same run stopped at half of them and resumed from its checkpoint (the losses
+              after the resume must be the straight run's: bit for bit where every kernel is
+              deterministic, as these are with untuned GEMMs and the fp32 attention kernel);
+              then generation from the straight run's checkpoint (temperature 1, one seed) with
+              --device cuda against --device cpu (the same token ids).
   speed       tokens/s and MFU of a Llama-3.2-1B shape at the given sequence lengths: the
               largest micro-batch that starts (the arenas are sized and allocated before the
               first step, so a shape that does not fit fails within seconds), activation
@@ -35,7 +45,26 @@ from pathlib import Path
 TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp8-current": 5e-3, "fp8-delayed": 5e-3,
        # cuDNN's attention in bf16 (P, outputs and gradients rounded to bf16) on top of recipe
        # bf16, against the CPU's fp32 attention: a guess until a GPU run has measured it.
-       "bf16+cudnn": 5e-3}
+       "bf16+cudnn": 5e-3,
+       # The trainer's paths not run on a GPU before (guesses too, until a run measures them):
+       # fp8-block on the VEC128 / BLK128x128 GEMM against the CPU's emulation; recipe bf16
+       # with activation checkpointing and gradient accumulation; fp32 on tf32 tensor cores
+       # (operands rounded to 10 mantissa bits, as bf16's 7 are); the FP8 recipe's exact
+       # emulation on the GPU (fp32 GEMMs over the same codes).
+       "fp8-block+wide": 5e-3, "bf16+ckpt": 2e-3, "fp32+tf32": 2e-3,
+       "fp8-delayed+emulate": 5e-3}
+# A recipe's +MOD: (mxtrain --set overrides, environment) on both devices (the CPU backend
+# reads none of the MXTRAIN_CUDA_* variables). Without +cudnn the CUDA side runs the fp32
+# attention kernel.
+MODIFIERS = {"cudnn": ({}, {"MXTRAIN_CUDA_ATTENTION": "cudnn"}),
+             "ckpt": ({"memory.activation_checkpointing": "full", "train.grad_accum": 2}, {}),
+             "tf32": ({}, {"MXTRAIN_CUDA_GEMM": "tf32"}),
+             "emulate": ({}, {"MXTRAIN_CUDA_FP8": "emulate"}),
+             # every Linear width and a micro-batch's tokens multiples of 128, so that
+             # fp8-block's Linears run on the GPU's block-scaled GEMM (the tiny preset's 64
+             # keeps them emulated): hidden 128, 4 heads of 32, as many KV heads
+             "wide": ({"model.hidden_size": 128, "model.intermediate_size": 256,
+                       "model.num_key_value_heads": 4}, {})}
 
 
 def attention_of(log):
@@ -137,11 +166,14 @@ def loss_match(args):
             "checkpoint.resume": "none"}
     for recipe in args.recipes:
         runs = {}
-        name, _, attention = recipe.partition("+")
-        env = {"OMP_NUM_THREADS": str(args.threads),
-               "MXTRAIN_CUDA_ATTENTION": attention or "fp32"}
+        name, *mods = recipe.split("+")
+        env = {"OMP_NUM_THREADS": str(args.threads), "MXTRAIN_CUDA_ATTENTION": "fp32"}
+        extra = {}
+        for mod in mods:
+            extra.update(MODIFIERS[mod][0])
+            env.update(MODIFIERS[mod][1])
         for device in ("cpu", "cuda"):
-            sets = dict(base, **{"run.device": device, "precision.recipe": name})
+            sets = dict(base, **extra, **{"run.device": device, "precision.recipe": name})
             if name != "fp32":  # the GPU's default under a recipe, set on the CPU twin too
                 sets["precision.activations"] = "bf16"
             runs[device] = run_train(args.bin, sets, env,
@@ -149,7 +181,12 @@ def loss_match(args):
         res = {"check": "loss_match", "recipe": recipe, "steps": args.steps,
                "tolerance_rel": TOL[recipe]}
         log = Path(args.work) / f"loss_{recipe}_cuda" / "stderr.txt"
-        res["attention"] = attention_of(log.read_text(errors="replace")) if log.exists() else None
+        said = log.read_text(errors="replace") if log.exists() else ""
+        res["attention"] = attention_of(said) if said else None
+        if name.startswith("fp8-") or name in ("mxfp8", "nvfp4"):
+            # the trainer's line: the block Linears on the backend's GEMMs, or emulated
+            res["native_linears"] = bool(re.search(r"block Linears( |: \d of 7 )on the backend's",
+                                                  said))
         (crc, ctail, cpu, cs), (grc, gtail, gpu, gs) = runs["cpu"], runs["cuda"]
         res["seconds"] = {"cpu": round(cs, 1), "cuda": round(gs, 1)}
         if crc != 0 or grc != 0 or len(cpu) != args.steps or len(gpu) != args.steps:
@@ -163,6 +200,88 @@ def loss_match(args):
                        max_rel_grad_norm=max(norm_rel), loss_first=cpu[0]["loss"],
                        loss_last_cpu=cpu[-1]["loss"], loss_last_cuda=gpu[-1]["loss"])
         emit(args, res)
+
+
+def resume(args):
+    corpus = Path(args.corpus)
+    half = args.steps // 2
+    base = {"model.preset": "tiny", "train.micro_batch": 4, "train.seq_len": 64,
+            "train.lr": 1e-3, "train.min_lr": 1e-4, "train.warmup_steps": 2, "train.seed": 1,
+            "train.grad_clip": 1.0, "train.log_every": 1, "train.eval_every": 0,
+            "data.path": corpus, "data.format": "text", "data.val_fraction": 0.0,
+            "run.sample_tokens": 0, "run.device": "cuda", "precision.recipe": "bf16",
+            "precision.activations": "bf16"}
+    # the same GEMM algorithm in every run (tuning times candidates, and may pick another)
+    env = {"OMP_NUM_THREADS": str(args.threads), "MXTRAIN_CUDA_ATTENTION": "fp32",
+           "MXTRAIN_CUDA_GEMM_TUNE": "0"}
+    work = Path(args.work)
+    res = {"check": "resume", "recipe": "bf16 resume", "steps": args.steps, "resumed_at": half,
+           "tolerance_rel": 1e-6}
+    t0 = time.time()
+    straight = run_train(args.bin, dict(base, **{"train.steps": args.steps,
+                                                 "checkpoint.resume": "none"}),
+                         env, work / "resume_straight", args.limit)
+    first = run_train(args.bin, dict(base, **{"train.steps": half, "checkpoint.resume": "none"}),
+                      env, work / "resume_split", args.limit)
+    # the same run_dir: resume = auto finds the step-`half` checkpoint the first run ended with
+    second = run_train(args.bin, dict(base, **{"train.steps": args.steps,
+                                               "checkpoint.resume": "auto"}),
+                       env, work / "resume_split", args.limit)
+    res["seconds"] = round(time.time() - t0, 1)
+    log = (work / "resume_split" / "stderr.txt").read_text(errors="replace")  # the second run's
+    res["resumed"] = bool(re.search(rf"resumed from \S+ at step {half} ", log))
+    bad = {name: [rc] + tail for name, (rc, tail, steps, _) in
+           (("straight", straight), ("first", first), ("resumed", second))
+           if rc != 0}
+    want = {r["step"]: r for r in straight[2] if r["step"] > half}
+    got = {r["step"]: r for r in second[2]}
+    if bad or not res["resumed"] or sorted(got) != sorted(want) or \
+            len(want) != args.steps - half:
+        res.update(ok=False, error=bad or {"steps": {"straight": sorted(want),
+                                                     "resumed": sorted(got)},
+                                           "log": log.strip().splitlines()[-3:]})
+        emit(args, res)
+    else:
+        rel = [abs(got[k]["loss"] - want[k]["loss"]) / abs(want[k]["loss"]) for k in sorted(want)]
+        res.update(ok=max(rel) <= res["tolerance_rel"], max_rel=max(rel),
+                   worst_step=sorted(want)[rel.index(max(rel))], rel_per_step=rel,
+                   bit_exact=all(got[k]["loss"] == want[k]["loss"] and
+                                 got[k]["grad_norm"] == want[k]["grad_norm"] for k in want),
+                   loss_last_straight=want[args.steps]["loss"],
+                   loss_last_resumed=got[args.steps]["loss"])
+        emit(args, res)
+    # Generation from the straight run's last checkpoint on both devices, sampled at temperature
+    # 1 with one seed (a barely trained model's greedy text is one token over and over): the
+    # same draws, so the same ids unless the logits differ where a draw falls between two.
+    gen = {"check": "generate", "recipe": "generate", "tokens": args.gen_tokens}
+    ids = {}
+    for device in ("cpu", "cuda"):
+        argv = [args.bin, "generate", "--model", str(work / "resume_straight" / "checkpoints"),
+                "--prompt", "The ", "--max-tokens", str(args.gen_tokens), "--temperature", "1",
+                "--seed", "7", "--ids", "--device", device]
+        genv = dict(os.environ, **env)
+        if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):
+            genv["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, env=genv,
+                               timeout=args.limit, preexec_fn=die_with_parent)
+            ids[device] = p.stdout.split() if p.returncode == 0 else None
+            if p.returncode != 0:
+                gen.setdefault("error", {})[device] = [p.returncode] + \
+                    p.stderr.strip().splitlines()[-2:]
+        except subprocess.TimeoutExpired:
+            ids[device] = None
+            gen.setdefault("error", {})[device] = ["timeout"]
+    if ids["cpu"] is None or ids["cuda"] is None:
+        gen["ok"] = False
+    else:
+        same = 0
+        while same < min(len(ids["cpu"]), len(ids["cuda"])) and \
+                ids["cpu"][same] == ids["cuda"][same]:
+            same += 1
+        gen.update(ok=ids["cpu"] == ids["cuda"] and len(ids["cpu"]) > 0,
+                   ids_cpu=ids["cpu"], ids_cuda=ids["cuda"], same_prefix=same)
+    emit(args, gen)
 
 
 def speed(args):
@@ -249,7 +368,7 @@ def speed(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["loss-match", "speed"])
+    ap.add_argument("what", choices=["loss-match", "resume", "speed"])
     ap.add_argument("--bin", default="build/mxtrain")
     ap.add_argument("--work", default="/tmp/mxtrain-gpu-runs")
     ap.add_argument("--json")
@@ -268,6 +387,8 @@ def main():
     ap.add_argument("--variant", default="",
                     help="speed: a label for the row (the table shows it after the recipe), "
                          "e.g. for a run under an environment variable")
+    ap.add_argument("--gen-tokens", type=int, default=32,
+                    help="resume: the generated tokens (sampled, one seed)")
     ap.add_argument("--skip", type=int, default=1, help="speed: untimed first steps")
     ap.add_argument("--budget", type=float, default=200, help="speed: seconds for all shapes")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -289,6 +410,13 @@ def main():
             print("error: loss-match needs --corpus FILE (text)", file=sys.stderr)
             sys.exit(2)
         loss_match(args)
+    elif args.what == "resume":
+        args.steps = args.steps or 20
+        if not args.corpus or args.steps < 2 or args.steps % 2:
+            print("error: resume needs --corpus FILE (text) and an even --steps of at least 2",
+                  file=sys.stderr)
+            sys.exit(2)
+        resume(args)
     else:
         args.steps = args.steps or 4
         speed(args)

@@ -108,6 +108,18 @@ def test_bad_gemm_tune_setting_is_a_clear_error(tmp_path):
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("value", ["3", "", "2 "])
+def test_bad_fp8_cast_unroll_setting_is_a_clear_error(tmp_path, value):
+    # MXTRAIN_FP8_CAST_UNROLL (1, 2 or 4) too is read before the GPU is looked for, not at the
+    # first FP8 cast.
+    p = train_cuda_without_gpu(tmp_path, MXTRAIN_FP8_CAST_UNROLL=value)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (last == f"error: MXTRAIN_FP8_CAST_UNROLL must be 1, 2 or 4 (got '{value}')"
+            or "built without the CUDA backend" in last), p.stderr
+    assert not (tmp_path / "o" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("recipe,stats,activations", [("fp32", 0, ""), ("nvfp4", 0, ""),
                                                       ("nvfp4", 5, ""), ("mxfp8", 0, ""),
                                                       ("bf16", 0, "bf16")])

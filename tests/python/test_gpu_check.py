@@ -32,6 +32,10 @@ SEQ2 = 32  # the second shape (MXTRAIN_GPU_SEQ2): micro-batches 4, 2, 1
 OPCHECK_FILTER = ["rmsnorm_forward", "adamw", "fp8_linear_forward", "attention_cudnn"]
 LOSS_RECIPES = ["fp32", "bf16", "fp8-delayed"]
 LOSS_STEPS = 2
+# The trainer paths' rows (MXTRAIN_GPU_FEATURE_RECIPES; check.sh's default has four), and the
+# resume check's steps (MXTRAIN_GPU_RESUME_STEPS: 2 straight against 1 + a resume).
+FEATURE_RECIPES = ["bf16+ckpt", "fp8-delayed+emulate"]
+RESUME_STEPS = 2
 FP8 = ["fp8-delayed", "fp8-current", "fp8-block"]
 # What check.sh's header promises under $OUT (the device tool returns at most eight files).
 OUT_FILES = {"check.log", "op_check.json", "op_check.txt", "loss_match.json", "speed.json",
@@ -80,7 +84,8 @@ def dry_run(tmp_path_factory):
         tmp, MXTRAIN_GPU_BINDIR=str(bindir), MXTRAIN_GPU_OPCHECK_FILTER=",".join(OPCHECK_FILTER),
         MXTRAIN_GPU_LOSS_RECIPES=" ".join(LOSS_RECIPES), MXTRAIN_GPU_LOSS_STEPS=str(LOSS_STEPS),
         MXTRAIN_GPU_SEQ=str(SEQ), MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
-        MXTRAIN_GPU_SEQ2=str(SEQ2),
+        MXTRAIN_GPU_SEQ2=str(SEQ2), MXTRAIN_GPU_FEATURE_RECIPES=" ".join(FEATURE_RECIPES),
+        MXTRAIN_GPU_RESUME_STEPS=str(RESUME_STEPS),
         MXTRAIN_GPU_SPEED_SETS="model.hidden_size=128 model.intermediate_size=256 "
                                "model.num_key_value_heads=4",
         MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile",
@@ -110,9 +115,10 @@ def test_exit_code_and_files(dry_run):
     with tarfile.open(out / "runs_stderr.tgz") as t:
         names = t.getnames()
     runs = {n.split("/")[1] for n in names if n.endswith("/stderr.txt")}
-    want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES for d in ("cpu", "cuda")} |
+    want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES + FEATURE_RECIPES for d in ("cpu", "cuda")} |
+            {"resume_straight", "resume_split"} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
-            {f"speed_bf16__{SEQ}_2_none_notune"} |
+            {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-delayed__{SEQ}_2_none_unroll2"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
     assert not [n for n in names if "checkpoints" in n]
@@ -139,16 +145,56 @@ def test_op_check(dry_run):
 
 def test_loss_match(dry_run):
     rc, log, out, _ = dry_run
-    res = rows(out / "loss_match.json")
+    every = rows(out / "loss_match.json")
+    res = every[:len(LOSS_RECIPES)]  # first; then the feature rows (test_feature_rows)
     assert [r["recipe"] for r in res] == LOSS_RECIPES
+    assert [r["recipe"] for r in every[len(LOSS_RECIPES):]] == FEATURE_RECIPES + ["bf16 resume",
+                                                                               "generate"]
     for r in res:
         assert r["ok"] is True, r
         assert r["steps"] == LOSS_STEPS and len(r["rel_per_step"]) == LOSS_STEPS
         assert r["max_rel"] <= r["tolerance_rel"]
         assert r["attention"] == "fp32"  # MXTRAIN_CUDA_ATTENTION=fp32 reached the trainer
         assert re.search(rf"^loss match {re.escape(r['recipe'])}\s*: max rel diff \S+ at step "
-                         rf"{r['worst_step']} \(tolerance \S+\) -> PASS; .*attention fp32$",
+                         rf"{r['worst_step']} \(tolerance \S+\) -> PASS; .*attention fp32"
+                         r"(; Linears native)?$",
                          log, re.M), r["recipe"]
+
+
+def test_feature_rows(dry_run):
+    """The trainer's paths no GPU run had reached: their loss-match rows (after the speed rows),
+    the resume check and generation on cuda against cpu, each in the table."""
+    rc, log, out, _ = dry_run
+    res = rows(out / "loss_match.json")
+    feat = {r["recipe"]: r for r in res if r["recipe"] in FEATURE_RECIPES}
+    assert sorted(feat) == sorted(FEATURE_RECIPES), res
+    for name, r in feat.items():
+        assert r["ok"] is True and r["steps"] == LOSS_STEPS, r
+        assert re.search(rf"^loss match {re.escape(name)}\s*: max rel diff \S+ at step \d+ .*-> "
+                         r"PASS; .*attention fp32", log, re.M), name
+    # +emulate reached the trainer: fp8-delayed's Linears emulated on the (emulated) GPU, where
+    # the plain fp8-delayed row's run on its FP8 GEMMs
+    assert feat["fp8-delayed+emulate"]["native_linears"] is False
+    assert [r["native_linears"] for r in res if r["recipe"] == "fp8-delayed"] == [True]
+    assert re.search(r"^loss match fp8-delayed\+emulate: .*; Linears emulated$", log, re.M)
+    # +ckpt reached it too: full checkpointing and 2 micro-batches a step, on both devices
+    for d in ("cpu", "cuda"):
+        said = (out.parent / "work" / "mxgpu-runs" / f"loss_bf16+ckpt_{d}" / "stderr.txt")
+        assert re.search(r"x 2 x 1 ranks = \d+ tokens/step.* checkpointing full,",
+                         said.read_text()), d
+    resume = [r for r in res if r.get("check") == "resume"]
+    assert len(resume) == 1 and resume[0]["ok"] is True and resume[0]["resumed"], resume
+    assert resume[0]["bit_exact"] and resume[0]["resumed_at"] == RESUME_STEPS // 2
+    assert re.search(rf"^resume bf16 resume\s*: steps {RESUME_STEPS // 2 + 1}-{RESUME_STEPS} after "
+                     rf"a resume at {RESUME_STEPS // 2}, max rel diff 0.00e\+00 .*bit-exact -> PASS$",
+                     log, re.M)
+    gen = [r for r in res if r.get("check") == "generate"]
+    assert len(gen) == 1 and gen[0]["ok"] is True, gen
+    assert len(gen[0]["ids_cuda"]) > 4 and gen[0]["ids_cuda"] == gen[0]["ids_cpu"]
+    assert re.search(r"^generate cuda vs cpu\s*: sampled, \d+ ids on cpu, \d+ on cuda, the first "
+                     r"\d+ the same -> PASS$", log, re.M)
+    # after the FP8 speed rows (the targets' figures come first)
+    assert log.index("mxtrain FP8 speed:") < log.index("features: loss match exit 0, resume exit 0")
 
 
 def test_speed_rows(dry_run):
@@ -157,9 +203,11 @@ def test_speed_rows(dry_run):
     res = [r for r in res_all if r["seq"] == SEQ]
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
-    notune = [r for r in res if r.get("variant")]
-    assert len(notune) == 1 and notune[0]["variant"] == "notune", notune
-    assert notune[0]["recipe"] == "bf16" and notune[0]["tokens_per_s"] > 0
+    variants = {r["variant"]: r for r in res if r.get("variant")}
+    assert sorted(variants) == ["notune", "unroll2"], variants
+    assert variants["notune"]["recipe"] == "bf16" and variants["notune"]["tokens_per_s"] > 0
+    assert variants["unroll2"]["recipe"] == "fp8-delayed"
+    assert variants["unroll2"]["tokens_per_s"] > 0
 
     for recipe in ["bf16"] + FP8:
         r = mx[(recipe, "default")]
@@ -248,6 +296,17 @@ def test_table(dry_run):
     assert b"cuda gemm tune:" not in notune
     assert (f"seq {SEQ}: mxtrain bf16, tuned / untuned GEMMs = "
             f"{tps['mx bf16'] / tps['mx bf16 notune']:.3f}") in log
+    # the casts' unroll: its row, its ratio, and its variable reached the trainer (said once);
+    # the default runs say nothing of it
+    assert re.search(rf"^mx fp8-delayed unroll2\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32 ",
+                     log, re.M)
+    with tarfile.open(out / "runs_stderr.tgz") as t:
+        unroll = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_unroll2/stderr.txt")
+        plain = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none/stderr.txt")
+        said = b"cuda fp8 casts: 2 vector(s) of 4 elements a thread in flight"
+        assert unroll.read().count(said) == 1 and b"cuda fp8 casts:" not in plain.read()
+    assert (f"seq {SEQ}: mxtrain fp8-delayed, cast unroll 2 / 1 = "
+            f"{tps['mx fp8-delayed unroll2'] / tps['mx fp8-delayed']:.3f}") in log
     assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
             f"{tps['mx bf16'] / tps['mx bf16/a32']:.3f}") in log
     if "torch" in tps:
@@ -300,16 +359,21 @@ def test_steps_that_die_still_get_rows(tmp_path):
         tmp_path, MXTRAIN_GPU_BINDIR=str(bindir), MXTRAIN_GPU_OPCHECK_FILTER="adamw",
         MXTRAIN_GPU_LOSS_RECIPES="fp32 no-such-recipe", MXTRAIN_GPU_SEQ=str(SEQ),
         MXTRAIN_GPU_TOKENS=str(TOKENS), MXTRAIN_GPU_PRESET="tiny",
-        MXTRAIN_GPU_SPEED_SETS="no-equals-sign", MXTRAIN_GPU_TORCH_ARGS="--no-such-flag")
+        MXTRAIN_GPU_SPEED_SETS="no-equals-sign", MXTRAIN_GPU_TORCH_ARGS="--no-such-flag",
+        # no feature rows (empty: none), and a resume check refused (an odd step count)
+        MXTRAIN_GPU_FEATURE_RECIPES="", MXTRAIN_GPU_RESUME_STEPS="3")
     p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env, timeout=120)
     log = p.stdout + p.stderr
     assert p.returncode == 0, log[-4000:]  # the op check passed; the rest is reported, not fatal
     out = tmp_path / "out"
     loss = rows(out / "loss_match.json")
-    assert [r["recipe"] for r in loss] == ["fp32", "no-such-recipe"]
-    for r in loss:
+    assert [r["recipe"] for r in loss] == ["fp32", "no-such-recipe", "bf16 resume", "generate"]
+    for r in loss[:2]:
         assert r["ok"] is False and r["error"] == "no result: mxtrain_runs.py loss-match exit 2"
         assert re.search(rf"^loss match {r['recipe']}\s*: FAILED TO RUN no result", log, re.M)
+    for r in loss[2:]:
+        assert r["ok"] is False and r["error"] == "no result: mxtrain_runs.py resume exit 2"
+        assert re.search(rf"^resume {r['recipe']}\s*: FAILED TO RUN no result", log, re.M)
     speed = {(r["impl"], r.get("recipe"), r.get("activations")): r for r in rows(out / "speed.json")}
     bad_set = "exit 2: error: --set takes KEY=VALUE (e.g. model.hidden_size=128), got 'no-equals-sign'"
     for recipe, act in [("bf16", None), ("fp8-delayed", None), ("fp8-current", None),
