@@ -22,8 +22,9 @@
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
 #      a guess) (loss_match.json). After step 4's FP8 rows, with 60 s of the budget left, the
 #      trainer's paths no GPU run had reached (MXTRAIN_GPU_FEATURE_RECIPES): fp8-block+wide,
-#      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32 and
-#      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) the same way; then resume on the GPU
+#      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32,
+#      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) and fp8-current+stats+hp (telemetry
+#      every 10 steps, the last block in bf16) the same way; then resume on the GPU
 #      (MXTRAIN_GPU_RESUME_STEPS, 20: straight against half and a resume, bit for bit expected)
 #      and generation (sampled, one seed) on cuda against cpu (rows "bf16 resume" and "generate")
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (head in bf16, precision.high_precision; attention: the
@@ -63,7 +64,8 @@
 #   MXTRAIN_GPU_LOSS_RECIPES     the loss match's recipes (fp32 bf16 fp8-current fp8-delayed
 #                                bf16+cudnn), MXTRAIN_GPU_LOSS_STEPS its steps (50)
 #   MXTRAIN_GPU_FEATURE_RECIPES  the trainer paths' loss-match rows (fp8-block+wide bf16+ckpt
-#                                fp32+tf32 fp8-delayed+emulate; set empty: none)
+#                                fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp; set
+#                                empty: none)
 #   MXTRAIN_GPU_RESUME_STEPS     the resume check's steps (20: 10, a resume, 10 more)
 #   MXTRAIN_GPU_SEQ              the speed runs' sequence length (8192), MXTRAIN_GPU_TOKENS the
 #                                tokens of the largest micro-batch tried (16384)
@@ -318,12 +320,13 @@ echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
 # The loss match again (tiny preset, cuda vs cpu) for fp8-block on the GPU's block-scaled GEMM
 # (fp8-block+wide: widths of 128, which that GEMM needs),
 # recipe bf16 with activation checkpointing and gradient accumulation (bf16+ckpt), fp32 on tf32
-# tensor cores (fp32+tf32) and the FP8 recipe's emulation on the GPU (fp8-delayed+emulate)
+# tensor cores (fp32+tf32), the FP8 recipe's emulation on the GPU (fp8-delayed+emulate), and
+# numerics telemetry with the last block in high precision (fp8-current+stats+hp)
 # (MXTRAIN_GPU_FEATURE_RECIPES, set empty for none; rows in loss_match.json); then resume and generation on the GPU
 # (mxtrain_runs.py resume: recipe bf16, MXTRAIN_GPU_RESUME_STEPS = 20 steps straight against
 # 10 + a resume to 20, then sampled generation, one seed, on cuda against cpu; rows "bf16 resume" and
 # "generate"). After the speed rows, which the targets need first.
-features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate}
+features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
 if (( $(cap 100) >= 60 )); then
   t0=$(date +%s)
   feat_rc=0

@@ -11,8 +11,9 @@
               SDPA, against the CPU's fp32 attention. More modifiers (NAME+MOD[+MOD...],
               MODIFIERS below) run the trainer's other paths, each on both devices:
               +ckpt (activation checkpointing full and 2 micro-batches a step), +tf32
-              (MXTRAIN_CUDA_GEMM=tf32), +emulate (MXTRAIN_CUDA_FP8=emulate) and +wide (widths
-              of 128, so that fp8-block's Linears run on the block-scaled GEMM).
+              (MXTRAIN_CUDA_GEMM=tf32), +emulate (MXTRAIN_CUDA_FP8=emulate), +wide (widths
+              of 128, so that fp8-block's Linears run on the block-scaled GEMM), +stats
+              (precision.stats_every = 10) and +hp (precision.high_precision_last = 1).
   resume      resume and generation on the device: recipe bf16 trained --steps straight, and
               the same run stopped at half of them and resumed from its checkpoint (the losses
               after the resume must be the straight run's: bit for bit where every kernel is
@@ -52,7 +53,7 @@ TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp8-current": 5e-3, "fp8-delayed": 5e-3,
        # (operands rounded to 10 mantissa bits, as bf16's 7 are); the FP8 recipe's exact
        # emulation on the GPU (fp32 GEMMs over the same codes).
        "fp8-block+wide": 5e-3, "bf16+ckpt": 2e-3, "fp32+tf32": 2e-3,
-       "fp8-delayed+emulate": 5e-3}
+       "fp8-delayed+emulate": 5e-3, "fp8-current+stats+hp": 5e-3}
 # A recipe's +MOD: (mxtrain --set overrides, environment) on both devices (the CPU backend
 # reads none of the MXTRAIN_CUDA_* variables). Without +cudnn the CUDA side runs the fp32
 # attention kernel.
@@ -60,6 +61,10 @@ MODIFIERS = {"cudnn": ({}, {"MXTRAIN_CUDA_ATTENTION": "cudnn"}),
              "ckpt": ({"memory.activation_checkpointing": "full", "train.grad_accum": 2}, {}),
              "tf32": ({}, {"MXTRAIN_CUDA_GEMM": "tf32"}),
              "emulate": ({}, {"MXTRAIN_CUDA_FP8": "emulate"}),
+             # numerics telemetry every 10 steps (the operands' amax, SQNR, ... measured on
+             # the device), and the last block kept in precision.high_precision (bf16)
+             "stats": ({"precision.stats_every": 10}, {}),
+             "hp": ({"precision.high_precision_last": 1}, {}),
              # every Linear width and a micro-batch's tokens multiples of 128, so that
              # fp8-block's Linears run on the GPU's block-scaled GEMM (the tiny preset's 64
              # keeps them emulated): hidden 128, 4 heads of 32, as many KV heads
