@@ -130,7 +130,9 @@ int own_copy(const std::string& file, int fd) {
   warn(str("metrics file ", file, " has other names (hard links): its lines were copied into a ",
            "file of its own, which this run appends to (the other names keep theirs)"));
   const int locked = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (locked < 0 || ::flock(locked, LOCK_EX | LOCK_NB) != 0) {
+  // (a file system without flock, ENOLCK or EOPNOTSUPP: the copy unlocked, as lock_metrics
+  // leaves the file it opens there)
+  if (locked < 0 || (::flock(locked, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)) {
     const int err = errno;
     if (locked >= 0) ::close(locked);
     throw StorageError(str("cannot open metrics file ", file, ": ", std::strerror(err)));

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/output_dirs.h"
 
 namespace mx {
@@ -21,10 +22,18 @@ DirLock::DirLock(const std::string& dir, const std::string& key)
   // would then hold a lock on a file no longer in the directory. So a lock counts only if the
   // file locked is still the one at the path; otherwise open the new one and try again.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    // A file another user's killed run left (0644): flock needs no write access, so it is
-    // taken read-only (it stopped that directory for everyone else for good).
-    if (fd < 0 && errno == EACCES) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    // Made here (O_EXCL), or there already: a file this run made is removed again where the
+    // file system has no locks.
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const bool created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) {
+      fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+      // A file another user's killed run left (0644): flock needs no write access, so it is
+      // taken read-only (it stopped that directory for everyone else for good).
+      if (fd < 0 && errno == EACCES)
+        fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0 && errno == ENOENT) continue;  // removed in between (a run ending): again
+    }
     if (fd < 0) {
       const int err = errno;
       throw_path_error(err, str("cannot create the lock file ", path_, " in ", key, " ", dir,
@@ -34,6 +43,12 @@ DirLock::DirLock(const std::string& dir, const std::string& key)
       const int err = errno;
       if (err != EWOULDBLOCK) {  // no flock here (ENOLCK, EOPNOTSUPP): run unguarded
         ::close(fd);
+        // (a file that was there stays: where flock fails only now and then, NFS's lock
+        // daemon say, another run may hold it)
+        if (created) ::unlink(path_.c_str());
+        warn(str(key, " ", dir, ": this file system takes no file locks (flock: ",
+                 std::strerror(err), "), so nothing stops a second run from writing into it ",
+                 "at the same time"));
         return;
       }
       char buf[32] = {};

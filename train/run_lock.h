@@ -9,7 +9,8 @@ namespace mx {
 // file at the end. The kernel releases a flock when its process ends however it ends (kill -9,
 // a spot reclaim), so no lock outlives its run; a file a killed run left is taken over. A
 // directory another process holds is a UserError naming it and, from the file, that process's
-// pid. A file system without flock (some FUSE mounts) gets no lock, silently: the run goes on.
+// pid. A file system without flock (some FUSE mounts) gets no lock: a warning, the lock file
+// this run made removed again, and the run goes on.
 class DirLock {
  public:
   // `key` names the setting the directory comes from ("run.out_dir").

@@ -204,6 +204,69 @@ def test_a_lock_file_another_user_left_is_taken_over(tmp_path):
         shutil.rmtree(out, ignore_errors=True)
 
 
+NO_FLOCK_SHIM = r"""
+#include <errno.h>
+int flock(int fd, int operation) {  /* every flock fails as on a file system without locks */
+  (void)fd; (void)operation;
+  errno = ENOLCK;
+  return -1;
+}
+"""
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path, earlier):
+    """Where flock fails (ENOLCK, EOPNOTSUPP: some FUSE and NFS mounts; here every flock call,
+    through an LD_PRELOAD shim) the run goes on unguarded: it said nothing of that, and left
+    the .mxtrain.lock it made behind in every directory for good. Now a warning says so, for
+    run.out_dir and for checkpoint.dir, and a lock file this run made is removed again; one that
+    was there (earlier=True) stays, since elsewhere another run may hold it."""
+    require_binary()
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler for the flock shim"
+    (tmp_path / "shim.c").write_text(NO_FLOCK_SHIM)
+    shim = tmp_path / "noflock.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shim.c")],
+                   check=True, timeout=60)
+    out = tmp_path / "out"
+    if earlier:
+        out.mkdir()
+        (out / ".mxtrain.lock").write_text("12345\n")
+    run = dict(TINY, **{"train.steps": 2, "run.out_dir": out})
+    p = subprocess.run([MXTRAIN_BIN, "train"] + [str(a) for a in set_args(run)],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(env1(), LD_PRELOAD=str(shim)))
+    assert p.returncode == 0, p.stderr[-2000:]
+    warned = [l for l in p.stderr.splitlines() if "takes no file locks" in l]
+    want = {f"warning: run.out_dir {out}: this file system takes no file locks (flock: No locks "
+            "available), so nothing stops a second run from writing into it at the same time",
+            f"warning: checkpoint.dir {out / 'checkpoints'}: this file system takes no file locks "
+            "(flock: No locks available), so nothing stops a second run from writing into it at "
+            "the same time"}
+    assert len(warned) == 2 and set(warned) == want, p.stderr[-2000:]
+    assert (out / "checkpoints" / "step_00000002").is_dir()  # the run itself as ever
+    assert not (out / "checkpoints" / ".mxtrain.lock").exists()
+    if earlier:
+        assert (out / ".mxtrain.lock").read_text() == "12345\n"
+        return
+    assert not (out / ".mxtrain.lock").exists(), sorted(out.iterdir())
+    # A resume appending to a metrics file with another name (a hard link) copies it first
+    # and appends to the copy, which it locked: there the lock's failure was a storage error
+    # (exit 3); now the copy goes unlocked, as any metrics file there does.
+    hard = tmp_path / "hard.jsonl"
+    os.link(out / "metrics.jsonl", hard)
+    run = dict(TINY, **{"train.steps": 3, "run.out_dir": out, "run.metrics": hard})
+    p = subprocess.run([MXTRAIN_BIN, "train"] + [str(a) for a in set_args(run)],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(env1(), LD_PRELOAD=str(shim)))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert any(l.startswith("warning:") and "hard links" in l for l in p.stderr.splitlines())
+    assert [l["step"] for l in metrics_lines(hard) if not l.get("summary")] == [1, 2, 3]
+    assert [l["step"] for l in metrics_lines(out / "metrics.jsonl")
+            if not l.get("summary")] == [1, 2]
+
+
 def run_with_closed_pipe(args, which):
     """Runs mxtrain with stdout and/or stderr a pipe whose read end is already closed (what
     `| head -1` leaves once head has exited); the other stream is captured."""
