@@ -118,6 +118,14 @@ def read_steps(path):
     return steps
 
 
+def mxtrain_env(env_extra):
+    """The environment of an mxtrain process: ours, env_extra, and the carried libraries."""
+    env = dict(os.environ, **env_extra)
+    if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):  # the carried libraries: for mxtrain only
+        env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
+    return env
+
+
 def run_train(binary, sets, env_extra, out, limit, stop_after=None):
     """Runs `mxtrain train`; returns (rc, stderr tail, metrics steps, seconds).
     stop_after: SIGKILL once that many step records are in the metrics (rc is then 'stopped')."""
@@ -128,9 +136,7 @@ def run_train(binary, sets, env_extra, out, limit, stop_after=None):
         argv += ["--set", f"{k}={v}"]
     argv += ["--set", f"run.out_dir={out}", "--set", f"run.metrics={metrics}"]
     metrics.unlink(missing_ok=True)  # a rerun must not read the last run's steps
-    env = dict(os.environ, **env_extra)
-    if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):  # the carried libraries: for mxtrain only
-        env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
+    env = mxtrain_env(env_extra)
     t0 = time.time()
     with open(out / "stderr.txt", "w") as err:
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env,
@@ -245,7 +251,6 @@ def resume(args):
         res.update(ok=False, error=bad or {"steps": {"straight": sorted(want),
                                                      "resumed": sorted(got)},
                                            "log": log.strip().splitlines()[-3:]})
-        emit(args, res)
     else:
         rel = [abs(got[k]["loss"] - want[k]["loss"]) / abs(want[k]["loss"]) for k in sorted(want)]
         res.update(ok=max(rel) <= res["tolerance_rel"], max_rel=max(rel),
@@ -254,7 +259,7 @@ def resume(args):
                                  got[k]["grad_norm"] == want[k]["grad_norm"] for k in want),
                    loss_last_straight=want[args.steps]["loss"],
                    loss_last_resumed=got[args.steps]["loss"])
-        emit(args, res)
+    emit(args, res)
     # Generation from the straight run's last checkpoint on both devices, sampled at temperature
     # 1 with one seed (a barely trained model's greedy text is one token over and over): the
     # same draws, so the same ids unless the logits differ where a draw falls between two.
@@ -264,11 +269,8 @@ def resume(args):
         argv = [args.bin, "generate", "--model", str(work / "resume_straight" / "checkpoints"),
                 "--prompt", "The ", "--max-tokens", str(args.gen_tokens), "--temperature", "1",
                 "--seed", "7", "--ids", "--device", device]
-        genv = dict(os.environ, **env)
-        if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):
-            genv["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=genv,
+            p = subprocess.run(argv, capture_output=True, text=True, env=mxtrain_env(env),
                                timeout=args.limit, preexec_fn=die_with_parent)
             ids[device] = p.stdout.split() if p.returncode == 0 else None
             if p.returncode != 0:
