@@ -26,7 +26,8 @@
 #      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) and fp8-current+stats+hp (telemetry
 #      every 10 steps, the last block in bf16) the same way; then resume on the GPU
 #      (MXTRAIN_GPU_RESUME_STEPS, 20: straight against half and a resume, bit for bit expected)
-#      and generation (sampled, one seed) on cuda against cpu (rows "bf16 resume" and "generate")
+#      and generation (sampled, one seed) on cuda against cpu (rows "bf16 resume" and "generate"),
+#      and the two memory errors (rows "gpu memory", "scratch full": one error line, exit 2)
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (head in bf16, precision.high_precision; attention: the
 #      default, cuDNN where it loads, the table's last column says which ran): mxtrain with recipe
 #      bf16, then PyTorch (fp32 master weights, BF16 autocast, SDPA, torch.compile per block,
@@ -325,7 +326,8 @@ echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
 # (MXTRAIN_GPU_FEATURE_RECIPES, set empty for none; rows in loss_match.json); then resume and generation on the GPU
 # (mxtrain_runs.py resume: recipe bf16, MXTRAIN_GPU_RESUME_STEPS = 20 steps straight against
 # 10 + a resume to 20, then sampled generation, one seed, on cuda against cpu; rows "bf16 resume" and
-# "generate"). After the speed rows, which the targets need first.
+# "generate"; then a scratch arena larger than the GPU and one too small for an op, rows "gpu
+# memory" and "scratch full"). After the speed rows, which the targets need first.
 features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
 if (( $(cap 100) >= 60 )); then
   t0=$(date +%s)
@@ -337,7 +339,7 @@ if (( $(cap 100) >= 60 )); then
     resume --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" \
     --threads "$threads" --limit 25 --steps "${MXTRAIN_GPU_RESUME_STEPS:-20}" \
     --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt" || res_rc=$?
-  missing_rows "$res_rc" resume "bf16 resume" generate
+  missing_rows "$res_rc" resume "bf16 resume" generate "gpu memory" "scratch full"
   echo "features: loss match exit $feat_rc, resume exit $res_rc, $(( $(date +%s) - t0 )) s"
 fi
 # GEMM tuning (MXTRAIN_CUDA_GEMM_TUNE; docs/cuda.md, "GEMM tuning"): recipe bf16 with the
@@ -403,6 +405,9 @@ for r in rows("loss_match.json"):
         print(f"generate cuda vs cpu   : sampled, {len(r['ids_cpu'])} ids on cpu, "
               f"{len(r['ids_cuda'])} on cuda, the first {r['same_prefix']} the same -> "
               f"{'PASS' if r['ok'] else 'FAIL'}")
+    elif r.get("check") == "memory":
+        print(f"memory {r['recipe']:16s}: MXTRAIN_CUDA_SCRATCH_MB={r['scratch_mb']}, exit "
+              f"{r['rc']}: {r['error_line']} -> {'PASS' if r['ok'] else 'FAIL'}")
     elif r.get("check") in ("resume", "generate"):
         print(f"{r['check']} {r['recipe']:15s}: FAILED TO RUN {r.get('error')}")
     elif "max_rel" in r:

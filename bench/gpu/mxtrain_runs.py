@@ -19,7 +19,9 @@
               after the resume must be the straight run's: bit for bit where every kernel is
               deterministic, as these are with untuned GEMMs and the fp32 attention kernel);
               then generation from the straight run's checkpoint (temperature 1, one seed) with
-              --device cuda against --device cpu (the same token ids).
+              --device cuda against --device cpu (the same token ids); then the two memory
+              errors, a scratch arena larger than the GPU and one too small for an op (each
+              one error line, exit 2).
   speed       tokens/s and MFU of a Llama-3.2-1B shape at the given sequence lengths: the
               largest micro-batch that starts (the arenas are sized and allocated before the
               first step, so a shape that does not fit fails within seconds), activation
@@ -289,6 +291,22 @@ def resume(args):
         gen.update(ok=ids["cpu"] == ids["cuda"] and len(ids["cpu"]) > 0,
                    ids_cpu=ids["cpu"], ids_cuda=ids["cuda"], same_prefix=same)
     emit(args, gen)
+    # The memory errors no GPU run has met (nothing ran out): a scratch arena larger than the
+    # GPU (cudaMalloc fails: "out of GPU memory") and one below the 32 MiB GEMM workspace (the
+    # arena full at an op). Each must be one error line naming MXTRAIN_CUDA_SCRATCH_MB, exit 2.
+    for label, mb, want in (("gpu memory", "1000000",
+                             "error: out of GPU memory: arena 'cuda-scratch' needs "),
+                            ("scratch full", "16", "'cuda-scratch' is full")):
+        out = work / f"memory_{mb}"
+        rc, tail, _, _ = run_train(args.bin, dict(base, **{"train.steps": 1,
+                                                           "checkpoint.resume": "none"}),
+                                   dict(env, MXTRAIN_CUDA_SCRATCH_MB=mb), out, args.limit)
+        said = (out / "stderr.txt").read_text(errors="replace").splitlines()
+        errs = [line for line in said if line.startswith("error:")]
+        emit(args, {"check": "memory", "recipe": label, "scratch_mb": int(mb), "rc": rc,
+                    "ok": rc == 2 and len(errs) == 1 and want in errs[0] and
+                    f"MXTRAIN_CUDA_SCRATCH_MB, now {mb}" in errs[0],
+                    "error_line": errs[0] if len(errs) == 1 else errs or tail})
 
 
 def speed(args):
