@@ -20,7 +20,7 @@
 #      bf16: CUDA's bf16 GEMM vs the CPU's emulation), 5e-3 (fp8-current, fp8-delayed: FP8
 #      tensor-core GEMMs vs the CPU's emulation; a guess until measured), all four with the
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
-#      a guess) (loss_match.json). After step 4's FP8 rows, with 60 s of the budget left, the
+#      a guess) (loss_match.json). After step 4's FP8 rows, with 90 s of the budget left, the
 #      trainer's paths no GPU run had reached (MXTRAIN_GPU_FEATURE_RECIPES): fp8-block+wide,
 #      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32,
 #      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) and fp8-current+stats+hp (telemetry
@@ -317,7 +317,7 @@ for recipe in mxfp8 nvfp4; do
   fi
 done
 echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
-# ---- 5. the trainer's paths no GPU run had reached, if the budget has 60 s left ---------------
+# ---- 5. the trainer's paths no GPU run had reached, if the budget has 90 s left ---------------
 # The loss match again (tiny preset, cuda vs cpu) for fp8-block on the GPU's block-scaled GEMM
 # (fp8-block+wide: widths of 128, which that GEMM needs),
 # recipe bf16 with activation checkpointing and gradient accumulation (bf16+ckpt), fp32 on tf32
@@ -329,13 +329,14 @@ echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
 # "generate"; then a scratch arena larger than the GPU and one too small for an op, rows "gpu
 # memory" and "scratch full"). After the speed rows, which the targets need first.
 features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
-if (( $(cap 100) >= 60 )); then
+if (( $(cap 140) >= 90 )); then
   t0=$(date +%s)
   feat_rc=0
   # shellcheck disable=SC2086
   [ -n "$features" ] && { loss_match "$(cap 70)" $features || feat_rc=$?; }
   res_rc=0
-  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 40)" "$py" bench/gpu/mxtrain_runs.py \
+  # (seven mxtrain processes: three trainings, two generations, two refused starts)
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 60)" "$py" bench/gpu/mxtrain_runs.py \
     resume --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" \
     --threads "$threads" --limit 25 --steps "${MXTRAIN_GPU_RESUME_STEPS:-20}" \
     --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt" || res_rc=$?
