@@ -285,6 +285,27 @@ class Backend {
                                   const float* out, const float* lse, int64_t B, int64_t T,
                                   int64_t H, int64_t KV, int64_t D) = 0;
 
+  // FP8 attention (numerics/attention_fp8.h; docs/numerics.md, "FP8 attention"): the same
+  // causal GQA attention with q, k, v, the probabilities and the output in E4M3 and the
+  // gradients in E5M2 at per-tensor power-of-two scales, the graph cuDNN's fused FP8 SDPA runs.
+  // fp32 interface, shapes as attention_forward / _backward; out, dq, dk, dv receive FP8 values
+  // (a code times its decode scale). The CPU backend's is the twin (backend/cpu/attention.h);
+  // CUDA runs cuDNN's sdpa_fp8 / sdpa_fp8_backward where the library and GPU take the shape
+  // (attention_fp8_problem), and throws otherwise. Not yet used by the trainer.
+  virtual void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
+                                     const float* v, int64_t B, int64_t T, int64_t H,
+                                     int64_t KV, int64_t D) = 0;
+  virtual void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout,
+                                      const float* q, const float* k, const float* v,
+                                      const float* out, const float* lse, int64_t B, int64_t T,
+                                      int64_t H, int64_t KV, int64_t D) = 0;
+  // "" when attention_*_fp8 run for this shape here, else why not.
+  virtual std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                            int64_t D) {
+    (void)B, (void)T, (void)H, (void)KV, (void)D;
+    return "";
+  }
+
   // SwiGLU: s = silu(g) * u over n elements; backward writes dg, du.
   virtual void swiglu_forward(float* s, const float* g, const float* u, int64_t n) = 0;
   virtual void swiglu_backward(float* dg, float* du, const float* ds, const float* g,

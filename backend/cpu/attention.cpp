@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "numerics/attention_fp8.h"
+#include "numerics/quantize.h"
 
 namespace mx::cpu {
 namespace {
@@ -108,8 +110,15 @@ void gather_rows(float* dst, const float* src, int64_t ld, int64_t i0, int64_t b
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+namespace {
+
+// prob_scale > 0 (FP8 attention's twin): out = sum_j P8_ij v_j with the normalized
+// probabilities P_ij = exp(S_ij - lse_i) rounded to E4M3 at that scale (numerics::
+// attn_fp8_round), which needs lse first: each task then runs its key tiles twice, the first
+// time for the row maximum and sum only, the second for P8 and the product. Otherwise the
+// online softmax above (one pass).
+void forward_impl(float* out, float* lse, const float* q, const float* k, const float* v,
+                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float prob_scale) {
   check_shape(B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   const int64_t group = H / KV;
@@ -171,8 +180,30 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           }
           std::fill(sr + n, sr + bc, 0.0f);  // masked keys contribute nothing to P V
         }
+        if (prob_scale > 0.0f) continue;  // (the product comes in the second pass)
         tile_product(rows, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D,
                      panel.data());
+      }
+
+      if (prob_scale > 0.0f) {  // second pass: P8 from the final lse, then P8 V
+        for (int64_t row = 0; row < rows; ++row) m[row] += std::log(l[row]), l[row] = 1.0f;
+        for (int64_t j0 = 0; j0 < i0 + br; j0 += kBc) {
+          const int64_t bc = std::min(kBc, T - j0);
+          float* st = s.data();
+          tile_product(rows, bc, D, scale, qs.data(), D, ktb + j0, T, 0.0f, st, bc,
+                       panel.data());
+          const bool diagonal = j0 + bc - 1 > i0;
+          for (int64_t row = 0; row < rows; ++row) {
+            float* sr = st + row * bc;
+            const int64_t n = diagonal ? allowed_keys(i0 + row % br, j0, bc) : bc;
+            exp_row(sr, n, m[row]);
+            for (int64_t c = 0; c < n; ++c) sr[c] = numerics::attn_fp8_round(sr[c], prob_scale, false);
+            std::fill(sr + n, sr + bc, 0.0f);
+          }
+          tile_product(rows, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D,
+                       panel.data());
+        }
+        // m now holds lse and l 1: the loop below writes o as it is and lse = m + log 1 = m
       }
 
       for (int64_t row = 0; row < rows; ++row) {
@@ -189,9 +220,24 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* out, const float* lse,
-                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  forward_impl(out, lse, q, k, v, B, T, H, KV, D, 0.0f);
+}
+
+namespace {
+
+// fp8 (FP8 attention's twin, q, k, v, out and dout already rounded by the caller): P rounded to
+// E4M3 at fp8->prob for dV's product, and dS to E5M2 at fp8->ds before dQ's and dK's.
+struct Fp8Backward {
+  float prob, ds;
+};
+
+void backward_impl(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                   const float* k, const float* v, const float* out, const float* lse, int64_t B,
+                   int64_t T, int64_t H, int64_t KV, int64_t D, const Fp8Backward* fp8) {
   check_shape(B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   const int64_t group = H / KV;
@@ -211,6 +257,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::vector<float> dqs(static_cast<size_t>(rows_max * D));   // their dq, accumulated
     std::vector<float> p(static_cast<size_t>(rows_max * kBc));   // scores, then probabilities P
     std::vector<float> dp(static_cast<size_t>(rows_max * kBc));  // dP = dO V^T, then dS
+    std::vector<float> p8(fp8 ? static_cast<size_t>(rows_max * kBc) : 0);  // P rounded (fp8)
     std::vector<float> di(rows_max);                              // rowsum(dO * O)
     std::vector<float> lse_rows(rows_max);
     // tile_gemm's B panel; k is up to rows_max for the transposed products
@@ -262,8 +309,14 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             exp_row(pr, n, lse_rows[row]);
             std::fill(pr + n, pr + bc, 0.0f);
           }
-          // dV_j += P^T dO_i
-          tile_product_at(bc, D, rows, 1.0f, pt, bc, dos.data(), D, 1.0f, dvb + j0 * kv_ld,
+          // dV_j += P^T dO_i (FP8: P rounded to E4M3, as the forward's P V reads it)
+          const float* pv = pt;
+          if (fp8) {
+            for (int64_t i = 0; i < rows * bc; ++i)
+              p8[i] = numerics::attn_fp8_round(pt[i], fp8->prob, false);
+            pv = p8.data();
+          }
+          tile_product_at(bc, D, rows, 1.0f, pv, bc, dos.data(), D, 1.0f, dvb + j0 * kv_ld,
                           kv_ld, panel.data());
           // dP = dO_i V_j^T, then dS = P * (dP - Di) in place (masked P = 0 gives dS = 0).
           tile_product(rows, bc, D, 1.0f, dos.data(), D, vtb + j0, T, 0.0f, dpt, bc, panel.data());
@@ -273,6 +326,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const float dr = di[row];
 #pragma omp simd
             for (int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
+            if (fp8)
+              for (int64_t c = 0; c < bc; ++c)
+                dsr[c] = numerics::attn_fp8_round(dsr[c], fp8->ds, true);
           }
           // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
           tile_product(rows, D, bc, scale, dpt, bc, kj, kv_ld, 1.0f, dqs.data(), D, panel.data());
@@ -285,6 +341,73 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       }
     }
   }
+}
+
+}  // namespace
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  backward_impl(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, nullptr);
+}
+
+namespace {
+
+// dst[i] = numerics::attn_fp8_round(src[i], scale, e5m2) over n values.
+std::vector<float> fp8_rounded(const float* src, int64_t n, float scale, bool e5m2) {
+  std::vector<float> dst(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = numerics::attn_fp8_round(src[i], scale, e5m2);
+  return dst;
+}
+void fp8_round_in_place(float* x, int64_t n, float scale, bool e5m2) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] = numerics::attn_fp8_round(x[i], scale, e5m2);
+}
+
+}  // namespace
+
+numerics::AttnFp8ForwardScales attention_fp8_forward_scales(const float* q, const float* k,
+                                                           const float* v, int64_t B, int64_t T,
+                                                           int64_t H, int64_t KV, int64_t D) {
+  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+  return numerics::attn_fp8_forward_scales(numerics::abs_max(q, nq), numerics::abs_max(k, nk),
+                                           numerics::abs_max(v, nk));
+}
+
+void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
+                           const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D) {
+  check_shape(B, T, H, KV, D);
+  if (B == 0 || T == 0) return;
+  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+  const auto sc = attention_fp8_forward_scales(q, k, v, B, T, H, KV, D);
+  const auto qd = fp8_rounded(q, nq, sc.q, false), kd = fp8_rounded(k, nk, sc.k, false),
+             vd = fp8_rounded(v, nk, sc.v, false);
+  forward_impl(out, lse, qd.data(), kd.data(), vd.data(), B, T, H, KV, D, sc.s);
+  fp8_round_in_place(out, nq, sc.o, false);
+}
+
+void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                            const float* k, const float* v, const float* out, const float* lse,
+                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  check_shape(B, T, H, KV, D);
+  if (B == 0 || T == 0) return;
+  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+  const float aq = numerics::abs_max(q, nq), ak = numerics::abs_max(k, nk),
+              av = numerics::abs_max(v, nk), ado = numerics::abs_max(dout, nq);
+  const auto sc = numerics::attn_fp8_forward_scales(aq, ak, av);
+  const auto bs = numerics::attn_fp8_backward_scales(aq, ak, av, ado, D, T * (H / KV),
+                                                     1.0f / std::sqrt(static_cast<float>(D)));
+  const auto qd = fp8_rounded(q, nq, sc.q, false), kd = fp8_rounded(k, nk, sc.k, false),
+             vd = fp8_rounded(v, nk, sc.v, false), od = fp8_rounded(out, nq, sc.o, false),
+             dod = fp8_rounded(dout, nq, bs.dO, true);
+  const Fp8Backward fp8{sc.s, bs.dP};
+  backward_impl(dq, dk, dv, dod.data(), qd.data(), kd.data(), vd.data(), od.data(), lse, B, T, H,
+                KV, D, &fp8);
+  fp8_round_in_place(dq, nq, bs.dQ, true);
+  fp8_round_in_place(dk, nk, bs.dK, true);
+  fp8_round_in_place(dv, nk, bs.dV, true);
 }
 
 }  // namespace mx::cpu

@@ -203,6 +203,19 @@ class CpuBackend final : public Backend {
     cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
   }
 
+  void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
+                             const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                             int64_t D) override {
+    OpScope scope(*this, "attention_forward_fp8");
+    cpu::attention_forward_fp8(out, lse, q, k, v, B, T, H, KV, D);
+  }
+  void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t D) override {
+    OpScope scope(*this, "attention_backward_fp8");
+    cpu::attention_backward_fp8(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
+  }
   void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
                         int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
     OpScope scope(*this, "attention_decode");

@@ -29,6 +29,7 @@
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/nccl_communicator.h"
 #include "backend/cuda/quantize_kernels.h"
+#include "numerics/attention_fp8.h"
 #include "core/log.h"
 #include "numerics/block_scale_layout.h"
 
@@ -1416,6 +1417,100 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, scratch_,
                              stream_);
     done("attention_backward");
+  }
+  // FP8 attention on cuDNN's fused FP8 SDPA (numerics/attention_fp8.h): the amaxes of q, k, v
+  // (and dout) reduced here, every scale computed on the device from them (no host round
+  // trip), the operands cast to codes (fp8_codes, the recipes' cast), cuDNN on the codes, its
+  // FP8 outputs decoded into the fp32 destinations. The whole batch in one graph call (the
+  // codes are a quarter of fp32's bytes). Where cuDNN cannot run it: an error naming why.
+  std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                    int64_t D) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (B <= 0 || T <= 0) return "";
+    return cudnn().fp8_problem(B, T, H, KV, D);
+#else
+    (void)B, (void)T, (void)H, (void)KV, (void)D;
+    return "this build has no cuDNN: FP8 attention runs on cuDNN's fused FP8 SDPA only";
+#endif
+  }
+  void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
+                             const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                             int64_t D) override {
+    const char* op = "attention_forward_fp8";
+    const std::string why = attention_fp8_problem(B, T, H, KV, D);
+    MX_REQUIRE(why.empty(), op, ": ", why);
+    if (B == 0 || T == 0) return done(op);
+#ifdef MXTRAIN_HAVE_CUDNN
+    namespace nm = numerics;
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    DeviceArenaScope scope(scratch_);
+    float* amax = scratch_.alloc_f32(4);
+    float* slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
+    float* cudnn_amax = scratch_.alloc_f32(16);
+    MX_CUDA_CHECK(op, cudaMemsetAsync(amax, 0, 4 * sizeof(float), stream_));
+    cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
+    cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
+    cuda::abs_max(amax + 2, v, nk, scratch_, stream_);
+    cuda::attn_fp8_scales(slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
+    auto slot = [&](nm::AttnFp8Slot s) { return slots + s * nm::kAttnFp8SlotFloats; };
+    uint8_t* q8 = scratch_.alloc_as<uint8_t>(nq);
+    uint8_t* k8 = scratch_.alloc_as<uint8_t>(nk);
+    uint8_t* v8 = scratch_.alloc_as<uint8_t>(nk);
+    uint8_t* o8 = scratch_.alloc_as<uint8_t>(nq);
+    cuda::fp8_codes(q, nq / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleQ), q8, false, stream_);
+    cuda::fp8_codes(k, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleK), k8, false, stream_);
+    cuda::fp8_codes(v, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleV), v8, false, stream_);
+    cudnn().forward_fp8(o8, lse, q8, k8, v8, slots, cudnn_amax, B, T, H, KV, D, scratch_);
+    cuda::fp8_decode(o8, nq, nm::Format::kE4M3, slot(nm::kAttnDescaleO), out, stream_);
+#else
+    (void)out, (void)lse, (void)q, (void)k, (void)v;
+#endif
+    done(op);
+  }
+  void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t D) override {
+    const char* op = "attention_backward_fp8";
+    const std::string why = attention_fp8_problem(B, T, H, KV, D);
+    MX_REQUIRE(why.empty(), op, ": ", why);
+    if (B == 0 || T == 0) return done(op);
+#ifdef MXTRAIN_HAVE_CUDNN
+    namespace nm = numerics;
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    DeviceArenaScope scope(scratch_);
+    float* amax = scratch_.alloc_f32(4);
+    float* slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
+    float* cudnn_amax = scratch_.alloc_f32(16);
+    cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
+    cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
+    cuda::abs_max(amax + 2, v, nk, scratch_, stream_);
+    cuda::abs_max(amax + 3, dout, nq, scratch_, stream_);
+    cuda::attn_fp8_scales(slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
+    auto slot = [&](nm::AttnFp8Slot s) { return slots + s * nm::kAttnFp8SlotFloats; };
+    uint8_t* q8 = scratch_.alloc_as<uint8_t>(nq);
+    uint8_t* k8 = scratch_.alloc_as<uint8_t>(nk);
+    uint8_t* v8 = scratch_.alloc_as<uint8_t>(nk);
+    uint8_t* o8 = scratch_.alloc_as<uint8_t>(nq);
+    uint8_t* do8 = scratch_.alloc_as<uint8_t>(nq);
+    uint8_t* dq8 = scratch_.alloc_as<uint8_t>(nq);
+    uint8_t* dk8 = scratch_.alloc_as<uint8_t>(nk);
+    uint8_t* dv8 = scratch_.alloc_as<uint8_t>(nk);
+    cuda::fp8_codes(q, nq / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleQ), q8, false, stream_);
+    cuda::fp8_codes(k, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleK), k8, false, stream_);
+    cuda::fp8_codes(v, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleV), v8, false, stream_);
+    cuda::fp8_codes(out, nq / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleO), o8, false, stream_);
+    cuda::fp8_codes(dout, nq / D, D, nm::Format::kE5M2, slot(nm::kAttnScaleDO), do8, false,
+                    stream_);
+    cudnn().backward_fp8(dq8, dk8, dv8, do8, q8, k8, v8, o8, lse, slots, cudnn_amax, B, T, H, KV,
+                         D, scratch_);
+    cuda::fp8_decode(dq8, nq, nm::Format::kE5M2, slot(nm::kAttnDescaleDQ), dq, stream_);
+    cuda::fp8_decode(dk8, nk, nm::Format::kE5M2, slot(nm::kAttnDescaleDK), dk, stream_);
+    cuda::fp8_decode(dv8, nk, nm::Format::kE5M2, slot(nm::kAttnDescaleDV), dv, stream_);
+#else
+    (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse;
+#endif
+    done(op);
   }
   // The bf16 path's attention: on cuDNN the codes go in and out as they are (dout rounded,
   // dq / dk / dv widened, as attention_backward does); on the fp32 kernel q, k, v (and out) are

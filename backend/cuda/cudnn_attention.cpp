@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "core/log.h"
+#include "numerics/attention_fp8.h"
 
 // The handle the frontend's dynamic-loading shim resolves every cuDNN symbol from.
 namespace cudnn_frontend {
@@ -85,6 +86,10 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // Tensor uids of the variant packs.
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+// The FP8 graphs' further tensors: each scale slot of numerics::attn_fp8_scale_slots at
+// kSlot0 + slot, and cuDNN's amax outputs.
+constexpr int64_t kSlot0 = 100;
+enum AmaxUid : int64_t { kAmax0 = 200, kAmax1, kAmax2, kAmax3 };
 
 std::vector<int64_t> vec(const std::array<int64_t, 4>& a) { return {a.begin(), a.end()}; }
 
@@ -148,7 +153,8 @@ struct CudnnAttention::Impl {
   std::map<Shape, Entry> cache;
 
   ~Impl() {
-    cache.clear();  // the graphs' plans were built against the handle: they go first
+    cache.clear();
+    fp8_cache.clear();  // the graphs' plans were built against the handle: they go first
     if (handle) fe::detail::destroy_handle(handle);
   }
 
@@ -256,6 +262,165 @@ struct CudnnAttention::Impl {
     }
   }
 
+  std::map<Shape, Entry> fp8_cache;
+
+  std::shared_ptr<fe::graph::Graph> new_fp8_graph() {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::FP8_E4M3)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+  }
+  static TensorPtr slot(fe::graph::Graph& g, numerics::AttnFp8Slot s, const char* name) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(kSlot0 + s)
+                        .set_dim({1, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::FLOAT));
+  }
+  static void amax_output(const TensorPtr& t, int64_t uid) {
+    t->set_output(true).set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
+        fe::DataType_t::FLOAT);
+  }
+
+  void build_fp8_graphs(Entry& e, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    namespace nm = numerics;
+    const float scale = 1.0f / std::sqrt(float(D));
+    const TensorView4 qv = bshd_view(B, T, H, D), kv = bshd_view(B, T, KV, D),
+                      sv = stats_view(B, H, T);
+    {  // forward: O (E4M3), Stats, amax(P), amax(O) = sdpa_fp8(Q, K, V), causal
+      e.fwd = new_fp8_graph();
+      auto& g = *e.fwd;
+      auto q = input(g, "q", kQ, qv), k = input(g, "k", kK, kv), v = input(g, "v", kV, kv);
+      auto opts = fe::graph::SDPA_fp8_attributes()
+                      .set_name("mx_sdpa_fp8")
+                      .set_generate_stats(true)
+                      .set_attn_scale(scale)
+                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                      .set_diagonal_band_right_bound(0);
+      auto [o, stats, amax_s, amax_o] =
+          g.sdpa_fp8(q, k, v, slot(g, nm::kAttnDescaleQ, "descale_q"),
+                     slot(g, nm::kAttnDescaleK, "descale_k"), slot(g, nm::kAttnDescaleV, "descale_v"),
+                     slot(g, nm::kAttnDescaleS, "descale_s"), slot(g, nm::kAttnScaleS, "scale_s"),
+                     slot(g, nm::kAttnScaleO, "scale_o"), opts);
+      output(o, kO, qv);
+      o->set_data_type(fe::DataType_t::FP8_E4M3);
+      output(stats, kStats, sv);
+      stats->set_data_type(fe::DataType_t::FLOAT);
+      amax_output(amax_s, kAmax0);
+      amax_output(amax_o, kAmax1);
+      const std::string why = build(g, e.fwd_workspace);
+      if (!why.empty()) e.problem = "cuDNN refuses the FP8 forward: " + why;
+    }
+    if (e.problem.empty()) {  // backward: dQ, dK, dV (E5M2) and their amaxes, amax(dP)
+      e.bwd = new_fp8_graph();
+      auto& g = *e.bwd;
+      auto q = input(g, "q", kQ, qv), k = input(g, "k", kK, kv), v = input(g, "v", kV, kv);
+      auto o = input(g, "o", kO, qv), dout = input(g, "do", kDO, qv);
+      dout->set_data_type(fe::DataType_t::FP8_E5M2);
+      auto stats = input(g, "stats", kStats, sv);
+      stats->set_data_type(fe::DataType_t::FLOAT);
+      auto opts = fe::graph::SDPA_fp8_backward_attributes()
+                      .set_name("mx_sdpa_fp8_backward")
+                      .set_attn_scale(scale)
+                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                      .set_diagonal_band_right_bound(0);
+      auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = g.sdpa_fp8_backward(
+          q, k, v, o, dout, stats, slot(g, nm::kAttnDescaleQ, "descale_q"),
+          slot(g, nm::kAttnDescaleK, "descale_k"), slot(g, nm::kAttnDescaleV, "descale_v"),
+          slot(g, nm::kAttnDescaleO, "descale_o"), slot(g, nm::kAttnDescaleDO, "descale_do"),
+          slot(g, nm::kAttnDescaleS, "descale_s"), slot(g, nm::kAttnDescaleDP, "descale_dp"),
+          slot(g, nm::kAttnScaleS, "scale_s"), slot(g, nm::kAttnScaleDQ, "scale_dq"),
+          slot(g, nm::kAttnScaleDK, "scale_dk"), slot(g, nm::kAttnScaleDV, "scale_dv"),
+          slot(g, nm::kAttnScaleDP, "scale_dp"), opts);
+      output(dq, kDQ, qv);
+      output(dk, kDK, kv);
+      output(dv, kDV, kv);
+      for (const TensorPtr& t : {dq, dk, dv}) t->set_data_type(fe::DataType_t::FP8_E5M2);
+      amax_output(amax_dq, kAmax0);
+      amax_output(amax_dk, kAmax1);
+      amax_output(amax_dv, kAmax2);
+      amax_output(amax_dp, kAmax3);
+      const std::string why = build(g, e.bwd_workspace);
+      if (!why.empty()) e.problem = "cuDNN refuses the FP8 backward: " + why;
+    }
+  }
+
+  Entry make_fp8_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    Entry e;
+    load_cudnn();
+    if (!g_load_problem.empty()) {
+      e.problem = g_load_problem;
+      return e;
+    }
+    if (!(e.problem = cudnn_sdpa_shape_problem(B, T, H, KV, D)).empty()) return e;
+    // cuDNN's FP8 SDPA takes head dims that are multiples of 16, at most 128 (the frontend's
+    // check, sdpa_fp8_bwd.h), on compute capability 9.0 and newer, from cuDNN 9.1.
+    if (D % 16 != 0 || D > 128) {
+      e.problem = str("FP8 attention needs a head dim that is a multiple of 16 and at most 128 (",
+                      D, ")");
+      return e;
+    }
+    if (fe::detail::get_backend_version() < 90100) {
+      e.problem = str("FP8 attention needs cuDNN 9.1 or newer (this is ",
+                      fe::detail::get_backend_version(), ")");
+      return e;
+    }
+    try {
+      if (!handle) {
+        MX_CUDNN_CHECK("attention", fe::detail::create_handle(&handle));
+        const cudnnStatus_t st = fe::detail::set_stream(handle, stream);
+        if (st != CUDNN_STATUS_SUCCESS) {
+          fe::detail::destroy_handle(handle);
+          handle = nullptr;
+          MX_CUDNN_CHECK("attention", st);
+        }
+      }
+      build_fp8_graphs(e, B, T, H, KV, D);
+    } catch (const std::exception& ex) {
+      e.problem = str("cuDNN failed while building the FP8 graphs: ", ex.what());
+    }
+    if (!e.problem.empty()) e.fwd.reset(), e.bwd.reset();
+    return e;
+  }
+
+  Entry& fp8_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    const Shape key{B, T, H, KV, D};
+    auto it = fp8_cache.find(key);
+    if (it != fp8_cache.end()) return it->second;
+    Entry& e = fp8_cache.emplace(key, make_fp8_entry(B, T, H, KV, D)).first->second;
+    const std::string shape = str("B=", B, " T=", T, " H=", H, " KV=", KV, " D=", D);
+    if (e.problem.empty())
+      info("cuda attention: cudnn FP8 SDPA (E4M3 q, k, v, P, O; E5M2 gradients; cuDNN ",
+           fe::detail::get_backend_version(), ") for ", shape, "; workspace: forward ",
+           format_bytes(double(e.fwd_workspace)), ", backward ",
+           format_bytes(double(e.bwd_workspace)));
+    else
+      warn(str("cuda attention: no FP8 attention for ", shape, ": ", e.problem));
+    return e;
+  }
+
+  // The variant pack's scale tensors and amax outputs.
+  static void add_fp8_slots(std::unordered_map<int64_t, void*>& pack, const float* scales,
+                            float* amax, bool backward) {
+    namespace nm = numerics;
+    const nm::AttnFp8Slot fwd[] = {nm::kAttnDescaleQ, nm::kAttnDescaleK, nm::kAttnDescaleV,
+                                   nm::kAttnDescaleS, nm::kAttnScaleS, nm::kAttnScaleO};
+    const nm::AttnFp8Slot bwd[] = {nm::kAttnDescaleQ,  nm::kAttnDescaleK,  nm::kAttnDescaleV,
+                                   nm::kAttnDescaleO,  nm::kAttnDescaleDO, nm::kAttnDescaleS,
+                                   nm::kAttnDescaleDP, nm::kAttnScaleS,    nm::kAttnScaleDQ,
+                                   nm::kAttnScaleDK,   nm::kAttnScaleDV,   nm::kAttnScaleDP};
+    auto put = [&](nm::AttnFp8Slot s) {
+      pack[kSlot0 + s] = const_cast<float*>(scales + s * nm::kAttnFp8SlotFloats);
+    };
+    if (backward)
+      for (auto s : bwd) put(s);
+    else
+      for (auto s : fwd) put(s);
+    for (int i = 0; i < (backward ? 4 : 2); ++i) pack[kAmax0 + i] = amax + i * 4;
+  }
+
   Entry& entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     const Shape key{B, T, H, KV, D};
     auto it = cache.find(key);
@@ -358,6 +523,62 @@ void CudnnAttention::backward(Out dq, Out dk, Out dv, In dout, In q, In k, In v,
   finish_output(dq, pack[kDQ], nq, s, op);
   finish_output(dk, pack[kDK], nk, s, op);
   finish_output(dv, pack[kDV], nk, s, op);
+}
+
+const std::string& CudnnAttention::fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                               int64_t D) {
+  return impl_->fp8_entry(B, T, H, KV, D).problem;
+}
+
+void CudnnAttention::forward_fp8(uint8_t* o8, float* lse, const uint8_t* q8, const uint8_t* k8,
+                                 const uint8_t* v8, const float* scales, float* amax, int64_t B,
+                                 int64_t T, int64_t H, int64_t KV, int64_t D,
+                                 DeviceArena& scratch) {
+  const char* op = "attention_forward_fp8";
+  const Entry& e = impl_->fp8_entry(B, T, H, KV, D);
+  MX_ASSERT(e.problem.empty(), op, " on cuDNN for a shape it does not take: ", e.problem);
+  for (const void* p : {static_cast<const void*>(o8), static_cast<const void*>(q8),
+                        static_cast<const void*>(k8), static_cast<const void*>(v8),
+                        static_cast<const void*>(scales), static_cast<const void*>(amax)})
+    MX_ASSERT(graph_aligned(p), op, ": an operand is not on 16 bytes");
+  DeviceArenaScope scope(scratch);
+  std::unordered_map<int64_t, void*> pack;
+  pack[kQ] = const_cast<uint8_t*>(q8);
+  pack[kK] = const_cast<uint8_t*>(k8);
+  pack[kV] = const_cast<uint8_t*>(v8);
+  pack[kO] = o8;
+  pack[kStats] = lse;
+  Impl::add_fp8_slots(pack, scales, amax, false);
+  impl_->execute(*e.fwd, pack, e.fwd_workspace, scratch, op);
+}
+
+void CudnnAttention::backward_fp8(uint8_t* dq8, uint8_t* dk8, uint8_t* dv8, const uint8_t* do8,
+                                  const uint8_t* q8, const uint8_t* k8, const uint8_t* v8,
+                                  const uint8_t* o8, const float* lse, const float* scales,
+                                  float* amax, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                  int64_t D, DeviceArena& scratch) {
+  const char* op = "attention_backward_fp8";
+  const Entry& e = impl_->fp8_entry(B, T, H, KV, D);
+  MX_ASSERT(e.problem.empty(), op, " on cuDNN for a shape it does not take: ", e.problem);
+  for (const void* p : {static_cast<const void*>(dq8), static_cast<const void*>(dk8),
+                        static_cast<const void*>(dv8), static_cast<const void*>(do8),
+                        static_cast<const void*>(q8), static_cast<const void*>(k8),
+                        static_cast<const void*>(v8), static_cast<const void*>(o8),
+                        static_cast<const void*>(scales), static_cast<const void*>(amax)})
+    MX_ASSERT(graph_aligned(p), op, ": an operand is not on 16 bytes");
+  DeviceArenaScope scope(scratch);
+  std::unordered_map<int64_t, void*> pack;
+  pack[kQ] = const_cast<uint8_t*>(q8);
+  pack[kK] = const_cast<uint8_t*>(k8);
+  pack[kV] = const_cast<uint8_t*>(v8);
+  pack[kO] = const_cast<uint8_t*>(o8);
+  pack[kDO] = const_cast<uint8_t*>(do8);
+  pack[kDQ] = dq8;
+  pack[kDK] = dk8;
+  pack[kDV] = dv8;
+  pack[kStats] = const_cast<float*>(lse);
+  Impl::add_fp8_slots(pack, scales, amax, true);
+  impl_->execute(*e.bwd, pack, e.bwd_workspace, scratch, op);
 }
 
 std::string cudnn_library_problem() {

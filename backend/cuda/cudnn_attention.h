@@ -83,6 +83,22 @@ class CudnnAttention {
              In::fp32(k), In::fp32(v), In::fp32(out), lse, B, T, H, KV, D, scratch);
   }
 
+  // FP8 attention (numerics/attention_fp8.h; docs/numerics.md, "FP8 attention") on cuDNN's
+  // fused FP8 SDPA (Graph::sdpa_fp8 / sdpa_fp8_backward): codes in and out, q, k, v, o as E4M3,
+  // do, dq, dk, dv as E5M2, in our BSHD layout, lse fp32 as above. scales: the device array
+  // numerics::attn_fp8_scale_slots fills. amax (device, 4 floats): cuDNN's own amaxes of the
+  // tensors it encodes, forward {P, O}, backward {dQ, dK, dV, dP} (diagnostics: each must stay
+  // below its format's largest value over its scale). fp8_problem: "" when cuDNN builds both
+  // graphs for the shape, else why not (the FP8 graphs are built apart from the bf16 ones).
+  const std::string& fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+  void forward_fp8(uint8_t* o8, float* lse, const uint8_t* q8, const uint8_t* k8,
+                   const uint8_t* v8, const float* scales, float* amax, int64_t B, int64_t T,
+                   int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+  void backward_fp8(uint8_t* dq8, uint8_t* dk8, uint8_t* dv8, const uint8_t* do8,
+                    const uint8_t* q8, const uint8_t* k8, const uint8_t* v8, const uint8_t* o8,
+                    const float* lse, const float* scales, float* amax, int64_t B, int64_t T,
+                    int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
+
   // Scratch bytes one call with every operand in fp32 takes for this shape (bf16 copies +
   // cuDNN workspace): a bound for every form (an operand given as codes takes no copy, or, not
   // 16-byte aligned, one of the same size); 0 when the shape does not run on cuDNN.

@@ -4,6 +4,8 @@
 // so the parallel reduction finds the same amax as the CPU's sequential loop.
 #include "backend/cuda/quantize_kernels.h"
 
+#include "numerics/attention_fp8.h"
+
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -870,6 +872,35 @@ void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaS
 
 void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
   abs_max_of(amax, x, n, scratch, s);
+}
+
+namespace {
+__global__ void attn_fp8_scales_kernel(float* slots, const float* amax, int64_t D,
+                                       int64_t rows_per_key, float attn_scale) {
+  numerics::attn_fp8_scale_slots(slots, amax[0], amax[1], amax[2], amax[3], D, rows_per_key,
+                                 attn_scale);
+}
+__global__ void fp8_decode_kernel(const uint8_t* __restrict__ codes, int64_t n, Format fmt,
+                                  const float* __restrict__ scale_inv, float* __restrict__ out) {
+  const float inv = scale_inv[0];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = numerics::decode_fp8_elem(codes[i], fmt) * inv;
+}
+}  // namespace
+
+void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_per_key,
+                     float attn_scale, cudaStream_t s) {
+  attn_fp8_scales_kernel<<<1, 1, 0, s>>>(slots, amax, D, rows_per_key, attn_scale);
+  MX_CUDA_LAUNCH_CHECK("attn_fp8_scales");
+}
+
+void fp8_decode(const uint8_t* codes, int64_t n, Format fmt, const float* scale_inv, float* out,
+                cudaStream_t s) {
+  check_fp8(fmt, "fp8_decode");
+  if (n <= 0) return;
+  fp8_decode_kernel<<<elem_grid(n), 256, 0, s>>>(codes, n, fmt, scale_inv, out);
+  MX_CUDA_LAUNCH_CHECK("fp8_decode");
 }
 
 void quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format fmt, float scale,

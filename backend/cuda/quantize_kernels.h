@@ -140,6 +140,15 @@ int fp8_cast_unroll();
 void abs_max(float* amax, const float* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cudaStream_t s);
 
+// FP8 attention's scales (numerics::attn_fp8_scale_slots) on the device from amax[0..3] = the
+// amaxes of q, k, v and dO (device): slots [numerics::kAttnFp8Slots * kAttnFp8SlotFloats].
+void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_per_key,
+                     float attn_scale, cudaStream_t s);
+// out[i] = decode(codes[i]) * scale_inv[0] over n values (FP8 codes of fmt, scale_inv on the
+// device): the values the codes stand for (exact in fp32).
+void fp8_decode(const uint8_t* codes, int64_t n, numerics::Format fmt, const float* scale_inv,
+                float* out, cudaStream_t s);
+
 // Test support (the op check's fp8_encoder case): over the float bit patterns first ..
 // first + count - 1, how many the kernels' FP8 encoder (the hardware conversion on compute
 // capability >= 8.9) encodes differently from numerics::encode_fp8_elem (saturating, RNE);

@@ -36,6 +36,7 @@
 #include "numerics/block_scale_layout.h"
 #include "numerics/formats.h"
 #include "numerics/fp8_block_mx.h"
+#include "numerics/attention_fp8.h"
 #include "numerics/quantize.h"
 
 using namespace mx;
@@ -1690,6 +1691,117 @@ struct CudnnAttentionCase {
   }
 };
 
+// FP8 attention (Backend::attention_forward_fp8 / _backward_fp8: cuDNN's fused FP8 SDPA) against
+// the CPU twin on the same fp32 inputs. Both cast q, k, v with the same per-tensor power-of-two
+// scales (the same codes), but cuDNN rounds the probabilities as its tiles make them (from a
+// running maximum, before the division by the row sum), where the twin rounds the normalized
+// ones, so the two differ by FP8 noise, not by fp32 rounding. Tolerances (guesses before any
+// run): out one E4M3 step (2^-3 relative) + 3e-2 of max |out|; lse 1e-3 of max |lse| (fp32
+// scores of the same codes); dq, dk, dv one E5M2 step (2^-2) + 5e-2 of each tensor's max. The
+// note gives each side's largest error against fp32 attention on the same inputs, the scale of
+// the FP8 noise itself. Then, at the Llama-3.2-1B shape (B=2 T=8192 H=32 KV=8 D=64), the time
+// of a forward + backward through the fp32 entry points, bf16 cuDNN against FP8 cuDNN (each with
+// its casts), the first measure of what FP8 attention saves.
+[[maybe_unused]] void check_attention_fp8(Backend& cpu, CudaBackend& gpu) {
+  gpu.set_attention(CudaAttention::kCudnn);
+  for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
+           {2, 200, 8, 2, 64}, {1, 256, 4, 4, 128}, {2, 77, 8, 1, 64}}) {
+    const std::string sh = dims({B, T, H, KV, D});
+    const std::string why = gpu.attention_fp8_problem(B, T, H, KV, D);
+    const size_t nq = B * T * H * D, nk = B * T * KV * D;
+    const auto q = randn(nq), k = randn(nk), v = randn(nk), g = randn(nq);
+    std::vector<float> out(nq), lse(B * H * T), out32(nq), lse32(B * H * T);
+    cpu.attention_forward_fp8(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+    cpu.attention_forward(out32.data(), lse32.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+    auto max_err = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double e = 0;
+      for (size_t i = 0; i < a.size(); ++i) e = std::max(e, double(std::fabs(a[i] - b[i])));
+      return e;
+    };
+    run_case("attention_fp8_forward", sh, [&](Result& r) {
+      if (!why.empty()) {
+        r.pass = false;
+        r.note = "not on cuDNN: " + why;
+        return;
+      }
+      Dev<float> dq(q), dk(k), dv(v), dout(nq), dlse(lse.size());
+      gpu.attention_forward_fp8(dout.p, dlse.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      const auto got = dout.download();
+      compare(r, "out", got, out, {3e-2 * max_abs(out), 0.125});
+      compare(r, "lse", dlse.download(), lse, {1e-3 * max_abs(lse), 0.0});
+      r.note += "max |out - fp32 attention|: gpu " + std::to_string(max_err(got, out32)) +
+                ", twin " + std::to_string(max_err(out, out32)) + " (max |out| " +
+                std::to_string(max_abs(out32)) + ")";
+    });
+    run_case("attention_fp8_backward", sh, [&](Result& r) {
+      if (!why.empty()) {
+        r.pass = false;
+        r.note = "not on cuDNN: " + why;
+        return;
+      }
+      std::vector<float> dq(nq), dk(nk), dv(nk), dq32(nq), dk32(nk), dv32(nk);
+      cpu.attention_backward_fp8(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
+                                 v.data(), out.data(), lse.data(), B, T, H, KV, D);
+      cpu.attention_backward(dq32.data(), dk32.data(), dv32.data(), g.data(), q.data(), k.data(),
+                             v.data(), out32.data(), lse32.data(), B, T, H, KV, D);
+      Dev<float> dQ(q), dK(k), dV(v), dO(out), dL(lse), dG(g), dDQ(nq), dDK(nk), dDV(nk);
+      gpu.attention_backward_fp8(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T,
+                                 H, KV, D);
+      const auto gq = dDQ.download();
+      compare(r, "dq", gq, dq, {5e-2 * max_abs(dq), 0.25});
+      compare(r, "dk", dDK.download(), dk, {5e-2 * max_abs(dk), 0.25});
+      compare(r, "dv", dDV.download(), dv, {5e-2 * max_abs(dv), 0.25});
+      r.note += "max |dq - fp32 attention's|: gpu " + std::to_string(max_err(gq, dq32)) +
+                ", twin " + std::to_string(max_err(dq, dq32)) + " (max |dq| " +
+                std::to_string(max_abs(dq32)) + ")";
+    });
+  }
+  // The timing at the 1B shape.
+  const int64_t B = 2, T = 8192, H = 32, KV = 8, D = 64;
+  run_case("attention_fp8_speed", dims({B, T, H, KV, D}), [&](Result& r) {
+    const std::string why = gpu.attention_fp8_problem(B, T, H, KV, D);
+    const std::string path = gpu.attention_path(B, T, H, KV, D);
+    if (!why.empty() || path != "cudnn") {
+      r.pass = false;
+      r.note = "not on cuDNN: " + (why.empty() ? path : why);
+      return;
+    }
+    const size_t nq = B * T * H * D, nk = B * T * KV * D;
+    Dev<float> q(randn(nq)), k(randn(nk)), v(randn(nk)), g(randn(nq)), out(nq), lse(B * H * T),
+        dq(nq), dk(nk), dv(nk);
+    auto time_ms = [&](auto&& fn) {
+      fn();  // warm-up (graph building on the first call)
+      gpu.synchronize();
+      const int reps = 5;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) fn();
+      gpu.synchronize();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                 .count() / reps;
+    };
+    const double bf_f = time_ms([&] {
+      gpu.attention_forward(out.p, lse.p, q.p, k.p, v.p, B, T, H, KV, D);
+    });
+    const double bf_b = time_ms([&] {
+      gpu.attention_backward(dq.p, dk.p, dv.p, g.p, q.p, k.p, v.p, out.p, lse.p, B, T, H, KV, D);
+    });
+    const double f8_f = time_ms([&] {
+      gpu.attention_forward_fp8(out.p, lse.p, q.p, k.p, v.p, B, T, H, KV, D);
+    });
+    const double f8_b = time_ms([&] {
+      gpu.attention_backward_fp8(dq.p, dk.p, dv.p, g.p, q.p, k.p, v.p, out.p, lse.p, B, T, H, KV,
+                                 D);
+    });
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "ms, fp32 entry points with their casts: bf16 fwd %.2f bwd %.2f; fp8 fwd %.2f "
+                  "bwd %.2f; fp8 / bf16 time %.3f",
+                  bf_f, bf_b, f8_f, f8_b, (f8_f + f8_b) / (bf_f + bf_b));
+    r.note = buf;
+    std::printf("attention_fp8_speed %s: %s\n", dims({B, T, H, KV, D}).c_str(), buf);
+  });
+}
+
 // cuDNN's attention in groups of sequences (cudnn_in_groups): on a backend whose scratch arena
 // holds the bf16 copies and workspace of two sequences (backward's, from
 // cudnn_attention_scratch_bytes) but not three, B = 3 runs as 2 + 1, against the CPU twin at
@@ -2482,6 +2594,35 @@ void check_quantizers(CudaBackend& gpu) {
           });
         }
       }
+  // FP8 attention's helpers (they run under mxemu too): the scale slots computed on the device
+  // from device amaxes against numerics::attn_fp8_scale_slots on the host (bits; amaxes of
+  // every magnitude, 0, and a dO of 0 as in a forward), and fp8_decode against numerics'
+  // decoders times the decode scale (every byte, both formats).
+  {
+    const float amaxes[][4] = {{3.7f, 0.02f, 1234.5f, 1e-5f}, {1.0f, 1.0f, 1.0f, 0.0f},
+                               {0.0f, 5e-30f, 3e30f, 7.0f}};
+    for (const auto& a : amaxes)
+      run_case("attn_fp8_scales", std::to_string(a[0]) + "," + std::to_string(a[3]), [&](Result& r) {
+        const int64_t n = numerics::kAttnFp8Slots * numerics::kAttnFp8SlotFloats;
+        std::vector<float> want(n, 0.0f);
+        numerics::attn_fp8_scale_slots(want.data(), a[0], a[1], a[2], a[3], 64, 8192 * 4, 0.125f);
+        Dev<float> amax(std::vector<float>(a, a + 4)), slots(std::vector<float>(n, 0.0f));
+        cuda::attn_fp8_scales(slots.p, amax.p, 64, 8192 * 4, 0.125f, s);
+        expect_floats(r, "slots", slots.download(), want);
+      });
+    std::vector<uint8_t> all(256);
+    for (int i = 0; i < 256; ++i) all[i] = uint8_t(i);
+    for (Format fmt : {Format::kE4M3, Format::kE5M2})
+      run_case("fp8_decode", fmt == Format::kE4M3 ? "e4m3" : "e5m2", [&](Result& r) {
+        const float inv = 0.0078125f;  // a power of two, as attention's decode scales
+        std::vector<float> want(256);
+        for (int i = 0; i < 256; ++i) want[i] = numerics::decode_fp8_elem(uint8_t(i), fmt) * inv;
+        Dev<uint8_t> codes(all);
+        Dev<float> sinv(std::vector<float>{inv}), out(256);
+        cuda::fp8_decode(codes.p, 256, fmt, sinv.p, out.p, s);
+        expect_floats(r, "values", out.download(), want);
+      });
+  }
 }
 
 void write_json(const std::string& path, const std::string& device) {
@@ -2547,6 +2688,7 @@ int main(int argc, char** argv) {
 #else
     check_attention_cudnn(*cpu, *gpu);
     check_attention_cudnn_groups(*cpu, *gpu);
+    check_attention_fp8(*cpu, *gpu);
 #endif
     check_quantizers(*gpu);
     check_fp8_encoder(*gpu);
