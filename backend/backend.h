@@ -299,6 +299,17 @@ class Backend {
                                       const float* q, const float* k, const float* v,
                                       const float* out, const float* lse, int64_t B, int64_t T,
                                       int64_t H, int64_t KV, int64_t D) = 0;
+  // The bf16 path's forms: q, k, v (and out, dout) as bf16 codes; out16, dq16, dk16, dv16
+  // receive the FP8 values as bf16 codes (exact: every E4M3 and E5M2 value at a power-of-two
+  // scale is a bf16 value). Exactly widening, the fp32 op and to_bf16.
+  virtual void attention_forward_fp8_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
+                                          const uint16_t* k16, const uint16_t* v16, int64_t B,
+                                          int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  virtual void attention_backward_fp8_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
+                                            const uint16_t* dout16, const uint16_t* q16,
+                                            const uint16_t* k16, const uint16_t* v16,
+                                            const uint16_t* out16, const float* lse, int64_t B,
+                                            int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
   // "" when attention_*_fp8 run for this shape here, else why not.
   virtual std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                             int64_t D) {

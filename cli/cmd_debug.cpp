@@ -23,6 +23,7 @@ struct GradsArgs {
   std::string high_precision;  // "": the recipe's default
   std::string activations;     // "": the device's default
   int64_t batch = 0, seq = 0, hp_first = 0, hp_last = 0;
+  bool fp8_attention = false;
 };
 
 std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t vocab) {
@@ -79,6 +80,9 @@ int run_grads(const GradsArgs& a) {
   Engine engine(cfg, eo);
   LinearRecipe linear_recipe(recipe, cfg.num_hidden_layers, a.hp_first, a.hp_last, 0, 0);
   linear_recipe.set_high_precision_bf16(hp_bf16);
+  MX_REQUIRE(!a.fp8_attention || recipe != Recipe::kFp32,
+             "--fp8-attention needs a --recipe other than fp32");
+  linear_recipe.set_fp8_attention(a.fp8_attention);
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   // The engine's parameters and gradients live in the backend's memory (the GPU's on cuda):
   // the weights go in and the gradients come out through host copies.
@@ -122,6 +126,8 @@ void add_debug(CLI::App& app, Action& action) {
   grads->add_option("--high-precision", a->high_precision,
                     "bf16 | fp32: the output head under a recipe (default: bf16 unless the "
                     "recipe is fp32), as precision.high_precision");
+  grads->add_flag("--fp8-attention", a->fp8_attention,
+                  "attention in FP8 in the blocks the recipe covers (precision.fp8_attention)");
   grads->add_option("--activations", a->activations,
                     "bf16 | fp32: the blocks' activations, as precision.activations (default: "
                     "bf16 on --device cuda under a recipe, else fp32)");

@@ -435,7 +435,9 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     be_.rope_forward_bf16(a.k_16, k, rope_cos_, rope_sin_, B, T, KV, D);
     a.o_16 = codes_only(false, z.o);
     a.lse = keep(false, z.lse, nullptr);
-    be_.attention_forward_bf16(a.o_16, a.lse, a.q_16, a.k_16, a.v_16, B, T, H, KV, D);
+    if (fp8_attention())
+      be_.attention_forward_fp8_bf16(a.o_16, a.lse, a.q_16, a.k_16, a.v_16, B, T, H, KV, D);
+    else be_.attention_forward_bf16(a.o_16, a.lse, a.q_16, a.k_16, a.v_16, B, T, H, KV, D);
   } else {
     a.h1 = keep(true, z.h1, &a.h1_16);
     a.rstd1 = keep(true, z.rstd1, nullptr);
@@ -457,7 +459,8 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     round_activation(a.v, a.v_16, z.v);
     a.o = keep(false, z.o, &a.o_16);
     a.lse = keep(false, z.lse, nullptr);
-    be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
+    if (fp8_attention()) be_.attention_forward_fp8(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
+    else be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
     round_activation(a.o, a.o_16, z.o);
   }
   a.x_mid = keep(false, z.x_mid, nullptr);
@@ -667,8 +670,11 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     uint16_t* dv16 = alloc_bf16(scratch_, N * c_.kv_dim());
     linear_bwd16(3, nullptr, dw.wo, dresid, nat ? dresid_codes() : nullptr, a.o_16, w.wo, N,
                  c_.q_dim(), C, false, nat, nullptr, d_o16);
-    be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16, a.lse,
-                                 B, T, H, KV, D);
+    if (fp8_attention())
+      be_.attention_backward_fp8_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16,
+                                       a.lse, B, T, H, KV, D);
+    else be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16,
+                                      a.lse, B, T, H, KV, D);
     if (nat && be_.fuse_linear_backward() && fusable(w, dw, 0, 3)) {
       // dq and dk rotated back straight into a [N, q + 2 kv] operand and dv copied beside
       // them: one GEMM pair over [wq; wk; wv] writes dh1 once (two fp32 read-and-writes of
@@ -706,9 +712,14 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     // again after RoPE's backward. The same values, so the same gradients bit for bit.
     const bool as_codes = !bp && grads16;
     if (as_codes) be_.round_bf16(d_o, d_o, N * c_.q_dim());
+    // (FP8 attention runs only in the blocks the recipe lowers, which take the branch above
+    // on the bf16 path)
+    MX_ASSERT(!(bp && fp8_attention()), "FP8 attention off the bf16 path's codes");
     if (bp)
       be_.attention_backward_bf16(dq, dk, dv, d_o, a.q_16, a.k_16, a.v_16, a.o_16, a.lse, B, T,
                                   H, KV, D);
+    else if (fp8_attention())
+      be_.attention_backward_fp8(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
     else be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
     if (as_codes) {
       be_.round_bf16(dq, dq, N * c_.q_dim());
@@ -895,6 +906,10 @@ bool LlamaModel::bf16_linears() const {
   if (!lowered(layer_)) return false;
   return !recipe_->active(layer_) ||
          (recipe_->recipe() == Recipe::kBf16 && !recipe_->collecting_stats());
+}
+
+bool LlamaModel::fp8_attention() const {
+  return recipe_ && recipe_->fp8_attention(layer_);
 }
 
 bool LlamaModel::lowered(int64_t layer) const {

@@ -244,6 +244,8 @@ class LlamaModel {
   // fp8-block, mxfp8, not nvfp4), whose quantizers read a bf16-code input directly
   // (Backend::Fp8Operand::bf16): on the bf16 path its input is never widened.
   bool fp8_reads_codes(int64_t N, int64_t in, int64_t out) const;
+  // The current layer's attention runs in FP8 (LinearRecipe::fp8_attention).
+  bool fp8_attention() const;
   // ... for all of q, k, v (their shared input h1) / gate and up (h2): off the bf16 GEMMs that
   // input is widened, once for the Linears sharing it, only where one of them does not.
   bool qkv_read_codes(int64_t N) const;

@@ -92,6 +92,12 @@ class LinearRecipe {
   // inactive blocks' Linears take bf16 operands. Off until set; never on under recipe fp32.
   void set_high_precision_bf16(bool on) { hp_bf16_ = on && recipe_ != Recipe::kFp32; }
   bool high_precision_bf16() const { return hp_bf16_; }
+  // precision.fp8_attention: the attention of the blocks the recipe covers runs in FP8
+  // (Backend::attention_*_fp8; docs/numerics.md, "FP8 attention"); high-precision blocks keep
+  // theirs. Off until set; never on under recipe fp32.
+  void set_fp8_attention(bool on) { fp8_attention_ = on && recipe_ != Recipe::kFp32; }
+  bool fp8_attention(int64_t layer) const { return fp8_attention_ && active(layer); }
+  bool fp8_attention_any() const { return fp8_attention_; }
   void set_step(int64_t step) {
     step_ = uint32_t(step);
     micro_batch_ = 0;
@@ -200,6 +206,7 @@ class LinearRecipe {
  private:
   Recipe recipe_;
   bool hp_bf16_ = false;
+  bool fp8_attention_ = false;
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0, micro_batch_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;

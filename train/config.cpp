@@ -127,6 +127,9 @@ const std::vector<Field>& schema() {
                 "bf16 | fp32: the blocks' activations and what they keep for backward (default: "
                 "bf16 on run.device = cuda under every recipe but fp32, else fp32)"),
       MX_INT("precision.stats_every", precision.stats_every, "numerics telemetry every N steps (0: off)"),
+      MX_BOOL("precision.fp8_attention", precision.fp8_attention,
+              "attention in FP8 (E4M3 q, k, v, probabilities, output; E5M2 gradients) in the "
+              "blocks the recipe covers; cuDNN's FP8 SDPA on cuda (default false)"),
       MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
                 "none | selective | full"),
       MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
@@ -429,6 +432,9 @@ void validate(const RunConfig& c) {
              "precision.high_precision_first / high_precision_last must be >= 0");
   MX_REQUIRE(c.precision.stats_every >= 0, "precision.stats_every must be >= 0 (0: off; got ",
              c.precision.stats_every, ")");
+  MX_REQUIRE(!c.precision.fp8_attention || parse_recipe(c.precision.recipe) != Recipe::kFp32,
+             "precision.fp8_attention needs a low-precision recipe: it runs in the blocks "
+             "precision.recipe covers, and recipe fp32 covers none");
   check_fixed_value("parallel.sharding", c.parallel.sharding);
   check_fixed_value("data.format", c.data.format);
   check_fixed_value("run.device", c.run.device);

@@ -60,6 +60,8 @@ struct RunConfig {
     // The blocks' activations: bf16 or fp32; "" is the default (bf16 on cuda under a recipe).
     std::string activations;
     int64_t stats_every = 0;
+    // The attention of the blocks the recipe covers in FP8 (docs/numerics.md, "FP8 attention").
+    bool fp8_attention = false;
   } precision;
 
   struct Memory {

@@ -450,6 +450,35 @@ class CpuBackend final : public Backend {
     to_bf16(dv16, dv.data(), int64_t(dv.size()));
   }
 
+  void attention_forward_fp8_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
+                                  const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_forward_fp8_bf16");
+    const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
+                             v = widened(v16, B * T * KV * D);
+    std::vector<float> out(q.size());
+    cpu::attention_forward_fp8(out.data(), lse, q.data(), k.data(), v.data(), B, T, H, KV, D);
+    to_bf16(out16, out.data(), int64_t(out.size()));
+  }
+
+  void attention_backward_fp8_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
+                                    const uint16_t* dout16, const uint16_t* q16,
+                                    const uint16_t* k16, const uint16_t* v16,
+                                    const uint16_t* out16, const float* lse, int64_t B, int64_t T,
+                                    int64_t H, int64_t KV, int64_t D) override {
+    OpScope scope(*this, "attention_backward_fp8_codes");
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    const std::vector<float> q = widened(q16, nq), k = widened(k16, nk), v = widened(v16, nk),
+                             o = widened(out16, nq), dout = widened(dout16, nq);
+    std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)),
+        dv(static_cast<size_t>(nk));
+    cpu::attention_backward_fp8(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                                v.data(), o.data(), lse, B, T, H, KV, D);
+    to_bf16(dq16, dq.data(), nq);
+    to_bf16(dk16, dk.data(), nk);
+    to_bf16(dv16, dv.data(), nk);
+  }
+
   void rope_backward_bf16(uint16_t* dx16, const float* cos, const float* sin, int64_t B,
                           int64_t T, int64_t heads, int64_t D) override {
     OpScope scope(*this, "rope_backward_bf16");

@@ -1436,7 +1436,35 @@ class CudaBackendImpl final : public CudaBackend {
   void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
                              const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t D) override {
-    const char* op = "attention_forward_fp8";
+    fp8_attention_forward(out, lse, q, k, v, B, T, H, KV, D, "attention_forward_fp8");
+  }
+  void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t D) override {
+    fp8_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D,
+                           "attention_backward_fp8");
+  }
+  void attention_forward_fp8_bf16(uint16_t* out16, float* lse, const uint16_t* q16,
+                                  const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D) override {
+    fp8_attention_forward(out16, lse, q16, k16, v16, B, T, H, KV, D,
+                          "attention_forward_fp8_bf16");
+  }
+  void attention_backward_fp8_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
+                                    const uint16_t* dout16, const uint16_t* q16,
+                                    const uint16_t* k16, const uint16_t* v16,
+                                    const uint16_t* out16, const float* lse, int64_t B, int64_t T,
+                                    int64_t H, int64_t KV, int64_t D) override {
+    fp8_attention_backward(dq16, dk16, dv16, dout16, q16, k16, v16, out16, lse, B, T, H, KV, D,
+                           "attention_backward_fp8_codes");
+  }
+  // Both forms of each direction: In is float (fp32 values) or uint16_t (bf16 codes), which
+  // abs_max and fp8_codes read as they are; Out likewise for the decoded outputs.
+  template <class Out, class In>
+  void fp8_attention_forward(Out* out, float* lse, const In* q, const In* k, const In* v,
+                             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                             const char* op) {
     const std::string why = attention_fp8_problem(B, T, H, KV, D);
     MX_REQUIRE(why.empty(), op, ": ", why);
     if (B == 0 || T == 0) return done(op);
@@ -1467,11 +1495,11 @@ class CudaBackendImpl final : public CudaBackend {
 #endif
     done(op);
   }
-  void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                              const float* k, const float* v, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t H, int64_t KV,
-                              int64_t D) override {
-    const char* op = "attention_backward_fp8";
+  template <class Out, class In>
+  void fp8_attention_backward(Out* dq, Out* dk, Out* dv, const In* dout, const In* q,
+                              const In* k, const In* v, const In* out, const float* lse,
+                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                              const char* op) {
     const std::string why = attention_fp8_problem(B, T, H, KV, D);
     MX_REQUIRE(why.empty(), op, ": ", why);
     if (B == 0 || T == 0) return done(op);

@@ -880,12 +880,25 @@ __global__ void attn_fp8_scales_kernel(float* slots, const float* amax, int64_t 
   numerics::attn_fp8_scale_slots(slots, amax[0], amax[1], amax[2], amax[3], D, rows_per_key,
                                  attn_scale);
 }
+__device__ inline void store_decoded(float* out, int64_t i, float v) { out[i] = v; }
+__device__ inline void store_decoded(uint16_t* out, int64_t i, float v) {
+  out[i] = numerics::encode_bf16(v);
+}
+template <class Out>
 __global__ void fp8_decode_kernel(const uint8_t* __restrict__ codes, int64_t n, Format fmt,
-                                  const float* __restrict__ scale_inv, float* __restrict__ out) {
+                                  const float* __restrict__ scale_inv, Out* __restrict__ out) {
   const float inv = scale_inv[0];
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = numerics::decode_fp8_elem(codes[i], fmt) * inv;
+    store_decoded(out, i, numerics::decode_fp8_elem(codes[i], fmt) * inv);
+}
+template <class Out>
+void fp8_decode_to(const uint8_t* codes, int64_t n, Format fmt, const float* scale_inv, Out* out,
+                   cudaStream_t s) {
+  check_fp8(fmt, "fp8_decode");
+  if (n <= 0) return;
+  fp8_decode_kernel<Out><<<elem_grid(n), 256, 0, s>>>(codes, n, fmt, scale_inv, out);
+  MX_CUDA_LAUNCH_CHECK("fp8_decode");
 }
 }  // namespace
 
@@ -897,10 +910,11 @@ void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_pe
 
 void fp8_decode(const uint8_t* codes, int64_t n, Format fmt, const float* scale_inv, float* out,
                 cudaStream_t s) {
-  check_fp8(fmt, "fp8_decode");
-  if (n <= 0) return;
-  fp8_decode_kernel<<<elem_grid(n), 256, 0, s>>>(codes, n, fmt, scale_inv, out);
-  MX_CUDA_LAUNCH_CHECK("fp8_decode");
+  fp8_decode_to(codes, n, fmt, scale_inv, out, s);
+}
+void fp8_decode(const uint8_t* codes, int64_t n, Format fmt, const float* scale_inv,
+                uint16_t* out, cudaStream_t s) {
+  fp8_decode_to(codes, n, fmt, scale_inv, out, s);
 }
 
 void quantize_fp8_tensor(const float* x, int64_t rows, int64_t cols, Format fmt, float scale,

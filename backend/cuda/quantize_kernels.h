@@ -148,6 +148,10 @@ void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_pe
 // device): the values the codes stand for (exact in fp32).
 void fp8_decode(const uint8_t* codes, int64_t n, numerics::Format fmt, const float* scale_inv,
                 float* out, cudaStream_t s);
+// The same values as bf16 codes (exact for the power-of-two scales of FP8 attention, whose
+// values are all bf16 values; otherwise rounded, RNE).
+void fp8_decode(const uint8_t* codes, int64_t n, numerics::Format fmt, const float* scale_inv,
+                uint16_t* out, cudaStream_t s);
 
 // Test support (the op check's fp8_encoder case): over the float bit patterns first ..
 // first + count - 1, how many the kernels' FP8 encoder (the hardware conversion on compute

@@ -21,7 +21,8 @@
 #      tensor-core GEMMs vs the CPU's emulation; a guess until measured), all four with the
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
 #      a guess) (loss_match.json). After step 4's FP8 rows, with 90 s of the budget left, the
-#      trainer's paths no GPU run had reached (MXTRAIN_GPU_FEATURE_RECIPES): fp8-block+wide,
+#      trainer's paths no GPU run had reached (MXTRAIN_GPU_FEATURE_RECIPES): fp8-delayed+fp8attn
+#      (precision.fp8_attention: cuDNN's fused FP8 SDPA against the CPU twin, 2e-2), fp8-block+wide,
 #      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32,
 #      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) and fp8-current+stats+hp (telemetry
 #      every 10 steps, the last block in bf16) the same way; then resume on the GPU
@@ -35,7 +36,9 @@
 #      H200's tensor cores (fp8-delayed, fp8-current, fp8-block; FP8/BF16 ratio in the table;
 #      on compute capability 10.x fp8-block runs natively too, its block scales as E8M0 on the
 #      MXFP8 GEMM, and its row says so; mxfp8 and nvfp4 only on 10.x, where they run natively:
-#      a "skipped" row each elsewhere, an H200 included) (speed.json). Every mxtrain speed run
+#      a "skipped" row each elsewhere, an H200 included), and fp8-delayed with the attention in
+#      FP8 too ("mx fp8-delayed fp8attn", precision.fp8_attention; its ratio to bf16 is the
+#      target's line) (speed.json). Every mxtrain speed run
 #      is profiled (run.profile), and the table lists each one's top ops; PyTorch profiles one
 #      more step after its timed ones (torch.profiler, its top 15 kernels), for a side-by-side.
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
@@ -64,9 +67,9 @@
 #   MXTRAIN_GPU_OPCHECK_FILTER   the op check's --filter (comma list of op-name substrings; all)
 #   MXTRAIN_GPU_LOSS_RECIPES     the loss match's recipes (fp32 bf16 fp8-current fp8-delayed
 #                                bf16+cudnn), MXTRAIN_GPU_LOSS_STEPS its steps (50)
-#   MXTRAIN_GPU_FEATURE_RECIPES  the trainer paths' loss-match rows (fp8-block+wide bf16+ckpt
-#                                fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp; set
-#                                empty: none)
+#   MXTRAIN_GPU_FEATURE_RECIPES  the trainer paths' loss-match rows (fp8-delayed+fp8attn
+#                                fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate
+#                                fp8-current+stats+hp; set empty: none)
 #   MXTRAIN_GPU_RESUME_STEPS     the resume check's steps (20: 10, a resume, 10 more)
 #   MXTRAIN_GPU_SEQ              the speed runs' sequence length (8192), MXTRAIN_GPU_TOKENS the
 #                                tokens of the largest micro-batch tried (16384)
@@ -255,21 +258,27 @@ lines() { cat "$1" 2>/dev/null | wc -l; }
 # writing its own (a crash, bad arguments, its time limit), so the table shows it did not run
 # instead of leaving it out: its exit code and the last line it wrote to errors.txt (after line
 # ERR_LINES).
-no_row() {
+no_row() {  # no_row IMPL RECIPE RC ERRORS_BEFORE [ACTIVATIONS [VARIANT]]
   local why="exit $3"
   (( $3 == 124 || $3 == 137 )) && why="$why (time limit)"
   "$py" -c 'import json, sys
-impl, recipe, seq, act, why = sys.argv[1:]
+impl, recipe, seq, act, variant, why = sys.argv[1:]
 row = dict(impl=impl, **({"recipe": recipe} if recipe else {}), seq=int(seq), error=why)
 if act:
     row["activations"] = act
-print(json.dumps(row))' "$1" "$2" "$seq" "${5:-}" \
+if variant:
+    row["variant"] = variant
+print(json.dumps(row))' "$1" "$2" "$seq" "${5:-}" "${6:-}" \
     "$why: $(tail -n +$(( $4 + 1 )) "$OUT/errors.txt" 2>/dev/null | tail -1)" >> "$OUT/speed.json"
 }
 mx_speed() {  # mx_speed RECIPE [ARGS...]: one profiled mxtrain speed run
-  local budget recipe=$1 rc=0 rows errs act=""
+  local budget recipe=$1 rc=0 rows errs act="" variant="" a
   shift
   [ "${1:-}" = --activations ] && act=${2:-}
+  local -a args=("$@")
+  for (( a = 0; a < ${#args[@]}; a++ )); do
+    [ "${args[a]}" = --variant ] && variant=${args[a + 1]:-}
+  done
   budget=$(cap 50)
   rows=$(lines "$OUT/speed.json"); errs=$(lines "$OUT/errors.txt")
   MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -s KILL "$(( budget + 20 ))" \
@@ -278,7 +287,8 @@ mx_speed() {  # mx_speed RECIPE [ARGS...]: one profiled mxtrain speed run
     --limit "$budget" --work "$work/mxgpu-runs" --json "$OUT/speed.json" --profile \
     --preset "$preset" ${speed_sets[@]+"${speed_sets[@]}"} "$@" \
     > /dev/null 2>> "$OUT/errors.txt" || rc=$?
-  (( $(lines "$OUT/speed.json") == rows )) && no_row mxtrain "$recipe" "$rc" "$errs" "$act"
+  (( $(lines "$OUT/speed.json") == rows )) &&
+    no_row mxtrain "$recipe" "$rc" "$errs" "$act" "$variant"
   return 0
 }
 export MXTRAIN_CUDA_GEMM_TUNE_LOG=1
@@ -305,6 +315,9 @@ t0=$(date +%s)
 for recipe in fp8-delayed fp8-current fp8-block; do
   mx_speed "$recipe"
 done
+# fp8-delayed with the attention in FP8 too (precision.fp8_attention: cuDNN's fused FP8 SDPA;
+# row "mx fp8-delayed fp8attn"): the 1.3x target's lever (docs/cuda.md), never run on a GPU.
+mx_speed fp8-delayed --variant fp8attn --set precision.fp8_attention=true
 # mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and
 # VEC16_UE4M3 scale modes; an H200 is 9.0, where they would only time the emulation):
 # elsewhere a "skipped" row each, no run.
@@ -328,7 +341,7 @@ echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
 # 10 + a resume to 20, then sampled generation, one seed, on cuda against cpu; rows "bf16 resume" and
 # "generate"; then a scratch arena larger than the GPU and one too small for an op, rows "gpu
 # memory" and "scratch full"). After the speed rows, which the targets need first.
-features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
+features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-delayed+fp8attn fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
 if (( $(cap 140) >= 90 )); then
   t0=$(date +%s)
   feat_rc=0
@@ -482,6 +495,9 @@ for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16 notune", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, tuned / untuned GEMMs = "
               f"{by[('mx bf16', seq)] / by[('mx bf16 notune', seq)]:.3f}")
+    if ("mx fp8-delayed fp8attn", seq) in by and ("mx bf16", seq) in by:
+        print(f"seq {seq}: mxtrain fp8-delayed + FP8 attention / bf16 = "
+              f"{by[('mx fp8-delayed fp8attn', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")
     if ("mx fp8-delayed unroll2", seq) in by and ("mx fp8-delayed", seq) in by:
         print(f"seq {seq}: mxtrain fp8-delayed, cast unroll 2 / 1 = "
               f"{by[('mx fp8-delayed unroll2', seq)] / by[('mx fp8-delayed', seq)]:.3f}")

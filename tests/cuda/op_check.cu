@@ -25,6 +25,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -1755,6 +1756,38 @@ struct CudnnAttentionCase {
                 ", twin " + std::to_string(max_err(dq, dq32)) + " (max |dq| " +
                 std::to_string(max_abs(dq32)) + ")";
     });
+    // The bf16 path's forms (codes in, codes out) against the twin's on the same codes, at the
+    // same tolerances: the same kernels behind other casts and decodes.
+    run_case("attention_fp8_bf16", sh, [&](Result& r) {
+      if (!why.empty()) {
+        r.pass = false;
+        r.note = "not on cuDNN: " + why;
+        return;
+      }
+      const auto q16 = bf16_codes(q), k16 = bf16_codes(k), v16 = bf16_codes(v), g16 = bf16_codes(g);
+      std::vector<uint16_t> o16(nq), dq16(nq), dk16(nk), dv16(nk);
+      std::vector<float> l(B * H * T);
+      cpu.attention_forward_fp8_bf16(o16.data(), l.data(), q16.data(), k16.data(), v16.data(), B,
+                                     T, H, KV, D);
+      cpu.attention_backward_fp8_codes(dq16.data(), dk16.data(), dv16.data(), g16.data(),
+                                       q16.data(), k16.data(), v16.data(), o16.data(), l.data(),
+                                       B, T, H, KV, D);
+      Dev<uint16_t> dq(q16), dk(k16), dv(v16), dg(g16), dout(nq), ddq(nq), ddk(nk), ddv(nk);
+      Dev<float> dl(l.size());
+      gpu.attention_forward_fp8_bf16(dout.p, dl.p, dq.p, dk.p, dv.p, B, T, H, KV, D);
+      const auto out_w = widen(o16);
+      compare(r, "out", widen(dout.download()), out_w, {3e-2 * max_abs(out_w), 0.125});
+      compare(r, "lse", dl.download(), l, {1e-3 * max_abs(l), 0.0});
+      Dev<uint16_t> o_twin(o16);
+      Dev<float> l_twin(l);
+      gpu.attention_backward_fp8_codes(ddq.p, ddk.p, ddv.p, dg.p, dq.p, dk.p, dv.p, o_twin.p,
+                                       l_twin.p, B, T, H, KV, D);
+      for (auto [name, dev, want] : {std::tuple{"dq", &ddq, &dq16}, std::tuple{"dk", &ddk, &dk16},
+                                     std::tuple{"dv", &ddv, &dv16}}) {
+        const auto w = widen(*want);
+        compare(r, name, widen(dev->download()), w, {5e-2 * max_abs(w), 0.25});
+      }
+    });
   }
   // The timing at the 1B shape.
   const int64_t B = 2, T = 8192, H = 32, KV = 8, D = 64;
@@ -2621,6 +2654,18 @@ void check_quantizers(CudaBackend& gpu) {
         Dev<float> sinv(std::vector<float>{inv}), out(256);
         cuda::fp8_decode(codes.p, 256, fmt, sinv.p, out.p, s);
         expect_floats(r, "values", out.download(), want);
+      });
+    for (Format fmt : {Format::kE4M3, Format::kE5M2})
+      run_case("fp8_decode_bf16", fmt == Format::kE4M3 ? "e4m3" : "e5m2", [&](Result& r) {
+        const float inv = 0.0078125f;
+        std::vector<float> want(256);
+        for (int i = 0; i < 256; ++i) want[i] = numerics::decode_fp8_elem(uint8_t(i), fmt) * inv;
+        Dev<uint8_t> codes(all);
+        Dev<float> sinv(std::vector<float>{inv});
+        Dev<uint16_t> out(256);
+        cuda::fp8_decode(codes.p, 256, fmt, sinv.p, out.p, s);
+        // every value is a bf16 value: the codes widen back to it exactly
+        expect_floats(r, "values", widen(out.download()), want);
       });
   }
 }

@@ -88,12 +88,82 @@ def bf16_acts(name, t):
     return _RoundGrad.apply(t) if name in GRAD_SITES else t
 
 
+def fp8_round(x, scale, fmt):
+    """x rounded to FP8 at an encode scale and decoded back: the code of x * scale (float32,
+    SATFINITE, RNE by ml_dtypes) times 1 / scale (a power of two: exact), in float64."""
+    dtype, max_value, _ = numerics_ref.ELEM[fmt]
+    xs = np.asarray(x, np.float32) * np.float32(scale)
+    codes = numerics_ref.sat_cast(xs, dtype, max_value)
+    return numerics_ref.decode(codes, dtype).astype(np.float64) / float(scale)
+
+
+def pow2_scale(x, fmt):
+    return float(numerics_ref.fp8_scale_from_amax(np.max(np.abs(x)), numerics_ref.ELEM[fmt][1],
+                                                  pow2=True))
+
+
+class Fp8Attention(torch.autograd.Function):
+    """FP8 attention as docs/numerics.md ("FP8 attention") defines it, from the formulas, in
+    float64 numpy: q, k, v E4M3 at their current power-of-two scales; the causal softmax of the
+    rounded scores; P rounded to E4M3 at 256 for P V; the output E4M3 at v's scale / 2. The
+    backward: dO E5M2 at its current scale; dV = P8^T dO8; dS = P (dO8 V8^T - rowsum(dO8 O8))
+    rounded to E5M2 at the bound-derived scale; dQ, dK from dS8; dQ, dK, dV rounded to E5M2 at
+    theirs. q [B, H, T, D], k and v [B, KV, T, D] (before the GQA repeat)."""
+
+    round_ds = True  # (False: a variant for the test to tell the backward's roundings)
+
+    @classmethod
+    def forward(cls, ctx, q, k, v):
+        ctx.round_ds = cls.round_ds
+        q, k, v = (t.detach().numpy() for t in (q, k, v))
+        B, H, T, D = q.shape
+        G = H // k.shape[1]
+        sq, sk, sv = pow2_scale(q, "e4m3"), pow2_scale(k, "e4m3"), pow2_scale(v, "e4m3")
+        qd, kd, vd = fp8_round(q, sq, "e4m3"), fp8_round(k, sk, "e4m3"), fp8_round(v, sv, "e4m3")
+        kr, vr = np.repeat(kd, G, axis=1), np.repeat(vd, G, axis=1)
+        s = qd @ kr.transpose(0, 1, 3, 2) / math.sqrt(D)
+        s = np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, s)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        p8 = fp8_round(p, 256.0, "e4m3")
+        o = fp8_round(p8 @ vr, sv / 2, "e4m3")
+        ctx.saved = (qd, kd, vd, o, p, p8, G, D, T, np.max(np.abs(q)), np.max(np.abs(k)),
+                     np.max(np.abs(v)))
+        return torch.tensor(o, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, g):
+        qd, kd, vd, o, p, p8, G, D, T, aq, ak, av = ctx.saved
+        g = g.detach().numpy()
+        B, KV = kd.shape[0], kd.shape[1]
+        ado = float(np.max(np.abs(g)))
+        dod = fp8_round(g, pow2_scale(g, "e5m2"), "e5m2")
+        rows = T * G
+        bs = 2.0 * D * ado * float(av)  # docs/numerics.md's bounds
+        scale = 1.0 / math.sqrt(D)
+        sc = lambda bound: float(numerics_ref.fp8_scale_from_amax(np.float32(bound), 57344.0,
+                                                                  pow2=True))
+        kr, vr = np.repeat(kd, G, axis=1), np.repeat(vd, G, axis=1)
+        delta = (dod * o).sum(-1, keepdims=True)
+        dv = (p8.transpose(0, 1, 3, 2) @ dod).reshape(B, KV, G, T, D).sum(2)
+        ds = p * (dod @ vr.transpose(0, 1, 3, 2) - delta)
+        ds8 = fp8_round(ds, sc(2 * bs), "e5m2") if ctx.round_ds else ds
+        dq = ds8 @ kr * scale
+        dk = (ds8.transpose(0, 1, 3, 2) @ qd * scale).reshape(B, KV, G, T, D).sum(2)
+        dq = fp8_round(dq, sc(2 * np.float32(scale) * bs * float(ak)), "e5m2")
+        dk = fp8_round(dk, sc(2 * np.float32(scale) * bs * float(aq) * rows), "e5m2")
+        dv = fp8_round(dv, sc(2 * rows * ado), "e5m2")
+        return tuple(torch.tensor(t, dtype=torch.float32) for t in (dq, dk, dv))
+
+
 def ref_loss_and_grads(params_np, cfg, tokens, linear, head=None, block_linears=None,
-                       act=lambda name, t: t):
+                       act=lambda name, t: t, attn=None):
     """linear: every block's Linears; block_linears: one per block instead (blocks left in
     high precision); head: the output head's product (default: plain fp32); act: applied to
     each tensor a block makes between its ops, by name: h1, q, k, v, o, h2, g, u, s, and qr, kr
-    (q and k before RoPE) (precision.activations = bf16: bf16_acts)."""
+    (q and k before RoPE) (precision.activations = bf16: bf16_acts); attn: the attention,
+    (q, k, v) -> o, q [B, H, T, D], k and v [B, KV, T, D], or one per block, None for the
+    default (fp32 softmax attention)."""
     p = {k: torch.tensor(v, dtype=torch.float32, requires_grad=True) for k, v in params_np.items()}
     tok = torch.tensor(np.asarray(tokens), dtype=torch.long)
     inputs, targets = tok[:, :-1], tok[:, 1:]
@@ -111,10 +181,15 @@ def ref_loss_and_grads(params_np, cfg, tokens, linear, head=None, block_linears=
         k = act("kr", linear(h, p[a + "k_proj.weight"]).view(B, T, KV, D).transpose(1, 2))
         v = act("v", linear(h, p[a + "v_proj.weight"]).view(B, T, KV, D).transpose(1, 2))
         q, k = act("q", llama_ref.apply_rope(q, cos, sin)), act("k", llama_ref.apply_rope(k, cos, sin))
-        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        o = act("o", (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * D))
+        block_attn = attn[l] if isinstance(attn, (list, tuple)) else attn
+        if block_attn is not None:
+            o = block_attn(q, k, v)
+        else:
+            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+            s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            o = torch.softmax(s, dim=-1) @ v
+        o = act("o", o.transpose(1, 2).reshape(B, T, H * D))
         x = x + linear(o, p[a + "o_proj.weight"])
         h = act("h2", llama_ref.rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps))
         m = pre + "mlp."
@@ -194,6 +269,57 @@ def test_recipe_matches_quantized_reference(mxtrain, case, recipe, quant, head):
     assert err < {"bf16": 0.35, "mxfp8": 0.01}[recipe], (recipe, head, err)
     assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), (loss, ref_loss, fp32_loss)
     assert abs(ref_loss - fp32_loss) > 0 or recipe == "bf16"
+
+
+def test_fp8_attention_matches_reference(mxtrain, case):
+    # precision.fp8_attention (debug grads --fp8-attention): every block's attention in FP8, as
+    # the reference's Fp8Attention rounds it (written from docs/numerics.md's formulas, numpy
+    # float64 and ml_dtypes). mxfp8 with an fp32 head, the recipe whose own noise is ~3e-6
+    # (above), so what is left is the attention's rounding.
+    tmp, cfg, params, tokens, _, _ = case
+    loss, grads = run_recipe(mxtrain, case, "mxfp8", ["--high-precision", "fp32",
+                                                      "--fp8-attention"])
+    q = make_qlinear(q_mxfp8)
+    ref_loss, ref_grads = ref_loss_and_grads(params, cfg, tokens, q, attn=Fp8Attention.apply)
+    plain_loss, plain_grads = ref_loss_and_grads(params, cfg, tokens, q)
+
+    def err(a, b):  # as in test_recipe_matches_quantized_reference, against plain attention
+        return max(np.linalg.norm(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))
+                   / np.linalg.norm(np.asarray(b[k], np.float64)
+                                    - np.asarray(plain_grads[k], np.float64)) for k in b
+                   if ".layers." in k)
+    # FP8 attention changes the numbers measurably, and mxtrain reproduces the change. Its
+    # fp32 sums differ from numpy's float64 in the last bits, so a value could land on the
+    # other side of an FP8 rounding boundary (a whole E5M2 step for dS and the gradients);
+    # measured 4.7e-7 here (no such value), where leaving dS unrounded lies 0.4 away.
+    assert abs(ref_loss - plain_loss) > 1e-5 * abs(plain_loss), (ref_loss, plain_loss)
+    assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss), (loss, ref_loss, plain_loss)
+    worst = err(grads, ref_grads)
+    # A reference that leaves the rounding of dS out (an E5M2 step on every score gradient)
+    # lies far further away than mxtrain does: the comparison sees the backward's roundings.
+    class NoDsRounding(Fp8Attention):
+        round_ds = False
+    _, no_ds_grads = ref_loss_and_grads(params, cfg, tokens, q, attn=NoDsRounding.apply)
+    apart = err(no_ds_grads, ref_grads)
+    print(f"fp8 attention: mxtrain {worst:.3g} from the reference, which lies {apart:.3g} "
+          f"from the one without dS's rounding (relative to plain attention's distance)")
+    assert worst < 0.02 and worst < 0.05 * apart, (worst, apart)
+
+    # A block left in high precision keeps its attention as it was: with the last block out of
+    # the recipe, block 0's attention is FP8 and block 1's fp32 (fp32 high precision).
+    loss_hp, grads_hp = run_recipe(mxtrain, case, "mxfp8", [
+        "--high-precision", "fp32", "--high-precision-last", "1", "--fp8-attention"])
+    ref_hp_loss, ref_hp = ref_loss_and_grads(params, cfg, tokens, None,
+                                             block_linears=[q, plain_linear],
+                                             attn=[Fp8Attention.apply, None])
+    assert abs(loss_hp - ref_hp_loss) <= 1e-6 * abs(ref_hp_loss), (loss_hp, ref_hp_loss)
+    assert abs(ref_hp_loss - ref_loss) > 1e-6 * abs(ref_loss)  # (a different run)
+    _, both_fp8 = ref_loss_and_grads(params, cfg, tokens, None, block_linears=[q, plain_linear],
+                                     attn=Fp8Attention.apply)
+    for k in ref_hp:
+        if ".layers." in k:
+            d = np.linalg.norm(np.asarray(grads_hp[k], np.float64) - ref_hp[k])
+            assert d <= 0.02 * np.linalg.norm(both_fp8[k] - ref_hp[k]) + 1e-12, k
 
 
 @pytest.mark.parametrize("high_precision", ["bf16", "fp32"])
@@ -298,8 +424,10 @@ def test_bf16_activations_agree_across_checkpointing(mxtrain, case):
     ("fp8-current", ["--high-precision-first", "1"], {"MXTRAIN_TEST_FP8_OPS": "1"}),
     ("mxfp8", [], {"MXTRAIN_TEST_FP8_OPS": "1"}),
     ("nvfp4", [], {"MXTRAIN_TEST_FP8_OPS": "1"}),
+    ("fp8-current", ["--high-precision-last", "1", "--fp8-attention"], {"MXTRAIN_TEST_FP8_OPS": "1"}),
 ], ids=["bf16", "mxfp8-bf16-first", "nvfp4-fp32-last", "fp8-delayed-fp8-ops",
-        "fp8-current-fp8-ops-bf16-first", "mxfp8-fp8-ops", "nvfp4-fp8-ops"])
+        "fp8-current-fp8-ops-bf16-first", "mxfp8-fp8-ops", "nvfp4-fp8-ops",
+        "fp8-current-fp8-attention-bf16-last"])
 def test_bf16_path_gives_the_rounding_paths_bits(mxtrain, case, policy, recipe, extra, env):
     # MXTRAIN_TEST_BF16_GEMM=1 gives the CPU native bf16 GEMMs, as on CUDA, so bf16 activations
     # take the bf16 path: the tensors between a block's ops exist only as codes, made by their
@@ -349,8 +477,9 @@ def test_every_recipe_trains(mxtrain, tmp_path, recipe):
     assert losses[-1] < losses[0] - 1.0, losses
 
 
-@pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current", "mxfp8"])
-def test_checkpointing_policies_train_to_the_same_bytes(mxtrain, tmp_path, recipe):
+@pytest.mark.parametrize("recipe,fp8_attention", [("fp8-delayed", False), ("fp8-current", False),
+                                                  ("mxfp8", False), ("fp8-current", True)])
+def test_checkpointing_policies_train_to_the_same_bytes(mxtrain, tmp_path, recipe, fp8_attention):
     """Four steps of two micro-batches under none, selective and full checkpointing end with
     the same rank file, byte for byte: weights, AdamW moments and, for fp8-delayed, every amax
     history. A full recompute used to quantize fp8-delayed operands with the scale their own
@@ -365,6 +494,7 @@ def test_checkpointing_policies_train_to_the_same_bytes(mxtrain, tmp_path, recip
                      "--set", "train.micro_batch=2", "--set", "train.grad_accum=2",
                      "--set", "train.eval_every=0", "--set", "run.sample_tokens=0",
                      "--set", f"precision.recipe={recipe}",
+                     "--set", f"precision.fp8_attention={str(fp8_attention).lower()}",
                      "--set", f"memory.activation_checkpointing={policy}",
                      "--set", f"run.out_dir={out}"])
         assert r.rc == 0, r
@@ -372,6 +502,21 @@ def test_checkpointing_policies_train_to_the_same_bytes(mxtrain, tmp_path, recip
                          "rank_00000-of-00001.safetensors").read_bytes()
     assert files["selective"] == files["none"]
     assert files["full"] == files["none"]
+
+
+def test_fp8_attention_needs_a_recipe(mxtrain, tmp_path, case):
+    r = mxtrain(["train", "--set", "precision.fp8_attention=true",
+                 "--set", f"run.out_dir={tmp_path / 'o'}"])
+    assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: precision.fp8_attention needs a low-precision recipe: it runs in the blocks "
+        "precision.recipe covers, and recipe fp32 covers none"), r
+    assert not (tmp_path / "o").exists()
+    _, _, _, _, model_dir, tok = case
+    r = mxtrain(["debug", "grads", "--init", model_dir, "--tokens", tok, "--batch", BATCH,
+                 "--seq", SEQ, "--out", tmp_path / "g.safetensors", "--fp8-attention"])
+    assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: --fp8-attention needs a --recipe other than fp32"), r
+    assert not (tmp_path / "g.safetensors").exists()
 
 
 def test_unknown_recipe_is_an_error(mxtrain, tmp_path):
