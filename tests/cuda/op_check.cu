@@ -1705,10 +1705,17 @@ struct CudnnAttentionCase {
 // its casts), the first measure of what FP8 attention saves.
 [[maybe_unused]] void check_attention_fp8(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kCudnn);
+  // (T = 77, not a multiple of 64, may be refused by cuDNN's FP8 engines: a refusal there is
+  // a pass with the reason in its note, as the trainer would refuse the shape at start-up;
+  // the others must run)
   for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
-           {2, 200, 8, 2, 64}, {1, 256, 4, 4, 128}, {2, 77, 8, 1, 64}}) {
+           {2, 256, 8, 2, 64}, {1, 128, 4, 4, 128}, {2, 192, 8, 1, 64}, {2, 77, 8, 1, 64}}) {
     const std::string sh = dims({B, T, H, KV, D});
     const std::string why = gpu.attention_fp8_problem(B, T, H, KV, D);
+    if (!why.empty() && T % 64 != 0) {
+      run_case("attention_fp8_forward", sh, [&](Result& r) { r.note = "refused: " + why; });
+      continue;
+    }
     const size_t nq = B * T * H * D, nk = B * T * KV * D;
     const auto q = randn(nq), k = randn(nk), v = randn(nk), g = randn(nq);
     std::vector<float> out(nq), lse(B * H * T), out32(nq), lse32(B * H * T);
