@@ -1459,6 +1459,45 @@ class CudaBackendImpl final : public CudaBackend {
     fp8_attention_backward(dq16, dk16, dv16, dout16, q16, k16, v16, out16, lse, B, T, H, KV, D,
                            "attention_backward_fp8_codes");
   }
+  // What both directions start with, in scratch (the caller's scope): the amaxes of q, k, v
+  // (and, backward, dout; 0 for a forward), every scale computed from them on the device
+  // (numerics::attn_fp8_scale_slots), q, k, v cast to E4M3 (and, backward, out to E4M3 at O's
+  // scale, dout to E5M2), room for cuDNN's own amaxes.
+  struct Fp8AttentionInputs {
+    float* slots;
+    float* cudnn_amax;
+    uint8_t *q8, *k8, *v8, *o8, *do8;
+  };
+  template <class In>
+  Fp8AttentionInputs fp8_attention_inputs(const In* q, const In* k, const In* v,
+                                              const In* out, const In* dout, int64_t B,
+                                              int64_t T, int64_t H, int64_t KV, int64_t D,
+                                              const char* op) {
+    namespace nm = numerics;
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    Fp8AttentionInputs r{};
+    float* amax = scratch_.alloc_f32(4);
+    r.slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
+    r.cudnn_amax = scratch_.alloc_f32(16);
+    if (!dout) MX_CUDA_CHECK(op, cudaMemsetAsync(amax + 3, 0, sizeof(float), stream_));
+    cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
+    cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
+    cuda::abs_max(amax + 2, v, nk, scratch_, stream_);
+    if (dout) cuda::abs_max(amax + 3, dout, nq, scratch_, stream_);
+    cuda::attn_fp8_scales(r.slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
+    auto cast = [&](const In* x, int64_t n, nm::Format f, nm::AttnFp8Slot s) {
+      uint8_t* codes = scratch_.alloc_as<uint8_t>(n);
+      cuda::fp8_codes(x, n / D, D, f, r.slots + s * nm::kAttnFp8SlotFloats, codes, false,
+                      stream_);
+      return codes;
+    };
+    r.q8 = cast(q, nq, nm::Format::kE4M3, nm::kAttnScaleQ);
+    r.k8 = cast(k, nk, nm::Format::kE4M3, nm::kAttnScaleK);
+    r.v8 = cast(v, nk, nm::Format::kE4M3, nm::kAttnScaleV);
+    if (out) r.o8 = cast(out, nq, nm::Format::kE4M3, nm::kAttnScaleO);
+    if (dout) r.do8 = cast(dout, nq, nm::Format::kE5M2, nm::kAttnScaleDO);
+    return r;
+  }
   // Both forms of each direction: In is float (fp32 values) or uint16_t (bf16 codes), which
   // abs_max and fp8_codes read as they are; Out likewise for the decoded outputs.
   template <class Out, class In>
@@ -1470,25 +1509,14 @@ class CudaBackendImpl final : public CudaBackend {
     if (B == 0 || T == 0) return done(op);
 #ifdef MXTRAIN_HAVE_CUDNN
     namespace nm = numerics;
-    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    const int64_t nq = B * T * H * D;
     DeviceArenaScope scope(scratch_);
-    float* amax = scratch_.alloc_f32(4);
-    float* slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
-    float* cudnn_amax = scratch_.alloc_f32(16);
-    MX_CUDA_CHECK(op, cudaMemsetAsync(amax, 0, 4 * sizeof(float), stream_));
-    cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
-    cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
-    cuda::abs_max(amax + 2, v, nk, scratch_, stream_);
-    cuda::attn_fp8_scales(slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
-    auto slot = [&](nm::AttnFp8Slot s) { return slots + s * nm::kAttnFp8SlotFloats; };
-    uint8_t* q8 = scratch_.alloc_as<uint8_t>(nq);
-    uint8_t* k8 = scratch_.alloc_as<uint8_t>(nk);
-    uint8_t* v8 = scratch_.alloc_as<uint8_t>(nk);
+    const Fp8AttentionInputs in =
+        fp8_attention_inputs<In>(q, k, v, nullptr, nullptr, B, T, H, KV, D, op);
+    auto slot = [&](nm::AttnFp8Slot s) { return in.slots + s * nm::kAttnFp8SlotFloats; };
     uint8_t* o8 = scratch_.alloc_as<uint8_t>(nq);
-    cuda::fp8_codes(q, nq / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleQ), q8, false, stream_);
-    cuda::fp8_codes(k, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleK), k8, false, stream_);
-    cuda::fp8_codes(v, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleV), v8, false, stream_);
-    cudnn().forward_fp8(o8, lse, q8, k8, v8, slots, cudnn_amax, B, T, H, KV, D, scratch_);
+    cudnn().forward_fp8(o8, lse, in.q8, in.k8, in.v8, in.slots, in.cudnn_amax, B, T, H, KV, D,
+                        scratch_);
     cuda::fp8_decode(o8, nq, nm::Format::kE4M3, slot(nm::kAttnDescaleO), out, stream_);
 #else
     (void)out, (void)lse, (void)q, (void)k, (void)v;
@@ -1507,31 +1535,14 @@ class CudaBackendImpl final : public CudaBackend {
     namespace nm = numerics;
     const int64_t nq = B * T * H * D, nk = B * T * KV * D;
     DeviceArenaScope scope(scratch_);
-    float* amax = scratch_.alloc_f32(4);
-    float* slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
-    float* cudnn_amax = scratch_.alloc_f32(16);
-    cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
-    cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
-    cuda::abs_max(amax + 2, v, nk, scratch_, stream_);
-    cuda::abs_max(amax + 3, dout, nq, scratch_, stream_);
-    cuda::attn_fp8_scales(slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
-    auto slot = [&](nm::AttnFp8Slot s) { return slots + s * nm::kAttnFp8SlotFloats; };
-    uint8_t* q8 = scratch_.alloc_as<uint8_t>(nq);
-    uint8_t* k8 = scratch_.alloc_as<uint8_t>(nk);
-    uint8_t* v8 = scratch_.alloc_as<uint8_t>(nk);
-    uint8_t* o8 = scratch_.alloc_as<uint8_t>(nq);
-    uint8_t* do8 = scratch_.alloc_as<uint8_t>(nq);
+    const Fp8AttentionInputs in =
+        fp8_attention_inputs<In>(q, k, v, out, dout, B, T, H, KV, D, op);
+    auto slot = [&](nm::AttnFp8Slot s) { return in.slots + s * nm::kAttnFp8SlotFloats; };
     uint8_t* dq8 = scratch_.alloc_as<uint8_t>(nq);
     uint8_t* dk8 = scratch_.alloc_as<uint8_t>(nk);
     uint8_t* dv8 = scratch_.alloc_as<uint8_t>(nk);
-    cuda::fp8_codes(q, nq / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleQ), q8, false, stream_);
-    cuda::fp8_codes(k, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleK), k8, false, stream_);
-    cuda::fp8_codes(v, nk / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleV), v8, false, stream_);
-    cuda::fp8_codes(out, nq / D, D, nm::Format::kE4M3, slot(nm::kAttnScaleO), o8, false, stream_);
-    cuda::fp8_codes(dout, nq / D, D, nm::Format::kE5M2, slot(nm::kAttnScaleDO), do8, false,
-                    stream_);
-    cudnn().backward_fp8(dq8, dk8, dv8, do8, q8, k8, v8, o8, lse, slots, cudnn_amax, B, T, H, KV,
-                         D, scratch_);
+    cudnn().backward_fp8(dq8, dk8, dv8, in.do8, in.q8, in.k8, in.v8, in.o8, lse, in.slots,
+                         in.cudnn_amax, B, T, H, KV, D, scratch_);
     cuda::fp8_decode(dq8, nq, nm::Format::kE5M2, slot(nm::kAttnDescaleDQ), dq, stream_);
     cuda::fp8_decode(dk8, nk, nm::Format::kE5M2, slot(nm::kAttnDescaleDK), dk, stream_);
     cuda::fp8_decode(dv8, nk, nm::Format::kE5M2, slot(nm::kAttnDescaleDV), dv, stream_);

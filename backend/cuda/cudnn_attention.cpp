@@ -192,7 +192,8 @@ struct CudnnAttention::Impl {
     return step(g.get_workspace_size(workspace), "get_workspace_size");
   }
 
-  Entry make_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+  // The bf16 graphs, or with fp8 the FP8 ones (build_fp8_graphs).
+  Entry make_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool fp8 = false) {
     Entry e;
     load_cudnn();
     if (!g_load_problem.empty()) {
@@ -200,6 +201,18 @@ struct CudnnAttention::Impl {
       return e;
     }
     if (!(e.problem = cudnn_sdpa_shape_problem(B, T, H, KV, D)).empty()) return e;
+    // cuDNN's FP8 SDPA takes head dims that are multiples of 16, at most 128 (the frontend's
+    // check, sdpa_fp8_bwd.h), on compute capability 9.0 and newer, from cuDNN 9.1.
+    if (fp8 && (D % 16 != 0 || D > 128)) {
+      e.problem = str("FP8 attention needs a head dim that is a multiple of 16 and at most 128 (",
+                      D, ")");
+      return e;
+    }
+    if (fp8 && fe::detail::get_backend_version() < 90100) {
+      e.problem = str("FP8 attention needs cuDNN 9.1 or newer (this is ",
+                      fe::detail::get_backend_version(), ")");
+      return e;
+    }
     // A cuDNN that loads but cannot be used here (no handle, a symbol the frontend needs
     // missing from an older library: the shim throws) is a reason to fall back, not a crash.
     try {
@@ -212,9 +225,11 @@ struct CudnnAttention::Impl {
           MX_CUDNN_CHECK("attention", st);
         }
       }
-      build_graphs(e, B, T, H, KV, D);
+      if (fp8) build_fp8_graphs(e, B, T, H, KV, D);
+      else build_graphs(e, B, T, H, KV, D);
     } catch (const std::exception& ex) {
-      e.problem = str("cuDNN failed while building the graphs: ", ex.what());
+      e.problem = str("cuDNN failed while building the ", fp8 ? "FP8 " : "", "graphs: ",
+                      ex.what());
     }
     if (!e.problem.empty()) e.fwd.reset(), e.bwd.reset();
     return e;
@@ -347,49 +362,11 @@ struct CudnnAttention::Impl {
     }
   }
 
-  Entry make_fp8_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
-    Entry e;
-    load_cudnn();
-    if (!g_load_problem.empty()) {
-      e.problem = g_load_problem;
-      return e;
-    }
-    if (!(e.problem = cudnn_sdpa_shape_problem(B, T, H, KV, D)).empty()) return e;
-    // cuDNN's FP8 SDPA takes head dims that are multiples of 16, at most 128 (the frontend's
-    // check, sdpa_fp8_bwd.h), on compute capability 9.0 and newer, from cuDNN 9.1.
-    if (D % 16 != 0 || D > 128) {
-      e.problem = str("FP8 attention needs a head dim that is a multiple of 16 and at most 128 (",
-                      D, ")");
-      return e;
-    }
-    if (fe::detail::get_backend_version() < 90100) {
-      e.problem = str("FP8 attention needs cuDNN 9.1 or newer (this is ",
-                      fe::detail::get_backend_version(), ")");
-      return e;
-    }
-    try {
-      if (!handle) {
-        MX_CUDNN_CHECK("attention", fe::detail::create_handle(&handle));
-        const cudnnStatus_t st = fe::detail::set_stream(handle, stream);
-        if (st != CUDNN_STATUS_SUCCESS) {
-          fe::detail::destroy_handle(handle);
-          handle = nullptr;
-          MX_CUDNN_CHECK("attention", st);
-        }
-      }
-      build_fp8_graphs(e, B, T, H, KV, D);
-    } catch (const std::exception& ex) {
-      e.problem = str("cuDNN failed while building the FP8 graphs: ", ex.what());
-    }
-    if (!e.problem.empty()) e.fwd.reset(), e.bwd.reset();
-    return e;
-  }
-
   Entry& fp8_entry(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     const Shape key{B, T, H, KV, D};
     auto it = fp8_cache.find(key);
     if (it != fp8_cache.end()) return it->second;
-    Entry& e = fp8_cache.emplace(key, make_fp8_entry(B, T, H, KV, D)).first->second;
+    Entry& e = fp8_cache.emplace(key, make_entry(B, T, H, KV, D, true)).first->second;
     const std::string shape = str("B=", B, " T=", T, " H=", H, " KV=", KV, " D=", D);
     if (e.problem.empty())
       info("cuda attention: cudnn FP8 SDPA (E4M3 q, k, v, P, O; E5M2 gradients; cuDNN ",
