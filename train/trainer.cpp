@@ -444,6 +444,14 @@ int run_training(const RunConfig& cfg) {
       high_precision_bf16(recipe, cfg.precision.high_precision));
   linear_recipe.set_fp8_attention(cfg.precision.fp8_attention);
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
+  if (linear_recipe.fp8_attention_any()) {
+    // A shape the backend's FP8 attention does not take (cuDNN's head-dim rule, no cuDNN) is
+    // bad input: refused here, before a checkpoint is chosen or an S3 prefix claimed, not at
+    // the first step.
+    const std::string why = engine.backend->attention_fp8_problem(
+        B, T, model_cfg.num_attention_heads, model_cfg.num_key_value_heads, model_cfg.head_dim);
+    MX_REQUIRE(why.empty(), "precision.fp8_attention: ", why);
+  }
   // Every block left in high precision: the recipe quantizes nothing, which the start-up line
   // ("precision nvfp4: block Linears emulated") did not say.
   const std::string covers_all = high_precision_covers_all(
@@ -868,12 +876,6 @@ int run_training(const RunConfig& cfg) {
   }
 
   if (linear_recipe.fp8_attention_any()) {
-    // Before any step: a shape the backend's FP8 attention does not take (cuDNN's head-dim
-    // rule, no cuDNN) is bad input, not a failure at the first step.
-    const std::string why =
-        be.attention_fp8_problem(B, T, model_cfg.num_attention_heads,
-                                 model_cfg.num_key_value_heads, model_cfg.head_dim);
-    MX_REQUIRE(why.empty(), "precision.fp8_attention: ", why);
     info("attention: FP8 in the blocks precision.recipe covers (E4M3 q, k, v, probabilities "
          "and output, E5M2 gradients), ",
          be.memory() ? "on cuDNN's fused FP8 SDPA" : "emulated (the CPU twin)");
