@@ -39,8 +39,9 @@ MX_HOST_DEVICE inline AttnFp8ForwardScales attn_fp8_forward_scales(float amax_q,
   s.v = fp8_scale_from_amax(amax_v, kAttnE4M3Max, 0.0f, true);
   s.s = kAttnProbScale;
   // O_i = sum_j P8_ij V8_j / (s.s s.v): a combination of V8's rows with weights summing to at
-  // most 1.0625 (each P8 rounds up by at most 2^-4), V8 at most 448 (1 + 2^-4) / s.v: so
-  // |O| s.v / 2 <= 253 < 448 (the scale is a power of two: halving is exact).
+  // most about 1.1 (each P8 rounds up by at most 2^-4, a subnormal one by 2^-18 more), V8 at
+  // most 448 (1 + 2^-4) / s.v: so |O| s.v / 2 < 280 < 448 (the scale is a power of two:
+  // halving is exact).
   s.o = s.v * 0.5f;
   return s;
 }
