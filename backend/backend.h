@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "numerics/attention_fp8.h"
 #include "backend/op_profile.h"
 #include "core/arena.h"
 #include "numerics/formats.h"
@@ -310,6 +311,11 @@ class Backend {
                                             const uint16_t* k16, const uint16_t* v16,
                                             const uint16_t* out16, const float* lse, int64_t B,
                                             int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
+  // Numerics telemetry: the amaxes of the last FP8 attention forward (q, k, v, p, o) and the
+  // last backward (dO, dS, dQ, dK, dV) this backend ran, each taken before its encoding (CUDA:
+  // cuDNN's own amax outputs for P, O, dS, dQ, dK, dV). Synchronizes; meant for telemetry
+  // steps.
+  virtual numerics::AttnFp8Amax attention_fp8_amax() = 0;
   // "" when attention_*_fp8 run for this shape here, else why not.
   virtual std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                             int64_t D) {

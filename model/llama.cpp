@@ -438,6 +438,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     if (fp8_attention())
       be_.attention_forward_fp8_bf16(a.o_16, a.lse, a.q_16, a.k_16, a.v_16, B, T, H, KV, D);
     else be_.attention_forward_bf16(a.o_16, a.lse, a.q_16, a.k_16, a.v_16, B, T, H, KV, D);
+    record_attention_amax(false, T);
   } else {
     a.h1 = keep(true, z.h1, &a.h1_16);
     a.rstd1 = keep(true, z.rstd1, nullptr);
@@ -461,6 +462,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.lse = keep(false, z.lse, nullptr);
     if (fp8_attention()) be_.attention_forward_fp8(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
     else be_.attention_forward(a.o, a.lse, a.q, a.k, a.v, B, T, H, KV, D);
+    record_attention_amax(false, T);
     round_activation(a.o, a.o_16, z.o);
   }
   a.x_mid = keep(false, z.x_mid, nullptr);
@@ -675,6 +677,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
                                        a.lse, B, T, H, KV, D);
     else be_.attention_backward_codes(dq16, dk16, dv16, d_o16, a.q_16, a.k_16, a.v_16, a.o_16,
                                       a.lse, B, T, H, KV, D);
+    record_attention_amax(true, T);
     if (nat && be_.fuse_linear_backward() && fusable(w, dw, 0, 3)) {
       // dq and dk rotated back straight into a [N, q + 2 kv] operand and dv copied beside
       // them: one GEMM pair over [wq; wk; wv] writes dh1 once (two fp32 read-and-writes of
@@ -721,6 +724,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     else if (fp8_attention())
       be_.attention_backward_fp8(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
     else be_.attention_backward(dq, dk, dv, d_o, a.q, a.k, a.v, a.o, a.lse, B, T, H, KV, D);
+    record_attention_amax(true, T);
     if (as_codes) {
       be_.round_bf16(dq, dq, N * c_.q_dim());
       be_.round_bf16(dk, dk, N * c_.kv_dim());
@@ -910,6 +914,13 @@ bool LlamaModel::bf16_linears() const {
 
 bool LlamaModel::fp8_attention() const {
   return recipe_ && recipe_->fp8_attention(layer_);
+}
+
+void LlamaModel::record_attention_amax(bool backward, int64_t T) {
+  if (!fp8_attention() || !recipe_->collecting_stats()) return;
+  const int64_t H = c_.num_attention_heads, KV = c_.num_key_value_heads, D = c_.head_dim;
+  recipe_->record_attention_amax(layer_, be_.attention_fp8_amax(), backward, D, T * (H / KV),
+                                 1.0f / std::sqrt(float(D)));
 }
 
 bool LlamaModel::lowered(int64_t layer) const {

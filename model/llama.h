@@ -246,6 +246,8 @@ class LlamaModel {
   bool fp8_reads_codes(int64_t N, int64_t in, int64_t out) const;
   // The current layer's attention runs in FP8 (LinearRecipe::fp8_attention).
   bool fp8_attention() const;
+  // On a telemetry step, the current layer's FP8 attention amaxes into the recipe's stats.
+  void record_attention_amax(bool backward, int64_t T);
   // ... for all of q, k, v (their shared input h1) / gate and up (h2): off the bf16 GEMMs that
   // input is widened, once for the Linears sharing it, only where one of them does not.
   bool qkv_read_codes(int64_t N) const;

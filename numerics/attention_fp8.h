@@ -74,6 +74,14 @@ MX_HOST_DEVICE inline AttnFp8BackwardScales attn_fp8_backward_scales(
   return s;
 }
 
+// Numerics telemetry of FP8 attention: the amax of each tensor it encodes, taken before the
+// encoding (for P, O, dS, dQ, dK, dV: inside the computation, where the bounds above must hold).
+// Its headroom is the format's largest value over amax x scale: below 1 the encoding saturated.
+struct AttnFp8Amax {
+  float q = 0, k = 0, v = 0, p = 0, o = 0;  // forward
+  float dO = 0, dS = 0, dQ = 0, dK = 0, dV = 0;  // backward
+};
+
 // The scales as one device array for the fused kernel (CUDA backend): slot i at floats
 // [4 i, 4 i + 4) (16 bytes apart: cuDNN's execute() checks each tensor's pointer against the
 // 16-byte alignment its graph declares), each encode scale beside its decode scale (1 / scale).

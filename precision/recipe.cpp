@@ -363,10 +363,54 @@ int64_t LinearRecipe::restore_delayed_state(const std::vector<DelayedState>& sta
   return restored;
 }
 
+void LinearRecipe::record_attention_amax(int64_t layer, const numerics::AttnFp8Amax& a,
+                                         bool backward, int64_t D, int64_t rows_per_key,
+                                         float attn_scale) {
+  if (!collect_) return;
+  const numerics::AttnFp8ForwardScales f = numerics::attn_fp8_forward_scales(a.q, a.k, a.v);
+  auto put = [&](const char* name, const char* format, float amax, float scale) {
+    AttnEntry& e = attn_stats_[{layer, name}];
+    e.format = format;
+    // (several micro-batches: the largest amax, with the scale it was encoded at)
+    if (double(amax) >= e.amax) e.amax = amax, e.scale = scale;
+  };
+  if (!backward) {
+    put("q", "e4m3", a.q, f.q);
+    put("k", "e4m3", a.k, f.k);
+    put("v", "e4m3", a.v, f.v);
+    put("p", "e4m3", a.p, f.s);
+    put("o", "e4m3", a.o, f.o);
+    return;
+  }
+  const numerics::AttnFp8BackwardScales b =
+      numerics::attn_fp8_backward_scales(a.q, a.k, a.v, a.dO, D, rows_per_key, attn_scale);
+  put("do", "e5m2", a.dO, b.dO);
+  put("ds", "e5m2", a.dS, b.dP);
+  put("dq", "e5m2", a.dQ, b.dQ);
+  put("dk", "e5m2", a.dK, b.dK);
+  put("dv", "e5m2", a.dV, b.dV);
+}
+
 nlohmann::json LinearRecipe::finish_stats(int64_t step) {
   collect_ = false;
-  if (stats_.empty()) return nullptr;
-  nlohmann::json j = nlohmann::json::object();
+  std::vector<std::string> saturated;
+  nlohmann::json attn = nlohmann::json::object();
+  for (const auto& [key, e] : attn_stats_) {
+    const std::string name = str("layers.", key.first, ".self_attn.fp8_attention.", key.second);
+    const double max = std::strcmp(e.format, "e5m2") == 0 ? 57344.0 : 448.0;
+    const double headroom = e.amax > 0 ? max / (e.amax * e.scale) : INFINITY;
+    attn[name] = {{"format", e.format}, {"amax", e.amax}, {"scale", e.scale},
+                  {"headroom", std::isfinite(headroom) ? nlohmann::json(headroom) : nullptr}};
+    if (headroom < 1.0) saturated.push_back(name);
+  }
+  attn_stats_.clear();
+  if (!saturated.empty())
+    warn(str("numerics: FP8 attention saturated at step ", step, " in ", saturated.front(),
+             saturated.size() > 1 ? str(" and ", saturated.size() - 1, " more") : std::string(),
+             ": an amax passed its bound-derived scale's range (docs/numerics.md, \"FP8 "
+             "attention\")"));
+  if (stats_.empty()) return attn.empty() ? nlohmann::json(nullptr) : attn;
+  nlohmann::json j = attn;
   std::vector<std::string> collapsed;
   for (const auto& [key, s] : stats_) {
     const std::string name = operand_name(std::get<0>(key), std::get<1>(key), std::get<2>(key));

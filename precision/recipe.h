@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "numerics/attention_fp8.h"
 #include "numerics/quantize.h"
 #include "precision/numerics_stats.h"
 
@@ -195,6 +196,13 @@ class LinearRecipe {
   // operand); off (the default) it costs one branch. finish_stats stops collecting and returns
   // {"layers.L.<linear>.<gemm>.<operand>": {...}} (null when nothing was quantized), and warns
   // (core/log.h) naming every operand whose SQNR collapsed (SqnrMonitor's rule).
+  // FP8 attention's amaxes of one block's forward or backward (Backend::attention_fp8_amax),
+  // while collecting: finish_stats adds "layers.L.self_attn.fp8_attention.<tensor>" entries
+  // with each tensor's format, amax, encode scale and headroom (the format's largest value
+  // over amax x scale: below 1 its encoding saturated, which it warns about). D, rows_per_key
+  // and attn_scale as numerics::attn_fp8_backward_scales takes them.
+  void record_attention_amax(int64_t layer, const numerics::AttnFp8Amax& a, bool backward,
+                             int64_t D, int64_t rows_per_key, float attn_scale);
   void set_collect_stats(bool on) { collect_ = on; }
   bool collecting_stats() const { return collect_; }
   nlohmann::json finish_stats(int64_t step);
@@ -221,6 +229,11 @@ class LinearRecipe {
   bool replay_ = false;
   bool collect_ = false;
   std::map<std::tuple<int64_t, int, int>, OperandStats> stats_;
+  struct AttnEntry {
+    const char* format;
+    double amax = 0, scale = 0;
+  };
+  std::map<std::pair<int64_t, std::string>, AttnEntry> attn_stats_;  // (layer, tensor)
   SqnrMonitor monitor_;
   // Block scales of the operand being quantized, kept only while telemetry reads them.
   std::vector<float> scale_f32_;

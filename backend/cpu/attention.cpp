@@ -118,7 +118,8 @@ namespace {
 // time for the row maximum and sum only, the second for P8 and the product. Otherwise the
 // online softmax above (one pass).
 void forward_impl(float* out, float* lse, const float* q, const float* k, const float* v,
-                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float prob_scale) {
+                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, float prob_scale,
+                  float* prob_amax = nullptr) {
   check_shape(B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   const int64_t group = H / KV;
@@ -137,6 +138,7 @@ void forward_impl(float* out, float* lse, const float* q, const float* k, const 
     std::vector<float> o(static_cast<size_t>(rows_max * D));    // unnormalized output
     std::vector<float> m(rows_max), l(rows_max);                // running row max and row sum
     std::vector<float> panel(static_cast<size_t>(tile_gemm_panel_floats(std::max(D, kBc))));
+    float pmax = 0.0f;  // (FP8: this thread's largest probability)
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_tasks; ++task) {
@@ -197,7 +199,10 @@ void forward_impl(float* out, float* lse, const float* q, const float* k, const 
             float* sr = st + row * bc;
             const int64_t n = diagonal ? allowed_keys(i0 + row % br, j0, bc) : bc;
             exp_row(sr, n, m[row]);
-            for (int64_t c = 0; c < n; ++c) sr[c] = numerics::attn_fp8_round(sr[c], prob_scale, false);
+            for (int64_t c = 0; c < n; ++c) {
+              pmax = std::max(pmax, sr[c]);
+              sr[c] = numerics::attn_fp8_round(sr[c], prob_scale, false);
+            }
             std::fill(sr + n, sr + bc, 0.0f);
           }
           tile_product(rows, D, bc, 1.0f, st, bc, vb + j0 * kv_ld, kv_ld, 1.0f, o.data(), D,
@@ -217,6 +222,10 @@ void forward_impl(float* out, float* lse, const float* q, const float* k, const 
         lse[(b * H + h) * T + t] = m[row] + std::log(l[row]);
       }
     }
+    if (prob_amax) {
+#pragma omp critical(mx_attention_prob_amax)
+      *prob_amax = std::max(*prob_amax, pmax);
+    }
   }
 }
 
@@ -233,6 +242,7 @@ namespace {
 // E4M3 at fp8->prob for dV's product, and dS to E5M2 at fp8->ds before dQ's and dK's.
 struct Fp8Backward {
   float prob, ds;
+  float* ds_amax;  // receives max |dS| before its rounding
 };
 
 void backward_impl(float* dq, float* dk, float* dv, const float* dout, const float* q,
@@ -258,6 +268,7 @@ void backward_impl(float* dq, float* dk, float* dv, const float* dout, const flo
     std::vector<float> p(static_cast<size_t>(rows_max * kBc));   // scores, then probabilities P
     std::vector<float> dp(static_cast<size_t>(rows_max * kBc));  // dP = dO V^T, then dS
     std::vector<float> p8(fp8 ? static_cast<size_t>(rows_max * kBc) : 0);  // P rounded (fp8)
+    float ds_max = 0.0f;  // (FP8: this thread's largest |dS|)
     std::vector<float> di(rows_max);                              // rowsum(dO * O)
     std::vector<float> lse_rows(rows_max);
     // tile_gemm's B panel; k is up to rows_max for the transposed products
@@ -327,8 +338,10 @@ void backward_impl(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp simd
             for (int64_t c = 0; c < bc; ++c) dsr[c] = pr[c] * (dsr[c] - dr);
             if (fp8)
-              for (int64_t c = 0; c < bc; ++c)
+              for (int64_t c = 0; c < bc; ++c) {
+                ds_max = std::max(ds_max, std::fabs(dsr[c]));
                 dsr[c] = numerics::attn_fp8_round(dsr[c], fp8->ds, true);
+              }
           }
           // dQ_i += scale * dS K_j;  dK_j += scale * dS^T Q_i
           tile_product(rows, D, bc, scale, dpt, bc, kj, kv_ld, 1.0f, dqs.data(), D, panel.data());
@@ -339,6 +352,10 @@ void backward_impl(float* dq, float* dk, float* dv, const float* dout, const flo
           std::memcpy(dq + head0 + (i0 + row % br) * q_ld + (row / br) * D,
                       dqs.data() + row * D, static_cast<size_t>(D) * sizeof(float));
       }
+    }
+    if (fp8 && fp8->ds_amax) {
+#pragma omp critical(mx_attention_ds_amax)
+      *fp8->ds_amax = std::max(*fp8->ds_amax, ds_max);
     }
   }
 }
@@ -367,30 +384,27 @@ void fp8_round_in_place(float* x, int64_t n, float scale, bool e5m2) {
 
 }  // namespace
 
-numerics::AttnFp8ForwardScales attention_fp8_forward_scales(const float* q, const float* k,
-                                                           const float* v, int64_t B, int64_t T,
-                                                           int64_t H, int64_t KV, int64_t D) {
-  const int64_t nq = B * T * H * D, nk = B * T * KV * D;
-  return numerics::attn_fp8_forward_scales(numerics::abs_max(q, nq), numerics::abs_max(k, nk),
-                                           numerics::abs_max(v, nk));
-}
-
 void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
                            const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D) {
+                           int64_t D, numerics::AttnFp8Amax* amax) {
   check_shape(B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
-  const auto sc = attention_fp8_forward_scales(q, k, v, B, T, H, KV, D);
+  const float aq = numerics::abs_max(q, nq), ak = numerics::abs_max(k, nk),
+              av = numerics::abs_max(v, nk);
+  const auto sc = numerics::attn_fp8_forward_scales(aq, ak, av);
   const auto qd = fp8_rounded(q, nq, sc.q, false), kd = fp8_rounded(k, nk, sc.k, false),
              vd = fp8_rounded(v, nk, sc.v, false);
-  forward_impl(out, lse, qd.data(), kd.data(), vd.data(), B, T, H, KV, D, sc.s);
+  float pmax = 0.0f;
+  forward_impl(out, lse, qd.data(), kd.data(), vd.data(), B, T, H, KV, D, sc.s, &pmax);
+  if (amax) *amax = {aq, ak, av, pmax, numerics::abs_max(out, nq)};
   fp8_round_in_place(out, nq, sc.o, false);
 }
 
 void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* out, const float* lse,
-                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                            numerics::AttnFp8Amax* amax) {
   check_shape(B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   const int64_t nq = B * T * H * D, nk = B * T * KV * D;
@@ -402,9 +416,16 @@ void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, 
   const auto qd = fp8_rounded(q, nq, sc.q, false), kd = fp8_rounded(k, nk, sc.k, false),
              vd = fp8_rounded(v, nk, sc.v, false), od = fp8_rounded(out, nq, sc.o, false),
              dod = fp8_rounded(dout, nq, bs.dO, true);
-  const Fp8Backward fp8{sc.s, bs.dP};
+  float ds_max = 0.0f;
+  const Fp8Backward fp8{sc.s, bs.dP, &ds_max};
   backward_impl(dq, dk, dv, dod.data(), qd.data(), kd.data(), vd.data(), od.data(), lse, B, T, H,
                 KV, D, &fp8);
+  if (amax) {
+    amax->q = aq, amax->k = ak, amax->v = av, amax->dO = ado, amax->dS = ds_max;
+    amax->dQ = numerics::abs_max(dq, nq);
+    amax->dK = numerics::abs_max(dk, nk);
+    amax->dV = numerics::abs_max(dv, nk);
+  }
   fp8_round_in_place(dq, nq, bs.dQ, true);
   fp8_round_in_place(dk, nk, bs.dK, true);
   fp8_round_in_place(dv, nk, bs.dV, true);

@@ -24,19 +24,18 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 // scores and softmax in fp32 from those, P rounded to E4M3 (scale 256) for P V, the output
 // rounded to E4M3 at v's scale / 2; out receives the output's values (each an E4M3 code times
 // its decode scale), lse the statistics of the rounded q, k. Same shapes as attention_forward.
+// amax (optional): receives q, k, v, p, o (the amaxes before encoding; numerics::AttnFp8Amax).
 void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
                            const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D);
+                           int64_t D, numerics::AttnFp8Amax* amax = nullptr);
 // Its backward: q, k, v, out rounded as in the forward (out, the forward's output, is unchanged
 // by it), dout to E5M2 at its current scale; dV from P rounded as in the forward; dS = P (dP -
 // delta) rounded to E5M2 before dQ's and dK's products; dq, dk, dv written as E5M2 values at the
 // bound-derived scales (numerics::attn_fp8_backward_scales).
+// amax (optional): receives dO, dS, dQ, dK, dV (and q, k, v).
 void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
                             const float* k, const float* v, const float* out, const float* lse,
-                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
-// The forward's scales for these inputs (amaxes over the whole tensors).
-numerics::AttnFp8ForwardScales attention_fp8_forward_scales(const float* q, const float* k,
-                                                           const float* v, int64_t B, int64_t T,
-                                                           int64_t H, int64_t KV, int64_t D);
+                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                            numerics::AttnFp8Amax* amax = nullptr);
 
 }  // namespace mx::cpu

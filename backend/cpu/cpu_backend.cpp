@@ -207,15 +207,22 @@ class CpuBackend final : public Backend {
                              const float* v, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t D) override {
     OpScope scope(*this, "attention_forward_fp8");
-    cpu::attention_forward_fp8(out, lse, q, k, v, B, T, H, KV, D);
+    numerics::AttnFp8Amax a;
+    cpu::attention_forward_fp8(out, lse, q, k, v, B, T, H, KV, D, &a);
+    attn_amax_.q = a.q, attn_amax_.k = a.k, attn_amax_.v = a.v, attn_amax_.p = a.p;
+    attn_amax_.o = a.o;
   }
   void attention_backward_fp8(float* dq, float* dk, float* dv, const float* dout, const float* q,
                               const float* k, const float* v, const float* out, const float* lse,
                               int64_t B, int64_t T, int64_t H, int64_t KV,
                               int64_t D) override {
     OpScope scope(*this, "attention_backward_fp8");
-    cpu::attention_backward_fp8(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
+    numerics::AttnFp8Amax a;
+    cpu::attention_backward_fp8(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D, &a);
+    attn_amax_.dO = a.dO, attn_amax_.dS = a.dS, attn_amax_.dQ = a.dQ, attn_amax_.dK = a.dK;
+    attn_amax_.dV = a.dV;
   }
+  numerics::AttnFp8Amax attention_fp8_amax() override { return attn_amax_; }
   void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
                         int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
     OpScope scope(*this, "attention_decode");
@@ -457,7 +464,7 @@ class CpuBackend final : public Backend {
     const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
                              v = widened(v16, B * T * KV * D);
     std::vector<float> out(q.size());
-    cpu::attention_forward_fp8(out.data(), lse, q.data(), k.data(), v.data(), B, T, H, KV, D);
+    attention_forward_fp8(out.data(), lse, q.data(), k.data(), v.data(), B, T, H, KV, D);
     to_bf16(out16, out.data(), int64_t(out.size()));
   }
 
@@ -472,8 +479,8 @@ class CpuBackend final : public Backend {
                              o = widened(out16, nq), dout = widened(dout16, nq);
     std::vector<float> dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nk)),
         dv(static_cast<size_t>(nk));
-    cpu::attention_backward_fp8(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
-                                v.data(), o.data(), lse, B, T, H, KV, D);
+    attention_backward_fp8(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                           v.data(), o.data(), lse, B, T, H, KV, D);
     to_bf16(dq16, dq.data(), nq);
     to_bf16(dk16, dk.data(), nk);
     to_bf16(dv16, dv.data(), nk);
@@ -549,6 +556,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  numerics::AttnFp8Amax attn_amax_;  // the last FP8 attention calls' (attention_fp8_amax)
   std::unique_ptr<CountedHostMemory> test_memory_;
   bool plain_ = false;
   bool bf16_gemm_ = false;  // set_bf16_gemm_operands under MXTRAIN_TEST_BF16_GEMM

@@ -756,6 +756,7 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
     cudnn_.reset();  // its handle is bound to the stream
 #endif
+    if (attn_amax_dev_) cudaFree(attn_amax_dev_);
     cudaStreamDestroy(stream_);
   }
 
@@ -1476,9 +1477,13 @@ class CudaBackendImpl final : public CudaBackend {
     namespace nm = numerics;
     const int64_t nq = B * T * H * D, nk = B * T * KV * D;
     Fp8AttentionInputs r{};
-    float* amax = scratch_.alloc_f32(4);
+    // The amaxes (ours, then cuDNN's, 16 bytes apart) in the persistent buffer that
+    // attention_fp8_amax() reads: forward at [0, 32), backward at [32, 64).
+    if (!attn_amax_dev_)
+      MX_CUDA_CHECK(op, cudaMalloc(&attn_amax_dev_, kAttnAmaxFloats * sizeof(float)));
+    float* amax = attn_amax_dev_ + (dout ? 32 : 0);
     r.slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
-    r.cudnn_amax = scratch_.alloc_f32(16);
+    r.cudnn_amax = amax + 16;
     if (!dout) MX_CUDA_CHECK(op, cudaMemsetAsync(amax + 3, 0, sizeof(float), stream_));
     cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
     cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
@@ -1497,6 +1502,19 @@ class CudaBackendImpl final : public CudaBackend {
     if (out) r.o8 = cast(out, nq, nm::Format::kE4M3, nm::kAttnScaleO);
     if (dout) r.do8 = cast(dout, nq, nm::Format::kE5M2, nm::kAttnScaleDO);
     return r;
+  }
+  numerics::AttnFp8Amax attention_fp8_amax() override {
+    numerics::AttnFp8Amax a;
+    if (!attn_amax_dev_) return a;
+    float h[kAttnAmaxFloats];
+    MX_CUDA_CHECK("attention_fp8_amax",
+                  cudaMemcpyAsync(h, attn_amax_dev_, sizeof h, cudaMemcpyDeviceToHost, stream_));
+    MX_CUDA_CHECK("attention_fp8_amax", cudaStreamSynchronize(stream_));
+    // forward: ours q, k, v at 0..2, cuDNN's P, O at 16, 20; backward: ours at 32..35 (q, k,
+    // v, dO), cuDNN's dQ, dK, dV, dP (= dS, the tensor its scale_dP encodes) at 48, 52, 56, 60
+    a.q = h[0], a.k = h[1], a.v = h[2], a.p = h[16], a.o = h[20];
+    a.dO = h[35], a.dQ = h[48], a.dK = h[52], a.dV = h[56], a.dS = h[60];
+    return a;
   }
   // Both forms of each direction: In is float (fp32 values) or uint16_t (bf16 codes), which
   // abs_max and fp8_codes read as they are; Out likewise for the decoded outputs.
@@ -2403,6 +2421,8 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // created at the first attention call
 #endif
+  static constexpr int kAttnAmaxFloats = 64;
+  float* attn_amax_dev_ = nullptr;  // FP8 attention's amaxes (fp8_attention_inputs)
   GemmStats stats_;
 };
 

@@ -271,6 +271,47 @@ def test_high_precision_blocks_have_no_stats(mxtrain, tmp_path):
     assert num and all(k.startswith("layers.0.") for k in num), sorted(num)
 
 
+def test_fp8_attention_telemetry(mxtrain, tmp_path):
+    # precision.fp8_attention on a telemetry step: per block the recipe covers (block 1 is left
+    # in high precision here), each tensor FP8 attention encodes, with its amax before the
+    # encoding, its encode scale and headroom = the format's max / (amax x scale). The scales
+    # are recomputed here from the reported amaxes of q, k, v and dO by docs/numerics.md's table
+    # (numerics_ref's TE scale rule with pow2), so a bound-derived scale that drifted from the
+    # documented formula fails; the headrooms are checked against what each rule guarantees.
+    r, metrics = train_tiny(mxtrain, tmp_path, {"precision.fp8_attention": "true",
+                                                "precision.high_precision_last": 1}, steps=2)
+    assert r.rc == 0, r
+    assert "FP8 attention saturated" not in r.stderr, r.stderr[-2000:]
+    steps, _ = read_metrics(metrics)
+    num = steps[-1]["numerics"]
+    attn = {k.split(".")[-1]: v for k, v in num.items() if ".fp8_attention." in k}
+    assert all(k.startswith("layers.0.") for k in num if ".fp8_attention." in k), sorted(num)
+    assert sorted(attn) == sorted(["q", "k", "v", "p", "o", "do", "ds", "dq", "dk", "dv"]), attn
+    T, H, KV, D = 32, 4, 2, 16  # train_tiny's seq_len; the tiny preset's heads and head dim
+    rows = T * H // KV
+    amax = {t: F32(v["amax"]) for t, v in attn.items()}
+
+    def scale(bound, fmt):
+        return float(R.fp8_scale_from_amax(F32(bound), MAX[fmt], pow2=True))
+    a_q, a_k, a_v, a_do = amax["q"], amax["k"], amax["v"], amax["do"]
+    s = F32(1 / math.sqrt(D))
+    b_s = F32(2) * F32(D) * a_do * a_v
+    want = {"q": scale(a_q, "e4m3"), "k": scale(a_k, "e4m3"), "v": scale(a_v, "e4m3"),
+            "p": 256.0, "o": scale(a_v, "e4m3") / 2, "do": scale(a_do, "e5m2"),
+            "ds": scale(F32(2) * b_s, "e5m2"), "dq": scale(F32(2) * s * b_s * a_k, "e5m2"),
+            "dk": scale(F32(2) * s * b_s * a_q * F32(rows), "e5m2"),
+            "dv": scale(F32(2) * F32(rows) * a_do, "e5m2")}
+    for t, v in attn.items():
+        fmt = "e4m3" if t in ("q", "k", "v", "p", "o") else "e5m2"
+        assert v["format"] == fmt and v["scale"] == want[t], (t, v, want[t])
+        assert v["amax"] > 0 and v["headroom"] >= 1, (t, v)  # no encoding saturated
+        assert v["headroom"] == pytest.approx(float(MAX[fmt]) / (v["amax"] * v["scale"]))
+    for t in ("q", "k", "v", "do"):  # current power-of-two scaling: amax x scale in (max/2, max]
+        assert 1 <= attn[t]["headroom"] < 2, (t, attn[t])
+    assert attn["p"]["amax"] == pytest.approx(1.0, abs=1e-6)  # query 0 sees key 0 alone
+    assert attn["o"]["headroom"] >= 448 / 280, attn["o"]  # the O bound's guarantee
+
+
 def test_every_block_in_high_precision_is_said(mxtrain, tmp_path):
     """high_precision_first + _last covering every block left nothing quantized, silently: the
     start-up line still said the recipe's Linears were emulated, and the loss was bf16's."""
