@@ -114,11 +114,10 @@ MX_HOST_DEVICE inline void attn_fp8_scale_slots(float* out, float amax_q, float 
 }
 
 // One FP8 value with an encode scale, decoded back (what a GEMM on the codes reads): the code of
-// x * scale (RNE, SATFINITE) times 1 / scale (exact: scale is a power of two).
-MX_HOST_DEVICE inline float attn_fp8_round(float x, float scale, bool e5m2) {
-  const float inv = 1.0f / scale;
-  return e5m2 ? decode_e5m2(encode_e5m2(x * scale, Saturation::kSatFinite)) * inv
-              : decode_e4m3(encode_e4m3(x * scale, Saturation::kSatFinite)) * inv;
+// x * scale (RNE, SATFINITE) times 1 / scale (exact: scale is a power of two). Host only (the
+// CPU twin and tests): numerics::rne_satfinite_value, the codecs' value form.
+inline float attn_fp8_round(float x, float scale, bool e5m2) {
+  return rne_satfinite_value(x * scale, e5m2 ? Format::kE5M2 : Format::kE4M3) / scale;
 }
 
 }  // namespace mx::numerics

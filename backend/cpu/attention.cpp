@@ -370,16 +370,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 namespace {
 
-// dst[i] = numerics::attn_fp8_round(src[i], scale, e5m2) over n values.
-std::vector<float> fp8_rounded(const float* src, int64_t n, float scale, bool e5m2) {
-  std::vector<float> dst(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = numerics::attn_fp8_round(src[i], scale, e5m2);
-  return dst;
-}
+// x[i] = numerics::attn_fp8_round(x[i], scale, e5m2) over n values; fp8_rounded: on a copy.
 void fp8_round_in_place(float* x, int64_t n, float scale, bool e5m2) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) x[i] = numerics::attn_fp8_round(x[i], scale, e5m2);
+}
+std::vector<float> fp8_rounded(const float* src, int64_t n, float scale, bool e5m2) {
+  std::vector<float> dst(src, src + n);
+  fp8_round_in_place(dst.data(), n, scale, e5m2);
+  return dst;
 }
 
 }  // namespace
