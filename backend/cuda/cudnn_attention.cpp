@@ -139,6 +139,17 @@ void finish_output(const CudnnAttention::Out& y, void* buf, int64_t n, cudaStrea
                                       cudaMemcpyDeviceToDevice, s));
 }
 
+// Every graph's attention attributes: named, scale 1/sqrt(D), causal (the diagonal band,
+// top-left, right bound 0: key j <= query i).
+template <class Attributes>
+Attributes causal(Attributes a, const char* name, float scale) {
+  a.set_name(name)
+      .set_attn_scale(scale)
+      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+      .set_diagonal_band_right_bound(0);
+  return a;
+}
+
 struct Entry {
   std::string problem;  // "" when both graphs are built
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
@@ -243,12 +254,8 @@ struct CudnnAttention::Impl {
       e.fwd = new_graph();
       auto& g = *e.fwd;
       auto q = input(g, "q", kQ, qv), k = input(g, "k", kK, kv), v = input(g, "v", kV, kv);
-      auto opts = fe::graph::SDPA_attributes()
-                      .set_name("mx_sdpa")
-                      .set_generate_stats(true)
-                      .set_attn_scale(scale)
-                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                      .set_diagonal_band_right_bound(0);
+      auto opts = causal(fe::graph::SDPA_attributes(), "mx_sdpa", scale);
+      opts.set_generate_stats(true);
       auto [o, stats] = g.sdpa(q, k, v, opts);
       output(o, kO, qv);
       output(stats, kStats, sv);
@@ -263,11 +270,7 @@ struct CudnnAttention::Impl {
       auto o = input(g, "o", kO, qv), dout = input(g, "do", kDO, qv);
       auto stats = input(g, "stats", kStats, sv);
       stats->set_data_type(fe::DataType_t::FLOAT);
-      auto opts = fe::graph::SDPA_backward_attributes()
-                      .set_name("mx_sdpa_backward")
-                      .set_attn_scale(scale)
-                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                      .set_diagonal_band_right_bound(0);
+      auto opts = causal(fe::graph::SDPA_backward_attributes(), "mx_sdpa_backward", scale);
       auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dout, stats, opts);
       output(dq, kDQ, qv);
       output(dk, kDK, kv);
@@ -308,12 +311,8 @@ struct CudnnAttention::Impl {
       e.fwd = new_fp8_graph();
       auto& g = *e.fwd;
       auto q = input(g, "q", kQ, qv), k = input(g, "k", kK, kv), v = input(g, "v", kV, kv);
-      auto opts = fe::graph::SDPA_fp8_attributes()
-                      .set_name("mx_sdpa_fp8")
-                      .set_generate_stats(true)
-                      .set_attn_scale(scale)
-                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                      .set_diagonal_band_right_bound(0);
+      auto opts = causal(fe::graph::SDPA_fp8_attributes(), "mx_sdpa_fp8", scale);
+      opts.set_generate_stats(true);
       auto [o, stats, amax_s, amax_o] =
           g.sdpa_fp8(q, k, v, slot(g, nm::kAttnDescaleQ, "descale_q"),
                      slot(g, nm::kAttnDescaleK, "descale_k"), slot(g, nm::kAttnDescaleV, "descale_v"),
@@ -336,11 +335,8 @@ struct CudnnAttention::Impl {
       dout->set_data_type(fe::DataType_t::FP8_E5M2);
       auto stats = input(g, "stats", kStats, sv);
       stats->set_data_type(fe::DataType_t::FLOAT);
-      auto opts = fe::graph::SDPA_fp8_backward_attributes()
-                      .set_name("mx_sdpa_fp8_backward")
-                      .set_attn_scale(scale)
-                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                      .set_diagonal_band_right_bound(0);
+      auto opts =
+          causal(fe::graph::SDPA_fp8_backward_attributes(), "mx_sdpa_fp8_backward", scale);
       auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = g.sdpa_fp8_backward(
           q, k, v, o, dout, stats, slot(g, nm::kAttnDescaleQ, "descale_q"),
           slot(g, nm::kAttnDescaleK, "descale_k"), slot(g, nm::kAttnDescaleV, "descale_v"),
