@@ -292,7 +292,8 @@ class Backend {
   // fp32 interface, shapes as attention_forward / _backward; out, dq, dk, dv receive FP8 values
   // (a code times its decode scale). The CPU backend's is the twin (backend/cpu/attention.h);
   // CUDA runs cuDNN's sdpa_fp8 / sdpa_fp8_backward where the library and GPU take the shape
-  // (attention_fp8_problem), and throws otherwise. Not yet used by the trainer.
+  // (attention_fp8_problem), and throws otherwise. The trainer runs them under
+  // precision.fp8_attention (model/llama.cpp).
   virtual void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
                                      const float* v, int64_t B, int64_t T, int64_t H,
                                      int64_t KV, int64_t D) = 0;

@@ -1391,10 +1391,11 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
       const int64_t sq = T * H * D, sk = T * KV * D;
-      cudnn_in_groups(B, T, H, KV, D, false, "attention_forward", [&](int64_t b0, int64_t n) {
+      auto group = [&](int64_t b0, int64_t n) {
         cudnn_->forward(out + b0 * sq, lse + b0 * H * T, q + b0 * sq, k + b0 * sk,
                         v + b0 * sk, n, T, H, KV, D, scratch_);
-      });
+      };
+      cudnn_in_groups(B, T, H, KV, D, false, false, "attention_forward", group);
       return done("attention_forward");
     }
 #endif
@@ -1407,11 +1408,12 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
     if (use_cudnn(B, T, H, KV, D)) {
       const int64_t sq = T * H * D, sk = T * KV * D;
-      cudnn_in_groups(B, T, H, KV, D, true, "attention_backward", [&](int64_t b0, int64_t n) {
+      auto group = [&](int64_t b0, int64_t n) {
         cudnn_->backward(dq + b0 * sq, dk + b0 * sk, dv + b0 * sk, dout + b0 * sq, q + b0 * sq,
                          k + b0 * sk, v + b0 * sk, out + b0 * sq, lse + b0 * H * T, n, T, H, KV,
                          D, scratch_);
-      });
+      };
+      cudnn_in_groups(B, T, H, KV, D, true, false, "attention_backward", group);
       return done("attention_backward");
     }
 #endif
@@ -1422,8 +1424,11 @@ class CudaBackendImpl final : public CudaBackend {
   // FP8 attention on cuDNN's fused FP8 SDPA (numerics/attention_fp8.h): the amaxes of q, k, v
   // (and dout) reduced here, every scale computed on the device from them (no host round
   // trip), the operands cast to codes (fp8_codes, the recipes' cast), cuDNN on the codes, its
-  // FP8 outputs decoded into the fp32 destinations. The whole batch in one graph call (the
-  // codes are a quarter of fp32's bytes). Where cuDNN cannot run it: an error naming why.
+  // FP8 outputs decoded into the fp32 destinations. The amaxes and scales are the whole
+  // batch's (per-tensor scaling); the casts, cuDNN and the decodes run on all B sequences at
+  // once where their codes and cuDNN's workspace fit in the scratch arena, else in groups of
+  // sequences (as the bf16 attention does), each group's cuDNN amaxes folded into the batch's.
+  // Where cuDNN cannot run it: an error naming why.
   std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                     int64_t D) override {
 #ifdef MXTRAIN_HAVE_CUDNN
@@ -1460,49 +1465,66 @@ class CudaBackendImpl final : public CudaBackend {
     fp8_attention_backward(dq16, dk16, dv16, dout16, q16, k16, v16, out16, lse, B, T, H, KV, D,
                            "attention_backward_fp8_codes");
   }
-  // What both directions start with, in scratch (the caller's scope): the amaxes of q, k, v
-  // (and, backward, dout; 0 for a forward), every scale computed from them on the device
-  // (numerics::attn_fp8_scale_slots), q, k, v cast to E4M3 (and, backward, out to E4M3 at O's
-  // scale, dout to E5M2), room for cuDNN's own amaxes.
-  struct Fp8AttentionInputs {
+  // What both directions start with, in scratch (the caller's scope): the amaxes of the whole
+  // q, k, v (and, backward, dout; 0 for a forward) and every scale computed from them on the
+  // device (numerics::attn_fp8_scale_slots).
+  struct Fp8AttentionScales {
     float* slots;
-    float* cudnn_amax;
-    uint8_t *q8, *k8, *v8, *o8, *do8;
+    float* cudnn_amax;  // cuDNN's amaxes of the whole batch (attention_fp8_amax reads them)
+    float* group_amax;  // one group's, when the batch runs in groups (else cudnn_amax)
   };
   template <class In>
-  Fp8AttentionInputs fp8_attention_inputs(const In* q, const In* k, const In* v,
-                                              const In* out, const In* dout, int64_t B,
-                                              int64_t T, int64_t H, int64_t KV, int64_t D,
-                                              const char* op) {
+  Fp8AttentionScales fp8_attention_scales(const In* q, const In* k, const In* v, const In* dout,
+                                          int64_t B, int64_t T, int64_t H, int64_t KV,
+                                          int64_t D, const char* op) {
     namespace nm = numerics;
     const int64_t nq = B * T * H * D, nk = B * T * KV * D;
-    Fp8AttentionInputs r{};
+    Fp8AttentionScales r{};
     // The amaxes (ours, then cuDNN's, 16 bytes apart) in the persistent buffer that
     // attention_fp8_amax() reads: forward at [0, 32), backward at [32, 64).
     if (!attn_amax_dev_)
       MX_CUDA_CHECK(op, cudaMalloc(&attn_amax_dev_, kAttnAmaxFloats * sizeof(float)));
     float* amax = attn_amax_dev_ + (dout ? 32 : 0);
     r.slots = scratch_.alloc_f32(nm::kAttnFp8Slots * nm::kAttnFp8SlotFloats);
-    r.cudnn_amax = amax + 16;
+    r.cudnn_amax = r.group_amax = amax + 16;
     if (!dout) MX_CUDA_CHECK(op, cudaMemsetAsync(amax + 3, 0, sizeof(float), stream_));
     cuda::abs_max(amax + 0, q, nq, scratch_, stream_);
     cuda::abs_max(amax + 1, k, nk, scratch_, stream_);
     cuda::abs_max(amax + 2, v, nk, scratch_, stream_);
     if (dout) cuda::abs_max(amax + 3, dout, nq, scratch_, stream_);
     cuda::attn_fp8_scales(r.slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
-    auto cast = [&](const In* x, int64_t n, nm::Format f, nm::AttnFp8Slot s) {
-      uint8_t* codes = scratch_.alloc_as<uint8_t>(n);
-      cuda::fp8_codes(x, n / D, D, f, r.slots + s * nm::kAttnFp8SlotFloats, codes, false,
-                      stream_);
-      return codes;
-    };
-    r.q8 = cast(q, nq, nm::Format::kE4M3, nm::kAttnScaleQ);
-    r.k8 = cast(k, nk, nm::Format::kE4M3, nm::kAttnScaleK);
-    r.v8 = cast(v, nk, nm::Format::kE4M3, nm::kAttnScaleV);
-    if (out) r.o8 = cast(out, nq, nm::Format::kE4M3, nm::kAttnScaleO);
-    if (dout) r.do8 = cast(dout, nq, nm::Format::kE5M2, nm::kAttnScaleDO);
     return r;
   }
+  // A tensor's codes at its slot's scale, in scratch (the caller's scope).
+  template <class In>
+  uint8_t* fp8_attention_cast(const In* x, int64_t n, int64_t D, numerics::Format f,
+                              const float* slots, numerics::AttnFp8Slot s) {
+    uint8_t* codes = scratch_.alloc_as<uint8_t>(n);
+    cuda::fp8_codes(x, n / D, D, f, slots + s * numerics::kAttnFp8SlotFloats, codes, false,
+                    stream_);
+    return codes;
+  }
+#ifdef MXTRAIN_HAVE_CUDNN
+  // Runs call(b0, n, amax) over the batch's sequences, all at once or in groups (fp8 in
+  // cudnn_in_groups); amax: where that call's cuDNN amaxes go. In groups, each group's are
+  // folded (max) into the batch's, which start at 0 (amaxes are never negative).
+  template <typename Call>
+  void fp8_attention_groups(Fp8AttentionScales& sc, int64_t B, int64_t T, int64_t H, int64_t KV,
+                            int64_t D, bool backward, const char* op, Call&& call) {
+    const int n_amax = backward ? 4 : 2;
+    sc.group_amax = scratch_.alloc_f32(16);  // before the groups: cudnn_in_groups counts it
+    bool grouped = false;
+    cudnn_in_groups(B, T, H, KV, D, backward, true, op, [&](int64_t b0, int64_t n) {
+      if (n == B) return call(b0, n, sc.cudnn_amax);
+      if (!grouped) {
+        MX_CUDA_CHECK(op, cudaMemsetAsync(sc.cudnn_amax, 0, 16 * sizeof(float), stream_));
+        grouped = true;
+      }
+      call(b0, n, sc.group_amax);
+      cuda::max_into(sc.cudnn_amax, sc.group_amax, n_amax, 4, stream_);
+    });
+  }
+#endif
   numerics::AttnFp8Amax attention_fp8_amax() override {
     numerics::AttnFp8Amax a;
     if (!attn_amax_dev_) return a;
@@ -1527,15 +1549,25 @@ class CudaBackendImpl final : public CudaBackend {
     if (B == 0 || T == 0) return done(op);
 #ifdef MXTRAIN_HAVE_CUDNN
     namespace nm = numerics;
-    const int64_t nq = B * T * H * D;
+    const int64_t sq = T * H * D, sk = T * KV * D;
     DeviceArenaScope scope(scratch_);
-    const Fp8AttentionInputs in =
-        fp8_attention_inputs<In>(q, k, v, nullptr, nullptr, B, T, H, KV, D, op);
-    auto slot = [&](nm::AttnFp8Slot s) { return in.slots + s * nm::kAttnFp8SlotFloats; };
-    uint8_t* o8 = scratch_.alloc_as<uint8_t>(nq);
-    cudnn().forward_fp8(o8, lse, in.q8, in.k8, in.v8, in.slots, in.cudnn_amax, B, T, H, KV, D,
-                        scratch_);
-    cuda::fp8_decode(o8, nq, nm::Format::kE4M3, slot(nm::kAttnDescaleO), out, stream_);
+    Fp8AttentionScales sc = fp8_attention_scales<In>(q, k, v, nullptr, B, T, H, KV, D, op);
+    const float* slots = sc.slots;
+    fp8_attention_groups(sc, B, T, H, KV, D, false, op, [&](int64_t b0, int64_t n, float* amax) {
+      DeviceArenaScope group(scratch_);
+      const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, nm::Format::kE4M3, slots,
+                                             nm::kAttnScaleQ);
+      const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, nm::Format::kE4M3, slots,
+                                             nm::kAttnScaleK);
+      const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, nm::Format::kE4M3, slots,
+                                             nm::kAttnScaleV);
+      uint8_t* o8 = scratch_.alloc_as<uint8_t>(n * sq);
+      cudnn().forward_fp8(o8, lse + b0 * H * T, q8, k8, v8, slots, amax, n, T, H, KV, D,
+                          scratch_);
+      cuda::fp8_decode(o8, n * sq, nm::Format::kE4M3,
+                       slots + nm::kAttnDescaleO * nm::kAttnFp8SlotFloats, out + b0 * sq,
+                       stream_);
+    });
 #else
     (void)out, (void)lse, (void)q, (void)k, (void)v;
 #endif
@@ -1551,19 +1583,30 @@ class CudaBackendImpl final : public CudaBackend {
     if (B == 0 || T == 0) return done(op);
 #ifdef MXTRAIN_HAVE_CUDNN
     namespace nm = numerics;
-    const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    const int64_t sq = T * H * D, sk = T * KV * D;
     DeviceArenaScope scope(scratch_);
-    const Fp8AttentionInputs in =
-        fp8_attention_inputs<In>(q, k, v, out, dout, B, T, H, KV, D, op);
-    auto slot = [&](nm::AttnFp8Slot s) { return in.slots + s * nm::kAttnFp8SlotFloats; };
-    uint8_t* dq8 = scratch_.alloc_as<uint8_t>(nq);
-    uint8_t* dk8 = scratch_.alloc_as<uint8_t>(nk);
-    uint8_t* dv8 = scratch_.alloc_as<uint8_t>(nk);
-    cudnn().backward_fp8(dq8, dk8, dv8, in.do8, in.q8, in.k8, in.v8, in.o8, lse, in.slots,
-                         in.cudnn_amax, B, T, H, KV, D, scratch_);
-    cuda::fp8_decode(dq8, nq, nm::Format::kE5M2, slot(nm::kAttnDescaleDQ), dq, stream_);
-    cuda::fp8_decode(dk8, nk, nm::Format::kE5M2, slot(nm::kAttnDescaleDK), dk, stream_);
-    cuda::fp8_decode(dv8, nk, nm::Format::kE5M2, slot(nm::kAttnDescaleDV), dv, stream_);
+    Fp8AttentionScales sc = fp8_attention_scales<In>(q, k, v, dout, B, T, H, KV, D, op);
+    const float* slots = sc.slots;
+    auto descale = [&](nm::AttnFp8Slot s) { return slots + s * nm::kAttnFp8SlotFloats; };
+    fp8_attention_groups(sc, B, T, H, KV, D, true, op, [&](int64_t b0, int64_t n, float* amax) {
+      DeviceArenaScope group(scratch_);
+      const nm::Format e4 = nm::Format::kE4M3, e5 = nm::Format::kE5M2;
+      const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
+      const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
+      const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+      const uint8_t* o8 =
+          fp8_attention_cast(out + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleO);
+      const uint8_t* do8 =
+          fp8_attention_cast(dout + b0 * sq, n * sq, D, e5, slots, nm::kAttnScaleDO);
+      uint8_t* dq8 = scratch_.alloc_as<uint8_t>(n * sq);
+      uint8_t* dk8 = scratch_.alloc_as<uint8_t>(n * sk);
+      uint8_t* dv8 = scratch_.alloc_as<uint8_t>(n * sk);
+      cudnn().backward_fp8(dq8, dk8, dv8, do8, q8, k8, v8, o8, lse + b0 * H * T, slots, amax, n,
+                           T, H, KV, D, scratch_);
+      cuda::fp8_decode(dq8, n * sq, e5, descale(nm::kAttnDescaleDQ), dq + b0 * sq, stream_);
+      cuda::fp8_decode(dk8, n * sk, e5, descale(nm::kAttnDescaleDK), dk + b0 * sk, stream_);
+      cuda::fp8_decode(dv8, n * sk, e5, descale(nm::kAttnDescaleDV), dv + b0 * sk, stream_);
+    });
 #else
     (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse;
 #endif
@@ -1579,7 +1622,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (use_cudnn(B, T, H, KV, D)) {
       using A = cuda::CudnnAttention;
       const int64_t sq = T * H * D, sk = T * KV * D;
-      cudnn_in_groups(B, T, H, KV, D, false, "attention_forward_bf16",
+      cudnn_in_groups(B, T, H, KV, D, false, false, "attention_forward_bf16",
                       [&](int64_t b0, int64_t n) {
         cudnn_->forward(A::Out::bf16(out16 + b0 * sq), lse + b0 * H * T,
                         A::In::bf16(q16 + b0 * sq), A::In::bf16(k16 + b0 * sk),
@@ -1664,6 +1707,16 @@ class CudaBackendImpl final : public CudaBackend {
                          cuda::round_to_bf16(dv16 + b0 * sk, dv, n * sk, stream_);
                        });
     done("attention_backward_codes");
+  }
+  size_t cudnn_attention_fp8_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                           int64_t D, bool backward) override {
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (B > 0 && T > 0 && cudnn().fp8_problem(B, T, H, KV, D).empty())
+      return cudnn_need(B, T, H, KV, D, backward, true);
+#else
+    (void)B, (void)T, (void)H, (void)KV, (void)D, (void)backward;
+#endif
+    return 0;
   }
   void set_attention(CudaAttention a) override { opt_.attention = a; }
   size_t cudnn_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
@@ -1982,16 +2035,25 @@ class CudaBackendImpl final : public CudaBackend {
   // *_scratch_bytes), an upper bound for the bf16 path's, which copies less. An error naming
   // MXTRAIN_CUDA_SCRATCH_MB when one sequence does not fit: before, the arena's own "full"
   // error came out of the middle of cuDNN's setup.
-  size_t cudnn_need(int64_t n, int64_t T, int64_t H, int64_t KV, int64_t D, bool backward) {
+  // FP8 attention (fp8): the group's codes (q, k, v, o; backward also do, dq, dk, dv: the
+  // casts and outputs of fp8_attention_forward / _backward) and cuDNN's FP8 workspace.
+  size_t cudnn_need(int64_t n, int64_t T, int64_t H, int64_t KV, int64_t D, bool backward,
+                    bool fp8 = false) {
     const size_t slack = 8 * DeviceArena::kAlign;  // the copies' rounding
+    if (fp8) {
+      const size_t cq = DeviceArena::round_up(size_t(n * T * H * D)),
+                   ck = DeviceArena::round_up(size_t(n * T * KV * D));
+      return (backward ? 4 : 2) * (cq + ck) +
+             cudnn().fp8_workspace_bytes(n, T, H, KV, D, backward) + slack;
+    }
     return (backward ? cudnn().backward_scratch_bytes(n, T, H, KV, D)
                      : cudnn().forward_scratch_bytes(n, T, H, KV, D)) + slack;
   }
   template <typename Call>
   void cudnn_in_groups(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, bool backward,
-                       const char* op, Call&& call) {
+                       bool fp8, const char* op, Call&& call) {
     const size_t left = scratch_.capacity() - scratch_.used();
-    auto need = [&](int64_t n) { return cudnn_need(n, T, H, KV, D, backward); };
+    auto need = [&](int64_t n) { return cudnn_need(n, T, H, KV, D, backward, fp8); };
     int64_t g = B;
     while (g > 1 && need(g) > left) g = (g + 1) / 2;
     // A group's softmax statistics start at lse + b0 H T floats, which the graphs declare
@@ -2005,7 +2067,8 @@ class CudaBackendImpl final : public CudaBackend {
                scratch_.capacity() >> 20, ")");
     for (const int64_t n : {g, B % g}) {  // the groups' size, and the last one's if smaller
       if (n == 0) continue;
-      const std::string& why = cudnn().problem(n, T, H, KV, D);
+      const std::string& why =
+          fp8 ? cudnn().fp8_problem(n, T, H, KV, D) : cudnn().problem(n, T, H, KV, D);
       MX_REQUIRE(why.empty(), op, ": cuDNN attention in groups of ", n, " sequences: ", why);
       MX_REQUIRE(need(n) <= left, op, ": cuDNN attention needs ", need(n), " bytes of CUDA "
                  "scratch for ", n, " sequence(s) of ", T, " tokens and ", left, " are free; "
@@ -2025,7 +2088,7 @@ class CudaBackendImpl final : public CudaBackend {
                                const float* lse, int64_t B, int64_t T, int64_t H, int64_t KV,
                                int64_t D, const char* op) {
     const int64_t sq = T * H * D, sk = T * KV * D;
-    cudnn_in_groups(B, T, H, KV, D, true, op, [&](int64_t b0, int64_t n) {
+    cudnn_in_groups(B, T, H, KV, D, true, false, op, [&](int64_t b0, int64_t n) {
       cudnn_->backward(cudnn_out(dq + b0 * sq), cudnn_out(dk + b0 * sk), cudnn_out(dv + b0 * sk),
                        cudnn_in(dout + b0 * sq), cudnn_in(q16 + b0 * sq), cudnn_in(k16 + b0 * sk),
                        cudnn_in(v16 + b0 * sk), cudnn_in(out16 + b0 * sq), lse + b0 * H * T, n,
@@ -2422,7 +2485,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // created at the first attention call
 #endif
   static constexpr int kAttnAmaxFloats = 64;
-  float* attn_amax_dev_ = nullptr;  // FP8 attention's amaxes (fp8_attention_inputs)
+  float* attn_amax_dev_ = nullptr;  // FP8 attention's amaxes (fp8_attention_scales)
   GemmStats stats_;
 };
 

@@ -84,6 +84,10 @@ class CudaBackend : public Backend {
   // scratch arena with this to exercise that.
   virtual size_t cudnn_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
                                                int64_t D, bool backward) = 0;
+  // The same for FP8 attention (attention_*_fp8: the codes of q, k, v, o and, backward, do,
+  // dq, dk, dv, and cuDNN's FP8 workspace), which likewise runs in groups when all B do not fit.
+  virtual size_t cudnn_attention_fp8_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                                   int64_t D, bool backward) = 0;
   // Beyond the Backend interface: the per-tensor FP8 GEMM on FP8 tensor cores over codes
   // already quantized (cuda::LtGemm::fp8_gemm: C[M,N] = (sa A[M,K]) (sb B[N,K])^T + beta C,
   // codes and decode scales in device memory). The op check calls it directly.

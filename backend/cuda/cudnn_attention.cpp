@@ -503,6 +503,13 @@ const std::string& CudnnAttention::fp8_problem(int64_t B, int64_t T, int64_t H, 
   return impl_->fp8_entry(B, T, H, KV, D).problem;
 }
 
+size_t CudnnAttention::fp8_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                           int64_t D, bool backward) {
+  const Entry& e = impl_->fp8_entry(B, T, H, KV, D);
+  if (!e.problem.empty()) return 0;
+  return DeviceArena::round_up(size_t(backward ? e.bwd_workspace : e.fwd_workspace));
+}
+
 void CudnnAttention::forward_fp8(uint8_t* o8, float* lse, const uint8_t* q8, const uint8_t* k8,
                                  const uint8_t* v8, const float* scales, float* amax, int64_t B,
                                  int64_t T, int64_t H, int64_t KV, int64_t D,

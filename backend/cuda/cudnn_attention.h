@@ -99,6 +99,11 @@ class CudnnAttention {
                     const float* lse, const float* scales, float* amax, int64_t B, int64_t T,
                     int64_t H, int64_t KV, int64_t D, DeviceArena& scratch);
 
+  // Scratch bytes one FP8 call for B sequences takes beside the codes the caller passes in:
+  // cuDNN's workspace for the shape's FP8 graph (0 when fp8_problem is not "").
+  size_t fp8_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                             bool backward);
+
   // Scratch bytes one call with every operand in fp32 takes for this shape (bf16 copies +
   // cuDNN workspace): a bound for every form (an operand given as codes takes no copy, or, not
   // 16-byte aligned, one of the same size); 0 when the shape does not run on cuDNN.

@@ -880,6 +880,10 @@ __global__ void attn_fp8_scales_kernel(float* slots, const float* amax, int64_t 
   numerics::attn_fp8_scale_slots(slots, amax[0], amax[1], amax[2], amax[3], D, rows_per_key,
                                  attn_scale);
 }
+__global__ void max_into_kernel(float* dst, const float* src, int n, int stride) {
+  const int i = int(threadIdx.x);
+  if (i < n) dst[i * stride] = fmaxf(dst[i * stride], src[i * stride]);
+}
 __device__ inline void store_decoded(float* out, int64_t i, float v) { out[i] = v; }
 __device__ inline void store_decoded(uint16_t* out, int64_t i, float v) {
   out[i] = numerics::encode_bf16(v);
@@ -906,6 +910,13 @@ void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_pe
                      float attn_scale, cudaStream_t s) {
   attn_fp8_scales_kernel<<<1, 1, 0, s>>>(slots, amax, D, rows_per_key, attn_scale);
   MX_CUDA_LAUNCH_CHECK("attn_fp8_scales");
+}
+
+void max_into(float* dst, const float* src, int n, int stride, cudaStream_t s) {
+  MX_REQUIRE(n >= 0 && n <= 1024 && stride > 0, "max_into: n = ", n, ", stride = ", stride);
+  if (n == 0) return;
+  max_into_kernel<<<1, unsigned(n), 0, s>>>(dst, src, n, stride);
+  MX_CUDA_LAUNCH_CHECK("max_into");
 }
 
 void fp8_decode(const uint8_t* codes, int64_t n, Format fmt, const float* scale_inv, float* out,

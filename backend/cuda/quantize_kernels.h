@@ -144,6 +144,9 @@ void abs_max(float* amax, const uint16_t* x, int64_t n, DeviceArena& scratch, cu
 // amaxes of q, k, v and dO (device): slots [numerics::kAttnFp8Slots * kAttnFp8SlotFloats].
 void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_per_key,
                      float attn_scale, cudaStream_t s);
+// dst[i * stride] = max(dst[i * stride], src[i * stride]) for i < n (device pointers): FP8
+// attention's cuDNN amaxes, one group of sequences at a time, into the whole batch's.
+void max_into(float* dst, const float* src, int n, int stride, cudaStream_t s);
 // out[i] = decode(codes[i]) * scale_inv[0] over n values (FP8 codes of fmt, scale_inv on the
 // device): the values the codes stand for (exact in fp32).
 void fp8_decode(const uint8_t* codes, int64_t n, numerics::Format fmt, const float* scale_inv,

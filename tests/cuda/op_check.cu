@@ -1895,6 +1895,83 @@ struct CudnnAttentionCase {
   });
 }
 
+// FP8 attention in groups of sequences (fp8_attention_groups): on a backend whose scratch holds
+// the codes and cuDNN workspace of two sequences' backward (cudnn_attention_fp8_scratch_bytes,
+// plus room for the scales) but not three's, B = 3 runs as 2 + 1. The scales stay the whole
+// batch's, so the outputs are the CPU twin's on the whole batch (attention_fp8_*'s tolerances),
+// and the amaxes cuDNN reports, folded over the groups, are those of the batch in one call on
+// the full-size backend (within 1e-3 relative: the same kernels on the same rows). With room
+// for less than one sequence: an error naming MXTRAIN_CUDA_SCRATCH_MB.
+[[maybe_unused]] void check_attention_fp8_groups(Backend& cpu, CudaBackend& gpu) {
+  const int64_t B = 3, T = 256, H = 8, KV = 2, D = 64;
+  const std::string sh = dims({B, T, H, KV, D});
+  gpu.set_attention(CudaAttention::kCudnn);
+  const size_t two = gpu.cudnn_attention_fp8_scratch_bytes(2, T, H, KV, D, true);
+  const size_t three = gpu.cudnn_attention_fp8_scratch_bytes(3, T, H, KV, D, true);
+  const size_t one = gpu.cudnn_attention_fp8_scratch_bytes(1, T, H, KV, D, false);
+  if (two == 0 || one == 0) {
+    run_case("attention_fp8_groups", sh, [&](Result& r) {
+      r.pass = false;
+      r.note = "not on cuDNN: " + gpu.attention_fp8_problem(B, T, H, KV, D);
+    });
+    return;
+  }
+  const size_t room = two + 16 * 1024;  // the scale slots, the groups' amaxes, abs_max's partials
+  auto small = small_scratch_backend(room, CudaAttention::kCudnn);
+  const std::string note = "scratch " + std::to_string(room) + " B: two sequences (" +
+                           std::to_string(three) + " for three); ";
+  const size_t nq = B * T * H * D, nk = B * T * KV * D;
+  const auto q = randn(nq), k = randn(nk), v = randn(nk), g = randn(nq);
+  std::vector<float> out(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
+  cpu.attention_forward_fp8(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+  cpu.attention_backward_fp8(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
+                             v.data(), out.data(), lse.data(), B, T, H, KV, D);
+  Dev<float> dQ(q), dK(k), dV(v), dG(g), dO(out), dL(lse);
+  // the whole batch in one call on the full-size backend: its cuDNN amaxes
+  Dev<float> o1(nq), l1(lse.size()), q1(nq), k1(nk), v1(nk);
+  gpu.attention_forward_fp8(o1.p, l1.p, dQ.p, dK.p, dV.p, B, T, H, KV, D);
+  gpu.attention_backward_fp8(q1.p, k1.p, v1.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H, KV, D);
+  const numerics::AttnFp8Amax whole = gpu.attention_fp8_amax();
+  auto same_amax = [](Result& r, const char* name, float got, float want) {
+    if (std::fabs(got - want) > 1e-3f * std::fabs(want) || !(want > 0.0f)) {
+      r.pass = false;
+      r.note += std::string(name) + " amax " + std::to_string(got) + " (one call: " +
+                std::to_string(want) + "); ";
+    }
+  };
+  run_case("attention_fp8_groups", sh + " fwd", [&](Result& r) {
+    r.note = note;
+    Dev<float> o(nq), l(lse.size());
+    small->attention_forward_fp8(o.p, l.p, dQ.p, dK.p, dV.p, B, T, H, KV, D);
+    compare(r, "out", o.download(), out, {3e-2 * max_abs(out), 0.125});
+    compare(r, "lse", l.download(), lse, {1e-3 * max_abs(lse), 0.0});
+    const numerics::AttnFp8Amax a = small->attention_fp8_amax();
+    same_amax(r, "p", a.p, whole.p);
+    same_amax(r, "o", a.o, whole.o);
+  });
+  run_case("attention_fp8_groups", sh + " bwd", [&](Result& r) {
+    r.note = note;
+    Dev<float> gq(nq), gk(nk), gv(nk);
+    small->attention_backward_fp8(gq.p, gk.p, gv.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H,
+                                  KV, D);
+    compare(r, "dq", gq.download(), dq, {5e-2 * max_abs(dq), 0.25});
+    compare(r, "dk", gk.download(), dk, {5e-2 * max_abs(dk), 0.25});
+    compare(r, "dv", gv.download(), dv, {5e-2 * max_abs(dv), 0.25});
+    const numerics::AttnFp8Amax a = small->attention_fp8_amax();
+    same_amax(r, "dQ", a.dQ, whole.dQ);
+    same_amax(r, "dK", a.dK, whole.dK);
+    same_amax(r, "dV", a.dV, whole.dV);
+    same_amax(r, "dS", a.dS, whole.dS);
+  });
+  run_case("attention_fp8_groups", sh + " no room", [&](Result& r) {
+    auto tiny = small_scratch_backend(one / 2, CudaAttention::kCudnn);
+    Dev<float> o(nq), l(lse.size());
+    expect_scratch_error(r, [&] {
+      tiny->attention_forward_fp8(o.p, l.p, dQ.p, dK.p, dV.p, B, T, H, KV, D);
+    });
+  });
+}
+
 // The fp32 kernel (attention.cu), forced with set_attention(kFp32), against the CPU backend.
 void check_attention(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kFp32);
@@ -2650,6 +2727,17 @@ void check_quantizers(CudaBackend& gpu) {
         cuda::attn_fp8_scales(slots.p, amax.p, 64, 8192 * 4, 0.125f, s);
         expect_floats(r, "slots", slots.download(), want);
       });
+    // max_into: the groups' cuDNN amaxes folded into the batch's, every 4th float (the
+    // others untouched), against std::max.
+    run_case("max_into", "n=4 stride=4", [&](Result& r) {
+      std::vector<float> dst(16), src(16);
+      for (int i = 0; i < 16; ++i) dst[i] = float(i % 3) * 1.5f, src[i] = float(i % 5) - 0.25f;
+      std::vector<float> want = dst;
+      for (int i = 0; i < 4; ++i) want[i * 4] = std::max(dst[i * 4], src[i * 4]);
+      Dev<float> d(dst), sv(src);
+      cuda::max_into(d.p, sv.p, 4, 4, s);
+      expect_floats(r, "dst", d.download(), want);
+    });
     std::vector<uint8_t> all(256);
     for (int i = 0; i < 256; ++i) all[i] = uint8_t(i);
     for (Format fmt : {Format::kE4M3, Format::kE5M2})
@@ -2741,6 +2829,7 @@ int main(int argc, char** argv) {
     check_attention_cudnn(*cpu, *gpu);
     check_attention_cudnn_groups(*cpu, *gpu);
     check_attention_fp8(*cpu, *gpu);
+    check_attention_fp8_groups(*cpu, *gpu);
 #endif
     check_quantizers(*gpu);
     check_fp8_encoder(*gpu);
