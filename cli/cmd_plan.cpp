@@ -81,6 +81,7 @@ int run_plan(const PlanArgs& a) {
   in.high_precision = cfg.precision.high_precision;
   in.activations = cfg.precision.activations;
   in.stats_every = cfg.precision.stats_every;
+  in.fp8_attention = cfg.precision.fp8_attention;
   in.eval = cfg.train.eval_every > 0;
   MX_REQUIRE(a.memory == "model" || a.memory == "engine",
              "--memory must be model or engine (got '", a.memory, "')");
@@ -113,6 +114,15 @@ int run_plan(const PlanArgs& a) {
                     "= bf16, fp32 FSDP slots; it has not run on a GPU yet)");
   }
 
+  if (in.fp8_attention)
+    notes.push_back(gpu.is_cpu
+                        ? str("precision.fp8_attention: the CPU twin (fp32 attention plus FP8 "
+                              "rounding of q, k, v, P, O and the gradients) at ",
+                              plan::kCpuFp8AttentionSlowdown, "x the plain kernel's rate")
+                        : str("precision.fp8_attention is MODELLED: cuDNN's fused FP8 SDPA at ",
+                              plan::kFp8AttentionEfficiency, " x the FP8 dense rate plus its "
+                              "casts (not run on a GPU yet); its codes use the CUDA scratch "
+                              "arena, in groups of sequences where the batch's do not fit"));
   const plan::Evaluation given = plan::evaluate(in, gpu);
   if (!gpu.is_cpu && in.engine_memory)
     notes.push_back("--memory engine: fits and the recommendation are sized by what this "

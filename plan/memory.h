@@ -48,6 +48,10 @@ struct PlanInput {
   const std::string& engine_recipe() const {
     return configured_recipe.empty() ? recipe : configured_recipe;
   }
+  // precision.fp8_attention: the attention of the blocks the recipe covers runs in FP8 (the time
+  // model's attention rate; on CUDA its codes live in the backend's scratch arena, in groups of
+  // sequences when the batch's do not fit, so memory is unchanged).
+  bool fp8_attention = false;
   bool eval = false;              // validation passes run (forward only, full checkpointing)
   int64_t stats_every = 0;        // precision.stats_every (telemetry steps leave the bf16 path)
   // GPUs: `fits` and the recommendation go by what this build's CUDA engine allocates

@@ -1,6 +1,7 @@
 #include "plan/time.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "model/params.h"
 #include "plan/recipe.h"
@@ -63,19 +64,38 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
 
   auto block_time = [&](bool quantized) {
     double g = block_gemm / (quantized ? lp_rate : hp_rate);
-    double a = block_attn / attn_rate;
     double m = (block_bytes + (quantized ? block_quant_bytes : 0.0)) / gpu.hbm_bytes_per_s;
-    return std::make_tuple(g, a, m);
+    return std::make_pair(g, m);
   };
   TimeBreakdown t;
   double mb_gemm = 0, mb_attn = 0, mb_mem = 0;
   for (int q = 0; q < 2; ++q) {
     const int64_t count = q == 0 ? L - hp_blocks : hp_blocks;
-    auto [g, a, m] = block_time(q == 0 && hp_blocks < L && r.name != hp.name);
+    auto [g, m] = block_time(q == 0 && hp_blocks < L && r.name != hp.name);
     mb_gemm += double(count) * g;
-    mb_attn += double(count) * a;
     mb_mem += double(count) * m;
   }
+  // precision.fp8_attention: the blocks any recipe but fp32 covers (the high-precision ones
+  // keep bf16 attention, whatever the recipe). On a GPU cuDNN's FP8 SDPA at its rate, plus its
+  // own passes over q, k, v (and dO, O) per token: forward the amaxes (act bytes each), the
+  // casts (act in, 1 out), O's decode (1 in, act out); backward the amaxes of q, k, v, dO, the
+  // casts of q, k, v, O, dO and the decodes of dQ, dK, dV. On the CPU the twin is slower than
+  // the plain kernel by kCpuFp8AttentionSlowdown.
+  const int64_t fp8_blocks =
+      in.fp8_attention && in.recipe != "fp32" && (gpu.is_cpu || gpu.fp8_flops > 0)
+          ? L - std::min(L, in.high_precision_first + in.high_precision_last)
+          : 0;
+  const double fp8_attn_rate = gpu.is_cpu ? attn_rate * kCpuFp8AttentionSlowdown
+                                          : gpu.fp8_flops * kFp8AttentionEfficiency;
+  const double Qd = double(c.q_dim()), Kd = double(c.kv_dim());
+  const double fp8_fwd_bytes = act * (Qd + 2 * Kd) + (act + 1) * (Qd + 2 * Kd) + (1 + act) * Qd;
+  const double fp8_bwd_bytes =
+      act * (2 * Qd + 2 * Kd) + (act + 1) * (3 * Qd + 2 * Kd) + (1 + act) * (Qd + 2 * Kd);
+  const double fp8_attn_bytes =
+      gpu.is_cpu ? 0.0 : double(n) * (fp8_fwd_bytes * (1.0 + recompute) + fp8_bwd_bytes);
+  mb_attn = double(L - fp8_blocks) * block_attn / attn_rate +
+            double(fp8_blocks) * block_attn / fp8_attn_rate;
+  mb_mem += double(fp8_blocks) * fp8_attn_bytes / gpu.hbm_bytes_per_s;
   mb_gemm += head_gemm / hp_rate;
   mb_mem += head_bytes / gpu.hbm_bytes_per_s;
   const double block_compute = (mb_gemm - head_gemm / hp_rate + mb_attn) / double(L) +
@@ -136,6 +156,7 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
 
   t.gemm_flops = double(A) * (double(L) * block_gemm + head_gemm);
   t.attention_flops = double(A) * double(L) * block_attn;
+  t.fp8_attention_blocks = fp8_blocks;
   t.gemm_s = double(A) * mb_gemm;
   t.attention_s = double(A) * mb_attn;
   t.memory_bound_s = double(A) * mb_mem;

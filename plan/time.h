@@ -13,6 +13,12 @@ namespace mx::plan {
 
 constexpr double kAttentionEfficiency = 0.5;      // FlashAttention-class kernels, bf16
 constexpr double kCpuAttentionEfficiency = 0.3;   // the CPU tiled kernel vs SGEMM
+// precision.fp8_attention: cuDNN's fused FP8 SDPA at this fraction of the dense FP8 rate (1.6x
+// the bf16 model's rate on Hopper and Blackwell, where FP8 is twice bf16); on the CPU the twin
+// (fp32 work plus rounding q, k, v, P, O, dS and the gradients) at this fraction of the plain
+// kernel's rate. docs/plan.md gives the sources.
+constexpr double kFp8AttentionEfficiency = 0.4;
+constexpr double kCpuFp8AttentionSlowdown = 0.4;
 constexpr double kGemmHalfTokens = 128;           // efficiency(n) = eff * n / (n + 128)
 constexpr double kCollectiveEfficiency = 0.8;     // achieved / link bandwidth (NCCL rings)
 constexpr double kOptimizerBytesPerParam = 38;    // AdamW r/w 30 B + clip 4 B + zero 4 B
@@ -28,6 +34,7 @@ double attention_forward_flops(const ModelConfig& c, int64_t B, int64_t T);
 struct TimeBreakdown {
   double gemm_flops = 0;       // per step, per rank, incl. backward (2x) and recompute
   double attention_flops = 0;  // per step, per rank
+  int64_t fp8_attention_blocks = 0;  // blocks whose attention runs in FP8 (precision.fp8_attention)
   double gemm_s = 0, attention_s = 0, memory_bound_s = 0;
   double comm_s = 0;           // all collective time per step (overlapped or not)
   double exposed_comm_s = 0;   // the part not hidden behind compute

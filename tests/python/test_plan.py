@@ -386,6 +386,28 @@ def test_json_contract_and_recommendation(mxtrain):
     assert rec["micro_batch"] * rec["grad_accum"] == 4
 
 
+def test_fp8_attention_is_planned_from_the_config(mxtrain):
+    """precision.fp8_attention reaches the time model from the config: the blocks outside
+    high_precision_first / last, faster attention, the same GEMMs and memory; a recipe-fp32
+    config with it is refused as train refuses it."""
+    base = {"model.preset": "llama3.2-1b", "train.seq_len": 8192, "train.micro_batch": 2,
+            "precision.recipe": "fp8-delayed", "precision.high_precision_last": 1}
+    off = plan(mxtrain, base, gpu="h200", gpus=8)
+    on = plan(mxtrain, dict(base, **{"precision.fp8_attention": True}), gpu="h200", gpus=8)
+    assert on["config"]["fp8_attention"] is True and off["config"]["fp8_attention"] is False
+    assert on["time"]["fp8_attention_blocks"] == 15 and off["time"]["fp8_attention_blocks"] == 0
+    assert on["time"]["attention_s"] < off["time"]["attention_s"]
+    assert on["time"]["gemm_s"] == off["time"]["gemm_s"]
+    assert on["memory"]["total_bytes"] == off["memory"]["total_bytes"]
+    assert on["tokens_per_s"] > off["tokens_per_s"]
+    text = mxtrain(["plan", "--gpu", "h200", "--gpus", "8"] +
+                   set_args(dict(base, **{"precision.fp8_attention": True})))
+    assert text.rc == 0 and "attention in FP8 (precision.fp8_attention) in 15 of 16" in text.stdout
+    assert "precision.fp8_attention is MODELLED" in text.stdout
+    bad = mxtrain(["plan", "--gpu", "cpu", "--gpus", "1", "--set", "precision.fp8_attention=true"])
+    assert bad.rc == 2 and "error: precision.fp8_attention" in bad.stderr
+
+
 def test_fits_flips_with_micro_batch_on_h100(mxtrain):
     fits = []
     for mb in (1, 2, 4, 8):

@@ -364,6 +364,57 @@ TEST(PlanTime, LowPrecisionIsFasterAndCommunicationCosts) {
   EXPECT_GT(multi.comm_s, bf16.comm_s);
 }
 
+// precision.fp8_attention, by the formulas of docs/plan.md: the covered blocks' attention at
+// 0.4 x the FP8 dense rate, the high-precision blocks' at 0.5 x bf16's, and per covered block
+// and token the FP8 attention's own passes (2-byte activations): forward the amaxes of q, k, v
+// (2 bytes each), their casts (2 in, 1 out) and O's decode (1 in, 2 out); backward the amaxes of
+// q, k, v, dO, the casts of q, k, v, O, dO and the decodes of dQ, dK, dV; the recomputed
+// forward once more under full checkpointing.
+TEST(PlanTime, Fp8AttentionAtItsRateWithItsCasts) {
+  PlanInput in = input("llama3-8b", 2, 8192, Checkpointing::kFull, "full", 8, 1, "fp8-delayed");
+  in.high_precision_first = 1;
+  in.high_precision_last = 2;
+  const mx::ModelConfig& c = in.model;
+  const GpuSpec h200 = find_gpu("h200");
+  const TimeBreakdown off = plan_time(in, h200);
+  in.fp8_attention = true;
+  const TimeBreakdown on = plan_time(in, h200);
+  const int64_t L = c.num_hidden_layers, covered = L - 3;
+  EXPECT_EQ(on.fp8_attention_blocks, covered);
+  EXPECT_EQ(off.fp8_attention_blocks, 0);
+  const double per_block = attention_forward_flops(c, 2, 8192) * (1.0 + 2.5 + 1.0);
+  EXPECT_NEAR(off.attention_s, double(L) * per_block / (0.5 * h200.bf16_flops),
+              1e-9 * off.attention_s);
+  const double want = double(covered) * per_block / (0.4 * h200.fp8_flops) +
+                      3.0 * per_block / (0.5 * h200.bf16_flops);
+  EXPECT_NEAR(on.attention_s, want, 1e-9 * want);
+  const double Q = double(c.q_dim()), K = double(c.kv_dim());
+  const double fwd = 2 * (Q + 2 * K) + 3 * (Q + 2 * K) + 3 * Q;
+  const double bwd = 2 * (2 * Q + 2 * K) + 3 * (3 * Q + 2 * K) + 3 * (Q + 2 * K);
+  const double bytes = double(covered) * 2.0 * 8192 * (2 * fwd + bwd);
+  EXPECT_NEAR(on.memory_bound_s - off.memory_bound_s, bytes / h200.hbm_bytes_per_s,
+              1e-6 * bytes / h200.hbm_bytes_per_s);
+  EXPECT_EQ(on.gemm_s, off.gemm_s);
+  EXPECT_GT(on.tokens_per_s, off.tokens_per_s);
+  // recipe bf16: its Linears are bf16 whatever the blocks, the attention still FP8 in the
+  // blocks outside high_precision_first / last
+  in.recipe = "bf16";
+  EXPECT_EQ(plan_time(in, h200).fp8_attention_blocks, covered);
+  // recipe fp32 (the CPU engine's): no FP8 attention; the CPU twin is slower than the kernel
+  const GpuSpec cpu = fake_cpu();
+  in.recipe = "fp32";
+  EXPECT_EQ(plan_time(in, cpu).fp8_attention_blocks, 0);
+  in.recipe = "fp8-current";
+  const TimeBreakdown twin = plan_time(in, cpu);
+  in.fp8_attention = false;
+  const TimeBreakdown plain = plan_time(in, cpu);
+  EXPECT_EQ(twin.fp8_attention_blocks, covered);
+  EXPECT_NEAR(twin.attention_s - plain.attention_s,
+              double(covered) * per_block / (0.3 * 1e11) * (1.0 / 0.4 - 1.0),
+              1e-9 * twin.attention_s);
+  EXPECT_EQ(twin.memory_bound_s, plain.memory_bound_s);
+}
+
 TEST(PlanCatalogue, NamesAndErrors) {
   GpuSpec h100 = find_gpu("h100");
   EXPECT_DOUBLE_EQ(h100.memory_bytes, 80e9);
