@@ -124,6 +124,21 @@ int run_plan(const PlanArgs& a) {
                               "casts (not run on a GPU yet); its codes use the CUDA scratch "
                               "arena, in groups of sequences where the batch's do not fit"));
   const plan::Evaluation given = plan::evaluate(in, gpu);
+  // FP8 attention runs a micro-batch in groups of sequences, but one sequence's codes (the
+  // backward's q, o, do, dq and k, v, dk, dv, a byte each) must fit the CUDA scratch arena,
+  // cuDNN's workspace beside them.
+  if (!gpu.is_cpu && in.fp8_attention) {
+    const int64_t codes = 4 * in.seq_len * (in.model.q_dim() + in.model.kv_dim());
+    const int64_t arena = given.memory.engine.backend_scratch;
+    if (codes > arena / 2)
+      notes.push_back(str("precision.fp8_attention: one sequence's FP8 codes take ",
+                          format_bytes(double(codes)), " of the CUDA scratch arena (",
+                          format_bytes(double(arena)), ", MXTRAIN_CUDA_SCRATCH_MB), and "
+                          "cuDNN's workspace (its dQ accumulator, fp32) about as much again: "
+                          "where they do not fit the run stops at its first step with an "
+                          "error; MXTRAIN_CUDA_SCRATCH_MB=",
+                          (2 * codes + (int64_t(1) << 20) - 1) >> 20, " or more avoids it"));
+  }
   if (!gpu.is_cpu && in.engine_memory)
     notes.push_back("--memory engine: fits and the recommendation are sized by what this "
                     "build's CUDA engine allocates (memory.engine), not by the model");

@@ -404,6 +404,15 @@ def test_fp8_attention_is_planned_from_the_config(mxtrain):
                    set_args(dict(base, **{"precision.fp8_attention": True})))
     assert text.rc == 0 and "attention in FP8 (precision.fp8_attention) in 15 of 16" in text.stdout
     assert "precision.fp8_attention is MODELLED" in text.stdout
+    assert "codes take" not in text.stdout
+    # 64b at seq 32768: one sequence's backward codes, 4 T (q_dim + kv_dim) bytes = 4 x 32768 x
+    # (8192 + 1024) = 1.125 GiB, pass half the default 1 GiB scratch arena: the note says so
+    # and what MXTRAIN_CUDA_SCRATCH_MB avoids it (twice the codes, in MiB: 2304)
+    long = mxtrain(["plan", "--gpu", "b300", "--gpus", "8"] + set_args(
+        {"model.preset": "64b", "train.seq_len": 32768, "train.micro_batch": 1,
+         "precision.recipe": "fp8-delayed", "precision.fp8_attention": True}))
+    assert long.rc == 0 and "one sequence's FP8 codes take 1.1 GiB" in long.stdout
+    assert "MXTRAIN_CUDA_SCRATCH_MB=2304 or more" in long.stdout
     bad = mxtrain(["plan", "--gpu", "cpu", "--gpus", "1", "--set", "precision.fp8_attention=true"])
     assert bad.rc == 2 and "error: precision.fp8_attention" in bad.stderr
 
