@@ -694,3 +694,22 @@ def test_fp8_delayed_resume_is_exact_when_replicas_share_a_file(tmp_path, shardi
     assert [p.name for p in got] == [p.name for p in want] and want
     for g, w in zip(got, want):
         assert g.read_bytes() == w.read_bytes(), g.name
+
+
+def test_fp8_attention_trains_as_one_process_does(tmp_path):
+    """precision.fp8_attention scales q, k, v and dO by their amax over the micro-batch, so
+    with one sequence a micro-batch 2 ranks (accumulating 2) quantize the same sequences at the
+    same scales as 1 process accumulating 4: the per-rank mean's factor 2 is a power of two,
+    which the power-of-two scales absorb exactly. The losses agree to summation order; plain
+    attention lands measurably elsewhere, so the comparison sees the FP8 attention."""
+    fp8 = ["--set", "precision.recipe=fp8-current", "--set", "train.steps=4",
+           "--set", "train.micro_batch=1"]
+    on = fp8 + ["--set", "precision.fp8_attention=true"]
+    one, _, _ = train(tmp_path, 1, "full", on + ["--set", "train.grad_accum=4"], name="one")
+    two, _, _ = train(tmp_path, 2, "full", on + ["--set", "train.grad_accum=2"], name="two")
+    plain, _, _ = train(tmp_path, 2, "full", fp8 + ["--set", "train.grad_accum=2"], name="plain")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]
+    for a, b in zip(two, one):
+        assert abs(a["loss"] - b["loss"]) <= 1e-9 * abs(b["loss"]), (a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6 * b["grad_norm"], a["step"]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, one)) > 1e-6
