@@ -291,9 +291,10 @@ class Backend {
   // gradients in E5M2 at per-tensor power-of-two scales, the graph cuDNN's fused FP8 SDPA runs.
   // fp32 interface, shapes as attention_forward / _backward; out, dq, dk, dv receive FP8 values
   // (a code times its decode scale). The CPU backend's is the twin (backend/cpu/attention.h);
-  // CUDA runs cuDNN's sdpa_fp8 / sdpa_fp8_backward where the library and GPU take the shape
-  // (attention_fp8_problem), and throws otherwise. The trainer runs them under
-  // precision.fp8_attention (model/llama.cpp).
+  // CUDA runs cuDNN's sdpa_fp8 / sdpa_fp8_backward where the library and GPU take the shape,
+  // else its fp32 kernel with the twin's rounding (attention_fp8_path), and throws where
+  // neither can (attention_fp8_problem). The trainer runs them under precision.fp8_attention
+  // (model/llama.cpp).
   virtual void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
                                      const float* v, int64_t B, int64_t T, int64_t H,
                                      int64_t KV, int64_t D) = 0;
@@ -322,6 +323,13 @@ class Backend {
                                             int64_t D) {
     (void)B, (void)T, (void)H, (void)KV, (void)D;
     return "";
+  }
+  // What runs them for this shape, for the start-up line (CUDA: cuDNN's fused FP8 SDPA, or the
+  // fp32 kernel with the twin's rounding and why).
+  virtual std::string attention_fp8_path(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                         int64_t D) {
+    (void)B, (void)T, (void)H, (void)KV, (void)D;
+    return "emulated (the CPU twin)";
   }
 
   // SwiGLU: s = silu(g) * u over n elements; backward writes dg, du.

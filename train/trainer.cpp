@@ -878,7 +878,8 @@ int run_training(const RunConfig& cfg) {
   if (linear_recipe.fp8_attention_any()) {
     info("attention: FP8 in the blocks precision.recipe covers (E4M3 q, k, v, probabilities "
          "and output, E5M2 gradients), ",
-         be.memory() ? "on cuDNN's fused FP8 SDPA" : "emulated (the CPU twin)");
+         be.attention_fp8_path(B, T, model_cfg.num_attention_heads,
+                               model_cfg.num_key_value_heads, model_cfg.head_dim));
   }
 
   if (lead && be.memory())  // (after the start-up line: what the head took)

@@ -17,6 +17,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.cuh"
+#include "numerics/attention_fp8.h"
+#include "numerics/quantize.h"
 
 namespace mx::cuda {
 int64_t max_grid_yz() {
@@ -54,6 +56,20 @@ __device__ inline float dot_row(const float* a, const float* b, int D) {
   return s;
 }
 
+// FP8 attention (AttnFp8Kernel): x as the FP8 value of format f at encode scale `scale` (a
+// power of two) stands for, the bits numerics::attn_fp8_round gives on the host.
+__device__ inline float fp8_round(float x, float scale, numerics::Format f) {
+  return numerics::decode_fp8_elem(numerics::encode_fp8_elem(x * scale, f, false, 0u), f) / scale;
+}
+__device__ inline float fp8_slot(const float* slots, numerics::AttnFp8Slot s) {
+  return slots[s * numerics::kAttnFp8SlotFloats];
+}
+// amax = max(amax, x) for x >= 0 (a warp's values folded first, one atomic a warp).
+__device__ inline void warp_atomic_max(float* amax, float x) {
+  x = warp_max(x);
+  if (threadIdx.x % 32 == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(x));
+}
+
 // Copies rows [t0, t0 + kTile) of one head of a [B, T, heads, D] tensor into smem rows of
 // stride `ld` (zeros past T).
 __device__ inline void load_tile(float* dst, int ld, const float* src, int64_t b, int64_t t0,
@@ -70,7 +86,8 @@ template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32)
 flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
                      const float* __restrict__ k, const float* __restrict__ v, int64_t T,
-                     int64_t H, int64_t KV, int D, float scale, int64_t h0, int64_t b0) {
+                     int64_t H, int64_t KV, int D, float scale, int64_t h0, int64_t b0,
+                     AttnFp8Kernel fp8) {
   extern __shared__ float smem[];
   float* Qs = smem;                       // [kTile][D]      rows read whole by one warp
   float* Ks = Qs + kTile * D;             // [kTile][D + 1]  lane j reads row j: padded
@@ -89,35 +106,56 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
     for (int c = 0; c < kPerLane; ++c) acc[rr][c] = 0.0f;
   }
   const int64_t i_last = min(T, i0 + kTile) - 1;  // the tile's last query: keys up to it
-  for (int64_t j0 = 0; j0 <= i_last; j0 += kTile) {
-    __syncthreads();
-    load_tile(Ks, D + 1, k, b, j0, T, KV, kvh, D);
-    load_tile(Vs, D, v, b, j0, T, KV, kvh, D);
-    __syncthreads();
+  // FP8: P8 = the normalized probabilities rounded, which needs the row's lse first: a first
+  // pass for the row max and sum only, a second for P8 V (m then holds lse, l 1).
+  const bool rounded = fp8.slots != nullptr;
+  const float prob_scale = rounded ? fp8_slot(fp8.slots, numerics::kAttnScaleS) : 0.0f;
+  float pmax = 0.0f;
+  for (int pass = 0; pass < (rounded ? 2 : 1); ++pass) {
+    const bool stats_only = rounded && pass == 0, second = pass == 1;
+    if (second)
 #pragma unroll
-    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int r = warp * kRowsPerWarp + rr;
-      const int64_t i = i0 + r, j = j0 + lane;
-      if (i >= T || j0 > i) continue;  // uniform across the warp
-      const float s = j <= i ? dot_row(Qs + r * D, Ks + lane * (D + 1), D) * scale : -INFINITY;
-      const float m_new = fmaxf(m[rr], warp_max(s));  // finite: key j0 <= i is in this tile
-      const float p = j <= i ? expf(s - m_new) : 0.0f;
-      const float alpha = expf(m[rr] - m_new);        // 0 on the first tile (m = -inf)
-      l[rr] = l[rr] * alpha + warp_sum(p);
-      m[rr] = m_new;
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) m[rr] += logf(l[rr]), l[rr] = 1.0f;
+    for (int64_t j0 = 0; j0 <= i_last; j0 += kTile) {
+      __syncthreads();
+      load_tile(Ks, D + 1, k, b, j0, T, KV, kvh, D);
+      if (!stats_only) load_tile(Vs, D, v, b, j0, T, KV, kvh, D);
+      __syncthreads();
 #pragma unroll
-      for (int c = 0; c < kPerLane; ++c) {
-        const int d = c * 32 + lane;
-        float a = acc[rr][c] * alpha;
-        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-        for (int jj = 0; jj < kTile; ++jj) {
-          const float pj = __shfl_sync(kFull, p, jj);
-          if (d < D) a += pj * Vs[jj * D + d];
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const int r = warp * kRowsPerWarp + rr;
+        const int64_t i = i0 + r, j = j0 + lane;
+        if (i >= T || j0 > i) continue;  // uniform across the warp
+        const float s =
+            j <= i ? dot_row(Qs + r * D, Ks + lane * (D + 1), D) * scale : -INFINITY;
+        float p, alpha = 1.0f;
+        if (second) {  // P8 from the final lse
+          p = j <= i ? expf(s - m[rr]) : 0.0f;
+          pmax = fmaxf(pmax, p);
+          p = fp8_round(p, prob_scale, numerics::Format::kE4M3);
+        } else {
+          const float m_new = fmaxf(m[rr], warp_max(s));  // finite: key j0 <= i is in the tile
+          p = j <= i ? expf(s - m_new) : 0.0f;
+          alpha = expf(m[rr] - m_new);                    // 0 on the first tile (m = -inf)
+          l[rr] = l[rr] * alpha + warp_sum(p);
+          m[rr] = m_new;
+          if (stats_only) continue;
         }
-        acc[rr][c] = a;
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) {
+          const int d = c * 32 + lane;
+          float a = acc[rr][c] * alpha;
+          #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+          for (int jj = 0; jj < kTile; ++jj) {
+            const float pj = __shfl_sync(kFull, p, jj);
+            if (d < D) a += pj * Vs[jj * D + d];
+          }
+          acc[rr][c] = a;
+        }
       }
     }
   }
+  if (rounded && fp8.amax) warp_atomic_max(fp8.amax, pmax);
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t i = i0 + warp * kRowsPerWarp + rr;
@@ -154,7 +192,7 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
                          const float* __restrict__ q, const float* __restrict__ k,
                          const float* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ delta, int64_t T, int64_t H, int64_t KV, int D,
-                         float scale, int64_t h0, int64_t b0) {
+                         float scale, int64_t h0, int64_t b0, AttnFp8Kernel fp8) {
   extern __shared__ float smem[];
   float* Qs = smem;                   // [kTile][D]
   float* dOs = Qs + kTile * D;        // [kTile][D]
@@ -171,6 +209,8 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
 #pragma unroll
     for (int c = 0; c < kPerLane; ++c) acc[rr][c] = 0.0f;
   const int64_t i_last = min(T, i0 + kTile) - 1;
+  const float ds_scale = fp8.slots ? fp8_slot(fp8.slots, numerics::kAttnScaleDP) : 0.0f;
+  float ds_max = 0.0f;
   for (int64_t j0 = 0; j0 <= i_last; j0 += kTile) {
     __syncthreads();
     load_tile(Ks, D + 1, k, b, j0, T, KV, kvh, D);
@@ -187,6 +227,10 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
         const float p = expf(dot_row(Qs + r * D, Ks + lane * (D + 1), D) * scale - row_lse);
         const float dp = dot_row(dOs + r * D, Vs + lane * (D + 1), D);
         ds = p * (dp - row_delta);
+        if (fp8.slots) {  // dS rounded before its GEMMs (FP8)
+          ds_max = fmaxf(ds_max, fabsf(ds));
+          ds = fp8_round(ds, ds_scale, numerics::Format::kE5M2);
+        }
       }
 #pragma unroll
       for (int c = 0; c < kPerLane; ++c) {
@@ -211,6 +255,7 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
       if (d < D) dq[((b * T + i) * H + h) * D + d] = acc[rr][c] * scale;
     }
   }
+  if (fp8.slots && fp8.amax) warp_atomic_max(fp8.amax, ds_max);
 }
 
 // dk, dv for one (key tile, kv head, batch), summed over the query heads of the group and the
@@ -222,7 +267,7 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
                            const float* __restrict__ k, const float* __restrict__ v,
                            const float* __restrict__ lse, const float* __restrict__ delta,
                            int64_t T, int64_t H, int64_t KV, int D, float scale, int64_t h0,
-                           int64_t b0) {
+                           int64_t b0, AttnFp8Kernel fp8) {
   extern __shared__ float smem[];
   float* Ks = smem;                   // [kTile][D]      one key row read whole by a warp
   float* Vs = Ks + kTile * D;         // [kTile][D]
@@ -233,6 +278,8 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
   const int64_t b = b0 + blockIdx.z, kvh = h0 + blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
   const int64_t group = H / KV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float prob_scale = fp8.slots ? fp8_slot(fp8.slots, numerics::kAttnScaleS) : 0.0f;
+  const float ds_scale = fp8.slots ? fp8_slot(fp8.slots, numerics::kAttnScaleDP) : 0.0f;
   load_tile(Ks, D, k, b, j0, T, KV, kvh, D);
   load_tile(Vs, D, v, b, j0, T, KV, kvh, D);
   float dk_acc[kRowsPerWarp][kPerLane], dv_acc[kRowsPerWarp][kPerLane];
@@ -261,6 +308,10 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
           p = expf(dot_row(Qs + lane * (D + 1), Ks + jl * D, D) * scale - lse_s[lane]);
           const float dp = dot_row(dOs + lane * (D + 1), Vs + jl * D, D);
           ds = p * (dp - delta_s[lane]);
+          if (fp8.slots) {  // P as the forward's P V read it; dS as the dq kernel rounds it
+            p = fp8_round(p, prob_scale, numerics::Format::kE4M3);
+            ds = fp8_round(ds, ds_scale, numerics::Format::kE5M2);
+          }
         }
 #pragma unroll
         for (int c = 0; c < kPerLane; ++c) {
@@ -362,7 +413,8 @@ void for_grid_chunks(int64_t heads, int64_t batch, Launch&& launch) {
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s) {
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s,
+                       AttnFp8Kernel fp8) {
   check_shape("attention_forward", B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   const unsigned tiles = unsigned((T + kTile - 1) / kTile);
@@ -371,7 +423,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   launch_prepare("attention_forward", flash_forward_kernel<kPerLane>, smem);
   for_grid_chunks(H, B, [&](int64_t h0, int64_t nh, int64_t b0, int64_t nb) {
     flash_forward_kernel<kPerLane><<<dim3(tiles, unsigned(nh), unsigned(nb)), kWarps * 32, smem,
-                                     s>>>(out, lse, q, k, v, T, H, KV, int(D), scale, h0, b0);
+                                     s>>>(out, lse, q, k, v, T, H, KV, int(D), scale, h0, b0, fp8);
     MX_CUDA_LAUNCH_CHECK("attention_forward");
   });
 }
@@ -379,7 +431,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        DeviceArena& scratch, cudaStream_t s) {
+                        DeviceArena& scratch, cudaStream_t s, AttnFp8Kernel fp8) {
   check_shape("attention_backward", B, T, H, KV, D);
   if (B == 0 || T == 0) return;
   DeviceArenaScope scope(scratch);
@@ -398,13 +450,13 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   for_grid_chunks(H, B, [&](int64_t h0, int64_t nh, int64_t b0, int64_t nb) {
     flash_backward_dq_kernel<kPerLane><<<dim3(tiles, unsigned(nh), unsigned(nb)), kWarps * 32,
                                          smem_dq, s>>>(dq, dout, q, k, v, lse, delta, T, H, KV,
-                                                       d, scale, h0, b0);
+                                                       d, scale, h0, b0, fp8);
     MX_CUDA_LAUNCH_CHECK("attention_backward (dq)");
   });
   for_grid_chunks(KV, B, [&](int64_t h0, int64_t nh, int64_t b0, int64_t nb) {
     flash_backward_dkdv_kernel<kPerLane><<<dim3(tiles, unsigned(nh), unsigned(nb)), kWarps * 32,
                                            smem_dkdv, s>>>(dk, dv, dout, q, k, v, lse, delta, T,
-                                                           H, KV, d, scale, h0, b0);
+                                                           H, KV, d, scale, h0, b0, fp8);
     MX_CUDA_LAUNCH_CHECK("attention_backward (dk, dv)");
   });
 }

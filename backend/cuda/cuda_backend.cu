@@ -1421,22 +1421,41 @@ class CudaBackendImpl final : public CudaBackend {
                              stream_);
     done("attention_backward");
   }
-  // FP8 attention on cuDNN's fused FP8 SDPA (numerics/attention_fp8.h): the amaxes of q, k, v
-  // (and dout) reduced here, every scale computed on the device from them (no host round
-  // trip), the operands cast to codes (fp8_codes, the recipes' cast), cuDNN on the codes, its
-  // FP8 outputs decoded into the fp32 destinations. The amaxes and scales are the whole
-  // batch's (per-tensor scaling); the casts, cuDNN and the decodes run on all B sequences at
-  // once where their codes and cuDNN's workspace fit in the scratch arena, else in groups of
-  // sequences (as the bf16 attention does), each group's cuDNN amaxes folded into the batch's.
-  // Where cuDNN cannot run it: an error naming why.
+  // FP8 attention (numerics/attention_fp8.h): the amaxes of q, k, v (and dout) reduced here,
+  // every scale computed on the device from them (no host round trip), the operands cast to
+  // codes (fp8_codes, the recipes' cast). On cuDNN's fused FP8 SDPA where it takes the shape
+  // (and MXTRAIN_CUDA_ATTENTION is cudnn): cuDNN on the codes, its FP8 outputs decoded into
+  // the destinations. Elsewhere the fp32 kernel on the values the codes stand for, with the
+  // CPU twin's rounding of P and dS inside it (AttnFp8Kernel) and its outputs rounded after
+  // it: the twin's steps on the device. The amaxes and scales are the whole batch's
+  // (per-tensor scaling); the rest runs on all B sequences at once where it fits in the
+  // scratch arena, else in groups of sequences, each group's amaxes folded into the batch's.
   std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                     int64_t D) override {
-#ifdef MXTRAIN_HAVE_CUDNN
     if (B <= 0 || T <= 0) return "";
+    if (fp8_on_cudnn(B, T, H, KV, D) || (D > 0 && D <= cuda::kMaxHeadDim)) return "";
+    return str("head_dim ", D, " is above the fp32 attention kernel's ", cuda::kMaxHeadDim,
+               " and cuDNN's fused FP8 SDPA does not take the shape (", fp8_cudnn_why(B, T, H,
+               KV, D), ")");
+  }
+  std::string attention_fp8_path(int64_t B, int64_t T, int64_t H, int64_t KV,
+                                 int64_t D) override {
+    if (fp8_on_cudnn(B, T, H, KV, D)) return "on cuDNN's fused FP8 SDPA";
+    return "on the fp32 attention kernel with the CPU twin's FP8 rounding (" +
+           fp8_cudnn_why(B, T, H, KV, D) + ")";
+  }
+  bool fp8_on_cudnn(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    return fp8_cudnn_why(B, T, H, KV, D).empty();
+  }
+  // "" when FP8 attention runs on cuDNN for this shape, else why not.
+  std::string fp8_cudnn_why(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+    if (opt_.attention == CudaAttention::kFp32) return "MXTRAIN_CUDA_ATTENTION=fp32";
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (B <= 0 || T <= 0) return "empty shape";
     return cudnn().fp8_problem(B, T, H, KV, D);
 #else
     (void)B, (void)T, (void)H, (void)KV, (void)D;
-    return "this build has no cuDNN: FP8 attention runs on cuDNN's fused FP8 SDPA only";
+    return "built without cuDNN";
 #endif
   }
   void attention_forward_fp8(float* out, float* lse, const float* q, const float* k,
@@ -1547,30 +1566,46 @@ class CudaBackendImpl final : public CudaBackend {
     const std::string why = attention_fp8_problem(B, T, H, KV, D);
     MX_REQUIRE(why.empty(), op, ": ", why);
     if (B == 0 || T == 0) return done(op);
-#ifdef MXTRAIN_HAVE_CUDNN
     namespace nm = numerics;
     const int64_t sq = T * H * D, sk = T * KV * D;
     DeviceArenaScope scope(scratch_);
     Fp8AttentionScales sc = fp8_attention_scales<In>(q, k, v, nullptr, B, T, H, KV, D, op);
     const float* slots = sc.slots;
-    fp8_attention_groups(sc, B, T, H, KV, D, false, op, [&](int64_t b0, int64_t n, float* amax) {
-      DeviceArenaScope group(scratch_);
-      const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, nm::Format::kE4M3, slots,
-                                             nm::kAttnScaleQ);
-      const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, nm::Format::kE4M3, slots,
-                                             nm::kAttnScaleK);
-      const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, nm::Format::kE4M3, slots,
-                                             nm::kAttnScaleV);
-      uint8_t* o8 = scratch_.alloc_as<uint8_t>(n * sq);
-      cudnn().forward_fp8(o8, lse + b0 * H * T, q8, k8, v8, slots, amax, n, T, H, KV, D,
-                          scratch_);
-      cuda::fp8_decode(o8, n * sq, nm::Format::kE4M3,
-                       slots + nm::kAttnDescaleO * nm::kAttnFp8SlotFloats, out + b0 * sq,
-                       stream_);
-    });
-#else
-    (void)out, (void)lse, (void)q, (void)k, (void)v;
+    const nm::Format e4 = nm::Format::kE4M3;
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (fp8_on_cudnn(B, T, H, KV, D)) {
+      fp8_attention_groups(sc, B, T, H, KV, D, false, op,
+                           [&](int64_t b0, int64_t n, float* amax) {
+        DeviceArenaScope group(scratch_);
+        const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
+        const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
+        const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+        uint8_t* o8 = scratch_.alloc_as<uint8_t>(n * sq);
+        cudnn().forward_fp8(o8, lse + b0 * H * T, q8, k8, v8, slots, amax, n, T, H, KV, D,
+                            scratch_);
+        cuda::fp8_decode(o8, n * sq, e4, fp8_slot(slots, nm::kAttnDescaleO), out + b0 * sq,
+                         stream_);
+      });
+      return done(op);
+    }
 #endif
+    // The fp32 kernel: q, k, v as FP8 values, P rounded inside (its max into P's amax), the
+    // output's amax and then its rounding at O's scale. Per sequence: three values and their
+    // codes, the output and its codes.
+    float* amax = sc.cudnn_amax;  // P at 0, O at 4
+    sc.group_amax = scratch_.alloc_f32(4);  // fold_abs_max's
+    MX_CUDA_CHECK(op, cudaMemsetAsync(amax, 0, 16 * sizeof(float), stream_));
+    in_sequence_groups(B, 10 * (sq + sk) + 12 * int64_t(DeviceArena::kAlign) + kAbsMaxSlack, op,
+                       [&](int64_t b0, int64_t n) {
+      const float* qv = fp8_values(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
+      const float* kv = fp8_values(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
+      const float* vv = fp8_values(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+      float* o = scratch_.alloc_f32(n * sq);
+      cuda::attention_forward(o, lse + b0 * H * T, qv, kv, vv, n, T, H, KV, D, stream_,
+                              {slots, amax});
+      fold_abs_max(amax + 4, o, n * sq, sc.group_amax);
+      fp8_round_into(out + b0 * sq, o, n * sq, D, e4, slots, nm::kAttnScaleO);
+    });
     done(op);
   }
   template <class Out, class In>
@@ -1581,36 +1616,91 @@ class CudaBackendImpl final : public CudaBackend {
     const std::string why = attention_fp8_problem(B, T, H, KV, D);
     MX_REQUIRE(why.empty(), op, ": ", why);
     if (B == 0 || T == 0) return done(op);
-#ifdef MXTRAIN_HAVE_CUDNN
     namespace nm = numerics;
     const int64_t sq = T * H * D, sk = T * KV * D;
     DeviceArenaScope scope(scratch_);
     Fp8AttentionScales sc = fp8_attention_scales<In>(q, k, v, dout, B, T, H, KV, D, op);
     const float* slots = sc.slots;
-    auto descale = [&](nm::AttnFp8Slot s) { return slots + s * nm::kAttnFp8SlotFloats; };
-    fp8_attention_groups(sc, B, T, H, KV, D, true, op, [&](int64_t b0, int64_t n, float* amax) {
-      DeviceArenaScope group(scratch_);
-      const nm::Format e4 = nm::Format::kE4M3, e5 = nm::Format::kE5M2;
-      const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
-      const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
-      const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
-      const uint8_t* o8 =
-          fp8_attention_cast(out + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleO);
-      const uint8_t* do8 =
-          fp8_attention_cast(dout + b0 * sq, n * sq, D, e5, slots, nm::kAttnScaleDO);
-      uint8_t* dq8 = scratch_.alloc_as<uint8_t>(n * sq);
-      uint8_t* dk8 = scratch_.alloc_as<uint8_t>(n * sk);
-      uint8_t* dv8 = scratch_.alloc_as<uint8_t>(n * sk);
-      cudnn().backward_fp8(dq8, dk8, dv8, do8, q8, k8, v8, o8, lse + b0 * H * T, slots, amax, n,
-                           T, H, KV, D, scratch_);
-      cuda::fp8_decode(dq8, n * sq, e5, descale(nm::kAttnDescaleDQ), dq + b0 * sq, stream_);
-      cuda::fp8_decode(dk8, n * sk, e5, descale(nm::kAttnDescaleDK), dk + b0 * sk, stream_);
-      cuda::fp8_decode(dv8, n * sk, e5, descale(nm::kAttnDescaleDV), dv + b0 * sk, stream_);
-    });
-#else
-    (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse;
+    const nm::Format e4 = nm::Format::kE4M3, e5 = nm::Format::kE5M2;
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (fp8_on_cudnn(B, T, H, KV, D)) {
+      fp8_attention_groups(sc, B, T, H, KV, D, true, op,
+                           [&](int64_t b0, int64_t n, float* amax) {
+        DeviceArenaScope group(scratch_);
+        const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
+        const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
+        const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+        const uint8_t* o8 =
+            fp8_attention_cast(out + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleO);
+        const uint8_t* do8 =
+            fp8_attention_cast(dout + b0 * sq, n * sq, D, e5, slots, nm::kAttnScaleDO);
+        uint8_t* dq8 = scratch_.alloc_as<uint8_t>(n * sq);
+        uint8_t* dk8 = scratch_.alloc_as<uint8_t>(n * sk);
+        uint8_t* dv8 = scratch_.alloc_as<uint8_t>(n * sk);
+        cudnn().backward_fp8(dq8, dk8, dv8, do8, q8, k8, v8, o8, lse + b0 * H * T, slots, amax,
+                             n, T, H, KV, D, scratch_);
+        cuda::fp8_decode(dq8, n * sq, e5, fp8_slot(slots, nm::kAttnDescaleDQ), dq + b0 * sq,
+                         stream_);
+        cuda::fp8_decode(dk8, n * sk, e5, fp8_slot(slots, nm::kAttnDescaleDK), dk + b0 * sk,
+                         stream_);
+        cuda::fp8_decode(dv8, n * sk, e5, fp8_slot(slots, nm::kAttnDescaleDV), dv + b0 * sk,
+                         stream_);
+      });
+      return done(op);
+    }
 #endif
+    // The fp32 kernel on q, k, v, out and dout as FP8 values, dS rounded inside (its max into
+    // dS's amax), then the gradients' amaxes and their rounding. Per sequence: five values and
+    // their codes, three gradients and their codes, the kernel's row dots.
+    float* amax = sc.cudnn_amax;  // dQ, dK, dV at 0, 4, 8; dS at 12
+    sc.group_amax = scratch_.alloc_f32(4);  // fold_abs_max's
+    MX_CUDA_CHECK(op, cudaMemsetAsync(amax, 0, 16 * sizeof(float), stream_));
+    in_sequence_groups(B, 20 * (sq + sk) + 4 * H * T + 20 * int64_t(DeviceArena::kAlign) +
+                              kAbsMaxSlack, op, [&](int64_t b0, int64_t n) {
+      const float* qv = fp8_values(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
+      const float* kv = fp8_values(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
+      const float* vv = fp8_values(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+      const float* ov = fp8_values(out + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleO);
+      const float* dov = fp8_values(dout + b0 * sq, n * sq, D, e5, slots, nm::kAttnScaleDO);
+      float* gq = scratch_.alloc_f32(n * sq);
+      float* gk = scratch_.alloc_f32(n * sk);
+      float* gv = scratch_.alloc_f32(n * sk);
+      cuda::attention_backward(gq, gk, gv, dov, qv, kv, vv, ov, lse + b0 * H * T, n, T, H, KV, D,
+                               scratch_, stream_, {slots, amax + 12});
+      fold_abs_max(amax + 0, gq, n * sq, sc.group_amax);
+      fold_abs_max(amax + 4, gk, n * sk, sc.group_amax);
+      fold_abs_max(amax + 8, gv, n * sk, sc.group_amax);
+      fp8_round_into(dq + b0 * sq, gq, n * sq, D, e5, slots, nm::kAttnScaleDQ);
+      fp8_round_into(dk + b0 * sk, gk, n * sk, D, e5, slots, nm::kAttnScaleDK);
+      fp8_round_into(dv + b0 * sk, gv, n * sk, D, e5, slots, nm::kAttnScaleDV);
+    });
     done(op);
+  }
+  // The FP8 kernel path's helpers, in scratch (the caller's scope). A slot's device pointer;
+  // x (n values, rows of D) as the FP8 values of format f at slot s's scale (codes, decoded);
+  // dst = x rounded so (codes, decoded into dst's type); dst = max(dst, max |x|) (via tmp).
+  static const float* fp8_slot(const float* slots, numerics::AttnFp8Slot s) {
+    return slots + s * numerics::kAttnFp8SlotFloats;
+  }
+  static constexpr int64_t kAbsMaxSlack = 64 * 1024;  // abs_max's partials, a group's worth
+  template <class In>
+  float* fp8_values(const In* x, int64_t n, int64_t D, numerics::Format f, const float* slots,
+                    numerics::AttnFp8Slot s) {
+    const uint8_t* codes = fp8_attention_cast(x, n, D, f, slots, s);
+    float* values = scratch_.alloc_f32(n);
+    cuda::fp8_decode(codes, n, f, fp8_slot(slots, numerics::AttnFp8Slot(s + 5)), values, stream_);
+    return values;
+  }
+  template <class Out>
+  void fp8_round_into(Out* dst, const float* x, int64_t n, int64_t D, numerics::Format f,
+                      const float* slots, numerics::AttnFp8Slot s) {
+    DeviceArenaScope scope(scratch_);
+    const uint8_t* codes = fp8_attention_cast(x, n, D, f, slots, s);
+    cuda::fp8_decode(codes, n, f, fp8_slot(slots, numerics::AttnFp8Slot(s + 5)), dst, stream_);
+  }
+  void fold_abs_max(float* dst, const float* x, int64_t n, float* tmp) {
+    cuda::abs_max(tmp, x, n, scratch_, stream_);
+    cuda::max_into(dst, tmp, 1, 1, stream_);
   }
   // The bf16 path's attention: on cuDNN the codes go in and out as they are (dout rounded,
   // dq / dk / dv widened, as attention_backward does); on the fp32 kernel q, k, v (and out) are
@@ -1984,14 +2074,15 @@ class CudaBackendImpl final : public CudaBackend {
 
   // body(b0, n) for the B sequences in groups [b0, b0 + n), each group as many sequences of
   // per_sequence bytes as the scratch arena has room for now, its allocations released after
-  // it (the bf16 path's fp32-attention fallback widens its operands there). An error naming
+  // it (the bf16 path's fp32-attention fallback widens its operands there, FP8 attention on
+  // the fp32 kernel its FP8 values). An error naming
   // MXTRAIN_CUDA_SCRATCH_MB when not even one sequence fits.
   template <typename Body>
   void in_sequence_groups(int64_t B, int64_t per_sequence, const char* op, Body&& body) {
     const size_t slack = 5 * DeviceArena::kAlign;  // each allocation's rounding
     const size_t left = scratch_.capacity() - scratch_.used();
     const int64_t g = left > slack ? int64_t((left - slack) / size_t(per_sequence)) : 0;
-    MX_REQUIRE(g >= 1, op, ": the fp32 attention kernel on bf16 codes needs ", per_sequence,
+    MX_REQUIRE(g >= 1, op, ": the fp32 attention kernel needs ", per_sequence,
                " bytes of CUDA scratch per sequence and ", left, " are free; raise "
                "MXTRAIN_CUDA_SCRATCH_MB (now ", scratch_.capacity() >> 20,
                ") or run cuDNN attention (MXTRAIN_CUDA_ATTENTION=cudnn)");

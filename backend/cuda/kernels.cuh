@@ -17,12 +17,24 @@ int64_t max_grid_yz();
 
 // attention.cu: causal GQA flash attention, fp32, head_dim D <= kMaxHeadDim.
 constexpr int kMaxHeadDim = 128;
+// fp8 (both null for plain attention): FP8 attention's rounding inside the kernels, the CPU
+// twin's steps (backend/cpu/attention.cpp), on q, k, v (and out, dout) that are FP8 values
+// already. slots: numerics::attn_fp8_scale_slots on the device. Forward: the normalized
+// probabilities rounded to E4M3 at slot kAttnScaleS before P V (a second pass over the keys,
+// after the row's lse); their max goes to amax (atomic max: it must start at 0 or below).
+// Backward: P rounded likewise for dV, dS rounded to E5M2 at kAttnScaleDP before dQ and dK;
+// max |dS| before its rounding to amax.
+struct AttnFp8Kernel {
+  const float* slots = nullptr;
+  float* amax = nullptr;
+};
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
+                       int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, cudaStream_t s,
+                       AttnFp8Kernel fp8 = {});
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                        DeviceArena& scratch, cudaStream_t s);
+                        DeviceArena& scratch, cudaStream_t s, AttnFp8Kernel fp8 = {});
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
                       int64_t T_ctx, int64_t H, int64_t KV, int64_t D, cudaStream_t s);
 

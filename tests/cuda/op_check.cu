@@ -1703,6 +1703,7 @@ struct CudnnAttentionCase {
 // the FP8 noise itself. Then, at the Llama-3.2-1B shape (B=2 T=8192 H=32 KV=8 D=64), the time
 // of a forward + backward through the fp32 entry points, bf16 cuDNN against FP8 cuDNN (each with
 // its casts), the first measure of what FP8 attention saves.
+const std::string kFp8OnCudnn = "on cuDNN's fused FP8 SDPA";  // attention_fp8_path's
 [[maybe_unused]] void check_attention_fp8(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kCudnn);
   // (T = 77, not a multiple of 64, may be refused by cuDNN's FP8 engines: a refusal there is
@@ -1711,7 +1712,9 @@ struct CudnnAttentionCase {
   for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
            {2, 256, 8, 2, 64}, {1, 128, 4, 4, 128}, {2, 192, 8, 1, 64}, {2, 77, 8, 1, 64}}) {
     const std::string sh = dims({B, T, H, KV, D});
-    const std::string why = gpu.attention_fp8_problem(B, T, H, KV, D);
+    // "" on cuDNN, else the path that would run instead (the fp32 kernel: its own case)
+    const std::string path = gpu.attention_fp8_path(B, T, H, KV, D);
+    const std::string why = path == kFp8OnCudnn ? "" : path;
     if (!why.empty() && T % 64 != 0) {
       run_case("attention_fp8_forward", sh, [&](Result& r) { r.note = "refused: " + why; });
       continue;
@@ -1799,7 +1802,8 @@ struct CudnnAttentionCase {
   // The timing at the 1B shape.
   const int64_t B = 2, T = 8192, H = 32, KV = 8, D = 64;
   run_case("attention_fp8_speed", dims({B, T, H, KV, D}), [&](Result& r) {
-    const std::string why = gpu.attention_fp8_problem(B, T, H, KV, D);
+    const std::string fp8_path = gpu.attention_fp8_path(B, T, H, KV, D);
+    const std::string why = fp8_path == kFp8OnCudnn ? "" : fp8_path;
     const std::string path = gpu.attention_path(B, T, H, KV, D);
     if (!why.empty() || path != "cudnn") {
       r.pass = false;
@@ -1895,6 +1899,119 @@ struct CudnnAttentionCase {
   });
 }
 
+// FP8 attention on the fp32 kernel (MXTRAIN_CUDA_ATTENTION=fp32, or where cuDNN's FP8 SDPA
+// does not take a shape): the CPU twin's steps on the device, so against the twin both the
+// values (attention_fp8_*'s tolerances) and the bits: the only difference is the fp32 sums'
+// order and expf, which moves a value across an FP8 rounding boundary rarely, so at least 98%
+// of each output must be the twin's exact value. The amaxes (telemetry) within 1e-3 of the
+// twin's. fp32 and bf16-code forms; B = 3 on a scratch arena with room for one sequence runs
+// the groups (in_sequence_groups) with the same bits. Runs under mxemu too.
+void check_attention_fp8_kernel(Backend& cpu, CudaBackend& gpu) {
+  gpu.set_attention(CudaAttention::kFp32);
+  auto same_share = [](Result& r, const char* what, const std::vector<float>& got,
+                       const std::vector<float>& want) {
+    size_t same = 0;
+    for (size_t i = 0; i < got.size(); ++i) same += got[i] == want[i];
+    const double share = got.empty() ? 1.0 : double(same) / double(got.size());
+    r.note += std::string(what) + " " + std::to_string(share).substr(0, 6) + " exact; ";
+    if (share < 0.98) r.pass = false;
+  };
+  auto near = [](Result& r, const char* what, float got, float want) {
+    if (!(std::fabs(got - want) <= 1e-3f * std::fabs(want)) || !(want > 0.0f)) {
+      r.pass = false;
+      r.note += std::string(what) + " amax " + std::to_string(got) + " (twin " +
+                std::to_string(want) + "); ";
+    }
+  };
+  for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
+           {2, 70, 4, 2, 16}, {1, 40, 2, 1, 64}, {3, 33, 3, 3, 96}}) {
+    const std::string sh = dims({B, T, H, KV, D});
+    const size_t nq = B * T * H * D, nk = B * T * KV * D;
+    const auto q = randn(nq), k = randn(nk), v = randn(nk), g = randn(nq);
+    std::vector<float> out(nq), lse(B * H * T), dq(nq), dk(nk), dv(nk);
+    cpu.attention_forward_fp8(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, H, KV, D);
+    const numerics::AttnFp8Amax fa = cpu.attention_fp8_amax();
+    cpu.attention_backward_fp8(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(),
+                               v.data(), out.data(), lse.data(), B, T, H, KV, D);
+    const numerics::AttnFp8Amax ba = cpu.attention_fp8_amax();
+    Dev<float> dQ(q), dK(k), dV(v), dG(g), dO(out), dL(lse);
+    run_case("attention_fp8_kernel", sh + " fwd", [&](Result& r) {
+      Dev<float> o(nq), l(lse.size());
+      gpu.attention_forward_fp8(o.p, l.p, dQ.p, dK.p, dV.p, B, T, H, KV, D);
+      const auto got = o.download();
+      compare(r, "out", got, out, {3e-2 * max_abs(out), 0.125});
+      compare(r, "lse", l.download(), lse, {1e-5 * max_abs(lse), 0.0});
+      same_share(r, "out", got, out);
+      const numerics::AttnFp8Amax a = gpu.attention_fp8_amax();
+      near(r, "p", a.p, fa.p);
+      near(r, "o", a.o, fa.o);
+    });
+    run_case("attention_fp8_kernel", sh + " bwd", [&](Result& r) {
+      Dev<float> gq(nq), gk(nk), gv(nk);
+      gpu.attention_backward_fp8(gq.p, gk.p, gv.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H,
+                                 KV, D);
+      const auto hq = gq.download(), hk = gk.download(), hv = gv.download();
+      compare(r, "dq", hq, dq, {5e-2 * max_abs(dq), 0.25});
+      compare(r, "dk", hk, dk, {5e-2 * max_abs(dk), 0.25});
+      compare(r, "dv", hv, dv, {5e-2 * max_abs(dv), 0.25});
+      same_share(r, "dq", hq, dq);
+      same_share(r, "dk", hk, dk);
+      same_share(r, "dv", hv, dv);
+      const numerics::AttnFp8Amax a = gpu.attention_fp8_amax();
+      near(r, "dS", a.dS, ba.dS);
+      near(r, "dQ", a.dQ, ba.dQ);
+      near(r, "dK", a.dK, ba.dK);
+      near(r, "dV", a.dV, ba.dV);
+    });
+    run_case("attention_fp8_kernel", sh + " bf16", [&](Result& r) {
+      const auto q16 = bf16_codes(q), k16 = bf16_codes(k), v16 = bf16_codes(v), g16 = bf16_codes(g);
+      std::vector<uint16_t> o16(nq), dq16(nq), dk16(nk), dv16(nk);
+      std::vector<float> l(B * H * T);
+      cpu.attention_forward_fp8_bf16(o16.data(), l.data(), q16.data(), k16.data(), v16.data(), B,
+                                     T, H, KV, D);
+      cpu.attention_backward_fp8_codes(dq16.data(), dk16.data(), dv16.data(), g16.data(),
+                                       q16.data(), k16.data(), v16.data(), o16.data(), l.data(),
+                                       B, T, H, KV, D);
+      Dev<uint16_t> cq(q16), ck(k16), cv(v16), cg(g16), co(nq), gq(nq), gk(nk), gv(nk);
+      Dev<float> cl(l.size());
+      gpu.attention_forward_fp8_bf16(co.p, cl.p, cq.p, ck.p, cv.p, B, T, H, KV, D);
+      const auto out_w = widen(o16), got_o = widen(co.download());
+      compare(r, "out", got_o, out_w, {3e-2 * max_abs(out_w), 0.125});
+      same_share(r, "out", got_o, out_w);
+      Dev<uint16_t> o_twin(o16);
+      Dev<float> l_twin(l);
+      gpu.attention_backward_fp8_codes(gq.p, gk.p, gv.p, cg.p, cq.p, ck.p, cv.p, o_twin.p,
+                                       l_twin.p, B, T, H, KV, D);
+      for (auto [name, dev, want] : {std::tuple{"dq", &gq, &dq16}, std::tuple{"dk", &gk, &dk16},
+                                     std::tuple{"dv", &gv, &dv16}}) {
+        const auto w = widen(*want), got_g = widen(dev->download());
+        compare(r, name, got_g, w, {5e-2 * max_abs(w), 0.25});
+        same_share(r, name, got_g, w);
+      }
+    });
+    if (B < 3) continue;
+    // groups: room for one sequence's forward (and not two), the batch's scales
+    run_case("attention_fp8_kernel", sh + " groups", [&](Result& r) {
+      const int64_t sq = T * H * D, sk = T * KV * D;
+      const size_t one = size_t(20 * (sq + sk) + 4 * H * T) + 20 * 256 + 64 * 1024;
+      auto small = small_scratch_backend(one + 8 * 1024 + 64 * 1024, CudaAttention::kFp32);
+      Dev<float> o(nq), l(lse.size()), gq(nq), gk(nk), gv(nk);
+      small->attention_forward_fp8(o.p, l.p, dQ.p, dK.p, dV.p, B, T, H, KV, D);
+      const auto got = o.download();
+      compare(r, "out", got, out, {3e-2 * max_abs(out), 0.125});
+      same_share(r, "out", got, out);
+      small->attention_backward_fp8(gq.p, gk.p, gv.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T,
+                                    H, KV, D);
+      const auto hq = gq.download();
+      compare(r, "dq", hq, dq, {5e-2 * max_abs(dq), 0.25});
+      same_share(r, "dq", hq, dq);
+      const numerics::AttnFp8Amax a = small->attention_fp8_amax();
+      near(r, "dQ", a.dQ, ba.dQ);
+      near(r, "dS", a.dS, ba.dS);
+    });
+  }
+}
+
 // FP8 attention in groups of sequences (fp8_attention_groups): on a backend whose scratch holds
 // the codes and cuDNN workspace of two sequences' backward (cudnn_attention_fp8_scratch_bytes,
 // plus room for the scales) but not three's, B = 3 runs as 2 + 1. The scales stay the whole
@@ -1912,7 +2029,7 @@ struct CudnnAttentionCase {
   if (two == 0 || one == 0) {
     run_case("attention_fp8_groups", sh, [&](Result& r) {
       r.pass = false;
-      r.note = "not on cuDNN: " + gpu.attention_fp8_problem(B, T, H, KV, D);
+      r.note = "not on cuDNN: " + gpu.attention_fp8_path(B, T, H, KV, D);
     });
     return;
   }
@@ -2821,6 +2938,7 @@ int main(int argc, char** argv) {
     check_rows(*cpu, *gpu);
     check_attention(*cpu, *gpu);
     check_attention_groups(*cpu);
+    check_attention_fp8_kernel(*cpu, *gpu);
 #ifdef MXTRAIN_CUDA_EMU
     // Under mxemu (tests/cuda_emu: CI's run of this program on the CPU) cuDNN is not emulated:
     // the library's graphs are its own code, not ours.

@@ -90,10 +90,17 @@ CASES = [
     ("fp8-block", "100", 1e-3, FP8, WIDE),
     ("mxfp8", "100", 1e-3, FP8, ()),
     ("nvfp4", "100", 1e-3, "on the backend's FP4 GEMMs", ()),
+    # FP8 attention: mxemu has no cuDNN, so the fp32 kernel with the twin's rounding inside
+    ("fp8-delayed", "90", 1e-3, "on the fp32 attention kernel with the CPU twin's FP8 rounding",
+     ("--set", "precision.fp8_attention=true")),
 ]
 
 
-@pytest.mark.parametrize("recipe,sm,tol,says,extra", CASES, ids=[f"{c[0]}-sm{c[1]}" for c in CASES])
+def case_id(c):
+    return f"{c[0]}-sm{c[1]}" + ("-fp8attn" if "precision.fp8_attention=true" in c[4] else "")
+
+
+@pytest.mark.parametrize("recipe,sm,tol,says,extra", CASES, ids=[case_id(c) for c in CASES])
 def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     require_emu()
     cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", recipe, extra=extra)
