@@ -8,6 +8,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <climits>
 #include <cmath>
@@ -1514,6 +1515,18 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::attn_fp8_scales(r.slots, amax, D, T * (H / KV), 1.0f / std::sqrt(float(D)), stream_);
     return r;
   }
+  // Sequences [b0, b0 + n) of q, k, v as E4M3 codes at their scales, in scratch (the
+  // caller's scope).
+  template <class In>
+  std::array<const uint8_t*, 3> fp8_qkv_codes(const In* q, const In* k, const In* v, int64_t b0,
+                                              int64_t n, int64_t sq, int64_t sk, int64_t D,
+                                              const float* slots) {
+    namespace nm = numerics;
+    const nm::Format e4 = nm::Format::kE4M3;
+    return {fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ),
+            fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK),
+            fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV)};
+  }
   // A tensor's codes at its slot's scale, in scratch (the caller's scope).
   template <class In>
   uint8_t* fp8_attention_cast(const In* x, int64_t n, int64_t D, numerics::Format f,
@@ -1577,9 +1590,7 @@ class CudaBackendImpl final : public CudaBackend {
       fp8_attention_groups(sc, B, T, H, KV, D, false, op,
                            [&](int64_t b0, int64_t n, float* amax) {
         DeviceArenaScope group(scratch_);
-        const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
-        const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
-        const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+        const auto [q8, k8, v8] = fp8_qkv_codes(q, k, v, b0, n, sq, sk, D, slots);
         uint8_t* o8 = scratch_.alloc_as<uint8_t>(n * sq);
         cudnn().forward_fp8(o8, lse + b0 * H * T, q8, k8, v8, slots, amax, n, T, H, KV, D,
                             scratch_);
@@ -1627,9 +1638,7 @@ class CudaBackendImpl final : public CudaBackend {
       fp8_attention_groups(sc, B, T, H, KV, D, true, op,
                            [&](int64_t b0, int64_t n, float* amax) {
         DeviceArenaScope group(scratch_);
-        const uint8_t* q8 = fp8_attention_cast(q + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleQ);
-        const uint8_t* k8 = fp8_attention_cast(k + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleK);
-        const uint8_t* v8 = fp8_attention_cast(v + b0 * sk, n * sk, D, e4, slots, nm::kAttnScaleV);
+        const auto [q8, k8, v8] = fp8_qkv_codes(q, k, v, b0, n, sq, sk, D, slots);
         const uint8_t* o8 =
             fp8_attention_cast(out + b0 * sq, n * sq, D, e4, slots, nm::kAttnScaleO);
         const uint8_t* do8 =
