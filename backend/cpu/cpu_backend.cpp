@@ -424,11 +424,10 @@ class CpuBackend final : public Backend {
                               const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
                               int64_t H, int64_t KV, int64_t D) override {
     OpScope scope(*this, "attention_forward_bf16");
-    const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
-                             v = widened(v16, B * T * KV * D);
-    std::vector<float> out(q.size());
-    attention_forward(out.data(), lse, q.data(), k.data(), v.data(), B, T, H, KV, D);
-    to_bf16(out16, out.data(), int64_t(out.size()));
+    forward_on_codes(out16, q16, k16, v16, B, T, H, KV, D,
+                     [&](float* out, const float* q, const float* k, const float* v) {
+                       attention_forward(out, lse, q, k, v, B, T, H, KV, D);
+                     });
   }
 
   void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
@@ -461,11 +460,10 @@ class CpuBackend final : public Backend {
                                   const uint16_t* k16, const uint16_t* v16, int64_t B, int64_t T,
                                   int64_t H, int64_t KV, int64_t D) override {
     OpScope scope(*this, "attention_forward_fp8_bf16");
-    const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
-                             v = widened(v16, B * T * KV * D);
-    std::vector<float> out(q.size());
-    attention_forward_fp8(out.data(), lse, q.data(), k.data(), v.data(), B, T, H, KV, D);
-    to_bf16(out16, out.data(), int64_t(out.size()));
+    forward_on_codes(out16, q16, k16, v16, B, T, H, KV, D,
+                     [&](float* out, const float* q, const float* k, const float* v) {
+                       attention_forward_fp8(out, lse, q, k, v, B, T, H, KV, D);
+                     });
   }
 
   void attention_backward_fp8_codes(uint16_t* dq16, uint16_t* dk16, uint16_t* dv16,
@@ -492,6 +490,19 @@ class CpuBackend final : public Backend {
     std::vector<float> dx = widened(dx16, B * T * heads * D);
     rope_backward(dx.data(), cos, sin, B, T, heads, D);
     to_bf16(dx16, dx.data(), int64_t(dx.size()));
+  }
+
+  // The bf16 forms' attention forward: q, k, v widened (exact), the fp32 op `fwd` (out, q, k,
+  // v; it writes lse itself), out rounded.
+  template <typename Fwd>
+  void forward_on_codes(uint16_t* out16, const uint16_t* q16, const uint16_t* k16,
+                        const uint16_t* v16, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t D, Fwd&& fwd) {
+    const std::vector<float> q = widened(q16, B * T * H * D), k = widened(k16, B * T * KV * D),
+                             v = widened(v16, B * T * KV * D);
+    std::vector<float> out(q.size());
+    fwd(out.data(), q.data(), k.data(), v.data());
+    to_bf16(out16, out.data(), int64_t(out.size()));
   }
 
   std::vector<float> widened(const uint16_t* codes, int64_t n) {
