@@ -20,6 +20,23 @@
 
 namespace mx {
 
+// The output head's GEMM operands (Backend::head_cross_entropy; docs/numerics.md, "FP8 head"):
+//   kFp32: as they are.
+//   kBf16: the head of a low-precision run (precision.high_precision = bf16): every operand of
+//     the three GEMMs (h, W and the logits' gradient) rounded to bf16 (RNE), products summed in
+//     fp32, as torch autocast runs an lm_head. CUDA: bf16 copies and bf16 GEMMs (the
+//     cross-entropy kernel writes the gradient's copy); the CPU: fp32 copies of the rounded
+//     values, fp32 GEMMs (exact products, fp32 sums).
+//   kFp8: precision.fp8_head: h and W in E4M3 at current per-tensor scales over the whole
+//     tensor (numerics::fp8_scale_from_amax of max|h| over all N rows, of max|W|), the logits'
+//     gradient in E5M2 at the scale current scaling gives its bound, |grad_scale| (every
+//     element is grad_scale (softmax - onehot), at most |grad_scale| in magnitude; SATFINITE
+//     catches an fp32 rounding above it), so the result does not depend on the chunking. CUDA
+//     with FP8 tensor cores: FP8 codes and per-tensor FP8 GEMMs (both operands K-major, so W,
+//     h and the gradient also in transposed copies); elsewhere, and on the CPU, fp32 copies of
+//     the rounded values and fp32 GEMMs, as the emulated recipes run.
+enum class HeadOperands : uint8_t { kFp32, kBf16, kFp8 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -331,6 +348,12 @@ class Backend {
     (void)B, (void)T, (void)H, (void)KV, (void)D;
     return "emulated (the CPU twin)";
   }
+  // What runs head_cross_entropy's HeadOperands::kFp8 for this shape, for the start-up line
+  // (CUDA: FP8 GEMMs, or fp32 GEMMs over the FP8 values and why).
+  virtual std::string head_fp8_path(int64_t N, int64_t C, int64_t V, int64_t chunk_rows) {
+    (void)N, (void)C, (void)V, (void)chunk_rows;
+    return "emulated (fp32 GEMMs over the FP8 values)";
+  }
 
   // SwiGLU: s = silu(g) * u over n elements; backward writes dg, du.
   virtual void swiglu_forward(float* s, const float* g, const float* u, int64_t n) = 0;
@@ -347,17 +370,13 @@ class Backend {
   // rows so the logits never exist for all N at once (workspace: head_workspace_floats(...)).
   // Returns the SUM of the per-token losses (in double). If dh is non-null, also computes the
   // gradient of (loss_sum * grad_scale): dh (written) and dw (accumulated).
-  // bf16_operands: the head of a low-precision run (precision.high_precision = bf16): every
-  // operand of the three GEMMs (h, W and the logits' gradient) is rounded to bf16 (RNE) and the
-  // products are summed in fp32, as torch autocast runs an lm_head. The softmax, the loss and
-  // the logits stay fp32. The workspace then also holds the operands' copies: W's once per
-  // call (not per chunk), the chunk's h and logits gradient.
-  //   CUDA: bf16 copies and bf16 GEMMs (the cross-entropy kernel writes the gradient's copy).
-  //   Here: fp32 copies of the rounded values, fp32 GEMMs (exact products, fp32 sums).
+  // operands: the precision of the three GEMMs' operands (HeadOperands). The softmax, the loss
+  // and the logits stay fp32 in every mode. kBf16 and kFp8 keep operand copies in the
+  // workspace: W's made once per call (not per chunk), the chunk's h and logits gradient.
   virtual double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                                     const int32_t* targets, int64_t N, int64_t C, int64_t V,
                                     float grad_scale, float* workspace, int64_t chunk_rows,
-                                    bool bf16_operands) = 0;
+                                    HeadOperands operands) = 0;
   // Logits of one row block, for generation: logits[N, V] = h W^T.
   void head_logits(float* logits, const float* h, const float* w, int64_t N, int64_t C,
                    int64_t V) {
@@ -551,21 +570,33 @@ class SharedInputScope {
 };
 
 // Floats of head_cross_entropy's workspace for chunks of chunk_rows rows: the logits chunk,
-// and with bf16_operands room for the operand copies (the larger of the CPU's fp32 copies of W
-// and an h chunk and CUDA's bf16 copies of W, the logits gradient and an h chunk; each region
-// 16-byte aligned).
+// and with operand copies (HeadOperands kBf16 or kFp8) room for the larger of their layouts
+// for that mode: the CPU's fp32 copies of W and an h chunk (also CUDA's emulated FP8 head's);
+// kBf16: CUDA's bf16 copies of W, the logits gradient and an h chunk (each region 16-byte
+// aligned); kFp8: CUDA's FP8 codes of W, of the h chunk and of the gradient, each in both
+// layouts (each region 256-byte aligned).
 inline int64_t head_bf16_floats(int64_t n) { return (n + 7) / 8 * 4; }  // n bf16, padded
+inline int64_t head_fp8_floats(int64_t n) { return (n + 255) / 256 * 64; }  // n bytes, padded
+// HeadOperands::kFp8's per-tensor encode scale from an amax (h's, W's, or the logits
+// gradient's bound |grad_scale|): current scaling's, fp8_max(fmt) / amax (no margin).
+inline float head_fp8_scale(float amax, numerics::Format fmt) {
+  return numerics::fp8_scale_from_amax(amax, numerics::fp8_max(fmt));
+}
 // Where the operand copies start: after the logits chunk, 16-byte aligned.
 inline int64_t head_operands_offset(int64_t chunk_rows, int64_t V) {
   return (chunk_rows * V + 3) / 4 * 4;
 }
 inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
-                                     bool bf16_operands) {
-  if (!bf16_operands) return chunk_rows * V;
+                                     HeadOperands operands) {
+  if (operands == HeadOperands::kFp32) return chunk_rows * V;
   const int64_t logits = head_operands_offset(chunk_rows, V);
   const int64_t cpu = V * C + chunk_rows * C;
   const int64_t gpu =
-      head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V) + head_bf16_floats(chunk_rows * C);
+      operands == HeadOperands::kBf16
+          ? head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V) +
+                head_bf16_floats(chunk_rows * C)
+          : 2 * (head_fp8_floats(V * C) + head_fp8_floats(chunk_rows * V) +
+                 head_fp8_floats(chunk_rows * C));
   return logits + (cpu > gpu ? cpu : gpu);
 }
 

@@ -45,12 +45,13 @@ int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device) {
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(tokens, 1));
 }
 
-int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens, bool bf16_operands) {
+int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens,
+                     HeadOperands operands) {
   // head_workspace_floats grows with the rows: the largest that fits, by bisection
   int64_t lo = 0, hi = std::max<int64_t>(tokens, 0);
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (head_workspace_floats(mid, c.hidden_size, c.vocab_size, bf16_operands) <= floats)
+    if (head_workspace_floats(mid, c.hidden_size, c.vocab_size, operands) <= floats)
       lo = mid;
     else
       hi = mid - 1;
@@ -58,7 +59,7 @@ int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens, bool 
   return lo;
 }
 
-int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, bool bf16_operands,
+int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, HeadOperands operands,
                               int64_t free_bytes, int64_t total_bytes) {
   const int64_t planned = head_chunk_rows(c, tokens, true);
   const int64_t reserve = (int64_t(4) << 30) + total_bytes / 32;
@@ -67,7 +68,7 @@ int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, bool bf16_op
         std::min(tokens, (logits_mib << 20) / int64_t(sizeof(float)) / c.vocab_size);
     if (rows <= planned) continue;
     const int64_t bytes = int64_t(sizeof(float)) *
-                          head_workspace_floats(rows, c.hidden_size, c.vocab_size, bf16_operands);
+                          head_workspace_floats(rows, c.hidden_size, c.vocab_size, operands);
     if (bytes + reserve <= free_bytes) return rows;
   }
   return 0;
@@ -201,10 +202,15 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                2 * bytes_f32(z.q) + 2 * bytes_f32(z.k) + bytes_f32(N * C));
   // a full recompute keeps the block's output and both projection temporaries in scratch too
   const size_t backward = block_all + 3 * bytes_f32(N * C) + backward_grads;
-  // (with a recipe, room for the bf16 head's operand copies: precision.high_precision)
-  const size_t head = 2 * bytes_f32(N * C) + bytes_f32(N) +
-                      bytes_f32(head_workspace_floats(head_chunk_rows(c, N, device), C, c.vocab_size,
-                                                      quantized));
+  // (with a recipe, room for the head's operand copies: the bf16 head of
+  // precision.high_precision or the FP8 one of precision.fp8_head, whichever is larger)
+  const int64_t head_rows = head_chunk_rows(c, N, device);
+  const size_t head =
+      2 * bytes_f32(N * C) + bytes_f32(N) +
+      bytes_f32(quantized
+                    ? std::max(head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kBf16),
+                               head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kFp8))
+                    : head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kFp32));
   if (bf16_path && bf16_activations) {  // no fp32 working copies, no operand copies
     out.scratch = bf16_path_scratch(c, B, T, policy, head);
     return out;
@@ -1161,23 +1167,23 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   float* rstdf = scratch_.alloc_f32(N);
   be_.rmsnorm_forward(hf, rstdf, xs[L], layout_.final_norm_in_unit(head_w), N, C, eps);
   int64_t chunk = head_chunk_rows(c_, N, be_.memory() != nullptr);
-  const bool head_bf16 = recipe_ && recipe_->high_precision_bf16();
+  const HeadOperands head_ops = head_operands(recipe_);
   float* workspace = nullptr;
   if (head_ws_) {  // spare device memory (set_head_workspace), where it holds more rows
-    const int64_t rows = head_rows_in(head_ws_floats_, c_, N, head_bf16);
+    const int64_t rows = head_rows_in(head_ws_floats_, c_, N, head_ops);
     if (rows > chunk) {
       chunk = rows;
       workspace = head_ws_;
     }
   }
-  if (!workspace) workspace = scratch_.alloc_f32(head_workspace_floats(chunk, C, V, head_bf16));
+  if (!workspace) workspace = scratch_.alloc_f32(head_workspace_floats(chunk, C, V, head_ops));
   float* dh = training ? scratch_.alloc_f32(N * C) : nullptr;
   float* head_matrix = tied ? embed : layout_.lm_head_in_unit(head_w);
   float* head_matrix_grad =
       !training ? nullptr : tied ? access.grads(embed_u) : layout_.lm_head_in_unit(head_g);
   double loss_sum = be_.head_cross_entropy(dh, head_matrix_grad, hf, head_matrix, targets, N, C,
                                            V, grad_scale / float(N), workspace, chunk,
-                                           head_bf16);
+                                           head_ops);
   if (training) {
     be_.fill(dresid, 0.0f, N * C);
     be_.rmsnorm_backward(dresid, layout_.final_norm_in_unit(head_g), dh, xs[L],

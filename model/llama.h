@@ -34,6 +34,15 @@ const char* checkpointing_name(Checkpointing c);
 // larger (model/llama.cpp says why).
 int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device = false);
 
+// The head's GEMM operands under a recipe (null: none, fp32): FP8 under precision.fp8_head,
+// else bf16 under precision.high_precision = bf16, else fp32.
+inline HeadOperands head_operands(const LinearRecipe* recipe) {
+  if (!recipe) return HeadOperands::kFp32;
+  return recipe->fp8_head()              ? HeadOperands::kFp8
+         : recipe->high_precision_bf16() ? HeadOperands::kBf16
+                                         : HeadOperands::kFp32;
+}
+
 // A GPU run's larger head chunks (MXTRAIN_CUDA_HEAD_CHUNK_MB not set): the rows of a logits
 // chunk to take in device memory the run leaves free once every arena is allocated, or 0 for
 // none (the planned head_chunk_rows chunk, in the scratch arena, stays). Every chunk's weight
@@ -43,11 +52,12 @@ int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device = fals
 // first whose workspace (head_workspace_floats, 4 bytes each) fits in free_bytes less a reserve
 // of 4 GiB + total_bytes / 32 (what the libraries and NCCL may still allocate) and has more
 // rows than the planned chunk is taken.
-int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, bool bf16_operands,
+int64_t spare_head_chunk_rows(const ModelConfig& c, int64_t tokens, HeadOperands operands,
                               int64_t free_bytes, int64_t total_bytes);
 // The rows of a head workspace of `floats` floats (the largest chunk_rows, at most `tokens`,
 // whose head_workspace_floats fits; 0 when not even one row does).
-int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens, bool bf16_operands);
+int64_t head_rows_in(int64_t floats, const ModelConfig& c, int64_t tokens,
+                     HeadOperands operands);
 
 // Bytes of the two arenas for one forward+backward on [B, T] (upper bounds that size them).
 struct ActivationBytes {

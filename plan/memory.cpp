@@ -255,8 +255,10 @@ class Replay {
     int64_t head_mark = scratch_.mark();
     scratch_.alloc(act(N * C));  // hf
     scratch_.alloc(stat(N));     // rstdf
-    if (dt_.high_precision_bf16)  // logits + the bf16 operands' copies (fp32 logits)
-      scratch_.alloc(4 * head_workspace_floats(head_chunk_rows(c_, N, dt_.device), C, V, true));
+    if (dt_.fp8_head || dt_.high_precision_bf16)  // logits + the operands' copies (fp32 logits)
+      scratch_.alloc(4 * head_workspace_floats(head_chunk_rows(c_, N, dt_.device), C, V,
+                                               dt_.fp8_head ? HeadOperands::kFp8
+                                                            : HeadOperands::kBf16));
     else
       scratch_.alloc(dt_.logits * head_chunk_rows(c_, N, dt_.device) * V);  // logits workspace
     if (grads) scratch_.alloc(act(N * C));  // dh
@@ -352,6 +354,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     dt.high_precision_first = in.high_precision_first;
     dt.high_precision_last = in.high_precision_last;
     dt.high_precision_bf16 = plan_high_precision_bf16(in);
+    dt.fp8_head = in.fp8_head && in.recipe != "fp32";
     dt.bf16_activations = plan_bf16_activations(in, in.recipe, "cpu");
     ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, dt, true);
     ActivationPeak peak = train;
@@ -431,6 +434,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   }
   ActivationDtypes gpu_dt = gpu_dtypes();
   gpu_dt.high_precision_bf16 = plan_high_precision_bf16(in);
+  gpu_dt.fp8_head = in.fp8_head && in.recipe != "fp32";
   ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dt, true);
   m.activations = train.peak;
   m.activations_saved = train.saved_at_peak;

@@ -52,6 +52,9 @@ struct PlanInput {
   // model's attention rate; on CUDA its codes live in the backend's scratch arena, in groups of
   // sequences when the batch's do not fit, so memory is unchanged).
   bool fp8_attention = false;
+  // precision.fp8_head: the head's GEMMs in FP8 (the time model's head rate and casts; memory:
+  // the head workspace of its FP8 codes, HeadOperands::kFp8).
+  bool fp8_head = false;
   bool eval = false;              // validation passes run (forward only, full checkpointing)
   int64_t stats_every = 0;        // precision.stats_every (telemetry steps leave the bf16 path)
   // GPUs: `fits` and the recommendation go by what this build's CUDA engine allocates
@@ -92,6 +95,7 @@ struct ActivationDtypes {
   // bf16 copies (Backend::head_cross_entropy), and on the CPU every Linear of a
   // high-precision block copies its two operands, rounded, into scratch for the GEMM.
   bool high_precision_bf16 = false;
+  bool fp8_head = false;  // precision.fp8_head (the head's workspace holds its FP8 codes)
   // precision.activations = bf16 on the CPU engine: a kept block tensor (norm outputs, q, k,
   // v, attention output, gate, up, SwiGLU product) is a 2-byte copy in `saved` beside its fp32
   // working copy in scratch, widened into scratch again at the start of the block's backward.

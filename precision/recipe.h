@@ -99,6 +99,11 @@ class LinearRecipe {
   void set_fp8_attention(bool on) { fp8_attention_ = on && recipe_ != Recipe::kFp32; }
   bool fp8_attention(int64_t layer) const { return fp8_attention_ && active(layer); }
   bool fp8_attention_any() const { return fp8_attention_; }
+  // precision.fp8_head: the output head's three GEMMs in FP8 (E4M3 h and W, E5M2 logits
+  // gradient, per-tensor scales; Backend's HeadOperands::kFp8, docs/numerics.md, "FP8 head"),
+  // in place of precision.high_precision. Off until set; never on under recipe fp32.
+  void set_fp8_head(bool on) { fp8_head_ = on && recipe_ != Recipe::kFp32; }
+  bool fp8_head() const { return fp8_head_; }
   void set_step(int64_t step) {
     step_ = uint32_t(step);
     micro_batch_ = 0;
@@ -215,6 +220,7 @@ class LinearRecipe {
   Recipe recipe_;
   bool hp_bf16_ = false;
   bool fp8_attention_ = false;
+  bool fp8_head_ = false;
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0, micro_batch_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;

@@ -130,6 +130,9 @@ const std::vector<Field>& schema() {
       MX_BOOL("precision.fp8_attention", precision.fp8_attention,
               "attention in FP8 (E4M3 q, k, v, probabilities, output; E5M2 gradients) in the "
               "blocks the recipe covers; cuDNN's FP8 SDPA on cuda (default false)"),
+      MX_BOOL("precision.fp8_head", precision.fp8_head,
+              "the output head's GEMMs in FP8 (E4M3 h and W, E5M2 logits gradient, per-tensor "
+              "scales) instead of precision.high_precision (default false)"),
       MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
                 "none | selective | full"),
       MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
@@ -435,6 +438,9 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(!c.precision.fp8_attention || parse_recipe(c.precision.recipe) != Recipe::kFp32,
              "precision.fp8_attention needs a low-precision recipe: it runs in the blocks "
              "precision.recipe covers, and recipe fp32 covers none");
+  MX_REQUIRE(!c.precision.fp8_head || parse_recipe(c.precision.recipe) != Recipe::kFp32,
+             "precision.fp8_head needs a low-precision recipe (recipe fp32 keeps every GEMM "
+             "in fp32)");
   check_fixed_value("parallel.sharding", c.parallel.sharding);
   check_fixed_value("data.format", c.data.format);
   check_fixed_value("run.device", c.run.device);

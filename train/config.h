@@ -62,6 +62,8 @@ struct RunConfig {
     int64_t stats_every = 0;
     // The attention of the blocks the recipe covers in FP8 (docs/numerics.md, "FP8 attention").
     bool fp8_attention = false;
+    // The output head's GEMMs in FP8 (docs/numerics.md, "FP8 head").
+    bool fp8_head = false;
   } precision;
 
   struct Memory {

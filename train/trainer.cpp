@@ -443,6 +443,7 @@ int run_training(const RunConfig& cfg) {
   linear_recipe.set_high_precision_bf16(
       high_precision_bf16(recipe, cfg.precision.high_precision));
   linear_recipe.set_fp8_attention(cfg.precision.fp8_attention);
+  linear_recipe.set_fp8_head(cfg.precision.fp8_head);
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   if (linear_recipe.fp8_attention_any()) {
     // A shape the backend's FP8 attention does not take (cuDNN's head-dim rule, no cuDNN) is
@@ -808,12 +809,13 @@ int run_training(const RunConfig& cfg) {
   int64_t head_rows = head_chunk_rows(model_cfg, B * T, be.memory() != nullptr);
   if (MemoryResource* mem = be.memory(); mem && !std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB")) {
     int64_t free_b = 0, total_b = 0;
-    const bool head_bf16 = recipe != Recipe::kFp32 && linear_recipe.high_precision_bf16();
+    const HeadOperands head_ops =
+        head_operands(recipe != Recipe::kFp32 ? &linear_recipe : nullptr);
     if (mem->device_memory(&free_b, &total_b)) {
-      const int64_t rows = spare_head_chunk_rows(model_cfg, B * T, head_bf16, free_b, total_b);
+      const int64_t rows = spare_head_chunk_rows(model_cfg, B * T, head_ops, free_b, total_b);
       if (rows > 0) {
         const int64_t floats = head_workspace_floats(rows, model_cfg.hidden_size,
-                                                     model_cfg.vocab_size, head_bf16);
+                                                     model_cfg.vocab_size, head_ops);
         spare_head.mem = mem;
         spare_head.bytes = int64_t(sizeof(float)) * floats;
         spare_head.p = mem->allocate(size_t(spare_head.bytes), "head_chunk");
@@ -835,6 +837,9 @@ int run_training(const RunConfig& cfg) {
        B, " x ", T, " x ", tc.grad_accum, " x ", W, " ranks = ", tokens_per_step,
        " tokens/step, precision ", cfg.precision.recipe,
        recipe == Recipe::kFp32 ? ""
+       : linear_recipe.fp8_head()
+           ? (linear_recipe.high_precision_bf16() ? " (head FP8, high-precision blocks bf16)"
+                                                  : " (head FP8, high-precision blocks fp32)")
        : linear_recipe.high_precision_bf16() ? " (head and high-precision blocks bf16)"
                                               : " (head and high-precision blocks fp32)",
        eo.bf16_activations ? ", bf16 activations" : "", ", checkpointing ",
@@ -886,7 +891,11 @@ int run_training(const RunConfig& cfg) {
     info("head: logits in chunks of ", head_rows, " of ", B * T, " rows",
          spare_head.p ? str(" (", format_bytes(double(spare_head.bytes)), " of spare device memory)")
          : std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") ? std::string(" (MXTRAIN_CUDA_HEAD_CHUNK_MB)")
-                                                     : std::string(" (planned)"));
+                                                     : std::string(" (planned)"),
+         linear_recipe.fp8_head() && recipe != Recipe::kFp32
+             ? str("; precision.fp8_head ", be.head_fp8_path(B * T, model_cfg.hidden_size,
+                                                             model_cfg.vocab_size, head_rows))
+             : std::string());
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);

@@ -296,23 +296,37 @@ class CpuBackend final : public Backend {
   double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                             const int32_t* targets, int64_t N, int64_t C, int64_t V,
                             float grad_scale, float* workspace, int64_t chunk_rows,
-                            bool bf16_operands) override {
+                            HeadOperands operands) override {
     OpScope scope(*this, "head_cross_entropy");
     double loss_sum = 0;
-    // bf16 operands: W rounded once into the workspace behind the logits, each h chunk
-    // behind that, the logits gradient in place (backend.h's head_workspace_floats layout).
-    float* wq = bf16_operands ? workspace + head_operands_offset(chunk_rows, V) : nullptr;
-    float* hq = bf16_operands ? wq + V * C : nullptr;
-    if (bf16_operands) {
-      round_bf16(wq, w, V * C);
+    // Operand copies (bf16 or FP8 values in fp32): W rounded once into the workspace behind
+    // the logits, each h chunk behind that, the logits gradient in place (backend.h's
+    // head_workspace_floats layout). FP8: h's scale from the whole tensor, not the chunk, and
+    // the gradient's from its bound (HeadOperands::kFp8), so chunking does not change a bit.
+    constexpr numerics::Format kE4M3 = numerics::Format::kE4M3, kE5M2 = numerics::Format::kE5M2;
+    const bool copies = operands != HeadOperands::kFp32;
+    const bool fp8 = operands == HeadOperands::kFp8;
+    float* wq = copies ? workspace + head_operands_offset(chunk_rows, V) : nullptr;
+    float* hq = copies ? wq + V * C : nullptr;
+    const float h_scale = fp8 ? head_fp8_scale(numerics::abs_max(h, N * C), kE4M3) : 0.0f;
+    const float g_scale = fp8 ? head_fp8_scale(std::fabs(grad_scale), kE5M2) : 0.0f;
+    // y = x's operand copy: bf16 (RNE) or FP8 at `scale` (may alias)
+    auto round_operand = [&](float* y, const float* x, int64_t rows, int64_t cols,
+                             numerics::Format fmt, float scale) {
+      if (!fp8) return round_bf16(y, x, rows * cols);
+      numerics::quantize_fp8_tensor_into(x, rows, cols, fmt, scale, numerics::QuantizeInto{y});
+    };
+    if (copies) {
+      round_operand(wq, w, V, C, kE4M3,
+                    fp8 ? head_fp8_scale(numerics::abs_max(w, V * C), kE4M3) : 0.0f);
       w = wq;
     }
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       int64_t R = std::min(chunk_rows, N - r0);
       float* logits = workspace;  // [R, V]
       const float* hc = h + r0 * C;
-      if (bf16_operands) {
-        round_bf16(hq, hc, R * C);
+      if (copies) {
+        round_operand(hq, hc, R, C, kE4M3, h_scale);
         hc = hq;
       }
       linear_forward(logits, hc, w, R, C, V);
@@ -336,7 +350,7 @@ class CpuBackend final : public Backend {
       }
       loss_sum += chunk_loss;
       if (!dh) continue;
-      if (bf16_operands) round_bf16(logits, logits, R * V);
+      if (copies) round_operand(logits, logits, R, V, kE5M2, g_scale);
       linear_backward(dh + r0 * C, dw, logits, hc, w, R, C, V, false);
     }
     return loss_sum;

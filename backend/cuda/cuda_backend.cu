@@ -527,10 +527,29 @@ __device__ __forceinline__ void ce_for_vec(const float4* __restrict__ row4, int6
       if (j0 + u * step < n4) f(v[u], j0 + u * step);
   }
 }
+// The FP8 head's gradient row (HeadOperands::kFp8): E5M2 codes of v * scale (RNE, SATFINITE:
+// numerics::encode_fp8_elem, the bytes fp8_codes writes for the same fp32 values), written by
+// the gradient pass instead of an fp32 row that a cast would read back.
+struct E5m2Row {
+  uint8_t* codes;
+  float scale;
+};
+__device__ __forceinline__ uint32_t e5m2_code(float v, float scale) {
+  return numerics::encode_fp8_elem(v * scale, numerics::Format::kE5M2, false, 0u);
+}
+__device__ __forceinline__ void store_out(E5m2Row y, int64_t i, float v) {
+  y.codes[i] = uint8_t(e5m2_code(v, y.scale));
+}
+__device__ __forceinline__ void store_out4(E5m2Row y, int64_t i, float4 v) {
+  *reinterpret_cast<uint32_t*>(y.codes + i) =
+      e5m2_code(v.x, y.scale) | e5m2_code(v.y, y.scale) << 8 | e5m2_code(v.z, y.scale) << 16 |
+      e5m2_code(v.w, y.scale) << 24;  // little-endian: element i at byte 0
+}
 // The gradient pass: out[j] = grad_scale * softmax_j, then grad_scale less at the target; out
-// is the bf16 copy (codes) or the row itself (fp32, over the logits each thread has read).
+// is the bf16 copy (codes), the FP8 head's E5M2 codes or the row itself (fp32, over the
+// logits each thread has read).
 template <typename Out>
-__device__ __forceinline__ void ce_gradient(Out* out, const float* row, const float4* row4,
+__device__ __forceinline__ void ce_gradient(Out out, const float* row, const float4* row4,
                                             int64_t n4, int64_t V, int32_t tgt,
                                             float target_logit, float mx, float k,
                                             float grad_scale) {
@@ -546,7 +565,8 @@ __device__ __forceinline__ void ce_gradient(Out* out, const float* row, const fl
 __global__ void __launch_bounds__(kCeThreads, 1)
     cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
                               const int32_t* __restrict__ targets, int64_t V, float grad_scale,
-                              bool grad, uint16_t* __restrict__ grad16, bool vec) {
+                              bool grad, uint16_t* __restrict__ grad16, bool vec,
+                              uint8_t* __restrict__ grad8 = nullptr, float grad8_scale = 1.0f) {
   const int64_t r = blockIdx.x;
   float* row = logits + r * V;
   const float4* row4 = reinterpret_cast<const float4*>(row);
@@ -583,14 +603,19 @@ __global__ void __launch_bounds__(kCeThreads, 1)
   if (!grad) return;
   const float k = shared.k;
   uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
-  if (row16)
+  if (grad8)
+    ce_gradient(E5m2Row{grad8 + r * V, grad8_scale}, row, row4, n4, V, tgt, target_logit, mx, k,
+                grad_scale);
+  else if (row16)
     ce_gradient(row16, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale);
   else
     ce_gradient(row, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale);
 }
 // Whether cross_entropy_rows_kernel may read the rows as float4 (see there).
-bool ce_vec(const float* logits, int64_t V, const uint16_t* grad16) {
-  return V % 4 == 0 && all_aligned(16, {logits}) && all_aligned(8, {grad16});
+bool ce_vec(const float* logits, int64_t V, const uint16_t* grad16,
+            const uint8_t* grad8 = nullptr) {
+  return V % 4 == 0 && all_aligned(16, {logits}) && all_aligned(8, {grad16}) &&
+         all_aligned(4, {grad8});
 }
 
 __global__ void round_bf16_kernel(float* y, const float* x, int64_t n) {
@@ -1439,6 +1464,14 @@ class CudaBackendImpl final : public CudaBackend {
                " and cuDNN's fused FP8 SDPA does not take the shape (", fp8_cudnn_why(B, T, H,
                KV, D), ")");
   }
+  std::string head_fp8_path(int64_t N, int64_t C, int64_t V, int64_t chunk_rows) override {
+    if (head_fp8_native(N, C, V, chunk_rows)) return "on FP8 GEMMs";
+    return str("on fp32 GEMMs over the FP8 values (",
+               !fp8_native_ ? "no FP8 tensor cores here, or MXTRAIN_CUDA_FP8=emulate"
+                            : "FP8 GEMMs take tokens, chunk rows, hidden size and vocabulary "
+                              "in multiples of 16",
+               ")");
+  }
   std::string attention_fp8_path(int64_t B, int64_t T, int64_t H, int64_t KV,
                                  int64_t D) override {
     if (fp8_on_cudnn(B, T, H, KV, D)) return "on cuDNN's fused FP8 SDPA";
@@ -1924,13 +1957,17 @@ class CudaBackendImpl final : public CudaBackend {
   double head_cross_entropy(float* dh, float* dw, const float* h, const float* w,
                             const int32_t* targets, int64_t N, int64_t C, int64_t V,
                             float grad_scale, float* workspace, int64_t chunk_rows,
-                            bool bf16_operands) override {
+                            HeadOperands operands) override {
     if (N == 0) return 0.0;
     MX_ASSERT(chunk_rows > 0, "head_cross_entropy: chunk_rows ", chunk_rows);
     DeviceArenaScope scope(scratch_);
     double* row_loss = scratch_.alloc_as<double>(N);
-    if (bf16_operands) {
+    if (operands == HeadOperands::kBf16) {
       head_bf16(dh, dw, h, w, targets, N, C, V, grad_scale, workspace, chunk_rows, row_loss);
+      return fold_doubles(row_loss, N, "head_cross_entropy");
+    }
+    if (operands == HeadOperands::kFp8) {
+      head_fp8(dh, dw, h, w, targets, N, C, V, grad_scale, workspace, chunk_rows, row_loss);
       return fold_doubles(row_loss, N, "head_cross_entropy");
     }
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
@@ -2068,6 +2105,88 @@ class CudaBackendImpl final : public CudaBackend {
                       ws, ws_bytes, scratch_, stream_);
       stats_.flops += (dw ? 4.0 : 2.0) * double(R) * double(V) * double(C);
       done("head_cross_entropy (backward GEMMs)");
+    }
+  }
+
+  // head_cross_entropy with FP8 operands (HeadOperands::kFp8): h's and W's scales from their
+  // whole tensors' amaxes and the gradient's from its bound, on the device. With FP8 tensor
+  // cores and every dimension a multiple of 16 (cuBLASLt's FP8 GEMMs; each of C, V and a
+  // chunk's rows is some GEMM's reduction): codes in the workspace (W's in both layouts once,
+  // the chunk's h and gradient in both layouts from one read each) and three per-tensor FP8
+  // GEMMs a chunk, fp32 out. Otherwise the CPU twin's steps: fp32 copies of the FP8 values
+  // (fp8_round) and fp32 GEMMs.
+  bool head_fp8_native(int64_t N, int64_t C, int64_t V, int64_t chunk_rows) const {
+    return fp8_native_ && C % 16 == 0 && V % 16 == 0 && chunk_rows % 16 == 0 && N % 16 == 0;
+  }
+  void head_fp8(float* dh, float* dw, const float* h, const float* w, const int32_t* targets,
+                int64_t N, int64_t C, int64_t V, float grad_scale, float* workspace,
+                int64_t chunk_rows, double* row_loss) {
+    constexpr numerics::Format kE4M3 = numerics::Format::kE4M3, kE5M2 = numerics::Format::kE5M2;
+    float* sc = scratch_.alloc_f32(8);
+    float *amax_w = sc, *amax_h = sc + 1, *scale_w = sc + 2, *inv_w = sc + 3, *scale_h = sc + 4,
+          *inv_h = sc + 5, *scale_g = sc + 6, *inv_g = sc + 7;
+    cuda::abs_max(amax_w, w, V * C, scratch_, stream_);
+    cuda::fp8_scales(scale_w, inv_w, amax_w, 0.0f, kE4M3, stream_);
+    cuda::abs_max(amax_h, h, N * C, scratch_, stream_);
+    cuda::fp8_scales(scale_h, inv_h, amax_h, 0.0f, kE4M3, stream_);
+    const float g_scale_host = head_fp8_scale(std::fabs(grad_scale), kE5M2);
+    cuda::fp8_scales(scale_g, inv_g, nullptr, g_scale_host, kE5M2, stream_);
+    float* logits = workspace;
+    if (!head_fp8_native(N, C, V, chunk_rows)) {  // the twin's steps on the device
+      float* wq = workspace + head_operands_offset(chunk_rows, V);
+      float* hq = wq + V * C;
+      cuda::fp8_round(w, V * C, kE4M3, scale_w, inv_w, wq, stream_);
+      launched("head_cross_entropy (FP8 values)");
+      for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+        const int64_t R = std::min(chunk_rows, N - r0);
+        cuda::fp8_round(h + r0 * C, R * C, kE4M3, scale_h, inv_h, hq, stream_);
+        linear_forward(logits, hq, wq, R, C, V);
+        cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
+            logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr,
+            ce_vec(logits, V, nullptr));
+        launched("head_cross_entropy");
+        if (!dh) continue;
+        cuda::fp8_round(logits, R * V, kE5M2, scale_g, inv_g, logits, stream_);
+        launched("head_cross_entropy (FP8 values)");
+        linear_backward(dh + r0 * C, dw, logits, hq, wq, R, C, V, false);
+      }
+      return;
+    }
+    // codes: W [V, C] (the logits' K = C) and W^T [C, V] (dh's K = V); per chunk h [R, C] and
+    // h^T [C, R] (dW's K = R), the gradient g [R, V] and g^T [V, R]
+    uint8_t* wc = reinterpret_cast<uint8_t*>(workspace + head_operands_offset(chunk_rows, V));
+    uint8_t* wtc = wc + 4 * head_fp8_floats(V * C);
+    uint8_t* hc = wtc + 4 * head_fp8_floats(V * C);
+    uint8_t* htc = hc + 4 * head_fp8_floats(chunk_rows * C);
+    uint8_t* gc = htc + 4 * head_fp8_floats(chunk_rows * C);
+    uint8_t* gtc = gc + 4 * head_fp8_floats(chunk_rows * V);
+    if (dh)
+      cuda::fp8_codes_both(w, V, C, kE4M3, scale_w, wc, wtc, stream_);
+    else
+      cuda::fp8_codes(w, V, C, kE4M3, scale_w, wc, false, stream_);
+    launched("head_cross_entropy (FP8 codes)");
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
+      const int64_t R = std::min(chunk_rows, N - r0);
+      if (dh && dw)
+        cuda::fp8_codes_both(h + r0 * C, R, C, kE4M3, scale_h, hc, htc, stream_);
+      else
+        cuda::fp8_codes(h + r0 * C, R, C, kE4M3, scale_h, hc, false, stream_);
+      launched("head_cross_entropy (FP8 codes)");
+      tensor_fp8_gemm(R, V, C, hc, kE4M3, inv_h, wc, kE4M3, inv_w, 0.0f, logits, nullptr);
+      // the gradient's row-major codes straight from the kernel (its scale is known on the
+      // host: no fp32 gradient written and read back), then their transpose
+      cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
+          logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr,
+          ce_vec(logits, V, nullptr, gc), gc, g_scale_host);
+      launched("head_cross_entropy");
+      if (!dh) continue;
+      if (dw) {
+        cuda::transpose_bytes(gc, R, V, gtc, stream_);
+        launched("head_cross_entropy (gradient codes transposed)");
+      }
+      tensor_fp8_gemm(R, C, V, gc, kE5M2, inv_g, wtc, kE4M3, inv_w, 0.0f, dh + r0 * C, nullptr);
+      if (dw)  // (as linear_backward: no weight gradient asked for, none computed)
+        tensor_fp8_gemm(V, C, R, gtc, kE5M2, inv_g, htc, kE4M3, inv_h, 1.0f, dw, nullptr);
     }
   }
 

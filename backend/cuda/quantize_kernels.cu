@@ -906,6 +906,25 @@ void fp8_decode_to(const uint8_t* codes, int64_t n, Format fmt, const float* sca
 }
 }  // namespace
 
+namespace {
+__global__ void fp8_round_kernel(const float* __restrict__ x, int64_t n, Format fmt,
+                                 const float* __restrict__ scale_ptr,
+                                 const float* __restrict__ scale_inv_ptr, float* out) {
+  const float scale = *scale_ptr, inv = *scale_inv_ptr;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = numerics::decode_fp8_elem(fp8_code(x[i] * scale, fmt), fmt) * inv;
+}
+}  // namespace
+
+void fp8_round(const float* x, int64_t n, Format fmt, const float* scale, const float* scale_inv,
+               float* out, cudaStream_t s) {
+  check_fp8(fmt, "fp8_round");
+  if (n <= 0) return;
+  fp8_round_kernel<<<elem_grid(n), 256, 0, s>>>(x, n, fmt, scale, scale_inv, out);
+  MX_CUDA_LAUNCH_CHECK("fp8_round");
+}
+
 void attn_fp8_scales(float* slots, const float* amax, int64_t D, int64_t rows_per_key,
                      float attn_scale, cudaStream_t s) {
   attn_fp8_scales_kernel<<<1, 1, 0, s>>>(slots, amax, D, rows_per_key, attn_scale);

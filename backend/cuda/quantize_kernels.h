@@ -156,6 +156,13 @@ void fp8_decode(const uint8_t* codes, int64_t n, numerics::Format fmt, const flo
 void fp8_decode(const uint8_t* codes, int64_t n, numerics::Format fmt, const float* scale_inv,
                 uint16_t* out, cudaStream_t s);
 
+// out[i] = decode(fmt(x[i] * scale[0])) * scale_inv[0] over n values (RNE, SATFINITE; the
+// scales on the device): x's per-tensor FP8 values in fp32, the dequantized tensor
+// quantize_fp8_tensor writes, with no codes buffer. out may alias x. (The FP8 head where its
+// GEMMs are not FP8: HeadOperands::kFp8.)
+void fp8_round(const float* x, int64_t n, numerics::Format fmt, const float* scale,
+               const float* scale_inv, float* out, cudaStream_t s);
+
 // Test support (the op check's fp8_encoder case): over the float bit patterns first ..
 // first + count - 1, how many the kernels' FP8 encoder (the hardware conversion on compute
 // capability >= 8.9) encodes differently from numerics::encode_fp8_elem (saturating, RNE);

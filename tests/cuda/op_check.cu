@@ -1504,15 +1504,16 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
     // (a 2^-8 relative step of one gradient element), hence the looser element tolerance.
     for (bool bf16 : {false, true})
       run_case(bf16 ? "head_cross_entropy_bf16" : "head_cross_entropy", dims({N, C, V}) + " chunk" + std::to_string(chunk), [&](Result& r) {
+        const HeadOperands ops = bf16 ? HeadOperands::kBf16 : HeadOperands::kFp32;
         auto h = randn(N * C), w = randn(V * C, 0.1f), dwv = randn(V * C);
         auto tgt = randint(N, int32_t(V));
-        const int64_t wsn = head_workspace_floats(chunk, C, V, bf16);
+        const int64_t wsn = head_workspace_floats(chunk, C, V, ops);
         std::vector<float> dh(N * C), ws(wsn);
         Dev<float> dH(h), dW(w), dDW(dwv), dDH(N * C), dWS(wsn);
         Dev<int32_t> dT(tgt);
         const float gs = 1.0f / float(N);
-        const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk, bf16);
-        const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, bf16);
+        const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk, ops);
+        const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, ops);
         const Tol tol = bf16 ? Tol{1e-4, 1e-2} : Tol{1e-5, 1e-3};
         compare(r, "loss", {float(lg)}, {float(lc)}, kReduction);
         compare(r, "dh", dDH.download(), dh, tol);
@@ -1521,6 +1522,46 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
         compare(r, "w", dW.download(), w, {0, 0});
       });
   }
+  // precision.fp8_head: h and W E4M3 at their whole tensors' current scales, the logits
+  // gradient E5M2 at its bound's, against the CPU twin (fp32 copies of the FP8 values, fp32
+  // GEMMs). Shapes whose every dimension and chunk is a multiple of 16 take the FP8 GEMMs where
+  // the GPU has them; the others (37 rows, V = 1000) the device's fp32 copies (fp8_round). The
+  // quantized operands are the same values on both; the logits are sums in another order (and
+  // on Hopper's FP8 tensor cores at their accumulator's precision), so a gradient element can
+  // land on the other side of an E5M2 midpoint and move by a step (2^-2 of itself at most):
+  // hence the element tolerances, and the case also requires the FP8 rounding to be visible
+  // (the fp32 head's dh lies far outside them) and most of dh to agree to fp32 noise.
+  for (auto [N, C, V, chunk] : std::vector<std::array<int64_t, 4>>{{37, 64, 1000, 16}, {64, 64, 1008, 16}, {256, 128, 5008, 96}, {256, 128, 5008, 256}})
+    run_case("head_cross_entropy_fp8", dims({N, C, V}) + " chunk" + std::to_string(chunk), [&](Result& r) {
+      auto h = randn(N * C), w = randn(V * C, 0.1f), dw0 = randn(V * C);
+      auto tgt = randint(N, int32_t(V));
+      const int64_t wsn = head_workspace_floats(chunk, C, V, HeadOperands::kFp8);
+      std::vector<float> dh(N * C), dwv = dw0, ws(wsn), dh32(N * C), dw32 = dw0, ws32(chunk * V);
+      Dev<float> dH(h), dW(w), dDW(dw0), dDH(N * C), dWS(wsn);  // (made poisoned)
+      Dev<int32_t> dT(tgt);
+      const float gs = 1.0f / float(N);
+      const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk, HeadOperands::kFp8);
+      const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, HeadOperands::kFp8);
+      cpu.head_cross_entropy(dh32.data(), dw32.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws32.data(), chunk, HeadOperands::kFp32);
+      compare(r, "loss", {float(lg)}, {float(lc)}, Tol{1e-5, 1e-4});
+      dWS.poison();  // forward only (validation): the same loss, no gradient
+      const double le = gpu.head_cross_entropy(nullptr, nullptr, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, HeadOperands::kFp8);
+      compare(r, "loss (forward only)", {float(le)}, {float(lc)}, Tol{1e-5, 1e-4});
+      const Tol tol{1e-3 * gs, 2e-2};
+      const auto gdh = dDH.download(), gdw = dDW.download();
+      compare(r, "dh", gdh, dh, tol);
+      compare(r, "dw", gdw, dwv, tol);
+      compare(r, "h", dH.download(), h, {0, 0});  // the inputs stay as they were
+      compare(r, "w", dW.download(), w, {0, 0});
+      int64_t close = 0, visible = 0;
+      for (int64_t i = 0; i < N * C; ++i) {
+        close += std::fabs(gdh[i] - dh[i]) <= 1e-5 * gs + 1e-4 * std::fabs(dh[i]);
+        visible += std::fabs(dh32[i] - dh[i]) > tol.atol + tol.rtol * std::fabs(dh[i]);
+      }
+      r.note += str("dh within fp32 noise ", close, " of ", N * C, ", FP8 rounding visible at ",
+                    visible, "; ");
+      if (close * 10 < N * C * 9 || visible * 10 < N * C) r.pass = false;
+    });
   run_case("round_bf16", dims({4099}), [&](Result& r) {
     auto x = randn(4099, 3.0f);
     x[0] = 1.0f + 1.0f / 256;  // ties to even

@@ -93,11 +93,15 @@ CASES = [
     # FP8 attention: mxemu has no cuDNN, so the fp32 kernel with the twin's rounding inside
     ("fp8-delayed", "90", 1e-3, "on the fp32 attention kernel with the CPU twin's FP8 rounding",
      ("--set", "precision.fp8_attention=true")),
+    # the FP8 head on the FP8 GEMMs (tiny: vocabulary, width, tokens and chunk multiples of 16)
+    ("fp8-delayed", "90", 1e-3, "; precision.fp8_head on FP8 GEMMs",
+     ("--set", "precision.fp8_head=true")),
 ]
 
 
 def case_id(c):
-    return f"{c[0]}-sm{c[1]}" + ("-fp8attn" if "precision.fp8_attention=true" in c[4] else "")
+    return (f"{c[0]}-sm{c[1]}" + ("-fp8attn" if "precision.fp8_attention=true" in c[4] else "")
+            + ("-fp8head" if "precision.fp8_head=true" in c[4] else ""))
 
 
 @pytest.mark.parametrize("recipe,sm,tol,says,extra", CASES, ids=[case_id(c) for c in CASES])

@@ -156,6 +156,51 @@ class Fp8Attention(torch.autograd.Function):
         return tuple(torch.tensor(t, dtype=torch.float32) for t in (dq, dk, dv))
 
 
+def fp8_current(x, fmt):
+    """x rounded to FP8 at current scaling's fp32 scale (max / amax, not a power of two) and
+    decoded times the fp32 1 / scale, as numerics::quantize_fp8_tensor does, in float64."""
+    dtype, max_value, _ = numerics_ref.ELEM[fmt]
+    scale = numerics_ref.fp8_scale_from_amax(np.max(np.abs(x)), max_value)
+    return fp8_at(x, scale, fmt)
+
+
+def fp8_at(x, scale, fmt):
+    dtype, max_value, _ = numerics_ref.ELEM[fmt]
+    codes = numerics_ref.sat_cast(np.asarray(x, np.float32) * np.float32(scale), dtype, max_value)
+    inv = np.float32(1.0) / np.float32(scale)
+    return (numerics_ref.decode(codes, dtype).astype(np.float32) * inv).astype(np.float64)
+
+
+class Fp8Head(torch.autograd.Function):
+    """precision.fp8_head as docs/numerics.md ("FP8 head") defines it, from the formulas, in
+    float64 numpy with ml_dtypes' casts: the normed hidden states x (all B T rows as one tensor)
+    and W in E4M3 at their current scales; logits = x8 W8^T. Backward: the logits' gradient in
+    E5M2 at the scale current scaling gives its bound, 1 / (B T) here (the mean cross-entropy's
+    gradient (softmax - onehot) / (B T) is at most that); dx = g8 W8, dW = g8^T x8."""
+
+    round_grad = True  # (False: a variant for the test to tell the backward's rounding)
+
+    @classmethod
+    def forward(cls, ctx, x, w):
+        ctx.round_grad = cls.round_grad
+        xs = x.detach().numpy()
+        x2 = xs.reshape(-1, xs.shape[-1])
+        xq, wq = fp8_current(x2, "e4m3"), fp8_current(w.detach().numpy(), "e4m3")
+        ctx.saved = (xq, wq, xs.shape)
+        return torch.tensor((xq @ wq.T).reshape(*xs.shape[:-1], -1), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, wq, shape = ctx.saved
+        g2 = g.detach().numpy().reshape(-1, wq.shape[0])
+        n = g2.shape[0]
+        bound = np.float32(1.0) / np.float32(n)  # mxtrain's grad_scale / N, in fp32
+        scale = numerics_ref.fp8_scale_from_amax(bound, numerics_ref.ELEM["e5m2"][1])
+        gq = fp8_at(g2, scale, "e5m2") if ctx.round_grad else g2.astype(np.float64)
+        return (torch.tensor((gq @ wq).reshape(shape), dtype=torch.float32),
+                torch.tensor(gq.T @ xq, dtype=torch.float32))
+
+
 def ref_loss_and_grads(params_np, cfg, tokens, linear, head=None, block_linears=None,
                        act=lambda name, t: t, attn=None):
     """linear: every block's Linears; block_linears: one per block instead (blocks left in
@@ -233,6 +278,61 @@ def max_rel(a, b):
     return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / (np.max(np.abs(b)) + 1e-30))
 
 
+def assert_rounding_reproduced(what, got, ref, plain, without, missing, keys=lambda k: True):
+    """mxtrain's (loss, grads) `got` against a reference that rounds as it should (`ref`), the
+    same model without that rounding (`plain`) and the reference's gradients without one of
+    its backward's roundings (`without`, named by `missing`): the rounding changes the loss
+    measurably; mxtrain's loss is within 1e-6 of the reference's; and its gradients, per
+    tensor (those `keys` takes) in Frobenius norms relative to the reference's distance from
+    `plain`, within 2% and at least 20 times closer than `without` lies."""
+    (loss, grads), (ref_loss, ref_grads), (plain_loss, plain_grads) = got, ref, plain
+
+    def err(a, b):
+        return max(np.linalg.norm(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))
+                   / np.linalg.norm(np.asarray(b[k], np.float64)
+                                    - np.asarray(plain_grads[k], np.float64))
+                   for k in b if keys(k))
+    assert abs(ref_loss - plain_loss) > 1e-5 * abs(plain_loss), (ref_loss, plain_loss)
+    assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss), (loss, ref_loss, plain_loss)
+    worst, apart = err(grads, ref_grads), err(without, ref_grads)
+    print(f"{what}: mxtrain {worst:.3g} from the reference, which lies {apart:.3g} from the one "
+          f"without {missing} (relative to the distance from the plain model)")
+    assert worst < 0.02 and worst < 0.05 * apart, (worst, apart)
+
+
+def test_fp8_head_matches_reference(mxtrain, case):
+    # precision.fp8_head (debug grads --fp8-head): the head's GEMMs in FP8, as the reference's
+    # Fp8Head rounds them (docs/numerics.md's formulas, numpy float64 and ml_dtypes). Both
+    # blocks left in fp32 (--high-precision-first 2, --high-precision fp32), so that what is
+    # compared is the head's rounding alone: under a recipe in the blocks, their own noise
+    # (mxfp8's ~3e-6 above) moves an E4M3 code of h across a rounding boundary now and then,
+    # and the loss by ~1e-4 (measured).
+    tmp, cfg, params, tokens, _, _ = case
+    loss, grads = run_recipe(mxtrain, case, "mxfp8", ["--fp8-head", "--high-precision", "fp32",
+                                                      "--high-precision-first", "2"])
+    q = plain_linear
+    ref_loss, ref_grads = ref_loss_and_grads(params, cfg, tokens, q, head=Fp8Head.apply)
+    plain_loss, plain_grads = ref_loss_and_grads(params, cfg, tokens, q)
+
+    # A reference that leaves the gradient's E5M2 rounding out lies far further away than
+    # mxtrain does: the comparison sees the backward's rounding, not only the forward's.
+    class NoGradRounding(Fp8Head):
+        round_grad = False
+    _, no_round = ref_loss_and_grads(params, cfg, tokens, q, head=NoGradRounding.apply)
+    assert_rounding_reproduced("fp8 head", (loss, grads), (ref_loss, ref_grads),
+                               (plain_loss, plain_grads), no_round, "the gradient's rounding")
+    # The FP8 head takes the place of precision.high_precision for the head: under mxfp8 with
+    # no block left out, the same bits with --high-precision bf16 (the default) and fp32 (only
+    # high-precision blocks would differ), and not those of the bf16 head.
+    loss, grads = run_recipe(mxtrain, case, "mxfp8", ["--fp8-head"])
+    loss_hp, grads_hp = run_recipe(mxtrain, case, "mxfp8", ["--fp8-head", "--high-precision",
+                                                            "fp32"])
+    loss_bf16, _ = run_recipe(mxtrain, case, "mxfp8", [])
+    assert loss_hp == loss and loss_bf16 != loss
+    for k in grads:
+        np.testing.assert_array_equal(grads_hp[k], grads[k])
+
+
 # The head runs in precision.high_precision: bf16 by default under a recipe (the reference's
 # head then rounds its operands too), fp32 on request. mxfp8 with an fp32 head is the case
 # that pins every operand of the recipe to ~3e-6 (below).
@@ -283,27 +383,18 @@ def test_fp8_attention_matches_reference(mxtrain, case):
     ref_loss, ref_grads = ref_loss_and_grads(params, cfg, tokens, q, attn=Fp8Attention.apply)
     plain_loss, plain_grads = ref_loss_and_grads(params, cfg, tokens, q)
 
-    def err(a, b):  # as in test_recipe_matches_quantized_reference, against plain attention
-        return max(np.linalg.norm(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))
-                   / np.linalg.norm(np.asarray(b[k], np.float64)
-                                    - np.asarray(plain_grads[k], np.float64)) for k in b
-                   if ".layers." in k)
     # FP8 attention changes the numbers measurably, and mxtrain reproduces the change. Its
     # fp32 sums differ from numpy's float64 in the last bits, so a value could land on the
     # other side of an FP8 rounding boundary (a whole E5M2 step for dS and the gradients);
     # measured 4.7e-7 here (no such value), where leaving dS unrounded lies 0.4 away.
-    assert abs(ref_loss - plain_loss) > 1e-5 * abs(plain_loss), (ref_loss, plain_loss)
-    assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss), (loss, ref_loss, plain_loss)
-    worst = err(grads, ref_grads)
     # A reference that leaves the rounding of dS out (an E5M2 step on every score gradient)
     # lies far further away than mxtrain does: the comparison sees the backward's roundings.
     class NoDsRounding(Fp8Attention):
         round_ds = False
     _, no_ds_grads = ref_loss_and_grads(params, cfg, tokens, q, attn=NoDsRounding.apply)
-    apart = err(no_ds_grads, ref_grads)
-    print(f"fp8 attention: mxtrain {worst:.3g} from the reference, which lies {apart:.3g} "
-          f"from the one without dS's rounding (relative to plain attention's distance)")
-    assert worst < 0.02 and worst < 0.05 * apart, (worst, apart)
+    assert_rounding_reproduced("fp8 attention", (loss, grads), (ref_loss, ref_grads),
+                               (plain_loss, plain_grads), no_ds_grads, "dS's rounding",
+                               keys=lambda k: ".layers." in k)
 
     # A block left in high precision keeps its attention as it was: with the last block out of
     # the recipe, block 0's attention is FP8 and block 1's fp32 (fp32 high precision).
@@ -504,19 +595,47 @@ def test_checkpointing_policies_train_to_the_same_bytes(mxtrain, tmp_path, recip
     assert files["full"] == files["none"]
 
 
-def test_fp8_attention_needs_a_recipe(mxtrain, tmp_path, case):
-    r = mxtrain(["train", "--set", "precision.fp8_attention=true",
+@pytest.mark.parametrize("key,flag,says", [
+    ("fp8_attention", "--fp8-attention", "needs a low-precision recipe: it runs in the blocks "
+     "precision.recipe covers, and recipe fp32 covers none"),
+    ("fp8_head", "--fp8-head", "needs a low-precision recipe (recipe fp32 keeps every GEMM in "
+     "fp32)")])
+def test_fp8_attention_and_head_need_a_recipe(mxtrain, tmp_path, case, key, flag, says):
+    r = mxtrain(["train", "--set", f"precision.{key}=true",
                  "--set", f"run.out_dir={tmp_path / 'o'}"])
-    assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
-        "error: precision.fp8_attention needs a low-precision recipe: it runs in the blocks "
-        "precision.recipe covers, and recipe fp32 covers none"), r
+    assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == f"error: precision.{key} {says}", r
     assert not (tmp_path / "o").exists()
     _, _, _, _, model_dir, tok = case
     r = mxtrain(["debug", "grads", "--init", model_dir, "--tokens", tok, "--batch", BATCH,
-                 "--seq", SEQ, "--out", tmp_path / "g.safetensors", "--fp8-attention"])
+                 "--seq", SEQ, "--out", tmp_path / "g.safetensors", flag])
     assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
-        "error: --fp8-attention needs a --recipe other than fp32"), r
+        f"error: {flag} needs a --recipe other than fp32"), r
     assert not (tmp_path / "g.safetensors").exists()
+
+
+def test_fp8_head_trains(mxtrain, tmp_path):
+    # fp8-delayed blocks with the head in FP8: the start-up line says so and the loss falls as
+    # far as with the bf16 head (the same 25 steps, within 0.1).
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    finals = {}
+    for fp8_head in (False, True):
+        out = tmp_path / str(fp8_head)
+        r = mxtrain(["train", "--set", "model.preset=tiny", "--set", f"data.path={corpus}",
+                     "--set", "train.steps=25", "--set", "train.seq_len=32",
+                     "--set", "train.micro_batch=4", "--set", "train.eval_every=0",
+                     "--set", "run.sample_tokens=0", "--set", "precision.recipe=fp8-delayed",
+                     "--set", f"precision.fp8_head={str(fp8_head).lower()}",
+                     "--set", f"run.out_dir={out}"])
+        assert r.rc == 0, r
+        assert ("(head FP8, high-precision blocks bf16)" in r.stderr) == fp8_head, r.stderr
+        import json
+        recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+        losses = [x["loss"] for x in recs if not x.get("summary")]
+        assert losses[-1] < losses[0] - 1.0, losses
+        finals[fp8_head] = losses[-1]
+    assert finals[True] != finals[False]  # the head's rounding is in the run
+    assert abs(finals[True] - finals[False]) < 0.1, finals
 
 
 def test_unknown_recipe_is_an_error(mxtrain, tmp_path):

@@ -239,7 +239,7 @@ TEST(CpuOps, HeadCrossEntropyChunkedMatchesDefinition) {
   for (int64_t chunk : {1, 3, 10}) {
     std::vector<float> dh(N * C, kNaN), dw(V * C, 1.0f), ws(chunk * V);
     double loss = be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N,
-                                         C, V, scale, ws.data(), chunk, false);
+                                         C, V, scale, ws.data(), chunk, mx::HeadOperands::kFp32);
     EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref));
     std::vector<double> dh_ref(N * C), dw_ref(V * C);
     const double eps = 1e-6;
@@ -266,6 +266,71 @@ using mxtest::bf16_code;
 using mxtest::bf16_ref;
 using mxtest::bf16_value;
 
+// A head with rounded operands by its definition, in double: the loss of softmax(hq wq^T)
+// against the targets; the logits gradient g = round_grad(scale (softmax - onehot)); dh =
+// g wq and dw = 1 + g^T hq (dw starts at 1: the call accumulates).
+struct HeadReference {
+  double loss = 0;
+  std::vector<double> dh, dw;
+};
+HeadReference head_reference(const std::vector<double>& hq, const std::vector<double>& wq,
+                             const std::vector<int32_t>& tgt, int64_t N, int64_t C, int64_t V,
+                             float scale, const std::function<double(double)>& round_grad) {
+  HeadReference ref;
+  std::vector<double> g(N * V);
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> z(V);
+    double mx = -1e300, se = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      for (int64_t c = 0; c < C; ++c) z[v] += hq[n * C + c] * wq[v * C + c];
+      mx = std::max(mx, z[v]);
+    }
+    for (double zz : z) se += std::exp(zz - mx);
+    ref.loss += mx + std::log(se) - z[tgt[n]];
+    for (int64_t v = 0; v < V; ++v)
+      g[n * V + v] = round_grad(scale * (std::exp(z[v] - mx) / se - (v == tgt[n] ? 1.0 : 0.0)));
+  }
+  ref.dh.assign(N * C, 0.0);
+  ref.dw.assign(V * C, 1.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t c = 0; c < C; ++c) {
+        ref.dh[n * C + c] += g[n * V + v] * wq[v * C + c];
+        ref.dw[v * C + c] += g[n * V + v] * hq[n * C + c];
+      }
+  return ref;
+}
+
+// The backend's head in `ops` against ref in chunks of 1, 3 and 10 rows, forward only too,
+// its inputs untouched (the operand copies live in the workspace); returns how far the head
+// in `other` lies from ref (max |dh - ref.dh|), for the caller to show the rounding is seen.
+double expect_head_matches(mx::Backend& be, const std::vector<float>& h,
+                           const std::vector<float>& w, const std::vector<int32_t>& tgt,
+                           int64_t N, int64_t C, int64_t V, float scale, mx::HeadOperands ops,
+                           const HeadReference& ref, mx::HeadOperands other, const char* what) {
+  for (int64_t chunk : {1, 3, 10}) {
+    std::vector<float> dh(N * C, kNaN), dw(V * C, 1.0f),
+        ws(mx::head_workspace_floats(chunk, C, V, ops), kNaN);
+    const std::vector<float> h0 = h, w0 = w;
+    double loss = be.head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N,
+                                        C, V, scale, ws.data(), chunk, ops);
+    EXPECT_NEAR(loss, ref.loss, 1e-5 * std::fabs(ref.loss)) << what;
+    expect_close(dh, ref.dh, 1e-5, what);
+    expect_close(dw, ref.dw, 1e-5, what);
+    EXPECT_EQ(h, h0) << what;
+    EXPECT_EQ(w, w0) << what;
+    double eval = be.head_cross_entropy(nullptr, nullptr, h.data(), w.data(), tgt.data(), N, C,
+                                        V, scale, ws.data(), chunk, ops);
+    EXPECT_NEAR(eval, ref.loss, 1e-5 * std::fabs(ref.loss)) << what;
+  }
+  std::vector<float> dh(N * C), dw(V * C, 1.0f), ws(mx::head_workspace_floats(N, C, V, other));
+  be.head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N, C, V, scale,
+                        ws.data(), N, other);
+  double far = 0;
+  for (int64_t i = 0; i < N * C; ++i) far = std::max(far, std::fabs(dh[i] - ref.dh[i]));
+  return far;
+}
+
 TEST(CpuOps, HeadCrossEntropyBf16OperandsMatchRoundedDefinition) {
   // bf16_operands: the loss is the exact loss of the rounded h and W; the gradients are the
   // GEMMs of the rounded logits gradient (softmax - onehot, scaled) with the rounded h / W.
@@ -277,50 +342,54 @@ TEST(CpuOps, HeadCrossEntropyBf16OperandsMatchRoundedDefinition) {
   std::vector<double> hq(N * C), wq(V * C);
   for (int64_t i = 0; i < N * C; ++i) hq[i] = bf16_ref(h[i]);
   for (int64_t i = 0; i < V * C; ++i) wq[i] = bf16_ref(w[i]);
-  double loss_ref = 0;
-  std::vector<double> g(N * V);  // the rounded logits gradient
-  for (int64_t n = 0; n < N; ++n) {
-    std::vector<double> z(V);
-    double mx = -1e300, se = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      for (int64_t c = 0; c < C; ++c) z[v] += hq[n * C + c] * wq[v * C + c];
-      mx = std::max(mx, z[v]);
-    }
-    for (double zz : z) se += std::exp(zz - mx);
-    loss_ref += mx + std::log(se) - z[tgt[n]];
-    for (int64_t v = 0; v < V; ++v)
-      g[n * V + v] = bf16_ref(scale * (std::exp(z[v] - mx) / se - (v == tgt[n] ? 1.0 : 0.0)));
-  }
-  std::vector<double> dh_ref(N * C, 0.0), dw_ref(V * C, 1.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t v = 0; v < V; ++v)
-      for (int64_t c = 0; c < C; ++c) {
-        dh_ref[n * C + c] += g[n * V + v] * wq[v * C + c];
-        dw_ref[v * C + c] += g[n * V + v] * hq[n * C + c];
-      }
-  // The fp32 head's gradient, to show the rounding is visible at this tolerance.
-  std::vector<float> dh32(N * C), dw32(V * C, 1.0f), ws32(N * V);
-  be->head_cross_entropy(dh32.data(), dw32.data(), h.data(), w.data(), tgt.data(), N, C, V,
-                         scale, ws32.data(), N, false);
-  double far = 0;
-  for (int64_t i = 0; i < N * C; ++i) far = std::max(far, std::fabs(dh32[i] - dh_ref[i]));
-  EXPECT_GT(far, 1e-4);
-  for (int64_t chunk : {1, 3, 10}) {
-    std::vector<float> dh(N * C, kNaN), dw(V * C, 1.0f),
-        ws(mx::head_workspace_floats(chunk, C, V, true), kNaN);
-    const std::vector<float> h0 = h, w0 = w;
-    double loss = be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), N,
-                                         C, V, scale, ws.data(), chunk, true);
-    EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref));
-    expect_close(dh, dh_ref, 1e-5, "bf16 head dh");
-    expect_close(dw, dw_ref, 1e-5, "bf16 head dw");
-    EXPECT_EQ(h, h0);  // inputs untouched: the copies live in the workspace
-    EXPECT_EQ(w, w0);
-    // Forward only (validation): the same loss.
-    double eval = be->head_cross_entropy(nullptr, nullptr, h.data(), w.data(), tgt.data(), N, C,
-                                         V, scale, ws.data(), chunk, true);
-    EXPECT_NEAR(eval, loss_ref, 1e-5 * std::fabs(loss_ref));
-  }
+  const HeadReference ref =
+      head_reference(hq, wq, tgt, N, C, V, scale, [](double x) { return double(bf16_ref(x)); });
+  // The fp32 head's gradient lies outside the tolerance: the rounding is what is seen.
+  EXPECT_GT(expect_head_matches(*be, h, w, tgt, N, C, V, scale, mx::HeadOperands::kBf16, ref,
+                                mx::HeadOperands::kFp32, "bf16 head"),
+            1e-4);
+}
+
+// E4M3 (3 mantissa bits, smallest normal exponent -6, largest 448) and E5M2 (2, -14, 57344)
+// rounding by the usual formula (to nearest, ties to even, saturating at the largest finite),
+// written here rather than taken from numerics/.
+double fp8_rounded(double v, int mbits, int emin, double max_finite) {
+  if (v == 0) return v;
+  int e = 0;
+  std::frexp(std::fabs(v), &e);  // |v| = f 2^e, f in [0.5, 1)
+  const double quantum = std::ldexp(1.0, std::max(e - 1, emin) - mbits);
+  return std::copysign(std::min(std::nearbyint(std::fabs(v) / quantum) * quantum, max_finite), v);
+}
+
+TEST(CpuOps, HeadCrossEntropyFp8OperandsMatchTheirDefinition) {
+  // HeadOperands::kFp8 (precision.fp8_head): h and W rounded to E4M3 at fp32 scales 448 /
+  // amax of the whole tensor, the logits gradient to E5M2 at 57344 / |grad_scale| (its bound);
+  // each FP8 value decoded times 1 / scale in fp32. The loss is the exact loss of the rounded
+  // h and W, the gradients the GEMMs of the rounded gradient with them, whatever the chunks.
+  auto be = mx::make_cpu_backend();
+  const int64_t N = 10, C = 12, V = 17;
+  auto h = randn(N * C, 23), w = randn(V * C, 24, 0.5f);
+  std::vector<int32_t> tgt = {3, 16, 0, 5, 3, 9, 1, 12, 16, 2};
+  const float scale = 0.3f;
+  auto quantize = [](const std::vector<float>& x, int mbits, int emin, double max_finite) {
+    float amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const float s = float(max_finite) / amax, inv = 1.0f / s;
+    std::vector<double> q(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      q[i] = double(float(fp8_rounded(double(x[i] * s), mbits, emin, max_finite)) * inv);
+    return q;
+  };
+  const std::vector<double> hq = quantize(h, 3, -6, 448), wq = quantize(w, 3, -6, 448);
+  const float gs = 57344.0f / scale, ginv = 1.0f / gs;
+  const HeadReference ref = head_reference(hq, wq, tgt, N, C, V, scale, [&](double x) {
+    const float d = float(x);  // the fp32 gradient element, rounded at its fp32 scale
+    return double(float(fp8_rounded(double(d * gs), 2, -14, 57344)) * ginv);
+  });
+  // The bf16 head's gradient lies far outside the tolerance: the FP8 rounding is what is seen.
+  EXPECT_GT(expect_head_matches(*be, h, w, tgt, N, C, V, scale, mx::HeadOperands::kFp8, ref,
+                                mx::HeadOperands::kBf16, "fp8 head"),
+            1e-3);
 }
 
 TEST(CpuOps, RoundBf16MatchesBitFormula) {
