@@ -82,6 +82,7 @@ int run_plan(const PlanArgs& a) {
   in.activations = cfg.precision.activations;
   in.stats_every = cfg.precision.stats_every;
   in.fp8_attention = cfg.precision.fp8_attention;
+  in.fp8_head = cfg.precision.fp8_head;
   in.eval = cfg.train.eval_every > 0;
   MX_REQUIRE(a.memory == "model" || a.memory == "engine",
              "--memory must be model or engine (got '", a.memory, "')");
@@ -123,6 +124,13 @@ int run_plan(const PlanArgs& a) {
                               plan::kFp8AttentionEfficiency, " x the FP8 dense rate plus its "
                               "casts (not run on a GPU yet); its codes use the CUDA scratch "
                               "arena, in groups of sequences where the batch's do not fit"));
+  if (in.fp8_head)
+    notes.push_back(gpu.is_cpu
+                        ? str("precision.fp8_head: the CPU twin (the head's fp32 GEMMs on FP8 "
+                              "values) plus its rounding passes")
+                        : str("precision.fp8_head is MODELLED: the head's three GEMMs at the "
+                              "per-tensor FP8 rate plus the casts of W, h and the logits "
+                              "gradient (not run on a GPU yet)"));
   const plan::Evaluation given = plan::evaluate(in, gpu);
   // FP8 attention runs a micro-batch in groups of sequences, but one sequence's codes (the
   // backward's q, o, do, dq and k, v, dk, dv, a byte each) must fit the CUDA scratch arena,

@@ -315,6 +315,7 @@ nlohmann::json time_json(const TimeBreakdown& t) {
           {"gemm_flops_per_step", t.gemm_flops},
           {"attention_flops_per_step", t.attention_flops},
           {"fp8_attention_blocks", t.fp8_attention_blocks},
+          {"fp8_head", t.fp8_head},
           {"tokens_per_step", t.tokens_per_step},
           {"model_flops_per_token", t.model_flops_per_token},
           {"gemm_flops_per_s_assumed", t.gemm_rate}};
@@ -329,6 +330,7 @@ nlohmann::json config_json(const PlanInput& p, const GpuSpec& gpu) {
           {"shard_group", p.shard_group},
           {"recipe", p.recipe},
           {"fp8_attention", p.fp8_attention},
+          {"fp8_head", p.fp8_head},
           {"high_precision", plan_high_precision_bf16(p) ? "bf16" : "fp32"},
           // the engine's (memory.engine on GPUs: run.device = cuda)
           {"activations",
@@ -468,6 +470,9 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
   if (t.fp8_attention_blocks > 0)
     out += str("  attention in FP8 (precision.fp8_attention) in ", t.fp8_attention_blocks, " of ",
                in.model.num_hidden_layers, " blocks", gpu.is_cpu ? " (the CPU twin)" : "", "\n");
+  if (t.fp8_head)
+    out += str("  head GEMMs in FP8 (precision.fp8_head)", gpu.is_cpu ? " (the CPU twin)" : "",
+               "\n");
   out += str("throughput: ", rate(t.tokens_per_s), " (", rate(t.tokens_per_s_per_gpu),
              " per device), MFU ", pct(t.mfu), " (vs bf16 peak ", pct(t.mfu_bf16), ")\n\n");
   const PlanInput& b = rec.best.input;

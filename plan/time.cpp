@@ -60,7 +60,24 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
       (double(n) * quant_elems_per_token * (1.0 + recompute / 3.0) +
        double(block_matmul_params(c)));
   const double head_gemm = 2.0 * double(n) * double(c.vocab_size) * double(C) * 3.0;
-  const double head_bytes = 16.0 * double(n) * double(c.vocab_size);
+  // precision.fp8_head: the head's GEMMs at the per-tensor FP8 rate, plus their casts per
+  // micro-batch: W (V x C fp32) read for its amax, then read and written as codes in both
+  // layouts (4 + 4 + 2 bytes an element); h (n x C) the same; the logits gradient's (n x V)
+  // codes written by the cross-entropy kernel and transposed (1 + 1 + 1). On the CPU the twin's fp32 GEMMs and its rounding
+  // passes over the same elements (kCpuQuantizeBytesPerElement each).
+  const bool fp8_head =
+      in.fp8_head && in.recipe != "fp32" && (gpu.is_cpu || gpu.fp8_flops > 0);
+  const double head_rate =
+      fp8_head && !gpu.is_cpu
+          ? gpu.fp8_flops * recipe_model("fp8-current").gemm_efficiency * saturation
+          : hp_rate;
+  const double VC = double(c.vocab_size) * double(C);
+  const double head_cast_bytes =
+      !fp8_head  ? 0.0
+      : gpu.is_cpu ? kCpuQuantizeBytesPerElement *
+                         (VC + double(n) * double(C) + double(n) * double(c.vocab_size))
+                   : 10.0 * VC + 10.0 * double(n) * double(C) + 3.0 * double(n) * double(c.vocab_size);
+  const double head_bytes = 16.0 * double(n) * double(c.vocab_size) + head_cast_bytes;
 
   auto block_time = [&](bool quantized) {
     double g = block_gemm / (quantized ? lp_rate : hp_rate);
@@ -96,11 +113,11 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   mb_attn = double(L - fp8_blocks) * block_attn / attn_rate +
             double(fp8_blocks) * block_attn / fp8_attn_rate;
   mb_mem += double(fp8_blocks) * fp8_attn_bytes / gpu.hbm_bytes_per_s;
-  mb_gemm += head_gemm / hp_rate;
+  mb_gemm += head_gemm / head_rate;
   mb_mem += head_bytes / gpu.hbm_bytes_per_s;
-  const double block_compute = (mb_gemm - head_gemm / hp_rate + mb_attn) / double(L) +
+  const double block_compute = (mb_gemm - head_gemm / head_rate + mb_attn) / double(L) +
                                (mb_mem - head_bytes / gpu.hbm_bytes_per_s) / double(L);
-  const double head_compute = head_gemm / hp_rate + head_bytes / gpu.hbm_bytes_per_s;
+  const double head_compute = head_gemm / head_rate + head_bytes / gpu.hbm_bytes_per_s;
 
   // Collectives. A group inside one node runs at NVLink speed; one that spans nodes is limited
   // by each GPU's share of the instance's EFA bandwidth.
@@ -157,6 +174,7 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   t.gemm_flops = double(A) * (double(L) * block_gemm + head_gemm);
   t.attention_flops = double(A) * double(L) * block_attn;
   t.fp8_attention_blocks = fp8_blocks;
+  t.fp8_head = fp8_head;
   t.gemm_s = double(A) * mb_gemm;
   t.attention_s = double(A) * mb_attn;
   t.memory_bound_s = double(A) * mb_mem;

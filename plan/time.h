@@ -35,6 +35,7 @@ struct TimeBreakdown {
   double gemm_flops = 0;       // per step, per rank, incl. backward (2x) and recompute
   double attention_flops = 0;  // per step, per rank
   int64_t fp8_attention_blocks = 0;  // blocks whose attention runs in FP8 (precision.fp8_attention)
+  bool fp8_head = false;             // the head's GEMMs in FP8 (precision.fp8_head)
   double gemm_s = 0, attention_s = 0, memory_bound_s = 0;
   double comm_s = 0;           // all collective time per step (overlapped or not)
   double exposed_comm_s = 0;   // the part not hidden behind compute

@@ -39,11 +39,8 @@ TRAIN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("model,batch,seq,policy", TRAIN_CASES)
-def test_cpu_plan_matches_train_peak(mxtrain, tmp_path, model, batch, seq, policy):
-    settings = dict(model)
-    settings.update({"train.micro_batch": batch, "train.seq_len": seq,
-                     "memory.activation_checkpointing": policy})
+def assert_plan_matches_one_step(mxtrain, tmp_path, settings):
+    """One training step's peak_mem_bytes against `plan --gpu cpu` of the same settings."""
     run = dict(settings)
     run.update({"train.steps": 1, "data.format": "random", "run.sample_tokens": 0,
                 "run.out_dir": str(tmp_path / "run"), "train.eval_every": 0})
@@ -51,12 +48,18 @@ def test_cpu_plan_matches_train_peak(mxtrain, tmp_path, model, batch, seq, polic
     assert r.rc == 0, r
     steps, summary = read_metrics(tmp_path / "run" / "metrics.jsonl")
     measured = summary["peak_mem_bytes"]
-    settings["train.eval_every"] = 0
-    predicted = plan(mxtrain, settings)["memory"]["total_bytes"]
+    predicted = plan(mxtrain, dict(settings, **{"train.eval_every": 0}))["memory"]["total_bytes"]
     err = abs(predicted - measured) / measured
-    print(f"{model} B={batch} T={seq} {policy}: measured {measured} predicted {predicted} "
-          f"error {err:.2e}")
+    print(f"{settings}: measured {measured} predicted {predicted} error {err:.2e}")
     assert err <= TOLERANCE, (measured, predicted)
+
+
+@pytest.mark.parametrize("model,batch,seq,policy", TRAIN_CASES)
+def test_cpu_plan_matches_train_peak(mxtrain, tmp_path, model, batch, seq, policy):
+    settings = dict(model)
+    settings.update({"train.micro_batch": batch, "train.seq_len": seq,
+                     "memory.activation_checkpointing": policy})
+    assert_plan_matches_one_step(mxtrain, tmp_path, settings)
 
 
 # Several processes: `mpirun -np N mxtrain train` against `mxtrain plan --gpu cpu --gpus N`,
@@ -415,6 +418,35 @@ def test_fp8_attention_is_planned_from_the_config(mxtrain):
     assert "MXTRAIN_CUDA_SCRATCH_MB=2304 or more" in long.stdout
     bad = mxtrain(["plan", "--gpu", "cpu", "--gpus", "1", "--set", "precision.fp8_attention=true"])
     assert bad.rc == 2 and "error: precision.fp8_attention" in bad.stderr
+
+
+def test_fp8_head_is_planned_from_the_config(mxtrain, tmp_path):
+    """precision.fp8_head reaches the time model from the config (faster head GEMMs, their
+    casts in the memory-bound time) and, on the CPU, the replay that predicts the engine's
+    peak: the head's workspace with the FP8 layout, exact against a training step."""
+    base = {"model.preset": "llama3.2-1b", "train.seq_len": 8192, "train.micro_batch": 2,
+            "precision.recipe": "fp8-delayed"}
+    off = plan(mxtrain, base, gpu="h200", gpus=8)
+    on = plan(mxtrain, dict(base, **{"precision.fp8_head": True}), gpu="h200", gpus=8)
+    assert on["config"]["fp8_head"] is True and off["config"]["fp8_head"] is False
+    assert on["time"]["fp8_head"] is True and off["time"]["fp8_head"] is False
+    assert on["time"]["gemm_s"] < off["time"]["gemm_s"]
+    assert on["time"]["memory_bound_s"] > off["time"]["memory_bound_s"]
+    assert on["time"]["attention_s"] == off["time"]["attention_s"]
+    assert on["tokens_per_s"] > off["tokens_per_s"]
+    text = mxtrain(["plan", "--gpu", "h200", "--gpus", "8"] +
+                   set_args(dict(base, **{"precision.fp8_head": True})))
+    assert text.rc == 0 and "head GEMMs in FP8 (precision.fp8_head)" in text.stdout
+    assert "precision.fp8_head is MODELLED" in text.stdout
+    bad = mxtrain(["plan", "--gpu", "cpu", "--gpus", "1", "--set", "precision.fp8_head=true"])
+    assert bad.rc == 2 and "error: precision.fp8_head" in bad.stderr
+    # The CPU engine: an odd shape (111 tokens, vocabulary 300), where the head's workspace
+    # with FP8 operand copies is the step's peak.
+    settings = {"model.preset": "tiny", "model.hidden_size": 96, "model.intermediate_size": 200,
+                "model.num_attention_heads": 6, "model.num_key_value_heads": 2,
+                "model.vocab_size": 300, "train.micro_batch": 3, "train.seq_len": 37,
+                "precision.recipe": "fp8-current", "precision.fp8_head": True}
+    assert_plan_matches_one_step(mxtrain, tmp_path, settings)
 
 
 def test_fits_flips_with_micro_batch_on_h100(mxtrain):

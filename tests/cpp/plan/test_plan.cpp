@@ -415,6 +415,42 @@ TEST(PlanTime, Fp8AttentionAtItsRateWithItsCasts) {
   EXPECT_EQ(twin.memory_bound_s, plain.memory_bound_s);
 }
 
+TEST(PlanTime, Fp8HeadAtThePerTensorFp8RateWithItsCasts) {
+  // precision.fp8_head (docs/plan.md): the head's three GEMMs at the per-tensor FP8 rate (0.65
+  // of the FP8 peak) instead of bf16's (0.75 of the bf16 peak), both times the tokens'
+  // saturation n / (n + 128); plus per micro-batch W's amax and casts (10 bytes an element),
+  // h's (10) and the logits gradient's codes and their transpose (3) at HBM bandwidth.
+  PlanInput in = input("llama3.2-1b", 2, 8192, Checkpointing::kNone, "full", 8, 1, "fp8-delayed");
+  const mx::ModelConfig& c = in.model;
+  const GpuSpec h200 = find_gpu("h200");
+  const TimeBreakdown off = plan_time(in, h200);
+  in.fp8_head = true;
+  const TimeBreakdown on = plan_time(in, h200);
+  EXPECT_FALSE(off.fp8_head);
+  EXPECT_TRUE(on.fp8_head);
+  const double n = 2.0 * 8192, V = double(c.vocab_size), C = double(c.hidden_size);
+  const double sat = n / (n + 128), head = 2.0 * n * V * C * 3.0;
+  const double saved = head / (0.75 * h200.bf16_flops * sat) - head / (0.65 * h200.fp8_flops * sat);
+  EXPECT_NEAR(off.gemm_s - on.gemm_s, saved, 1e-9 * saved);
+  const double casts = (10.0 * V * C + 10.0 * n * C + 3.0 * n * V) / h200.hbm_bytes_per_s;
+  EXPECT_NEAR(on.memory_bound_s - off.memory_bound_s, casts, 1e-9 * casts);
+  EXPECT_GT(on.tokens_per_s, off.tokens_per_s);
+  EXPECT_EQ(on.attention_s, off.attention_s);
+  // recipe fp32: no FP8 head (the config refuses it; the planner's candidates may meet it)
+  in.recipe = "fp32";
+  EXPECT_FALSE(plan_time(in, h200).fp8_head);
+  // the CPU twin: fp32 GEMMs as before, plus its rounding passes over W, h and the gradient
+  const GpuSpec cpu = fake_cpu();
+  in.recipe = "fp8-current";
+  const TimeBreakdown twin = plan_time(in, cpu);
+  in.fp8_head = false;
+  const TimeBreakdown plain = plan_time(in, cpu);
+  EXPECT_TRUE(twin.fp8_head);
+  EXPECT_EQ(twin.gemm_s, plain.gemm_s);
+  const double rounding = 12.0 * (V * C + n * C + n * V) / cpu.hbm_bytes_per_s;
+  EXPECT_NEAR(twin.memory_bound_s - plain.memory_bound_s, rounding, 1e-9 * rounding);
+}
+
 TEST(PlanCatalogue, NamesAndErrors) {
   GpuSpec h100 = find_gpu("h100");
   EXPECT_DOUBLE_EQ(h100.memory_bytes, 80e9);
