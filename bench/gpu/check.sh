@@ -22,7 +22,8 @@
 #      fp32 attention kernel; then bf16+cudnn: recipe bf16 with cuDNN's bf16 attention (5e-3,
 #      a guess) (loss_match.json). After step 4's FP8 rows, with 90 s of the budget left, the
 #      trainer's paths no GPU run had reached (MXTRAIN_GPU_FEATURE_RECIPES): fp8-delayed+fp8attn
-#      (precision.fp8_attention: cuDNN's fused FP8 SDPA against the CPU twin, 2e-2), fp8-block+wide,
+#      (precision.fp8_attention: cuDNN's fused FP8 SDPA against the CPU twin, 2e-2),
+#      fp8-delayed+fp8head (precision.fp8_head: the head's FP8 GEMMs, 5e-3), fp8-block+wide,
 #      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32,
 #      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) and fp8-current+stats+hp (telemetry
 #      every 10 steps, the last block in bf16) the same way; then resume on the GPU
@@ -38,7 +39,8 @@
 #      MXFP8 GEMM, and its row says so; mxfp8 and nvfp4 only on 10.x, where they run natively:
 #      a "skipped" row each elsewhere, an H200 included), and fp8-delayed with the attention in
 #      FP8 too ("mx fp8-delayed fp8attn", precision.fp8_attention; its ratio to bf16 is the
-#      target's line) (speed.json). Every mxtrain speed run
+#      target's line), and with the head's GEMMs in FP8 as well ("mx fp8-delayed fp8attn-head",
+#      precision.fp8_head; its ratio to bf16 a line too) (speed.json). Every mxtrain speed run
 #      is profiled (run.profile), and the table lists each one's top ops; PyTorch profiles one
 #      more step after its timed ones (torch.profiler, its top 15 kernels), for a side-by-side.
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
@@ -68,7 +70,8 @@
 #   MXTRAIN_GPU_LOSS_RECIPES     the loss match's recipes (fp32 bf16 fp8-current fp8-delayed
 #                                bf16+cudnn), MXTRAIN_GPU_LOSS_STEPS its steps (50)
 #   MXTRAIN_GPU_FEATURE_RECIPES  the trainer paths' loss-match rows (fp8-delayed+fp8attn
-#                                fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate
+#                                fp8-delayed+fp8head fp8-block+wide bf16+ckpt fp32+tf32
+#                                fp8-delayed+emulate
 #                                fp8-current+stats+hp; set empty: none)
 #   MXTRAIN_GPU_RESUME_STEPS     the resume check's steps (20: 10, a resume, 10 more)
 #   MXTRAIN_GPU_SEQ              the speed runs' sequence length (8192), MXTRAIN_GPU_TOKENS the
@@ -318,6 +321,10 @@ done
 # fp8-delayed with the attention in FP8 too (precision.fp8_attention: cuDNN's fused FP8 SDPA;
 # row "mx fp8-delayed fp8attn"): the 1.3x target's lever (docs/cuda.md), never run on a GPU.
 mx_speed fp8-delayed --variant fp8attn --set precision.fp8_attention=true
+# and the head's GEMMs in FP8 as well (precision.fp8_head; row "mx fp8-delayed fp8attn-head"):
+# the head is a fifth of the 1B shape's GEMM FLOPs; never run on a GPU.
+mx_speed fp8-delayed --variant fp8attn-head --set precision.fp8_attention=true \
+  --set precision.fp8_head=true
 # mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and
 # VEC16_UE4M3 scale modes; an H200 is 9.0, where they would only time the emulation):
 # elsewhere a "skipped" row each, no run.
@@ -341,7 +348,7 @@ echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
 # 10 + a resume to 20, then sampled generation, one seed, on cuda against cpu; rows "bf16 resume" and
 # "generate"; then a scratch arena larger than the GPU and one too small for an op, rows "gpu
 # memory" and "scratch full"). After the speed rows, which the targets need first.
-features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-delayed+fp8attn fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
+features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-delayed+fp8attn fp8-delayed+fp8head fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
 if (( $(cap 140) >= 90 )); then
   t0=$(date +%s)
   feat_rc=0
@@ -498,6 +505,9 @@ for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx fp8-delayed fp8attn", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain fp8-delayed + FP8 attention / bf16 = "
               f"{by[('mx fp8-delayed fp8attn', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")
+    if ("mx fp8-delayed fp8attn-head", seq) in by and ("mx bf16", seq) in by:
+        print(f"seq {seq}: mxtrain fp8-delayed + FP8 attention + FP8 head / bf16 = "
+              f"{by[('mx fp8-delayed fp8attn-head', seq)] / by[('mx bf16', seq)]:.3f}")
     if ("mx fp8-delayed unroll2", seq) in by and ("mx fp8-delayed", seq) in by:
         print(f"seq {seq}: mxtrain fp8-delayed, cast unroll 2 / 1 = "
               f"{by[('mx fp8-delayed unroll2', seq)] / by[('mx fp8-delayed', seq)]:.3f}")

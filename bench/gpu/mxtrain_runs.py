@@ -59,7 +59,10 @@ TOL = {"fp32": 1e-4, "bf16": 2e-3, "fp8-current": 5e-3, "fp8-delayed": 5e-3,
        # FP8 attention (cuDNN's fused FP8 SDPA against the CPU twin): the two round the
        # probabilities at different points (docs/numerics.md, "FP8 attention"), FP8 noise that
        # 50 steps compound; a guess
-       "fp8-delayed+fp8attn": 2e-2}
+       "fp8-delayed+fp8attn": 2e-2,
+       # The FP8 head (FP8 GEMMs on cuda against the twin's fp32 sums over the same FP8
+       # values: a gradient element now and then one E5M2 step apart); a guess
+       "fp8-delayed+fp8head": 5e-3}
 # A recipe's +MOD: (mxtrain --set overrides, environment) on both devices (the CPU backend
 # reads none of the MXTRAIN_CUDA_* variables). Without +cudnn the CUDA side runs the fp32
 # attention kernel.
@@ -73,6 +76,8 @@ MODIFIERS = {"cudnn": ({}, {"MXTRAIN_CUDA_ATTENTION": "cudnn"}),
              "hp": ({"precision.high_precision_last": 1}, {}),
              # the attention in FP8 too (cuDNN's fused FP8 SDPA on cuda, the twin on cpu)
              "fp8attn": ({"precision.fp8_attention": "true"}, {}),
+             # the head's GEMMs in FP8 (FP8 GEMMs on cuda, the twin on cpu)
+             "fp8head": ({"precision.fp8_head": "true"}, {}),
              # every Linear width and a micro-batch's tokens multiples of 128, so that
              # fp8-block's Linears run on the GPU's block-scaled GEMM (the tiny preset's 64
              # keeps them emulated): hidden 128, 4 heads of 32, as many KV heads

@@ -123,7 +123,8 @@ def test_exit_code_and_files(dry_run):
             {"resume_straight", "resume_split", "memory_1000000", "memory_16"} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
             {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-delayed__{SEQ}_2_none_unroll2",
-             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn"} |
+             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn",
+             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
     assert not [n for n in names if "checkpoints" in n]
@@ -214,7 +215,7 @@ def test_speed_rows(dry_run):
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
     variants = {r["variant"]: r for r in res if r.get("variant")}
-    assert sorted(variants) == ["fp8attn", "notune", "unroll2"], variants
+    assert sorted(variants) == ["fp8attn", "fp8attn-head", "notune", "unroll2"], variants
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
     # the fp32 attention kernel with the CPU twin's rounding, as a GPU without cuDNN's FP8 SDPA
     fa = variants["fp8attn"]
@@ -224,6 +225,15 @@ def test_speed_rows(dry_run):
         member = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn/stderr.txt")
         text = member.read().decode()
     assert "attention: FP8 in the blocks precision.recipe covers" in text
+    assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
+    # and with the head in FP8 too: on the FP8 GEMMs (the tiny shape's dimensions are
+    # multiples of 16)
+    fh = variants["fp8attn-head"]
+    assert fh["recipe"] == "fp8-delayed" and fh["tokens_per_s"] > 0, fh
+    with tarfile.open(said) as t:
+        text = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn-head/"
+                             "stderr.txt").read().decode()
+    assert "; precision.fp8_head on FP8 GEMMs" in text, text[-2000:]
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
     assert variants["notune"]["recipe"] == "bf16" and variants["notune"]["tokens_per_s"] > 0
     assert variants["unroll2"]["recipe"] == "fp8-delayed"
@@ -377,7 +387,7 @@ def test_recipe_modifiers_reach_both_runs(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("text\n")
     recipes = ["bf16+ckpt", "fp8-block+wide", "fp8-current+stats+hp", "fp32+tf32",
-               "fp8-delayed+fp8attn"]
+               "fp8-delayed+fp8attn", "fp8-delayed+fp8head"]
     p = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "mxtrain_runs.py"),
                         "loss-match", "--bin", str(fake), "--corpus", str(corpus), "--work",
                         str(tmp_path / "w"), "--steps", "2", "--recipes"] + recipes,
@@ -395,6 +405,8 @@ def test_recipe_modifiers_reach_both_runs(tmp_path):
                                      "arg precision.recipe=fp8-current"},
             "fp32+tf32": {"env MXTRAIN_CUDA_GEMM=tf32", "arg precision.recipe=fp32"},
             "fp8-delayed+fp8attn": {"arg precision.fp8_attention=true",
+                                    "arg precision.recipe=fp8-delayed"},
+            "fp8-delayed+fp8head": {"arg precision.fp8_head=true",
                                     "arg precision.recipe=fp8-delayed"}}
     for recipe, lines in want.items():
         for device in ("cpu", "cuda"):
