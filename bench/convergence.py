@@ -14,6 +14,9 @@ OMP_NUM_THREADS threads (default 2) and OMP_WAIT_POLICY=passive.
       [--keep-runs DIR] [--recipes a,b,...]
       [--from-json docs/numerics_convergence.json]   (re-plot and re-tabulate saved runs)
 
+A recipe may carry +MOD suffixes: +fp8head (precision.fp8_head), +fp8attn
+(precision.fp8_attention), e.g. --recipes bf16,fp8-delayed,fp8-delayed+fp8head --out /tmp/s.
+
 Writes OUT/numerics_convergence.png (per recipe: the seed-mean loss curves, the band between the
 lowest and highest seed), OUT/numerics_convergence.json (every run's numbers, written after each
 run) and prints the markdown table of docs/numerics.md.
@@ -43,6 +46,10 @@ BIN = os.environ.get("MXTRAIN_BIN", str(REPO / "build" / "mxtrain"))
 # bf16 first (the baseline of every comparison), fp32 last (the least needed if time runs out)
 RECIPES = ["bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8", "nvfp4", "fp32"]
 EXTRA = {"nvfp4": {"precision.high_precision_last": 1}}  # ~15% of 6 blocks
+# A recipe name may carry +MOD suffixes (e.g. fp8-delayed+fp8head): the base recipe with these
+# settings too; its target is the base recipe's.
+MODS = {"fp8head": {"precision.fp8_head": "true"},
+        "fp8attn": {"precision.fp8_attention": "true"}}
 TARGET = {"fp8-delayed": 0.01, "fp8-current": 0.01, "fp8-block": 0.01, "mxfp8": 0.01,
           "nvfp4": 0.03}
 
@@ -61,10 +68,14 @@ def run_one(recipe, seed, a, root, corpus):
         "train.seq_len": a.seq_len, "train.seed": seed, "train.warmup_steps": a.warmup,
         "train.eval_every": a.eval_every, "train.eval_batches": a.eval_batches,
         "train.log_every": 1, "data.path": corpus, "data.format": "text",
-        "precision.recipe": recipe, "run.out_dir": out, "run.name": f"{recipe}_seed{seed}",
-        "run.sample_tokens": 0, "checkpoint.resume": "none",
+        "precision.recipe": recipe.split("+")[0], "run.out_dir": out,
+        "run.name": f"{recipe}_seed{seed}", "run.sample_tokens": 0, "checkpoint.resume": "none",
     }
-    settings.update(EXTRA.get(recipe, {}))
+    settings.update(EXTRA.get(recipe.split("+")[0], {}))
+    for mod in recipe.split("+")[1:]:
+        if mod not in MODS:
+            sys.exit(f"{recipe}: unknown modifier +{mod} (known: {', '.join(MODS)})")
+        settings.update(MODS[mod])
     args = [BIN, "train"]
     for k, v in settings.items():
         args += ["--set", f"{k}={v}"]
@@ -163,7 +174,7 @@ def plot(results, path, meta):
         ax3.errorbar([i + 0.15], [100 * r["paired_mean"]],
                      yerr=[[100 * ci], [100 * ci]] if ci is not None else None, fmt="D",
                      color=color, capsize=4, ms=6)
-        t = TARGET.get(r["recipe"])
+        t = TARGET.get(r["recipe"].split("+")[0])
         if t is not None:
             ax3.hlines([-100 * t, 100 * t], i - 0.35, i + 0.35, colors="k", linestyles="--",
                        lw=1)
@@ -210,7 +221,7 @@ def summarize(results):
             row["paired_mean"], row["paired_std"] = mean_std(paired)
             n = len(paired)
             row["ci95"] = T95.get(n - 1, 2.0) * row["paired_std"] / n ** 0.5 if n > 1 else None
-        target = TARGET.get(recipe)
+        target = TARGET.get(recipe.split("+")[0])
         if target is not None and "diff" in row:
             d, ci = row["diff"], row["ci95"]
             if ci is None:
@@ -241,7 +252,7 @@ def table(results):
                         if ci is not None else "")
             paired = (f"{100 * r['paired_mean']:+.2f}% ± {100 * r['paired_std']:.2f}%{interval} ("
                       + ", ".join(f"{100 * p:+.2f}" for p in r["paired"]) + ")")
-        target = TARGET.get(r["recipe"])
+        target = TARGET.get(r["recipe"].split("+")[0])
         t = f"≤ {100 * target:.0f}%" if target is not None else "—"
         lines.append(f"| {r['recipe']} | {len(r['seeds'])} | {r['mean']:.4f} ± {r['std']:.4f} | "
                      f"{diff} | {paired} | {t} | {r.get('verdict', '—')} | "

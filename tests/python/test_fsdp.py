@@ -696,15 +696,19 @@ def test_fp8_delayed_resume_is_exact_when_replicas_share_a_file(tmp_path, shardi
         assert g.read_bytes() == w.read_bytes(), g.name
 
 
-def test_fp8_attention_trains_as_one_process_does(tmp_path):
+@pytest.mark.parametrize("setting", ["precision.fp8_attention", "precision.fp8_head"])
+def test_fp8_attention_and_head_train_as_one_process_does(tmp_path, setting):
     """precision.fp8_attention scales q, k, v and dO by their amax over the micro-batch, so
     with one sequence a micro-batch 2 ranks (accumulating 2) quantize the same sequences at the
     same scales as 1 process accumulating 4: the per-rank mean's factor 2 is a power of two,
-    which the power-of-two scales absorb exactly. The losses agree to summation order; plain
-    attention lands measurably elsewhere, so the comparison sees the FP8 attention."""
+    which the power-of-two scales absorb exactly. precision.fp8_head likewise: h's scale is the
+    micro-batch's, W's the same weights', and the logits gradient's, 57344 / |grad_scale|,
+    doubles exactly with the gradient's factor 2 (so the codes are the same). The losses agree
+    to summation order; without the setting the run lands measurably elsewhere, so the
+    comparison sees it."""
     fp8 = ["--set", "precision.recipe=fp8-current", "--set", "train.steps=4",
            "--set", "train.micro_batch=1"]
-    on = fp8 + ["--set", "precision.fp8_attention=true"]
+    on = fp8 + ["--set", f"{setting}=true"]
     one, _, _ = train(tmp_path, 1, "full", on + ["--set", "train.grad_accum=4"], name="one")
     two, _, _ = train(tmp_path, 2, "full", on + ["--set", "train.grad_accum=2"], name="two")
     plain, _, _ = train(tmp_path, 2, "full", fp8 + ["--set", "train.grad_accum=2"], name="plain")
