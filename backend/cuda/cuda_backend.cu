@@ -1125,11 +1125,11 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // The per-tensor FP8 GEMM (LtGemm::fp8_gemm), fp32 C or bf16 C16, beta's term from C_in
-  // (null: C); the caller holds a scope.
+  // (null: C); the caller holds a scope. op: its name in the profile.
   bool tensor_fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                        const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                        const float* b_scale, float beta, float* C, uint16_t* C16,
-                       const float* C_in = nullptr) {
+                       const float* C_in = nullptr, const char* op = "fp8_gemm") {
     DeviceArenaScope scope(scratch_);  // the workspace, released after queueing (one stream)
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
@@ -1137,7 +1137,7 @@ class CudaBackendImpl final : public CudaBackend {
                       stream_, C16, C_in))
       return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
-    done("fp8_gemm");
+    done(op);
     return true;
   }
 
@@ -2112,8 +2112,9 @@ class CudaBackendImpl final : public CudaBackend {
   // whole tensors' amaxes and the gradient's from its bound, on the device. With FP8 tensor
   // cores and every dimension a multiple of 16 (cuBLASLt's FP8 GEMMs; each of C, V and a
   // chunk's rows is some GEMM's reduction): codes in the workspace (W's in both layouts once,
-  // the chunk's h and gradient in both layouts from one read each) and three per-tensor FP8
-  // GEMMs a chunk, fp32 out. Otherwise the CPU twin's steps: fp32 copies of the FP8 values
+  // the chunk's h in both from one read, the gradient's written by the cross-entropy kernel
+  // and transposed) and three per-tensor FP8 GEMMs a chunk, fp32 out, each in the profile
+  // under the head's name. Otherwise the CPU twin's steps: fp32 copies of the FP8 values
   // (fp8_round) and fp32 GEMMs.
   bool head_fp8_native(int64_t N, int64_t C, int64_t V, int64_t chunk_rows) const {
     return fp8_native_ && C % 16 == 0 && V % 16 == 0 && chunk_rows % 16 == 0 && N % 16 == 0;
@@ -2172,7 +2173,8 @@ class CudaBackendImpl final : public CudaBackend {
       else
         cuda::fp8_codes(h + r0 * C, R, C, kE4M3, scale_h, hc, false, stream_);
       launched("head_cross_entropy (FP8 codes)");
-      tensor_fp8_gemm(R, V, C, hc, kE4M3, inv_h, wc, kE4M3, inv_w, 0.0f, logits, nullptr);
+      tensor_fp8_gemm(R, V, C, hc, kE4M3, inv_h, wc, kE4M3, inv_w, 0.0f, logits, nullptr, nullptr,
+                      "head_cross_entropy (logits FP8 GEMM)");
       // the gradient's row-major codes straight from the kernel (its scale is known on the
       // host: no fp32 gradient written and read back), then their transpose
       cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
@@ -2184,9 +2186,11 @@ class CudaBackendImpl final : public CudaBackend {
         cuda::transpose_bytes(gc, R, V, gtc, stream_);
         launched("head_cross_entropy (gradient codes transposed)");
       }
-      tensor_fp8_gemm(R, C, V, gc, kE5M2, inv_g, wtc, kE4M3, inv_w, 0.0f, dh + r0 * C, nullptr);
+      tensor_fp8_gemm(R, C, V, gc, kE5M2, inv_g, wtc, kE4M3, inv_w, 0.0f, dh + r0 * C, nullptr,
+                      nullptr, "head_cross_entropy (backward FP8 GEMMs)");
       if (dw)  // (as linear_backward: no weight gradient asked for, none computed)
-        tensor_fp8_gemm(V, C, R, gtc, kE5M2, inv_g, htc, kE4M3, inv_h, 1.0f, dw, nullptr);
+        tensor_fp8_gemm(V, C, R, gtc, kE5M2, inv_g, htc, kE4M3, inv_h, 1.0f, dw, nullptr, nullptr,
+                        "head_cross_entropy (backward FP8 GEMMs)");
     }
   }
 
