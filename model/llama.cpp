@@ -1181,6 +1181,21 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   float* head_matrix = tied ? embed : layout_.lm_head_in_unit(head_w);
   float* head_matrix_grad =
       !training ? nullptr : tied ? access.grads(embed_u) : layout_.lm_head_in_unit(head_g);
+  if (head_ops == HeadOperands::kFp8 && recipe_->collecting_stats()) {
+    // telemetry of the FP8 head's forward operands (host copies where the backend's memory is
+    // not the host's: a telemetry step's cost, as the Linears' there)
+    std::vector<float> host_h, host_w;
+    const float *hh = hf, *hw = head_matrix;
+    if (!be_.host_addressable()) {
+      host_h.resize(size_t(N * C));
+      host_w.resize(size_t(V * C));
+      be_.copy_to_host(host_h.data(), hf, sizeof(float) * host_h.size());
+      be_.copy_to_host(host_w.data(), head_matrix, sizeof(float) * host_w.size());
+      hh = host_h.data();
+      hw = host_w.data();
+    }
+    recipe_->record_head_stats(hh, N, C, hw, V);
+  }
   double loss_sum = be_.head_cross_entropy(dh, head_matrix_grad, hf, head_matrix, targets, N, C,
                                            V, grad_scale / float(N), workspace, chunk,
                                            head_ops);

@@ -391,6 +391,22 @@ void LinearRecipe::record_attention_amax(int64_t layer, const numerics::AttnFp8A
   put("dv", "e5m2", a.dV, b.dV);
 }
 
+void LinearRecipe::record_head_stats(const float* h, int64_t N, int64_t C, const float* w,
+                                     int64_t V) {
+  if (!collect_ || replay_) return;
+  auto one = [&](const char* name, const float* x, int64_t rows, int64_t cols) {
+    const float scale = numerics::fp8_scale_from_amax(numerics::abs_max(x, rows * cols),
+                                                      numerics::fp8_max(Format::kE4M3));
+    std::vector<float> d(size_t(rows * cols));
+    numerics::quantize_fp8_tensor_into(x, rows, cols, Format::kE4M3, scale,
+                                       numerics::QuantizeInto{d.data()});
+    accumulate_stats(head_stats_[name], x, d.data(), rows, cols, Format::kE4M3,
+                     [scale](int64_t, int64_t) { return scale; });
+  };
+  one("head.fwd.input", h, N, C);
+  one("head.fwd.weight", w, V, C);
+}
+
 nlohmann::json LinearRecipe::finish_stats(int64_t step) {
   collect_ = false;
   std::vector<std::string> saturated;
@@ -404,16 +420,20 @@ nlohmann::json LinearRecipe::finish_stats(int64_t step) {
     if (headroom < 1.0) saturated.push_back(name);
   }
   attn_stats_.clear();
+  std::vector<std::pair<std::string, OperandStats>> operands(head_stats_.begin(),
+                                                             head_stats_.end());
+  head_stats_.clear();
   if (!saturated.empty())
     warn(str("numerics: FP8 attention saturated at step ", step, " in ", saturated.front(),
              saturated.size() > 1 ? str(" and ", saturated.size() - 1, " more") : std::string(),
              ": an amax passed its bound-derived scale's range (docs/numerics.md, \"FP8 "
              "attention\")"));
-  if (stats_.empty()) return attn.empty() ? nlohmann::json(nullptr) : attn;
+  for (const auto& [key, s] : stats_)
+    operands.emplace_back(operand_name(std::get<0>(key), std::get<1>(key), std::get<2>(key)), s);
+  if (operands.empty()) return attn.empty() ? nlohmann::json(nullptr) : attn;
   nlohmann::json j = attn;
   std::vector<std::string> collapsed;
-  for (const auto& [key, s] : stats_) {
-    const std::string name = operand_name(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+  for (const auto& [name, s] : operands) {
     j[name] = s.to_json();
     const std::string reason = monitor_.check(name, s.format, s.sqnr_db());
     if (!reason.empty()) {

@@ -208,6 +208,13 @@ class LinearRecipe {
   // and attn_scale as numerics::attn_fp8_backward_scales takes them.
   void record_attention_amax(int64_t layer, const numerics::AttnFp8Amax& a, bool backward,
                              int64_t D, int64_t rows_per_key, float attn_scale);
+  // precision.fp8_head while collecting: the head's forward operands as the FP8 head quantizes
+  // them (E4M3 at current per-tensor scales, numerics::fp8_scale_from_amax of the whole
+  // tensor; Backend's HeadOperands::kFp8), h [N, C] and W [V, C] in host memory: finish_stats
+  // adds "head.fwd.input" and "head.fwd.weight" entries (summed over micro-batches, as the
+  // Linears' operands) and checks their SQNR as theirs. The logits gradient, which exists only
+  // inside the head's op a chunk at a time, is not measured.
+  void record_head_stats(const float* h, int64_t N, int64_t C, const float* w, int64_t V);
   void set_collect_stats(bool on) { collect_ = on; }
   bool collecting_stats() const { return collect_; }
   nlohmann::json finish_stats(int64_t step);
@@ -220,6 +227,7 @@ class LinearRecipe {
   Recipe recipe_;
   bool hp_bf16_ = false;
   bool fp8_attention_ = false;
+  std::map<std::string, OperandStats> head_stats_;  // record_head_stats's, by entry name
   bool fp8_head_ = false;
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0, micro_batch_ = 0;

@@ -312,6 +312,51 @@ def test_fp8_attention_telemetry(mxtrain, tmp_path):
     assert attn["o"]["headroom"] >= 448 / 280, attn["o"]  # the O bound's guarantee
 
 
+def test_fp8_head_telemetry(mxtrain, tmp_path):
+    # precision.fp8_head on a telemetry step: the head's forward operands as it quantizes them
+    # (E4M3 at current per-tensor scales) as "head.fwd.input" / "head.fwd.weight". At step 1
+    # W is the lm_head written here (init.from), so its record is recomputed from numerics_ref
+    # exactly; h, the final norm's output, is not known outside: its record's shape and sanity.
+    import llama_ref
+    from conftest import write_model
+    cfg = llama_ref.make_shape(64, 160, 2, 4, 2, vocab_size=256)  # the tiny preset's shape
+    params = llama_ref.random_params(cfg, seed=5, std=0.2)
+    model = write_model(tmp_path / "m", cfg, params)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    settings = {"init.from": model, "data.path": corpus, "train.steps": 2, "train.seq_len": 32,
+                "train.micro_batch": 4, "train.eval_every": 0, "run.sample_tokens": 0,
+                "precision.recipe": "fp8-current", "precision.fp8_head": "true",
+                "precision.stats_every": 1, "run.out_dir": tmp_path / "r"}
+    r = mxtrain(["train"] + set_args(settings))
+    assert r.rc == 0, r
+    steps, _ = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    for s in steps:
+        got = s["numerics"]
+        assert {"head.fwd.input", "head.fwd.weight"} <= set(got), sorted(got)
+        assert not [k for k in got if k.startswith("head.") and k not in
+                    ("head.fwd.input", "head.fwd.weight")], sorted(got)
+        h = got["head.fwd.input"]
+        assert h["format"] == "e4m3" and h["numel"] == 4 * 32 * 64, h
+        assert h["amax"] > 0 and h["saturated"] == 0 and h["sqnr_db"] > 25, h
+    w = np.asarray(params["lm_head.weight"], F32)
+    want = ref_stats(w, *reference("fp8-current", "fwd.weight", w), "e4m3")
+    g = steps[0]["numerics"]["head.fwd.weight"]
+    assert g["format"] == "e4m3" and g["numel"] == want["numel"], (g, want)
+    assert g["amax"] == want["amax"], (g, want)
+    assert abs(g["saturated"] - want["saturated"]) < 1e-12, (g, want)
+    assert abs(g["flushed"] - want["flushed"]) < 1e-12, (g, want)
+    assert abs(g["sqnr_db"] - want["sqnr_db"]) < 1e-6, (g, want)
+    # step 2's W is the updated one: a record of its own
+    assert steps[1]["numerics"]["head.fwd.weight"]["amax"] != g["amax"]
+    # without the FP8 head (bf16 head) there are no head entries
+    settings.update({"precision.fp8_head": "false", "run.out_dir": tmp_path / "r2"})
+    r = mxtrain(["train"] + set_args(settings))
+    assert r.rc == 0, r
+    steps, _ = read_metrics(tmp_path / "r2" / "metrics.jsonl")
+    assert not [k for k in steps[0]["numerics"] if k.startswith("head.")]
+
+
 def test_every_block_in_high_precision_is_said(mxtrain, tmp_path):
     """high_precision_first + _last covering every block left nothing quantized, silently: the
     start-up line still said the recipe's Linears were emulated, and the loss was bf16's."""
