@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -395,8 +396,8 @@ void LinearRecipe::record_head_stats(const float* h, int64_t N, int64_t C, const
                                      int64_t V) {
   if (!collect_ || replay_) return;
   auto one = [&](const char* name, const float* x, int64_t rows, int64_t cols) {
-    const float scale = numerics::fp8_scale_from_amax(numerics::abs_max(x, rows * cols),
-                                                      numerics::fp8_max(Format::kE4M3));
+    // the head's own rule (backend.h), so the record describes what the head quantizes
+    const float scale = head_fp8_scale(numerics::abs_max(x, rows * cols), Format::kE4M3);
     std::vector<float> d(size_t(rows * cols));
     numerics::quantize_fp8_tensor_into(x, rows, cols, Format::kE4M3, scale,
                                        numerics::QuantizeInto{d.data()});

@@ -809,8 +809,7 @@ int run_training(const RunConfig& cfg) {
   int64_t head_rows = head_chunk_rows(model_cfg, B * T, be.memory() != nullptr);
   if (MemoryResource* mem = be.memory(); mem && !std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB")) {
     int64_t free_b = 0, total_b = 0;
-    const HeadOperands head_ops =
-        head_operands(recipe != Recipe::kFp32 ? &linear_recipe : nullptr);
+    const HeadOperands head_ops = head_operands(&linear_recipe);  // (kFp32 under recipe fp32)
     if (mem->device_memory(&free_b, &total_b)) {
       const int64_t rows = spare_head_chunk_rows(model_cfg, B * T, head_ops, free_b, total_b);
       if (rows > 0) {
@@ -892,7 +891,7 @@ int run_training(const RunConfig& cfg) {
          spare_head.p ? str(" (", format_bytes(double(spare_head.bytes)), " of spare device memory)")
          : std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") ? std::string(" (MXTRAIN_CUDA_HEAD_CHUNK_MB)")
                                                      : std::string(" (planned)"),
-         linear_recipe.fp8_head() && recipe != Recipe::kFp32
+         linear_recipe.fp8_head()  // (never set under recipe fp32)
              ? str("; precision.fp8_head ", be.head_fp8_path(B * T, model_cfg.hidden_size,
                                                              model_cfg.vocab_size, head_rows))
              : std::string());
