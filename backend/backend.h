@@ -335,6 +335,10 @@ class Backend {
   // cuDNN's own amax outputs for P, O, dS, dQ, dK, dV). Synchronizes; meant for telemetry
   // steps.
   virtual numerics::AttnFp8Amax attention_fp8_amax() = 0;
+  // Numerics telemetry of the FP8 head: the largest |logits gradient| element of the last
+  // head_cross_entropy call with HeadOperands::kFp8 and a gradient (every chunk's), taken before
+  // its E5M2 encoding; 0 before any such call. Synchronizes; meant for telemetry steps.
+  virtual float head_fp8_grad_amax() = 0;
   // "" when attention_*_fp8 run for this shape here, else why not.
   virtual std::string attention_fp8_problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                             int64_t D) {

@@ -1199,6 +1199,8 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   double loss_sum = be_.head_cross_entropy(dh, head_matrix_grad, hf, head_matrix, targets, N, C,
                                            V, grad_scale / float(N), workspace, chunk,
                                            head_ops);
+  if (training && head_ops == HeadOperands::kFp8 && recipe_->collecting_stats())
+    recipe_->record_head_grad_amax(be_.head_fp8_grad_amax(), grad_scale / float(N));
   if (training) {
     be_.fill(dresid, 0.0f, N * C);
     be_.rmsnorm_backward(dresid, layout_.final_norm_in_unit(head_g), dh, xs[L],

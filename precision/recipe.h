@@ -212,9 +212,13 @@ class LinearRecipe {
   // them (E4M3 at current per-tensor scales, numerics::fp8_scale_from_amax of the whole
   // tensor; Backend's HeadOperands::kFp8), h [N, C] and W [V, C] in host memory: finish_stats
   // adds "head.fwd.input" and "head.fwd.weight" entries (summed over micro-batches, as the
-  // Linears' operands) and checks their SQNR as theirs. The logits gradient, which exists only
-  // inside the head's op a chunk at a time, is not measured.
+  // Linears' operands) and checks their SQNR as theirs.
   void record_head_stats(const float* h, int64_t N, int64_t C, const float* w, int64_t V);
+  // The FP8 head's logits gradient, which exists only inside the head's op a chunk at a time:
+  // its amax (Backend::head_fp8_grad_amax) and the grad_scale the op took (its E5M2 scale is
+  // head_fp8_scale(|grad_scale|)): finish_stats adds a "head.bwd.grad_output" entry with FP8
+  // attention's fields (format, amax, scale, headroom; the largest amax of the micro-batches).
+  void record_head_grad_amax(float amax, float grad_scale);
   void set_collect_stats(bool on) { collect_ = on; }
   bool collecting_stats() const { return collect_; }
   nlohmann::json finish_stats(int64_t step);
@@ -248,6 +252,7 @@ class LinearRecipe {
     double amax = 0, scale = 0;
   };
   std::map<std::pair<int64_t, std::string>, AttnEntry> attn_stats_;  // (layer, tensor)
+  std::map<std::string, AttnEntry> head_grad_stats_;  // record_head_grad_amax's, by entry name
   SqnrMonitor monitor_;
   // Block scales of the operand being quantized, kept only while telemetry reads them.
   std::vector<float> scale_f32_;

@@ -223,6 +223,7 @@ class CpuBackend final : public Backend {
     attn_amax_.dV = a.dV;
   }
   numerics::AttnFp8Amax attention_fp8_amax() override { return attn_amax_; }
+  float head_fp8_grad_amax() override { return head_grad_amax_; }
   void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
                         int64_t T_ctx, int64_t H, int64_t KV, int64_t D) override {
     OpScope scope(*this, "attention_decode");
@@ -316,6 +317,7 @@ class CpuBackend final : public Backend {
       if (!fp8) return round_bf16(y, x, rows * cols);
       numerics::quantize_fp8_tensor_into(x, rows, cols, fmt, scale, numerics::QuantizeInto{y});
     };
+    if (fp8 && dh) head_grad_amax_ = 0;
     if (copies) {
       round_operand(wq, w, V, C, kE4M3,
                     fp8 ? head_fp8_scale(numerics::abs_max(w, V * C), kE4M3) : 0.0f);
@@ -350,6 +352,7 @@ class CpuBackend final : public Backend {
       }
       loss_sum += chunk_loss;
       if (!dh) continue;
+      if (fp8) head_grad_amax_ = std::max(head_grad_amax_, numerics::abs_max(logits, R * V));
       if (copies) round_operand(logits, logits, R, V, kE5M2, g_scale);
       linear_backward(dh + r0 * C, dw, logits, hc, w, R, C, V, false);
     }
@@ -582,6 +585,7 @@ class CpuBackend final : public Backend {
 
  private:
   numerics::AttnFp8Amax attn_amax_;  // the last FP8 attention calls' (attention_fp8_amax)
+  float head_grad_amax_ = 0;  // the last FP8 head gradient's (head_fp8_grad_amax)
   std::unique_ptr<CountedHostMemory> test_memory_;
   bool plain_ = false;
   bool bf16_gemm_ = false;  // set_bf16_gemm_operands under MXTRAIN_TEST_BF16_GEMM

@@ -547,26 +547,45 @@ __device__ __forceinline__ void store_out4(E5m2Row y, int64_t i, float4 v) {
 }
 // The gradient pass: out[j] = grad_scale * softmax_j, then grad_scale less at the target; out
 // is the bf16 copy (codes), the FP8 head's E5M2 codes or the row itself (fp32, over the
-// logits each thread has read).
+// logits each thread has read). amax (null: none): the row's largest |out[j]| as the fp32
+// values are (before any encoding), folded into *amax (atomic max of the bits: amaxes are
+// never negative), the FP8 head's telemetry (Backend::head_fp8_grad_amax).
 template <typename Out>
 __device__ __forceinline__ void ce_gradient(Out out, const float* row, const float4* row4,
                                             int64_t n4, int64_t V, int32_t tgt,
                                             float target_logit, float mx, float k,
-                                            float grad_scale) {
+                                            float grad_scale, float* amax = nullptr) {
+  float m = 0.0f;  // over this thread's elements but the target (whose value changes below)
   ce_for_vec(row4, n4, [&](float4 v, int64_t j) {
-    store_out4(out, 4 * j, make_float4(expf(v.x - mx) * k, expf(v.y - mx) * k,
-                                       expf(v.z - mx) * k, expf(v.w - mx) * k));
+    const float4 g = make_float4(expf(v.x - mx) * k, expf(v.y - mx) * k, expf(v.z - mx) * k,
+                                 expf(v.w - mx) * k);
+    store_out4(out, 4 * j, g);
+    if (amax) {
+      const int64_t t = tgt - 4 * j;  // the target's lane in this float4, if any
+      m = fmaxf(m, t == 0 ? 0.0f : fabsf(g.x)), m = fmaxf(m, t == 1 ? 0.0f : fabsf(g.y));
+      m = fmaxf(m, t == 2 ? 0.0f : fabsf(g.z)), m = fmaxf(m, t == 3 ? 0.0f : fabsf(g.w));
+    }
   });
-  for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x)
-    store_out(out, j, expf(row[j] - mx) * k);
+  for (int64_t j = 4 * n4 + threadIdx.x; j < V; j += blockDim.x) {
+    const float g = expf(row[j] - mx) * k;
+    store_out(out, j, g);
+    if (amax && j != tgt) m = fmaxf(m, fabsf(g));
+  }
   __syncthreads();  // out[tgt] was written above
-  if (threadIdx.x == 0) store_out(out, tgt, expf(target_logit - mx) * k - grad_scale);
+  const float gt = expf(target_logit - mx) * k - grad_scale;
+  if (threadIdx.x == 0) store_out(out, tgt, gt);
+  if (amax) {
+    m = block_max(m);
+    if (threadIdx.x == 0)
+      atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(fmaxf(m, fabsf(gt))));
+  }
 }
 __global__ void __launch_bounds__(kCeThreads, 1)
     cross_entropy_rows_kernel(float* __restrict__ logits, double* __restrict__ loss,
                               const int32_t* __restrict__ targets, int64_t V, float grad_scale,
                               bool grad, uint16_t* __restrict__ grad16, bool vec,
-                              uint8_t* __restrict__ grad8 = nullptr, float grad8_scale = 1.0f) {
+                              uint8_t* __restrict__ grad8 = nullptr, float grad8_scale = 1.0f,
+                              float* __restrict__ grad_amax = nullptr) {
   const int64_t r = blockIdx.x;
   float* row = logits + r * V;
   const float4* row4 = reinterpret_cast<const float4*>(row);
@@ -605,11 +624,11 @@ __global__ void __launch_bounds__(kCeThreads, 1)
   uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
   if (grad8)
     ce_gradient(E5m2Row{grad8 + r * V, grad8_scale}, row, row4, n4, V, tgt, target_logit, mx, k,
-                grad_scale);
+                grad_scale, grad_amax);
   else if (row16)
-    ce_gradient(row16, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale);
+    ce_gradient(row16, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale, grad_amax);
   else
-    ce_gradient(row, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale);
+    ce_gradient(row, row, row4, n4, V, tgt, target_logit, mx, k, grad_scale, grad_amax);
 }
 // Whether cross_entropy_rows_kernel may read the rows as float4 (see there).
 bool ce_vec(const float* logits, int64_t V, const uint16_t* grad16,
@@ -783,6 +802,7 @@ class CudaBackendImpl final : public CudaBackend {
     cudnn_.reset();  // its handle is bound to the stream
 #endif
     if (attn_amax_dev_) cudaFree(attn_amax_dev_);
+    if (head_amax_dev_) cudaFree(head_amax_dev_);
     cudaStreamDestroy(stream_);
   }
 
@@ -1590,6 +1610,14 @@ class CudaBackendImpl final : public CudaBackend {
     });
   }
 #endif
+  float head_fp8_grad_amax() override {
+    float a = 0.0f;
+    if (!head_amax_dev_) return a;
+    MX_CUDA_CHECK("head_fp8_grad_amax",
+                  cudaMemcpyAsync(&a, head_amax_dev_, sizeof a, cudaMemcpyDeviceToHost, stream_));
+    MX_CUDA_CHECK("head_fp8_grad_amax", cudaStreamSynchronize(stream_));
+    return a;
+  }
   numerics::AttnFp8Amax attention_fp8_amax() override {
     numerics::AttnFp8Amax a;
     if (!attn_amax_dev_) return a;
@@ -2133,6 +2161,16 @@ class CudaBackendImpl final : public CudaBackend {
     const float g_scale_host = head_fp8_scale(std::fabs(grad_scale), kE5M2);
     cuda::fp8_scales(scale_g, inv_g, nullptr, g_scale_host, kE5M2, stream_);
     float* logits = workspace;
+    // the gradient's amax over every chunk, for telemetry (head_fp8_grad_amax); the kernel's
+    // atomic max costs a compare an element and one atomic a row
+    float* g_amax = nullptr;
+    if (dh) {
+      if (!head_amax_dev_)
+        MX_CUDA_CHECK("head_cross_entropy", cudaMalloc(&head_amax_dev_, sizeof(float)));
+      MX_CUDA_CHECK("head_cross_entropy",
+                    cudaMemsetAsync(head_amax_dev_, 0, sizeof(float), stream_));
+      g_amax = head_amax_dev_;
+    }
     if (!head_fp8_native(N, C, V, chunk_rows)) {  // the twin's steps on the device
       float* wq = workspace + head_operands_offset(chunk_rows, V);
       float* hq = wq + V * C;
@@ -2144,7 +2182,7 @@ class CudaBackendImpl final : public CudaBackend {
         linear_forward(logits, hq, wq, R, C, V);
         cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
             logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr,
-            ce_vec(logits, V, nullptr));
+            ce_vec(logits, V, nullptr), nullptr, 1.0f, g_amax);
         launched("head_cross_entropy");
         if (!dh) continue;
         cuda::fp8_round(logits, R * V, kE5M2, scale_g, inv_g, logits, stream_);
@@ -2179,7 +2217,7 @@ class CudaBackendImpl final : public CudaBackend {
       // host: no fp32 gradient written and read back), then their transpose
       cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
           logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr,
-          ce_vec(logits, V, nullptr, gc), gc, g_scale_host);
+          ce_vec(logits, V, nullptr, gc), gc, g_scale_host, g_amax);
       launched("head_cross_entropy");
       if (!dh) continue;
       if (dw) {
@@ -2709,6 +2747,7 @@ class CudaBackendImpl final : public CudaBackend {
 #endif
   static constexpr int kAttnAmaxFloats = 64;
   float* attn_amax_dev_ = nullptr;  // FP8 attention's amaxes (fp8_attention_scales)
+  float* head_amax_dev_ = nullptr;  // the FP8 head gradient's amax (head_fp8)
   GemmStats stats_;
 };
 

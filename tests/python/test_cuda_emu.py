@@ -93,9 +93,10 @@ CASES = [
     # FP8 attention: mxemu has no cuDNN, so the fp32 kernel with the twin's rounding inside
     ("fp8-delayed", "90", 1e-3, "on the fp32 attention kernel with the CPU twin's FP8 rounding",
      ("--set", "precision.fp8_attention=true")),
-    # the FP8 head on the FP8 GEMMs (tiny: vocabulary, width, tokens and chunk multiples of 16)
+    # the FP8 head on the FP8 GEMMs (tiny: vocabulary, width, tokens and chunk multiples of 16),
+    # with telemetry steps: its logits gradient's amax from the kernel against the twin's
     ("fp8-delayed", "90", 1e-3, "; precision.fp8_head on FP8 GEMMs",
-     ("--set", "precision.fp8_head=true")),
+     ("--set", "precision.fp8_head=true", "--set", "precision.stats_every=2")),
 ]
 
 
@@ -116,6 +117,14 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
         # Only the tensor-core Linears keep a shared input's operand: the FP8 GEMMs ran.
         assert summary["fp8_shared_operands"] > 0, summary
     compare(cpu, cuda, tol)
+    stats = [(c, g) for c, g in zip(cpu, cuda) if "numerics" in c]
+    assert len(stats) == sum("numerics" in g for g in cuda)
+    if "precision.stats_every=2" in extra:
+        assert stats
+        for c, g in stats:
+            a, b = c["numerics"]["head.bwd.grad_output"], g["numerics"]["head.bwd.grad_output"]
+            assert a["scale"] == b["scale"], (a, b)
+            assert abs(b["amax"] - a["amax"]) <= 1e-3 * a["amax"], (c["step"], a, b)
 
 
 @pytest.mark.parametrize("recipe,tol,ranks", [("fp32", 1e-6, 2), ("bf16", 1e-4, 2),

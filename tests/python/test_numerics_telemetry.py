@@ -317,6 +317,9 @@ def test_fp8_head_telemetry(mxtrain, tmp_path):
     # (E4M3 at current per-tensor scales) as "head.fwd.input" / "head.fwd.weight". At step 1
     # W is the lm_head written here (init.from), so its record is recomputed from numerics_ref
     # exactly; h, the final norm's output, is not known outside: its record's shape and sanity.
+    # The logits gradient as "head.bwd.grad_output": its E5M2 scale from the bound |grad_scale|
+    # = 1 / (tokens x micro-batches) (exact math; its amax's value is checked against a double
+    # reference by the gtest CpuOps.HeadCrossEntropyFp8OperandsMatchTheirDefinition).
     import llama_ref
     from conftest import write_model
     cfg = llama_ref.make_shape(64, 160, 2, 4, 2, vocab_size=256)  # the tiny preset's shape
@@ -325,24 +328,34 @@ def test_fp8_head_telemetry(mxtrain, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     settings = {"init.from": model, "data.path": corpus, "train.steps": 2, "train.seq_len": 32,
-                "train.micro_batch": 4, "train.eval_every": 0, "run.sample_tokens": 0,
+                "train.micro_batch": 4, "train.grad_accum": 2, "train.eval_every": 0,
+                "run.sample_tokens": 0,
                 "precision.recipe": "fp8-current", "precision.fp8_head": "true",
                 "precision.stats_every": 1, "run.out_dir": tmp_path / "r"}
     r = mxtrain(["train"] + set_args(settings))
     assert r.rc == 0, r
+    assert "saturated" not in r.stderr, r.stderr[-2000:]
     steps, _ = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    bound = 1.0 / (2 * 4 * 32)  # grad_scale of the head: 1 / (grad_accum x tokens), 2^-8
     for s in steps:
         got = s["numerics"]
-        assert {"head.fwd.input", "head.fwd.weight"} <= set(got), sorted(got)
+        assert {"head.fwd.input", "head.fwd.weight", "head.bwd.grad_output"} <= set(got), \
+            sorted(got)
         assert not [k for k in got if k.startswith("head.") and k not in
-                    ("head.fwd.input", "head.fwd.weight")], sorted(got)
-        h = got["head.fwd.input"]
-        assert h["format"] == "e4m3" and h["numel"] == 4 * 32 * 64, h
+                    ("head.fwd.input", "head.fwd.weight", "head.bwd.grad_output")], sorted(got)
+        h = got["head.fwd.input"]  # both micro-batches' h
+        assert h["format"] == "e4m3" and h["numel"] == 2 * 4 * 32 * 64, h
         assert h["amax"] > 0 and h["saturated"] == 0 and h["sqnr_db"] > 25, h
+        g = got["head.bwd.grad_output"]
+        assert g["format"] == "e5m2" and g["scale"] == 57344 / bound, g
+        # every element is bound x (softmax - onehot): at most the bound; at initialization
+        # some target is unlikely (p_t near 0), which puts the amax near it
+        assert 0.5 * bound < g["amax"] <= bound and g["headroom"] >= 1, g
+        assert g["headroom"] == pytest.approx(57344 / (g["amax"] * g["scale"])), g
     w = np.asarray(params["lm_head.weight"], F32)
     want = ref_stats(w, *reference("fp8-current", "fwd.weight", w), "e4m3")
-    g = steps[0]["numerics"]["head.fwd.weight"]
-    assert g["format"] == "e4m3" and g["numel"] == want["numel"], (g, want)
+    g = steps[0]["numerics"]["head.fwd.weight"]  # W quantized once a micro-batch: twice
+    assert g["format"] == "e4m3" and g["numel"] == 2 * want["numel"], (g, want)
     assert g["amax"] == want["amax"], (g, want)
     assert abs(g["saturated"] - want["saturated"]) < 1e-12, (g, want)
     assert abs(g["flushed"] - want["flushed"]) < 1e-12, (g, want)

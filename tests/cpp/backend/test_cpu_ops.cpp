@@ -272,6 +272,7 @@ using mxtest::bf16_value;
 struct HeadReference {
   double loss = 0;
   std::vector<double> dh, dw;
+  double grad_amax = 0;  // max |g| before round_grad
 };
 HeadReference head_reference(const std::vector<double>& hq, const std::vector<double>& wq,
                              const std::vector<int32_t>& tgt, int64_t N, int64_t C, int64_t V,
@@ -287,8 +288,11 @@ HeadReference head_reference(const std::vector<double>& hq, const std::vector<do
     }
     for (double zz : z) se += std::exp(zz - mx);
     ref.loss += mx + std::log(se) - z[tgt[n]];
-    for (int64_t v = 0; v < V; ++v)
-      g[n * V + v] = round_grad(scale * (std::exp(z[v] - mx) / se - (v == tgt[n] ? 1.0 : 0.0)));
+    for (int64_t v = 0; v < V; ++v) {
+      const double gv = scale * (std::exp(z[v] - mx) / se - (v == tgt[n] ? 1.0 : 0.0));
+      ref.grad_amax = std::max(ref.grad_amax, std::fabs(gv));
+      g[n * V + v] = round_grad(gv);
+    }
   }
   ref.dh.assign(N * C, 0.0);
   ref.dw.assign(V * C, 1.0);
@@ -390,6 +394,20 @@ TEST(CpuOps, HeadCrossEntropyFp8OperandsMatchTheirDefinition) {
   EXPECT_GT(expect_head_matches(*be, h, w, tgt, N, C, V, scale, mx::HeadOperands::kFp8, ref,
                                 mx::HeadOperands::kBf16, "fp8 head"),
             1e-3);
+  // Telemetry: the last FP8 call's (chunks of 10) largest |gradient| before its rounding, over
+  // every row; neither the forward-only calls nor the bf16 head's changed it.
+  EXPECT_NEAR(be->head_fp8_grad_amax(), ref.grad_amax, 1e-6 * ref.grad_amax);
+  EXPECT_LE(ref.grad_amax, double(scale));  // the bound the gradient's scale is taken from
+  std::vector<float> dh(N * C), dw(V * C, 1.0f),
+      ws(mx::head_workspace_floats(4, C, V, mx::HeadOperands::kFp8));
+  be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), 4, C, V, scale,
+                         ws.data(), 4, mx::HeadOperands::kFp8);  // the first 4 rows alone
+  // (h's scale from those rows' amax)
+  const HeadReference four = head_reference(
+      quantize(std::vector<float>(h.begin(), h.begin() + 4 * C), 3, -6, 448), wq,
+      std::vector<int32_t>(tgt.begin(), tgt.begin() + 4), 4, C, V, scale,
+      [](double x) { return x; });
+  EXPECT_NEAR(be->head_fp8_grad_amax(), four.grad_amax, 1e-6 * four.grad_amax);
 }
 
 TEST(CpuOps, RoundBf16MatchesBitFormula) {
