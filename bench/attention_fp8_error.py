@@ -10,7 +10,7 @@ the gradients from a baseline: ||g - g_base|| / ||g_base|| over every block's te
       [--patched]
 
 Rows without --patched (any build): bf16, fp8-current and both with FP8 attention against
-recipe fp32; FP8 attention against fp8-current without it.
+recipe fp32; FP8 attention, the FP8 head and both against fp8-current without them.
 
 --patched needs a binary built with bench/patches/fp8_attention_exact_scales_and_ablation.patch
 applied (`git apply` it, rebuild, point MXTRAIN_BIN at that build; never commit it): the CPU twin
@@ -33,7 +33,7 @@ import hf_io  # noqa: E402
 
 BIN = os.environ.get("MXTRAIN_BIN", str(REPO / "build" / "mxtrain"))
 BATCH, SEQ = 4, 512
-KINDS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "embed_tokens"]
+KINDS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "embed_tokens", "lm_head"]
 
 
 def run(args, env=None):
@@ -99,6 +99,8 @@ def main():
     cur = grads(["--recipe", "fp8-current"])
     fa = ["--recipe", "fp8-current", "--fp8-attention"]
     row("FP8 attention", "fp8-current", cur, fa)
+    row("FP8 head", "fp8-current", cur, ["--recipe", "fp8-current", "--fp8-head"])
+    row("FP8 attention + FP8 head", "fp8-current", cur, fa + ["--fp8-head"])
     if a.patched:
         row("FP8 attention, exact-amax scales for dS, dQ, dK, dV", "fp8-current", cur, fa,
             {"MXEXP_ORACLE": "1"})
