@@ -35,7 +35,16 @@ namespace mx {
 //     with FP8 tensor cores: FP8 codes and per-tensor FP8 GEMMs (both operands K-major, so W,
 //     h and the gradient also in transposed copies); elsewhere, and on the CPU, fp32 copies of
 //     the rounded values and fp32 GEMMs, as the emulated recipes run.
-enum class HeadOperands : uint8_t { kFp32, kBf16, kFp8 };
+//   kFp8Bf16Dgrad: precision.fp8_head with precision.fp8_head_dgrad = bf16 (the default): the
+//     logits and the weight gradient as kFp8, the data gradient dh = g W as kBf16 from bf16
+//     roundings of the fp32 logits gradient and of W (the gradient that reaches every block).
+//     CUDA: W's FP8 codes row-major only, its bf16 copy, the gradient's E5M2 codes and bf16
+//     copy from the cross-entropy kernel, two FP8 GEMMs and a bf16 one.
+enum class HeadOperands : uint8_t { kFp32, kBf16, kFp8, kFp8Bf16Dgrad };
+// Whether the head's logits and weight gradient run on FP8 operands (kFp8, kFp8Bf16Dgrad).
+inline bool head_is_fp8(HeadOperands o) {
+  return o == HeadOperands::kFp8 || o == HeadOperands::kFp8Bf16Dgrad;
+}
 
 class Backend {
  public:
@@ -594,11 +603,18 @@ inline int64_t head_workspace_floats(int64_t chunk_rows, int64_t C, int64_t V,
                                      HeadOperands operands) {
   if (operands == HeadOperands::kFp32) return chunk_rows * V;
   const int64_t logits = head_operands_offset(chunk_rows, V);
-  const int64_t cpu = V * C + chunk_rows * C;
+  // kFp8Bf16Dgrad: the fp32 copies of W's and the gradient's bf16 roundings too (CPU); W's codes
+  // row-major only, its bf16 copy and the gradient's (CUDA)
+  const bool bf16_dgrad = operands == HeadOperands::kFp8Bf16Dgrad;
+  const int64_t cpu = V * C + chunk_rows * C + (bf16_dgrad ? V * C + chunk_rows * V : 0);
   const int64_t gpu =
       operands == HeadOperands::kBf16
           ? head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V) +
                 head_bf16_floats(chunk_rows * C)
+      : bf16_dgrad
+          ? head_fp8_floats(V * C) + 2 * (head_fp8_floats(chunk_rows * V) +
+                                          head_fp8_floats(chunk_rows * C)) +
+                head_bf16_floats(V * C) + head_bf16_floats(chunk_rows * V)
           : 2 * (head_fp8_floats(V * C) + head_fp8_floats(chunk_rows * V) +
                  head_fp8_floats(chunk_rows * C));
   return logits + (cpu > gpu ? cpu : gpu);

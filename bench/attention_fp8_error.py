@@ -99,8 +99,11 @@ def main():
     cur = grads(["--recipe", "fp8-current"])
     fa = ["--recipe", "fp8-current", "--fp8-attention"]
     row("FP8 attention", "fp8-current", cur, fa)
-    row("FP8 head", "fp8-current", cur, ["--recipe", "fp8-current", "--fp8-head"])
-    row("FP8 attention + FP8 head", "fp8-current", cur, fa + ["--fp8-head"])
+    for dgrad in ("bf16", "fp8"):
+        head = ["--fp8-head", "--fp8-head-dgrad", dgrad]
+        row(f"FP8 head ({dgrad} data gradient)", "fp8-current", cur,
+            ["--recipe", "fp8-current", *head])
+        row(f"FP8 attention + FP8 head ({dgrad} data gradient)", "fp8-current", cur, fa + head)
     if a.patched:
         row("FP8 attention, exact-amax scales for dS, dQ, dK, dV", "fp8-current", cur, fa,
             {"MXEXP_ORACLE": "1"})

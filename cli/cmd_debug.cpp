@@ -25,6 +25,7 @@ struct GradsArgs {
   int64_t batch = 0, seq = 0, hp_first = 0, hp_last = 0;
   bool fp8_attention = false;
   bool fp8_head = false;
+  std::string fp8_head_dgrad = "bf16";
 };
 
 std::vector<int32_t> read_tokens(const std::string& path, int64_t count, int64_t vocab) {
@@ -85,7 +86,9 @@ int run_grads(const GradsArgs& a) {
              "--fp8-attention needs a --recipe other than fp32");
   linear_recipe.set_fp8_attention(a.fp8_attention);
   MX_REQUIRE(!a.fp8_head || recipe != Recipe::kFp32, "--fp8-head needs a --recipe other than fp32");
-  linear_recipe.set_fp8_head(a.fp8_head);
+  MX_REQUIRE(a.fp8_head_dgrad == "bf16" || a.fp8_head_dgrad == "fp8",
+             "--fp8-head-dgrad must be bf16 or fp8 (got '", a.fp8_head_dgrad, "')");
+  linear_recipe.set_fp8_head(a.fp8_head, a.fp8_head_dgrad == "fp8");
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   // The engine's parameters and gradients live in the backend's memory (the GPU's on cuda):
   // the weights go in and the gradients come out through host copies.
@@ -133,6 +136,9 @@ void add_debug(CLI::App& app, Action& action) {
                   "attention in FP8 in the blocks the recipe covers (precision.fp8_attention)");
   grads->add_flag("--fp8-head", a->fp8_head,
                   "the output head's GEMMs in FP8 (precision.fp8_head)");
+  grads->add_option("--fp8-head-dgrad", a->fp8_head_dgrad,
+                    "bf16 | fp8: the FP8 head's data-gradient GEMM, as precision.fp8_head_dgrad "
+                    "(default bf16)");
   grads->add_option("--activations", a->activations,
                     "bf16 | fp32: the blocks' activations, as precision.activations (default: "
                     "bf16 on --device cuda under a recipe, else fp32)");

@@ -83,6 +83,7 @@ int run_plan(const PlanArgs& a) {
   in.stats_every = cfg.precision.stats_every;
   in.fp8_attention = cfg.precision.fp8_attention;
   in.fp8_head = cfg.precision.fp8_head;
+  in.fp8_head_dgrad = cfg.precision.fp8_head_dgrad == "fp8";
   in.eval = cfg.train.eval_every > 0;
   MX_REQUIRE(a.memory == "model" || a.memory == "engine",
              "--memory must be model or engine (got '", a.memory, "')");
@@ -128,8 +129,10 @@ int run_plan(const PlanArgs& a) {
     notes.push_back(gpu.is_cpu
                         ? str("precision.fp8_head: the CPU twin (the head's fp32 GEMMs on FP8 "
                               "values) plus its rounding passes")
-                        : str("precision.fp8_head is MODELLED: the head's three GEMMs at the "
-                              "per-tensor FP8 rate plus the casts of W, h and the logits "
+                        : str("precision.fp8_head is MODELLED: the head's ",
+                              in.fp8_head_dgrad ? "three GEMMs" : "logits and weight-gradient "
+                              "GEMMs (its data gradient's at the bf16 rate)",
+                              " at the per-tensor FP8 rate plus the casts of W, h and the logits "
                               "gradient (not run on a GPU yet)"));
   const plan::Evaluation given = plan::evaluate(in, gpu);
   // FP8 attention runs a micro-batch in groups of sequences, but one sequence's codes (the

@@ -298,6 +298,7 @@ int run_sweep(const SweepArgs& a) {
     in.stats_every = cfg.precision.stats_every;
     in.fp8_attention = cfg.precision.fp8_attention;
     in.fp8_head = cfg.precision.fp8_head;
+    in.fp8_head_dgrad = cfg.precision.fp8_head_dgrad == "fp8";
     in.eval = cfg.train.eval_every > 0;
     in.gpus_per_node = a.np;
     in.nodes = 1;

@@ -203,13 +203,15 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
   // a full recompute keeps the block's output and both projection temporaries in scratch too
   const size_t backward = block_all + 3 * bytes_f32(N * C) + backward_grads;
   // (with a recipe, room for the head's operand copies: the bf16 head of
-  // precision.high_precision or the FP8 one of precision.fp8_head, whichever is larger)
+  // precision.high_precision or either FP8 one of precision.fp8_head, whichever is larger)
   const int64_t head_rows = head_chunk_rows(c, N, device);
   const size_t head =
       2 * bytes_f32(N * C) + bytes_f32(N) +
       bytes_f32(quantized
-                    ? std::max(head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kBf16),
-                               head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kFp8))
+                    ? std::max({head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kBf16),
+                                head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kFp8),
+                                head_workspace_floats(head_rows, C, c.vocab_size,
+                                                      HeadOperands::kFp8Bf16Dgrad)})
                     : head_workspace_floats(head_rows, C, c.vocab_size, HeadOperands::kFp32));
   if (bf16_path && bf16_activations) {  // no fp32 working copies, no operand copies
     out.scratch = bf16_path_scratch(c, B, T, policy, head);
@@ -1181,7 +1183,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   float* head_matrix = tied ? embed : layout_.lm_head_in_unit(head_w);
   float* head_matrix_grad =
       !training ? nullptr : tied ? access.grads(embed_u) : layout_.lm_head_in_unit(head_g);
-  if (head_ops == HeadOperands::kFp8 && recipe_->collecting_stats()) {
+  if (head_is_fp8(head_ops) && recipe_->collecting_stats()) {
     // telemetry of the FP8 head's forward operands (host copies where the backend's memory is
     // not the host's: a telemetry step's cost, as the Linears' there)
     std::vector<float> host_h, host_w;
@@ -1199,7 +1201,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
   double loss_sum = be_.head_cross_entropy(dh, head_matrix_grad, hf, head_matrix, targets, N, C,
                                            V, grad_scale / float(N), workspace, chunk,
                                            head_ops);
-  if (training && head_ops == HeadOperands::kFp8 && recipe_->collecting_stats())
+  if (training && head_is_fp8(head_ops) && recipe_->collecting_stats())
     recipe_->record_head_grad_amax(be_.head_fp8_grad_amax(), grad_scale / float(N));
   if (training) {
     be_.fill(dresid, 0.0f, N * C);

@@ -34,11 +34,13 @@ const char* checkpointing_name(Checkpointing c);
 // larger (model/llama.cpp says why).
 int64_t head_chunk_rows(const ModelConfig& c, int64_t tokens, bool device = false);
 
-// The head's GEMM operands under a recipe (null: none, fp32): FP8 under precision.fp8_head,
-// else bf16 under precision.high_precision = bf16, else fp32.
+// The head's GEMM operands under a recipe (null: none, fp32): FP8 under precision.fp8_head
+// (its data gradient in bf16 unless precision.fp8_head_dgrad = fp8), else bf16 under
+// precision.high_precision = bf16, else fp32.
 inline HeadOperands head_operands(const LinearRecipe* recipe) {
   if (!recipe) return HeadOperands::kFp32;
-  return recipe->fp8_head()              ? HeadOperands::kFp8
+  return recipe->fp8_head()              ? (recipe->fp8_head_dgrad() ? HeadOperands::kFp8
+                                                                     : HeadOperands::kFp8Bf16Dgrad)
          : recipe->high_precision_bf16() ? HeadOperands::kBf16
                                          : HeadOperands::kFp32;
 }

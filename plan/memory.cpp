@@ -257,8 +257,9 @@ class Replay {
     scratch_.alloc(stat(N));     // rstdf
     if (dt_.fp8_head || dt_.high_precision_bf16)  // logits + the operands' copies (fp32 logits)
       scratch_.alloc(4 * head_workspace_floats(head_chunk_rows(c_, N, dt_.device), C, V,
-                                               dt_.fp8_head ? HeadOperands::kFp8
-                                                            : HeadOperands::kBf16));
+                                               !dt_.fp8_head        ? HeadOperands::kBf16
+                                               : dt_.fp8_head_dgrad ? HeadOperands::kFp8
+                                                                    : HeadOperands::kFp8Bf16Dgrad));
     else
       scratch_.alloc(dt_.logits * head_chunk_rows(c_, N, dt_.device) * V);  // logits workspace
     if (grads) scratch_.alloc(act(N * C));  // dh
@@ -355,6 +356,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     dt.high_precision_last = in.high_precision_last;
     dt.high_precision_bf16 = plan_high_precision_bf16(in);
     dt.fp8_head = in.fp8_head && in.recipe != "fp32";
+    dt.fp8_head_dgrad = in.fp8_head_dgrad;
     dt.bf16_activations = plan_bf16_activations(in, in.recipe, "cpu");
     ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, dt, true);
     ActivationPeak peak = train;
@@ -435,6 +437,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   ActivationDtypes gpu_dt = gpu_dtypes();
   gpu_dt.high_precision_bf16 = plan_high_precision_bf16(in);
   gpu_dt.fp8_head = in.fp8_head && in.recipe != "fp32";
+  gpu_dt.fp8_head_dgrad = in.fp8_head_dgrad;
   ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dt, true);
   m.activations = train.peak;
   m.activations_saved = train.saved_at_peak;

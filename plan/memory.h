@@ -53,8 +53,9 @@ struct PlanInput {
   // sequences when the batch's do not fit, so memory is unchanged).
   bool fp8_attention = false;
   // precision.fp8_head: the head's GEMMs in FP8 (the time model's head rate and casts; memory:
-  // the head workspace of its FP8 codes, HeadOperands::kFp8).
+  // the head workspace of its FP8 codes, HeadOperands::kFp8 or kFp8Bf16Dgrad).
   bool fp8_head = false;
+  bool fp8_head_dgrad = false;  // precision.fp8_head_dgrad = fp8 (else its dgrad in bf16)
   bool eval = false;              // validation passes run (forward only, full checkpointing)
   int64_t stats_every = 0;        // precision.stats_every (telemetry steps leave the bf16 path)
   // GPUs: `fits` and the recommendation go by what this build's CUDA engine allocates
@@ -96,6 +97,7 @@ struct ActivationDtypes {
   // high-precision block copies its two operands, rounded, into scratch for the GEMM.
   bool high_precision_bf16 = false;
   bool fp8_head = false;  // precision.fp8_head (the head's workspace holds its FP8 codes)
+  bool fp8_head_dgrad = false;  // precision.fp8_head_dgrad = fp8 (HeadOperands::kFp8)
   // precision.activations = bf16 on the CPU engine: a kept block tensor (norm outputs, q, k,
   // v, attention output, gate, up, SwiGLU product) is a 2-byte copy in `saved` beside its fp32
   // working copy in scratch, widened into scratch again at the start of the block's backward.

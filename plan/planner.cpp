@@ -331,6 +331,7 @@ nlohmann::json config_json(const PlanInput& p, const GpuSpec& gpu) {
           {"recipe", p.recipe},
           {"fp8_attention", p.fp8_attention},
           {"fp8_head", p.fp8_head},
+          {"fp8_head_dgrad", p.fp8_head_dgrad ? "fp8" : "bf16"},
           {"high_precision", plan_high_precision_bf16(p) ? "bf16" : "fp32"},
           // the engine's (memory.engine on GPUs: run.device = cuda)
           {"activations",
@@ -471,8 +472,9 @@ std::string plan_table(const Evaluation& given, const Recommendation& rec, const
     out += str("  attention in FP8 (precision.fp8_attention) in ", t.fp8_attention_blocks, " of ",
                in.model.num_hidden_layers, " blocks", gpu.is_cpu ? " (the CPU twin)" : "", "\n");
   if (t.fp8_head)
-    out += str("  head GEMMs in FP8 (precision.fp8_head)", gpu.is_cpu ? " (the CPU twin)" : "",
-               "\n");
+    out += str("  head GEMMs in FP8 (precision.fp8_head)",
+               in.fp8_head_dgrad ? "" : ", its data gradient in bf16",
+               gpu.is_cpu ? " (the CPU twin)" : "", "\n");
   out += str("throughput: ", rate(t.tokens_per_s), " (", rate(t.tokens_per_s_per_gpu),
              " per device), MFU ", pct(t.mfu), " (vs bf16 peak ", pct(t.mfu_bf16), ")\n\n");
   const PlanInput& b = rec.best.input;

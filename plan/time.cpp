@@ -64,19 +64,29 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   // micro-batch: W (V x C fp32) read for its amax, then read and written as codes in both
   // layouts (4 + 4 + 2 bytes an element); h (n x C) the same; the logits gradient's (n x V)
   // codes written by the cross-entropy kernel and transposed (1 + 1 + 1). On the CPU the twin's fp32 GEMMs and its rounding
-  // passes over the same elements (kCpuQuantizeBytesPerElement each).
+  // passes over the same elements (kCpuQuantizeBytesPerElement each). With its data gradient
+  // in bf16 (precision.fp8_head_dgrad = bf16, the default) that GEMM, a third of the head's,
+  // runs at the bf16 rate; W's codes are written row-major only and its bf16 copy made
+  // (4 + 4 + 1 + 4 + 2 bytes an element), the gradient's bf16 copy beside its codes (+2); the
+  // twin rounds W and the gradient to bf16 too.
   const bool fp8_head =
       in.fp8_head && in.recipe != "fp32" && (gpu.is_cpu || gpu.fp8_flops > 0);
+  const bool bf16_dgrad = fp8_head && !in.fp8_head_dgrad;
   const double head_rate =
       fp8_head && !gpu.is_cpu
           ? gpu.fp8_flops * recipe_model("fp8-current").gemm_efficiency * saturation
           : hp_rate;
-  const double VC = double(c.vocab_size) * double(C);
+  const double head_gemm_s = bf16_dgrad ? head_gemm * (2.0 / 3.0) / head_rate +
+                                              head_gemm * (1.0 / 3.0) / hp_rate
+                                        : head_gemm / head_rate;
+  const double VC = double(c.vocab_size) * double(C), nC = double(n) * double(C),
+               nV = double(n) * double(c.vocab_size);
   const double head_cast_bytes =
-      !fp8_head  ? 0.0
+      !fp8_head    ? 0.0
       : gpu.is_cpu ? kCpuQuantizeBytesPerElement *
-                         (VC + double(n) * double(C) + double(n) * double(c.vocab_size))
-                   : 10.0 * VC + 10.0 * double(n) * double(C) + 3.0 * double(n) * double(c.vocab_size);
+                         (VC + nC + nV + (bf16_dgrad ? VC + nV : 0.0))
+      : bf16_dgrad ? 15.0 * VC + 10.0 * nC + 5.0 * nV
+                   : 10.0 * VC + 10.0 * nC + 3.0 * nV;
   const double head_bytes = 16.0 * double(n) * double(c.vocab_size) + head_cast_bytes;
 
   auto block_time = [&](bool quantized) {
@@ -113,11 +123,11 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   mb_attn = double(L - fp8_blocks) * block_attn / attn_rate +
             double(fp8_blocks) * block_attn / fp8_attn_rate;
   mb_mem += double(fp8_blocks) * fp8_attn_bytes / gpu.hbm_bytes_per_s;
-  mb_gemm += head_gemm / head_rate;
+  mb_gemm += head_gemm_s;
   mb_mem += head_bytes / gpu.hbm_bytes_per_s;
-  const double block_compute = (mb_gemm - head_gemm / head_rate + mb_attn) / double(L) +
+  const double block_compute = (mb_gemm - head_gemm_s + mb_attn) / double(L) +
                                (mb_mem - head_bytes / gpu.hbm_bytes_per_s) / double(L);
-  const double head_compute = head_gemm / head_rate + head_bytes / gpu.hbm_bytes_per_s;
+  const double head_compute = head_gemm_s + head_bytes / gpu.hbm_bytes_per_s;
 
   // Collectives. A group inside one node runs at NVLink speed; one that spans nodes is limited
   // by each GPU's share of the instance's EFA bandwidth.

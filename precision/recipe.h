@@ -102,8 +102,14 @@ class LinearRecipe {
   // precision.fp8_head: the output head's three GEMMs in FP8 (E4M3 h and W, E5M2 logits
   // gradient, per-tensor scales; Backend's HeadOperands::kFp8, docs/numerics.md, "FP8 head"),
   // in place of precision.high_precision. Off until set; never on under recipe fp32.
-  void set_fp8_head(bool on) { fp8_head_ = on && recipe_ != Recipe::kFp32; }
+  // fp8_dgrad (precision.fp8_head_dgrad = fp8): the data gradient's GEMM in FP8 too (kFp8);
+  // else (bf16, the default) in bf16 (kFp8Bf16Dgrad).
+  void set_fp8_head(bool on, bool fp8_dgrad = false) {
+    fp8_head_ = on && recipe_ != Recipe::kFp32;
+    fp8_head_dgrad_ = fp8_dgrad;
+  }
   bool fp8_head() const { return fp8_head_; }
+  bool fp8_head_dgrad() const { return fp8_head_dgrad_; }
   void set_step(int64_t step) {
     step_ = uint32_t(step);
     micro_batch_ = 0;
@@ -232,7 +238,7 @@ class LinearRecipe {
   bool hp_bf16_ = false;
   bool fp8_attention_ = false;
   std::map<std::string, OperandStats> head_stats_;  // record_head_stats's, by entry name
-  bool fp8_head_ = false;
+  bool fp8_head_ = false, fp8_head_dgrad_ = false;
   int64_t num_layers_, hp_first_, hp_last_;
   uint32_t seed_, rank_, step_ = 0, micro_batch_ = 0;
   std::map<std::tuple<int64_t, int, int>, std::unique_ptr<numerics::DelayedScaling>> delayed_;

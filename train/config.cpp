@@ -133,6 +133,9 @@ const std::vector<Field>& schema() {
       MX_BOOL("precision.fp8_head", precision.fp8_head,
               "the output head's GEMMs in FP8 (E4M3 h and W, E5M2 logits gradient, per-tensor "
               "scales) instead of precision.high_precision (default false)"),
+      MX_STRING("precision.fp8_head_dgrad", precision.fp8_head_dgrad,
+                "bf16 | fp8: the FP8 head's data-gradient GEMM (dh = g W, the gradient every "
+                "block gets) on bf16 roundings (default) or in FP8 too"),
       MX_STRING("memory.activation_checkpointing", memory.activation_checkpointing,
                 "none | selective | full"),
       MX_STRING("parallel.sharding", parallel.sharding, "full | grad-op | none | hybrid"),
@@ -441,6 +444,9 @@ void validate(const RunConfig& c) {
   MX_REQUIRE(!c.precision.fp8_head || parse_recipe(c.precision.recipe) != Recipe::kFp32,
              "precision.fp8_head needs a low-precision recipe (recipe fp32 keeps every GEMM "
              "in fp32)");
+  MX_REQUIRE(c.precision.fp8_head_dgrad == "bf16" || c.precision.fp8_head_dgrad == "fp8",
+             "precision.fp8_head_dgrad must be bf16 or fp8 (got '", c.precision.fp8_head_dgrad,
+             "')");
   check_fixed_value("parallel.sharding", c.parallel.sharding);
   check_fixed_value("data.format", c.data.format);
   check_fixed_value("run.device", c.run.device);

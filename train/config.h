@@ -64,6 +64,8 @@ struct RunConfig {
     bool fp8_attention = false;
     // The output head's GEMMs in FP8 (docs/numerics.md, "FP8 head").
     bool fp8_head = false;
+    // Its data-gradient GEMM (dh = g W): "bf16" (the default) or "fp8".
+    std::string fp8_head_dgrad = "bf16";
   } precision;
 
   struct Memory {

@@ -443,7 +443,7 @@ int run_training(const RunConfig& cfg) {
   linear_recipe.set_high_precision_bf16(
       high_precision_bf16(recipe, cfg.precision.high_precision));
   linear_recipe.set_fp8_attention(cfg.precision.fp8_attention);
-  linear_recipe.set_fp8_head(cfg.precision.fp8_head);
+  linear_recipe.set_fp8_head(cfg.precision.fp8_head, cfg.precision.fp8_head_dgrad == "fp8");
   if (recipe != Recipe::kFp32) engine.model->set_recipe(&linear_recipe);
   if (linear_recipe.fp8_attention_any()) {
     // A shape the backend's FP8 attention does not take (cuDNN's head-dim rule, no cuDNN) is
@@ -893,7 +893,9 @@ int run_training(const RunConfig& cfg) {
                                                      : std::string(" (planned)"),
          linear_recipe.fp8_head()  // (never set under recipe fp32)
              ? str("; precision.fp8_head ", be.head_fp8_path(B * T, model_cfg.hidden_size,
-                                                             model_cfg.vocab_size, head_rows))
+                                                             model_cfg.vocab_size, head_rows),
+                   linear_recipe.fp8_head_dgrad() ? ", its data gradient too"
+                                                  : ", its data gradient in bf16")
              : std::string());
 
   std::unique_ptr<MetricsWriter> metrics;

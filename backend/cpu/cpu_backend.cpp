@@ -306,9 +306,13 @@ class CpuBackend final : public Backend {
     // the gradient's from its bound (HeadOperands::kFp8), so chunking does not change a bit.
     constexpr numerics::Format kE4M3 = numerics::Format::kE4M3, kE5M2 = numerics::Format::kE5M2;
     const bool copies = operands != HeadOperands::kFp32;
-    const bool fp8 = operands == HeadOperands::kFp8;
+    const bool fp8 = head_is_fp8(operands);
+    const bool bf16_dgrad = operands == HeadOperands::kFp8Bf16Dgrad;
     float* wq = copies ? workspace + head_operands_offset(chunk_rows, V) : nullptr;
     float* hq = copies ? wq + V * C : nullptr;
+    // kFp8Bf16Dgrad: W's and the chunk's gradient's bf16 roundings for dh = g W
+    float* w16 = bf16_dgrad ? hq + chunk_rows * C : nullptr;
+    float* g16 = bf16_dgrad ? w16 + V * C : nullptr;
     const float h_scale = fp8 ? head_fp8_scale(numerics::abs_max(h, N * C), kE4M3) : 0.0f;
     const float g_scale = fp8 ? head_fp8_scale(std::fabs(grad_scale), kE5M2) : 0.0f;
     // y = x's operand copy: bf16 (RNE) or FP8 at `scale` (may alias)
@@ -318,6 +322,7 @@ class CpuBackend final : public Backend {
       numerics::quantize_fp8_tensor_into(x, rows, cols, fmt, scale, numerics::QuantizeInto{y});
     };
     if (fp8 && dh) head_grad_amax_ = 0;
+    if (bf16_dgrad && dh) round_bf16(w16, w, V * C);
     if (copies) {
       round_operand(wq, w, V, C, kE4M3,
                     fp8 ? head_fp8_scale(numerics::abs_max(w, V * C), kE4M3) : 0.0f);
@@ -353,8 +358,12 @@ class CpuBackend final : public Backend {
       loss_sum += chunk_loss;
       if (!dh) continue;
       if (fp8) head_grad_amax_ = std::max(head_grad_amax_, numerics::abs_max(logits, R * V));
+      if (bf16_dgrad) {  // dh from the bf16 roundings, dW from the FP8 values below
+        round_bf16(g16, logits, R * V);
+        linear_backward(dh + r0 * C, nullptr, g16, nullptr, w16, R, C, V, false);
+      }
       if (copies) round_operand(logits, logits, R, V, kE5M2, g_scale);
-      linear_backward(dh + r0 * C, dw, logits, hc, w, R, C, V, false);
+      linear_backward(bf16_dgrad ? nullptr : dh + r0 * C, dw, logits, hc, w, R, C, V, false);
     }
     return loss_sum;
   }

@@ -545,6 +545,20 @@ __device__ __forceinline__ void store_out4(E5m2Row y, int64_t i, float4 v) {
       e5m2_code(v.x, y.scale) | e5m2_code(v.y, y.scale) << 8 | e5m2_code(v.z, y.scale) << 16 |
       e5m2_code(v.w, y.scale) << 24;  // little-endian: element i at byte 0
 }
+// HeadOperands::kFp8Bf16Dgrad: both, the E5M2 codes (the weight gradient's operand) and the
+// bf16 copy (the data gradient's), from the same fp32 values in one pass.
+struct E5m2Bf16Row {
+  E5m2Row e5;
+  uint16_t* bf16;
+};
+__device__ __forceinline__ void store_out(E5m2Bf16Row y, int64_t i, float v) {
+  store_out(y.e5, i, v);
+  store_out(y.bf16, i, v);
+}
+__device__ __forceinline__ void store_out4(E5m2Bf16Row y, int64_t i, float4 v) {
+  store_out4(y.e5, i, v);
+  store_out4(y.bf16, i, v);
+}
 // The gradient pass: out[j] = grad_scale * softmax_j, then grad_scale less at the target; out
 // is the bf16 copy (codes), the FP8 head's E5M2 codes or the row itself (fp32, over the
 // logits each thread has read). amax (null: none): the row's largest |out[j]| as the fp32
@@ -622,7 +636,10 @@ __global__ void __launch_bounds__(kCeThreads, 1)
   if (!grad) return;
   const float k = shared.k;
   uint16_t* row16 = grad16 ? grad16 + r * V : nullptr;
-  if (grad8)
+  if (grad8 && row16)
+    ce_gradient(E5m2Bf16Row{{grad8 + r * V, grad8_scale}, row16}, row, row4, n4, V, tgt,
+                target_logit, mx, k, grad_scale, grad_amax);
+  else if (grad8)
     ce_gradient(E5m2Row{grad8 + r * V, grad8_scale}, row, row4, n4, V, tgt, target_logit, mx, k,
                 grad_scale, grad_amax);
   else if (row16)
@@ -1994,8 +2011,9 @@ class CudaBackendImpl final : public CudaBackend {
       head_bf16(dh, dw, h, w, targets, N, C, V, grad_scale, workspace, chunk_rows, row_loss);
       return fold_doubles(row_loss, N, "head_cross_entropy");
     }
-    if (operands == HeadOperands::kFp8) {
-      head_fp8(dh, dw, h, w, targets, N, C, V, grad_scale, workspace, chunk_rows, row_loss);
+    if (head_is_fp8(operands)) {
+      head_fp8(dh, dw, h, w, targets, N, C, V, grad_scale, workspace, chunk_rows, row_loss,
+               operands == HeadOperands::kFp8Bf16Dgrad);
       return fold_doubles(row_loss, N, "head_cross_entropy");
     }
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
@@ -2143,13 +2161,16 @@ class CudaBackendImpl final : public CudaBackend {
   // the chunk's h in both from one read, the gradient's written by the cross-entropy kernel
   // and transposed) and three per-tensor FP8 GEMMs a chunk, fp32 out, each in the profile
   // under the head's name. Otherwise the CPU twin's steps: fp32 copies of the FP8 values
-  // (fp8_round) and fp32 GEMMs.
+  // (fp8_round) and fp32 GEMMs. bf16_dgrad (HeadOperands::kFp8Bf16Dgrad): dh = g W from bf16
+  // copies instead (W's made once a call, the gradient's by the cross-entropy kernel beside
+  // its E5M2 codes; a bf16 GEMM, or round_bf16 and an fp32 GEMM on the twin's path), so W's
+  // codes are needed row-major only.
   bool head_fp8_native(int64_t N, int64_t C, int64_t V, int64_t chunk_rows) const {
     return fp8_native_ && C % 16 == 0 && V % 16 == 0 && chunk_rows % 16 == 0 && N % 16 == 0;
   }
   void head_fp8(float* dh, float* dw, const float* h, const float* w, const int32_t* targets,
                 int64_t N, int64_t C, int64_t V, float grad_scale, float* workspace,
-                int64_t chunk_rows, double* row_loss) {
+                int64_t chunk_rows, double* row_loss, bool bf16_dgrad) {
     constexpr numerics::Format kE4M3 = numerics::Format::kE4M3, kE5M2 = numerics::Format::kE5M2;
     float* sc = scratch_.alloc_f32(8);
     float *amax_w = sc, *amax_h = sc + 1, *scale_w = sc + 2, *inv_w = sc + 3, *scale_h = sc + 4,
@@ -2174,8 +2195,11 @@ class CudaBackendImpl final : public CudaBackend {
     if (!head_fp8_native(N, C, V, chunk_rows)) {  // the twin's steps on the device
       float* wq = workspace + head_operands_offset(chunk_rows, V);
       float* hq = wq + V * C;
+      float* w16 = bf16_dgrad ? hq + chunk_rows * C : nullptr;  // (backend.h's CPU layout)
+      float* g16 = bf16_dgrad ? w16 + V * C : nullptr;
       cuda::fp8_round(w, V * C, kE4M3, scale_w, inv_w, wq, stream_);
       launched("head_cross_entropy (FP8 values)");
+      if (bf16_dgrad && dh) round_bf16(w16, w, V * C);
       for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
         const int64_t R = std::min(chunk_rows, N - r0);
         cuda::fp8_round(h + r0 * C, R * C, kE4M3, scale_h, inv_h, hq, stream_);
@@ -2185,25 +2209,35 @@ class CudaBackendImpl final : public CudaBackend {
             ce_vec(logits, V, nullptr), nullptr, 1.0f, g_amax);
         launched("head_cross_entropy");
         if (!dh) continue;
+        if (bf16_dgrad) {
+          round_bf16(g16, logits, R * V);
+          linear_backward(dh + r0 * C, nullptr, g16, nullptr, w16, R, C, V, false);
+        }
         cuda::fp8_round(logits, R * V, kE5M2, scale_g, inv_g, logits, stream_);
         launched("head_cross_entropy (FP8 values)");
-        linear_backward(dh + r0 * C, dw, logits, hq, wq, R, C, V, false);
+        linear_backward(bf16_dgrad ? nullptr : dh + r0 * C, dw, logits, hq, wq, R, C, V, false);
       }
       return;
     }
-    // codes: W [V, C] (the logits' K = C) and W^T [C, V] (dh's K = V); per chunk h [R, C] and
-    // h^T [C, R] (dW's K = R), the gradient g [R, V] and g^T [V, R]
+    // codes: W [V, C] (the logits' K = C) and W^T [C, V] (dh's K = V; not with bf16_dgrad);
+    // per chunk h [R, C] and h^T [C, R] (dW's K = R), the gradient g [R, V] and g^T [V, R];
+    // with bf16_dgrad then W's and the chunk gradient's bf16 copies
     uint8_t* wc = reinterpret_cast<uint8_t*>(workspace + head_operands_offset(chunk_rows, V));
-    uint8_t* wtc = wc + 4 * head_fp8_floats(V * C);
-    uint8_t* hc = wtc + 4 * head_fp8_floats(V * C);
+    uint8_t* wtc = bf16_dgrad ? nullptr : wc + 4 * head_fp8_floats(V * C);
+    uint8_t* hc = wc + 4 * head_fp8_floats(V * C) * (bf16_dgrad ? 1 : 2);
     uint8_t* htc = hc + 4 * head_fp8_floats(chunk_rows * C);
     uint8_t* gc = htc + 4 * head_fp8_floats(chunk_rows * C);
     uint8_t* gtc = gc + 4 * head_fp8_floats(chunk_rows * V);
-    if (dh)
+    auto* w16 = reinterpret_cast<uint16_t*>(gtc + 4 * head_fp8_floats(chunk_rows * V));
+    uint16_t* g16 = w16 + 2 * head_bf16_floats(V * C);
+    if (dh && !bf16_dgrad)
       cuda::fp8_codes_both(w, V, C, kE4M3, scale_w, wc, wtc, stream_);
     else
       cuda::fp8_codes(w, V, C, kE4M3, scale_w, wc, false, stream_);
     launched("head_cross_entropy (FP8 codes)");
+    const size_t ws_bytes = bf16_dgrad ? opt_.gemm_workspace_bytes : 0;
+    void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
+    if (dh && bf16_dgrad) cuda::round_to_bf16(w16, w, V * C, stream_);
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       const int64_t R = std::min(chunk_rows, N - r0);
       if (dh && dw)
@@ -2214,18 +2248,27 @@ class CudaBackendImpl final : public CudaBackend {
       tensor_fp8_gemm(R, V, C, hc, kE4M3, inv_h, wc, kE4M3, inv_w, 0.0f, logits, nullptr, nullptr,
                       "head_cross_entropy (logits FP8 GEMM)");
       // the gradient's row-major codes straight from the kernel (its scale is known on the
-      // host: no fp32 gradient written and read back), then their transpose
+      // host: no fp32 gradient written and read back), then their transpose; with bf16_dgrad
+      // its bf16 copy from the same pass
+      uint16_t* g = dh && bf16_dgrad ? g16 : nullptr;
       cross_entropy_rows_kernel<<<unsigned(R), kCeThreads, 0, stream_>>>(
-          logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, nullptr,
-          ce_vec(logits, V, nullptr, gc), gc, g_scale_host, g_amax);
+          logits, row_loss + r0, targets + r0, V, grad_scale, dh != nullptr, g,
+          ce_vec(logits, V, g, gc), gc, g_scale_host, g_amax);
       launched("head_cross_entropy");
       if (!dh) continue;
       if (dw) {
         cuda::transpose_bytes(gc, R, V, gtc, stream_);
         launched("head_cross_entropy (gradient codes transposed)");
       }
-      tensor_fp8_gemm(R, C, V, gc, kE5M2, inv_g, wtc, kE4M3, inv_w, 0.0f, dh + r0 * C, nullptr,
-                      nullptr, "head_cross_entropy (backward FP8 GEMMs)");
+      if (bf16_dgrad) {
+        lt_.gemm_bf16(false, false, R, C, V, 1.0f, nullptr, g16, nullptr, w16, 0.0f, dh + r0 * C,
+                      nullptr, ws, ws_bytes, scratch_, stream_);
+        stats_.flops += 2.0 * double(R) * double(V) * double(C);
+        done("head_cross_entropy (backward bf16 dgrad GEMM)");
+      } else {
+        tensor_fp8_gemm(R, C, V, gc, kE5M2, inv_g, wtc, kE4M3, inv_w, 0.0f, dh + r0 * C, nullptr,
+                        nullptr, "head_cross_entropy (backward FP8 GEMMs)");
+      }
       if (dw)  // (as linear_backward: no weight gradient asked for, none computed)
         tensor_fp8_gemm(V, C, R, gtc, kE5M2, inv_g, htc, kE4M3, inv_h, 1.0f, dw, nullptr, nullptr,
                         "head_cross_entropy (backward FP8 GEMMs)");

@@ -322,7 +322,8 @@ done
 # row "mx fp8-delayed fp8attn"): the 1.3x target's lever (docs/cuda.md), never run on a GPU.
 mx_speed fp8-delayed --variant fp8attn --set precision.fp8_attention=true
 # and the head's GEMMs in FP8 as well (precision.fp8_head; row "mx fp8-delayed fp8attn-head"):
-# the head is a fifth of the 1B shape's GEMM FLOPs; never run on a GPU.
+# the head is a fifth of the 1B shape's GEMM FLOPs; its data gradient in bf16 (the default
+# precision.fp8_head_dgrad, which the convergence study favours); never run on a GPU.
 mx_speed fp8-delayed --variant fp8attn-head --set precision.fp8_attention=true \
   --set precision.fp8_head=true
 # mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and

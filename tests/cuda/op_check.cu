@@ -1534,20 +1534,24 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
   // telemetry's gradient amax (head_fp8_grad_amax) against the twin's; "peaked": each row's
   // target made likely (h_r += 24 w_t: p_t near 1), so the target element's value before its
   // - grad_scale (p_t grad_scale, far above the true amax then) must be left out of it.
-  for (auto [N, C, V, chunk, peaked] : std::vector<std::array<int64_t, 5>>{{37, 64, 1000, 16, 0}, {64, 64, 1008, 16, 0}, {256, 128, 5008, 96, 0}, {256, 128, 5008, 256, 0}, {37, 64, 1000, 16, 1}, {64, 64, 1008, 16, 1}})
-    run_case("head_cross_entropy_fp8", dims({N, C, V}) + " chunk" + std::to_string(chunk) + (peaked ? " peaked" : ""), [&](Result& r) {
+  // "bf16 dgrad": HeadOperands::kFp8Bf16Dgrad (precision.fp8_head_dgrad = bf16, the default):
+  // dh from the bf16 copies the kernel and the call write, a bf16 GEMM (the twin: fp32 copies
+  // of the bf16 values, an fp32 GEMM).
+  for (auto [N, C, V, chunk, peaked, bf16_dgrad] : std::vector<std::array<int64_t, 6>>{{37, 64, 1000, 16, 0, 0}, {64, 64, 1008, 16, 0, 0}, {256, 128, 5008, 96, 0, 0}, {256, 128, 5008, 256, 0, 0}, {37, 64, 1000, 16, 1, 0}, {64, 64, 1008, 16, 1, 0}, {37, 64, 1000, 16, 0, 1}, {256, 128, 5008, 96, 0, 1}, {64, 64, 1008, 16, 1, 1}})
+    run_case("head_cross_entropy_fp8", dims({N, C, V}) + " chunk" + std::to_string(chunk) + (peaked ? " peaked" : "") + (bf16_dgrad ? " bf16 dgrad" : ""), [&](Result& r) {
+      const HeadOperands ops = bf16_dgrad ? HeadOperands::kFp8Bf16Dgrad : HeadOperands::kFp8;
       auto h = randn(N * C), w = randn(V * C, 0.1f), dw0 = randn(V * C);
       auto tgt = randint(N, int32_t(V));
       if (peaked)
         for (int64_t i = 0; i < N; ++i)
           for (int64_t c = 0; c < C; ++c) h[i * C + c] += 24.0f * w[tgt[i] * C + c];
-      const int64_t wsn = head_workspace_floats(chunk, C, V, HeadOperands::kFp8);
+      const int64_t wsn = head_workspace_floats(chunk, C, V, ops);
       std::vector<float> dh(N * C), dwv = dw0, ws(wsn), dh32(N * C), dw32 = dw0, ws32(chunk * V);
       Dev<float> dH(h), dW(w), dDW(dw0), dDH(N * C), dWS(wsn);  // (made poisoned)
       Dev<int32_t> dT(tgt);
       const float gs = 1.0f / float(N);
-      const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk, HeadOperands::kFp8);
-      const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, HeadOperands::kFp8);
+      const double lc = cpu.head_cross_entropy(dh.data(), dwv.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws.data(), chunk, ops);
+      const double lg = gpu.head_cross_entropy(dDH.p, dDW.p, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, ops);
       const float amax_c = cpu.head_fp8_grad_amax(), amax_g = gpu.head_fp8_grad_amax();
       cpu.head_cross_entropy(dh32.data(), dw32.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws32.data(), chunk, HeadOperands::kFp32);
       compare(r, "loss", {float(lg)}, {float(lc)}, Tol{1e-5, 1e-4});
@@ -1555,7 +1559,7 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       r.note += str("gradient amax ", amax_c / gs, " of its bound; ");
       if (peaked && !(amax_c < 0.5f * gs)) r.pass = false;  // the case is what it says
       dWS.poison();  // forward only (validation): the same loss, no gradient
-      const double le = gpu.head_cross_entropy(nullptr, nullptr, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, HeadOperands::kFp8);
+      const double le = gpu.head_cross_entropy(nullptr, nullptr, dH.p, dW.p, dT.p, N, C, V, gs, dWS.p, chunk, ops);
       compare(r, "loss (forward only)", {float(le)}, {float(lc)}, Tol{1e-5, 1e-4});
       const Tol tol{1e-3 * gs, 2e-2};
       const auto gdh = dDH.download(), gdw = dDW.download();
@@ -1570,8 +1574,19 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       }
       r.note += str("dh within fp32 noise ", close, " of ", N * C, ", FP8 rounding visible at ",
                     visible, "; ");
-      // (peaked rows' gradients are small beside the tolerance: the rounding hides in it there)
-      if (close * 10 < N * C * 9 || (!peaked && visible * 10 < N * C)) r.pass = false;
+      // (peaked rows' gradients are small beside the tolerance: the rounding hides in it there;
+      // so does the logits' FP8 rounding alone, which is all a bf16 data gradient shows)
+      if (close * 10 < N * C * 9 || (!peaked && !bf16_dgrad && visible * 10 < N * C))
+        r.pass = false;
+      if (bf16_dgrad) {  // the all-FP8 head's dh lies outside that noise: the mode is seen
+        std::vector<float> dh8(N * C), dw8 = dw0, ws8(head_workspace_floats(chunk, C, V, HeadOperands::kFp8));
+        cpu.head_cross_entropy(dh8.data(), dw8.data(), h.data(), w.data(), tgt.data(), N, C, V, gs, ws8.data(), chunk, HeadOperands::kFp8);
+        int64_t apart = 0;
+        for (int64_t i = 0; i < N * C; ++i)
+          apart += std::fabs(dh8[i] - dh[i]) > 1e-5 * gs + 1e-4 * std::fabs(dh[i]);
+        r.note += str("the all-FP8 dh apart at ", apart, "; ");
+        if (apart * 10 < N * C) r.pass = false;
+      }
     });
   run_case("round_bf16", dims({4099}), [&](Result& r) {
     auto x = randn(4099, 3.0f);

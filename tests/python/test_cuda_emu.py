@@ -95,14 +95,18 @@ CASES = [
      ("--set", "precision.fp8_attention=true")),
     # the FP8 head on the FP8 GEMMs (tiny: vocabulary, width, tokens and chunk multiples of 16),
     # with telemetry steps: its logits gradient's amax from the kernel against the twin's
-    ("fp8-delayed", "90", 1e-3, "; precision.fp8_head on FP8 GEMMs",
+    ("fp8-delayed", "90", 1e-3, "; precision.fp8_head on FP8 GEMMs, its data gradient in bf16",
      ("--set", "precision.fp8_head=true", "--set", "precision.stats_every=2")),
+    # and with its data gradient in FP8 too
+    ("fp8-delayed", "90", 1e-3, "; precision.fp8_head on FP8 GEMMs, its data gradient too",
+     ("--set", "precision.fp8_head=true", "--set", "precision.fp8_head_dgrad=fp8")),
 ]
 
 
 def case_id(c):
     return (f"{c[0]}-sm{c[1]}" + ("-fp8attn" if "precision.fp8_attention=true" in c[4] else "")
-            + ("-fp8head" if "precision.fp8_head=true" in c[4] else ""))
+            + ("-fp8head" if "precision.fp8_head=true" in c[4] else "")
+            + ("-fp8dgrad" if "precision.fp8_head_dgrad=fp8" in c[4] else ""))
 
 
 @pytest.mark.parametrize("recipe,sm,tol,says,extra", CASES, ids=[case_id(c) for c in CASES])

@@ -11,6 +11,7 @@ torch's in the last bits, so a few codes may land on the other side of a roundin
 the test asserts mxtrain is far closer to the recipe reference than the recipe is to fp32."""
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -176,28 +177,34 @@ class Fp8Head(torch.autograd.Function):
     float64 numpy with ml_dtypes' casts: the normed hidden states x (all B T rows as one tensor)
     and W in E4M3 at their current scales; logits = x8 W8^T. Backward: the logits' gradient in
     E5M2 at the scale current scaling gives its bound, 1 / (B T) here (the mean cross-entropy's
-    gradient (softmax - onehot) / (B T) is at most that); dx = g8 W8, dW = g8^T x8."""
+    gradient (softmax - onehot) / (B T) is at most that); dx = g8 W8, dW = g8^T x8. With
+    bf16_dgrad (precision.fp8_head_dgrad = bf16, the default): dx = bf16(g) bf16(W) instead,
+    the RNE roundings of the fp32 gradient and of W itself (ml_dtypes' bfloat16)."""
 
     round_grad = True  # (False: a variant for the test to tell the backward's rounding)
+    bf16_dgrad = False
 
     @classmethod
     def forward(cls, ctx, x, w):
-        ctx.round_grad = cls.round_grad
+        ctx.round_grad, ctx.bf16_dgrad = cls.round_grad, cls.bf16_dgrad
         xs = x.detach().numpy()
         x2 = xs.reshape(-1, xs.shape[-1])
         xq, wq = fp8_current(x2, "e4m3"), fp8_current(w.detach().numpy(), "e4m3")
-        ctx.saved = (xq, wq, xs.shape)
+        w16 = w.detach().numpy().astype(ml_dtypes.bfloat16).astype(np.float64)
+        ctx.saved = (xq, wq, w16, xs.shape)
         return torch.tensor((xq @ wq.T).reshape(*xs.shape[:-1], -1), dtype=torch.float32)
 
     @staticmethod
     def backward(ctx, g):
-        xq, wq, shape = ctx.saved
+        xq, wq, w16, shape = ctx.saved
         g2 = g.detach().numpy().reshape(-1, wq.shape[0])
         n = g2.shape[0]
         bound = np.float32(1.0) / np.float32(n)  # mxtrain's grad_scale / N, in fp32
         scale = numerics_ref.fp8_scale_from_amax(bound, numerics_ref.ELEM["e5m2"][1])
         gq = fp8_at(g2, scale, "e5m2") if ctx.round_grad else g2.astype(np.float64)
-        return (torch.tensor((gq @ wq).reshape(shape), dtype=torch.float32),
+        dx = (g2.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64) @ w16
+              if ctx.bf16_dgrad else gq @ wq)
+        return (torch.tensor(dx.reshape(shape), dtype=torch.float32),
                 torch.tensor(gq.T @ xq, dtype=torch.float32))
 
 
@@ -300,27 +307,44 @@ def assert_rounding_reproduced(what, got, ref, plain, without, missing, keys=lam
     assert worst < 0.02 and worst < 0.05 * apart, (worst, apart)
 
 
-def test_fp8_head_matches_reference(mxtrain, case):
-    # precision.fp8_head (debug grads --fp8-head): the head's GEMMs in FP8, as the reference's
-    # Fp8Head rounds them (docs/numerics.md's formulas, numpy float64 and ml_dtypes). Both
+@pytest.mark.parametrize("dgrad", ["fp8", "bf16"])
+def test_fp8_head_matches_reference(mxtrain, case, dgrad):
+    # precision.fp8_head (debug grads --fp8-head, --fp8-head-dgrad): the head's GEMMs in FP8,
+    # its data gradient's too or in bf16, as the reference's Fp8Head rounds them
+    # (docs/numerics.md's formulas, numpy float64 and ml_dtypes). Both
     # blocks left in fp32 (--high-precision-first 2, --high-precision fp32), so that what is
     # compared is the head's rounding alone: under a recipe in the blocks, their own noise
     # (mxfp8's ~3e-6 above) moves an E4M3 code of h across a rounding boundary now and then,
     # and the loss by ~1e-4 (measured).
     tmp, cfg, params, tokens, _, _ = case
-    loss, grads = run_recipe(mxtrain, case, "mxfp8", ["--fp8-head", "--high-precision", "fp32",
+    loss, grads = run_recipe(mxtrain, case, "mxfp8", ["--fp8-head", "--fp8-head-dgrad", dgrad,
+                                                      "--high-precision", "fp32",
                                                       "--high-precision-first", "2"])
     q = plain_linear
-    ref_loss, ref_grads = ref_loss_and_grads(params, cfg, tokens, q, head=Fp8Head.apply)
+
+    class Head(Fp8Head):
+        bf16_dgrad = dgrad == "bf16"
+    ref_loss, ref_grads = ref_loss_and_grads(params, cfg, tokens, q, head=Head.apply)
     plain_loss, plain_grads = ref_loss_and_grads(params, cfg, tokens, q)
 
     # A reference that leaves the gradient's E5M2 rounding out lies far further away than
-    # mxtrain does: the comparison sees the backward's rounding, not only the forward's.
-    class NoGradRounding(Fp8Head):
+    # mxtrain does: the comparison sees the backward's rounding, not only the forward's (with
+    # the bf16 data gradient, in the head's own weight gradient).
+    class NoGradRounding(Head):
         round_grad = False
     _, no_round = ref_loss_and_grads(params, cfg, tokens, q, head=NoGradRounding.apply)
-    assert_rounding_reproduced("fp8 head", (loss, grads), (ref_loss, ref_grads),
-                               (plain_loss, plain_grads), no_round, "the gradient's rounding")
+    head_only = (lambda k: "lm_head" in k) if dgrad == "bf16" else (lambda k: True)
+    assert_rounding_reproduced(f"fp8 head, {dgrad} dgrad", (loss, grads), (ref_loss, ref_grads),
+                               (plain_loss, plain_grads), no_round, "the gradient's rounding",
+                               keys=head_only)
+    if dgrad == "bf16":  # and the all-FP8 data gradient lies far from the bf16 one
+        class Fp8Dgrad(Head):
+            bf16_dgrad = False
+        _, fp8_dgrad = ref_loss_and_grads(params, cfg, tokens, q, head=Fp8Dgrad.apply)
+        assert_rounding_reproduced("fp8 head, bf16 dgrad", (loss, grads), (ref_loss, ref_grads),
+                                   (plain_loss, plain_grads), fp8_dgrad,
+                                   "the bf16 data gradient",
+                                   keys=lambda k: "lm_head" not in k)
     # The FP8 head takes the place of precision.high_precision for the head: under mxfp8 with
     # no block left out, the same bits with --high-precision bf16 (the default) and fp32 (only
     # high-precision blocks would differ), and not those of the bf16 head.
@@ -610,6 +634,22 @@ def test_fp8_attention_and_head_need_a_recipe(mxtrain, tmp_path, case, key, flag
                  "--seq", SEQ, "--out", tmp_path / "g.safetensors", flag])
     assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
         f"error: {flag} needs a --recipe other than fp32"), r
+    assert not (tmp_path / "g.safetensors").exists()
+
+
+def test_fp8_head_dgrad_takes_bf16_or_fp8(mxtrain, tmp_path, case):
+    r = mxtrain(["train", "--set", "precision.recipe=fp8-delayed", "--set",
+                 "precision.fp8_head=true", "--set", "precision.fp8_head_dgrad=fp16",
+                 "--set", f"run.out_dir={tmp_path / 'o'}"])
+    assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: precision.fp8_head_dgrad must be bf16 or fp8 (got 'fp16')"), r
+    assert not (tmp_path / "o").exists()
+    _, _, _, _, model_dir, tok = case
+    r = mxtrain(["debug", "grads", "--init", model_dir, "--tokens", tok, "--batch", BATCH,
+                 "--seq", SEQ, "--out", tmp_path / "g.safetensors", "--recipe", "fp8-delayed",
+                 "--fp8-head", "--fp8-head-dgrad", "e5m2"])
+    assert r.rc == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: --fp8-head-dgrad must be bf16 or fp8 (got 'e5m2')"), r
     assert not (tmp_path / "g.safetensors").exists()
 
 

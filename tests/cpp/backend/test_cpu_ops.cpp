@@ -268,7 +268,9 @@ using mxtest::bf16_value;
 
 // A head with rounded operands by its definition, in double: the loss of softmax(hq wq^T)
 // against the targets; the logits gradient g = round_grad(scale (softmax - onehot)); dh =
-// g wq and dw = 1 + g^T hq (dw starts at 1: the call accumulates).
+// g wq and dw = 1 + g^T hq (dw starts at 1: the call accumulates). With round_dgrad and
+// w_dgrad (the FP8 head's bf16 data gradient): dh = round_dgrad(scale (softmax - onehot))
+// w_dgrad instead.
 struct HeadReference {
   double loss = 0;
   std::vector<double> dh, dw;
@@ -276,9 +278,12 @@ struct HeadReference {
 };
 HeadReference head_reference(const std::vector<double>& hq, const std::vector<double>& wq,
                              const std::vector<int32_t>& tgt, int64_t N, int64_t C, int64_t V,
-                             float scale, const std::function<double(double)>& round_grad) {
+                             float scale, const std::function<double(double)>& round_grad,
+                             const std::function<double(double)>& round_dgrad = nullptr,
+                             const std::vector<double>* w_dgrad = nullptr) {
   HeadReference ref;
-  std::vector<double> g(N * V);
+  std::vector<double> g(N * V), gd(N * V);
+  const std::vector<double>& wd = w_dgrad ? *w_dgrad : wq;
   for (int64_t n = 0; n < N; ++n) {
     std::vector<double> z(V);
     double mx = -1e300, se = 0;
@@ -292,6 +297,7 @@ HeadReference head_reference(const std::vector<double>& hq, const std::vector<do
       const double gv = scale * (std::exp(z[v] - mx) / se - (v == tgt[n] ? 1.0 : 0.0));
       ref.grad_amax = std::max(ref.grad_amax, std::fabs(gv));
       g[n * V + v] = round_grad(gv);
+      gd[n * V + v] = round_dgrad ? round_dgrad(gv) : g[n * V + v];
     }
   }
   ref.dh.assign(N * C, 0.0);
@@ -299,7 +305,7 @@ HeadReference head_reference(const std::vector<double>& hq, const std::vector<do
   for (int64_t n = 0; n < N; ++n)
     for (int64_t v = 0; v < V; ++v)
       for (int64_t c = 0; c < C; ++c) {
-        ref.dh[n * C + c] += g[n * V + v] * wq[v * C + c];
+        ref.dh[n * C + c] += gd[n * V + v] * wd[v * C + c];
         ref.dw[v * C + c] += g[n * V + v] * hq[n * C + c];
       }
   return ref;
@@ -365,49 +371,83 @@ double fp8_rounded(double v, int mbits, int emin, double max_finite) {
   return std::copysign(std::min(std::nearbyint(std::fabs(v) / quantum) * quantum, max_finite), v);
 }
 
+// x rounded to FP8 (mbits, emin, max_finite) at the fp32 scale max_finite / amax of the whole
+// tensor and decoded times 1 / scale in fp32: the FP8 head's h and W.
+std::vector<double> fp8_current_values(const std::vector<float>& x, int mbits, int emin,
+                                       double max_finite) {
+  float amax = 0;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  const float s = float(max_finite) / amax, inv = 1.0f / s;
+  std::vector<double> q(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    q[i] = double(float(fp8_rounded(double(x[i] * s), mbits, emin, max_finite)) * inv);
+  return q;
+}
+
+// The FP8 head tests' inputs, h's and W's FP8 values (E4M3 at current scales) and the logits
+// gradient's E5M2 rounding at the scale of its bound |scale| (the fp32 element, decoded times
+// 1 / scale in fp32).
+struct Fp8HeadCase {
+  static constexpr int64_t N = 10, C = 12, V = 17;
+  std::vector<float> h = randn(N * C, 23), w = randn(V * C, 24, 0.5f);
+  std::vector<int32_t> tgt = {3, 16, 0, 5, 3, 9, 1, 12, 16, 2};
+  float scale = 0.3f;
+  std::vector<double> hq = fp8_current_values(h, 3, -6, 448),
+                      wq = fp8_current_values(w, 3, -6, 448);
+  std::function<double(double)> round_grad() const {
+    const float gs = 57344.0f / scale, ginv = 1.0f / gs;
+    return [gs, ginv](double x) {
+      return double(float(fp8_rounded(double(float(x) * gs), 2, -14, 57344)) * ginv);
+    };
+  }
+};
+
 TEST(CpuOps, HeadCrossEntropyFp8OperandsMatchTheirDefinition) {
   // HeadOperands::kFp8 (precision.fp8_head): h and W rounded to E4M3 at fp32 scales 448 /
   // amax of the whole tensor, the logits gradient to E5M2 at 57344 / |grad_scale| (its bound);
   // each FP8 value decoded times 1 / scale in fp32. The loss is the exact loss of the rounded
   // h and W, the gradients the GEMMs of the rounded gradient with them, whatever the chunks.
   auto be = mx::make_cpu_backend();
-  const int64_t N = 10, C = 12, V = 17;
-  auto h = randn(N * C, 23), w = randn(V * C, 24, 0.5f);
-  std::vector<int32_t> tgt = {3, 16, 0, 5, 3, 9, 1, 12, 16, 2};
-  const float scale = 0.3f;
-  auto quantize = [](const std::vector<float>& x, int mbits, int emin, double max_finite) {
-    float amax = 0;
-    for (float v : x) amax = std::max(amax, std::fabs(v));
-    const float s = float(max_finite) / amax, inv = 1.0f / s;
-    std::vector<double> q(x.size());
-    for (size_t i = 0; i < x.size(); ++i)
-      q[i] = double(float(fp8_rounded(double(x[i] * s), mbits, emin, max_finite)) * inv);
-    return q;
-  };
-  const std::vector<double> hq = quantize(h, 3, -6, 448), wq = quantize(w, 3, -6, 448);
-  const float gs = 57344.0f / scale, ginv = 1.0f / gs;
-  const HeadReference ref = head_reference(hq, wq, tgt, N, C, V, scale, [&](double x) {
-    const float d = float(x);  // the fp32 gradient element, rounded at its fp32 scale
-    return double(float(fp8_rounded(double(d * gs), 2, -14, 57344)) * ginv);
-  });
+  const Fp8HeadCase k;
+  const int64_t N = k.N, C = k.C, V = k.V;
+  const HeadReference ref = head_reference(k.hq, k.wq, k.tgt, N, C, V, k.scale, k.round_grad());
   // The bf16 head's gradient lies far outside the tolerance: the FP8 rounding is what is seen.
-  EXPECT_GT(expect_head_matches(*be, h, w, tgt, N, C, V, scale, mx::HeadOperands::kFp8, ref,
-                                mx::HeadOperands::kBf16, "fp8 head"),
+  EXPECT_GT(expect_head_matches(*be, k.h, k.w, k.tgt, N, C, V, k.scale, mx::HeadOperands::kFp8,
+                                ref, mx::HeadOperands::kBf16, "fp8 head"),
             1e-3);
   // Telemetry: the last FP8 call's (chunks of 10) largest |gradient| before its rounding, over
   // every row; neither the forward-only calls nor the bf16 head's changed it.
   EXPECT_NEAR(be->head_fp8_grad_amax(), ref.grad_amax, 1e-6 * ref.grad_amax);
-  EXPECT_LE(ref.grad_amax, double(scale));  // the bound the gradient's scale is taken from
+  EXPECT_LE(ref.grad_amax, double(k.scale));  // the bound the gradient's scale is taken from
   std::vector<float> dh(N * C), dw(V * C, 1.0f),
       ws(mx::head_workspace_floats(4, C, V, mx::HeadOperands::kFp8));
-  be->head_cross_entropy(dh.data(), dw.data(), h.data(), w.data(), tgt.data(), 4, C, V, scale,
-                         ws.data(), 4, mx::HeadOperands::kFp8);  // the first 4 rows alone
+  be->head_cross_entropy(dh.data(), dw.data(), k.h.data(), k.w.data(), k.tgt.data(), 4, C, V,
+                         k.scale, ws.data(), 4, mx::HeadOperands::kFp8);  // the first 4 rows
   // (h's scale from those rows' amax)
   const HeadReference four = head_reference(
-      quantize(std::vector<float>(h.begin(), h.begin() + 4 * C), 3, -6, 448), wq,
-      std::vector<int32_t>(tgt.begin(), tgt.begin() + 4), 4, C, V, scale,
+      fp8_current_values(std::vector<float>(k.h.begin(), k.h.begin() + 4 * C), 3, -6, 448), k.wq,
+      std::vector<int32_t>(k.tgt.begin(), k.tgt.begin() + 4), 4, C, V, k.scale,
       [](double x) { return x; });
   EXPECT_NEAR(be->head_fp8_grad_amax(), four.grad_amax, 1e-6 * four.grad_amax);
+}
+
+TEST(CpuOps, HeadCrossEntropyFp8WithBf16DgradMatchesItsDefinition) {
+  // HeadOperands::kFp8Bf16Dgrad (precision.fp8_head_dgrad = bf16): the logits and dW as
+  // kFp8's; dh = g16 W16, the bf16 roundings (RNE) of the fp32 gradient and of W itself.
+  auto be = mx::make_cpu_backend();
+  const Fp8HeadCase k;
+  const int64_t N = k.N, C = k.C, V = k.V;
+  std::vector<double> w16(V * C);
+  for (int64_t i = 0; i < V * C; ++i) w16[i] = bf16_ref(k.w[i]);
+  const HeadReference ref =
+      head_reference(k.hq, k.wq, k.tgt, N, C, V, k.scale, k.round_grad(),
+                     [](double x) { return double(bf16_ref(float(x))); }, &w16);
+  // The all-FP8 head's data gradient lies far outside the tolerance: the bf16 one is seen.
+  EXPECT_GT(expect_head_matches(*be, k.h, k.w, k.tgt, N, C, V, k.scale,
+                                mx::HeadOperands::kFp8Bf16Dgrad, ref, mx::HeadOperands::kFp8,
+                                "fp8 head, bf16 dgrad"),
+            1e-3);
+  EXPECT_NEAR(be->head_fp8_grad_amax(), ref.grad_amax, 1e-6 * ref.grad_amax);
 }
 
 TEST(CpuOps, RoundBf16MatchesBitFormula) {

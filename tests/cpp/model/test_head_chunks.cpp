@@ -38,19 +38,29 @@ int64_t bf16_workspace_bytes(int64_t rows, int64_t C, int64_t V) {
 // The same for the FP8 head (precision.fp8_head): after the logits, the GPU's FP8 codes of W,
 // of an h chunk and of the logits' gradient, each in both layouts (row-major and transposed:
 // every FP8 GEMM operand K-major), each region padded to 256 bytes, or the CPU's fp32 copies.
-int64_t fp8_workspace_bytes(int64_t rows, int64_t C, int64_t V) {
+int64_t fp8_workspace_bytes(int64_t rows, int64_t C, int64_t V, bool bf16_dgrad = false) {
   auto pad16 = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
   auto pad256 = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t gpu = 2 * (pad256(V * C) + pad256(rows * V) + pad256(rows * C));
-  const int64_t cpu = 4 * (V * C + rows * C);
+  // CUDA: W's codes (row-major; both layouts for the all-FP8 head), h's and the gradient's in
+  // both layouts; with bf16_dgrad W's and the gradient's bf16 copies. CPU: fp32 copies of W's
+  // and h's FP8 values, with bf16_dgrad of W's and the gradient's bf16 values too.
+  const int64_t gpu =
+      bf16_dgrad ? pad256(V * C) + 2 * (pad256(rows * V) + pad256(rows * C)) + pad16(2 * V * C) +
+                       pad16(2 * rows * V)
+                 : 2 * (pad256(V * C) + pad256(rows * V) + pad256(rows * C));
+  const int64_t cpu = 4 * (V * C + rows * C) + (bf16_dgrad ? 4 * (V * C + rows * V) : 0);
   return pad16(4 * rows * V) + std::max(gpu, cpu);
 }
 
 TEST(HeadChunks, Fp8WorkspaceHoldsBothLayoutsOfEachOperand) {
   const int64_t C = 2048, V = 128256;
-  for (int64_t rows : {int64_t(1), int64_t(523), int64_t(8371)})
+  for (int64_t rows : {int64_t(1), int64_t(523), int64_t(8371)}) {
     EXPECT_EQ(4 * mx::head_workspace_floats(rows, C, V, kFp8), fp8_workspace_bytes(rows, C, V))
         << rows;
+    EXPECT_EQ(4 * mx::head_workspace_floats(rows, C, V, mx::HeadOperands::kFp8Bf16Dgrad),
+              fp8_workspace_bytes(rows, C, V, true))
+        << rows;
+  }
   // Two one-byte layouts take what one two-byte bf16 copy does: the FP8 workspace is the bf16
   // one up to the regions' padding (256 bytes each against 16).
   for (int64_t rows : {int64_t(1), int64_t(523), int64_t(8371)}) {

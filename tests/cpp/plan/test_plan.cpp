@@ -420,11 +420,16 @@ TEST(PlanTime, Fp8HeadAtThePerTensorFp8RateWithItsCasts) {
   // of the FP8 peak) instead of bf16's (0.75 of the bf16 peak), both times the tokens'
   // saturation n / (n + 128); plus per micro-batch W's amax and casts (10 bytes an element),
   // h's (10) and the logits gradient's codes and their transpose (3) at HBM bandwidth.
+  // precision.fp8_head_dgrad = bf16 (the default): the data gradient's GEMM, a third, stays at
+  // the bf16 rate; W's codes row-major only plus its bf16 copy (15), the gradient's bf16 copy
+  // beside its codes (5).
   PlanInput in = input("llama3.2-1b", 2, 8192, Checkpointing::kNone, "full", 8, 1, "fp8-delayed");
   const mx::ModelConfig& c = in.model;
   const GpuSpec h200 = find_gpu("h200");
   const TimeBreakdown off = plan_time(in, h200);
   in.fp8_head = true;
+  const TimeBreakdown hybrid = plan_time(in, h200);
+  in.fp8_head_dgrad = true;
   const TimeBreakdown on = plan_time(in, h200);
   EXPECT_FALSE(off.fp8_head);
   EXPECT_TRUE(on.fp8_head);
@@ -436,6 +441,12 @@ TEST(PlanTime, Fp8HeadAtThePerTensorFp8RateWithItsCasts) {
   EXPECT_NEAR(on.memory_bound_s - off.memory_bound_s, casts, 1e-9 * casts);
   EXPECT_GT(on.tokens_per_s, off.tokens_per_s);
   EXPECT_EQ(on.attention_s, off.attention_s);
+  EXPECT_TRUE(hybrid.fp8_head);
+  EXPECT_NEAR(off.gemm_s - hybrid.gemm_s, saved * 2.0 / 3.0, 1e-9 * saved);
+  const double hybrid_casts = (15.0 * V * C + 10.0 * n * C + 5.0 * n * V) / h200.hbm_bytes_per_s;
+  EXPECT_NEAR(hybrid.memory_bound_s - off.memory_bound_s, hybrid_casts, 1e-9 * hybrid_casts);
+  EXPECT_GT(hybrid.tokens_per_s, off.tokens_per_s);
+  EXPECT_LT(hybrid.tokens_per_s, on.tokens_per_s);
   // recipe fp32: no FP8 head (the config refuses it; the planner's candidates may meet it)
   in.recipe = "fp32";
   EXPECT_FALSE(plan_time(in, h200).fp8_head);
@@ -443,12 +454,18 @@ TEST(PlanTime, Fp8HeadAtThePerTensorFp8RateWithItsCasts) {
   const GpuSpec cpu = fake_cpu();
   in.recipe = "fp8-current";
   const TimeBreakdown twin = plan_time(in, cpu);
+  in.fp8_head_dgrad = false;  // and the bf16 roundings of W and the gradient for dh
+  const TimeBreakdown twin_hybrid = plan_time(in, cpu);
   in.fp8_head = false;
   const TimeBreakdown plain = plan_time(in, cpu);
   EXPECT_TRUE(twin.fp8_head);
   EXPECT_EQ(twin.gemm_s, plain.gemm_s);
+  EXPECT_NEAR(twin_hybrid.gemm_s, plain.gemm_s, 1e-12 * plain.gemm_s);
   const double rounding = 12.0 * (V * C + n * C + n * V) / cpu.hbm_bytes_per_s;
   EXPECT_NEAR(twin.memory_bound_s - plain.memory_bound_s, rounding, 1e-9 * rounding);
+  const double rounding_hybrid = 12.0 * (2 * V * C + n * C + 2 * n * V) / cpu.hbm_bytes_per_s;
+  EXPECT_NEAR(twin_hybrid.memory_bound_s - plain.memory_bound_s, rounding_hybrid,
+              1e-9 * rounding_hybrid);
 }
 
 TEST(PlanCatalogue, NamesAndErrors) {
