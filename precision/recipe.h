@@ -99,9 +99,9 @@ class LinearRecipe {
   void set_fp8_attention(bool on) { fp8_attention_ = on && recipe_ != Recipe::kFp32; }
   bool fp8_attention(int64_t layer) const { return fp8_attention_ && active(layer); }
   bool fp8_attention_any() const { return fp8_attention_; }
-  // precision.fp8_head: the output head's three GEMMs in FP8 (E4M3 h and W, E5M2 logits
-  // gradient, per-tensor scales; Backend's HeadOperands::kFp8, docs/numerics.md, "FP8 head"),
-  // in place of precision.high_precision. Off until set; never on under recipe fp32.
+  // precision.fp8_head: the output head's GEMMs in FP8 (E4M3 h and W, E5M2 logits gradient,
+  // per-tensor scales; Backend's HeadOperands::kFp8 / kFp8Bf16Dgrad, docs/numerics.md, "FP8
+  // head"), in place of precision.high_precision. Off until set; never on under recipe fp32.
   // fp8_dgrad (precision.fp8_head_dgrad = fp8): the data gradient's GEMM in FP8 too (kFp8);
   // else (bf16, the default) in bf16 (kFp8Bf16Dgrad).
   void set_fp8_head(bool on, bool fp8_dgrad = false) {
