@@ -410,8 +410,7 @@ void LinearRecipe::record_head_stats(const float* h, int64_t N, int64_t C, const
 
 void LinearRecipe::record_head_grad_amax(float amax, float grad_scale) {
   if (!collect_ || replay_) return;
-  AttnEntry& e = head_grad_stats_["head.bwd.grad_output"];
-  e.format = "e5m2";
+  AttnEntry& e = head_grad_stats_ ? *head_grad_stats_ : head_grad_stats_.emplace(AttnEntry{"e5m2"});
   if (double(amax) >= e.amax)
     e.amax = amax, e.scale = head_fp8_scale(std::fabs(grad_scale), Format::kE5M2);
 }
@@ -420,27 +419,30 @@ nlohmann::json LinearRecipe::finish_stats(int64_t step) {
   collect_ = false;
   std::vector<std::string> saturated;
   nlohmann::json attn = nlohmann::json::object();
-  for (const auto& [key, e] : attn_stats_) {
-    const std::string name = str("layers.", key.first, ".self_attn.fp8_attention.", key.second);
+  // an entry of a tensor that exists only inside an op: format, amax, scale and headroom (the
+  // format's largest value over amax x scale), which it returns
+  auto put = [&attn](const std::string& name, const AttnEntry& e) {
     const double max = std::strcmp(e.format, "e5m2") == 0 ? 57344.0 : 448.0;
     const double headroom = e.amax > 0 ? max / (e.amax * e.scale) : INFINITY;
     attn[name] = {{"format", e.format}, {"amax", e.amax}, {"scale", e.scale},
                   {"headroom", std::isfinite(headroom) ? nlohmann::json(headroom) : nullptr}};
-    if (headroom < 1.0) saturated.push_back(name);
+    return headroom;
+  };
+  for (const auto& [key, e] : attn_stats_) {
+    const std::string name = str("layers.", key.first, ".self_attn.fp8_attention.", key.second);
+    if (put(name, e) < 1.0) saturated.push_back(name);
   }
   attn_stats_.clear();
-  for (const auto& [name, e] : head_grad_stats_) {
+  if (const auto& e = head_grad_stats_) {
     // (headroom |grad_scale| / amax: at least 1 by the bound, up to the fp32 rounding of the
     // scale; only SATFINITE's clamp, at E5M2's saturation threshold, counts as saturated)
-    const double headroom = e.amax > 0 ? 57344.0 / (e.amax * e.scale) : INFINITY;
-    attn[name] = {{"format", e.format}, {"amax", e.amax}, {"scale", e.scale},
-                  {"headroom", std::isfinite(headroom) ? nlohmann::json(headroom) : nullptr}};
-    if (e.amax * e.scale >= double(saturation_threshold(Format::kE5M2)))
+    put("head.bwd.grad_output", *e);
+    if (e->amax * e->scale >= double(saturation_threshold(Format::kE5M2)))
       warn(str("numerics: the FP8 head's logits gradient saturated at step ", step,
-               ": amax ", e.amax, " past its bound |grad_scale| (docs/numerics.md, \"FP8 "
+               ": amax ", e->amax, " past its bound |grad_scale| (docs/numerics.md, \"FP8 "
                "head\")"));
   }
-  head_grad_stats_.clear();
+  head_grad_stats_.reset();
   std::vector<std::pair<std::string, OperandStats>> operands(head_stats_.begin(),
                                                              head_stats_.end());
   head_stats_.clear();

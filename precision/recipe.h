@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -258,7 +259,7 @@ class LinearRecipe {
     double amax = 0, scale = 0;
   };
   std::map<std::pair<int64_t, std::string>, AttnEntry> attn_stats_;  // (layer, tensor)
-  std::map<std::string, AttnEntry> head_grad_stats_;  // record_head_grad_amax's, by entry name
+  std::optional<AttnEntry> head_grad_stats_;  // record_head_grad_amax's (head.bwd.grad_output)
   SqnrMonitor monitor_;
   // Block scales of the operand being quantized, kept only while telemetry reads them.
   std::vector<float> scale_f32_;
