@@ -2828,6 +2828,7 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer(const std::string& given)
   }
   o.gemm_tune = parse_cuda_gemm_tune(std::getenv("MXTRAIN_CUDA_GEMM_TUNE"));
   cuda::fp8_cast_unroll();  // MXTRAIN_FP8_CAST_UNROLL (the FP8 casts read it; checked here)
+  cuda::set_cast_tune(cuda::parse_cast_tune(std::getenv("MXTRAIN_CUDA_CAST_TUNE")));
   o.scratch_bytes = cuda_scratch_bytes();  // default 1 GiB: bf16 copies of large GEMMs' operands
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

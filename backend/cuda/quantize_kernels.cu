@@ -7,6 +7,8 @@
 #include "numerics/attention_fp8.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -41,10 +43,12 @@ __device__ __forceinline__ uint8_t fp8_code(float v, numerics::Format fmt) {
 __device__ __forceinline__ uint8_t fp8_code(float v, numerics::Format fmt, bool stochastic, uint32_t rand) {
   return stochastic ? numerics::encode_fp8_elem(v, fmt, true, rand) : fp8_code(v, fmt);
 }
-int fp8_cast_unroll() {
+namespace {
+// MXTRAIN_FP8_CAST_UNROLL's value; 0 where it is unset (the cast tuner then picks).
+int fp8_cast_unroll_env() {
   static const int u = [] {
     const char* e = std::getenv("MXTRAIN_FP8_CAST_UNROLL");
-    if (!e) return 1;
+    if (!e) return 0;
     const std::string v = e;
     if (v == "1" || v == "2" || v == "4") {  // said once (bench/gpu/check.sh's run logs)
       info(str("cuda fp8 casts: ", v, " vector(s) of 4 elements a thread in flight ",
@@ -54,6 +58,11 @@ int fp8_cast_unroll() {
     throw UserError(str("MXTRAIN_FP8_CAST_UNROLL must be 1, 2 or 4 (got '", v, "')"));
   }();
   return u;
+}
+}  // namespace
+int fp8_cast_unroll() {
+  const int u = fp8_cast_unroll_env();
+  return u ? u : 1;
 }
 namespace {
 
@@ -272,6 +281,28 @@ __global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t 
 // needs no alignment).
 enum class TileKind { kTensor, kRow, kCol, kSquare };
 constexpr int kQTile = 128, kQRows = 8, kQPer = kQTile / kQRows;  // 16 rows a thread
+// A 128 x 128 tile's codes out of shared memory, tile [column][row] with an odd pitch
+// (kQTile + 1), into codes_t [cols, rows] by a 32 x 8 thread block: codes^T row c0 + j (x's
+// column), bytes r0 + 4 tx .. + 3 (x's rows) from thread (tx, ty), one 4-byte store where
+// packed_t (rows % 4 == 0 and codes_t 4-byte aligned), else byte by byte.
+__device__ inline void store_tile_t(const uint8_t* tile, uint8_t* __restrict__ codes_t,
+                                    int64_t rows, int64_t cols, int64_t r0, int64_t c0,
+                                    bool packed_t) {
+  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
+  const int64_t r = r0 + 4 * tx;
+  for (int j = ty; j < kQTile; j += kQRows) {
+    const int64_t col = c0 + j;
+    if (col >= cols || r >= rows) continue;
+    uint8_t* dst = codes_t + col * rows + r;
+    const uint8_t* src = tile + j * (kQTile + 1) + 4 * tx;
+    if (packed_t && r + 3 < rows) {
+      *reinterpret_cast<uint32_t*>(dst) = uint32_t(src[0]) | uint32_t(src[1]) << 8 |
+                                          uint32_t(src[2]) << 16 | uint32_t(src[3]) << 24;
+    } else {
+      for (int q = 0; q < 4 && r + q < rows; ++q) dst[q] = src[q];
+    }
+  }
+}
 template <class T, TileKind kKind, bool kRowMajor, bool kTransposed>
 __global__ void __launch_bounds__(256)
     fp8_tile_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
@@ -370,20 +401,192 @@ __global__ void __launch_bounds__(256)
   }
   if (kTransposed) {
     __syncthreads();
-    // codes^T row c0 + j (x's column), bytes r0 + 4 tx .. + 3 (x's rows) from this thread
-    const int64_t r = r0 + 4 * tx;
-    for (int j = ty; j < kQTile; j += kQRows) {
-      const int64_t col = c0 + j;
-      if (col >= cols || r >= rows) continue;
-      uint8_t* dst = codes_t + col * rows + r;
-      if (packed_t && r + 3 < rows) {
-        *reinterpret_cast<uint32_t*>(dst) =
-            uint32_t(tile_t[j][4 * tx]) | uint32_t(tile_t[j][4 * tx + 1]) << 8 |
-            uint32_t(tile_t[j][4 * tx + 2]) << 16 | uint32_t(tile_t[j][4 * tx + 3]) << 24;
+    store_tile_t(&tile_t[0][0], codes_t, rows, cols, r0, c0, packed_t);
+  }
+}
+
+// ---- fp8-block quantizers with few registers a thread (the cast tuner's other candidates) ----
+// fp8_tile_kernel holds a whole 128 x 128 tile in 256 threads (95-126 registers a thread on
+// sm_90: two blocks a multiprocessor, a quarter of its warps), and fp8-block's quantization ran
+// at about a tenth of the H200's bandwidth on it (165 ms a step at Llama-3.2-1B, 16K tokens).
+// The kernels below give the same bytes with a thread holding 4-16 values at a time, so a
+// multiprocessor keeps many more warps and loads in flight; the cast tuner (tuned_cast) times
+// them against the tiled kernel at a shape's first call and keeps the fastest.
+
+// 1x128 blocks, row-major codes: a warp per 128-wide piece of a row (a lane its four columns:
+// one 16-byte fp32 / 8-byte bf16 load, one 4-byte store of codes), U pieces a warp with their
+// loads issued together. Piece p = r * scale_cols + c / 128 is also its scale's index.
+// Requires cols % 4 == 0 and x, codes aligned to their vectors (the tiled kernel's rule).
+template <int U, class T>
+__global__ void __launch_bounds__(256)
+    fp8_block_row_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t scale_cols,
+                         bool pow2, uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  const int lane = int(threadIdx.x % 32);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  const int64_t pieces = rows * scale_cols;
+  for (int64_t p0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; p0 < pieces;
+       p0 += U * warps) {
+    decltype(raw4(x, 0)) v[U];
+    int64_t at[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t p = p0 + u * warps, r = p / scale_cols;
+      const int64_t c = (p - r * scale_cols) * kQTile + 4 * lane;
+      at[u] = p < pieces && c < cols ? r * cols + c : -1;
+      v[u] = at[u] >= 0 ? raw4(x, at[u]) : raw4_zero(x);  // +0: no change to the amax
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (p0 + u * warps >= pieces) break;  // whole warps leave together
+      const float4 f = widen4(v[u]);
+      const float s = numerics::fp8_scale_from_amax(warp_amax(amax_fold4(0.0f, f)),
+                                                    numerics::kE4M3Max, 0.0f, pow2);
+      if (lane == 0) scales[p0 + u * warps] = 1.0f / s;
+      if (at[u] >= 0)
+        *reinterpret_cast<uint32_t*>(codes + at[u]) =
+            uint32_t(fp8_code(f.x * s, Format::kE4M3)) |
+            uint32_t(fp8_code(f.y * s, Format::kE4M3)) << 8 |
+            uint32_t(fp8_code(f.z * s, Format::kE4M3)) << 16 |
+            uint32_t(fp8_code(f.w * s, Format::kE4M3)) << 24;
+    }
+  }
+}
+
+// 128x1 blocks, codes written transposed (codes_t [cols, rows]: fp8-block's x^T and dy^T): a
+// thread block of 8 warps per 128-row x (32 E)-column tile, E = the elements in 4 bytes of x
+// (fp32 1, bf16 2). Warp w loads rows 16 w .. 16 w + 15, a lane E adjacent columns of each (a
+// warp one 128-byte line a row, 16 loads a thread in flight); a column's amax is its 16 rows a
+// thread, then the 8 warps' through shared memory. A thread packs its 16 rows' codes of a
+// column, consecutive bytes of codes^T, into one 16-byte shared store (tile row e * 32 + lane
+// for column E lane + e: a lane's rows 144 bytes apart, so a quarter warp's stores fall in
+// distinct banks), and the tile goes out as 16-byte stores, 8 threads to each 128-byte row
+// piece of codes^T (`vec_t`: rows % 16 == 0 and codes_t 16-byte aligned; else byte by byte).
+// Elements past the edges load as +0 and are not stored. Requires cols % E == 0 and x aligned
+// to 4 bytes.
+constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
+template <class T>
+__global__ void __launch_bounds__(256)
+    fp8_block_col_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
+                           bool pow2, uint8_t* __restrict__ codes_t, float* __restrict__ scales,
+                           bool vec_t) {
+  constexpr int E = 4 / int(sizeof(T)), W = 32 * E;
+  using Raw = std::conditional_t<sizeof(T) == 4, float, uint32_t>;
+  __shared__ float part[8][W];
+  __shared__ uint4 tile_v[W][kColPitch / 16];  // uint4: 16-byte aligned rows
+  auto tile_t = [&](int t) { return reinterpret_cast<uint8_t*>(tile_v[t]); };
+  const int lane = int(threadIdx.x % 32), w = int(threadIdx.x / 32);
+  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
+  const int64_t c = int64_t(blockIdx.x % tiles_c) * W + E * lane;
+  const bool col_in = c < cols;
+  Raw v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int64_t r = r0 + 16 * w + k;
+    v[k] = col_in && r < rows ? *reinterpret_cast<const Raw*>(x + r * cols + c) : Raw(0);
+  }
+  auto elem = [](Raw raw, int e) -> float {
+    if constexpr (sizeof(T) == 4) return raw;
+    else return numerics::decode_bf16(uint16_t(e == 0 ? raw & 0xFFFFu : raw >> 16));
+  };
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) m = numerics::amax_fold(m, elem(v[k], e));
+    part[w][e * 32 + lane] = m;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    float a = 0.0f;
+    for (int y = 0; y < 8; ++y) a = fmaxf(a, part[y][e * 32 + lane]);
+    const float s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, pow2);
+    if (w == 0 && col_in) scales[(r0 / kQTile) * cols + c + e] = 1.0f / s;
+    uint32_t q[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      q[k / 4] |= uint32_t(fp8_code(elem(v[k], e) * s, Format::kE4M3)) << (8 * (k % 4));
+    tile_v[e * 32 + lane][w] = make_uint4(q[0], q[1], q[2], q[3]);
+  }
+  __syncthreads();
+  // codes^T row (x column) c0 + E (t % 32) + t / 32 from tile row t, bytes r0 + 16 q .. + 15
+  const int q = int(threadIdx.x % 8);
+  const int64_t r = r0 + 16 * q;
+  for (int t = int(threadIdx.x / 8); t < W; t += 32) {
+    const int64_t col = c - E * lane + E * (t % 32) + t / 32;
+    if (col >= cols || r >= rows) continue;
+    uint8_t* dst = codes_t + col * rows + r;
+    if (vec_t && r + 15 < rows) {
+      *reinterpret_cast<uint4*>(dst) = tile_v[t][q];
+    } else {
+      for (int b = 0; b < 16 && r + b < rows; ++b) dst[b] = tile_t(t)[16 * q + b];
+    }
+  }
+}
+
+// 128x128 blocks (fp8-block's weights), codes row-major or written transposed (W^T for the
+// data gradient): a thread block of 32 x 8 threads per block, as fp8_tile_kernel, but reading
+// the block twice instead of holding it: the amax from a first pass, the codes from a second
+// (the block's 64 KB of fp32 are still in L2 then), four vectors a thread in flight at a time,
+// so a thread holds 16 values where the tiled kernel holds 64 (fp32: 110-122 registers).
+template <class T, bool kTransposed>
+__global__ void __launch_bounds__(256)
+    fp8_block_square_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
+                            bool pow2, uint8_t* __restrict__ codes, float* __restrict__ scales,
+                            bool packed_t) {
+  __shared__ float part[kQRows];
+  __shared__ uint8_t tile_t[kTransposed ? kQTile : 1][kQTile + 1];  // [column][row], odd pitch
+  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
+  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
+  const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
+  const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
+  const bool col_in = c < cols;
+  constexpr int kBatch = 4;
+  using Raw = decltype(raw4(x, 0));
+  // rows ty + 8 (k0 + b) of the tile, b < kBatch: their loads issued together
+  auto load_batch = [&](int k0, Raw (&v)[kBatch]) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t r = r0 + ty + kQRows * (k0 + b);
+      v[b] = col_in && r < rows ? raw4(x, r * cols + c) : raw4_zero(x);
+    }
+  };
+  float m = 0.0f;
+  for (int k0 = 0; k0 < kQPer; k0 += kBatch) {
+    Raw v[kBatch];
+    load_batch(k0, v);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) m = amax_fold4(m, widen4(v[b]));
+  }
+  m = warp_amax(m);
+  if (tx == 0) part[ty] = m;
+  __syncthreads();
+  float a = 0.0f;
+  for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y]);
+  const float s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, pow2);
+  if (tx == 0 && ty == 0) scales[(r0 / kQTile) * tiles_c + c0 / kQTile] = 1.0f / s;
+  for (int k0 = 0; k0 < kQPer; k0 += kBatch) {  // the second read, the codes
+    Raw v[kBatch];
+    load_batch(k0, v);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = ty + kQRows * (k0 + b);
+      if (!col_in || r0 + i >= rows) continue;
+      const float4 f = widen4(v[b]);
+      const uint8_t q[4] = {fp8_code(f.x * s, Format::kE4M3), fp8_code(f.y * s, Format::kE4M3),
+                            fp8_code(f.z * s, Format::kE4M3), fp8_code(f.w * s, Format::kE4M3)};
+      if (kTransposed) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) tile_t[4 * tx + j][i] = q[j];
       } else {
-        for (int q = 0; q < 4 && r + q < rows; ++q) dst[q] = tile_t[j][4 * tx + q];
+        *reinterpret_cast<uint32_t*>(codes + (r0 + i) * cols + c) =
+            uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
       }
     }
+  }
+  if (kTransposed) {
+    __syncthreads();
+    store_tile_t(&tile_t[0][0], codes, rows, cols, r0, c0, packed_t);
   }
 }
 
@@ -667,11 +870,93 @@ unsigned row_tiles(int64_t rows, int64_t tile) {
   return unsigned(std::min(ceil_div(rows, tile), max_grid_yz()));
 }
 
+// ---- cast tuning ------------------------------------------------------------------------------
+// Several casts have byte-identical kernel forms whose speed differs by GPU and shape in ways
+// that could not be predicted here (the tiled kernel ran the per-tensor casts 2-3x slower on the
+// H200, fp8-block's blocks far below bandwidth). At a shape's first call each form is timed on
+// the call's own operands (a warm-up, then kCastTuneRuns runs between two CUDA events) and the
+// fastest kept for the rest of the run. Every form writes the same bytes (the op check runs each
+// against the CPU twin), and each run is the whole call (its amax slot zeroed first), so the
+// last trial leaves the call's output: tuning never changes a result, only the time.
+CastTune g_cast_tune = CastTune::kLarge;
+int g_cast_forced = -1;
+CastTuneStats g_cast_stats;
+std::mutex g_cast_mutex;
+std::map<std::string, int> g_cast_picks;  // family and shape -> the form kept
+constexpr int64_t kCastTuneMinElems = int64_t(1) << 22;  // kLarge: 4M elements and more
+constexpr int kCastTuneRuns = 3;
+
+// Runs one of the forms names[0..n) of `family` on x [rows, cols] (elem_bytes an element of x;
+// `bytes`: what one call reads and writes, for the log's GB/s): launch(k) enqueues form k on
+// s. `fallback` is the form used untuned (MXTRAIN_CUDA_CAST_TUNE=0, or kLarge below
+// kCastTuneMinElems elements); `flags` tells apart calls whose alignment picks other paths.
+template <size_t N, class F>
+void tuned_cast(const char* family, const char* const (&names)[N], int fallback, int64_t rows,
+                int64_t cols, int elem_bytes, int flags, double bytes, cudaStream_t s,
+                F&& launch) {
+  constexpr int n = int(N);
+  if (g_cast_forced >= 0) return launch(g_cast_forced % n);
+  if (g_cast_tune == CastTune::kOff ||
+      (g_cast_tune == CastTune::kLarge && rows * cols < kCastTuneMinElems))
+    return launch(fallback);
+  const std::string key =
+      str(family, " ", elem_bytes == 2 ? "bf16" : "fp32", " ", rows, "x", cols, " #", flags);
+  {
+    std::lock_guard<std::mutex> lock(g_cast_mutex);
+    const auto it = g_cast_picks.find(key);
+    if (it != g_cast_picks.end()) return launch(it->second);
+  }
+  cudaEvent_t ev[2];
+  for (cudaEvent_t& e : ev) MX_CUDA_CHECK(family, cudaEventCreate(&e));
+  double t[n];
+  int best = 0;
+  for (int k = 0; k < n; ++k) {
+    launch(k);  // warm-up
+    MX_CUDA_CHECK(family, cudaEventRecord(ev[0], s));
+    for (int r = 0; r < kCastTuneRuns; ++r) launch(k);
+    MX_CUDA_CHECK(family, cudaEventRecord(ev[1], s));
+    MX_CUDA_CHECK(family, cudaEventSynchronize(ev[1]));
+    float ms = 0;
+    MX_CUDA_CHECK(family, cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    t[k] = double(ms) * 1e-3 / kCastTuneRuns;
+    if (t[k] < t[best]) best = k;
+  }
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  std::lock_guard<std::mutex> lock(g_cast_mutex);
+  g_cast_picks[key] = best;
+  ++g_cast_stats.timed;
+  if (best != fallback) ++g_cast_stats.changed;
+  if (std::getenv("MXTRAIN_CUDA_CAST_TUNE_LOG")) {  // one line a shape (bench/gpu/check.sh)
+    std::string times;
+    for (int k = 0; k < n; ++k)
+      times += str(k ? ", " : "", names[k], " ", t[k] * 1e3, " ms ",
+                   t[k] > 0 ? bytes / t[k] / 1e9 : 0.0, " GB/s");
+    info(str("cuda cast tune: ", key, ": kept ", names[best], " (", times, ")"));
+  }
+}
+
 void check_fp8(Format fmt, const char* op) {
   MX_REQUIRE(fmt == Format::kE4M3 || fmt == Format::kE5M2, op, ": E4M3 or E5M2 elements only");
 }
 
 }  // namespace
+
+CastTune parse_cast_tune(const char* value) {
+  if (!value) return CastTune::kLarge;
+  const std::string v = value;
+  if (v == "0") return CastTune::kOff;
+  if (v == "1") return CastTune::kLarge;
+  if (v == "all") return CastTune::kAll;
+  throw UserError(str("MXTRAIN_CUDA_CAST_TUNE must be 0 (each cast's first form), 1 (time the "
+                      "forms of casts of 2^22 elements and more: the default) or all (got '",
+                      v, "')"));
+}
+void set_cast_tune(CastTune t) { g_cast_tune = t; }
+void force_cast_form(int k) { g_cast_forced = k; }
+CastTuneStats cast_tune_stats() {
+  std::lock_guard<std::mutex> lock(g_cast_mutex);
+  return g_cast_stats;
+}
 
 void fp8_scales(float* scale, float* scale_inv, const float* amax, float given, Format fmt,
                 cudaStream_t s) {
@@ -705,51 +990,74 @@ void launch_tiles(const T* x, int64_t rows, int64_t cols, int64_t scale_cols, bo
   else go(Y{}, N{});
 }
 
-// fp8_codes_t_kernel over x [rows, cols]: codes_t [cols, rows] (and codes, if given).
-template <class T>
-void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
-                    uint8_t* codes_t, uint8_t* codes, float* amax, cudaStream_t s,
-                    const char* op) {
-  // The tiled kernel (8- / 16-byte loads, 4-byte stores both ways) is byte-identical but ran
-  // these per-tensor casts 2-3x SLOWER on the H200 (2026-12-04: fp8-delayed's both-layouts
-  // casts 25 -> 79 ms a step; at 70-128 registers a thread too few threads hide the encoder's
-  // arithmetic), so it is off here until tuned: MXTRAIN_FP8_TILED_CASTS=1 turns it on.
-  static const bool tiled = [] {
-    const char* e = std::getenv("MXTRAIN_FP8_TILED_CASTS");
-    return e && e[0] == '1';
-  }();
-  if (tiled && cols % 4 == 0 && aligned(x, 4 * sizeof(T)) && (!codes || aligned(codes, 4))) {
-    launch_tiles<TileKind::kTensor>(x, rows, cols, 0, false, fmt, scale,
-                                    numerics::RoundingOptions{}, codes, codes_t, nullptr,
-                                    nullptr, amax, s);
-    return;
-  }
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
-  const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
-  fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale, codes_t,
-                                                              codes, amax, packed);
-}
-
 // amax given: zeroed here, then each block's max folded in by the kernel.
 void zero_amax(float* amax, cudaStream_t s) {
   if (amax) MX_CUDA_CHECK("fp8_codes amax", cudaMemsetAsync(amax, 0, sizeof(float), s));
 }
 
+// fp8_codes_t_kernel over x [rows, cols]: codes_t [cols, rows] (and codes, if given), the amax
+// slot (if any) zeroed first.
+template <class T>
+void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
+                    uint8_t* codes_t, uint8_t* codes, float* amax, cudaStream_t s,
+                    const char* op) {
+  // The tiled kernel (8- / 16-byte loads, 4-byte stores both ways) is byte-identical but ran
+  // these per-tensor casts 2-3x SLOWER on the H200 (2026-12-04, with the numerics encoder:
+  // fp8-delayed's both-layouts casts 25 -> 79 ms a step; at 70-128 registers a thread too few
+  // threads hide the encoder's arithmetic), so the plain kernel is the untuned form, and the
+  // cast tuner times the two (with the hardware encoder since). MXTRAIN_FP8_TILED_CASTS=1
+  // takes the tiled kernel, any other value the plain one, untimed.
+  static const char* tiled_env = std::getenv("MXTRAIN_FP8_TILED_CASTS");
+  const bool can_tile =
+      cols % 4 == 0 && aligned(x, 4 * sizeof(T)) && (!codes || aligned(codes, 4));
+  auto go = [&](int form) {
+    zero_amax(amax, s);
+    if (form == 1) {
+      launch_tiles<TileKind::kTensor>(x, rows, cols, 0, false, fmt, scale,
+                                      numerics::RoundingOptions{}, codes, codes_t, nullptr,
+                                      nullptr, amax, s);
+      return;
+    }
+    const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
+    const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
+    fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale,
+                                                                codes_t, codes, amax, packed);
+  };
+  if (!can_tile) return go(0);
+  if (tiled_env) return go(tiled_env[0] == '1' ? 1 : 0);
+  static constexpr const char* kForms[] = {"plain", "tiled"};
+  tuned_cast(codes ? "fp8_codes_both" : "fp8_codes_t", kForms, 0, rows, cols, int(sizeof(T)),
+             rows % 4 == 0 && aligned(codes_t, 4), double(rows * cols) * (sizeof(T) + (codes ? 2 : 1)),
+             s, go);
+}
+
+
 template <class T>
 void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
                   uint8_t* codes, bool transposed, cudaStream_t s, float* amax) {
   check_fp8(fmt, "fp8_codes");
-  zero_amax(amax, s);
-  if (rows * cols == 0) return;
+  if (rows * cols == 0) return zero_amax(amax, s);  // (each form below zeroes it itself)
   if (!transposed) {
     const int64_t n = rows * cols;
     const bool vec4 = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % (4 * sizeof(T)) == 0 &&
                       reinterpret_cast<uintptr_t>(codes) % 4 == 0;
-    with_cast_unroll([&](auto u) {
+    auto go = [&](auto u) {
       constexpr int U = decltype(u)::value;
+      zero_amax(amax, s);
       fp8_codes_kernel<U, T><<<elem_grid(vec4 ? ceil_div(n / 4, U) : n), 256, 0, s>>>(
           x, n, fmt, scale, codes, amax, vec4);
-    });
+    };
+    if (!vec4 || fp8_cast_unroll_env()) {  // MXTRAIN_FP8_CAST_UNROLL set: that one
+      with_cast_unroll(go);
+    } else {  // 1, 2 or 4 vectors a thread in flight, timed (1 untuned)
+      static constexpr const char* kForms[] = {"unroll1", "unroll2", "unroll4"};
+      tuned_cast("fp8_codes", kForms, 0, rows, cols, int(sizeof(T)), 0,
+                 double(n) * (sizeof(T) + 1), s, [&](int k) {
+                   if (k == 0) go(std::integral_constant<int, 1>{});
+                   else if (k == 1) go(std::integral_constant<int, 2>{});
+                   else go(std::integral_constant<int, 4>{});
+                 });
+    }
   } else {
     launch_codes_t(x, rows, cols, fmt, scale, codes, nullptr, amax, s, "fp8_codes");
   }
@@ -772,8 +1080,7 @@ template <class T>
 void fp8_codes_both_of(const T* x, int64_t rows, int64_t cols, Format fmt, const float* scale,
                        uint8_t* codes, uint8_t* codes_t, cudaStream_t s, float* amax) {
   check_fp8(fmt, "fp8_codes_both");
-  zero_amax(amax, s);
-  if (rows * cols == 0) return;
+  if (rows * cols == 0) return zero_amax(amax, s);  // (launch_codes_t zeroes it itself)
   launch_codes_t(x, rows, cols, fmt, scale, codes_t, codes, amax, s, "fp8_codes_both");
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both");
 }
@@ -999,6 +1306,62 @@ void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_row
                                           transposed ? codes : nullptr, scales_f32,
                                           transposed ? nullptr : dequant, nullptr, s);
     };
+    // The tensor-core operands (no stochastic rounding, no dequantized copy): the tiled kernel
+    // or the narrow ones, timed (the tiled kernel untuned).
+    const bool codes_only = !ro.stochastic && !dequant;
+    const double bytes = double(rows * cols) * (sizeof(T) + 1);
+    if (codes_only && row && !transposed) {
+      static constexpr const char* kForms[] = {"tiled", "row1", "row4"};
+      tuned_cast("fp8_block_1x128", kForms, 0, rows, cols, int(sizeof(T)), 0, bytes, s,
+                        [&](int k) {
+        if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kRow>{});
+        const int64_t warps = ceil_div(rows * sc, k == 1 ? 1 : 4);
+        const unsigned grid = unsigned(std::min<int64_t>(ceil_div(warps, 8), 1 << 20));
+        if (k == 1)
+          fp8_block_row_kernel<1, T><<<grid, 256, 0, s>>>(x, rows, cols, sc, pow2_scales, codes,
+                                                          scales_f32);
+        else
+          fp8_block_row_kernel<4, T><<<grid, 256, 0, s>>>(x, rows, cols, sc, pow2_scales, codes,
+                                                          scales_f32);
+      });
+      MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
+      return;
+    }
+    if (codes_only && col && transposed) {
+      static constexpr const char* kForms[] = {"tiled", "col"};
+      const int64_t tiles_c = ceil_div(cols, 32 * (4 / int64_t(sizeof(T))));
+      const int64_t tiles = ceil_div(rows, kQTile) * tiles_c;
+      MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
+      const bool vec_t = rows % 16 == 0 && aligned(codes, 16);
+      tuned_cast("fp8_block_128x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t, bytes,
+                        s, [&](int k) {
+        if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kCol>{});
+        fp8_block_col_t_kernel<T><<<unsigned(tiles), 256, 0, s>>>(x, rows, cols, tiles_c,
+                                                                  pow2_scales, codes,
+                                                                  scales_f32, vec_t);
+      });
+      MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
+      return;
+    }
+    if (codes_only && square) {
+      static constexpr const char* kForms[] = {"tiled", "twopass"};
+      const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
+      MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
+      const bool packed_t = transposed && rows % 4 == 0 && aligned(codes, 4);
+      tuned_cast(transposed ? "fp8_block_128x128_t" : "fp8_block_128x128", kForms, 0, rows, cols,
+                 int(sizeof(T)), packed_t, bytes, s, [&](int k) {
+        if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kSquare>{});
+        const dim3 block(32, kQRows);
+        if (transposed)
+          fp8_block_square_kernel<T, true><<<unsigned(tiles), block, 0, s>>>(
+              x, rows, cols, tiles_c, pow2_scales, codes, scales_f32, packed_t);
+        else
+          fp8_block_square_kernel<T, false><<<unsigned(tiles), block, 0, s>>>(
+              x, rows, cols, tiles_c, pow2_scales, codes, scales_f32, packed_t);
+      });
+      MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
+      return;
+    }
     if (row) launch(std::integral_constant<TileKind, TileKind::kRow>{});
     else if (col) launch(std::integral_constant<TileKind, TileKind::kCol>{});
     else launch(std::integral_constant<TileKind, TileKind::kSquare>{});

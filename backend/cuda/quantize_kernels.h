@@ -131,6 +131,24 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
                             int block_rows, int block_cols, bool transposed, uint8_t* dst,
                             cudaStream_t s);
 
+// Cast tuning (docs/cuda.md, "Cast tuning"): the casts with several byte-identical kernel
+// forms (fp8-block's 1x128 row-major and 128x1 transposed operands, the per-tensor casts'
+// vectors in flight, their transposing kernel) time each form at a shape's first call and keep
+// the fastest; the bytes never depend on it. MXTRAIN_CUDA_CAST_TUNE: 1 (unset: the default)
+// tunes casts of 2^22 elements and more, `all` every one, 0 none (each cast's first form);
+// parse_cast_tune throws UserError for anything else. MXTRAIN_CUDA_CAST_TUNE_LOG=1 logs one
+// line a tuned shape (`cuda cast tune: ...`: each form's time and GB/s, the one kept).
+enum class CastTune { kOff, kLarge, kAll };
+CastTune parse_cast_tune(const char* value);
+void set_cast_tune(CastTune t);  // process-wide (the quantizers are free functions)
+// Tests: every tuned cast runs form k (modulo its count of forms), untimed; -1 ends it.
+void force_cast_form(int k);
+struct CastTuneStats {
+  int timed = 0;    // shapes timed
+  int changed = 0;  // of them, kept a form other than the untuned one
+};
+CastTuneStats cast_tune_stats();
+
 // The vectors of 4 elements a thread of the per-tensor FP8 cast and amax kernels loads before it
 // uses any: MXTRAIN_FP8_CAST_UNROLL = 1 (unset: the default), 2 or 4, read once (the first call
 // says a value that is set, `cuda fp8 casts: ...`); UserError for anything else.

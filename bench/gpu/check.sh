@@ -47,9 +47,9 @@
 #      checkpointing none, then full.
 #      Then, if the budget has 40 s left: recipe bf16 with untuned GEMMs ("mx bf16 notune",
 #      MXTRAIN_CUDA_GEMM_TUNE=0: the heuristic's first algorithm at every shape, against the
-#      default's fastest of eight); then, if it has 40 s left, fp8-delayed with two vectors a
-#      thread in flight in the per-tensor casts ("mx fp8-delayed unroll2",
-#      MXTRAIN_FP8_CAST_UNROLL=2); then, if it has 120 s left, the issue's second shape, seq
+#      default's fastest of eight); then, if it has 40 s left, fp8-block with every cast's
+#      untuned form ("mx fp8-block casts0", MXTRAIN_CUDA_CAST_TUNE=0: the tiled kernels,
+#      against the fastest of each cast's forms); then, if it has 120 s left, the issue's second shape, seq
 #      4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
 #      last, if it still has 40 s: recipe bf16 with
@@ -294,7 +294,7 @@ mx_speed() {  # mx_speed RECIPE [ARGS...]: one profiled mxtrain speed run
     no_row mxtrain "$recipe" "$rc" "$errs" "$act" "$variant"
   return 0
 }
-export MXTRAIN_CUDA_GEMM_TUNE_LOG=1
+export MXTRAIN_CUDA_GEMM_TUNE_LOG=1 MXTRAIN_CUDA_CAST_TUNE_LOG=1
 mx_speed bf16
 echo "mxtrain bf16 speed: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
@@ -373,13 +373,14 @@ if (( $(cap 50) >= 40 )); then
   MXTRAIN_CUDA_GEMM_TUNE=0 mx_speed bf16 --variant notune
   echo "mxtrain bf16, untuned GEMMs: $(( $(date +%s) - t0 )) s"
 fi
-# The per-tensor FP8 casts and amax with two vectors a thread in flight instead of one
-# (MXTRAIN_FP8_CAST_UNROLL=2, row "mx fp8-delayed unroll2"), if the budget has 40 s left: its
-# profile's fp8 cast rows against the fp8-delayed run's above say which to keep.
+# Cast tuning (MXTRAIN_CUDA_CAST_TUNE; docs/cuda.md, "Cast tuning"): fp8-block with every
+# cast's untuned form (the tiled kernels; row "mx fp8-block casts0") instead of the fastest, if
+# the budget has 40 s left. Every speed run logs its tuned casts (MXTRAIN_CUDA_CAST_TUNE_LOG: a
+# "cuda cast tune: ..." line each, each form's time and GB/s; summed up in the table).
 if (( $(cap 50) >= 40 )); then
   t0=$(date +%s)
-  MXTRAIN_FP8_CAST_UNROLL=2 mx_speed fp8-delayed --variant unroll2
-  echo "mxtrain fp8-delayed, cast unroll 2: $(( $(date +%s) - t0 )) s"
+  MXTRAIN_CUDA_CAST_TUNE=0 mx_speed fp8-block --variant casts0
+  echo "mxtrain fp8-block, untuned casts: $(( $(date +%s) - t0 )) s"
 fi
 # The issue's second shape, seq 4096 (MXTRAIN_GPU_SEQ2; 0: none), if the budget has 120 s left:
 # mxtrain bf16, PyTorch and mxtrain fp8-delayed, the same micro-batch rule (16384 tokens and
@@ -497,6 +498,19 @@ if tune:
     for saved, op, gf, cand, n, ms, first in sorted(tune, reverse=True)[:8]:
         print(f"  {op:9s} {gf:8.1f} GFLOP: candidate {cand} of {n}, {ms:.3f} ms "
               f"(first {first:.3f} ms, {gf / ms:.0f} TFLOP/s)")
+# Cast tuning in the FP8 speed runs (MXTRAIN_CUDA_CAST_TUNE_LOG's lines): each tuned cast's
+# forms, their times and bandwidths, the one kept.
+for recipe in ("fp8-delayed", "fp8-block"):
+    casts = []
+    for f in sorted(runs.glob(f"speed_{recipe}__{main_seq}_*_none/stderr.txt")):
+        for line in f.read_text(errors="replace").splitlines():
+            m = re.search(r"cuda cast tune: (\S+ \S+ \S+) #\d+: kept (\S+) \((.*)\)$", line)
+            if m:
+                casts.append(m.groups())
+    if casts:
+        print(f"cast tune (mx {recipe}): {len(casts)} shapes timed")
+        for shape, kept, forms in casts[:12]:
+            print(f"  {shape}: kept {kept} ({forms})")
 for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx bf16", seq) in by and ("torch", seq) in by:
         print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
@@ -509,9 +523,9 @@ for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx fp8-delayed fp8attn-head", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain fp8-delayed + FP8 attention + FP8 head / bf16 = "
               f"{by[('mx fp8-delayed fp8attn-head', seq)] / by[('mx bf16', seq)]:.3f}")
-    if ("mx fp8-delayed unroll2", seq) in by and ("mx fp8-delayed", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-delayed, cast unroll 2 / 1 = "
-              f"{by[('mx fp8-delayed unroll2', seq)] / by[('mx fp8-delayed', seq)]:.3f}")
+    if ("mx fp8-block casts0", seq) in by and ("mx fp8-block", seq) in by:
+        print(f"seq {seq}: mxtrain fp8-block, tuned / untuned casts = "
+              f"{by[('mx fp8-block', seq)] / by[('mx fp8-block casts0', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
               f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")

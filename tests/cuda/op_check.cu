@@ -2972,6 +2972,114 @@ void write_json(const std::string& path, const std::string& device) {
 
 }  // namespace
 
+// The cast tuner's forms (cuda::force_cast_form: each family's form k, untimed), each against
+// the CPU's quantizers byte for byte: fp8-block's 1x128 row-major and 128x1 transposed
+// operands (the tiled kernel, fp8_block_row_kernel with 1 and 4 pieces a warp,
+// fp8_block_col_t_kernel), its 128x128 ones both ways (the tiled kernel, the two-pass
+// fp8_block_square_kernel) and the per-tensor casts (1, 2, 4 vectors a thread; the plain and the
+// tiled transposing kernels), x in fp32 and as bf16 codes, outputs poisoned, edges partial
+// (rows not a multiple of 16 or 128, a last 1x128 block 4 wide). Then tuning itself
+// (MXTRAIN_CUDA_CAST_TUNE=all): a shape timed once, its bytes (and the amax slot, which every
+// trial zeroes again) right after the trials and on the next call.
+void check_cast_forms(CudaBackend& gpu) {
+  const cudaStream_t s = gpu.stream();
+  const int64_t shapes[][2] = {{130, 300}, {160, 416}, {256, 132}, {48, 64}};
+  auto transpose = [](const std::vector<uint8_t>& c, int64_t R, int64_t C) {
+    std::vector<uint8_t> t(c.size());
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j) t[j * R + i] = c[i * C + j];
+    return t;
+  };
+  // One case of each family at x [R, C]: `form` forced (-1: as the tuner picks).
+  auto run_families = [&](const std::string& tag, int64_t R, int64_t C, bool specials, int form) {
+    const auto x = quant_input(R, C, specials);
+    const Bf16Input xb(x);
+    const Dev<float> dx(x);
+    cuda::force_cast_form(form);
+    for (int bf = 0; bf < 2; ++bf) {
+      const std::vector<float>& xv = bf ? xb.wide : x;
+      std::string name = dims({R, C});  // piece by piece: g++ 12's -Wrestrict (dims())
+      name += bf ? " x bf16" : "";
+      name += specials ? " nan/inf" : "";
+      name += " " + tag;
+      auto on = [&](auto&& f) { return bf ? f(xb.dev.p) : f(dx.p); };
+      run_case("cast_form_fp8_block_1x128", name, [&](Result& r) {
+        const auto q = numerics::quantize_fp8_block(xv.data(), R, C, 1, 128, true);
+        Dev<uint8_t> codes(R * C);
+        Dev<float> sc(q.scales_f32.size());
+        on([&](const auto* xp) {
+          cuda::quantize_fp8_block(xp, R, C, 1, 128, true, {}, codes.p, sc.p, nullptr, s);
+        });
+        expect_bytes(r, "codes", codes.download(), q.codes);
+        expect_floats(r, "scales", sc.download(), q.scales_f32);
+      });
+      for (int tr = 0; tr < 2; ++tr)
+        run_case(std::string("cast_form_fp8_block_128x128") + (tr ? "_t" : ""), name, [&](Result& r) {
+          const auto q = numerics::quantize_fp8_block(xv.data(), R, C, 128, 128, true);
+          Dev<uint8_t> codes(R * C);
+          Dev<float> sc(q.scales_f32.size());
+          on([&](const auto* xp) {
+            if (tr) cuda::quantize_fp8_block_t(xp, R, C, 128, 128, true, {}, codes.p, sc.p, s);
+            else cuda::quantize_fp8_block(xp, R, C, 128, 128, true, {}, codes.p, sc.p, nullptr, s);
+          });
+          expect_bytes(r, tr ? "codes_t" : "codes", codes.download(),
+                       tr ? transpose(q.codes, R, C) : q.codes);
+          expect_floats(r, "scales", sc.download(), q.scales_f32);
+        });
+      run_case("cast_form_fp8_block_128x1_t", name, [&](Result& r) {
+        const auto q = numerics::quantize_fp8_block(xv.data(), R, C, 128, 1, true);
+        Dev<uint8_t> codes_t(R * C);
+        Dev<float> sc(q.scales_f32.size());
+        on([&](const auto* xp) {
+          cuda::quantize_fp8_block_t(xp, R, C, 128, 1, true, {}, codes_t.p, sc.p, s);
+        });
+        expect_bytes(r, "codes_t", codes_t.download(), transpose(q.codes, R, C));
+        expect_floats(r, "scales", sc.download(), q.scales_f32);
+      });
+      for (int layout = 0; layout < 3; ++layout)  // row-major, transposed, both
+        run_case(std::string("cast_form_fp8_codes") + (layout == 1 ? "_t" : layout == 2 ? "_both" : ""),
+                 name, [&](Result& r) {
+          const Format fmt = layout == 1 ? Format::kE5M2 : Format::kE4M3;
+          const auto q = numerics::quantize_fp8_tensor(xv.data(), R, C, fmt, 3.0f);
+          Dev<uint8_t> codes(R * C), codes_t(R * C);
+          Dev<float> amax(1), sc(1), sinv(1);  // amax poisoned: the call zeroes it
+          cuda::fp8_scales(sc.p, sinv.p, nullptr, 3.0f, fmt, s);
+          on([&](const auto* xp) {
+            if (layout == 2) cuda::fp8_codes_both(xp, R, C, fmt, sc.p, codes.p, codes_t.p, s, amax.p);
+            else cuda::fp8_codes(xp, R, C, fmt, sc.p, layout ? codes_t.p : codes.p, layout == 1, s, amax.p);
+          });
+          if (layout != 1) expect_bytes(r, "codes", codes.download(), q.codes);
+          if (layout != 0) expect_bytes(r, "codes_t", codes_t.download(), transpose(q.codes, R, C));
+          expect_floats(r, "amax", amax.download(), {numerics::abs_max(xv.data(), R * C)});
+        });
+    }
+    cuda::force_cast_form(-1);
+  };
+  for (int form = 0; form < 3; ++form)
+    for (auto& sh : shapes)
+      for (int specials = 0; specials < 2; ++specials)
+        if (!specials || sh[0] == 130)
+          run_families("form " + std::to_string(form), sh[0], sh[1], specials, form);
+  // Tuning: every family's shape timed at its first call only (7 families x 2 element types),
+  // the bytes right after the trials and again from the kept form.
+  cuda::set_cast_tune(cuda::CastTune::kAll);
+  const int before = cuda::cast_tune_stats().timed;
+  run_families("tuned", 160, 416, false, -1);
+  const int first = cuda::cast_tune_stats().timed - before;
+  run_families("tuned again", 160, 416, false, -1);
+  const int second = cuda::cast_tune_stats().timed - before - first;
+  cuda::set_cast_tune(cuda::CastTune::kLarge);
+  // (MXTRAIN_FP8_CAST_UNROLL set pins the row-major per-tensor casts' form, and
+  // MXTRAIN_FP8_TILED_CASTS the transposing ones': those are not timed.)
+  const int want = 14 - (std::getenv("MXTRAIN_FP8_CAST_UNROLL") ? 2 : 0) -
+                   (std::getenv("MXTRAIN_FP8_TILED_CASTS") ? 4 : 0);
+  run_case("cast_tune_count", "160x416", [&](Result& r) {
+    r.pass = first == want && second == 0;
+    r.note = "timed " + std::to_string(first) + " shapes, then " + std::to_string(second) +
+             " (want " + std::to_string(want) + ", then 0)";
+  });
+}
+
 int main(int argc, char** argv) {
   // The CPU twins' GEMMs on the CPU's own OpenBLAS kernels (backend/cpu/blas_core.h).
   mx::select_blas_core(argv);
@@ -3017,6 +3125,7 @@ int main(int argc, char** argv) {
     check_attention_fp8_groups(*cpu, *gpu);
 #endif
     check_quantizers(*gpu);
+    check_cast_forms(*gpu);
     check_fp8_encoder(*gpu);
     std::printf("%.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } catch (const std::exception& e) {

@@ -108,6 +108,19 @@ def test_bad_gemm_tune_setting_is_a_clear_error(tmp_path):
     assert not (tmp_path / "o" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("value", ["yes", "", "2"])
+def test_bad_cast_tune_setting_is_a_clear_error(tmp_path, value):
+    # MXTRAIN_CUDA_CAST_TUNE (0, 1 or all) is read with the other CUDA settings, before the GPU
+    # is looked for, not at the first cast.
+    p = train_cuda_without_gpu(tmp_path, MXTRAIN_CUDA_CAST_TUNE=value)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (last.startswith("error: MXTRAIN_CUDA_CAST_TUNE must be 0 ")
+            and last.endswith(f"(got '{value}')")
+            or "built without the CUDA backend" in last), p.stderr
+    assert not (tmp_path / "o" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("value", ["3", "", "2 "])
 def test_bad_fp8_cast_unroll_setting_is_a_clear_error(tmp_path, value):
     # MXTRAIN_FP8_CAST_UNROLL (1, 2 or 4) too is read before the GPU is looked for, not at the

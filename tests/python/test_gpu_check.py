@@ -93,7 +93,10 @@ def dry_run(tmp_path_factory):
         MXTRAIN_GPU_TORCH_ARGS="--device cpu --no-compile",
         # every GEMM shape tuned (the tiny shapes are under the default's 2^30 FLOPs), so the
         # table's tuning lines have something to show; the notune row sets 0 itself
-        MXTRAIN_CUDA_GEMM_TUNE="all")
+        MXTRAIN_CUDA_GEMM_TUNE="all",
+        # and every cast (the tiny shapes are under the default's 2^22 elements); the casts0
+        # row sets 0 itself
+        MXTRAIN_CUDA_CAST_TUNE="all")
     t0, before = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     # From another directory: the script must find the repository itself.
     p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env,
@@ -122,7 +125,7 @@ def test_exit_code_and_files(dry_run):
     want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES + FEATURE_RECIPES for d in ("cpu", "cuda")} |
             {"resume_straight", "resume_split", "memory_1000000", "memory_16"} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
-            {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-delayed__{SEQ}_2_none_unroll2",
+            {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-block__{SEQ}_2_none_casts0",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
@@ -215,7 +218,7 @@ def test_speed_rows(dry_run):
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
     variants = {r["variant"]: r for r in res if r.get("variant")}
-    assert sorted(variants) == ["fp8attn", "fp8attn-head", "notune", "unroll2"], variants
+    assert sorted(variants) == ["casts0", "fp8attn", "fp8attn-head", "notune"], variants
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
     # the fp32 attention kernel with the CPU twin's rounding, as a GPU without cuDNN's FP8 SDPA
     fa = variants["fp8attn"]
@@ -236,8 +239,8 @@ def test_speed_rows(dry_run):
     assert "; precision.fp8_head on FP8 GEMMs" in text, text[-2000:]
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
     assert variants["notune"]["recipe"] == "bf16" and variants["notune"]["tokens_per_s"] > 0
-    assert variants["unroll2"]["recipe"] == "fp8-delayed"
-    assert variants["unroll2"]["tokens_per_s"] > 0
+    assert variants["casts0"]["recipe"] == "fp8-block"
+    assert variants["casts0"]["tokens_per_s"] > 0
 
     for recipe in ["bf16"] + FP8:
         r = mx[(recipe, "default")]
@@ -326,17 +329,23 @@ def test_table(dry_run):
     assert b"cuda gemm tune:" not in notune
     assert (f"seq {SEQ}: mxtrain bf16, tuned / untuned GEMMs = "
             f"{tps['mx bf16'] / tps['mx bf16 notune']:.3f}") in log
-    # the casts' unroll: its row, its ratio, and its variable reached the trainer (said once);
-    # the default runs say nothing of it
-    assert re.search(rf"^mx fp8-delayed unroll2\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32 ",
+    # cast tuning: the untuned fp8-block row and its ratio; the FP8 runs' tuned casts summed up
+    # (each family's forms timed: fp8-block's 1x128 and 128x1 operands, fp8-delayed's
+    # per-tensor casts), the casts0 run's none (its variable reached the trainer)
+    assert re.search(rf"^mx fp8-block casts0\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32 ",
                      log, re.M)
+    assert (f"seq {SEQ}: mxtrain fp8-block, tuned / untuned casts = "
+            f"{tps['mx fp8-block'] / tps['mx fp8-block casts0']:.3f}") in log
+    for recipe, families in (("fp8-block", ("fp8_block_1x128", "fp8_block_128x1_t")),
+                             ("fp8-delayed", ("fp8_codes", "fp8_codes_both"))):
+        m = re.search(rf"^cast tune \(mx {recipe}\): (\d+) shapes timed$", log, re.M)
+        assert m and int(m[1]) > 0, log[-3000:]
+        for family in families:
+            assert re.search(rf"^  {family} (fp32|bf16) \d+x\d+: kept \S+ \(.* GB/s\)$", log,
+                             re.M), (family, log[-3000:])
     with tarfile.open(out / "runs_stderr.tgz") as t:
-        unroll = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_unroll2/stderr.txt")
-        plain = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none/stderr.txt")
-        said = b"cuda fp8 casts: 2 vector(s) of 4 elements a thread in flight"
-        assert unroll.read().count(said) == 1 and b"cuda fp8 casts:" not in plain.read()
-    assert (f"seq {SEQ}: mxtrain fp8-delayed, cast unroll 2 / 1 = "
-            f"{tps['mx fp8-delayed unroll2'] / tps['mx fp8-delayed']:.3f}") in log
+        casts0 = t.extractfile(f"mxgpu-runs/speed_fp8-block__{SEQ}_2_none_casts0/stderr.txt")
+        assert b"cuda cast tune:" not in casts0.read()
     assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
             f"{tps['mx bf16'] / tps['mx bf16/a32']:.3f}") in log
     if "torch" in tps:
