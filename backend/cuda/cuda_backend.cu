@@ -2829,6 +2829,10 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer(const std::string& given)
   o.gemm_tune = parse_cuda_gemm_tune(std::getenv("MXTRAIN_CUDA_GEMM_TUNE"));
   cuda::fp8_cast_unroll();  // MXTRAIN_FP8_CAST_UNROLL (the FP8 casts read it; checked here)
   cuda::set_cast_tune(cuda::parse_cast_tune(std::getenv("MXTRAIN_CUDA_CAST_TUNE")));
+  // Tests only (test_cuda_emu.py): every tuned cast runs its form k, so the trainer's runs
+  // take the forms tuning would pick only at larger shapes.
+  if (const char* f = std::getenv("MXTRAIN_TEST_CAST_FORM"))
+    cuda::force_cast_form(int(std::strtol(f, nullptr, 10)));
   o.scratch_bytes = cuda_scratch_bytes();  // default 1 GiB: bf16 copies of large GEMMs' operands
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

@@ -430,7 +430,10 @@ __global__ void __launch_bounds__(256)
     int64_t at[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t p = p0 + u * warps, r = p / scale_cols;
+      const int64_t p = p0 + u * warps;
+      // (32-bit division where the pieces allow: a 64-bit one is a long instruction sequence)
+      const int64_t r = pieces <= 0xFFFFFFFFll ? int64_t(uint32_t(p) / uint32_t(scale_cols))
+                                               : p / scale_cols;
       const int64_t c = (p - r * scale_cols) * kQTile + 4 * lane;
       at[u] = p < pieces && c < cols ? r * cols + c : -1;
       v[u] = at[u] >= 0 ? raw4(x, at[u]) : raw4_zero(x);  // +0: no change to the amax
