@@ -2682,10 +2682,13 @@ class CudaBackendImpl final : public CudaBackend {
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
     uint8_t* raw = scratch_.alloc_as<uint8_t>(R * kb);  // [rows, cols/32] or [rows/32, cols]
-    cuda::quantize_mxfp8(x, rows, cols, transposed, numerics::Format::kE4M3,
-                         numerics::MxScaleRule::kCeil, numerics::RoundingOptions{},
-                         transposed ? tmp : codes, raw, nullptr, stream_);
-    if (transposed) cuda::transpose_bytes(tmp, rows, cols, codes, stream_);
+    if (transposed)
+      cuda::quantize_mxfp8_t(x, rows, cols, numerics::Format::kE4M3,
+                             numerics::MxScaleRule::kCeil, tmp, codes, raw, stream_);
+    else
+      cuda::quantize_mxfp8(x, rows, cols, false, numerics::Format::kE4M3,
+                           numerics::MxScaleRule::kCeil, numerics::RoundingOptions{}, codes, raw,
+                           nullptr, stream_);
     uint8_t* dst = fill ? static_cast<uint8_t*>(shared_scales_)
                         : scratch_.alloc_as<uint8_t>(dst_bytes);
     cuda::swizzle_scales_u8(raw, transposed, R, kb, dst, stream_);

@@ -455,11 +455,13 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// 128x1 blocks, codes written transposed (codes_t [cols, rows]: fp8-block's x^T and dy^T): a
-// thread block of 8 warps per 128-row x (32 E)-column tile, E = the elements in 4 bytes of x
-// (fp32 1, bf16 2). Warp w loads rows 16 w .. 16 w + 15, a lane E adjacent columns of each (a
-// warp one 128-byte line a row, 16 loads a thread in flight); a column's amax is its 16 rows a
-// thread, then the 8 warps' through shared memory. A thread packs its 16 rows' codes of a
+// 128x1 blocks, codes written transposed (codes_t [cols, rows]: fp8-block's x^T and dy^T), or
+// with kMx MXFP8's 32x1 blocks (E8M0 scales by numerics::mxfp8_block_scale, `elem` codes:
+// mxfp8's x^T and dy^T): a thread block of 8 warps per 128-row x (32 E)-column tile, E = the
+// elements in 4 bytes of x (fp32 1, bf16 2). Warp w loads rows 16 w .. 16 w + 15, a lane E
+// adjacent columns of each (a warp one 128-byte line a row, 16 loads a thread in flight); a
+// column's amax is its 16 rows a thread, then the warps' of its block (8, or kMx 2) through
+// shared memory. Scales: float [rows / 128, cols] (1 / scale), or kMx bytes [rows / 32, cols]. A thread packs its 16 rows' codes of a
 // column, consecutive bytes of codes^T, into one 16-byte shared store (tile row e * 32 + lane
 // for column E lane + e: a lane's rows 144 bytes apart, so a quarter warp's stores fall in
 // distinct banks), and the tile goes out as 16-byte stores, 8 threads to each 128-byte row
@@ -467,10 +469,11 @@ __global__ void __launch_bounds__(256)
 // Elements past the edges load as +0 and are not stored. Requires cols % E == 0 and x aligned
 // to 4 bytes.
 constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
-template <class T>
+template <class T, bool kMx>
 __global__ void __launch_bounds__(256)
     fp8_block_col_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
-                           bool pow2, uint8_t* __restrict__ codes_t, float* __restrict__ scales,
+                           bool pow2, Format elem, numerics::MxScaleRule rule,
+                           uint8_t* __restrict__ codes_t, void* __restrict__ scales,
                            bool vec_t) {
   constexpr int E = 4 / int(sizeof(T)), W = 32 * E;
   using Raw = std::conditional_t<sizeof(T) == 4, float, uint32_t>;
@@ -487,7 +490,7 @@ __global__ void __launch_bounds__(256)
     const int64_t r = r0 + 16 * w + k;
     v[k] = col_in && r < rows ? *reinterpret_cast<const Raw*>(x + r * cols + c) : Raw(0);
   }
-  auto elem = [](Raw raw, int e) -> float {
+  auto elem_of = [](Raw raw, int e) -> float {
     if constexpr (sizeof(T) == 4) return raw;
     else return numerics::decode_bf16(uint16_t(e == 0 ? raw & 0xFFFFu : raw >> 16));
   };
@@ -495,20 +498,31 @@ __global__ void __launch_bounds__(256)
   for (int e = 0; e < E; ++e) {
     float m = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) m = numerics::amax_fold(m, elem(v[k], e));
+    for (int k = 0; k < 16; ++k) m = numerics::amax_fold(m, elem_of(v[k], e));
     part[w][e * 32 + lane] = m;
   }
   __syncthreads();
+  constexpr int kWarpsABlock = kMx ? 2 : 8;  // 32 or 128 rows
+  const int w0 = w / kWarpsABlock * kWarpsABlock;
+  const Format fmt = kMx ? elem : Format::kE4M3;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     float a = 0.0f;
-    for (int y = 0; y < 8; ++y) a = fmaxf(a, part[y][e * 32 + lane]);
-    const float s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, pow2);
-    if (w == 0 && col_in) scales[(r0 / kQTile) * cols + c + e] = 1.0f / s;
+    for (int y = w0; y < w0 + kWarpsABlock; ++y) a = fmaxf(a, part[y][e * 32 + lane]);
+    float s;
+    if constexpr (kMx) {
+      const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, elem, rule);
+      s = bs.encode_multiplier;
+      if (w == w0 && col_in && r0 + 16 * w < rows)
+        static_cast<uint8_t*>(scales)[(r0 / 32 + w / 2) * cols + c + e] = bs.code;
+    } else {
+      s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, pow2);
+      if (w == 0 && col_in) static_cast<float*>(scales)[(r0 / kQTile) * cols + c + e] = 1.0f / s;
+    }
     uint32_t q[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int k = 0; k < 16; ++k)
-      q[k / 4] |= uint32_t(fp8_code(elem(v[k], e) * s, Format::kE4M3)) << (8 * (k % 4));
+      q[k / 4] |= uint32_t(fp8_code(elem_of(v[k], e) * s, fmt)) << (8 * (k % 4));
     tile_v[e * 32 + lane][w] = make_uint4(q[0], q[1], q[2], q[3]);
   }
   __syncthreads();
@@ -1339,9 +1353,9 @@ void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_row
       tuned_cast("fp8_block_128x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t, bytes,
                         s, [&](int k) {
         if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kCol>{});
-        fp8_block_col_t_kernel<T><<<unsigned(tiles), 256, 0, s>>>(x, rows, cols, tiles_c,
-                                                                  pow2_scales, codes,
-                                                                  scales_f32, vec_t);
+        fp8_block_col_t_kernel<T, false><<<unsigned(tiles), 256, 0, s>>>(
+            x, rows, cols, tiles_c, pow2_scales, Format::kE4M3, numerics::MxScaleRule::kCeil,
+            codes, scales_f32, vec_t);
       });
       MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
       return;
@@ -1431,6 +1445,46 @@ void quantize_mxfp8(const uint16_t* x, int64_t rows, int64_t cols, bool columnwi
                     numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
                     uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
   quantize_mxfp8_of(x, rows, cols, columnwise, elem, rule, ro, codes, scales_u8, dequant, s);
+}
+
+namespace {
+template <class T>
+void quantize_mxfp8_t_of(const T* x, int64_t rows, int64_t cols, Format elem,
+                         numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
+                         uint8_t* scales_u8, cudaStream_t s) {
+  check_fp8(elem, "quantize_mxfp8_t");
+  if (rows * cols == 0) return;
+  auto two_step = [&] {  // columnwise codes into tmp, then transposed
+    quantize_mxfp8_of(x, rows, cols, true, elem, rule, numerics::RoundingOptions{}, tmp,
+                      scales_u8, nullptr, s);
+    transpose_bytes(tmp, rows, cols, codes_t, s);
+  };
+  constexpr int64_t E = 4 / int64_t(sizeof(T));
+  if (cols % E != 0 || !aligned(x, 4)) return two_step();
+  const int64_t tiles_c = ceil_div(cols, 32 * E), tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "mxfp8 quantizer: ", tiles, " tiles");
+  const bool vec_t = rows % 16 == 0 && aligned(codes_t, 16);
+  static constexpr const char* kForms[] = {"two-step", "col"};
+  tuned_cast("mxfp8_32x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t,
+             double(rows * cols) * (sizeof(T) + 1), s, [&](int k) {
+    if (k == 0) return two_step();
+    fp8_block_col_t_kernel<T, true><<<unsigned(tiles), 256, 0, s>>>(
+        x, rows, cols, tiles_c, false, elem, rule, codes_t, scales_u8, vec_t);
+  });
+  MX_CUDA_LAUNCH_CHECK("quantize_mxfp8_t");
+}
+}  // namespace
+
+void quantize_mxfp8_t(const float* x, int64_t rows, int64_t cols, Format elem,
+                      numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
+                      uint8_t* scales_u8, cudaStream_t s) {
+  quantize_mxfp8_t_of(x, rows, cols, elem, rule, tmp, codes_t, scales_u8, s);
+}
+
+void quantize_mxfp8_t(const uint16_t* x, int64_t rows, int64_t cols, Format elem,
+                      numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
+                      uint8_t* scales_u8, cudaStream_t s) {
+  quantize_mxfp8_t_of(x, rows, cols, elem, rule, tmp, codes_t, scales_u8, s);
 }
 
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,

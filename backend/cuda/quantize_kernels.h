@@ -59,6 +59,17 @@ void quantize_mxfp8(const uint16_t* x, int64_t rows, int64_t cols, bool columnwi
                     numerics::Format elem, numerics::MxScaleRule rule,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
                     float* dequant, cudaStream_t s);
+// The columnwise (32x1) quantization with the codes written transposed (the MXFP8 GEMM's x^T
+// and dy^T operands): codes_t [cols, rows] = quantize_mxfp8's columnwise codes transposed,
+// scales_u8 as its [ceil(rows/32), cols]; RNE, no dequantized copy. Cast-tuned: the
+// columnwise kernel into tmp (rows x cols bytes) and transpose_bytes, or one kernel writing
+// codes^T directly (tmp unused).
+void quantize_mxfp8_t(const float* x, int64_t rows, int64_t cols, numerics::Format elem,
+                      numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
+                      uint8_t* scales_u8, cudaStream_t s);
+void quantize_mxfp8_t(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format elem,
+                      numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
+                      uint8_t* scales_u8, cudaStream_t s);
 
 // NVFP4: 1x16 (or 16x16) blocks, UE4M3 scale bytes, global_scale[0] = S_enc (device).
 // dequant may be null (codes and scales only: the tensor-core path).
@@ -132,8 +143,9 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
                             cudaStream_t s);
 
 // Cast tuning (docs/cuda.md, "Cast tuning"): the casts with several byte-identical kernel
-// forms (fp8-block's 1x128 row-major and 128x1 transposed operands, the per-tensor casts'
-// vectors in flight, their transposing kernel) time each form at a shape's first call and keep
+// forms (fp8-block's 1x128 row-major, 128x1 transposed and 128x128 operands, MXFP8's 32x1
+// transposed ones, the per-tensor casts' vectors in flight, their transposing kernel) time
+// each form at a shape's first call and keep
 // the fastest; the bytes never depend on it. MXTRAIN_CUDA_CAST_TUNE: 1 (unset: the default)
 // tunes casts of 2^22 elements and more, `all` every one, 0 none (each cast's first form);
 // parse_cast_tune throws UserError for anything else. MXTRAIN_CUDA_CAST_TUNE_LOG=1 logs one
