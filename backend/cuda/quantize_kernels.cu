@@ -415,42 +415,52 @@ __global__ void __launch_bounds__(256)
 
 // 1x128 blocks, row-major codes: a warp per 128-wide piece of a row (a lane its four columns:
 // one 16-byte fp32 / 8-byte bf16 load, one 4-byte store of codes), U pieces a warp with their
-// loads issued together. Piece p = r * scale_cols + c / 128 is also its scale's index.
-// Requires cols % 4 == 0 and x, codes aligned to their vectors (the tiled kernel's rule).
-template <int U, class T>
+// loads issued together; piece p = r * pieces_c + c / 128 (pieces_c = ceil(cols / 128)). Or,
+// with kMx, MXFP8's 1x32 blocks, four a piece (eight lanes a block: their amax by three
+// shuffles, its E8M0 scale by numerics::mxfp8_block_scale, `elem` codes). Scales: float
+// [rows, pieces_c] (1 / scale), or kMx bytes [rows, ceil(cols / 32)]. Requires cols % 4 == 0
+// and x, codes aligned to their vectors (the tiled kernel's rule).
+template <int U, class T, bool kMx>
 __global__ void __launch_bounds__(256)
-    fp8_block_row_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t scale_cols,
-                         bool pow2, uint8_t* __restrict__ codes, float* __restrict__ scales) {
+    fp8_block_row_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t pieces_c,
+                         bool pow2, Format elem, numerics::MxScaleRule rule,
+                         uint8_t* __restrict__ codes, void* __restrict__ scales) {
   const int lane = int(threadIdx.x % 32);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  const int64_t pieces = rows * scale_cols;
+  const int64_t pieces = rows * pieces_c;
+  const Format fmt = kMx ? elem : Format::kE4M3;
   for (int64_t p0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; p0 < pieces;
        p0 += U * warps) {
     decltype(raw4(x, 0)) v[U];
-    int64_t at[U];
+    int64_t at[U], row[U], col[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t p = p0 + u * warps;
       // (32-bit division where the pieces allow: a 64-bit one is a long instruction sequence)
-      const int64_t r = pieces <= 0xFFFFFFFFll ? int64_t(uint32_t(p) / uint32_t(scale_cols))
-                                               : p / scale_cols;
-      const int64_t c = (p - r * scale_cols) * kQTile + 4 * lane;
-      at[u] = p < pieces && c < cols ? r * cols + c : -1;
+      row[u] = pieces <= 0xFFFFFFFFll ? int64_t(uint32_t(p) / uint32_t(pieces_c)) : p / pieces_c;
+      col[u] = (p - row[u] * pieces_c) * kQTile + 4 * lane;
+      at[u] = p < pieces && col[u] < cols ? row[u] * cols + col[u] : -1;
       v[u] = at[u] >= 0 ? raw4(x, at[u]) : raw4_zero(x);  // +0: no change to the amax
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (p0 + u * warps >= pieces) break;  // whole warps leave together
       const float4 f = widen4(v[u]);
-      const float s = numerics::fp8_scale_from_amax(warp_amax(amax_fold4(0.0f, f)),
-                                                    numerics::kE4M3Max, 0.0f, pow2);
-      if (lane == 0) scales[p0 + u * warps] = 1.0f / s;
+      float a = amax_fold4(0.0f, f), s;
+      if constexpr (kMx) {
+        for (int o = 1; o < 8; o <<= 1) a = fmaxf(a, __shfl_xor_sync(kFull, a, o));
+        const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, elem, rule);
+        s = bs.encode_multiplier;
+        if (lane % 8 == 0 && col[u] < cols)  // the block's first column: its scale
+          static_cast<uint8_t*>(scales)[row[u] * ((cols + 31) / 32) + col[u] / 32] = bs.code;
+      } else {
+        s = numerics::fp8_scale_from_amax(warp_amax(a), numerics::kE4M3Max, 0.0f, pow2);
+        if (lane == 0) static_cast<float*>(scales)[p0 + u * warps] = 1.0f / s;
+      }
       if (at[u] >= 0)
         *reinterpret_cast<uint32_t*>(codes + at[u]) =
-            uint32_t(fp8_code(f.x * s, Format::kE4M3)) |
-            uint32_t(fp8_code(f.y * s, Format::kE4M3)) << 8 |
-            uint32_t(fp8_code(f.z * s, Format::kE4M3)) << 16 |
-            uint32_t(fp8_code(f.w * s, Format::kE4M3)) << 24;
+            uint32_t(fp8_code(f.x * s, fmt)) | uint32_t(fp8_code(f.y * s, fmt)) << 8 |
+            uint32_t(fp8_code(f.z * s, fmt)) << 16 | uint32_t(fp8_code(f.w * s, fmt)) << 24;
     }
   }
 }
@@ -461,11 +471,12 @@ __global__ void __launch_bounds__(256)
 // elements in 4 bytes of x (fp32 1, bf16 2). Warp w loads rows 16 w .. 16 w + 15, a lane E
 // adjacent columns of each (a warp one 128-byte line a row, 16 loads a thread in flight); a
 // column's amax is its 16 rows a thread, then the warps' of its block (8, or kMx 2) through
-// shared memory. Scales: float [rows / 128, cols] (1 / scale), or kMx bytes [rows / 32, cols]. A thread packs its 16 rows' codes of a
-// column, consecutive bytes of codes^T, into one 16-byte shared store (tile row e * 32 + lane
-// for column E lane + e: a lane's rows 144 bytes apart, so a quarter warp's stores fall in
-// distinct banks), and the tile goes out as 16-byte stores, 8 threads to each 128-byte row
-// piece of codes^T (`vec_t`: rows % 16 == 0 and codes_t 16-byte aligned; else byte by byte).
+// shared memory. Scales: float [rows / 128, cols] (1 / scale), or kMx bytes [rows / 32,
+// cols]. A thread packs its 16 rows' codes of a column, consecutive bytes of codes^T, into one
+// 16-byte shared store (tile row e * 32 + lane for column E lane + e: a lane's rows 144 bytes
+// apart, so a quarter warp's stores fall in distinct banks), and the tile goes out as 16-byte
+// stores, 8 threads to each 128-byte row piece of codes^T (`vec_t`: rows % 16 == 0 and codes_t
+// 16-byte aligned; else byte by byte).
 // Elements past the edges load as +0 and are not stored. Requires cols % E == 0 and x aligned
 // to 4 bytes.
 constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
@@ -1043,9 +1054,9 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
   if (!can_tile) return go(0);
   if (tiled_env) return go(tiled_env[0] == '1' ? 1 : 0);
   static constexpr const char* kForms[] = {"plain", "tiled"};
+  const double bytes = double(rows * cols) * (sizeof(T) + (codes ? 2 : 1));
   tuned_cast(codes ? "fp8_codes_both" : "fp8_codes_t", kForms, 0, rows, cols, int(sizeof(T)),
-             rows % 4 == 0 && aligned(codes_t, 4), double(rows * cols) * (sizeof(T) + (codes ? 2 : 1)),
-             s, go);
+             rows % 4 == 0 && aligned(codes_t, 4), bytes, s, go);
 }
 
 
@@ -1334,12 +1345,14 @@ void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_row
         if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kRow>{});
         const int64_t warps = ceil_div(rows * sc, k == 1 ? 1 : 4);
         const unsigned grid = unsigned(std::min<int64_t>(ceil_div(warps, 8), 1 << 20));
+        const Format e4 = Format::kE4M3;
+        const auto ceil_rule = numerics::MxScaleRule::kCeil;
         if (k == 1)
-          fp8_block_row_kernel<1, T><<<grid, 256, 0, s>>>(x, rows, cols, sc, pow2_scales, codes,
-                                                          scales_f32);
+          fp8_block_row_kernel<1, T, false><<<grid, 256, 0, s>>>(
+              x, rows, cols, sc, pow2_scales, e4, ceil_rule, codes, scales_f32);
         else
-          fp8_block_row_kernel<4, T><<<grid, 256, 0, s>>>(x, rows, cols, sc, pow2_scales, codes,
-                                                          scales_f32);
+          fp8_block_row_kernel<4, T, false><<<grid, 256, 0, s>>>(
+              x, rows, cols, sc, pow2_scales, e4, ceil_rule, codes, scales_f32);
       });
       MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
       return;
@@ -1428,9 +1441,32 @@ void quantize_mxfp8_of(const T* x, int64_t rows, int64_t cols, bool columnwise, 
   const int64_t br = columnwise ? 32 : 1, bc = columnwise ? 1 : 32;
   const int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, bc);
   if (sr * sc == 0) return;
-  mxfp8_kernel<<<warp_grid(sr * sc), kWarpsPerBlock * 32, 0, s>>>(
-      x, rows, cols, br, bc, sr, sc, elem, rule, ro.stochastic, ro.rng, codes, scales_u8,
-      dequant);
+  auto warp_a_block = [&] {
+    mxfp8_kernel<<<warp_grid(sr * sc), kWarpsPerBlock * 32, 0, s>>>(
+        x, rows, cols, br, bc, sr, sc, elem, rule, ro.stochastic, ro.rng, codes, scales_u8,
+        dequant);
+  };
+  // Rowwise codes for the tensor cores (no stochastic rounding, no dequantized copy, whole
+  // vectors): a warp a block, or a warp per four blocks (fp8_block_row_kernel's MX form), timed.
+  if (columnwise || ro.stochastic || dequant || cols % 4 != 0 || !aligned(x, 4 * sizeof(T)) ||
+      !aligned(codes, 4)) {
+    warp_a_block();
+  } else {
+    static constexpr const char* kForms[] = {"warp-a-block", "row1", "row4"};
+    const int64_t pieces_c = ceil_div(cols, kQTile);
+    tuned_cast("mxfp8_1x32", kForms, 0, rows, cols, int(sizeof(T)), 0,
+               double(rows * cols) * (sizeof(T) + 1), s, [&](int k) {
+      if (k == 0) return warp_a_block();
+      const int64_t warps = ceil_div(rows * pieces_c, k == 1 ? 1 : 4);
+      const unsigned grid = unsigned(std::min<int64_t>(ceil_div(warps, 8), 1 << 20));
+      if (k == 1)
+        fp8_block_row_kernel<1, T, true><<<grid, 256, 0, s>>>(x, rows, cols, pieces_c, false,
+                                                              elem, rule, codes, scales_u8);
+      else
+        fp8_block_row_kernel<4, T, true><<<grid, 256, 0, s>>>(x, rows, cols, pieces_c, false,
+                                                              elem, rule, codes, scales_u8);
+    });
+  }
   MX_CUDA_LAUNCH_CHECK("quantize_mxfp8");
 }
 }  // namespace

@@ -143,13 +143,13 @@ void fp8_block_scales_to_mx(const float* block_scales, int64_t rows, int64_t col
                             cudaStream_t s);
 
 // Cast tuning (docs/cuda.md, "Cast tuning"): the casts with several byte-identical kernel
-// forms (fp8-block's 1x128 row-major, 128x1 transposed and 128x128 operands, MXFP8's 32x1
-// transposed ones, the per-tensor casts' vectors in flight, their transposing kernel) time
-// each form at a shape's first call and keep
-// the fastest; the bytes never depend on it. MXTRAIN_CUDA_CAST_TUNE: 1 (unset: the default)
-// tunes casts of 2^22 elements and more, `all` every one, 0 none (each cast's first form);
-// parse_cast_tune throws UserError for anything else. MXTRAIN_CUDA_CAST_TUNE_LOG=1 logs one
-// line a tuned shape (`cuda cast tune: ...`: each form's time and GB/s, the one kept).
+// forms (fp8-block's 1x128 row-major, 128x1 transposed and 128x128 operands, MXFP8's 1x32 and
+// 32x1 transposed ones, the per-tensor casts' vectors in flight, their transposing kernel)
+// time each form at a shape's first call and keep the fastest; the bytes never depend on it.
+// MXTRAIN_CUDA_CAST_TUNE: 1 (unset: the default) tunes casts of 2^22 elements and more, `all`
+// every one, 0 none (each cast's first form); parse_cast_tune throws UserError for anything
+// else. MXTRAIN_CUDA_CAST_TUNE_LOG=1 logs one line a tuned shape (`cuda cast tune: ...`: each
+// form's time and GB/s, the one kept).
 enum class CastTune { kOff, kLarge, kAll };
 CastTune parse_cast_tune(const char* value);
 void set_cast_tune(CastTune t);  // process-wide (the quantizers are free functions)

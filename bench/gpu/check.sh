@@ -49,8 +49,9 @@
 #      MXTRAIN_CUDA_GEMM_TUNE=0: the heuristic's first algorithm at every shape, against the
 #      default's fastest of eight); then, if it has 40 s left, fp8-block with every cast's
 #      untuned form ("mx fp8-block casts0", MXTRAIN_CUDA_CAST_TUNE=0: the tiled kernels,
-#      against the fastest of each cast's forms); then, if it has 120 s left, the issue's second shape, seq
-#      4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain fp8-delayed (about 85 s on
+#      against the fastest of each cast's forms); then, if it has 120 s left, the issue's
+#      second shape, seq 4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain
+#      fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
 #      last, if it still has 40 s: recipe bf16 with
 #      precision.activations = fp32 ("mx bf16/a32"), to measure what the default bf16

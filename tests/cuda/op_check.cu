@@ -2979,12 +2979,13 @@ void write_json(const std::string& path, const std::string& device) {
 // the CPU's quantizers byte for byte: fp8-block's 1x128 row-major and 128x1 transposed
 // operands (the tiled kernel, fp8_block_row_kernel with 1 and 4 pieces a warp,
 // fp8_block_col_t_kernel), its 128x128 ones both ways (the tiled kernel, the two-pass
-// fp8_block_square_kernel), MXFP8's 32x1 operands written transposed (the columnwise kernel and
-// a byte transpose, or fp8_block_col_t_kernel's MX form) and the per-tensor casts (1, 2, 4 vectors a thread; the plain and the
-// tiled transposing kernels), x in fp32 and as bf16 codes, outputs poisoned, edges partial
-// (rows not a multiple of 16 or 128, a last 1x128 block 4 wide). Then tuning itself
-// (MXTRAIN_CUDA_CAST_TUNE=all): a shape timed once, its bytes (and the amax slot, which every
-// trial zeroes again) right after the trials and on the next call.
+// fp8_block_square_kernel), MXFP8's 1x32 operands (a warp a block, or fp8_block_row_kernel's
+// MX form) and 32x1 ones written transposed (the columnwise kernel and a byte transpose, or
+// fp8_block_col_t_kernel's MX form), and the per-tensor casts (1, 2, 4 vectors a thread; the
+// plain and the tiled transposing kernels), x in fp32 and as bf16 codes, outputs poisoned,
+// edges partial (rows not a multiple of 16 or 128, a last 1x128 block 4 wide). Then tuning
+// itself (MXTRAIN_CUDA_CAST_TUNE=all): a shape timed once, its bytes (and the amax slot, which
+// every trial zeroes again) right after the trials and on the next call.
 void check_cast_forms(CudaBackend& gpu) {
   const cudaStream_t s = gpu.stream();
   const int64_t shapes[][2] = {{130, 300}, {160, 416}, {256, 132}, {48, 64}};
@@ -3018,7 +3019,8 @@ void check_cast_forms(CudaBackend& gpu) {
         expect_floats(r, "scales", sc.download(), q.scales_f32);
       });
       for (int tr = 0; tr < 2; ++tr)
-        run_case(std::string("cast_form_fp8_block_128x128") + (tr ? "_t" : ""), name, [&](Result& r) {
+        run_case(std::string("cast_form_fp8_block_128x128") + (tr ? "_t" : ""), name,
+                 [&](Result& r) {
           const auto q = numerics::quantize_fp8_block(xv.data(), R, C, 128, 128, true);
           Dev<uint8_t> codes(R * C);
           Dev<float> sc(q.scales_f32.size());
@@ -3030,9 +3032,21 @@ void check_cast_forms(CudaBackend& gpu) {
                        tr ? transpose(q.codes, R, C) : q.codes);
           expect_floats(r, "scales", sc.download(), q.scales_f32);
         });
-      // MXFP8's 32x1 blocks, codes^T (the two-step form needs tmp; E5M2 and the floor rule too)
+      // MXFP8's 1x32 blocks, and its 32x1 blocks with codes^T (the two-step form needs tmp);
+      // E5M2 and the floor rule too
       for (auto [fmt, rule] : {std::pair{Format::kE4M3, numerics::MxScaleRule::kCeil},
                                std::pair{Format::kE5M2, numerics::MxScaleRule::kFloor}})
+      {
+        run_case(std::string("cast_form_mxfp8_1x32_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2"),
+                 name, [&](Result& r) {
+          const auto q = numerics::quantize_mxfp8(xv.data(), R, C, false, fmt, rule);
+          Dev<uint8_t> codes(R * C), sc(q.scales_u8.size());
+          on([&](const auto* xp) {
+            cuda::quantize_mxfp8(xp, R, C, false, fmt, rule, {}, codes.p, sc.p, nullptr, s);
+          });
+          expect_bytes(r, "codes", codes.download(), q.codes);
+          expect_bytes(r, "scales", sc.download(), q.scales_u8);
+        });
         run_case(std::string("cast_form_mxfp8_32x1_t_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2"),
                  name, [&](Result& r) {
           const auto q = numerics::quantize_mxfp8(xv.data(), R, C, true, fmt, rule);
@@ -3041,6 +3055,7 @@ void check_cast_forms(CudaBackend& gpu) {
           expect_bytes(r, "codes_t", codes_t.download(), transpose(q.codes, R, C));
           expect_bytes(r, "scales", sc.download(), q.scales_u8);
         });
+      }
       run_case("cast_form_fp8_block_128x1_t", name, [&](Result& r) {
         const auto q = numerics::quantize_fp8_block(xv.data(), R, C, 128, 1, true);
         Dev<uint8_t> codes_t(R * C);
@@ -3075,7 +3090,7 @@ void check_cast_forms(CudaBackend& gpu) {
       for (int specials = 0; specials < 2; ++specials)
         if (!specials || sh[0] == 130)
           run_families("form " + std::to_string(form), sh[0], sh[1], specials, form);
-  // Tuning: every family's shape timed at its first call only (8 families x 2 element types),
+  // Tuning: every family's shape timed at its first call only (9 families x 2 element types),
   // the bytes right after the trials and again from the kept form.
   cuda::set_cast_tune(cuda::CastTune::kAll);
   const int before = cuda::cast_tune_stats().timed;
@@ -3086,7 +3101,7 @@ void check_cast_forms(CudaBackend& gpu) {
   cuda::set_cast_tune(cuda::CastTune::kLarge);
   // (MXTRAIN_FP8_CAST_UNROLL set pins the row-major per-tensor casts' form, and
   // MXTRAIN_FP8_TILED_CASTS the transposing ones': those are not timed.)
-  const int want = 16 - (std::getenv("MXTRAIN_FP8_CAST_UNROLL") ? 2 : 0) -
+  const int want = 18 - (std::getenv("MXTRAIN_FP8_CAST_UNROLL") ? 2 : 0) -
                    (std::getenv("MXTRAIN_FP8_TILED_CASTS") ? 4 : 0);
   run_case("cast_tune_count", "160x416", [&](Result& r) {
     r.pass = first == want && second == 0;
