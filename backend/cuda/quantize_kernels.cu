@@ -465,30 +465,39 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// 128x1 blocks, codes written transposed (codes_t [cols, rows]: fp8-block's x^T and dy^T), or
-// with kMx MXFP8's 32x1 blocks (E8M0 scales by numerics::mxfp8_block_scale, `elem` codes:
-// mxfp8's x^T and dy^T): a thread block of 8 warps per 128-row x (32 E)-column tile, E = the
-// elements in 4 bytes of x (fp32 1, bf16 2). Warp w loads rows 16 w .. 16 w + 15, a lane E
-// adjacent columns of each (a warp one 128-byte line a row, 16 loads a thread in flight); a
-// column's amax is its 16 rows a thread, then the warps' of its block (8, or kMx 2) through
-// shared memory. Scales: float [rows / 128, cols] (1 / scale), or kMx bytes [rows / 32,
-// cols]. A thread packs its 16 rows' codes of a column, consecutive bytes of codes^T, into one
-// 16-byte shared store (tile row e * 32 + lane for column E lane + e: a lane's rows 144 bytes
-// apart, so a quarter warp's stores fall in distinct banks), and the tile goes out as 16-byte
-// stores, 8 threads to each 128-byte row piece of codes^T (`vec_t`: rows % 16 == 0 and codes_t
-// 16-byte aligned; else byte by byte).
-// Elements past the edges load as +0 and are not stored. Requires cols % E == 0 and x aligned
-// to 4 bytes.
+// Codes written transposed (codes_t [cols, rows]) from column blocks: fp8-block's 128x1 (x^T
+// and dy^T for the weight gradient), MXFP8's 32x1 (E8M0 scales by numerics::mxfp8_block_scale),
+// or one per-tensor scale (the per-tensor casts' transposed and both-layouts forms: the scale
+// given on the device, the amax folded from the same read, row-major codes too where asked).
+// A thread block of 8 warps per 128-row x (32 E)-column tile, E = the elements in 4 bytes of
+// x (fp32 1, bf16 2). Warp w loads rows 16 w .. 16 w + 15, a lane E adjacent columns of each
+// (a warp one 128-byte line a row, 16 loads a thread in flight); a column block's amax is its
+// 16 rows a thread, then the warps' of its block (8, or 2 for 32x1) through shared memory. A
+// thread packs its 16 rows' codes of a column, consecutive bytes of codes^T, into one 16-byte
+// shared store (tile row e * 32 + lane for column E lane + e: a lane's rows 144 bytes apart, so
+// a quarter warp's stores fall in distinct banks), and the tile goes out as 16-byte stores, 8
+// threads to each 128-byte row piece of codes^T (`vec_t`: rows % 16 == 0 and codes_t 16-byte
+// aligned; else byte by byte). Elements past the edges load as +0 and are not stored.
+// Requires cols % E == 0 and x aligned to 4 bytes (and the row-major codes to E bytes).
+enum class ColKind { kBlock128, kMx32, kTensor };
+struct ColArgs {
+  bool pow2 = false;                                          // kBlock128: power-of-two scales
+  Format elem = Format::kE4M3;                                // kMx32, kTensor: the codes' format
+  numerics::MxScaleRule rule = numerics::MxScaleRule::kCeil;  // kMx32
+  void* scales = nullptr;  // kBlock128: float [rows / 128, cols] (1 / scale); kMx32: bytes
+                           // [rows / 32, cols]
+  const float* scale = nullptr;  // kTensor: the encode scale (device)
+  float* amax = nullptr;         // kTensor: max |x| into it (zeroed by the launch), or null
+  uint8_t* codes = nullptr;      // kTensor: the row-major codes too, or null
+};
 constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
-template <class T, bool kMx>
+template <class T, ColKind kKind>
 __global__ void __launch_bounds__(256)
-    fp8_block_col_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
-                           bool pow2, Format elem, numerics::MxScaleRule rule,
-                           uint8_t* __restrict__ codes_t, void* __restrict__ scales,
-                           bool vec_t) {
+    fp8_col_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
+                     ColArgs args, uint8_t* __restrict__ codes_t, bool vec_t) {
   constexpr int E = 4 / int(sizeof(T)), W = 32 * E;
   using Raw = std::conditional_t<sizeof(T) == 4, float, uint32_t>;
-  __shared__ float part[8][W];
+  __shared__ float part[kKind == ColKind::kTensor ? 1 : 8][W];
   __shared__ uint4 tile_v[W][kColPitch / 16];  // uint4: 16-byte aligned rows
   auto tile_t = [&](int t) { return reinterpret_cast<uint8_t*>(tile_v[t]); };
   const int lane = int(threadIdx.x % 32), w = int(threadIdx.x / 32);
@@ -505,36 +514,60 @@ __global__ void __launch_bounds__(256)
     if constexpr (sizeof(T) == 4) return raw;
     else return numerics::decode_bf16(uint16_t(e == 0 ? raw & 0xFFFFu : raw >> 16));
   };
+  float m_all = 0.0f;  // kTensor: the thread's amax
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     float m = 0.0f;
 #pragma unroll
     for (int k = 0; k < 16; ++k) m = numerics::amax_fold(m, elem_of(v[k], e));
-    part[w][e * 32 + lane] = m;
+    if constexpr (kKind == ColKind::kTensor) m_all = fmaxf(m_all, m);
+    else part[w][e * 32 + lane] = m;
   }
-  __syncthreads();
-  constexpr int kWarpsABlock = kMx ? 2 : 8;  // 32 or 128 rows
+  if constexpr (kKind != ColKind::kTensor) __syncthreads();
+  constexpr int kWarpsABlock = kKind == ColKind::kMx32 ? 2 : 8;  // 32 or 128 rows
   const int w0 = w / kWarpsABlock * kWarpsABlock;
-  const Format fmt = kMx ? elem : Format::kE4M3;
+  const Format fmt = kKind == ColKind::kBlock128 ? Format::kE4M3 : args.elem;
+  uint32_t qs[E][4];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    float a = 0.0f;
-    for (int y = w0; y < w0 + kWarpsABlock; ++y) a = fmaxf(a, part[y][e * 32 + lane]);
     float s;
-    if constexpr (kMx) {
-      const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, elem, rule);
-      s = bs.encode_multiplier;
-      if (w == w0 && col_in && r0 + 16 * w < rows)
-        static_cast<uint8_t*>(scales)[(r0 / 32 + w / 2) * cols + c + e] = bs.code;
+    if constexpr (kKind == ColKind::kTensor) {
+      s = *args.scale;
     } else {
-      s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, pow2);
-      if (w == 0 && col_in) static_cast<float*>(scales)[(r0 / kQTile) * cols + c + e] = 1.0f / s;
+      float a = 0.0f;
+      for (int y = w0; y < w0 + kWarpsABlock; ++y) a = fmaxf(a, part[y][e * 32 + lane]);
+      if constexpr (kKind == ColKind::kMx32) {
+        const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, args.elem, args.rule);
+        s = bs.encode_multiplier;
+        if (w == w0 && col_in && r0 + 16 * w < rows)
+          static_cast<uint8_t*>(args.scales)[(r0 / 32 + w / 2) * cols + c + e] = bs.code;
+      } else {
+        s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, args.pow2);
+        if (w == 0 && col_in)
+          static_cast<float*>(args.scales)[(r0 / kQTile) * cols + c + e] = 1.0f / s;
+      }
     }
-    uint32_t q[4] = {0u, 0u, 0u, 0u};
+    uint32_t* q = qs[e];  // 16 rows' codes, row k at byte k % 4 of q[k / 4]
+    q[0] = q[1] = q[2] = q[3] = 0u;
 #pragma unroll
     for (int k = 0; k < 16; ++k)
       q[k / 4] |= uint32_t(fp8_code(elem_of(v[k], e) * s, fmt)) << (8 * (k % 4));
     tile_v[e * 32 + lane][w] = make_uint4(q[0], q[1], q[2], q[3]);
+  }
+  if constexpr (kKind == ColKind::kTensor) {
+    if (args.codes && col_in)  // row-major too: each row's E codes of this lane in one store
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int64_t row = r0 + 16 * w + k;
+        if (row >= rows) break;
+        const uint32_t c0 = (qs[0][k / 4] >> (8 * (k % 4))) & 0xFFu;
+        if constexpr (E == 2) {
+          const uint32_t c1 = (qs[E - 1][k / 4] >> (8 * (k % 4))) & 0xFFu;
+          *reinterpret_cast<uint16_t*>(args.codes + row * cols + c) = uint16_t(c0 | c1 << 8);
+        } else {
+          args.codes[row * cols + c] = uint8_t(c0);
+        }
+      }
   }
   __syncthreads();
   // codes^T row (x column) c0 + E (t % 32) + t / 32 from tile row t, bytes r0 + 16 q .. + 15
@@ -550,6 +583,8 @@ __global__ void __launch_bounds__(256)
       for (int b = 0; b < 16 && r + b < rows; ++b) dst[b] = tile_t(t)[16 * q + b];
     }
   }
+  if constexpr (kKind == ColKind::kTensor)
+    if (args.amax) block_amax_to(m_all, args.amax);
 }
 
 // 128x128 blocks (fp8-block's weights), codes row-major or written transposed (W^T for the
@@ -1036,10 +1071,23 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
   // cast tuner times the two (with the hardware encoder since). MXTRAIN_FP8_TILED_CASTS=1
   // takes the tiled kernel, any other value the plain one, untimed.
   static const char* tiled_env = std::getenv("MXTRAIN_FP8_TILED_CASTS");
-  const bool can_tile =
-      cols % 4 == 0 && aligned(x, 4 * sizeof(T)) && (!codes || aligned(codes, 4));
+  constexpr int64_t E = 4 / int64_t(sizeof(T));  // fp8_col_t_kernel's elements a lane
+  const bool can_tile = cols % 4 == 0 && aligned(x, 4 * sizeof(T)) &&
+                        (!codes || aligned(codes, 4));  // (so fp8_col_t_kernel's rules hold)
   auto go = [&](int form) {
     zero_amax(amax, s);
+    if (form == 2) {
+      ColArgs a;
+      a.elem = fmt;
+      a.scale = scale;
+      a.amax = amax;
+      a.codes = codes;
+      const int64_t tiles_c = ceil_div(cols, 32 * E), tiles = ceil_div(rows, kQTile) * tiles_c;
+      MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8_codes: ", tiles, " tiles");
+      fp8_col_t_kernel<T, ColKind::kTensor><<<unsigned(tiles), 256, 0, s>>>(
+          x, rows, cols, tiles_c, a, codes_t, rows % 16 == 0 && aligned(codes_t, 16));
+      return;
+    }
     if (form == 1) {
       launch_tiles<TileKind::kTensor>(x, rows, cols, 0, false, fmt, scale,
                                       numerics::RoundingOptions{}, codes, codes_t, nullptr,
@@ -1053,10 +1101,12 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
   };
   if (!can_tile) return go(0);
   if (tiled_env) return go(tiled_env[0] == '1' ? 1 : 0);
-  static constexpr const char* kForms[] = {"plain", "tiled"};
+  static constexpr const char* kForms[] = {"plain", "tiled", "col"};
   const double bytes = double(rows * cols) * (sizeof(T) + (codes ? 2 : 1));
+  const int flags = int(rows % 4 == 0 && aligned(codes_t, 4)) |
+                    int(rows % 16 == 0 && aligned(codes_t, 16)) << 1;
   tuned_cast(codes ? "fp8_codes_both" : "fp8_codes_t", kForms, 0, rows, cols, int(sizeof(T)),
-             rows % 4 == 0 && aligned(codes_t, 4), bytes, s, go);
+             flags, bytes, s, go);
 }
 
 
@@ -1366,9 +1416,11 @@ void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_row
       tuned_cast("fp8_block_128x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t, bytes,
                         s, [&](int k) {
         if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kCol>{});
-        fp8_block_col_t_kernel<T, false><<<unsigned(tiles), 256, 0, s>>>(
-            x, rows, cols, tiles_c, pow2_scales, Format::kE4M3, numerics::MxScaleRule::kCeil,
-            codes, scales_f32, vec_t);
+        ColArgs a;
+        a.pow2 = pow2_scales;
+        a.scales = scales_f32;
+        fp8_col_t_kernel<T, ColKind::kBlock128><<<unsigned(tiles), 256, 0, s>>>(
+            x, rows, cols, tiles_c, a, codes, vec_t);
       });
       MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
       return;
@@ -1504,8 +1556,12 @@ void quantize_mxfp8_t_of(const T* x, int64_t rows, int64_t cols, Format elem,
   tuned_cast("mxfp8_32x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t,
              double(rows * cols) * (sizeof(T) + 1), s, [&](int k) {
     if (k == 0) return two_step();
-    fp8_block_col_t_kernel<T, true><<<unsigned(tiles), 256, 0, s>>>(
-        x, rows, cols, tiles_c, false, elem, rule, codes_t, scales_u8, vec_t);
+    ColArgs a;
+    a.elem = elem;
+    a.rule = rule;
+    a.scales = scales_u8;
+    fp8_col_t_kernel<T, ColKind::kMx32><<<unsigned(tiles), 256, 0, s>>>(x, rows, cols, tiles_c,
+                                                                        a, codes_t, vec_t);
   });
   MX_CUDA_LAUNCH_CHECK("quantize_mxfp8_t");
 }

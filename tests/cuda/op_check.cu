@@ -2978,10 +2978,10 @@ void write_json(const std::string& path, const std::string& device) {
 // The cast tuner's forms (cuda::force_cast_form: each family's form k, untimed), each against
 // the CPU's quantizers byte for byte: fp8-block's 1x128 row-major and 128x1 transposed
 // operands (the tiled kernel, fp8_block_row_kernel with 1 and 4 pieces a warp,
-// fp8_block_col_t_kernel), its 128x128 ones both ways (the tiled kernel, the two-pass
+// fp8_col_t_kernel), its 128x128 ones both ways (the tiled kernel, the two-pass
 // fp8_block_square_kernel), MXFP8's 1x32 operands (a warp a block, or fp8_block_row_kernel's
 // MX form) and 32x1 ones written transposed (the columnwise kernel and a byte transpose, or
-// fp8_block_col_t_kernel's MX form), and the per-tensor casts (1, 2, 4 vectors a thread; the
+// fp8_col_t_kernel's MX form), and the per-tensor casts (1, 2, 4 vectors a thread; the
 // plain and the tiled transposing kernels), x in fp32 and as bf16 codes, outputs poisoned,
 // edges partial (rows not a multiple of 16 or 128, a last 1x128 block 4 wide). Then tuning
 // itself (MXTRAIN_CUDA_CAST_TUNE=all): a shape timed once, its bytes (and the amax slot, which
