@@ -951,17 +951,16 @@ constexpr int kCastTuneRuns = 3;
 
 // Runs one of the forms names[0..n) of `family` on x [rows, cols] (elem_bytes an element of x;
 // `bytes`: what one call reads and writes, for the log's GB/s): launch(k) enqueues form k on
-// s. `fallback` is the form used untuned (MXTRAIN_CUDA_CAST_TUNE=0, or kLarge below
+// s. Form 0 is the one used untuned (MXTRAIN_CUDA_CAST_TUNE=0, or kLarge below
 // kCastTuneMinElems elements); `flags` tells apart calls whose alignment picks other paths.
 template <size_t N, class F>
-void tuned_cast(const char* family, const char* const (&names)[N], int fallback, int64_t rows,
-                int64_t cols, int elem_bytes, int flags, double bytes, cudaStream_t s,
-                F&& launch) {
+void tuned_cast(const char* family, const char* const (&names)[N], int64_t rows, int64_t cols,
+                int elem_bytes, int flags, double bytes, cudaStream_t s, F&& launch) {
   constexpr int n = int(N);
   if (g_cast_forced >= 0) return launch(g_cast_forced % n);
   if (g_cast_tune == CastTune::kOff ||
       (g_cast_tune == CastTune::kLarge && rows * cols < kCastTuneMinElems))
-    return launch(fallback);
+    return launch(0);
   const std::string key =
       str(family, " ", elem_bytes == 2 ? "bf16" : "fp32", " ", rows, "x", cols, " #", flags);
   {
@@ -988,7 +987,7 @@ void tuned_cast(const char* family, const char* const (&names)[N], int fallback,
   std::lock_guard<std::mutex> lock(g_cast_mutex);
   g_cast_picks[key] = best;
   ++g_cast_stats.timed;
-  if (best != fallback) ++g_cast_stats.changed;
+  if (best != 0) ++g_cast_stats.changed;
   if (std::getenv("MXTRAIN_CUDA_CAST_TUNE_LOG")) {  // one line a shape (bench/gpu/check.sh)
     std::string times;
     for (int k = 0; k < n; ++k)
@@ -996,6 +995,34 @@ void tuned_cast(const char* family, const char* const (&names)[N], int fallback,
                    t[k] > 0 ? bytes / t[k] / 1e9 : 0.0, " GB/s");
     info(str("cuda cast tune: ", key, ": kept ", names[best], " (", times, ")"));
   }
+}
+
+// fp8_block_row_kernel over x [rows, cols] with u = 1 or 4 pieces a warp (kMx: MXFP8's 1x32
+// blocks, scales bytes; else fp8-block's 1x128, scales float).
+template <bool kMx, class T>
+void launch_row_pieces(int u, const T* x, int64_t rows, int64_t cols, bool pow2, Format elem,
+                       numerics::MxScaleRule rule, uint8_t* codes, void* scales,
+                       cudaStream_t s) {
+  const int64_t pieces_c = ceil_div(cols, kQTile), warps = ceil_div(rows * pieces_c, u);
+  const unsigned grid = unsigned(std::min<int64_t>(ceil_div(warps, 8), 1 << 20));
+  if (u == 1)
+    fp8_block_row_kernel<1, T, kMx><<<grid, 256, 0, s>>>(x, rows, cols, pieces_c, pow2, elem,
+                                                         rule, codes, scales);
+  else
+    fp8_block_row_kernel<4, T, kMx><<<grid, 256, 0, s>>>(x, rows, cols, pieces_c, pow2, elem,
+                                                         rule, codes, scales);
+}
+
+// fp8_col_t_kernel over x [rows, cols] into codes_t [cols, rows] (16-byte stores where rows
+// % 16 == 0 and codes_t is aligned to them).
+template <ColKind kKind, class T>
+void launch_col_t(const T* x, int64_t rows, int64_t cols, const ColArgs& a, uint8_t* codes_t,
+                  cudaStream_t s) {
+  const int64_t tiles_c = ceil_div(cols, 32 * (4 / int64_t(sizeof(T))));
+  const int64_t tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
+  fp8_col_t_kernel<T, kKind><<<unsigned(tiles), 256, 0, s>>>(
+      x, rows, cols, tiles_c, a, codes_t, rows % 16 == 0 && aligned(codes_t, 16));
 }
 
 void check_fp8(Format fmt, const char* op) {
@@ -1071,7 +1098,6 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
   // cast tuner times the two (with the hardware encoder since). MXTRAIN_FP8_TILED_CASTS=1
   // takes the tiled kernel, any other value the plain one, untimed.
   static const char* tiled_env = std::getenv("MXTRAIN_FP8_TILED_CASTS");
-  constexpr int64_t E = 4 / int64_t(sizeof(T));  // fp8_col_t_kernel's elements a lane
   const bool can_tile = cols % 4 == 0 && aligned(x, 4 * sizeof(T)) &&
                         (!codes || aligned(codes, 4));  // (so fp8_col_t_kernel's rules hold)
   auto go = [&](int form) {
@@ -1082,11 +1108,7 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
       a.scale = scale;
       a.amax = amax;
       a.codes = codes;
-      const int64_t tiles_c = ceil_div(cols, 32 * E), tiles = ceil_div(rows, kQTile) * tiles_c;
-      MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8_codes: ", tiles, " tiles");
-      fp8_col_t_kernel<T, ColKind::kTensor><<<unsigned(tiles), 256, 0, s>>>(
-          x, rows, cols, tiles_c, a, codes_t, rows % 16 == 0 && aligned(codes_t, 16));
-      return;
+      return launch_col_t<ColKind::kTensor>(x, rows, cols, a, codes_t, s);
     }
     if (form == 1) {
       launch_tiles<TileKind::kTensor>(x, rows, cols, 0, false, fmt, scale,
@@ -1105,7 +1127,7 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
   const double bytes = double(rows * cols) * (sizeof(T) + (codes ? 2 : 1));
   const int flags = int(rows % 4 == 0 && aligned(codes_t, 4)) |
                     int(rows % 16 == 0 && aligned(codes_t, 16)) << 1;
-  tuned_cast(codes ? "fp8_codes_both" : "fp8_codes_t", kForms, 0, rows, cols, int(sizeof(T)),
+  tuned_cast(codes ? "fp8_codes_both" : "fp8_codes_t", kForms, rows, cols, int(sizeof(T)),
              flags, bytes, s, go);
 }
 
@@ -1129,7 +1151,7 @@ void fp8_codes_of(const T* x, int64_t rows, int64_t cols, Format fmt, const floa
       with_cast_unroll(go);
     } else {  // 1, 2 or 4 vectors a thread in flight, timed (1 untuned)
       static constexpr const char* kForms[] = {"unroll1", "unroll2", "unroll4"};
-      tuned_cast("fp8_codes", kForms, 0, rows, cols, int(sizeof(T)), 0,
+      tuned_cast("fp8_codes", kForms, rows, cols, int(sizeof(T)), 0,
                  double(n) * (sizeof(T) + 1), s, [&](int k) {
                    if (k == 0) go(std::integral_constant<int, 1>{});
                    else if (k == 1) go(std::integral_constant<int, 2>{});
@@ -1390,37 +1412,25 @@ void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_row
     const double bytes = double(rows * cols) * (sizeof(T) + 1);
     if (codes_only && row && !transposed) {
       static constexpr const char* kForms[] = {"tiled", "row1", "row4"};
-      tuned_cast("fp8_block_1x128", kForms, 0, rows, cols, int(sizeof(T)), 0, bytes, s,
+      tuned_cast("fp8_block_1x128", kForms, rows, cols, int(sizeof(T)), 0, bytes, s,
                         [&](int k) {
         if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kRow>{});
-        const int64_t warps = ceil_div(rows * sc, k == 1 ? 1 : 4);
-        const unsigned grid = unsigned(std::min<int64_t>(ceil_div(warps, 8), 1 << 20));
-        const Format e4 = Format::kE4M3;
-        const auto ceil_rule = numerics::MxScaleRule::kCeil;
-        if (k == 1)
-          fp8_block_row_kernel<1, T, false><<<grid, 256, 0, s>>>(
-              x, rows, cols, sc, pow2_scales, e4, ceil_rule, codes, scales_f32);
-        else
-          fp8_block_row_kernel<4, T, false><<<grid, 256, 0, s>>>(
-              x, rows, cols, sc, pow2_scales, e4, ceil_rule, codes, scales_f32);
+        launch_row_pieces<false>(k == 1 ? 1 : 4, x, rows, cols, pow2_scales, Format::kE4M3,
+                                 numerics::MxScaleRule::kCeil, codes, scales_f32, s);
       });
       MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
       return;
     }
     if (codes_only && col && transposed) {
       static constexpr const char* kForms[] = {"tiled", "col"};
-      const int64_t tiles_c = ceil_div(cols, 32 * (4 / int64_t(sizeof(T))));
-      const int64_t tiles = ceil_div(rows, kQTile) * tiles_c;
-      MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
-      const bool vec_t = rows % 16 == 0 && aligned(codes, 16);
-      tuned_cast("fp8_block_128x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t, bytes,
+      const bool vec_t = rows % 16 == 0 && aligned(codes, 16);  // (the key: the store path)
+      tuned_cast("fp8_block_128x1_t", kForms, rows, cols, int(sizeof(T)), vec_t, bytes,
                         s, [&](int k) {
         if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kCol>{});
         ColArgs a;
         a.pow2 = pow2_scales;
         a.scales = scales_f32;
-        fp8_col_t_kernel<T, ColKind::kBlock128><<<unsigned(tiles), 256, 0, s>>>(
-            x, rows, cols, tiles_c, a, codes, vec_t);
+        launch_col_t<ColKind::kBlock128>(x, rows, cols, a, codes, s);
       });
       MX_CUDA_LAUNCH_CHECK("quantize_fp8_block");
       return;
@@ -1430,7 +1440,7 @@ void quantize_fp8_block_of(const T* x, int64_t rows, int64_t cols, int block_row
       const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
       MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
       const bool packed_t = transposed && rows % 4 == 0 && aligned(codes, 4);
-      tuned_cast(transposed ? "fp8_block_128x128_t" : "fp8_block_128x128", kForms, 0, rows, cols,
+      tuned_cast(transposed ? "fp8_block_128x128_t" : "fp8_block_128x128", kForms, rows, cols,
                  int(sizeof(T)), packed_t, bytes, s, [&](int k) {
         if (k == 0) return launch(std::integral_constant<TileKind, TileKind::kSquare>{});
         const dim3 block(32, kQRows);
@@ -1505,18 +1515,11 @@ void quantize_mxfp8_of(const T* x, int64_t rows, int64_t cols, bool columnwise, 
     warp_a_block();
   } else {
     static constexpr const char* kForms[] = {"warp-a-block", "row1", "row4"};
-    const int64_t pieces_c = ceil_div(cols, kQTile);
-    tuned_cast("mxfp8_1x32", kForms, 0, rows, cols, int(sizeof(T)), 0,
+    tuned_cast("mxfp8_1x32", kForms, rows, cols, int(sizeof(T)), 0,
                double(rows * cols) * (sizeof(T) + 1), s, [&](int k) {
       if (k == 0) return warp_a_block();
-      const int64_t warps = ceil_div(rows * pieces_c, k == 1 ? 1 : 4);
-      const unsigned grid = unsigned(std::min<int64_t>(ceil_div(warps, 8), 1 << 20));
-      if (k == 1)
-        fp8_block_row_kernel<1, T, true><<<grid, 256, 0, s>>>(x, rows, cols, pieces_c, false,
-                                                              elem, rule, codes, scales_u8);
-      else
-        fp8_block_row_kernel<4, T, true><<<grid, 256, 0, s>>>(x, rows, cols, pieces_c, false,
-                                                              elem, rule, codes, scales_u8);
+      launch_row_pieces<true>(k == 1 ? 1 : 4, x, rows, cols, false, elem, rule, codes,
+                              scales_u8, s);
     });
   }
   MX_CUDA_LAUNCH_CHECK("quantize_mxfp8");
@@ -1547,21 +1550,17 @@ void quantize_mxfp8_t_of(const T* x, int64_t rows, int64_t cols, Format elem,
                       scales_u8, nullptr, s);
     transpose_bytes(tmp, rows, cols, codes_t, s);
   };
-  constexpr int64_t E = 4 / int64_t(sizeof(T));
-  if (cols % E != 0 || !aligned(x, 4)) return two_step();
-  const int64_t tiles_c = ceil_div(cols, 32 * E), tiles = ceil_div(rows, kQTile) * tiles_c;
-  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "mxfp8 quantizer: ", tiles, " tiles");
-  const bool vec_t = rows % 16 == 0 && aligned(codes_t, 16);
+  if (cols % (4 / int64_t(sizeof(T))) != 0 || !aligned(x, 4)) return two_step();
+  const bool vec_t = rows % 16 == 0 && aligned(codes_t, 16);  // (the key: the store path)
   static constexpr const char* kForms[] = {"two-step", "col"};
-  tuned_cast("mxfp8_32x1_t", kForms, 0, rows, cols, int(sizeof(T)), vec_t,
+  tuned_cast("mxfp8_32x1_t", kForms, rows, cols, int(sizeof(T)), vec_t,
              double(rows * cols) * (sizeof(T) + 1), s, [&](int k) {
     if (k == 0) return two_step();
     ColArgs a;
     a.elem = elem;
     a.rule = rule;
     a.scales = scales_u8;
-    fp8_col_t_kernel<T, ColKind::kMx32><<<unsigned(tiles), 256, 0, s>>>(x, rows, cols, tiles_c,
-                                                                        a, codes_t, vec_t);
+    launch_col_t<ColKind::kMx32>(x, rows, cols, a, codes_t, s);
   });
   MX_CUDA_LAUNCH_CHECK("quantize_mxfp8_t");
 }
