@@ -109,11 +109,12 @@ int run_plan(const PlanArgs& a) {
       notes.push_back("--memory engine: on cpu every figure is already the engine's own "
                       "allocation, so it changes nothing (it matters for GPUs)");
   } else {
-    notes.push_back("GPU memory and time are MODELLED for an engine with bf16 activations and "
-                    "bf16 gathered units (docs/plan.md gives every formula and constant); "
-                    "memory.engine is what this build's CUDA engine allocates instead (fp32 "
-                    "working activations beside bf16 kept copies under precision.activations "
-                    "= bf16, fp32 FSDP slots; it has not run on a GPU yet)");
+    notes.push_back("GPU memory and time are MODELLED (docs/plan.md gives every formula and "
+                    "constant): memory for an engine with bf16 activations and bf16 gathered "
+                    "units, memory.engine what this build's CUDA engine allocates instead (its "
+                    "arenas); time with the GEMM, attention, cast and memory-bound rates an "
+                    "H200 measured (docs/plan.md, Calibration), taken as fractions of each "
+                    "GPU's datasheet rates");
   }
 
   if (in.fp8_attention)

@@ -238,11 +238,16 @@ Recommendation recommend(const PlanInput& in, const GpuSpec& gpu,
   if (gpu.is_cpu && b.recipe != "fp32")
     R.push_back(str("recipe '", b.recipe, "' on cpu is emulated (quantize, dequantize, fp32 ",
                     "GEMM): the same numerics as on GPUs, slower than fp32 here"));
-  if (!gpu.is_cpu && recipe_model(b.recipe).modelled)
-    R.push_back(str("recipe '", b.recipe, "' is MODELLED (this build's GPU recipes have not run on a GPU yet): ",
-                    "GEMMs at ", recipe_gemm_flops(b.recipe, gpu) / 1e12, " TFLOPS dense x ",
-                    recipe_model(b.recipe).gemm_efficiency, " efficiency; it changes numerics, ",
-                    "check convergence (mxtrain numerics) before adopting it"));
+  if (!gpu.is_cpu && recipe_model(b.recipe).modelled && b.recipe != "bf16") {
+    const RecipeModel rm = recipe_model(b.recipe);
+    R.push_back(str("recipe '", b.recipe, "' is modelled, ",
+                    rm.calibrated ? "calibrated on an H200's profiles (docs/plan.md, Calibration)"
+                                  : "not calibrated (it has not run on a GPU yet)",
+                    ": GEMMs at ", recipe_gemm_flops(b.recipe, gpu) / 1e12, " TFLOPS dense x ",
+                    rm.gemm_efficiency, " efficiency, casts at ", rm.quantize_efficiency,
+                    " of HBM bandwidth; it changes numerics, check convergence (mxtrain numerics) ",
+                    "before adopting it"));
+  }
   for (auto& r : unsupported)
     R.push_back(str("recipe '", r, "' not searched: not supported on ", gpu.name));
   R.push_back(str("step ", best->time.step_s, " s: GEMM ", best->time.gemm_s, " s, attention ",
@@ -338,7 +343,9 @@ nlohmann::json config_json(const PlanInput& p, const GpuSpec& gpu) {
            plan_bf16_activations(p, p.engine_recipe(), gpu.is_cpu ? "cpu" : "cuda") ? "bf16"
                                                                                    : "fp32"},
           // GPU recipes are modelled; on cpu the engine runs (emulates) every recipe
-          {"recipe_modelled", !gpu.is_cpu && recipe_model(p.recipe).modelled}};
+          {"recipe_modelled", !gpu.is_cpu && recipe_model(p.recipe).modelled},
+          // its GPU constants measured (docs/plan.md, Calibration)
+          {"recipe_calibrated", !gpu.is_cpu && recipe_model(p.recipe).calibrated}};
 }
 
 }  // namespace

@@ -20,9 +20,16 @@ struct RecipeModel {
   double quantized_weight_bytes_per_param = 0;
   // Per Linear: fp32 scaling state (delayed scaling: amax histories of input, weight, grad).
   double scaling_state_bytes_per_linear = 0;
-  // Bytes moved per element quantized (read bf16, write codes + scales), for the time model.
+  // Bytes moved per element quantized, as this build's CUDA engine moves them: each cast
+  // reads the bf16 input (an amax pass first under current scaling) and writes codes + scales
+  // in the layouts the GEMMs take (row-major and transposed), for the time model.
   double quantize_bytes_per_element = 0;
   double gemm_efficiency = 0.7;  // achievable fraction of the dense datasheet rate
+  // GPU: the fraction of HBM bandwidth the recipe's casts achieve (their bytes above).
+  double quantize_efficiency = 0.25;
+  // GPU: whether gemm_efficiency and quantize_efficiency were measured (the H200 profiles of
+  // bench/RESULTS.md, 2026-12-04, docs/plan.md) rather than assumed.
+  bool calibrated = false;
 };
 
 // fp32 (cpu), bf16, fp8-delayed, fp8-current, fp8-block, mxfp8, nvfp4. UserError if unknown.

@@ -89,9 +89,13 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
                    : 10.0 * VC + 10.0 * nC + 3.0 * nV;
   const double head_bytes = 16.0 * double(n) * double(c.vocab_size) + head_cast_bytes;
 
+  // Achieved bandwidths: on GPUs the measured fractions of the datasheet's (memory-bound ops,
+  // the recipe's casts); the CPU's figure is an assumed stream rate already.
+  const double mem_bw = gpu.hbm_bytes_per_s * (gpu.is_cpu ? 1.0 : kMemoryBoundEfficiency);
+  const double quant_bw = gpu.hbm_bytes_per_s * (gpu.is_cpu ? 1.0 : r.quantize_efficiency);
   auto block_time = [&](bool quantized) {
     double g = block_gemm / (quantized ? lp_rate : hp_rate);
-    double m = (block_bytes + (quantized ? block_quant_bytes : 0.0)) / gpu.hbm_bytes_per_s;
+    double m = block_bytes / mem_bw + (quantized ? block_quant_bytes / quant_bw : 0.0);
     return std::make_pair(g, m);
   };
   TimeBreakdown t;
@@ -122,12 +126,12 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
       gpu.is_cpu ? 0.0 : double(n) * (fp8_fwd_bytes * (1.0 + recompute) + fp8_bwd_bytes);
   mb_attn = double(L - fp8_blocks) * block_attn / attn_rate +
             double(fp8_blocks) * block_attn / fp8_attn_rate;
-  mb_mem += double(fp8_blocks) * fp8_attn_bytes / gpu.hbm_bytes_per_s;
+  mb_mem += double(fp8_blocks) * fp8_attn_bytes / mem_bw;
   mb_gemm += head_gemm_s;
-  mb_mem += head_bytes / gpu.hbm_bytes_per_s;
+  mb_mem += head_bytes / mem_bw;
   const double block_compute = (mb_gemm - head_gemm_s + mb_attn) / double(L) +
-                               (mb_mem - head_bytes / gpu.hbm_bytes_per_s) / double(L);
-  const double head_compute = head_gemm_s + head_bytes / gpu.hbm_bytes_per_s;
+                               (mb_mem - head_bytes / mem_bw) / double(L);
+  const double head_compute = head_gemm_s + head_bytes / mem_bw;
 
   // Collectives. A group inside one node runs at NVLink speed; one that spans nodes is limited
   // by each GPU's share of the instance's EFA bandwidth.

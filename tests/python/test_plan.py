@@ -532,6 +532,13 @@ def test_recipe_from_config_file_as_train_reads_it(mxtrain, tmp_path):
                          "precision.recipe": "fp8-block"}, gpu="b200", gpus=8)
     assert gpu["config"]["recipe"] == "fp8-block" and gpu["config"]["recipe_modelled"] is True
     assert gpu["recommendation"]["recipe"] in names - {"fp32"}
+    # fp8-block's GPU constants were measured on an H200 (docs/plan.md, Calibration); mxfp8's
+    # were not (it has not run on a GPU), and the CPU engine's recipes are not modelled at all
+    assert gpu["config"]["recipe_calibrated"] is True
+    mx = plan(mxtrain, {"model.preset": "llama3-8b", "train.seq_len": 8192,
+                        "precision.recipe": "mxfp8"}, gpu="b200", gpus=8)
+    assert mx["config"]["recipe_calibrated"] is False and mx["config"]["recipe_modelled"] is True
+    assert out["config"]["recipe_calibrated"] is False
 
 
 def test_memory_engine_on_cpu_says_it_changes_nothing(mxtrain):
