@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 (cd build && ctest --output-on-failure -j2)
-MXTRAIN_BIN="$PWD/build/mxtrain" .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
+MXTRAIN_BIN="$PWD/build/mxtrain" .venv/bin/python -m pytest tests/python -q -p no:cacheprovider --durations=20

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check (DESIGN.md, "GPU work"; docs/cuda.md): run on a lent H200 through the
+# The prepared GPU check (DESIGN.md, "GPU work"; docs/cuda.md): run on a lent Hopper GPU (an H100
+# 80 GB, the device tool's first kind, or an H200; the runs so far were on an H200) through the
 # device tool, from the repository root, after bench/gpu/prepare.sh here:
 #   run(command="bash bench/gpu/check.sh", carry=[".gpu-prebuilt"], timeout_s=540)
 # Everything it writes is under $OUT (check.log, op_check.json/.txt, loss_match.json,
