@@ -123,7 +123,7 @@ int run_plan(const PlanArgs& a) {
                               "rounding of q, k, v, P, O and the gradients) at ",
                               plan::kCpuFp8AttentionSlowdown, "x the plain kernel's rate")
                         : str("precision.fp8_attention is MODELLED: cuDNN's fused FP8 SDPA at ",
-                              plan::kFp8AttentionEfficiency, " x the FP8 dense rate plus its "
+                              plan::kFp8AttentionSpeedup, "x the bf16 attention's rate plus its "
                               "casts (not run on a GPU yet); its codes use the CUDA scratch "
                               "arena, in groups of sequences where the batch's do not fit"));
   if (in.fp8_head)

@@ -23,6 +23,13 @@ double attention_forward_flops(const ModelConfig& c, int64_t B, int64_t T) {
          double(c.head_dim) / 2.0;
 }
 
+double attention_efficiency(int64_t D) {
+  if (D <= 64) return kAttentionEfficiency;
+  if (D >= 128) return kAttentionEfficiencyD128;
+  return kAttentionEfficiency +
+         (kAttentionEfficiencyD128 - kAttentionEfficiency) * double(D - 64) / 64.0;
+}
+
 TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   const ModelConfig& c = in.model;
   const RecipeModel r = recipe_model(in.recipe);
@@ -38,8 +45,8 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   // Bytes per quantized element: on CPU the emulation reads fp32 and writes an fp32 copy, and
   // its per-element rounding work costs about as much again (a rough estimate).
   const double quantize_bytes = gpu.is_cpu ? kCpuQuantizeBytesPerElement : r.quantize_bytes_per_element;
-  const double attn_rate =
-      gpu.bf16_flops * (gpu.is_cpu ? kCpuAttentionEfficiency : kAttentionEfficiency);
+  const double attn_rate = gpu.bf16_flops * (gpu.is_cpu ? kCpuAttentionEfficiency
+                                                       : attention_efficiency(c.head_dim));
   const int64_t hp_blocks = (!gpu.is_cpu && in.recipe == "bf16") || in.recipe == "fp32"
                                 ? 0
                                 : std::min(L, in.high_precision_first + in.high_precision_last);
@@ -117,7 +124,7 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
           ? L - std::min(L, in.high_precision_first + in.high_precision_last)
           : 0;
   const double fp8_attn_rate = gpu.is_cpu ? attn_rate * kCpuFp8AttentionSlowdown
-                                          : gpu.fp8_flops * kFp8AttentionEfficiency;
+                                          : attn_rate * kFp8AttentionSpeedup;
   const double Qd = double(c.q_dim()), Kd = double(c.kv_dim());
   const double fp8_fwd_bytes = act * (Qd + 2 * Kd) + (act + 1) * (Qd + 2 * Kd) + (1 + act) * Qd;
   const double fp8_bwd_bytes =

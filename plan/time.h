@@ -12,16 +12,19 @@
 namespace mx::plan {
 
 // GPU constants measured on an H200 (docs/plan.md, "Calibration"): cuDNN's bf16 flash
-// attention (head dim 64) ran 30.8 TFLOP a step in 81.5 ms; the memory-bound ops moved the
-// model's 112.6 GB a step in 61 ms.
-constexpr double kAttentionEfficiency = 0.38;
+// attention at head dim 64 ran 30.8 TFLOP a step in 81.5 ms (0.38 of the bf16 peak); the
+// memory-bound ops moved the model's 112.6 GB a step in 61 ms. At head dim 128 and more
+// attention runs at 0.5 (assumed, not measured here: cuDNN's forward at 128 is about 1.45x its
+// rate at 64 in FlashAttention-3's H100 figures; the backward's gain is taken smaller).
+constexpr double kAttentionEfficiency = 0.38;      // head dim 64 and less
+constexpr double kAttentionEfficiencyD128 = 0.5;   // head dim 128 and more; linear between
 constexpr double kMemoryBoundEfficiency = 0.4;
 constexpr double kCpuAttentionEfficiency = 0.3;   // the CPU tiled kernel vs SGEMM
-// precision.fp8_attention: cuDNN's fused FP8 SDPA at this fraction of the dense FP8 rate (1.6x
-// the bf16 rate above on Hopper and Blackwell, where FP8 is twice bf16; not measured); on the CPU the twin
+// precision.fp8_attention: cuDNN's fused FP8 SDPA at this many times the bf16 attention's rate
+// at the same head dim (not measured); on the CPU the twin
 // (fp32 work plus rounding q, k, v, P, O, dS and the gradients) at this fraction of the plain
 // kernel's rate. docs/plan.md gives the sources.
-constexpr double kFp8AttentionEfficiency = 0.3;
+constexpr double kFp8AttentionSpeedup = 1.6;
 constexpr double kCpuFp8AttentionSlowdown = 0.4;
 constexpr double kGemmHalfTokens = 128;           // efficiency(n) = eff * n / (n + 128)
 constexpr double kCollectiveEfficiency = 0.8;     // achieved / link bandwidth (NCCL rings)
@@ -34,6 +37,8 @@ int64_t block_matmul_params(const ModelConfig& c);
 double forward_gemm_flops(const ModelConfig& c, int64_t tokens);
 // Causal attention FLOPs of one forward of one block: 2 matmuls of 2 B T^2 H D, halved.
 double attention_forward_flops(const ModelConfig& c, int64_t B, int64_t T);
+// The bf16 flash attention's fraction of the bf16 peak on GPUs at head dim D (above).
+double attention_efficiency(int64_t D);
 
 struct TimeBreakdown {
   double gemm_flops = 0;       // per step, per rank, incl. backward (2x) and recompute

@@ -44,6 +44,9 @@
 #      precision.fp8_head; its ratio to bf16 a line too) (speed.json). Every mxtrain speed run
 #      is profiled (run.profile), and the table lists each one's top ops; PyTorch profiles one
 #      more step after its timed ones (torch.profiler, its top 15 kernels), for a side-by-side.
+#      Each mxtrain speed row also carries `mxtrain plan`'s prediction for its config on this
+#      GPU (row "plan ...": modelled tokens/s, measured / modelled, the modelled step split),
+#      the figures to check and recalibrate the planner with (docs/plan.md, Calibration).
 #      From 16384 tokens per micro-batch down to the largest that fits; mxtrain tries activation
 #      checkpointing none, then full.
 #      Then, if the budget has 40 s left: recipe bf16 with untuned GEMMs ("mx bf16 notune",
@@ -474,6 +477,19 @@ for r in speed:
     print(f"{impl:14s} {r['seq']:5d} {r['micro_batch']:5d} {ck:>5s} "
           f"{r['tokens_per_s']:10.0f} {100 * r['mfu']:5.1f}% {attn}{native}")
     by[(impl, r["seq"])] = r["tokens_per_s"]
+for r in speed:  # mxtrain plan's prediction for each run's config (docs/plan.md, Calibration)
+    pl = r.get("plan")
+    if not pl or "tokens_per_s" not in r:
+        continue
+    impl = f"mx {r.get('recipe')}" + ("/a32" if r.get("activations") == "fp32" else "") + \
+        (" " + r["variant"] if r.get("variant") else "")
+    if "error" in pl:
+        print(f"plan {impl:20s} seq {r['seq']}: {pl['error']}")
+        continue
+    print(f"plan {impl:20s} seq {r['seq']} ({pl['gpu']}): modelled {pl['tokens_per_s']:9.0f} "
+          f"tok/s, measured/modelled {r['tokens_per_s'] / pl['tokens_per_s']:.3f}; step "
+          f"{pl['step_s']:.4f} s = GEMM {pl['gemm_s']:.4f} + attention {pl['attention_s']:.4f} "
+          f"+ memory-bound {pl['memory_bound_s']:.4f} + optimizer {pl['optimizer_s']:.4f}")
 for r in speed:  # where each profiled run's step time went: its top ops
     prof = r.get("op_profile")
     if not prof:

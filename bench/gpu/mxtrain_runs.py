@@ -320,6 +320,35 @@ def resume(args):
                     "error_line": errs[0] if len(errs) == 1 else errs or tail})
 
 
+def plan_gpu():
+    """The `mxtrain plan --gpu` name of this machine's GPU (nvidia-smi's name), or None."""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.lower()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((g for g in ("h100", "h200", "b200", "b300") if g in name), None)
+
+
+def plan_prediction(binary, gpu, sets):
+    """What `mxtrain plan` predicts for a speed run's config on this GPU (docs/plan.md,
+    Calibration): its tokens/s and step split, so each GPU run checks the model and gives the
+    figures to recalibrate it. None where the plan fails (its error in "error")."""
+    argv = [binary, "plan", "--gpu", gpu, "--gpus", "1", "--json"]
+    for k, v in sets.items():
+        if k != "run.profile":
+            argv += ["--set", f"{k}={v}"]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                           env=mxtrain_env({}))
+        t = json.loads(r.stdout)["time"]
+        return {"gpu": gpu, "tokens_per_s": t["tokens_per_s"], "step_s": t["step_s"],
+                "gemm_s": t["gemm_s"], "attention_s": t["attention_s"],
+                "memory_bound_s": t["memory_bound_s"], "optimizer_s": t["optimizer_s"]}
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
+        return {"gpu": gpu, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
 def speed(args):
     deadline = time.time() + args.budget
     for seq in args.seq:
@@ -395,6 +424,9 @@ def speed(args):
                 prof = steps[-1].get("op_profile")
                 if prof:  # the steps after the first, as timed (--skip 1): the top ops
                     result["op_profile"] = dict(prof, ops=prof["ops"][:15])
+                gpu = plan_gpu()
+                if gpu:  # the planner's prediction for the same config, beside the measurement
+                    result["plan"] = plan_prediction(args.bin, gpu, sets)
                 done = True
                 break
             if done:

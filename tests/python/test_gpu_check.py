@@ -246,6 +246,16 @@ def test_speed_rows(dry_run):
         r = mx[(recipe, "default")]
         assert r["seq"] == SEQ and r["micro_batch"] == TOKENS // SEQ, r
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1, r
+        # mxtrain plan's prediction for the same config on the GPU nvidia-smi names (the fake
+        # one's H200), its step the sum of its parts (one GPU: no communication), in the table
+        pl = r["plan"]
+        assert pl["gpu"] == "h200" and pl["tokens_per_s"] > 0, pl
+        parts = pl["gemm_s"] + pl["attention_s"] + pl["memory_bound_s"] + pl["optimizer_s"]
+        assert abs(pl["step_s"] - parts) <= 1e-9 * parts, pl
+        assert abs(pl["tokens_per_s"] * pl["step_s"] - TOKENS) <= 1e-6 * TOKENS, pl
+        assert re.search(rf"^plan mx {re.escape(recipe)}\s+seq {SEQ} \(h200\): modelled\s+\d+ "
+                         rf"tok/s, measured/modelled {r['tokens_per_s'] / pl['tokens_per_s']:.3f};",
+                         log, re.M), recipe
         assert r["checkpointing"] == "none" and r["attention"] == "fp32"
         ops = [o["op"] for o in r["op_profile"]["ops"]]
         assert ops and all(o["seconds"] >= 0 for o in r["op_profile"]["ops"])
