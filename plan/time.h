@@ -1,7 +1,8 @@
 // Per-step time model: GEMMs at the recipe's dense rate times an achievable efficiency,
 // causal attention at the bf16 rate times its own efficiency, memory-bound ops and casts at a
-// measured fraction of HBM bandwidth (GPUs; the optimizer at all of it), FSDP collectives at NVLink (within a node) or EFA (across nodes) bandwidth,
-// overlapped with the compute of neighbouring units except for the first and last unit.
+// measured fraction of HBM bandwidth (GPUs; the optimizer at all of it), FSDP collectives at
+// NVLink (within a node) or EFA (across nodes) bandwidth, overlapped with the compute of
+// neighbouring units except for the first and last unit.
 // Every constant is documented in docs/plan.md. All of it is a prediction.
 #pragma once
 #include <cstdint>

@@ -333,7 +333,7 @@ def plan_gpu():
 def plan_prediction(binary, gpu, sets):
     """What `mxtrain plan` predicts for a speed run's config on this GPU (docs/plan.md,
     Calibration): its tokens/s and step split, so each GPU run checks the model and gives the
-    figures to recalibrate it. None where the plan fails (its error in "error")."""
+    figures to recalibrate it. Where the plan fails: {"gpu", "error"}."""
     argv = [binary, "plan", "--gpu", gpu, "--gpus", "1", "--json"]
     for k, v in sets.items():
         if k != "run.profile":
@@ -341,8 +341,9 @@ def plan_prediction(binary, gpu, sets):
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                            env=mxtrain_env({}))
-        t = json.loads(r.stdout)["time"]
-        return {"gpu": gpu, "tokens_per_s": t["tokens_per_s"], "step_s": t["step_s"],
+        j = json.loads(r.stdout)
+        t = j["time"]
+        return {"gpu": gpu, "tokens_per_s": j["tokens_per_s"], "step_s": t["step_s"],
                 "gemm_s": t["gemm_s"], "attention_s": t["attention_s"],
                 "memory_bound_s": t["memory_bound_s"], "optimizer_s": t["optimizer_s"]}
     except (OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
