@@ -449,6 +449,13 @@ for r in rows("loss_match.json"):
         print(f"loss match {r['recipe']:11s}: FAILED TO RUN {r.get('error')}")
 speed = rows("speed.json")
 print(f"{'impl':14s} {'seq':>5s} {'batch':>5s} {'ckpt':>5s} {'tok/s':>10s} {'MFU':>6s} attention")
+def impl_of(r):  # a speed row's name in the table: "torch", or "mx RECIPE[/a32][ VARIANT]"
+    impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
+    if r.get("activations") == "fp32":
+        impl += "/a32"
+    if r.get("variant"):
+        impl += " " + r["variant"]
+    return impl
 by = {}
 for r in speed:
     if "tokens_per_s" not in r:
@@ -460,11 +467,7 @@ for r in speed:
         continue
     ck = r.get("checkpointing", False)
     ck = ck if isinstance(ck, str) else ("full" if ck else "none")
-    impl = r["impl"] if r["impl"] != "mxtrain" else f"mx {r.get('recipe', 'bf16')}"
-    if r.get("activations") == "fp32":
-        impl += "/a32"
-    if r.get("variant"):
-        impl += " " + r["variant"]
+    impl = impl_of(r)
     native = {True: " (tensor cores)", False: " (EMULATED)"}.get(r.get("fp8_tensor_cores"), "")
     if r.get("fp8_native_linears"):  # the shape keeps some of a block's Linears emulated
         native = f" (tensor cores for {r['fp8_native_linears']} Linears, the others EMULATED)"
@@ -481,8 +484,7 @@ for r in speed:  # mxtrain plan's prediction for each run's config (docs/plan.md
     pl = r.get("plan")
     if not pl or "tokens_per_s" not in r:
         continue
-    impl = f"mx {r.get('recipe')}" + ("/a32" if r.get("activations") == "fp32" else "") + \
-        (" " + r["variant"] if r.get("variant") else "")
+    impl = impl_of(r)
     if "error" in pl:
         print(f"plan {impl:20s} seq {r['seq']}: {pl['error']}")
         continue

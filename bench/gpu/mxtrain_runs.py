@@ -352,6 +352,7 @@ def plan_prediction(binary, gpu, sets):
 
 def speed(args):
     deadline = time.time() + args.budget
+    gpu = plan_gpu()  # the planner's name for this GPU (none: no plan rows)
     for seq in args.seq:
         result = {"impl": "mxtrain", "seq": seq, "recipe": args.recipe,
                   "activations": args.activations or "default",
@@ -425,7 +426,6 @@ def speed(args):
                 prof = steps[-1].get("op_profile")
                 if prof:  # the steps after the first, as timed (--skip 1): the top ops
                     result["op_profile"] = dict(prof, ops=prof["ops"][:15])
-                gpu = plan_gpu()
                 if gpu:  # the planner's prediction for the same config, beside the measurement
                     result["plan"] = plan_prediction(args.bin, gpu, sets)
                 done = True
