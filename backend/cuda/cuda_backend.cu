@@ -1016,9 +1016,12 @@ class CudaBackendImpl final : public CudaBackend {
   // Both GEMMs of a Linear's backward. Where dy's two quantizations are one per-tensor
   // quantization (same format and scaling; fp8-delayed's two scales equal), dy's amax is taken
   // once and its codes written in both layouts from one read (fp8_codes_both); the amax goes to
-  // both operands' slots. The codes are the bytes the two separate calls write. Otherwise, or
-  // where `work` (the larger of the two calls' floats) cannot hold the four code buffers, the
-  // two calls. dy as codes (both operands' bf16) and dx16: as fp8_linear_dgrad's.
+  // both operands' slots. The codes are the bytes the two separate calls write. fp8-block
+  // (dy 1x128 and 128x1 on the block GEMMs, N and out multiples of 128) and mxfp8 (1x32 and
+  // 32x1 on Blackwell, N, in and out multiples of 32): dy read once for both
+  // (fp8_block_backward, mxfp8_backward). Otherwise, or where `work` (the larger of the two
+  // calls' floats) cannot hold the four code buffers, the two calls. dy as codes (both
+  // operands' bf16) and dx16: as fp8_linear_dgrad's.
   void fp8_linear_backward(float* dx, float* dw, const float* dy, const Fp8Operand& dyq_dgrad,
                            const float* w, const Fp8Operand& wq, const Fp8Operand& dyq_wgrad,
                            const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
@@ -1031,8 +1034,21 @@ class CudaBackendImpl final : public CudaBackend {
                       (dyq_dgrad.current || dyq_dgrad.scale == dyq_wgrad.scale);
     const int64_t have = 4 * std::max(N * out + out * in, N * out + N * in);
     const int64_t need = 2 * round_up_256(N * out) + round_up_256(out * in) + N * in;
-    if (!dx || !dw || !per_tensor(dyq_dgrad) || !per_tensor(dyq_wgrad) || !same ||
-        need > have) {
+    // fp8-block (the recipe's cut: dy 1x128 for the data gradient, 128x1 for the weight's)
+    auto blocks = [](const Fp8Operand& q, int br, int bc) {
+      return !q.mx && !q.nvfp4 && q.block_rows == br && q.block_cols == bc;
+    };
+    const bool block_path = blocks(dyq_dgrad, 1, 128) && blocks(dyq_wgrad, 128, 1) &&
+                            blocks(xq, 128, 1) && wq.block_rows > 0 && N % 128 == 0 &&
+                            out % 128 == 0 && (fp8_block_native_ || fp8_block_via_mx_);
+    // mxfp8 (Blackwell): dy 1x32 for the data gradient, 32x1 for the weight's; the two-step
+    // forms of the transposed operands take `tmp` after the four code buffers
+    const int64_t tmp_bytes = std::max({N * out, N * in, out * in});
+    const bool mx_path = dyq_dgrad.mx && dyq_wgrad.mx && xq.mx && wq.mx && mxfp8_native_ &&
+                         N % 32 == 0 && out % 32 == 0 && in % 32 == 0 &&
+                         need + round_up_256(N * in) - N * in + tmp_bytes <= have;
+    const bool tensor_path = per_tensor(dyq_dgrad) && per_tensor(dyq_wgrad) && same;
+    if (!dx || !dw || !(block_path || mx_path || tensor_path) || need > have) {
       return Backend::fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in,
                                           out, accumulate_dx, work, dx16);
     }
@@ -1042,6 +1058,11 @@ class CudaBackendImpl final : public CudaBackend {
                "fp8_linear_backward: bf16 codes of dx are written, not added");
     with_input(x, xq, "fp8_linear_backward", [&](const auto* xs) {
       with_grad(dy, dyq_dgrad, "fp8_linear_backward", [&](const auto* dys) {
+        if (block_path)
+          return fp8_block_backward(dx, dx16, dw, dys, dyq_dgrad, w, wq, dyq_wgrad, xs, xq, N,
+                                    in, out, accumulate_dx, work);
+        if (mx_path)
+          return mxfp8_backward(dx, dx16, dw, dys, w, xs, N, in, out, accumulate_dx, work);
         uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
         uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
         uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
@@ -1064,6 +1085,87 @@ class CudaBackendImpl final : public CudaBackend {
                         nullptr);
       });
     });
+  }
+
+  // fp8-block's backward with dy read once for both its operands (quantize_fp8_block_both:
+  // the bytes and scales of the two separate quantizations), then the two GEMMs as
+  // fp8_dgrad's and fp8_wgrad's (Hopper's block-scaled GEMM, or Blackwell's MXFP8 one with
+  // the scales as E8M0). N and out multiples of 128 (the recipe's tensor-core rule). `work`:
+  // the four code buffers, as the per-tensor path's.
+  template <class DY, class X>
+  void fp8_block_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy,
+                          const Fp8Operand& dyq_dgrad, const float* w, const Fp8Operand& wq,
+                          const Fp8Operand& dyq_wgrad, const X* x, const Fp8Operand& xq,
+                          int64_t N, int64_t in, int64_t out, bool accumulate_dx, float* work) {
+    uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
+    uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
+    uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
+    uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
+    float* raw_r = scratch_.alloc_f32(N * (out / 128));  // [N, out / 128]
+    float* raw_c = scratch_.alloc_f32(N / 128 * out);    // [N / 128, out]
+    cuda::quantize_fp8_block_both(dy, N, out, true, dyc, raw_r, dytc, raw_c, stream_);
+    const float beta = accumulate_dx ? 1.0f : 0.0f;
+    auto dgrad = [&](auto&& gemm) {
+      fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
+                 [&](float* C, uint16_t* C16, const float*) { return gemm(C, C16); });
+    };
+    if (fp8_block_via_mx_) {
+      uint8_t* s_r = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(N, out / 32));
+      uint8_t* s_c = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(out, N / 32));
+      cuda::fp8_block_scales_to_mx(raw_r, N, out, 1, 128, false, s_r, stream_);
+      cuda::fp8_block_scales_to_mx(raw_c, N, out, 128, 1, true, s_c, stream_);
+      launched("fp8_block_mx_operand");
+      const uint8_t* ws = fp8_block_mx_operand(wtc, nullptr, w, out, in, wq, true);
+      dgrad([&](float* C, uint16_t* C16) {
+        return mxfp8_gemm(N, in, out, dyc, s_r, wtc, ws, beta, C, C16);
+      });
+      const uint8_t* xs = fp8_block_mx_operand(xtc, nullptr, x, N, in, xq, true);
+      mxfp8_gemm(out, in, N, dytc, s_c, xtc, xs, 1.0f, dw);
+      return;
+    }
+    float* s_r = scratch_.alloc_f32(block_lt_scale_floats(N, out, dyq_dgrad, false));
+    float* s_c = scratch_.alloc_f32(block_lt_scale_floats(N, out, dyq_wgrad, true));
+    block_lt_scales(raw_r, N, out, dyq_dgrad, false, s_r);
+    block_lt_scales(raw_c, N, out, dyq_wgrad, true, s_c);
+    launched("fp8_block_operand");
+    const float* ws = fp8_block_operand(wtc, nullptr, w, out, in, wq, true);
+    dgrad([&](float* C, uint16_t* C16) {
+      return fp8_block_gemm(N, in, out, dyc, s_r, dyq_dgrad, wtc, ws, wq, beta, C, C16);
+    });
+    const float* xs = fp8_block_operand(xtc, nullptr, x, N, in, xq, true);
+    fp8_block_gemm(out, in, N, dytc, s_c, dyq_wgrad, xtc, xs, xq, 1.0f, dw);
+  }
+
+  // mxfp8's backward with dy read once for both its operands (quantize_mxfp8_both: the bytes
+  // and scales of mxfp8_operand's two quantizations), then the two MXFP8 GEMMs as fp8_dgrad's
+  // and fp8_wgrad's. N, in and out multiples of 32; `work` holds the four code buffers and the
+  // transposing quantizers' tmp.
+  template <class DY, class X>
+  void mxfp8_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy, const float* w,
+                      const X* x, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
+                      float* work) {
+    uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
+    uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
+    uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
+    uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
+    uint8_t* tmp = xtc + round_up_256(N * in);
+    uint8_t* raw_r = scratch_.alloc_as<uint8_t>(N * (out / 32));  // [N, out / 32]
+    uint8_t* raw_c = scratch_.alloc_as<uint8_t>(N / 32 * out);    // [N / 32, out]
+    cuda::quantize_mxfp8_both(dy, N, out, numerics::Format::kE4M3, numerics::MxScaleRule::kCeil,
+                              dyc, raw_r, tmp, dytc, raw_c, stream_);
+    uint8_t* s_r = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(N, out / 32));
+    uint8_t* s_c = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(out, N / 32));
+    cuda::swizzle_scales_u8(raw_r, false, N, out / 32, s_r, stream_);
+    cuda::swizzle_scales_u8(raw_c, true, out, N / 32, s_c, stream_);
+    launched("mxfp8_operand");
+    const uint8_t* ws = mxfp8_operand(wtc, tmp, w, out, in, true);
+    const float beta = accumulate_dx ? 1.0f : 0.0f;
+    fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
+               [&](float* C, uint16_t* C16, const float*) {
+                 return mxfp8_gemm(N, in, out, dyc, s_r, wtc, ws, beta, C, C16);
+               });
+    const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true);
+    mxfp8_gemm(out, in, N, dytc, s_c, xtc, xs, 1.0f, dw);
   }
 
   // f(x) or, given as codes, f(xq.bf16), in a scratch scope.
@@ -2588,11 +2690,7 @@ class CudaBackendImpl final : public CudaBackend {
                                  int64_t cols, const Fp8Operand& q, bool transposed) {
     const int64_t br = q.block_rows, bc = q.block_cols;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
-    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
-    auto round4 = [](int64_t v) { return (v + 3) / 4 * 4; };
-    const bool square = br > 1 && bc > 1;
-    // 128x128: [R/128, round4(K/128)], (rb, kb); 1x128 along K: [K/128, round4(R)], (kb, r)
-    const int64_t dst_floats = square ? R / 128 * round4(K / 128) : K / 128 * round4(R);
+    const int64_t dst_floats = block_lt_scale_floats(rows, cols, q, transposed);
     const Share s =
         share_operand(x, rows, cols, q, transposed, int64_t(sizeof(float)) * dst_floats);
     if (s == Share::kHit) return shared_hit<float>(codes, nullptr);  // no amax: blocks
@@ -2601,13 +2699,31 @@ class CudaBackendImpl final : public CudaBackend {
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
     fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw);
     float* dst = fill ? static_cast<float*>(shared_scales_) : scratch_.alloc_f32(dst_floats);
-    if (square)
-      cuda::relayout_f32(raw, sc, transposed, R / 128, K / 128, round4(K / 128), dst, stream_);
-    else  // raw is [R, K/128] or (x^T) [K/128, R]
-      cuda::relayout_f32(raw, sc, !transposed, K / 128, R, round4(R), dst, stream_);
+    block_lt_scales(raw, rows, cols, q, transposed, dst);
     launched("fp8_block_operand");
     if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
+  }
+  // The floats of an fp8-block operand's scales in cuBLASLt's layout (block_lt_scales).
+  static int64_t block_lt_scale_floats(int64_t rows, int64_t cols, const Fp8Operand& q,
+                                       bool transposed) {
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    auto round4 = [](int64_t v) { return (v + 3) / 4 * 4; };
+    // 128x128: [R/128, round4(K/128)], (rb, kb); 1x128 along K: [K/128, round4(R)], (kb, r)
+    return q.block_rows > 1 && q.block_cols > 1 ? R / 128 * round4(K / 128)
+                                                : K / 128 * round4(R);
+  }
+  // raw, x's [sr, sc] block scales as quantize_fp8_block writes them, into dst in the layout
+  // LtGemm::fp8_block_gemm reads for the operand x (or, transposed, x^T).
+  void block_lt_scales(const float* raw, int64_t rows, int64_t cols, const Fp8Operand& q,
+                       bool transposed, float* dst) {
+    const int64_t sc = (cols + q.block_cols - 1) / q.block_cols;
+    const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
+    auto round4 = [](int64_t v) { return (v + 3) / 4 * 4; };
+    if (q.block_rows > 1 && q.block_cols > 1)
+      cuda::relayout_f32(raw, sc, transposed, R / 128, K / 128, round4(K / 128), dst, stream_);
+    else  // raw is [R, K/128] or (x^T) [K/128, R]
+      cuda::relayout_f32(raw, sc, !transposed, K / 128, R, round4(R), dst, stream_);
   }
 
   // (C16: LtGemm's bf16 output; false where it has no algorithm for one, nothing written.)

@@ -488,7 +488,9 @@ struct ColArgs {
                            // [rows / 32, cols]
   const float* scale = nullptr;  // kTensor: the encode scale (device)
   float* amax = nullptr;         // kTensor: max |x| into it (zeroed by the launch), or null
-  uint8_t* codes = nullptr;      // kTensor: the row-major codes too, or null
+  uint8_t* codes = nullptr;      // kTensor, kMx32: the row-major codes too, or null (kMx32:
+                                 // in 1x32 blocks, as quantize_mxfp8's rowwise form)
+  uint8_t* row_scales = nullptr;  // kMx32 with codes: their E8M0 bytes [rows, ceil(cols / 32)]
 };
 constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
 template <class T, ColKind kKind>
@@ -569,6 +571,31 @@ __global__ void __launch_bounds__(256)
         }
       }
   }
+  if constexpr (kKind == ColKind::kMx32) {
+    if (args.codes) {  // MXFP8's 1x32 row blocks from the same loads: a block is 32 / E lanes
+      constexpr int kLanes = 32 / E;
+      const int64_t scale_cols = (cols + 31) / 32;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        float a = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) a = numerics::amax_fold(a, elem_of(v[k], e));
+        for (int o = 1; o < kLanes; o <<= 1) a = fmaxf(a, __shfl_xor_sync(kFull, a, o));
+        const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, args.elem, args.rule);
+        const int64_t row = r0 + 16 * w + k;
+        if (row >= rows || !col_in) continue;  // (after the shuffles: every lane takes part)
+        if (lane % kLanes == 0) args.row_scales[row * scale_cols + c / 32] = bs.code;
+        uint32_t q = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          q |= uint32_t(fp8_code(elem_of(v[k], e) * bs.encode_multiplier, args.elem)) << (8 * e);
+        if constexpr (E == 2)
+          *reinterpret_cast<uint16_t*>(args.codes + row * cols + c) = uint16_t(q);
+        else
+          args.codes[row * cols + c] = uint8_t(q);
+      }
+    }
+  }
   __syncthreads();
   // codes^T row (x column) c0 + E (t % 32) + t / 32 from tile row t, bytes r0 + 16 q .. + 15
   const int q = int(threadIdx.x % 8);
@@ -587,6 +614,34 @@ __global__ void __launch_bounds__(256)
     if (args.amax) block_amax_to(m_all, args.amax);
 }
 
+// One pass of a 32 x 8 thread block over its 128 x 128 tile of x [rows, cols] at rows r0..,
+// the thread's four columns from c (cols % 4 == 0: all in or all out): rows ty, ty + 8, ...,
+// ty + 120 of the tile in batches of four whose loads are issued together, then f(i, v) for
+// each (i: the row in the tile; v: its four elements, widened). Past the edges the elements
+// load as +0 (no change to an amax); kInside skips those rows and columns instead (f may then
+// not be a warp's collective).
+template <bool kInside, class T, class F>
+__device__ __forceinline__ void tile_pass(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                          int64_t r0, int64_t c, F&& f) {
+  constexpr int kBatch = 4;
+  const int ty = int(threadIdx.y);
+  const bool col_in = c < cols;
+  for (int k0 = 0; k0 < kQPer; k0 += kBatch) {
+    decltype(raw4(x, 0)) v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t r = r0 + ty + kQRows * (k0 + b);
+      v[b] = col_in && r < rows ? raw4(x, r * cols + c) : raw4_zero(x);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = ty + kQRows * (k0 + b);
+      if (kInside && (!col_in || r0 + i >= rows)) continue;
+      f(i, widen4(v[b]));
+    }
+  }
+}
+
 // 128x128 blocks (fp8-block's weights), codes row-major or written transposed (W^T for the
 // data gradient): a thread block of 32 x 8 threads per block, as fp8_tile_kernel, but reading
 // the block twice instead of holding it: the amax from a first pass, the codes from a second
@@ -603,24 +658,8 @@ __global__ void __launch_bounds__(256)
   const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
   const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
   const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
-  const bool col_in = c < cols;
-  constexpr int kBatch = 4;
-  using Raw = decltype(raw4(x, 0));
-  // rows ty + 8 (k0 + b) of the tile, b < kBatch: their loads issued together
-  auto load_batch = [&](int k0, Raw (&v)[kBatch]) {
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t r = r0 + ty + kQRows * (k0 + b);
-      v[b] = col_in && r < rows ? raw4(x, r * cols + c) : raw4_zero(x);
-    }
-  };
   float m = 0.0f;
-  for (int k0 = 0; k0 < kQPer; k0 += kBatch) {
-    Raw v[kBatch];
-    load_batch(k0, v);
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) m = amax_fold4(m, widen4(v[b]));
-  }
+  tile_pass<false>(x, rows, cols, r0, c, [&](int, float4 f) { m = amax_fold4(m, f); });
   m = warp_amax(m);
   if (tx == 0) part[ty] = m;
   __syncthreads();
@@ -628,29 +667,86 @@ __global__ void __launch_bounds__(256)
   for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y]);
   const float s = numerics::fp8_scale_from_amax(a, numerics::kE4M3Max, 0.0f, pow2);
   if (tx == 0 && ty == 0) scales[(r0 / kQTile) * tiles_c + c0 / kQTile] = 1.0f / s;
-  for (int k0 = 0; k0 < kQPer; k0 += kBatch) {  // the second read, the codes
-    Raw v[kBatch];
-    load_batch(k0, v);
+  tile_pass<true>(x, rows, cols, r0, c, [&](int i, float4 f) {  // the second read, the codes
+    const uint8_t q[4] = {fp8_code(f.x * s, Format::kE4M3), fp8_code(f.y * s, Format::kE4M3),
+                          fp8_code(f.z * s, Format::kE4M3), fp8_code(f.w * s, Format::kE4M3)};
+    if (kTransposed) {
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = ty + kQRows * (k0 + b);
-      if (!col_in || r0 + i >= rows) continue;
-      const float4 f = widen4(v[b]);
-      const uint8_t q[4] = {fp8_code(f.x * s, Format::kE4M3), fp8_code(f.y * s, Format::kE4M3),
-                            fp8_code(f.z * s, Format::kE4M3), fp8_code(f.w * s, Format::kE4M3)};
-      if (kTransposed) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) tile_t[4 * tx + j][i] = q[j];
-      } else {
-        *reinterpret_cast<uint32_t*>(codes + (r0 + i) * cols + c) =
-            uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
-      }
+      for (int j = 0; j < 4; ++j) tile_t[4 * tx + j][i] = q[j];
+    } else {
+      *reinterpret_cast<uint32_t*>(codes + (r0 + i) * cols + c) =
+          uint32_t(q[0]) | uint32_t(q[1]) << 8 | uint32_t(q[2]) << 16 | uint32_t(q[3]) << 24;
     }
-  }
+  });
   if (kTransposed) {
     __syncthreads();
     store_tile_t(&tile_t[0][0], codes, rows, cols, r0, c0, packed_t);
   }
+}
+
+// A gradient's two fp8-block operands from one read of it (quantize_fp8_block_both): 1x128
+// blocks with codes [rows, cols] (the data gradient's dy) and 128x1 blocks with codes_t
+// [cols, rows] (the weight gradient's dy^T). A 32 x 8 thread block per 128 x 128 tile, as
+// fp8_block_square_kernel, in its two passes: the first folds both amaxes from the same
+// loads, a row piece's across its warp (the warp's 32 x 4 columns are the 1x128 block) into
+// the thread's registers (sk: the 16 rows it holds), a column's over the thread's 16 rows and
+// then the 8 rows of threads through shared memory (sc: its 4 columns); the second reads the
+// tile again (from L2: 64 KB fp32) and writes each element twice, at its row's scale into codes
+// and at its column's into the shared tile that goes out transposed (store_tile_t). The rules
+// and the amaxes are fp8_block_kernel's, so the bytes are the two separate quantizations'.
+// Requires cols % 4 == 0 and x and codes aligned to their vectors.
+template <class T>
+__global__ void __launch_bounds__(256)
+    fp8_block_both_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
+                          bool pow2, uint8_t* __restrict__ codes, float* __restrict__ row_scales,
+                          uint8_t* __restrict__ codes_t, float* __restrict__ col_scales,
+                          bool packed_t) {
+  __shared__ float part[kQRows][kQTile];  // [ty][column]: the column amaxes of 16 rows
+  __shared__ float row_s[kQTile];                 // the tile rows' encode scales
+  __shared__ uint8_t tile_t[kQTile][kQTile + 1];  // [column][row], odd pitch
+  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
+  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
+  const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
+  const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
+  const bool col_in = c < cols;
+  auto scale_of = [&](float amax) {
+    return numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, 0.0f, pow2);
+  };
+  const int64_t scale_cols = tiles_c;  // 1x128 scales [rows, ceil(cols / 128)]
+  float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  tile_pass<false>(x, rows, cols, r0, c, [&](int i, float4 f) {  // every thread: warp_amax
+    m[0] = numerics::amax_fold(m[0], f.x);
+    m[1] = numerics::amax_fold(m[1], f.y);
+    m[2] = numerics::amax_fold(m[2], f.z);
+    m[3] = numerics::amax_fold(m[3], f.w);
+    const float sr = scale_of(warp_amax(amax_fold4(0.0f, f)));
+    if (tx == 0) {
+      row_s[i] = sr;
+      if (r0 + i < rows) row_scales[(r0 + i) * scale_cols + c0 / kQTile] = 1.0f / sr;
+    }
+  });
+  for (int j = 0; j < 4; ++j) part[ty][4 * tx + j] = m[j];
+  __syncthreads();
+  float sc[4];
+  for (int j = 0; j < 4; ++j) {
+    float a = 0.0f;
+    for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y][4 * tx + j]);
+    sc[j] = scale_of(a);
+    if (ty == 0 && col_in) col_scales[(r0 / kQTile) * cols + c + j] = 1.0f / sc[j];
+  }
+  tile_pass<true>(x, rows, cols, r0, c, [&](int i, float4 f) {  // the second read, the codes
+    const float e[4] = {f.x, f.y, f.z, f.w};
+    const float sr = row_s[i];
+    uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      packed |= uint32_t(fp8_code(e[j] * sr, Format::kE4M3)) << (8 * j);
+      tile_t[4 * tx + j][i] = fp8_code(e[j] * sc[j], Format::kE4M3);
+    }
+    *reinterpret_cast<uint32_t*>(codes + (r0 + i) * cols + c) = packed;
+  });
+  __syncthreads();
+  store_tile_t(&tile_t[0][0], codes_t, rows, cols, r0, c0, packed_t);
 }
 
 template <class T>
@@ -963,11 +1059,14 @@ void tuned_cast(const char* family, const char* const (&names)[N], int64_t rows,
     return launch(0);
   const std::string key =
       str(family, " ", elem_bytes == 2 ? "bf16" : "fp32", " ", rows, "x", cols, " #", flags);
+  int kept = -1;
   {
     std::lock_guard<std::mutex> lock(g_cast_mutex);
     const auto it = g_cast_picks.find(key);
-    if (it != g_cast_picks.end()) return launch(it->second);
+    if (it != g_cast_picks.end()) kept = it->second;
   }
+  // (outside the lock: a form may be casts of other families, tuned_cast again)
+  if (kept >= 0) return launch(kept);
   cudaEvent_t ev[2];
   for (cudaEvent_t& e : ev) MX_CUDA_CHECK(family, cudaEventCreate(&e));
   double t[n];
@@ -1496,6 +1595,50 @@ void quantize_fp8_block_t(const uint16_t* x, int64_t rows, int64_t cols, int blo
 
 namespace {
 template <class T>
+void quantize_fp8_block_both_of(const T* x, int64_t rows, int64_t cols, bool pow2_scales,
+                                uint8_t* codes, float* row_scales, uint8_t* codes_t,
+                                float* col_scales, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  const numerics::RoundingOptions ro;
+  auto separate = [&] {
+    quantize_fp8_block_of(x, rows, cols, 1, kQTile, pow2_scales, ro, codes, row_scales, nullptr,
+                          s);
+    quantize_fp8_block_of(x, rows, cols, kQTile, 1, pow2_scales, ro, codes_t, col_scales,
+                          nullptr, s, true);
+  };
+  // The fused kernel takes whole vectors (the tiled kernels' rule); else the two calls.
+  if (cols % 4 != 0 || !aligned(x, 4 * sizeof(T)) || !aligned(codes, 4)) return separate();
+  const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "fp8 quantizer: ", tiles, " tiles");
+  const bool packed_t = rows % 4 == 0 && aligned(codes_t, 4);
+  // One read of x (and one from L2) against two (each call's own forms tuned in its trial).
+  static constexpr const char* kForms[] = {"fused", "separate"};
+  tuned_cast("fp8_block_both", kForms, rows, cols, int(sizeof(T)), packed_t,
+             double(rows * cols) * (sizeof(T) + 2), s, [&](int k) {
+    if (k == 1) return separate();
+    fp8_block_both_kernel<T><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
+        x, rows, cols, tiles_c, pow2_scales, codes, row_scales, codes_t, col_scales, packed_t);
+  });
+  MX_CUDA_LAUNCH_CHECK("quantize_fp8_block_both");
+}
+}  // namespace
+
+void quantize_fp8_block_both(const float* x, int64_t rows, int64_t cols, bool pow2_scales,
+                             uint8_t* codes, float* row_scales, uint8_t* codes_t,
+                             float* col_scales, cudaStream_t s) {
+  quantize_fp8_block_both_of(x, rows, cols, pow2_scales, codes, row_scales, codes_t, col_scales,
+                             s);
+}
+
+void quantize_fp8_block_both(const uint16_t* x, int64_t rows, int64_t cols, bool pow2_scales,
+                             uint8_t* codes, float* row_scales, uint8_t* codes_t,
+                             float* col_scales, cudaStream_t s) {
+  quantize_fp8_block_both_of(x, rows, cols, pow2_scales, codes, row_scales, codes_t, col_scales,
+                             s);
+}
+
+namespace {
+template <class T>
 void quantize_mxfp8_of(const T* x, int64_t rows, int64_t cols, bool columnwise, Format elem,
                        numerics::MxScaleRule rule, const numerics::RoundingOptions& ro,
                        uint8_t* codes, uint8_t* scales_u8, float* dequant, cudaStream_t s) {
@@ -1576,6 +1719,51 @@ void quantize_mxfp8_t(const uint16_t* x, int64_t rows, int64_t cols, Format elem
                       numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
                       uint8_t* scales_u8, cudaStream_t s) {
   quantize_mxfp8_t_of(x, rows, cols, elem, rule, tmp, codes_t, scales_u8, s);
+}
+
+namespace {
+template <class T>
+void quantize_mxfp8_both_of(const T* x, int64_t rows, int64_t cols, Format elem,
+                            numerics::MxScaleRule rule, uint8_t* codes, uint8_t* row_scales,
+                            uint8_t* tmp, uint8_t* codes_t, uint8_t* col_scales, cudaStream_t s) {
+  check_fp8(elem, "quantize_mxfp8_both");
+  if (rows * cols == 0) return;
+  auto separate = [&] {
+    quantize_mxfp8_of(x, rows, cols, false, elem, rule, numerics::RoundingOptions{}, codes,
+                      row_scales, nullptr, s);
+    quantize_mxfp8_t_of(x, rows, cols, elem, rule, tmp, codes_t, col_scales, s);
+  };
+  constexpr int64_t E = 4 / int64_t(sizeof(T));
+  if (cols % E != 0 || !aligned(x, 4) || !aligned(codes, E)) return separate();
+  const bool vec_t = rows % 16 == 0 && aligned(codes_t, 16);  // (the key: the store path)
+  static constexpr const char* kForms[] = {"fused", "separate"};
+  tuned_cast("mxfp8_both", kForms, rows, cols, int(sizeof(T)), vec_t,
+             double(rows * cols) * (sizeof(T) + 2), s, [&](int k) {
+    if (k == 1) return separate();
+    ColArgs a;
+    a.elem = elem;
+    a.rule = rule;
+    a.scales = col_scales;
+    a.codes = codes;
+    a.row_scales = row_scales;
+    launch_col_t<ColKind::kMx32>(x, rows, cols, a, codes_t, s);
+  });
+  MX_CUDA_LAUNCH_CHECK("quantize_mxfp8_both");
+}
+}  // namespace
+
+void quantize_mxfp8_both(const float* x, int64_t rows, int64_t cols, Format elem,
+                         numerics::MxScaleRule rule, uint8_t* codes, uint8_t* row_scales,
+                         uint8_t* tmp, uint8_t* codes_t, uint8_t* col_scales, cudaStream_t s) {
+  quantize_mxfp8_both_of(x, rows, cols, elem, rule, codes, row_scales, tmp, codes_t, col_scales,
+                         s);
+}
+
+void quantize_mxfp8_both(const uint16_t* x, int64_t rows, int64_t cols, Format elem,
+                         numerics::MxScaleRule rule, uint8_t* codes, uint8_t* row_scales,
+                         uint8_t* tmp, uint8_t* codes_t, uint8_t* col_scales, cudaStream_t s) {
+  quantize_mxfp8_both_of(x, rows, cols, elem, rule, codes, row_scales, tmp, codes_t, col_scales,
+                         s);
 }
 
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,

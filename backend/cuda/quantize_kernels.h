@@ -49,6 +49,19 @@ void quantize_fp8_block_t(const uint16_t* x, int64_t rows, int64_t cols, int blo
                           int block_cols, bool pow2_scales, const numerics::RoundingOptions& ro,
                           uint8_t* codes_t, float* scales_f32, cudaStream_t s);
 
+// A gradient's two fp8-block operands from one read: the bytes and scales of
+// quantize_fp8_block(x, 1, 128) (codes [rows, cols], row_scales [rows, ceil(cols / 128)]) and of
+// quantize_fp8_block_t(x, 128, 1) (codes_t [cols, rows], col_scales [ceil(rows / 128), cols]),
+// E4M3, no stochastic rounding. A fused kernel where cols % 4 == 0 and x and codes are aligned
+// to their vectors, timed against the two calls by the cast tuner (family fp8_block_both); else
+// the two calls.
+void quantize_fp8_block_both(const float* x, int64_t rows, int64_t cols, bool pow2_scales,
+                             uint8_t* codes, float* row_scales, uint8_t* codes_t,
+                             float* col_scales, cudaStream_t s);
+void quantize_fp8_block_both(const uint16_t* x, int64_t rows, int64_t cols, bool pow2_scales,
+                             uint8_t* codes, float* row_scales, uint8_t* codes_t,
+                             float* col_scales, cudaStream_t s);
+
 // MXFP8: 1x32 (or 32x1 when columnwise) blocks, E8M0 scale bytes [ceil(rows/32), cols] when
 // columnwise, else [rows, ceil(cols/32)]. dequant may be null (the tensor-core path).
 void quantize_mxfp8(const float* x, int64_t rows, int64_t cols, bool columnwise,
@@ -70,6 +83,19 @@ void quantize_mxfp8_t(const float* x, int64_t rows, int64_t cols, numerics::Form
 void quantize_mxfp8_t(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format elem,
                       numerics::MxScaleRule rule, uint8_t* tmp, uint8_t* codes_t,
                       uint8_t* scales_u8, cudaStream_t s);
+
+// A gradient's two MXFP8 operands from one read: the bytes of quantize_mxfp8(x, rowwise)
+// (codes [rows, cols], row_scales [rows, ceil(cols / 32)]) and of quantize_mxfp8_t (codes_t
+// [cols, rows], col_scales [ceil(rows / 32), cols]). fp8_col_t_kernel's MX form writing the
+// rowwise codes too where cols % E == 0 (E: elements in 4 bytes of x) and x, codes are aligned,
+// timed against the two calls by the cast tuner (family mxfp8_both; tmp, rows x cols bytes,
+// for the second call's two-step form); else the two calls.
+void quantize_mxfp8_both(const float* x, int64_t rows, int64_t cols, numerics::Format elem,
+                         numerics::MxScaleRule rule, uint8_t* codes, uint8_t* row_scales,
+                         uint8_t* tmp, uint8_t* codes_t, uint8_t* col_scales, cudaStream_t s);
+void quantize_mxfp8_both(const uint16_t* x, int64_t rows, int64_t cols, numerics::Format elem,
+                         numerics::MxScaleRule rule, uint8_t* codes, uint8_t* row_scales,
+                         uint8_t* tmp, uint8_t* codes_t, uint8_t* col_scales, cudaStream_t s);
 
 // NVFP4: 1x16 (or 16x16) blocks, UE4M3 scale bytes, global_scale[0] = S_enc (device).
 // dequant may be null (codes and scales only: the tensor-core path).

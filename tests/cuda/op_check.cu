@@ -518,6 +518,40 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
     }
 }
 
+// A Linear's whole backward in one call (fp8_linear_backward; CUDA: dy read once for both of
+// its operands) against the CPU's two calls: dy in fp32 with dx accumulated, and dy as bf16
+// codes with dx as codes (dx16); x as codes in both. dg, wg: dy's operands for the data and
+// weight gradients; wq, xq: W's and x's.
+void check_backward_once(const std::string& op, const std::string& shape, Backend& cpu,
+                         CudaBackend& gpu, int64_t N, int64_t I, int64_t O,
+                         const std::vector<float>& dy, const Dev<float>& dDY,
+                         const std::vector<float>& w, const Dev<float>& dW, const Bf16Input& dyb,
+                         const Bf16Input& xb, const Backend::Fp8Operand& dg,
+                         const Backend::Fp8Operand& wq, const Backend::Fp8Operand& wg,
+                         const Backend::Fp8Operand& xq) {
+  Dev<float> gpu_work(size_t(N * I + O * I + N * O));
+  std::vector<float> cpu_work(size_t(N * I + O * I + N * O));
+  for (int codes = 0; codes < 2; ++codes)
+    run_case(op, shape + (codes ? " dy bf16 dx16" : " +="), [&](Result& r) {
+      auto dx = randn(N * I), dw = randn(O * I, 1e-3f);
+      std::vector<uint16_t> dx16(N * I);
+      Dev<float> dDX(dx), dDW(dw);
+      Dev<uint16_t> dDX16(N * I);
+      auto on = [&](const Backend::Fp8Operand& q, bool gpu_side) {
+        return codes ? (gpu_side ? dyb.on_gpu(q) : dyb.on_host(q)) : q;
+      };
+      cpu.fp8_linear_backward(dx.data(), dw.data(), codes ? nullptr : dy.data(), on(dg, false),
+                              w.data(), wq, on(wg, false), nullptr, xb.on_host(xq), N, I, O,
+                              !codes, cpu_work.data(), codes ? dx16.data() : nullptr);
+      gpu.fp8_linear_backward(dDX.p, dDW.p, codes ? nullptr : dDY.p, on(dg, true), dW.p, wq,
+                              on(wg, true), nullptr, xb.on_gpu(xq), N, I, O, !codes, gpu_work.p,
+                              codes ? dDX16.p : nullptr);
+      if (codes) compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 1, kBf16Ulp);
+      else compare_rows(r, "dx", dDX.download(), dx, I);
+      compare_rows(r, "dw", dDW.download(), dw, I);
+    });
+}
+
 // fp8-block: the same three Linears with 1x128 / 128x1 / 128x128 E4M3 blocks (the recipe's
 // shapes per operand) on tensor cores, against the CPU reference. Hopper (9.x): cuBLASLt's
 // VEC128 / BLK128x128 modes, so this is also the test of their assumed scale layouts
@@ -613,6 +647,10 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(blocks(128, 1)), nullptr, xb.on_gpu(blocks(128, 1)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
+    // both GEMMs in one call (CUDA: fp8_block_backward)
+    check_backward_once("fp8_block_linear_backward", shape, cpu, gpu, N, I, O, dy, dDY, w, dW,
+                        dyb, xb, blocks(1, 128), blocks(128, 128), blocks(128, 1),
+                        blocks(128, 1));
   }
 }
 
@@ -712,6 +750,9 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(mx(true)), nullptr, xb.on_gpu(mx(true)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
+    // both GEMMs in one call (CUDA: mxfp8_backward)
+    check_backward_once("mxfp8_linear_backward", shape, cpu, gpu, N, I, O, dy, dDY, w, dW, dyb,
+                        xb, mx(false), mx(true), mx(true), mx(true));
   }
 }
 
@@ -2978,10 +3019,12 @@ void write_json(const std::string& path, const std::string& device) {
 // The cast tuner's forms (cuda::force_cast_form: each family's form k, untimed), each against
 // the CPU's quantizers byte for byte: fp8-block's 1x128 row-major and 128x1 transposed
 // operands (the tiled kernel, fp8_block_row_kernel with 1 and 4 pieces a warp,
-// fp8_col_t_kernel), its 128x128 ones both ways (the tiled kernel, the two-pass
-// fp8_block_square_kernel), MXFP8's 1x32 operands (a warp a block, or fp8_block_row_kernel's
-// MX form) and 32x1 ones written transposed (the columnwise kernel and a byte transpose, or
-// fp8_col_t_kernel's MX form), and the per-tensor casts (1, 2, 4 vectors a thread; the
+// fp8_col_t_kernel), both of those from one read (fp8_block_both_kernel, or the two calls),
+// its 128x128 ones both ways (the tiled kernel, the two-pass fp8_block_square_kernel), MXFP8's
+// 1x32 operands (a warp a block, or fp8_block_row_kernel's MX form) and 32x1 ones written
+// transposed (the columnwise kernel and a byte transpose, or fp8_col_t_kernel's MX form), both
+// from one read (fp8_col_t_kernel's MX form with the rowwise codes, or the two calls), and the
+// per-tensor casts (1, 2, 4 vectors a thread; the
 // plain and the tiled transposing kernels), x in fp32 and as bf16 codes, outputs poisoned,
 // edges partial (rows not a multiple of 16 or 128, a last 1x128 block 4 wide). Then tuning
 // itself (MXTRAIN_CUDA_CAST_TUNE=all): a shape timed once, its bytes (and the amax slot, which
@@ -3055,6 +3098,20 @@ void check_cast_forms(CudaBackend& gpu) {
           expect_bytes(r, "codes_t", codes_t.download(), transpose(q.codes, R, C));
           expect_bytes(r, "scales", sc.download(), q.scales_u8);
         });
+        run_case(std::string("cast_form_mxfp8_both_") + (fmt == Format::kE4M3 ? "e4m3" : "e5m2"),
+                 name, [&](Result& r) {
+          const auto qr = numerics::quantize_mxfp8(xv.data(), R, C, false, fmt, rule);
+          const auto qc = numerics::quantize_mxfp8(xv.data(), R, C, true, fmt, rule);
+          Dev<uint8_t> tmp(R * C), codes(R * C), codes_t(R * C), sr(qr.scales_u8.size()),
+              sc(qc.scales_u8.size());
+          on([&](const auto* xp) {
+            cuda::quantize_mxfp8_both(xp, R, C, fmt, rule, codes.p, sr.p, tmp.p, codes_t.p, sc.p, s);
+          });
+          expect_bytes(r, "codes", codes.download(), qr.codes);
+          expect_bytes(r, "row scales", sr.download(), qr.scales_u8);
+          expect_bytes(r, "codes_t", codes_t.download(), transpose(qc.codes, R, C));
+          expect_bytes(r, "col scales", sc.download(), qc.scales_u8);
+        });
       }
       run_case("cast_form_fp8_block_128x1_t", name, [&](Result& r) {
         const auto q = numerics::quantize_fp8_block(xv.data(), R, C, 128, 1, true);
@@ -3065,6 +3122,20 @@ void check_cast_forms(CudaBackend& gpu) {
         });
         expect_bytes(r, "codes_t", codes_t.download(), transpose(q.codes, R, C));
         expect_floats(r, "scales", sc.download(), q.scales_f32);
+      });
+      // A gradient's two fp8-block operands from one read (the fused kernel, or the two calls)
+      run_case("cast_form_fp8_block_both", name, [&](Result& r) {
+        const auto qr = numerics::quantize_fp8_block(xv.data(), R, C, 1, 128, true);
+        const auto qc = numerics::quantize_fp8_block(xv.data(), R, C, 128, 1, true);
+        Dev<uint8_t> codes(R * C), codes_t(R * C);
+        Dev<float> sr(qr.scales_f32.size()), sc(qc.scales_f32.size());
+        on([&](const auto* xp) {
+          cuda::quantize_fp8_block_both(xp, R, C, true, codes.p, sr.p, codes_t.p, sc.p, s);
+        });
+        expect_bytes(r, "codes", codes.download(), qr.codes);
+        expect_floats(r, "row scales", sr.download(), qr.scales_f32);
+        expect_bytes(r, "codes_t", codes_t.download(), transpose(qc.codes, R, C));
+        expect_floats(r, "col scales", sc.download(), qc.scales_f32);
       });
       for (int layout = 0; layout < 3; ++layout)  // row-major, transposed, both
         run_case(std::string("cast_form_fp8_codes") + (layout == 1 ? "_t" : layout == 2 ? "_both" : ""),
@@ -3090,7 +3161,7 @@ void check_cast_forms(CudaBackend& gpu) {
       for (int specials = 0; specials < 2; ++specials)
         if (!specials || sh[0] == 130)
           run_families("form " + std::to_string(form), sh[0], sh[1], specials, form);
-  // Tuning: every family's shape timed at its first call only (9 families x 2 element types),
+  // Tuning: every family's shape timed at its first call only (11 families x 2 element types),
   // the bytes right after the trials and again from the kept form.
   cuda::set_cast_tune(cuda::CastTune::kAll);
   const int before = cuda::cast_tune_stats().timed;
@@ -3101,7 +3172,7 @@ void check_cast_forms(CudaBackend& gpu) {
   cuda::set_cast_tune(cuda::CastTune::kLarge);
   // (MXTRAIN_FP8_CAST_UNROLL set pins the row-major per-tensor casts' form, and
   // MXTRAIN_FP8_TILED_CASTS the transposing ones': those are not timed.)
-  const int want = 18 - (std::getenv("MXTRAIN_FP8_CAST_UNROLL") ? 2 : 0) -
+  const int want = 22 - (std::getenv("MXTRAIN_FP8_CAST_UNROLL") ? 2 : 0) -
                    (std::getenv("MXTRAIN_FP8_TILED_CASTS") ? 4 : 0);
   run_case("cast_tune_count", "160x416", [&](Result& r) {
     r.pass = first == want && second == 0;

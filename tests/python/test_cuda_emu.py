@@ -137,10 +137,11 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
 def test_cast_forms_give_the_trainer_the_same_bits(tmp_path, recipe, sm, extra, forms):
     """The casts' kernel forms (docs/cuda.md, "Cast tuning") in the trainer: at the tiny shapes
     tuning keeps each cast's first form, so MXTRAIN_TEST_CAST_FORM forces the others (fp8-block:
-    form 1 the row-piece, column-block and two-pass kernels, form 2 four row pieces a warp and
-    the tiled kernels; fp8-delayed: form 1 two vectors a thread and the tiled transposing
+    form 1 the row-piece, column-block and two-pass kernels and dy's two quantizations as two
+    calls, form 2 four row pieces a warp, the tiled kernels and dy's fused kernel; fp8-delayed: form 1 two vectors a thread and the tiled transposing
     kernel, form 2 four vectors and the column-block transposing kernel; mxfp8 on sm_100: form
-    1 the row-piece kernel and the column kernel writing x^T's and dy^T's codes directly), with
+    1 the row-piece kernel, the column kernel writing x^T's and dy^T's codes directly and dy's
+    two quantizations as two calls; form 0 dy's in one kernel), with
     shared inputs, bf16 codes and amax slots as the trainer uses them. The forms write the same
     bytes, so every step's loss and gradient norm must equal the first form's run bit for bit
     (which test_cuda_trainer_matches_cpu compares with the CPU)."""

@@ -340,13 +340,15 @@ def test_table(dry_run):
     assert (f"seq {SEQ}: mxtrain bf16, tuned / untuned GEMMs = "
             f"{tps['mx bf16'] / tps['mx bf16 notune']:.3f}") in log
     # cast tuning: the untuned fp8-block row and its ratio; the FP8 runs' tuned casts summed up
-    # (each family's forms timed: fp8-block's 1x128 and 128x1 operands, fp8-delayed's
-    # per-tensor casts), the casts0 run's none (its variable reached the trainer)
+    # (each family's forms timed: fp8-block's 1x128 and 128x1 operands and dy's both at
+    # once, fp8-delayed's per-tensor casts), the casts0 run's none (its variable reached the
+    # trainer)
     assert re.search(rf"^mx fp8-block casts0\s+{SEQ}\s+2\s+none\s+\d+\s+[\d.]+% fp32 ",
                      log, re.M)
     assert (f"seq {SEQ}: mxtrain fp8-block, tuned / untuned casts = "
             f"{tps['mx fp8-block'] / tps['mx fp8-block casts0']:.3f}") in log
-    for recipe, families in (("fp8-block", ("fp8_block_1x128", "fp8_block_128x1_t")),
+    for recipe, families in (("fp8-block", ("fp8_block_1x128", "fp8_block_128x1_t",
+                                            "fp8_block_both")),
                              ("fp8-delayed", ("fp8_codes", "fp8_codes_both"))):
         m = re.search(rf"^cast tune \(mx {recipe}\): (\d+) shapes timed$", log, re.M)
         assert m and int(m[1]) > 0, log[-3000:]
