@@ -479,7 +479,9 @@ __global__ void __launch_bounds__(256)
 // threads to each 128-byte row piece of codes^T (`vec_t`: rows % 16 == 0 and codes_t 16-byte
 // aligned; else byte by byte). Elements past the edges load as +0 and are not stored.
 // Requires cols % E == 0 and x aligned to 4 bytes (and the row-major codes to E bytes).
-enum class ColKind { kBlock128, kMx32, kTensor };
+// kMx32Rows: kMx32 plus the rowwise 1x32 codes (a kind of its own: the row path doubles the
+// bf16 form's registers, which the plain transposed operand should not pay).
+enum class ColKind { kBlock128, kMx32, kMx32Rows, kTensor };
 struct ColArgs {
   bool pow2 = false;                                          // kBlock128: power-of-two scales
   Format elem = Format::kE4M3;                                // kMx32, kTensor: the codes' format
@@ -488,9 +490,9 @@ struct ColArgs {
                            // [rows / 32, cols]
   const float* scale = nullptr;  // kTensor: the encode scale (device)
   float* amax = nullptr;         // kTensor: max |x| into it (zeroed by the launch), or null
-  uint8_t* codes = nullptr;      // kTensor, kMx32: the row-major codes too, or null (kMx32:
-                                 // in 1x32 blocks, as quantize_mxfp8's rowwise form)
-  uint8_t* row_scales = nullptr;  // kMx32 with codes: their E8M0 bytes [rows, ceil(cols / 32)]
+  uint8_t* codes = nullptr;      // kTensor: the row-major codes too, or null; kMx32Rows: the
+                                 // rowwise 1x32 codes (as quantize_mxfp8's rowwise form)
+  uint8_t* row_scales = nullptr;  // kMx32Rows: their E8M0 bytes [rows, ceil(cols / 32)]
 };
 constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
 template <class T, ColKind kKind>
@@ -526,7 +528,8 @@ __global__ void __launch_bounds__(256)
     else part[w][e * 32 + lane] = m;
   }
   if constexpr (kKind != ColKind::kTensor) __syncthreads();
-  constexpr int kWarpsABlock = kKind == ColKind::kMx32 ? 2 : 8;  // 32 or 128 rows
+  constexpr bool kMx = kKind == ColKind::kMx32 || kKind == ColKind::kMx32Rows;
+  constexpr int kWarpsABlock = kMx ? 2 : 8;  // 32 or 128 rows
   const int w0 = w / kWarpsABlock * kWarpsABlock;
   const Format fmt = kKind == ColKind::kBlock128 ? Format::kE4M3 : args.elem;
   uint32_t qs[E][4];
@@ -538,7 +541,7 @@ __global__ void __launch_bounds__(256)
     } else {
       float a = 0.0f;
       for (int y = w0; y < w0 + kWarpsABlock; ++y) a = fmaxf(a, part[y][e * 32 + lane]);
-      if constexpr (kKind == ColKind::kMx32) {
+      if constexpr (kMx) {
         const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, args.elem, args.rule);
         s = bs.encode_multiplier;
         if (w == w0 && col_in && r0 + 16 * w < rows)
@@ -571,29 +574,28 @@ __global__ void __launch_bounds__(256)
         }
       }
   }
-  if constexpr (kKind == ColKind::kMx32) {
-    if (args.codes) {  // MXFP8's 1x32 row blocks from the same loads: a block is 32 / E lanes
-      constexpr int kLanes = 32 / E;
-      const int64_t scale_cols = (cols + 31) / 32;
+  if constexpr (kKind == ColKind::kMx32Rows) {  // MXFP8's 1x32 row blocks from the same
+    // loads: a block is 32 / E lanes
+    constexpr int kLanes = 32 / E;
+    const int64_t scale_cols = (cols + 31) / 32;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        float a = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      float a = 0.0f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) a = numerics::amax_fold(a, elem_of(v[k], e));
-        for (int o = 1; o < kLanes; o <<= 1) a = fmaxf(a, __shfl_xor_sync(kFull, a, o));
-        const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, args.elem, args.rule);
-        const int64_t row = r0 + 16 * w + k;
-        if (row >= rows || !col_in) continue;  // (after the shuffles: every lane takes part)
-        if (lane % kLanes == 0) args.row_scales[row * scale_cols + c / 32] = bs.code;
-        uint32_t q = 0;
+      for (int e = 0; e < E; ++e) a = numerics::amax_fold(a, elem_of(v[k], e));
+      for (int o = 1; o < kLanes; o <<= 1) a = fmaxf(a, __shfl_xor_sync(kFull, a, o));
+      const numerics::Mxfp8BlockScale bs = numerics::mxfp8_block_scale(a, args.elem, args.rule);
+      const int64_t row = r0 + 16 * w + k;
+      if (row >= rows || !col_in) continue;  // (after the shuffles: every lane takes part)
+      if (lane % kLanes == 0) args.row_scales[row * scale_cols + c / 32] = bs.code;
+      uint32_t q = 0;
 #pragma unroll
-        for (int e = 0; e < E; ++e)
-          q |= uint32_t(fp8_code(elem_of(v[k], e) * bs.encode_multiplier, args.elem)) << (8 * e);
-        if constexpr (E == 2)
-          *reinterpret_cast<uint16_t*>(args.codes + row * cols + c) = uint16_t(q);
-        else
-          args.codes[row * cols + c] = uint8_t(q);
-      }
+      for (int e = 0; e < E; ++e)
+        q |= uint32_t(fp8_code(elem_of(v[k], e) * bs.encode_multiplier, args.elem)) << (8 * e);
+      if constexpr (E == 2)
+        *reinterpret_cast<uint16_t*>(args.codes + row * cols + c) = uint16_t(q);
+      else
+        args.codes[row * cols + c] = uint8_t(q);
     }
   }
   __syncthreads();
@@ -1746,7 +1748,7 @@ void quantize_mxfp8_both_of(const T* x, int64_t rows, int64_t cols, Format elem,
     a.scales = col_scales;
     a.codes = codes;
     a.row_scales = row_scales;
-    launch_col_t<ColKind::kMx32>(x, rows, cols, a, codes_t, s);
+    launch_col_t<ColKind::kMx32Rows>(x, rows, cols, a, codes_t, s);
   });
   MX_CUDA_LAUNCH_CHECK("quantize_mxfp8_both");
 }
