@@ -690,9 +690,9 @@ __global__ void __launch_bounds__(256)
 // blocks with codes [rows, cols] (the data gradient's dy) and 128x1 blocks with codes_t
 // [cols, rows] (the weight gradient's dy^T). A 32 x 8 thread block per 128 x 128 tile, as
 // fp8_block_square_kernel, in its two passes: the first folds both amaxes from the same
-// loads, a row piece's across its warp (the warp's 32 x 4 columns are the 1x128 block) into
-// the thread's registers (sk: the 16 rows it holds), a column's over the thread's 16 rows and
-// then the 8 rows of threads through shared memory (sc: its 4 columns); the second reads the
+// loads, a row piece's across its warp (the warp's 32 x 4 columns are the 1x128 block; its
+// encode scale into shared memory, row_s), a column's over the thread's 16 rows and then the
+// 8 rows of threads through shared memory (sc: the thread's 4 columns); the second reads the
 // tile again (from L2: 64 KB fp32) and writes each element twice, at its row's scale into codes
 // and at its column's into the shared tile that goes out transposed (store_tile_t). The rules
 // and the amaxes are fp8_block_kernel's, so the bytes are the two separate quantizations'.
