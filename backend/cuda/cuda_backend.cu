@@ -1013,6 +1013,30 @@ class CudaBackendImpl final : public CudaBackend {
     });
   }
 
+  // A Linear backward's four FP8 code buffers in `work`, each from a 256-byte boundary, then
+  // the transposing quantizers' tmp (mxfp8's path). codes_end: the bytes the four take;
+  // tmp_begin: where tmp starts. Not const: an operand call may point a buffer at the shared
+  // input's kept codes instead (fp8_operand).
+  struct BackwardCodes {
+    uint8_t* dyc;   // dy [N, out]: dgrad's K = out
+    uint8_t* dytc;  // dy^T [out, N]: wgrad's K = N
+    uint8_t* wtc;   // W^T [in, out]
+    uint8_t* xtc;   // x^T [in, N]
+    uint8_t* tmp;
+    BackwardCodes(float* work, int64_t N, int64_t in, int64_t out)
+        : dyc(reinterpret_cast<uint8_t*>(work)),
+          dytc(dyc + round_up_256(N * out)),
+          wtc(dytc + round_up_256(N * out)),
+          xtc(wtc + round_up_256(out * in)),
+          tmp(xtc + round_up_256(N * in)) {}
+    static int64_t codes_end(int64_t N, int64_t in, int64_t out) {
+      return 2 * round_up_256(N * out) + round_up_256(out * in) + N * in;
+    }
+    static int64_t tmp_begin(int64_t N, int64_t in, int64_t out) {
+      return codes_end(N, in, out) - N * in + round_up_256(N * in);
+    }
+  };
+
   // Both GEMMs of a Linear's backward. Where dy's two quantizations are one per-tensor
   // quantization (same format and scaling; fp8-delayed's two scales equal), dy's amax is taken
   // once and its codes written in both layouts from one read (fp8_codes_both); the amax goes to
@@ -1033,7 +1057,7 @@ class CudaBackendImpl final : public CudaBackend {
     const bool same = dyq_dgrad.fmt == dyq_wgrad.fmt && dyq_dgrad.current == dyq_wgrad.current &&
                       (dyq_dgrad.current || dyq_dgrad.scale == dyq_wgrad.scale);
     const int64_t have = 4 * std::max(N * out + out * in, N * out + N * in);
-    const int64_t need = 2 * round_up_256(N * out) + round_up_256(out * in) + N * in;
+    const int64_t need = BackwardCodes::codes_end(N, in, out);
     // fp8-block (the recipe's cut: dy 1x128 for the data gradient, 128x1 for the weight's)
     auto blocks = [](const Fp8Operand& q, int br, int bc) {
       return !q.mx && !q.nvfp4 && q.block_rows == br && q.block_cols == bc;
@@ -1046,7 +1070,7 @@ class CudaBackendImpl final : public CudaBackend {
     const int64_t tmp_bytes = std::max({N * out, N * in, out * in});
     const bool mx_path = dyq_dgrad.mx && dyq_wgrad.mx && xq.mx && wq.mx && mxfp8_native_ &&
                          N % 32 == 0 && out % 32 == 0 && in % 32 == 0 &&
-                         need + round_up_256(N * in) - N * in + tmp_bytes <= have;
+                         BackwardCodes::tmp_begin(N, in, out) + tmp_bytes <= have;
     const bool tensor_path = per_tensor(dyq_dgrad) && per_tensor(dyq_wgrad) && same;
     if (!dx || !dw || !(block_path || mx_path || tensor_path) || need > have) {
       return Backend::fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in,
@@ -1063,25 +1087,22 @@ class CudaBackendImpl final : public CudaBackend {
                                     in, out, accumulate_dx, work);
         if (mx_path)
           return mxfp8_backward(dx, dx16, dw, dys, w, xs, N, in, out, accumulate_dx, work);
-        uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
-        uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
-        uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
-        uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
+        BackwardCodes b(work, N, in, out);
         Fp8Operand dyq = dyq_dgrad;  // dy's amax goes to the wgrad operand's slot too
         if (!dyq.amax) dyq.amax = dyq_wgrad.amax;
-        const float* scale_inv = fp8_operand(dytc, dys, N, out, dyq, true, dyc);
+        const float* scale_inv = fp8_operand(b.dytc, dys, N, out, dyq, true, b.dyc);
         if (dyq_wgrad.amax && dyq_wgrad.amax != dyq.amax)
           MX_CUDA_CHECK("fp8_linear_backward", cudaMemcpyAsync(dyq_wgrad.amax, dyq.amax,
                                                                sizeof(float),
                                                                cudaMemcpyDeviceToDevice, stream_));
-        const float* ws = fp8_operand(wtc, w, out, in, wq, true);
+        const float* ws = fp8_operand(b.wtc, w, out, in, wq, true);
         fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
                    [&](float* C, uint16_t* C16, const float*) {
-                     return tensor_fp8_gemm(N, in, out, dyc, dyq_dgrad.fmt, scale_inv, wtc,
+                     return tensor_fp8_gemm(N, in, out, b.dyc, dyq_dgrad.fmt, scale_inv, b.wtc,
                                             wq.fmt, ws, accumulate_dx ? 1.0f : 0.0f, C, C16);
                    });
-        const float* xsc = fp8_operand(xtc, xs, N, in, xq, true);
-        tensor_fp8_gemm(out, in, N, dytc, dyq_dgrad.fmt, scale_inv, xtc, xq.fmt, xsc, 1.0f, dw,
+        const float* xsc = fp8_operand(b.xtc, xs, N, in, xq, true);
+        tensor_fp8_gemm(out, in, N, b.dytc, dyq_dgrad.fmt, scale_inv, b.xtc, xq.fmt, xsc, 1.0f, dw,
                         nullptr);
       });
     });
@@ -1091,19 +1112,16 @@ class CudaBackendImpl final : public CudaBackend {
   // the bytes and scales of the two separate quantizations), then the two GEMMs as
   // fp8_dgrad's and fp8_wgrad's (Hopper's block-scaled GEMM, or Blackwell's MXFP8 one with
   // the scales as E8M0). N and out multiples of 128 (the recipe's tensor-core rule). `work`:
-  // the four code buffers, as the per-tensor path's.
+  // BackwardCodes' four buffers.
   template <class DY, class X>
   void fp8_block_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy,
                           const Fp8Operand& dyq_dgrad, const float* w, const Fp8Operand& wq,
                           const Fp8Operand& dyq_wgrad, const X* x, const Fp8Operand& xq,
                           int64_t N, int64_t in, int64_t out, bool accumulate_dx, float* work) {
-    uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
-    uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
-    uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
-    uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
+    BackwardCodes b(work, N, in, out);
     float* raw_r = scratch_.alloc_f32(N * (out / 128));  // [N, out / 128]
     float* raw_c = scratch_.alloc_f32(N / 128 * out);    // [N / 128, out]
-    cuda::quantize_fp8_block_both(dy, N, out, true, dyc, raw_r, dytc, raw_c, stream_);
+    cuda::quantize_fp8_block_both(dy, N, out, true, b.dyc, raw_r, b.dytc, raw_c, stream_);
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     auto dgrad = [&](auto&& gemm) {
       fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
@@ -1115,12 +1133,12 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::fp8_block_scales_to_mx(raw_r, N, out, 1, 128, false, s_r, stream_);
       cuda::fp8_block_scales_to_mx(raw_c, N, out, 128, 1, true, s_c, stream_);
       launched("fp8_block_mx_operand");
-      const uint8_t* ws = fp8_block_mx_operand(wtc, nullptr, w, out, in, wq, true);
+      const uint8_t* ws = fp8_block_mx_operand(b.wtc, nullptr, w, out, in, wq, true);
       dgrad([&](float* C, uint16_t* C16) {
-        return mxfp8_gemm(N, in, out, dyc, s_r, wtc, ws, beta, C, C16);
+        return mxfp8_gemm(N, in, out, b.dyc, s_r, b.wtc, ws, beta, C, C16);
       });
-      const uint8_t* xs = fp8_block_mx_operand(xtc, nullptr, x, N, in, xq, true);
-      mxfp8_gemm(out, in, N, dytc, s_c, xtc, xs, 1.0f, dw);
+      const uint8_t* xs = fp8_block_mx_operand(b.xtc, nullptr, x, N, in, xq, true);
+      mxfp8_gemm(out, in, N, b.dytc, s_c, b.xtc, xs, 1.0f, dw);
       return;
     }
     float* s_r = scratch_.alloc_f32(block_lt_scale_floats(N, out, dyq_dgrad, false));
@@ -1128,44 +1146,40 @@ class CudaBackendImpl final : public CudaBackend {
     block_lt_scales(raw_r, N, out, dyq_dgrad, false, s_r);
     block_lt_scales(raw_c, N, out, dyq_wgrad, true, s_c);
     launched("fp8_block_operand");
-    const float* ws = fp8_block_operand(wtc, nullptr, w, out, in, wq, true);
+    const float* ws = fp8_block_operand(b.wtc, nullptr, w, out, in, wq, true);
     dgrad([&](float* C, uint16_t* C16) {
-      return fp8_block_gemm(N, in, out, dyc, s_r, dyq_dgrad, wtc, ws, wq, beta, C, C16);
+      return fp8_block_gemm(N, in, out, b.dyc, s_r, dyq_dgrad, b.wtc, ws, wq, beta, C, C16);
     });
-    const float* xs = fp8_block_operand(xtc, nullptr, x, N, in, xq, true);
-    fp8_block_gemm(out, in, N, dytc, s_c, dyq_wgrad, xtc, xs, xq, 1.0f, dw);
+    const float* xs = fp8_block_operand(b.xtc, nullptr, x, N, in, xq, true);
+    fp8_block_gemm(out, in, N, b.dytc, s_c, dyq_wgrad, b.xtc, xs, xq, 1.0f, dw);
   }
 
   // mxfp8's backward with dy read once for both its operands (quantize_mxfp8_both: the bytes
   // and scales of mxfp8_operand's two quantizations), then the two MXFP8 GEMMs as fp8_dgrad's
-  // and fp8_wgrad's. N, in and out multiples of 32; `work` holds the four code buffers and the
-  // transposing quantizers' tmp.
+  // and fp8_wgrad's. N, in and out multiples of 32; `work` holds BackwardCodes' four buffers
+  // and tmp.
   template <class DY, class X>
   void mxfp8_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy, const float* w,
                       const X* x, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
                       float* work) {
-    uint8_t* dyc = reinterpret_cast<uint8_t*>(work);  // dy [N, out]: dgrad's K = out
-    uint8_t* dytc = dyc + round_up_256(N * out);       // dy^T [out, N]: wgrad's K = N
-    uint8_t* wtc = dytc + round_up_256(N * out);       // W^T [in, out]
-    uint8_t* xtc = wtc + round_up_256(out * in);       // x^T [in, N]
-    uint8_t* tmp = xtc + round_up_256(N * in);
+    BackwardCodes b(work, N, in, out);
     uint8_t* raw_r = scratch_.alloc_as<uint8_t>(N * (out / 32));  // [N, out / 32]
     uint8_t* raw_c = scratch_.alloc_as<uint8_t>(N / 32 * out);    // [N / 32, out]
     cuda::quantize_mxfp8_both(dy, N, out, numerics::Format::kE4M3, numerics::MxScaleRule::kCeil,
-                              dyc, raw_r, tmp, dytc, raw_c, stream_);
+                              b.dyc, raw_r, b.tmp, b.dytc, raw_c, stream_);
     uint8_t* s_r = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(N, out / 32));
     uint8_t* s_c = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(out, N / 32));
     cuda::swizzle_scales_u8(raw_r, false, N, out / 32, s_r, stream_);
     cuda::swizzle_scales_u8(raw_c, true, out, N / 32, s_c, stream_);
     launched("mxfp8_operand");
-    const uint8_t* ws = mxfp8_operand(wtc, tmp, w, out, in, true);
+    const uint8_t* ws = mxfp8_operand(b.wtc, b.tmp, w, out, in, true);
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
                [&](float* C, uint16_t* C16, const float*) {
-                 return mxfp8_gemm(N, in, out, dyc, s_r, wtc, ws, beta, C, C16);
+                 return mxfp8_gemm(N, in, out, b.dyc, s_r, b.wtc, ws, beta, C, C16);
                });
-    const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true);
-    mxfp8_gemm(out, in, N, dytc, s_c, xtc, xs, 1.0f, dw);
+    const uint8_t* xs = mxfp8_operand(b.xtc, b.tmp, x, N, in, true);
+    mxfp8_gemm(out, in, N, b.dytc, s_c, b.xtc, xs, 1.0f, dw);
   }
 
   // f(x) or, given as codes, f(xq.bf16), in a scratch scope.
