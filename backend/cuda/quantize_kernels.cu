@@ -281,6 +281,40 @@ __global__ void fp8_block_kernel(const T* __restrict__ x, int64_t rows, int64_t 
 // needs no alignment).
 enum class TileKind { kTensor, kRow, kCol, kSquare };
 constexpr int kQTile = 128, kQRows = 8, kQPer = kQTile / kQRows;  // 16 rows a thread
+// A 32 x 8 thread block's 128 x 128 tile of x [rows, cols] (tiles_c tiles across; tile
+// blockIdx.x) and the thread's place in it: columns c .. c + 3 (cols % 4 == 0: the four are all
+// in or all out), rows ty, ty + 8, ..., ty + 120.
+struct TileAt {
+  int tx, ty;
+  int64_t r0, c0, c;
+  __device__ explicit TileAt(int64_t tiles_c)
+      : tx(int(threadIdx.x)),
+        ty(int(threadIdx.y)),
+        r0(int64_t(blockIdx.x / tiles_c) * kQTile),
+        c0(int64_t(blockIdx.x % tiles_c) * kQTile),
+        c(c0 + 4 * tx) {}
+};
+// m[j] folded with column j of f (a thread's four columns' amaxes over its rows).
+__device__ __forceinline__ void amax_fold_cols(float (&m)[4], float4 f) {
+  m[0] = numerics::amax_fold(m[0], f.x);
+  m[1] = numerics::amax_fold(m[1], f.y);
+  m[2] = numerics::amax_fold(m[2], f.z);
+  m[3] = numerics::amax_fold(m[3], f.w);
+}
+// f(j, amax) for each of the thread's four columns j over the whole tile: m (the amaxes over
+// the thread's rows) through part [ty][column] across the 8 rows of threads. A barrier: every
+// thread calls.
+template <class F>
+__device__ __forceinline__ void tile_col_amax(float (*part)[kQTile], const TileAt& t,
+                                              const float (&m)[4], F&& f) {
+  for (int j = 0; j < 4; ++j) part[t.ty][4 * t.tx + j] = m[j];
+  __syncthreads();
+  for (int j = 0; j < 4; ++j) {
+    float a = 0.0f;
+    for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y][4 * t.tx + j]);
+    f(j, a);
+  }
+}
 // A 128 x 128 tile's codes out of shared memory, tile [column][row] with an odd pitch
 // (kQTile + 1), into codes_t [cols, rows] by a 32 x 8 thread block: codes^T row c0 + j (x's
 // column), bytes r0 + 4 tx .. + 3 (x's rows) from thread (tx, ty), one 4-byte store where
@@ -313,10 +347,9 @@ __global__ void __launch_bounds__(256)
   constexpr bool kBlocks = kKind == TileKind::kCol || kKind == TileKind::kSquare;
   __shared__ float part[kBlocks ? kQRows : 1][kQTile];  // 128x1: [ty][column]; 128x128: [0][ty]
   __shared__ uint8_t tile_t[kTransposed ? kQTile : 1][kQTile + 1];  // [column][row], odd pitch
-  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
-  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
-  const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
-  const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
+  const TileAt t(tiles_c);
+  const int tx = t.tx, ty = t.ty;
+  const int64_t r0 = t.r0, c0 = t.c0, c = t.c;
   const bool col_in = c < cols;
   decltype(raw4(x, 0)) v[kQPer];
 #pragma unroll
@@ -350,21 +383,11 @@ __global__ void __launch_bounds__(256)
   } else if (kKind == TileKind::kCol) {
     float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < kQPer; ++k) {
-      const float4 f = widen4(v[k]);
-      m[0] = numerics::amax_fold(m[0], f.x);
-      m[1] = numerics::amax_fold(m[1], f.y);
-      m[2] = numerics::amax_fold(m[2], f.z);
-      m[3] = numerics::amax_fold(m[3], f.w);
-    }
-    for (int j = 0; j < 4; ++j) part[ty][4 * tx + j] = m[j];
-    __syncthreads();
-    for (int j = 0; j < 4; ++j) {
-      float a = 0.0f;
-      for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y][4 * tx + j]);
+    for (int k = 0; k < kQPer; ++k) amax_fold_cols(m, widen4(v[k]));
+    tile_col_amax(part, t, m, [&](int j, float a) {
       sc[j] = scale_of(a);
       if (ty == 0 && col_in) scales[(r0 / kQTile) * scale_cols + c + j] = 1.0f / sc[j];
-    }
+    });
   } else {
     float m = 0.0f;
 #pragma unroll
@@ -656,10 +679,9 @@ __global__ void __launch_bounds__(256)
                             bool packed_t) {
   __shared__ float part[kQRows];
   __shared__ uint8_t tile_t[kTransposed ? kQTile : 1][kQTile + 1];  // [column][row], odd pitch
-  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
-  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
-  const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
-  const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
+  const TileAt t(tiles_c);
+  const int tx = t.tx, ty = t.ty;
+  const int64_t r0 = t.r0, c0 = t.c0, c = t.c;
   float m = 0.0f;
   tile_pass<false>(x, rows, cols, r0, c, [&](int, float4 f) { m = amax_fold4(m, f); });
   m = warp_amax(m);
@@ -706,10 +728,9 @@ __global__ void __launch_bounds__(256)
   __shared__ float part[kQRows][kQTile];  // [ty][column]: the column amaxes of 16 rows
   __shared__ float row_s[kQTile];                 // the tile rows' encode scales
   __shared__ uint8_t tile_t[kQTile][kQTile + 1];  // [column][row], odd pitch
-  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
-  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
-  const int64_t c0 = int64_t(blockIdx.x % tiles_c) * kQTile;
-  const int64_t c = c0 + 4 * tx;  // cols % 4 == 0: the four columns are all in or all out
+  const TileAt t(tiles_c);
+  const int tx = t.tx, ty = t.ty;
+  const int64_t r0 = t.r0, c0 = t.c0, c = t.c;
   const bool col_in = c < cols;
   auto scale_of = [&](float amax) {
     return numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, 0.0f, pow2);
@@ -717,25 +738,18 @@ __global__ void __launch_bounds__(256)
   const int64_t scale_cols = tiles_c;  // 1x128 scales [rows, ceil(cols / 128)]
   float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   tile_pass<false>(x, rows, cols, r0, c, [&](int i, float4 f) {  // every thread: warp_amax
-    m[0] = numerics::amax_fold(m[0], f.x);
-    m[1] = numerics::amax_fold(m[1], f.y);
-    m[2] = numerics::amax_fold(m[2], f.z);
-    m[3] = numerics::amax_fold(m[3], f.w);
+    amax_fold_cols(m, f);
     const float sr = scale_of(warp_amax(amax_fold4(0.0f, f)));
     if (tx == 0) {
       row_s[i] = sr;
       if (r0 + i < rows) row_scales[(r0 + i) * scale_cols + c0 / kQTile] = 1.0f / sr;
     }
   });
-  for (int j = 0; j < 4; ++j) part[ty][4 * tx + j] = m[j];
-  __syncthreads();
   float sc[4];
-  for (int j = 0; j < 4; ++j) {
-    float a = 0.0f;
-    for (int y = 0; y < kQRows; ++y) a = fmaxf(a, part[y][4 * tx + j]);
+  tile_col_amax(part, t, m, [&](int j, float a) {
     sc[j] = scale_of(a);
     if (ty == 0 && col_in) col_scales[(r0 / kQTile) * cols + c + j] = 1.0f / sc[j];
-  }
+  });
   tile_pass<true>(x, rows, cols, r0, c, [&](int i, float4 f) {  // the second read, the codes
     const float e[4] = {f.x, f.y, f.z, f.w};
     const float sr = row_s[i];
