@@ -2,8 +2,9 @@
 # Installs what mxtrain needs on a fresh Debian 12 machine and builds it into build/.
 # Idempotent: packages already present are not reinstalled, the build is incremental.
 #   scripts/setup.sh            the engine and the demo corpus
-#   scripts/setup.sh --tests    also what the test suite needs (PyTorch reference, pytest, and
-#                               the SageMaker SDK for launch/sagemaker in .venv-sagemaker)
+#   scripts/setup.sh --tests    also what the test suite needs (PyTorch reference, pytest,
+#                               pytest-xdist, and the SageMaker SDK for launch/sagemaker in
+#                               .venv-sagemaker)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +34,11 @@ if [ "${1:-}" = "--tests" ]; then
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --system-site-packages .venv
   .venv/bin/python -c "import ml_dtypes" 2>/dev/null ||
     .venv/bin/pip install -q --no-deps "ml_dtypes==0.5.4"
+  # pytest-xdist: the test command runs the test files on two workers (one file to a worker,
+  # so a module's fixtures run once). Pinned, without a dependency search: its one dependency
+  # is execnet; pytest is Debian's.
+  .venv/bin/python -c "import xdist, execnet" 2>/dev/null ||
+    .venv/bin/pip install -q --no-deps "pytest-xdist==3.8.0" "execnet==2.1.2"
   # launch/sagemaker/submit.py's tests: the SageMaker SDK (sagemaker-train's ModelTrainer) in
   # a venv of its own (it needs NumPy 2, which .venv's Debian torch 1.13 cannot load), every
   # version pinned, so pip installs without a dependency search (about 4 minutes and 940 MB

@@ -6,4 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 (cd build && ctest --output-on-failure -j2)
-MXTRAIN_BIN="$PWD/build/mxtrain" .venv/bin/python -m pytest tests/python -q -p no:cacheprovider --durations=20
+# The Python tests keep about one core busy on their own (they wait on the processes they
+# start), so two workers, a file to each (MXTRAIN_TEST_WORKERS: another count; 0 runs them in
+# this process).
+MXTRAIN_BIN="$PWD/build/mxtrain" .venv/bin/python -m pytest tests/python -q -p no:cacheprovider \
+  -n "${MXTRAIN_TEST_WORKERS:-2}" --dist loadfile --durations=20
