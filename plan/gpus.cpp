@@ -1,5 +1,6 @@
 #include "plan/gpus.h"
 
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -77,6 +78,32 @@ double cpu_memory_available_bytes() {
 double cpu_sgemm_flops() {
   auto be = make_cpu_backend();
   return measure_sgemm_flops(*be, 1024, 3);
+}
+
+// The product names' variants, most specific first: a name takes the first entry whose
+// words it contains. Sources (dense = half the sparse figure NVIDIA quotes first):
+//  H100 PCIe: H100 datasheet, BF16 1513 TFLOPS sparse; H100 NVL and H200 NVL: their
+//    datasheets, 1671 sparse; GH200: Grace Hopper datasheet, 1979 sparse (the H100 SXM's);
+//  GB200 and GB300: GB200 / GB300 NVL72 tables, 5 PF sparse per GPU (2.5 dense; B200 and B300
+//    in HGX boards, 2.25 dense: above). H100 SXM's CUDA name is "NVIDIA H100 80GB HBM3".
+double datasheet_bf16_flops(const std::string& device_name) {
+  std::string n = device_name;
+  for (char& ch : n) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  struct Variant {
+    const char* family;
+    const char* word;  // "" = any name of the family
+    double tflops;
+  };
+  static const Variant kVariants[] = {
+      {"h100", "pcie", 756.5}, {"h100", "nvl", 835.5},  {"h200", "nvl", 835.5},
+      {"gh200", "", 989.4},    {"h100", "", 989.4},     {"h200", "", 989.4},
+      {"gb200", "", 2500},     {"gb300", "", 2500},     {"b200", "", 2250},
+      {"b300", "", 2250},
+  };
+  for (const Variant& v : kVariants)
+    if (n.find(v.family) != std::string::npos && n.find(v.word) != std::string::npos)
+      return v.tflops * kTFLOPS;
+  return 0;
 }
 
 std::vector<std::string> gpu_names() { return {"h100", "h200", "b200", "b300", "cpu"}; }

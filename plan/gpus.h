@@ -29,6 +29,13 @@ struct GpuSpec {
 GpuSpec find_gpu(const std::string& name);
 std::vector<std::string> gpu_names();
 
+// MFU's denominator for a device by its CUDA product name (cudaDeviceProp::name, "NVIDIA H100
+// 80GB HBM3"): the dense BF16 tensor-core rate of its datasheet, in FLOP/s; 0 for a name not
+// in the list (the trainer then measures a GEMM rate). Variants are told apart by the words
+// of their names, not by the family alone: an H100 PCIe card (756.5 TFLOP/s) is not an H100
+// SXM (989.4), a GB200 (2500) is not a B200 (2250). Case does not matter.
+double datasheet_bf16_flops(const std::string& device_name);
+
 // The parts of `cpu` that need measuring, exposed for tests.
 double cpu_memory_available_bytes();  // /proc/meminfo MemAvailable (MemTotal if absent)
 double cpu_memory_total_bytes();

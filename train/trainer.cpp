@@ -774,10 +774,7 @@ int run_training(const RunConfig& cfg) {
   double peak_flops = 0;
   bool peak_measured = false;
   {
-    std::string dev = be.device_name();
-    for (char& ch : dev) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    for (const std::string& g : plan::gpu_names())
-      if (g != "cpu" && dev.find(g) != std::string::npos) peak_flops = plan::find_gpu(g).bf16_flops;
+    peak_flops = plan::datasheet_bf16_flops(be.device_name());
     if (peak_flops <= 0) {
       peak_measured = true;
       // 12 MiB of device memory, taken after every training arena: on a GPU left with less

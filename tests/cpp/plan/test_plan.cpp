@@ -325,6 +325,31 @@ TEST(PlanMemory, FitsFlipsAsMicroBatchGrowsOnH100) {
   EXPECT_EQ(flips, 1);
 }
 
+// The product names cudaGetDeviceProperties reports, against the datasheets' BF16 rates with
+// sparsity (dense is half): H100 SXM 1979, H100 PCIe 1513, H100 NVL and H200 NVL 1671, GH200
+// 1979; B200 and B300 (HGX) 4500, GB200 and GB300 (NVL72) 5000 TFLOP/s.
+TEST(GpuNames, MfuDenominatorIsTheVariantsDatasheetRate) {
+  const struct {
+    const char* name;
+    double sparse_tflops;
+  } cases[] = {
+      {"NVIDIA H100 80GB HBM3", 1979}, {"NVIDIA H100 PCIe", 1513},
+      {"NVIDIA H100 NVL", 1671},         {"NVIDIA H200", 1979},
+      {"NVIDIA H200 NVL", 1671},         {"NVIDIA GH200 480GB", 1979},
+      {"NVIDIA B200", 4500},             {"NVIDIA GB200", 5000},
+      {"NVIDIA B300 SXM6 AC", 4500},     {"NVIDIA GB300", 5000},
+      {"nvidia h100 pcie", 1513},
+  };
+  for (const auto& c : cases)
+    EXPECT_NEAR(datasheet_bf16_flops(c.name), c.sparse_tflops / 2 * 1e12, 0.5e12) << c.name;  // quoted to 1 TFLOP/s
+  // Not in the list: the trainer measures instead.
+  for (const char* other : {"", "NVIDIA A100-SXM4-80GB", "NVIDIA H20", "NVIDIA L40S"})
+    EXPECT_EQ(datasheet_bf16_flops(other), 0.0) << other;
+  // The SXM parts agree with `mxtrain plan`'s table.
+  EXPECT_EQ(datasheet_bf16_flops("NVIDIA H100 80GB HBM3"), find_gpu("h100").bf16_flops);
+  EXPECT_EQ(datasheet_bf16_flops("NVIDIA B300 SXM6 AC"), find_gpu("b300").bf16_flops);
+}
+
 TEST(PlanTime, FlopCounts) {
   mx::ModelConfig c = preset("tiny");
   // tiny: C 64, I 160, L 2, H 4, KV 2, D 16, V 256: block matmuls 64*64 + 2*64*32 + 64*64 + 3*64*160
