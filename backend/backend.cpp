@@ -284,6 +284,39 @@ void Backend::fp8_input(float* out, const void* id, const float* x, int64_t rows
   shared_kept(shared_key(id, rows, cols, q, transposed));
 }
 
+namespace {
+// Fp8Operand::save_t's reference form: x^T's codes [cols, rows] with the operand's per-tensor
+// scale (fp8_emulate's: from max|x| or the given one), and the decode scale.
+void save_codes_t(const float* x, int64_t rows, int64_t cols, const Backend::Fp8Operand& q) {
+  MX_REQUIRE(q.per_tensor() && q.save_t_scale_inv,
+             "Fp8Operand::save_t: per-tensor FP8 only, with its scale's slot");
+  const float scale =
+      q.current ? numerics::fp8_scale_from_amax(numerics::abs_max(x, rows * cols),
+                                                numerics::fp8_max(q.fmt))
+                : q.scale;
+  std::vector<uint8_t> codes(size_t(rows * cols));
+  std::vector<float> values(size_t(rows * cols));
+  numerics::QuantizeInto into;
+  into.dequant = values.data();
+  into.codes = codes.data();
+  into.scales_f32 = q.save_t_scale_inv;
+  numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, scale, into);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) q.save_t[c * rows + r] = codes[size_t(r * cols + c)];
+}
+
+// Fp8Operand::codes_t's reference form: the dequantized operand [rows, cols] from x^T's saved
+// codes [cols, rows] (decode(code) * scale_inv, as the quantizer's own dequantized values).
+void dequantize_codes_t(float* out, int64_t rows, int64_t cols, const Backend::Fp8Operand& q) {
+  MX_REQUIRE(q.per_tensor() && q.codes_t_scale_inv,
+             "Fp8Operand::codes_t: per-tensor FP8 only, with its decode scale");
+  const float s = *q.codes_t_scale_inv;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = numerics::decode_fp8_elem(q.codes_t[c * rows + r], q.fmt) * s;
+}
+}  // namespace
+
 void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq, const float* w,
                                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                                  float* work, uint16_t* y16, const float* residual) {
@@ -294,6 +327,7 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
   x = operand_values(x, xq, N * in, wide);
   float* xd = work;
   float* wd = work + N * in;
+  if (xq.save_t) save_codes_t(x, N, in, xq);
   fp8_input(xd, id, x, N, in, xq, false);
   fp8_emulate(wd, w, out, in, wq);
   gemm(false, true, N, out, in, 1.0f, xd, wd, 0.0f, y);
@@ -321,12 +355,20 @@ void Backend::fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq
                                const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                                float* work) {
   OpScope scope(*this, "fp8_linear_wgrad");
+  MX_REQUIRE(!xq.codes_t || (!x && !xq.bf16 && !dyq.rht),
+             "fp8_linear_wgrad: x^T's saved codes given with x, or with the Hadamard transform");
   std::vector<float> wide, wide_dy;
   const void* id = xq.bf16 ? static_cast<const void*>(xq.bf16) : x;
   x = operand_values(x, xq, N * in, wide);
   dy = operand_values(dy, dyq, N * out, wide_dy);
   float* dyd = work;
   float* xd = work + N * out;
+  if (xq.codes_t) {
+    fp8_emulate(dyd, dy, N, out, dyq);
+    dequantize_codes_t(xd, N, in, xq);
+    gemm(true, false, out, in, N, 1.0f, dyd, xd, 1.0f, dw);
+    return;
+  }
   if (dyq.rht) {  // nvfp4: dW += q(RHT(dy^T)) q(RHT(x^T))^T, the emulation's GEMM call
     nvfp4_rht_emulate(dyd, dy, N, out, dyq);
     nvfp4_rht_emulate(xd, x, N, in, xq);

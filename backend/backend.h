@@ -182,6 +182,22 @@ class Backend {
     // codes, whose values are the fp32 tensor's (bf16 widens exactly), so the same bytes come
     // out without an fp32 copy in memory.
     const uint16_t* bf16 = nullptr;
+    // Per-tensor scaling only (no blocks, mx or nvfp4). The weight gradient's operand x^T made
+    // by the forward, from the same read of x as its own codes (Transformer Engine's
+    // columnwise copy), so that the backward need not read x again:
+    //   save_t (fp8_linear_forward's input): x^T's codes too, [in, N] (the bytes a transposed
+    //     quantization of x with this operand's scale writes), and their decode scale
+    //     (1 / scale) in *save_t_scale_inv; both backend memory, kept by the caller.
+    //   codes_t (fp8_linear_wgrad's and fp8_linear_backward's input): such saved codes and
+    //     scale stand for x^T's quantization; x and bf16 are null, and `amax` is not written
+    //     (the forward's operand took x's). The caller vouches that they are this operand's
+    //     quantization: the same format and scale (fp8-current's always are; fp8-delayed's
+    //     where its forward-input and weight-gradient-input scales agree).
+    uint8_t* save_t = nullptr;
+    float* save_t_scale_inv = nullptr;
+    const uint8_t* codes_t = nullptr;
+    const float* codes_t_scale_inv = nullptr;
+    bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
   };
   // True where the FP8 Linears run on FP8 tensor cores (CUDA, compute capability >= 8.9, unless
   // MXTRAIN_CUDA_FP8=emulate). The CPU says true only under the test knob

@@ -998,6 +998,7 @@ class CudaBackendImpl final : public CudaBackend {
                           const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work,
                           uint16_t* y16, const float* residual) override {
     MX_REQUIRE(!residual || (y && !y16), "fp8_linear_forward: a residual takes an fp32 y alone");
+    MX_REQUIRE(!xq.save_t || xq.per_tensor(), "fp8_linear_forward: x^T's codes saved per tensor only");
     with_input(x, xq, "fp8_linear_forward", [&](const auto* xs) {
       fp8_forward(y, y16, residual, xs, xq, w, wq, N, in, out, work);
     });
@@ -1006,11 +1007,18 @@ class CudaBackendImpl final : public CudaBackend {
   void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq, const float* x,
                         const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
                         float* work) override {
+    check_codes_t(x, xq, "fp8_linear_wgrad");
     with_input(x, xq, "fp8_linear_wgrad", [&](const auto* xs) {
       with_grad(dy, dyq, "fp8_linear_wgrad", [&](const auto* dys) {
         fp8_wgrad(dw, dys, dyq, xs, xq, N, in, out, work);
       });
     });
+  }
+
+  // Fp8Operand::codes_t: per-tensor, alone (no x, no bf16 codes)
+  static void check_codes_t(const float* x, const Fp8Operand& xq, const char* op) {
+    MX_REQUIRE(!xq.codes_t || (xq.per_tensor() && !x && !xq.bf16), op,
+               ": x^T's saved codes are per-tensor FP8, given without x");
   }
 
   // A Linear backward's four FP8 code buffers in `work`, each from a 256-byte boundary, then
@@ -1051,9 +1059,8 @@ class CudaBackendImpl final : public CudaBackend {
                            const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                            int64_t out, bool accumulate_dx, float* work,
                            uint16_t* dx16) override {
-    auto per_tensor = [](const Fp8Operand& q) {
-      return !q.mx && !q.nvfp4 && q.block_rows == 0 && q.block_cols == 0;
-    };
+    check_codes_t(x, xq, "fp8_linear_backward");
+    auto per_tensor = [](const Fp8Operand& q) { return q.per_tensor(); };
     const bool same = dyq_dgrad.fmt == dyq_wgrad.fmt && dyq_dgrad.current == dyq_wgrad.current &&
                       (dyq_dgrad.current || dyq_dgrad.scale == dyq_wgrad.scale);
     const int64_t have = 4 * std::max(N * out + out * in, N * out + N * in);
@@ -2617,8 +2624,18 @@ class CudaBackendImpl final : public CudaBackend {
   template <class X>
   const float* fp8_operand(uint8_t*& codes, const X* x, int64_t rows, int64_t cols,
                            const Fp8Operand& q, bool transposed, uint8_t* codes_rows = nullptr) {
-    const Share s = codes_rows ? Share::kNone
-                               : share_operand(x, rows, cols, q, transposed, sizeof(float));
+    if (q.codes_t) {  // x^T's codes as the forward saved them (Fp8Operand::codes_t)
+      MX_REQUIRE(transposed && !codes_rows && q.codes_t_scale_inv,
+                 "fp8_operand: saved codes stand for a transposed operand, with their scale");
+      codes = const_cast<uint8_t*>(q.codes_t);  // (read only: a GEMM operand)
+      return q.codes_t_scale_inv;
+    }
+    // The forward's input with its transposed copy saved too (Fp8Operand::save_t): from the
+    // same read as the row codes (a kept quantization has no copy to give: made afresh)
+    const bool save = q.save_t && !transposed;
+    Share s = codes_rows ? Share::kNone
+                         : share_operand(x, rows, cols, q, transposed, sizeof(float));
+    if (s == Share::kHit && save) s = Share::kNone;
     if (s == Share::kHit) return shared_hit<float>(codes, q.amax);
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
@@ -2638,9 +2655,16 @@ class CudaBackendImpl final : public CudaBackend {
         launched("fp8_operand (both layouts)");
         return;
       }
+      if (save) {
+        MX_REQUIRE(q.save_t_scale_inv, "fp8_operand: saved codes need their scale's slot");
+        cuda::fp8_codes_both(x, rows, cols, q.fmt, scale, codes, q.save_t, stream_, fused_amax);
+        launched("fp8_operand (saving x^T)");
+        return;
+      }
       cuda::fp8_codes(x, rows, cols, q.fmt, scale, codes, transposed, stream_, fused_amax);
       launched("fp8_operand");
     }();
+    if (save) copy_amax(q.save_t_scale_inv, scale_inv);  // (a float from device to device)
     if (fill) {
       if (q.amax) copy_amax(q.amax, shared_amax_);
       shared_kept(shared_key(x, rows, cols, q, transposed));

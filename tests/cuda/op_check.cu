@@ -515,6 +515,94 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         compare_rows(r, "dw", dDW.download(), dw, I);
         expect_floats(r, "amax", amax4.download(), camax);
       });
+      // x^T's codes saved by the forward (Fp8Operand::save_t: both layouts from one read of x
+      // on CUDA) and taken by the backward (codes_t) in place of x: the saved bytes and decode
+      // scale the CPU twin's, the forward's y and amax as without saving, and the backward's
+      // dx, dw and amaxes (dy's; x's slot unwritten) as the backward reading x. x as fp32 and
+      // as bf16 codes; alone, and as the first Linear of a shared input with a second reading
+      // the kept codes (the bf16 path's q then k).
+      for (int codes = 0; codes < 2; ++codes)
+        for (int shared = 0; shared < 2; ++shared)
+          run_case("fp8_linear_saved_xt", shape + (codes ? " x bf16" : "") +
+                                              (shared ? " shared" : ""), [&](Result& r) {
+            std::vector<float> y(N * O), y2(N * O), cscale(1), camax(2);
+            std::vector<uint8_t> cxt(N * I);
+            Dev<float> dY(N * O), dY2(N * O), gscale(1);
+            Dev<uint8_t> gxt(N * I);
+            gpu_amax.poison();
+            const std::vector<float>& xin = codes ? xb.wide : x;
+            auto save = [&](Backend::Fp8Operand q, uint8_t* t, float* s) {
+              q.save_t = t;
+              q.save_t_scale_inv = s;
+              return q;
+            };
+            if (shared) cpu.begin_shared_input(xin.data(), N, I, O);
+            cpu.fp8_linear_forward(y.data(), xin.data(),
+                                   save(op(Format::kE4M3, x, &camax[0]), cxt.data(),
+                                        cscale.data()),
+                                   w.data(), op(Format::kE4M3, w, &camax[1]), N, I, O,
+                                   cpu_work.data());
+            if (shared) {
+              cpu.fp8_linear_forward(y2.data(), xin.data(), op(Format::kE4M3, x, nullptr),
+                                     w.data(), op(Format::kE4M3, w, nullptr), N, I, O,
+                                     cpu_work.data());
+              cpu.end_shared_input();
+            }
+            const void* gid = codes ? static_cast<const void*>(xb.dev.p) : dX.p;
+            auto gx = [&](Backend::Fp8Operand q) { return codes ? xb.on_gpu(q) : q; };
+            const float* gxin = codes ? nullptr : dX.p;
+            if (shared) gpu.begin_shared_input(gid, N, I, O);
+            gpu.fp8_linear_forward(dY.p, gxin,
+                                   save(gx(op(Format::kE4M3, x, gpu_amax.p)), gxt.p, gscale.p),
+                                   dW.p, op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O,
+                                   gpu_work.p);
+            if (shared) {
+              gpu.fp8_linear_forward(dY2.p, gxin, gx(op(Format::kE4M3, x, nullptr)), dW.p,
+                                     op(Format::kE4M3, w, nullptr), N, I, O, gpu_work.p);
+              gpu.end_shared_input();
+              compare_rows(r, "y (second)", dY2.download(), y2, O);
+            }
+            compare_rows(r, "y", dY.download(), y, O);
+            expect_bytes(r, "x^T codes", gxt.download(), cxt);
+            expect_floats(r, "x^T scale_inv", gscale.download(), cscale);
+            expect_floats(r, "amax", gpu_amax.download(), camax);
+            // the backward: the saved codes for x (GPU's on the GPU, the CPU's on the CPU),
+            // against the CPU twin reading x itself
+            auto dx = randn(N * I), dw = randn(O * I, 1e-3f);
+            std::vector<float> rdx = dx, rdw = dw, ramax(4, -1.0f), tamax(4, -1.0f);
+            Dev<float> dDX(dx), dDW(dw), amax4(std::vector<float>(4, -1.0f));
+            cpu.fp8_linear_backward(rdx.data(), rdw.data(), dy.data(),
+                                    op(Format::kE5M2, dy, &ramax[0]), w.data(),
+                                    op(Format::kE4M3, w, &ramax[1]),
+                                    op(Format::kE5M2, dy, &ramax[2]), xin.data(),
+                                    op(Format::kE4M3, x, nullptr), N, I, O, true,
+                                    cpu_work.data());
+            auto from_codes = [&](Backend::Fp8Operand q, const uint8_t* t, const float* s) {
+              q.codes_t = t;
+              q.codes_t_scale_inv = s;
+              return q;
+            };
+            cpu.fp8_linear_backward(dx.data(), dw.data(), dy.data(),
+                                    op(Format::kE5M2, dy, &tamax[0]), w.data(),
+                                    op(Format::kE4M3, w, &tamax[1]),
+                                    op(Format::kE5M2, dy, &tamax[2]), nullptr,
+                                    from_codes(op(Format::kE4M3, x, &tamax[3]), cxt.data(),
+                                               cscale.data()),
+                                    N, I, O, true, cpu_work.data());
+            // the CPU twin from the codes: the same dequantized values, so the same sums
+            expect_floats(r, "cpu dx from codes", dx, rdx);
+            expect_floats(r, "cpu dw from codes", dw, rdw);
+            expect_floats(r, "cpu amax from codes", tamax, ramax);
+            gpu.fp8_linear_backward(dDX.p, dDW.p, dDY.p, op(Format::kE5M2, dy, amax4.p), dW.p,
+                                    op(Format::kE4M3, w, amax4.p + 1),
+                                    op(Format::kE5M2, dy, amax4.p + 2), nullptr,
+                                    from_codes(op(Format::kE4M3, x, amax4.p + 3), gxt.p,
+                                               gscale.p),
+                                    N, I, O, true, gpu_work.p);
+            compare_rows(r, "dx", dDX.download(), rdx, I);
+            compare_rows(r, "dw", dDW.download(), rdw, I);
+            expect_floats(r, "backward amax", amax4.download(), ramax);
+          });
     }
 }
 
