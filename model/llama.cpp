@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -113,6 +114,8 @@ struct LlamaModel::BlockActs {
   // `saved`) or not (in scratch); their fp32 pointers stay null.
   uint16_t *h1_16 = nullptr, *q_16 = nullptr, *k_16 = nullptr, *v_16 = nullptr,
            *o_16 = nullptr, *h2_16 = nullptr, *g_16 = nullptr, *u_16 = nullptr, *s_16 = nullptr;
+  // x^T's FP8 codes kept in place of h1's, h2's and s's bf16 codes (LlamaModel::saves_xt)
+  SavedXt h1_xt{}, h2_xt{}, s_xt{};
   bool bf16_path = false;  // forward took the bf16 path; backward takes it too
   bool native16 = false;   // ... with its Linears on the backend's native bf16 GEMMs
   // After forward, forget what lived in scratch (it is released) so backward recomputes it
@@ -121,6 +124,7 @@ struct LlamaModel::BlockActs {
     if (!BlockSizes::keeps(p, true)) {
       h1 = rstd1 = h2 = rstd2 = s = nullptr;
       h1_16 = h2_16 = s_16 = nullptr;
+      h1_xt = h2_xt = s_xt = {};
     }
     if (!BlockSizes::keeps(p, false)) {
       q = k = v = o = lse = x_mid = g = u = nullptr;
@@ -310,8 +314,9 @@ float* LlamaModel::widened(const uint16_t* codes, int64_t n) {
 
 void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16,
                               const float* w, int64_t N, int64_t in, int64_t out, bool native,
-                              const float* x_wide, const float* residual) {
+                              const float* x_wide, const float* residual, SavedXt save) {
   MX_ASSERT(!residual || (y && !y16), "a residual goes with an fp32 output alone");
+  MX_ASSERT(!save.codes || (!native && !x_wide), "x^T's codes kept off the FP8 Linears");
   const uint16_t* w16 = w16_[size_t(linear)];
   if (native && residual) {
     be_.set_bf16_gemm_operands(true);
@@ -328,7 +333,7 @@ void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_
   const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
   float* result = y ? y : scratch_.alloc_f32(N * out);  // with y16 alone: the Linear's scratch
   linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr, y ? nullptr : y16,
-             residual);
+             residual, save);
   if (y && y16) be_.to_bf16(y16, y, N * out);
   scratch_.release(m);
 }
@@ -344,7 +349,8 @@ void LlamaModel::gemm16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
 void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
                               const uint16_t* dy16, const uint16_t* x16, const float* w, int64_t N,
                               int64_t in, int64_t out, bool accumulate_dx, bool native,
-                              const float* x_wide, uint16_t* dx16) {
+                              const float* x_wide, uint16_t* dx16, SavedXt xt) {
+  MX_ASSERT(!xt.codes || (!native && !x_wide && !x16), "x^T's codes kept off the FP8 Linears");
   const size_t m = scratch_.mark();
   const uint16_t* w16 = w16_[size_t(linear)];
   MX_ASSERT(!dx16 || (!dx && !accumulate_dx), "dx as codes: written, not added");
@@ -354,12 +360,12 @@ void LlamaModel::linear_bwd16(int linear, float* dx, float* dw, const float* dy,
     // The FP8 Linears read x and dy as codes and write dx as codes themselves; the others
     // (emulated recipes, nvfp4, fp32) take fp32 operands widened here, and dx is rounded after.
     const bool codes = fp8_reads_codes(N, in, out);
-    const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
+    const float* x = x_wide || xt.codes ? x_wide : codes ? nullptr : widened(x16, N * in);
     if (dy16 && !codes) dy = widened(dy16, N * out);
     float* dxf = dx16 ? scratch_.alloc_f32(N * in) : dx;
     linear_bwd(linear, dxf, dw, dy, x, w, N, in, out, accumulate_dx,
                codes && !x_wide ? x16 : nullptr, codes ? dy16 : nullptr,
-               codes ? dx16 : nullptr);
+               codes ? dx16 : nullptr, xt);
     if (dx16 && !codes) be_.to_bf16(dx16, dxf, N * in);
     return scratch_.release(m);
   }
@@ -418,10 +424,22 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     return alloc_bf16(BlockSizes::keeps(policy, cheap) ? saved_ : scratch_, n);
   };
   a.h1_16 = a.q_16 = a.k_16 = a.v_16 = a.o_16 = a.h2_16 = a.g_16 = a.u_16 = a.s_16 = nullptr;
+  a.h1_xt = a.h2_xt = a.s_xt = {};
+  // x^T's FP8 codes kept in place of a kept input's bf16 codes (saves_xt): in the room the
+  // codes had in `saved` (2 bytes an element: the codes' 1 and the scale fit), the bf16 codes
+  // moved to scratch for the forward alone
+  auto keep_xt = [&](uint16_t*& codes, SavedXt& xt, int64_t n, bool on) {
+    if (!on) return;
+    MX_ASSERT(bytes_bf16(n) >= Arena::round_up(size_t(n)) + sizeof(float), "x^T's room");
+    xt.codes = reinterpret_cast<uint8_t*>(codes);
+    xt.scale_inv = reinterpret_cast<float*>(xt.codes + Arena::round_up(size_t(n)));
+    codes = alloc_bf16(scratch_, n);
+  };
   // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
   if (bp) {  // every tensor between the ops as codes only; q and k fp32 until RoPE
     a.h1 = a.q = a.k = a.v = a.o = nullptr;
     a.h1_16 = codes_only(true, z.h1);
+    keep_xt(a.h1_16, a.h1_xt, z.h1, saves_xt(0, 3, qkv_read_codes(N), policy));
     a.rstd1 = keep(true, z.rstd1, nullptr);
     be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
     float* q = scratch_.alloc_f32(z.q);
@@ -434,11 +452,12 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);
       const void* shared_x = h1 ? static_cast<const void*>(h1) : a.h1_16;
       const auto shared = shared_input(shared_x, N, false);
-      linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat, h1);
+      linear_fwd16(0, q, nullptr, a.h1_16, w.wq, N, C, c_.q_dim(), nat, h1, nullptr, a.h1_xt);
       linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat, h1);
       linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
       scratch_.release(m);
     }
+    if (a.h1_xt.codes) a.h1_16 = nullptr;  // (scratch, released after the forward)
     be_.rope_forward_bf16(a.q_16, q, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_forward_bf16(a.k_16, k, rope_cos_, rope_sin_, B, T, KV, D);
     a.o_16 = codes_only(false, z.o);
@@ -485,6 +504,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   if (bp) {  // the norm output, gate, up and their product as codes only
     a.h2 = a.g = a.u = a.s = nullptr;
     a.h2_16 = codes_only(true, z.h2);
+    keep_xt(a.h2_16, a.h2_xt, z.h2, saves_xt(4, 2, mlp_read_codes(N), policy));
     a.rstd2 = keep(true, z.rstd2, nullptr);
     be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
     a.g_16 = codes_only(false, z.g);
@@ -494,14 +514,17 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       const float* h2 = nat || mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);
       const void* shared_x = h2 ? static_cast<const void*>(h2) : a.h2_16;
       const auto shared = shared_input(shared_x, N, true);
-      linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2);
+      linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2, nullptr, a.h2_xt);
       linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
       scratch_.release(m);
     }
+    if (a.h2_xt.codes) a.h2_16 = nullptr;
     a.s_16 = codes_only(true, z.s);
+    keep_xt(a.s_16, a.s_xt, z.s, saves_xt(6, 1, fp8_reads_codes(N, I, C), policy));
     be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
     // y = x_mid + s W_down^T (on the bf16 GEMMs the epilogue adds x_mid)
-    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid);
+    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid, a.s_xt);
+    if (a.s_xt.codes) a.s_16 = nullptr;
   } else {
     a.h2 = keep(true, z.h2, &a.h2_16);
     a.rstd2 = keep(true, z.rstd2, nullptr);
@@ -554,7 +577,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     const LinearRecipe::ReplayScope replay(recipe_);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
   } else if (bp) {
-    if (!a.h1_16) {  // selective: the norms' codes and the product's
+    if (!a.h1_16 && !a.h1_xt.codes) {  // selective: the norms' codes and the product's
       a.rstd1 = scratch_.alloc_f32(N);
       a.h1_16 = alloc_bf16(scratch_, N * C);
       be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
@@ -607,7 +630,7 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     float* dh2 = scratch_.alloc_f32(N * C);
     // (the FP8 Linears quantize dresid itself: its codes would round it once more)
     linear_bwd16(6, nullptr, dw.w_down, dresid, nat ? dresid_codes() : nullptr, a.s_16, w.w_down,
-                 N, I, C, false, nat, nullptr, ds16);
+                 N, I, C, false, nat, nullptr, ds16, a.s_xt);
     if (nat && be_.fuse_linear_backward() && fusable(w, dw, 4, 2)) {
       // one GEMM pair over [w_gate; w_up] ([2I, C]): dh2 written once, h2 read once for both
       // weight gradients (Backend::fuse_linear_backward)
@@ -621,8 +644,10 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       const float* h2 = nat || mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);  // once
       const void* shared_x = h2 ? static_cast<const void*>(h2) : a.h2_16;
       const auto shared = shared_input(shared_x, N, true);
-      linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, nat, h2);
-      linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, nat, h2);
+      linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, nat, h2,
+                   nullptr, a.h2_xt);
+      linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, nat, h2,
+                   nullptr, a.h2_xt);
     }
     norm_backward(dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2);
     scratch_.release(m);
@@ -702,9 +727,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       const float* h1 = nat || qkv_read_codes(N) ? nullptr : widened(a.h1_16, z.h1);  // once
       const void* shared_x = h1 ? static_cast<const void*>(h1) : a.h1_16;
       const auto shared = shared_input(shared_x, N, false);
-      linear_bwd16(0, dh1, dw.wq, nullptr, dq16, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1);
-      linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1);
-      linear_bwd16(2, dh1, dw.wv, nullptr, dv16, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1);
+      linear_bwd16(0, dh1, dw.wq, nullptr, dq16, a.h1_16, w.wq, N, C, c_.q_dim(), false, nat, h1,
+                   nullptr, a.h1_xt);
+      linear_bwd16(1, dh1, dw.wk, nullptr, dk16, a.h1_16, w.wk, N, C, c_.kv_dim(), true, nat, h1,
+                   nullptr, a.h1_xt);
+      linear_bwd16(2, dh1, dw.wv, nullptr, dv16, a.h1_16, w.wv, N, C, c_.kv_dim(), true, nat, h1,
+                   nullptr, a.h1_xt);
     }
     norm_backward(dw.input_norm, dh1, x, w.input_norm, a.rstd1);
     scratch_.release(m);
@@ -941,6 +969,24 @@ bool LlamaModel::fp8_reads_codes(int64_t N, int64_t in, int64_t out) const {
          recipe_->recipe() != Recipe::kNvfp4 && native_fp8(N, in, out);
 }
 
+bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing policy) const {
+  static const bool off = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_SAVE_XT");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  if (off || !reads_codes || !BlockSizes::keeps(policy, true) || !recipe_ ||
+      !recipe_->active(layer_) || recipe_->collecting_stats() || recipe_->replaying())
+    return false;
+  if (recipe_->recipe() == Recipe::kFp8Current) return true;  // x's own amax, every operand
+  if (recipe_->recipe() != Recipe::kFp8Delayed) return false;
+  const float s = recipe_->delayed_scale(layer_, first, LinearOperand::kFwdInput);
+  for (int l = first; l < first + count; ++l)
+    if (recipe_->delayed_scale(layer_, l, LinearOperand::kFwdInput) != s ||
+        recipe_->delayed_scale(layer_, l, LinearOperand::kWgradInput) != s)
+      return false;
+  return true;
+}
+
 bool LlamaModel::qkv_read_codes(int64_t N) const {
   const int64_t C = c_.hidden_size;
   return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
@@ -961,9 +1007,10 @@ SharedInputScope LlamaModel::shared_input(const void* x, int64_t N, bool mlp) co
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
                             int64_t in, int64_t out, const uint16_t* x16, uint16_t* y16,
-                            const float* residual) {
+                            const float* residual, SavedXt save) {
   MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
   MX_ASSERT(!residual || (y && !y16), "a residual goes with an fp32 output alone");
+  MX_ASSERT(!save.codes || fp8_reads_codes(N, in, out), "x^T's codes kept off the FP8 Linears");
   if (!lowered(layer_)) {
     be_.linear_forward(y, x, w, N, in, out);
   } else if (native_bf16(true)) {
@@ -974,6 +1021,8 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     float* work = scratch_.alloc_f32(N * in + out * in);
     auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
     xq.bf16 = x16;
+    xq.save_t = save.codes;  // x^T's codes kept for the weight gradient (saves_xt)
+    xq.save_t_scale_inv = save.scale_inv;
     const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
     // writes y16 itself; adds the residual itself (residual + product, as the add below)
     be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16, residual);
@@ -995,7 +1044,9 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                             const float* w, int64_t N, int64_t in, int64_t out,
                             bool accumulate_dx, const uint16_t* x16, const uint16_t* dy16,
-                            uint16_t* dx16) {
+                            uint16_t* dx16, SavedXt xt) {
+  MX_ASSERT(!xt.codes || (!x && !x16 && fp8_reads_codes(N, in, out)),
+            "x^T's kept codes off the FP8 Linears, or given with x");
   MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
   MX_ASSERT((!dy16 || !dy) && ((!dy16 && !dx16) || fp8_reads_codes(N, in, out)) &&
                 (!dx16 || (dx && !accumulate_dx)),
@@ -1021,6 +1072,16 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
       dyq_wgrad.bf16 = dy16;
       xq = fp8_operand(LinearOperand::kWgradInput, linear);
       xq.bf16 = x16;
+      if (xt.codes) {  // the forward's codes of x^T (saves_xt): x is not read again
+        xq.codes_t = xt.codes;
+        xq.codes_t_scale_inv = xt.scale_inv;
+        // fp8-delayed: this operand's history takes x's amax, which the forward's slot holds
+        if (xq.amax)
+          be_.copy(xq.amax,
+                   amax_slots_ + (int(layer_) * 7 + linear) * 6 + int(LinearOperand::kFwdInput),
+                   1);
+        ++saved_xt_uses_;
+      }
       if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
         dyq_wgrad.rht = xq.rht = true;
         dyq_wgrad.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);

@@ -162,9 +162,20 @@ class LlamaModel {
   // has no such GEMMs for the recipe, or there is no FP8 / FP4 recipe).
   int native_fp8_linears(int64_t N) const;
   int64_t native_fp8_multiple() const;
+  // Weight-gradient operands taken from x^T's FP8 codes kept by the forward (SavedXt), since
+  // the model was made.
+  int64_t saved_xt_operands() const { return saved_xt_uses_; }
 
  private:
   struct BlockActs;
+  // x^T's FP8 codes, kept by the forward for the weight gradient in place of a kept tensor's
+  // bf16 codes (Backend::Fp8Operand::save_t / codes_t; h1, h2 and SwiGLU's product on the bf16
+  // path): the codes and their decode scale, in the room the bf16 codes had in `saved`. The
+  // backward then reads neither x nor writes its transposed codes. Null: not kept.
+  struct SavedXt {  // (no member initializers: `= {}` as a default argument below)
+    uint8_t* codes;
+    float* scale_inv;
+  };
   void split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
                     int32_t* targets);
   void make_rope_tables(int64_t T, float* cos, float* sin);
@@ -199,7 +210,8 @@ class LlamaModel {
   // bf16 GEMMs in their epilogue: Backend::gemm_bf16_residual; otherwise linear_fwd's).
   void linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16, const float* w,
                     int64_t N, int64_t in, int64_t out, bool native,
-                    const float* x_wide = nullptr, const float* residual = nullptr);
+                    const float* x_wide = nullptr, const float* residual = nullptr,
+                    SavedXt save = {});
   // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes (or x_wide, as above). native: dy
   // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32 or
   // (dy null) codes, which the FP8 Linears' quantizers read (fp8_reads_codes) and the others
@@ -208,7 +220,14 @@ class LlamaModel {
   void linear_bwd16(int linear, float* dx, float* dw, const float* dy, const uint16_t* dy16,
                     const uint16_t* x16, const float* w, int64_t N, int64_t in, int64_t out,
                     bool accumulate_dx, bool native, const float* x_wide = nullptr,
-                    uint16_t* dx16 = nullptr);
+                    uint16_t* dx16 = nullptr, SavedXt xt = {});
+  // Whether the forward keeps them for the input of Linears first .. first + count - 1 (q, k,
+  // v: 0, 3; gate, up: 4, 2; down: 6, 1): per-tensor FP8 on the backend's FP8 Linears reading
+  // the codes (reads_codes), a policy that keeps the input, not a telemetry step or a
+  // recompute, and under fp8-delayed every one of those Linears' forward-input and
+  // weight-gradient-input scales the same (the codes are then each weight gradient's own
+  // quantization). MXTRAIN_FP8_SAVE_XT=0 turns it off (comparisons).
+  bool saves_xt(int first, int count, bool reads_codes, Checkpointing policy) const;
   // Block `layer`'s weights through `access`: fp32 pointers, or (bf16 gathers) the RMSNorm
   // weights with null matrices and the matrices' codes in w16_.
   BlockParams block_weights(UnitAccess& access, int64_t layer, bool backward);
@@ -245,13 +264,13 @@ class LlamaModel {
   // Linears on tensor cores add it in their GEMM's epilogue; otherwise a separate add).
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
                   int64_t out, const uint16_t* x16 = nullptr, uint16_t* y16 = nullptr,
-                  const float* residual = nullptr);
+                  const float* residual = nullptr, SavedXt save = {});
   // dy16 / dx16 (only where fp8_reads_codes: the FP8 Linears): dy as codes (dy null), dx
   // wanted as codes too (dx then scratch), as Backend::fp8_linear_backward takes them.
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
                   const uint16_t* x16 = nullptr, const uint16_t* dy16 = nullptr,
-                  uint16_t* dx16 = nullptr);
+                  uint16_t* dx16 = nullptr, SavedXt xt = {});
   // This Linear of the current layer runs on the backend's FP8 Linears (native_fp8; per-tensor,
   // fp8-block, mxfp8, not nvfp4), whose quantizers read a bf16-code input directly
   // (Backend::Fp8Operand::bf16): on the bf16 path its input is never widened.
@@ -304,6 +323,7 @@ class LlamaModel {
   std::vector<int> amax_pending_;   // slot indices waiting for fp8_flush
   std::vector<char> amax_is_pending_;
   int64_t layer_ = 0;  // the block being computed
+  int64_t saved_xt_uses_ = 0;
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};

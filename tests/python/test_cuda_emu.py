@@ -155,6 +155,27 @@ def test_cast_forms_give_the_trainer_the_same_bits(tmp_path, recipe, sm, extra, 
             assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (k, a, b)
 
 
+@pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current"])
+def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
+    """x^T's FP8 codes kept by the forward for the weight gradients (LlamaModel::saves_xt:
+    h1, h2 and SwiGLU's product, policy none) are the bytes the backward would quantize from x
+    itself, so the run equals MXTRAIN_FP8_SAVE_XT=0's bit for bit, and every weight gradient
+    of q, k, v, gate, up and down took them (6 a block and step: fp8-delayed's histories keep
+    its forward-input and weight-gradient-input scales equal). Selective checkpointing keeps
+    no such input: none taken."""
+    require_emu()
+    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe)
+    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe,
+                                env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
+    assert summary["fp8_saved_xt_operands"] == 6 * 2 * STEPS, summary  # tiny: 2 blocks
+    assert summary_off["fp8_saved_xt_operands"] == 0, summary_off
+    for a, b in zip(on, off):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+    _, selective, _ = train(tmp_path, "selective", EMU_BIN, "cuda", recipe,
+                            extra=("--set", "memory.activation_checkpointing=selective"))
+    assert selective["fp8_saved_xt_operands"] == 0, selective
+
+
 @pytest.mark.parametrize("recipe,tol,ranks", [("fp32", 1e-6, 2), ("bf16", 1e-4, 2),
                                               ("fp8-delayed", 1e-3, 2), ("fp32", 1e-6, 4)])
 @pytest.mark.parametrize("streams", ["compute-late", "comm-late"])
@@ -275,11 +296,14 @@ def test_device_profile_charges_no_time_between_steps(tmp_path):
 @pytest.mark.parametrize("shape,recipe,policy", [
     ({"model.hidden_size": 64, "model.intermediate_size": 256, "model.vocab_size": 256},
      "bf16", "none"),
+    # x^T's FP8 codes kept by the forward: the inputs' bf16 codes in scratch during it
+    ({"model.hidden_size": 64, "model.intermediate_size": 256, "model.vocab_size": 256},
+     "fp8-delayed", "none"),
     ({"model.hidden_size": 96, "model.intermediate_size": 40, "model.num_attention_heads": 6,
       "model.num_key_value_heads": 2, "model.vocab_size": 256}, "fp8-delayed", "selective"),
     ({"model.hidden_size": 64, "model.intermediate_size": 128, "model.vocab_size": 2000},
      "bf16", "full"),
-], ids=["wide-mlp", "narrow-mlp", "large-vocab"])
+], ids=["wide-mlp", "wide-mlp-fp8", "narrow-mlp", "large-vocab"])
 def test_device_arenas_hold_every_phase(tmp_path, shape, recipe, policy):
     require_emu()
     extra = ["--set", f"memory.activation_checkpointing={policy}", "--set", "train.eval_every=2",

@@ -146,6 +146,29 @@ def test_bf16_path_shares_inputs(tmp_path):
     assert shared_operands(off_out) == 0
 
 
+@pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current"])
+def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe):
+    # x^T's FP8 codes kept by the forward for the weight gradients of q, k, v (h1), gate, up
+    # (h2) and down (SwiGLU's product) where policy none keeps those inputs (LlamaModel::
+    # saves_xt): the bytes the backward would quantize from x, so the run and its checkpoints
+    # (fp8-delayed's amax histories, the weight-gradient inputs' fed from the forward's amax)
+    # equal the run with it off bit for bit. 6 operands a block and step; 0 when off.
+    extra = ["--set", f"precision.recipe={recipe}", "--set", "precision.activations=bf16",
+             "--set", "memory.activation_checkpointing=none"]
+    on, on_out, _ = train(tmp_path, "on", True, False, extra,
+                          env_extra={"MXTRAIN_TEST_BF16_GEMM": "1"})
+    off, off_out, _ = train(tmp_path, "off", True, False, extra,
+                            env_extra={"MXTRAIN_TEST_BF16_GEMM": "1", "MXTRAIN_FP8_SAVE_XT": "0"})
+    assert len(on) == 12 and on == off
+    assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
+
+    def saved(out):
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(l) for l in lines if '"summary"' in l][-1]["fp8_saved_xt_operands"]
+    assert saved(on_out) == 6 * 2 * 12
+    assert saved(off_out) == 0
+
+
 def native_linears(hidden, inter, heads, kv_heads, tokens, multiple):
     """Which of a block's Linears (q, k, v, o, gate, up, down: (in, out) widths) have both
     widths and the token count multiples of `multiple`, worked out here from the shapes."""
