@@ -168,17 +168,43 @@ size_t bf16_path_scratch(const ModelConfig& c, int64_t B, int64_t T, Checkpointi
 }
 }  // namespace
 
+size_t fp8_xt_bytes(int64_t n) { return Arena::round_up(Arena::round_up(size_t(n)) + sizeof(float)); }
+
+bool fp8_save_xt_enabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_SAVE_XT");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off;
+}
+
+bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
+                         bool bf16_activations, Checkpointing policy) {
+  const Recipe r = parse_recipe(recipe);
+  if ((r != Recipe::kFp8Current && r != Recipe::kFp8Delayed) || !bf16_activations ||
+      !BlockSizes::keeps(policy, true) || !fp8_save_xt_enabled())
+    return false;
+  for (int64_t d : {N, c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim()})
+    if (d % 16 != 0) return false;
+  return true;
+}
+
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                                  Checkpointing policy, bool quantized, bool device,
-                                 bool bf16_activations, bool bf16_path) {
+                                 bool bf16_activations, bool bf16_path, bool fp8_xt_only) {
   const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
   BlockSizes z(c, B, T);
   // act: a tensor that precision.activations = bf16 keeps as bf16 codes (statistics and x_mid,
   // the residual stream, stay fp32).
   auto act = [](int64_t n, bool bf16) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
+  // (x^T's FP8 codes in place of the inputs' bf16 codes: LlamaModel::set_xt_only)
+  auto input = [&](int64_t n, bool bf16) {
+    return bf16 && fp8_xt_only ? fp8_xt_bytes(n) : act(n, bf16);
+  };
   auto cheap = [&](Checkpointing p, bool bf16) {
-    return BlockSizes::keeps(p, true) ? act(z.h1, bf16) + bytes_f32(z.rstd1) + act(z.h2, bf16) +
-                                            bytes_f32(z.rstd2) + act(z.s, bf16)
+    return BlockSizes::keeps(p, true) ? input(z.h1, bf16) + bytes_f32(z.rstd1) +
+                                            input(z.h2, bf16) + bytes_f32(z.rstd2) +
+                                            input(z.s, bf16)
                                       : 0;
   };
   auto gemm = [&](Checkpointing p, bool bf16) {
@@ -425,21 +451,36 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   };
   a.h1_16 = a.q_16 = a.k_16 = a.v_16 = a.o_16 = a.h2_16 = a.g_16 = a.u_16 = a.s_16 = nullptr;
   a.h1_xt = a.h2_xt = a.s_xt = {};
-  // x^T's FP8 codes kept in place of a kept input's bf16 codes (saves_xt): in the room the
-  // codes had in `saved` (2 bytes an element: the codes' 1 and the scale fit), the bf16 codes
-  // moved to scratch for the forward alone
-  auto keep_xt = [&](uint16_t*& codes, SavedXt& xt, int64_t n, bool on) {
-    if (!on) return;
+  // h1, h2 or SwiGLU's product on the bf16 path: its bf16 codes, kept (in `saved`) where the
+  // policy keeps it, or x^T's FP8 codes kept in their place (saves_xt: save), the bf16 codes
+  // then in scratch for the forward alone (transient: forgotten after their last use). With
+  // the arena sized for x^T's codes alone (xt_only_) the bf16 codes are never kept: without
+  // x^T's codes the backward recomputes them. Otherwise x^T's codes take the room the bf16
+  // codes had (2 bytes an element: the codes' 1 and the scale fit).
+  auto kept_input = [&](SavedXt& xt, int64_t n, bool save, bool& transient) {
+    transient = false;
+    if (!BlockSizes::keeps(policy, true)) return alloc_bf16(scratch_, n);
+    if (xt_only_) {
+      if (save) {
+        xt.codes = static_cast<uint8_t*>(saved_.alloc(fp8_xt_bytes(n)));
+        xt.scale_inv = reinterpret_cast<float*>(xt.codes + Arena::round_up(size_t(n)));
+      }
+      transient = true;
+      return alloc_bf16(scratch_, n);
+    }
+    uint16_t* codes = alloc_bf16(saved_, n);
+    if (!save) return codes;
     MX_ASSERT(bytes_bf16(n) >= Arena::round_up(size_t(n)) + sizeof(float), "x^T's room");
     xt.codes = reinterpret_cast<uint8_t*>(codes);
     xt.scale_inv = reinterpret_cast<float*>(xt.codes + Arena::round_up(size_t(n)));
-    codes = alloc_bf16(scratch_, n);
+    transient = true;
+    return alloc_bf16(scratch_, n);
   };
+  bool h1_transient = false, h2_transient = false, s_transient = false;
   // attention half: x_mid = x + o_proj(attention(rope(q), rope(k), v))
   if (bp) {  // every tensor between the ops as codes only; q and k fp32 until RoPE
     a.h1 = a.q = a.k = a.v = a.o = nullptr;
-    a.h1_16 = codes_only(true, z.h1);
-    keep_xt(a.h1_16, a.h1_xt, z.h1, saves_xt(0, 3, qkv_read_codes(N), policy));
+    a.h1_16 = kept_input(a.h1_xt, z.h1, saves_xt(0, 3, qkv_read_codes(N), policy), h1_transient);
     a.rstd1 = keep(true, z.rstd1, nullptr);
     be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
     float* q = scratch_.alloc_f32(z.q);
@@ -457,7 +498,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
       scratch_.release(m);
     }
-    if (a.h1_xt.codes) a.h1_16 = nullptr;  // (scratch, released after the forward)
+    if (h1_transient) a.h1_16 = nullptr;  // (scratch, released after the forward)
     be_.rope_forward_bf16(a.q_16, q, rope_cos_, rope_sin_, B, T, H, D);
     be_.rope_forward_bf16(a.k_16, k, rope_cos_, rope_sin_, B, T, KV, D);
     a.o_16 = codes_only(false, z.o);
@@ -503,8 +544,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   // MLP half: y = x_mid + down(silu(gate(h2)) * up(h2))
   if (bp) {  // the norm output, gate, up and their product as codes only
     a.h2 = a.g = a.u = a.s = nullptr;
-    a.h2_16 = codes_only(true, z.h2);
-    keep_xt(a.h2_16, a.h2_xt, z.h2, saves_xt(4, 2, mlp_read_codes(N), policy));
+    a.h2_16 = kept_input(a.h2_xt, z.h2, saves_xt(4, 2, mlp_read_codes(N), policy), h2_transient);
     a.rstd2 = keep(true, z.rstd2, nullptr);
     be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
     a.g_16 = codes_only(false, z.g);
@@ -518,13 +558,13 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
       scratch_.release(m);
     }
-    if (a.h2_xt.codes) a.h2_16 = nullptr;
-    a.s_16 = codes_only(true, z.s);
-    keep_xt(a.s_16, a.s_xt, z.s, saves_xt(6, 1, fp8_reads_codes(N, I, C), policy));
+    if (h2_transient) a.h2_16 = nullptr;
+    a.s_16 = kept_input(a.s_xt, z.s, saves_xt(6, 1, fp8_reads_codes(N, I, C), policy),
+                        s_transient);
     be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
     // y = x_mid + s W_down^T (on the bf16 GEMMs the epilogue adds x_mid)
     linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid, a.s_xt);
-    if (a.s_xt.codes) a.s_16 = nullptr;
+    if (s_transient) a.s_16 = nullptr;
   } else {
     a.h2 = keep(true, z.h2, &a.h2_16);
     a.rstd2 = keep(true, z.rstd2, nullptr);
@@ -577,13 +617,19 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     const LinearRecipe::ReplayScope replay(recipe_);
     block_forward(w, x, y, a, Checkpointing::kFull, B, T);
   } else if (bp) {
-    if (!a.h1_16 && !a.h1_xt.codes) {  // selective: the norms' codes and the product's
+    // selective: the norms' codes and the product's; policy none with the arena sized for
+    // x^T's FP8 codes alone (xt_only_): those of them a block kept no x^T's codes of
+    if (!a.h1_16 && !a.h1_xt.codes) {
       a.rstd1 = scratch_.alloc_f32(N);
       a.h1_16 = alloc_bf16(scratch_, N * C);
       be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
+    }
+    if (!a.h2_16 && !a.h2_xt.codes) {
       a.rstd2 = scratch_.alloc_f32(N);
       a.h2_16 = alloc_bf16(scratch_, N * C);
       be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+    }
+    if (!a.s_16 && !a.s_xt.codes) {
       a.s_16 = alloc_bf16(scratch_, N * I);
       be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
     }
@@ -970,11 +1016,7 @@ bool LlamaModel::fp8_reads_codes(int64_t N, int64_t in, int64_t out) const {
 }
 
 bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing policy) const {
-  static const bool off = [] {
-    const char* e = std::getenv("MXTRAIN_FP8_SAVE_XT");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  if (off || !reads_codes || !BlockSizes::keeps(policy, true) || !recipe_ ||
+  if (!fp8_save_xt_enabled() || !reads_codes || !BlockSizes::keeps(policy, true) || !recipe_ ||
       !recipe_->active(layer_) || recipe_->collecting_stats() || recipe_->replaying())
     return false;
   if (recipe_->recipe() == Recipe::kFp8Current) return true;  // x's own amax, every operand

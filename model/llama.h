@@ -69,9 +69,23 @@ struct ActivationBytes {
 // bf16_activations: precision.activations = bf16 (the kept copies take 2 bytes an element).
 // bf16_path: every block takes the bf16 path on every step (precision/recipe.h's
 // bf16_path_only on a backend with native bf16 GEMMs): scratch sized for that path alone.
+// fp8_xt_only (with bf16_activations): a policy that keeps h1, h2 and SwiGLU's product keeps
+// x^T's FP8 codes of them instead (1 byte an element and a 4-byte scale: fp8_xt_bytes; LlamaModel
+// ::set_xt_only), where fp8_xt_only_applies says so.
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
                                  bool quantized = false, bool device = false,
-                                 bool bf16_activations = false, bool bf16_path = false);
+                                 bool bf16_activations = false, bool bf16_path = false,
+                                 bool fp8_xt_only = false);
+size_t fp8_xt_bytes(int64_t n);
+// Whether a run keeps x^T's FP8 codes alone (fp8_xt_only): per-tensor FP8 (fp8-current,
+// fp8-delayed) with bf16 activations on a backend with FP8 tensor cores and native bf16 GEMMs
+// (the bf16 path; the caller checks the backend), policy none, and every block Linear's widths
+// and the N tokens of a micro-batch multiples of 16 (the FP8 GEMMs'), unless
+// MXTRAIN_FP8_SAVE_XT=0.
+bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
+                         bool bf16_activations, Checkpointing policy);
+// MXTRAIN_FP8_SAVE_XT is not 0.
+bool fp8_save_xt_enabled();
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
@@ -149,6 +163,12 @@ class LlamaModel {
   // backwards that update it (rmsnorm_backward_bf16) and read by the output projections'
   // backward, which otherwise rounded it themselves, twice a block.
   void set_residual_codes(bool on) { residual_codes_ = on; }
+  // The `saved` arena is sized for x^T's FP8 codes in place of h1's, h2's and SwiGLU's
+  // product's bf16 codes (activation_bytes' fp8_xt_only; Engine's): with policy none the
+  // forward keeps those codes (saves_xt) and the bf16 codes only for itself, in scratch; a
+  // block that cannot keep them (a high-precision block, a telemetry step) keeps neither and
+  // its backward recomputes the bf16 codes, as under policy selective.
+  void set_xt_only(bool on) { xt_only_ = on; }
   // A head workspace outside the scratch arena (spare_head_chunk_rows: a GPU's spare memory),
   // used instead of the planned one where it holds more rows; null: none.
   void set_head_workspace(float* workspace, int64_t floats) {
@@ -310,6 +330,7 @@ class LlamaModel {
   LinearRecipe* recipe_ = nullptr;
   bool bf16_acts_ = false;
   bool residual_codes_ = false;
+  bool xt_only_ = false;
   uint16_t* dresid16_ = nullptr;  // during a backward (set_residual_codes): dresid's codes,
   bool dresid16_valid_ = false;   // valid: made from dresid as it is now
   float* head_ws_ = nullptr;  // set_head_workspace

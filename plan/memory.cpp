@@ -148,6 +148,11 @@ class Replay {
     };
     // A tensor precision.activations = bf16 keeps as bf16 codes (n elements).
     auto keep_act = [&](bool cheap, int64_t n) {
+      if (cheap && dt_.fp8_xt && keeps(p, cheap)) {
+        saved_.alloc(n + 4);     // x^T's FP8 codes and their scale
+        scratch_.alloc(act(n));  // the codes the forward's ops read
+        return;
+      }
       if (!keeps(p, cheap) || !dt_.bf16_activations) return keep(cheap, act(n));
       saved_.alloc(2 * n);    // the kept bf16 copy
       scratch_.alloc(act(n));  // the fp32 working copy
@@ -392,7 +397,8 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
         fsdp_buffer_sizes(layout, int(m.shards), sharding_of(in), bf16_blocks);
     m.engine.fsdp = int64_t(z.total_bytes());
     const ActivationBytes cap =
-        activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true, bf16_acts, path_only);
+        activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true, bf16_acts, path_only,
+                         fp8_xt_only_applies(c, B * T, rc, bf16_acts, in.checkpointing));
     m.engine.activations =
         int64_t(Arena::round_up(cap.saved)) + int64_t(Arena::round_up(cap.scratch));
     const int64_t lp_blocks = std::max<int64_t>(
@@ -438,6 +444,9 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   gpu_dt.high_precision_bf16 = plan_high_precision_bf16(in);
   gpu_dt.fp8_head = in.fp8_head && in.recipe != "fp32";
   gpu_dt.fp8_head_dgrad = in.fp8_head_dgrad;
+  gpu_dt.fp8_xt = fp8_xt_only_applies(c, B * T, in.engine_recipe(),
+                                      plan_bf16_activations(in, in.engine_recipe(), "cuda"),
+                                      in.checkpointing);
   ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dt, true);
   m.activations = train.peak;
   m.activations_saved = train.saved_at_peak;

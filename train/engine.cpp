@@ -21,9 +21,12 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
   // the path needs the backend's own bf16 GEMMs
   options.bf16_path_only = options.bf16_path_only && backend->has_bf16_gemms();
+  options.fp8_xt_only = options.fp8_xt_only && opt.bf16_activations &&
+                        backend->has_bf16_gemms() && backend->fp8_tensor_cores();
   ActivationBytes act =
       activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing, opt.quantized,
-                       mem != nullptr, opt.bf16_activations, options.bf16_path_only);
+                       mem != nullptr, opt.bf16_activations, options.bf16_path_only,
+                       options.fp8_xt_only);
   saved = std::make_unique<Arena>("activations", act.saved, &tracker, mem);
   scratch = std::make_unique<Arena>("scratch", act.scratch, &tracker, mem);
   const size_t batch_count = size_t(opt.micro_batch) * size_t(opt.seq_len + 1);
@@ -33,6 +36,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
                                        *scratch);
   model->set_bf16_activations(opt.bf16_activations);
   model->set_residual_codes(options.bf16_path_only);
+  model->set_xt_only(options.fp8_xt_only);
 }
 
 }  // namespace mx

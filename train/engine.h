@@ -27,6 +27,10 @@ struct EngineOptions {
   // when the backend has native bf16 GEMMs (Engine resolves it: false on the CPU without the
   // test knob MXTRAIN_TEST_BF16_GEMM).
   bool bf16_path_only = false;
+  // fp8_xt_only (model/llama.h, fp8_xt_only_applies): the `saved` arena holds x^T's FP8 codes
+  // in place of h1's, h2's and SwiGLU's product's bf16 codes. Engine resolves it: false on a
+  // backend without FP8 tensor cores or native bf16 GEMMs.
+  bool fp8_xt_only = false;
 };
 
 class Engine {

@@ -436,6 +436,8 @@ int run_training(const RunConfig& cfg) {
                      high_precision_bf16(recipe, cfg.precision.high_precision),
                      cfg.precision.high_precision_first, cfg.precision.high_precision_last,
                      cfg.precision.stats_every);
+  eo.fp8_xt_only = fp8_xt_only_applies(model_cfg, B * T, cfg.precision.recipe,
+                                       eo.bf16_activations, eo.checkpointing);
   Engine engine(model_cfg, eo);
   LinearRecipe linear_recipe(recipe, model_cfg.num_hidden_layers,
                              cfg.precision.high_precision_first,

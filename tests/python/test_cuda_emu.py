@@ -174,6 +174,16 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
     _, selective, _ = train(tmp_path, "selective", EMU_BIN, "cuda", recipe,
                             extra=("--set", "memory.activation_checkpointing=selective"))
     assert selective["fp8_saved_xt_operands"] == 0, selective
+    # The activations arena sized for the codes alone: a block left in high precision and a
+    # telemetry step keep none, and their backward recomputes the inputs' bf16 codes (the
+    # same bits again)
+    hp = ("--set", "precision.high_precision_first=1", "--set", "precision.stats_every=2")
+    on, summary, _ = train(tmp_path, "hp-on", EMU_BIN, "cuda", recipe, extra=hp)
+    off, _, _ = train(tmp_path, "hp-off", EMU_BIN, "cuda", recipe, extra=hp,
+                      env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
+    assert 0 < summary["fp8_saved_xt_operands"] < 6 * STEPS, summary
+    for a, b in zip(on, off):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
 
 
 @pytest.mark.parametrize("recipe,tol,ranks", [("fp32", 1e-6, 2), ("bf16", 1e-4, 2),

@@ -146,8 +146,21 @@ def test_bf16_path_shares_inputs(tmp_path):
     assert shared_operands(off_out) == 0
 
 
-@pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current"])
-def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe):
+def summary_of(out):
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(l) for l in lines if '"summary"' in l][-1]
+
+
+def round64(n):
+    return (n + 63) // 64 * 64
+
+
+@pytest.mark.parametrize("recipe,sets", [
+    ("fp8-delayed", []), ("fp8-current", []),
+    # a block left in high precision and telemetry steps keep no x^T codes: their backward
+    # recomputes the inputs' bf16 codes instead
+    ("fp8-delayed", ["precision.high_precision_first=1", "precision.stats_every=3"])])
+def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
     # x^T's FP8 codes kept by the forward for the weight gradients of q, k, v (h1), gate, up
     # (h2) and down (SwiGLU's product) where policy none keeps those inputs (LlamaModel::
     # saves_xt): the bytes the backward would quantize from x, so the run and its checkpoints
@@ -155,18 +168,26 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe):
     # equal the run with it off bit for bit. 6 operands a block and step; 0 when off.
     extra = ["--set", f"precision.recipe={recipe}", "--set", "precision.activations=bf16",
              "--set", "memory.activation_checkpointing=none"]
+    for kv in sets:
+        extra += ["--set", kv]
     on, on_out, _ = train(tmp_path, "on", True, False, extra,
                           env_extra={"MXTRAIN_TEST_BF16_GEMM": "1"})
     off, off_out, _ = train(tmp_path, "off", True, False, extra,
                             env_extra={"MXTRAIN_TEST_BF16_GEMM": "1", "MXTRAIN_FP8_SAVE_XT": "0"})
     assert len(on) == 12 and on == off
     assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
-
-    def saved(out):
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        return [json.loads(l) for l in lines if '"summary"' in l][-1]["fp8_saved_xt_operands"]
-    assert saved(on_out) == 6 * 2 * 12
-    assert saved(off_out) == 0
+    saved_on, saved_off = summary_of(on_out), summary_of(off_out)
+    assert saved_off["fp8_saved_xt_operands"] == 0
+    if sets:
+        assert 0 < saved_on["fp8_saved_xt_operands"] < 6 * 12, saved_on
+        return
+    assert saved_on["fp8_saved_xt_operands"] == 6 * 2 * 12
+    # The activations arena holds the codes (1 byte an element, a 4-byte scale, 64-byte
+    # rounding) in place of the bf16 codes (2 bytes): tiny, 4 x 32 tokens, hidden 64,
+    # intermediate 160, 2 blocks.
+    n_h, n_s = 128 * 64, 128 * 160
+    less = 2 * sum(round64(2 * n) - round64(round64(n) + 4) for n in (n_h, n_h, n_s))
+    assert saved_off["peak_mem_bytes"] - saved_on["peak_mem_bytes"] == less, (saved_on, saved_off)
 
 
 def native_linears(hidden, inter, heads, kv_heads, tokens, multiple):
