@@ -1669,6 +1669,10 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
   for (auto [N, C, V, chunk, peaked, bf16_dgrad] : std::vector<std::array<int64_t, 6>>{{37, 64, 1000, 16, 0, 0}, {64, 64, 1008, 16, 0, 0}, {256, 128, 5008, 96, 0, 0}, {256, 128, 5008, 256, 0, 0}, {37, 64, 1000, 16, 1, 0}, {64, 64, 1008, 16, 1, 0}, {37, 64, 1000, 16, 0, 1}, {256, 128, 5008, 96, 0, 1}, {64, 64, 1008, 16, 1, 1}})
     run_case("head_cross_entropy_fp8", dims({N, C, V}) + " chunk" + std::to_string(chunk) + (peaked ? " peaked" : "") + (bf16_dgrad ? " bf16 dgrad" : ""), [&](Result& r) {
       const HeadOperands ops = bf16_dgrad ? HeadOperands::kFp8Bf16Dgrad : HeadOperands::kFp8;
+      // Each case's inputs from its own seed, not from wherever the shared generator stands:
+      // "peaked" must hold for its draw (below), and cases added before these moved the draws
+      // (a row whose target was not likely enough failed it)
+      rng.seed(0x4ead0000u + uint64_t(N * 7 + C * 3 + V + chunk * 11 + peaked * 5 + bf16_dgrad));
       auto h = randn(N * C), w = randn(V * C, 0.1f), dw0 = randn(V * C);
       auto tgt = randint(N, int32_t(V));
       if (peaked)
