@@ -274,7 +274,7 @@ void Backend::fp8_input(float* out, const void* id, const float* x, int64_t rows
   if (s == Share::kHit) {
     MX_ASSERT(shared_values_.size() == n, "shared input: the kept operand has another size");
     std::memcpy(out, shared_values_.data(), sizeof(float) * n);
-    if (q.amax && !q.mx && q.block_rows == 0) *q.amax = shared_amax_;  // per-tensor only
+    if (q.amax && q.per_tensor()) *q.amax = shared_amax_;
     return;
   }
   fp8_emulate(out, x, rows, cols, q);

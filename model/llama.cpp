@@ -460,19 +460,19 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   auto kept_input = [&](SavedXt& xt, int64_t n, bool save, bool& transient) {
     transient = false;
     if (!BlockSizes::keeps(policy, true)) return alloc_bf16(scratch_, n);
+    void* room = nullptr;  // x^T's codes, then their scale
     if (xt_only_) {
-      if (save) {
-        xt.codes = static_cast<uint8_t*>(saved_.alloc(fp8_xt_bytes(n)));
-        xt.scale_inv = reinterpret_cast<float*>(xt.codes + Arena::round_up(size_t(n)));
-      }
-      transient = true;
-      return alloc_bf16(scratch_, n);
+      if (save) room = saved_.alloc(fp8_xt_bytes(n));
+    } else {
+      uint16_t* codes = alloc_bf16(saved_, n);
+      if (!save) return codes;
+      MX_ASSERT(bytes_bf16(n) >= Arena::round_up(size_t(n)) + sizeof(float), "x^T's room");
+      room = codes;
     }
-    uint16_t* codes = alloc_bf16(saved_, n);
-    if (!save) return codes;
-    MX_ASSERT(bytes_bf16(n) >= Arena::round_up(size_t(n)) + sizeof(float), "x^T's room");
-    xt.codes = reinterpret_cast<uint8_t*>(codes);
-    xt.scale_inv = reinterpret_cast<float*>(xt.codes + Arena::round_up(size_t(n)));
+    if (room) {
+      xt.codes = static_cast<uint8_t*>(room);
+      xt.scale_inv = reinterpret_cast<float*>(xt.codes + Arena::round_up(size_t(n)));
+    }
     transient = true;
     return alloc_bf16(scratch_, n);
   };

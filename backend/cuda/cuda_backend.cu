@@ -1060,7 +1060,6 @@ class CudaBackendImpl final : public CudaBackend {
                            int64_t out, bool accumulate_dx, float* work,
                            uint16_t* dx16) override {
     check_codes_t(x, xq, "fp8_linear_backward");
-    auto per_tensor = [](const Fp8Operand& q) { return q.per_tensor(); };
     const bool same = dyq_dgrad.fmt == dyq_wgrad.fmt && dyq_dgrad.current == dyq_wgrad.current &&
                       (dyq_dgrad.current || dyq_dgrad.scale == dyq_wgrad.scale);
     const int64_t have = 4 * std::max(N * out + out * in, N * out + N * in);
@@ -1078,7 +1077,7 @@ class CudaBackendImpl final : public CudaBackend {
     const bool mx_path = dyq_dgrad.mx && dyq_wgrad.mx && xq.mx && wq.mx && mxfp8_native_ &&
                          N % 32 == 0 && out % 32 == 0 && in % 32 == 0 &&
                          BackwardCodes::tmp_begin(N, in, out) + tmp_bytes <= have;
-    const bool tensor_path = per_tensor(dyq_dgrad) && per_tensor(dyq_wgrad) && same;
+    const bool tensor_path = dyq_dgrad.per_tensor() && dyq_wgrad.per_tensor() && same;
     if (!dx || !dw || !(block_path || mx_path || tensor_path) || need > have) {
       return Backend::fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in,
                                           out, accumulate_dx, work, dx16);
