@@ -159,6 +159,11 @@ void Backend::gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t 
 }
 
 namespace {
+// A per-tensor operand's encode scale: current scaling's from max|x|, else the given one.
+float per_tensor_scale(float amax, const Backend::Fp8Operand& q) {
+  return q.current ? numerics::fp8_scale_from_amax(amax, numerics::fp8_max(q.fmt)) : q.scale;
+}
+
 // LinearRecipe::quantize's FP8 / FP4 cases (per-tensor, fp8-block, mxfp8, nvfp4): the dequantized operand into `out`.
 void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
                  const Backend::Fp8Operand& q) {
@@ -181,9 +186,7 @@ void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
   const int64_t n = rows * cols;
   const float amax = numerics::abs_max(x, n);
   if (q.amax) *q.amax = amax;
-  const float scale =
-      q.current ? numerics::fp8_scale_from_amax(amax, numerics::fp8_max(q.fmt)) : q.scale;
-  numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, scale, into);
+  numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, per_tensor_scale(amax, q), into);
 }
 
 // nvfp4's weight-gradient operand with the Hadamard transform, as LlamaModel's emulation forms
@@ -290,10 +293,7 @@ namespace {
 void save_codes_t(const float* x, int64_t rows, int64_t cols, const Backend::Fp8Operand& q) {
   MX_REQUIRE(q.per_tensor() && q.save_t_scale_inv,
              "Fp8Operand::save_t: per-tensor FP8 only, with its scale's slot");
-  const float scale =
-      q.current ? numerics::fp8_scale_from_amax(numerics::abs_max(x, rows * cols),
-                                                numerics::fp8_max(q.fmt))
-                : q.scale;
+  const float scale = per_tensor_scale(q.current ? numerics::abs_max(x, rows * cols) : 0.0f, q);
   std::vector<uint8_t> codes(size_t(rows * cols));
   std::vector<float> values(size_t(rows * cols));
   numerics::QuantizeInto into;

@@ -380,6 +380,11 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     return m;
   }
 
+  // The CUDA engine's activations keep x^T's FP8 codes of the FP8 Linears' inputs
+  // (model/llama.h): its arenas and the replay below
+  const bool fp8_xt = fp8_xt_only_applies(
+      c, B * T, in.engine_recipe(), plan_bf16_activations(in, in.engine_recipe(), "cuda"),
+      in.checkpointing);
   // GPU: this build's CUDA engine, allocation by allocation (train/trainer.cpp, Engine, Fsdp,
   // LlamaModel's amax slots; CudaEngineBytes says what is left out of the model below).
   {
@@ -398,7 +403,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     m.engine.fsdp = int64_t(z.total_bytes());
     const ActivationBytes cap =
         activation_bytes(c, B, T, in.checkpointing, rc != "fp32", true, bf16_acts, path_only,
-                         fp8_xt_only_applies(c, B * T, rc, bf16_acts, in.checkpointing));
+                         fp8_xt);
     m.engine.activations =
         int64_t(Arena::round_up(cap.saved)) + int64_t(Arena::round_up(cap.scratch));
     const int64_t lp_blocks = std::max<int64_t>(
@@ -444,9 +449,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
   gpu_dt.high_precision_bf16 = plan_high_precision_bf16(in);
   gpu_dt.fp8_head = in.fp8_head && in.recipe != "fp32";
   gpu_dt.fp8_head_dgrad = in.fp8_head_dgrad;
-  gpu_dt.fp8_xt = fp8_xt_only_applies(c, B * T, in.engine_recipe(),
-                                      plan_bf16_activations(in, in.engine_recipe(), "cuda"),
-                                      in.checkpointing);
+  gpu_dt.fp8_xt = fp8_xt;
   ActivationPeak train = simulate_activations(c, B, T, in.checkpointing, gpu_dt, true);
   m.activations = train.peak;
   m.activations_saved = train.saved_at_peak;
