@@ -218,6 +218,7 @@ namespace {
 // reference forms run there); otherwise x itself.
 const float* operand_values(const float* x, const Backend::Fp8Operand& q, int64_t n,
                             std::vector<float>& wide) {
+  MX_REQUIRE(!q.swiglu_g, "SwiGLU's operands stand for a forward input alone");
   if (!q.bf16) return x;
   MX_ASSERT(!x, "an operand given both as fp32 and as bf16 codes");
   wide.resize(size_t(n));
@@ -323,8 +324,21 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
   OpScope scope(*this, "fp8_linear_forward");
   MX_REQUIRE(!residual || (y && !y16), "fp8_linear_forward: a residual takes an fp32 y alone");
   std::vector<float> wide;
+  std::vector<uint16_t> s16;  // SwiGLU's operands given (Fp8Operand::swiglu_g): s's codes
+  if (xq.swiglu_g) {
+    MX_REQUIRE(xq.swiglu_u && xq.per_tensor() && xq.save_t && !x && !xq.bf16,
+               "fp8_linear_forward: SwiGLU's operands stand for x, with x^T's codes saved");
+    s16.resize(size_t(N * in));
+    swiglu_forward_bf16(s16.data(), xq.swiglu_g, xq.swiglu_u, N * in);
+  }
   const void* id = xq.bf16 ? static_cast<const void*>(xq.bf16) : x;
-  x = operand_values(x, xq, N * in, wide);
+  Fp8Operand sq = xq;
+  if (xq.swiglu_g) {
+    sq.bf16 = s16.data();
+    sq.swiglu_g = sq.swiglu_u = nullptr;
+    id = xq.swiglu_g;
+  }
+  x = operand_values(x, sq, N * in, wide);
   float* xd = work;
   float* wd = work + N * in;
   if (xq.save_t) save_codes_t(x, N, in, xq);

@@ -197,6 +197,13 @@ class Backend {
     float* save_t_scale_inv = nullptr;
     const uint8_t* codes_t = nullptr;
     const float* codes_t_scale_inv = nullptr;
+    // Per-tensor scaling, fp8_linear_forward's input with save_t only: the operand is the bf16
+    // path's SwiGLU product s = silu(g) u of these bf16 codes ([rows, cols] each), as the bf16
+    // code swiglu_forward_bf16 writes, made by the cast as it reads g and u and never stored
+    // (the down projection's input: s's codes not written and read back, 4 bytes an element).
+    // x and bf16 are null. The same codes, amax and scales as s's codes given as `bf16`.
+    const uint16_t* swiglu_g = nullptr;
+    const uint16_t* swiglu_u = nullptr;
     bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
   };
   // True where the FP8 Linears run on FP8 tensor cores (CUDA, compute capability >= 8.9, unless

@@ -178,6 +178,14 @@ bool fp8_save_xt_enabled() {
   return !off;
 }
 
+bool fp8_fuse_swiglu_enabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_FUSE_SWIGLU");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off;
+}
+
 bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
                          bool bf16_activations, Checkpointing policy) {
   const Recipe r = parse_recipe(recipe);
@@ -340,9 +348,11 @@ float* LlamaModel::widened(const uint16_t* codes, int64_t n) {
 
 void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16,
                               const float* w, int64_t N, int64_t in, int64_t out, bool native,
-                              const float* x_wide, const float* residual, SavedXt save) {
+                              const float* x_wide, const float* residual, SavedXt save,
+                              SwigluInput swiglu) {
   MX_ASSERT(!residual || (y && !y16), "a residual goes with an fp32 output alone");
   MX_ASSERT(!save.codes || (!native && !x_wide), "x^T's codes kept off the FP8 Linears");
+  MX_ASSERT(!swiglu.g || (save.codes && !x16), "SwiGLU's operands without x^T's codes kept");
   const uint16_t* w16 = w16_[size_t(linear)];
   if (native && residual) {
     be_.set_bf16_gemm_operands(true);
@@ -356,10 +366,10 @@ void LlamaModel::linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_
   MX_ASSERT(!w16, "a block gathered as bf16 codes off the native bf16 GEMMs");
   const size_t m = scratch_.mark();  // the recipe's (or fp32) Linear on the codes or widened
   const bool codes = !x_wide && fp8_reads_codes(N, in, out);
-  const float* x = x_wide ? x_wide : codes ? nullptr : widened(x16, N * in);
+  const float* x = x_wide || swiglu.g ? x_wide : codes ? nullptr : widened(x16, N * in);
   float* result = y ? y : scratch_.alloc_f32(N * out);  // with y16 alone: the Linear's scratch
   linear_fwd(linear, result, x, w, N, in, out, codes ? x16 : nullptr, y ? nullptr : y16,
-             residual, save);
+             residual, save, swiglu);
   if (y && y16) be_.to_bf16(y16, y, N * out);
   scratch_.release(m);
 }
@@ -559,11 +569,23 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       scratch_.release(m);
     }
     if (h2_transient) a.h2_16 = nullptr;
+    const size_t before_s = scratch_.mark();
     a.s_16 = kept_input(a.s_xt, z.s, saves_xt(6, 1, fp8_reads_codes(N, I, C), policy),
                         s_transient);
-    be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
+    // s's codes only for down's forward, which keeps x^T's codes: its cast makes s from g and
+    // u itself (SwigluInput), so they are neither written nor read back
+    SwigluInput swiglu{};
+    if (s_transient && a.s_xt.codes && fp8_fuse_swiglu_enabled()) {
+      scratch_.release(before_s);  // (s's codes were the last in scratch)
+      a.s_16 = nullptr;
+      swiglu = {a.g_16, a.u_16};
+      ++fused_swiglu_uses_;
+    } else {
+      be_.swiglu_forward_bf16(a.s_16, a.g_16, a.u_16, N * I);
+    }
     // y = x_mid + s W_down^T (on the bf16 GEMMs the epilogue adds x_mid)
-    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid, a.s_xt);
+    linear_fwd16(6, y, nullptr, a.s_16, w.w_down, N, I, C, nat, nullptr, a.x_mid, a.s_xt,
+                 swiglu);
     if (s_transient) a.s_16 = nullptr;
   } else {
     a.h2 = keep(true, z.h2, &a.h2_16);
@@ -1049,8 +1071,9 @@ SharedInputScope LlamaModel::shared_input(const void* x, int64_t N, bool mlp) co
 
 void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N,
                             int64_t in, int64_t out, const uint16_t* x16, uint16_t* y16,
-                            const float* residual, SavedXt save) {
+                            const float* residual, SavedXt save, SwigluInput swiglu) {
   MX_ASSERT(!x16 || (!x && fp8_reads_codes(N, in, out)), "bf16-code input off the FP8 Linears");
+  MX_ASSERT(!swiglu.g || (!x && !x16 && save.codes), "SwiGLU's operands stand for x alone");
   MX_ASSERT(!residual || (y && !y16), "a residual goes with an fp32 output alone");
   MX_ASSERT(!save.codes || fp8_reads_codes(N, in, out), "x^T's codes kept off the FP8 Linears");
   if (!lowered(layer_)) {
@@ -1065,6 +1088,8 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     xq.bf16 = x16;
     xq.save_t = save.codes;  // x^T's codes kept for the weight gradient (saves_xt)
     xq.save_t_scale_inv = save.scale_inv;
+    xq.swiglu_g = swiglu.g;  // x made from SwiGLU's operands by the cast (SwigluInput)
+    xq.swiglu_u = swiglu.u;
     const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
     // writes y16 itself; adds the residual itself (residual + product, as the add below)
     be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16, residual);

@@ -86,6 +86,9 @@ bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& rec
                          bool bf16_activations, Checkpointing policy);
 // MXTRAIN_FP8_SAVE_XT is not 0.
 bool fp8_save_xt_enabled();
+// MXTRAIN_FP8_FUSE_SWIGLU is not 0: the down projection's FP8 cast reads SwiGLU's operands
+// where it can (LlamaModel::SwigluInput).
+bool fp8_fuse_swiglu_enabled();
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
@@ -185,6 +188,9 @@ class LlamaModel {
   // Weight-gradient operands taken from x^T's FP8 codes kept by the forward (SavedXt), since
   // the model was made.
   int64_t saved_xt_operands() const { return saved_xt_uses_; }
+  // Down projections whose FP8 input the cast made from SwiGLU's operands (SwigluInput), since
+  // the model was made.
+  int64_t fused_swiglu_inputs() const { return fused_swiglu_uses_; }
 
  private:
   struct BlockActs;
@@ -195,6 +201,13 @@ class LlamaModel {
   struct SavedXt {  // (no member initializers: `= {}` as a default argument below)
     uint8_t* codes;
     float* scale_inv;
+  };
+  // The down projection's input given as SwiGLU's operands (g, u: bf16 codes) where its x^T's
+  // codes are kept and its bf16 codes would serve the forward alone: the FP8 cast makes s from
+  // them as it reads them (Backend::Fp8Operand::swiglu_g), s's codes never written. Null: x16.
+  struct SwigluInput {
+    const uint16_t* g;
+    const uint16_t* u;
   };
   void split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
                     int32_t* targets);
@@ -231,7 +244,7 @@ class LlamaModel {
   void linear_fwd16(int linear, float* y, uint16_t* y16, const uint16_t* x16, const float* w,
                     int64_t N, int64_t in, int64_t out, bool native,
                     const float* x_wide = nullptr, const float* residual = nullptr,
-                    SavedXt save = {});
+                    SavedXt save = {}, SwigluInput swiglu = {});
   // Its backward: dx (= or +=) dy W, dW += dy^T x, x as codes (or x_wide, as above). native: dy
   // as codes (dy16) or fp32 (rounded once into scratch for both GEMMs); otherwise dy fp32 or
   // (dy null) codes, which the FP8 Linears' quantizers read (fp8_reads_codes) and the others
@@ -284,7 +297,8 @@ class LlamaModel {
   // Linears on tensor cores add it in their GEMM's epilogue; otherwise a separate add).
   void linear_fwd(int linear, float* y, const float* x, const float* w, int64_t N, int64_t in,
                   int64_t out, const uint16_t* x16 = nullptr, uint16_t* y16 = nullptr,
-                  const float* residual = nullptr, SavedXt save = {});
+                  const float* residual = nullptr, SavedXt save = {},
+                  SwigluInput swiglu = {});
   // dy16 / dx16 (only where fp8_reads_codes: the FP8 Linears): dy as codes (dy null), dx
   // wanted as codes too (dx then scratch), as Backend::fp8_linear_backward takes them.
   void linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
@@ -345,6 +359,7 @@ class LlamaModel {
   std::vector<char> amax_is_pending_;
   int64_t layer_ = 0;  // the block being computed
   int64_t saved_xt_uses_ = 0;
+  int64_t fused_swiglu_uses_ = 0;
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};

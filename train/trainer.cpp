@@ -1189,7 +1189,10 @@ int run_training(const RunConfig& cfg) {
   // h1's, gate and up h2's: Backend::begin_shared_input), rank 0, whole run.
   if (fp8_recipe) summary["fp8_shared_operands"] = be.shared_input_hits();
   // Weight-gradient operands taken from x^T's FP8 codes the forward kept (LlamaModel::saves_xt)
-  if (fp8_recipe) summary["fp8_saved_xt_operands"] = engine.model->saved_xt_operands();
+  if (fp8_recipe) {
+    summary["fp8_saved_xt_operands"] = engine.model->saved_xt_operands();
+    summary["fp8_fused_swiglu_inputs"] = engine.model->fused_swiglu_inputs();
+  }
   if (cfg.run.profile && step >= profile_first) {  // rank 0's ops (every rank runs the same)
     auto str_seconds = [](double s) {
       char b[32];

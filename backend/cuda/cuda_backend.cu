@@ -30,6 +30,7 @@
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/nccl_communicator.h"
 #include "backend/cuda/quantize_kernels.h"
+#include "backend/cuda/swiglu_math.cuh"
 #include "numerics/attention_fp8.h"
 #include "core/log.h"
 #include "numerics/block_scale_layout.h"
@@ -347,16 +348,11 @@ __global__ void copy_rows_kernel(uint16_t* __restrict__ out, int64_t ld,
 }
 
 // ---- swiglu -----------------------------------------------------------------------------------
-// The per-element math, shared by the fp32 kernels and the bf16-code ones (which widen g and u,
-// compute exactly this in fp32, and round the results RNE).
-__device__ __forceinline__ float swiglu_value(float g, float u) {
-  return g / (1.0f + expf(-g)) * u;
-}
-__device__ __forceinline__ void swiglu_grads(float ds, float g, float u, float& dg, float& du) {
-  const float sig = 1.0f / (1.0f + expf(-g));
-  du = ds * g * sig;
-  dg = ds * u * sig * (1.0f + g * (1.0f - sig));
-}
+// The per-element math (swiglu_math.cuh: swiglu_value, swiglu_grads), shared by the fp32
+// kernels and the bf16-code ones (which widen g and u, compute exactly this in fp32, and round
+// the results RNE) and by the FP8 cast of the down projection's fused input.
+using cuda::swiglu_grads;
+using cuda::swiglu_value;
 
 // s may alias g (generate's decode step passes one buffer for both): each element reads g
 // before writing s, and nothing is __restrict__ that may alias.
@@ -999,6 +995,8 @@ class CudaBackendImpl final : public CudaBackend {
                           uint16_t* y16, const float* residual) override {
     MX_REQUIRE(!residual || (y && !y16), "fp8_linear_forward: a residual takes an fp32 y alone");
     MX_REQUIRE(!xq.save_t || xq.per_tensor(), "fp8_linear_forward: x^T's codes saved per tensor only");
+    MX_REQUIRE(!xq.swiglu_g || (xq.swiglu_u && xq.save_t && !x && !xq.bf16),
+               "fp8_linear_forward: SwiGLU's operands stand for x, with x^T's codes saved");
     with_input(x, xq, "fp8_linear_forward", [&](const auto* xs) {
       fp8_forward(y, y16, residual, xs, xq, w, wq, N, in, out, work);
     });
@@ -2629,6 +2627,7 @@ class CudaBackendImpl final : public CudaBackend {
       codes = const_cast<uint8_t*>(q.codes_t);  // (read only: a GEMM operand)
       return q.codes_t_scale_inv;
     }
+    if (q.swiglu_g) return swiglu_operand(codes, rows, cols, q, transposed);
     // The forward's input with its transposed copy saved too (Fp8Operand::save_t): from the
     // same read as the row codes (a kept quantization has no copy to give: made afresh)
     const bool save = q.save_t && !transposed;
@@ -2668,6 +2667,27 @@ class CudaBackendImpl final : public CudaBackend {
       if (q.amax) copy_amax(q.amax, shared_amax_);
       shared_kept(shared_key(x, rows, cols, q, transposed));
     }
+    return scale_inv;
+  }
+
+  // fp8_operand's form for the bf16 path's down-projection input given as SwiGLU's operands
+  // (Fp8Operand::swiglu_g / swiglu_u): both layouts from one read of g and u, as fp8_operand
+  // saving x^T writes them from s's codes (the same bytes, amax and scales). Never shared: s
+  // feeds one Linear.
+  const float* swiglu_operand(uint8_t* codes, int64_t rows, int64_t cols, const Fp8Operand& q,
+                              bool transposed) {
+    MX_REQUIRE(!transposed && q.per_tensor() && q.save_t && q.save_t_scale_inv && q.swiglu_u,
+               "fp8_operand: SwiGLU's operands stand for a forward input whose x^T is saved");
+    float* scale = scratch_.alloc_f32(1);
+    float* scale_inv = scratch_.alloc_f32(1);
+    float* amax = q.amax;
+    if (!amax && q.current) amax = scratch_.alloc_f32(1);
+    if (q.current) cuda::swiglu_abs_max(amax, q.swiglu_g, q.swiglu_u, rows * cols, stream_);
+    cuda::fp8_scales(scale, scale_inv, q.current ? amax : nullptr, q.scale, q.fmt, stream_);
+    cuda::fp8_codes_both_swiglu(q.swiglu_g, q.swiglu_u, rows, cols, q.fmt, scale, codes, q.save_t,
+                                stream_, q.current ? nullptr : amax);
+    launched("fp8_operand (SwiGLU's product, saving x^T)");
+    copy_amax(q.save_t_scale_inv, scale_inv);
     return scale_inv;
   }
 

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/swiglu_math.cuh"
 #include "core/log.h"
 #include "numerics/block_scale_layout.h"
 #include "numerics/fp8_block_mx.h"
@@ -879,11 +880,13 @@ constexpr int kCodesTileRows = 128;
 constexpr int kCodesRowsPerThread = kCodesTileRows / kTileRows;
 // codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
 // amax (may be null): max |x| too, as fp8_codes_kernel.
-template <class T>
-__global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
-                                   Format fmt, const float* __restrict__ scale_ptr,
-                                   uint8_t* __restrict__ codes_t, uint8_t* __restrict__ codes,
-                                   float* amax, bool packed) {
+// x: what load(x, i) reads: fp32, bf16 codes, or SwiGLU's product of two codes (SwigluCodes).
+template <class S>
+__device__ __forceinline__ void codes_t_tiles(S x, int64_t rows, int64_t cols, Format fmt,
+                                              const float* __restrict__ scale_ptr,
+                                              uint8_t* __restrict__ codes_t,
+                                              uint8_t* __restrict__ codes, float* amax,
+                                              bool packed) {
   // [x row][x column]; the odd pitch keeps the write phase's column reads off one bank
   __shared__ uint8_t tile[kCodesTileRows][kTile + 1];
   const float scale = *scale_ptr;
@@ -932,6 +935,41 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
     __syncthreads();  // the tile is read before the next row tile overwrites it
   }
   if (amax) block_amax_to(m, amax);
+}
+template <class T>
+__global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                   Format fmt, const float* __restrict__ scale_ptr,
+                                   uint8_t* __restrict__ codes_t, uint8_t* __restrict__ codes,
+                                   float* amax, bool packed) {
+  codes_t_tiles(x, rows, cols, fmt, scale_ptr, codes_t, codes, amax, packed);
+}
+
+// The bf16 path's down-projection input s = silu(g) u as its bf16 code (swiglu_code: the bytes
+// swiglu_forward_bf16 stores), made as g and u are read: s itself is never stored.
+struct SwigluCodes {
+  const uint16_t* __restrict__ g;
+  const uint16_t* __restrict__ u;
+};
+__device__ inline float load(const SwigluCodes& x, int64_t i) {
+  return numerics::decode_bf16(swiglu_code(x.g[i], x.u[i]));
+}
+__global__ void fp8_codes_t_swiglu_kernel(const uint16_t* __restrict__ g,
+                                          const uint16_t* __restrict__ u, int64_t rows,
+                                          int64_t cols, Format fmt,
+                                          const float* __restrict__ scale_ptr,
+                                          uint8_t* __restrict__ codes_t,
+                                          uint8_t* __restrict__ codes, float* amax, bool packed) {
+  codes_t_tiles(SwigluCodes{g, u}, rows, cols, fmt, scale_ptr, codes_t, codes, amax, packed);
+}
+// max |s| of that product into *amax (zeroed by the launch): current scaling's pass.
+__global__ void swiglu_amax_kernel(float* amax, const uint16_t* __restrict__ g,
+                                   const uint16_t* __restrict__ u, int64_t n) {
+  float m = 0.0f;
+  const SwigluCodes x{g, u};
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    m = numerics::amax_fold(m, load(x, i));
+  block_amax_to(m, amax);
 }
 
 template <class T>
@@ -1310,6 +1348,29 @@ void fp8_codes_both(const uint16_t* x, int64_t rows, int64_t cols, Format fmt,
                     const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s,
                     float* amax) {
   fp8_codes_both_of(x, rows, cols, fmt, scale, codes, codes_t, s, amax);
+}
+
+void fp8_codes_both_swiglu(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                           Format fmt, const float* scale, uint8_t* codes, uint8_t* codes_t,
+                           cudaStream_t s, float* amax) {
+  check_fp8(fmt, "fp8_codes_both_swiglu");
+  zero_amax(amax, s);
+  if (rows * cols == 0) return;
+  // fp8_codes_t_kernel's plain form, its tiles and stores (not tuned: the product's arithmetic
+  // is a few instructions more an element than the cast's)
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
+  const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
+  fp8_codes_t_swiglu_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(g, u, rows, cols, fmt, scale,
+                                                                     codes_t, codes, amax, packed);
+  MX_CUDA_LAUNCH_CHECK("fp8_codes_both_swiglu");
+}
+
+void swiglu_abs_max(float* amax, const uint16_t* g, const uint16_t* u, int64_t n,
+                    cudaStream_t s) {
+  zero_amax(amax, s);
+  if (n == 0) return;
+  swiglu_amax_kernel<<<elem_grid(n), 256, 0, s>>>(amax, g, u, n);
+  MX_CUDA_LAUNCH_CHECK("swiglu_abs_max");
 }
 
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,

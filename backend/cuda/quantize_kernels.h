@@ -131,6 +131,17 @@ void fp8_codes_both(const uint16_t* x, int64_t rows, int64_t cols, numerics::For
                     const float* scale, uint8_t* codes, uint8_t* codes_t, cudaStream_t s,
                     float* amax = nullptr);
 
+// fp8_codes_both of the bf16 path's down-projection input s = silu(g) u (g, u: bf16 codes
+// [rows, cols]; s as the bf16 code swiglu_forward_bf16 would store), computed as g and u are
+// read: the same codes and amax as swiglu_forward_bf16 followed by fp8_codes_both, without s's
+// codes written and read back. amax: zeroed, then max |s| (may be null).
+void fp8_codes_both_swiglu(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                           numerics::Format fmt, const float* scale, uint8_t* codes,
+                           uint8_t* codes_t, cudaStream_t s, float* amax);
+// max |s| of that product into amax[0] (device), NaN skipped as abs_max: current scaling.
+void swiglu_abs_max(float* amax, const uint16_t* g, const uint16_t* u, int64_t n,
+                    cudaStream_t s);
+
 // dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
                      cudaStream_t s);

@@ -56,7 +56,8 @@
 #      against the fastest of each cast's forms); then, if it has 40 s left, fp8-delayed
 #      without x^T's FP8 codes kept by the forward ("mx fp8-delayed savext0",
 #      MXTRAIN_FP8_SAVE_XT=0: the backward reads h1, h2 and s again, and the activations arena
-#      holds their bf16 codes); then, if it has 120 s left, the issue's
+#      holds their bf16 codes; down's cast no longer makes s from g and u itself); then, if it
+#      has 120 s left, the issue's
 #      second shape, seq 4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain
 #      fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
@@ -392,7 +393,8 @@ if (( $(cap 50) >= 40 )); then
 fi
 # x^T's FP8 codes kept by the forward for the weight gradients (docs/cuda.md): fp8-delayed with
 # them off (MXTRAIN_FP8_SAVE_XT=0; row "mx fp8-delayed savext0"), if the budget has 40 s left:
-# what they save in time (the table's ratio) and in memory (the rows' peak).
+# what they save in time (the table's ratio) and in memory (the rows' peak). Down's input made
+# from SwiGLU's operands by its cast needs the kept codes, so the row runs without that too.
 if (( $(cap 50) >= 40 )); then
   t0=$(date +%s)
   MXTRAIN_FP8_SAVE_XT=0 mx_speed fp8-delayed --variant savext0

@@ -603,6 +603,72 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
             compare_rows(r, "dw", dDW.download(), rdw, I);
             expect_floats(r, "backward amax", amax4.download(), ramax);
           });
+      // The bf16 path's down projection with its input given as SwiGLU's operands
+      // (Fp8Operand::swiglu_g / swiglu_u: the cast makes s = silu(g) u from g's and u's codes as
+      // it reads them, x^T's codes saved): on CUDA bit for bit what swiglu_forward_bf16
+      // followed by the forward on s's codes gives (y, x^T's codes, their scale, the amaxes),
+      // the same math on the same device; that forward against the CPU twin on the GPU's own
+      // s codes; and the twin's fused form against its unfused one, bit for bit.
+      run_case("fp8_linear_forward_swiglu", shape, [&](Result& r) {
+        const Bf16Input gb(randn(N * I, 2.0f)), ub(randn(N * I));
+        auto save = [&](Backend::Fp8Operand q, uint8_t* t, float* sc) {
+          q.save_t = t;
+          q.save_t_scale_inv = sc;
+          return q;
+        };
+        auto fused = [&](Backend::Fp8Operand q, const uint16_t* g, const uint16_t* u) {
+          q.swiglu_g = g;
+          q.swiglu_u = u;
+          return q;
+        };
+        auto sx = widen(gb.codes);  // stand-in values for the delayed scale: any will do
+        Dev<float> dY(N * O), dY2(N * O), gs(1), gs2(1), amax_a(2), amax_b(2);
+        Dev<uint8_t> gxt(N * I), gxt2(N * I);
+        Dev<uint16_t> ds16(N * I);
+        amax_a.poison();
+        amax_b.poison();
+        dY.poison();
+        gxt.poison();
+        gpu.fp8_linear_forward(dY.p, nullptr,
+                               fused(save(op(Format::kE4M3, sx, amax_a.p), gxt.p, gs.p),
+                                     gb.dev.p, ub.dev.p),
+                               dW.p, op(Format::kE4M3, w, amax_a.p + 1), N, I, O, gpu_work.p,
+                               nullptr, dDY.p);  // (a residual [N, O], as the down projection adds)
+        gpu.swiglu_forward_bf16(ds16.p, gb.dev.p, ub.dev.p, N * I);
+        Backend::Fp8Operand sq = save(op(Format::kE4M3, sx, amax_b.p), gxt2.p, gs2.p);
+        sq.bf16 = ds16.p;
+        gpu.fp8_linear_forward(dY2.p, nullptr, sq, dW.p, op(Format::kE4M3, w, amax_b.p + 1), N,
+                               I, O, gpu_work.p, nullptr, dDY.p);
+        expect_floats(r, "y (fused = unfused)", dY.download(), dY2.download());
+        expect_bytes(r, "x^T codes (fused = unfused)", gxt.download(), gxt2.download());
+        expect_floats(r, "x^T scale_inv (fused = unfused)", gs.download(), gs2.download());
+        expect_floats(r, "amax (fused = unfused)", amax_a.download(), amax_b.download());
+        // the CPU twin on the GPU's s codes, and its own fused form
+        const std::vector<uint16_t> s16 = ds16.download();
+        std::vector<float> y(N * O), y2(N * O), cs(1), cs2(1), camax(2), camax2(2);
+        std::vector<uint8_t> cxt(N * I), cxt2(N * I);
+        Backend::Fp8Operand cq = save(op(Format::kE4M3, sx, &camax[0]), cxt.data(), cs.data());
+        cq.bf16 = s16.data();
+        cpu.fp8_linear_forward(y.data(), nullptr, cq, w.data(), op(Format::kE4M3, w, &camax[1]),
+                               N, I, O, cpu_work.data(), nullptr, dy.data());
+        compare_rows(r, "y", dY.download(), y, O);
+        expect_bytes(r, "x^T codes", gxt.download(), cxt);
+        expect_floats(r, "amax", amax_a.download(), camax);
+        std::vector<uint16_t> cs16(N * I);
+        cpu.swiglu_forward_bf16(cs16.data(), gb.codes.data(), ub.codes.data(), N * I);
+        cq.bf16 = cs16.data();
+        cpu.fp8_linear_forward(y.data(), nullptr, cq, w.data(), op(Format::kE4M3, w, &camax[1]),
+                               N, I, O, cpu_work.data(), nullptr, dy.data());
+        cpu.fp8_linear_forward(y2.data(), nullptr,
+                               fused(save(op(Format::kE4M3, sx, &camax2[0]), cxt2.data(),
+                                          cs2.data()),
+                                     gb.codes.data(), ub.codes.data()),
+                               w.data(), op(Format::kE4M3, w, &camax2[1]), N, I, O,
+                               cpu_work.data(), nullptr, dy.data());
+        expect_floats(r, "cpu y (fused = unfused)", y2, y);
+        expect_bytes(r, "cpu x^T codes (fused = unfused)", cxt2, cxt);
+        expect_floats(r, "cpu amax (fused = unfused)", camax2, camax);
+      });
     }
 }
 

@@ -171,6 +171,15 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
     assert summary_off["fp8_saved_xt_operands"] == 0, summary_off
     for a, b in zip(on, off):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+    # down's cast made s from SwiGLU's operands (fp8_codes_both_swiglu) in each block and step:
+    # the same bits as swiglu_forward_bf16 then the cast (MXTRAIN_FP8_FUSE_SWIGLU=0)
+    assert summary["fp8_fused_swiglu_inputs"] == 2 * STEPS, summary
+    assert summary_off["fp8_fused_swiglu_inputs"] == 0, summary_off
+    unfused, summary_unfused, _ = train(tmp_path, "unfused", EMU_BIN, "cuda", recipe,
+                                        env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
+    assert summary_unfused["fp8_fused_swiglu_inputs"] == 0, summary_unfused
+    for a, b in zip(on, unfused):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
     _, selective, _ = train(tmp_path, "selective", EMU_BIN, "cuda", recipe,
                             extra=("--set", "memory.activation_checkpointing=selective"))
     assert selective["fp8_saved_xt_operands"] == 0, selective

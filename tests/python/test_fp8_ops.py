@@ -182,12 +182,26 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
         assert 0 < saved_on["fp8_saved_xt_operands"] < 6 * 12, saved_on
         return
     assert saved_on["fp8_saved_xt_operands"] == 6 * 2 * 12
+    # The down projection's cast made s from SwiGLU's operands (Fp8Operand::swiglu_g) in each
+    # block and step, the same bits as with s's codes written and read
+    # (MXTRAIN_FP8_FUSE_SWIGLU=0); off with the kept codes off
+    assert saved_on["fp8_fused_swiglu_inputs"] == 2 * 12
+    assert saved_off["fp8_fused_swiglu_inputs"] == 0
+    unfused, unfused_out, _ = train(tmp_path, "unfused", True, False, extra,
+                                    env_extra={"MXTRAIN_TEST_BF16_GEMM": "1",
+                                               "MXTRAIN_FP8_FUSE_SWIGLU": "0"})
+    assert unfused == on
+    assert checkpoint_files(unfused_out, 12) == checkpoint_files(on_out, 12)
+    saved_unfused = summary_of(unfused_out)
+    assert saved_unfused["fp8_fused_swiglu_inputs"] == 0
+    assert saved_unfused["fp8_saved_xt_operands"] == 6 * 2 * 12
     # The activations arena holds the codes (1 byte an element, a 4-byte scale, 64-byte
     # rounding) in place of the bf16 codes (2 bytes): tiny, 4 x 32 tokens, hidden 64,
     # intermediate 160, 2 blocks.
     n_h, n_s = 128 * 64, 128 * 160
     less = 2 * sum(round64(2 * n) - round64(round64(n) + 4) for n in (n_h, n_h, n_s))
-    assert saved_off["peak_mem_bytes"] - saved_on["peak_mem_bytes"] == less, (saved_on, saved_off)
+    assert saved_off["peak_mem_bytes"] - saved_unfused["peak_mem_bytes"] == less, \
+        (saved_unfused, saved_off)
 
 
 def native_linears(hidden, inter, heads, kv_heads, tokens, multiple):
