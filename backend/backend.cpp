@@ -349,6 +349,20 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
   if (residual) add(y, residual, y, N * out);
 }
 
+void Backend::fp8_swiglu_backward(float* dx, float* const dw[2], const uint16_t* ds16,
+                                  const uint16_t* g16, const uint16_t* u16,
+                                  const float* const w[2], const Fp8Operand wq[2],
+                                  const Fp8Operand dyq[2][2], const Fp8Operand xq[2], int64_t N,
+                                  int64_t C, int64_t I, uint16_t* dgu16, float* work) {
+  swiglu_backward_bf16(dgu16, dgu16 + N * I, ds16, g16, u16, N * I);
+  for (int k = 0; k < 2; ++k) {
+    Fp8Operand dgrad = dyq[k][0], wgrad = dyq[k][1];
+    dgrad.bf16 = wgrad.bf16 = dgu16 + k * N * I;
+    fp8_linear_backward(dx, dw[k], nullptr, dgrad, w[k], wq[k], wgrad, nullptr, xq[k], N, C, I,
+                        k == 1, work);
+  }
+}
+
 void Backend::fp8_linear_dgrad(float* dx, const float* dy, const Fp8Operand& dyq, const float* w,
                                const Fp8Operand& wq, int64_t N, int64_t in, int64_t out,
                                bool accumulate_dx, float* work, uint16_t* dx16) {

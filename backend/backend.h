@@ -267,6 +267,22 @@ class Backend {
                                    const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                    int64_t out, bool accumulate_dx, float* work,
                                    uint16_t* dx16 = nullptr);
+  // The bf16 path's gate and up backward from SwiGLU's (per-tensor FP8 Linears, x as codes):
+  // dg and du as swiglu_backward_bf16 writes them from ds, g and u (bf16 codes [N, I]) into
+  // dgu16 (room for both: dg, then du), then for k = 0 (gate), 1 (up), w[k] [I, C]:
+  // fp8_linear_backward(dx, dw[k], dy_k as codes with operands dyq[k][0] (data gradient) and
+  // dyq[k][1] (weight gradient), w[k], wq[k], x given by xq[k] (its bf16 codes or x^T's kept
+  // codes, codes_t), N, C, I, accumulate_dx = (k == 1), work): dx = dg W_gate + du W_up.
+  // `work` as fp8_linear_backward's (in = C, out = I). That is the reference form. CUDA makes
+  // dg's and du's FP8 operands in both layouts from one read of ds, g and u
+  // (cuda::swiglu_backward_fp8) without writing their bf16 codes: the same bytes, amaxes and
+  // results.
+  virtual void fp8_swiglu_backward(float* dx, float* const dw[2], const uint16_t* ds16,
+                                   const uint16_t* g16, const uint16_t* u16,
+                                   const float* const w[2], const Fp8Operand wq[2],
+                                   const Fp8Operand dyq[2][2], const Fp8Operand xq[2],
+                                   int64_t N, int64_t C, int64_t I, uint16_t* dgu16,
+                                   float* work);
 
   // ---- Shared inputs: one quantization for the Linears that read the same tensor -----------
   // q, k and v read one normalized input (h1), gate and up another (h2). Between

@@ -708,14 +708,31 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     } else {
       uint16_t* dg16 = dgu16;
       uint16_t* du16 = dgu16 + N * I;
-      be_.swiglu_backward_bf16(dg16, du16, ds16, a.g_16, a.u_16, N * I);
       const float* h2 = nat || mlp_read_codes(N) ? nullptr : widened(a.h2_16, z.h2);  // once
       const void* shared_x = h2 ? static_cast<const void*>(h2) : a.h2_16;
       const auto shared = shared_input(shared_x, N, true);
-      linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, nat, h2,
-                   nullptr, a.h2_xt);
-      linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, nat, h2,
-                   nullptr, a.h2_xt);
+      if (!nat && fused_swiglu_backward(N)) {
+        // gate's and up's FP8 operands of dg and du straight from ds, g and u
+        // (Backend::fp8_swiglu_backward: their bf16 codes are not written and read back)
+        const size_t mw = scratch_.mark();
+        float* work = scratch_.alloc_f32(std::max(N * I + I * C, N * I + N * C));
+        Backend::Fp8Operand dyq[2][2], wq[2], xq[2];
+        for (int k = 0; k < 2; ++k)
+          fp8_backward_operands(4 + k, N, true, true, nullptr, a.h2_xt.codes ? nullptr : a.h2_16,
+                                a.h2_xt, dyq[k][0], wq[k], dyq[k][1], xq[k]);
+        float* const dws[2] = {dw.w_gate, dw.w_up};
+        const float* const ws[2] = {w.w_gate, w.w_up};
+        be_.fp8_swiglu_backward(dh2, dws, ds16, a.g_16, a.u_16, ws, wq, dyq, xq, N, C, I, dgu16,
+                                work);
+        ++fused_swiglu_grads_;
+        scratch_.release(mw);
+      } else {
+        be_.swiglu_backward_bf16(dg16, du16, ds16, a.g_16, a.u_16, N * I);
+        linear_bwd16(4, dh2, dw.w_gate, nullptr, dg16, a.h2_16, w.w_gate, N, C, I, false, nat,
+                     h2, nullptr, a.h2_xt);
+        linear_bwd16(5, dh2, dw.w_up, nullptr, du16, a.h2_16, w.w_up, N, C, I, true, nat, h2,
+                     nullptr, a.h2_xt);
+      }
     }
     norm_backward(dw.post_norm, dh2, a.x_mid, w.post_norm, a.rstd2);
     scratch_.release(m);
@@ -1051,6 +1068,14 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
   return true;
 }
 
+bool LlamaModel::fused_swiglu_backward(int64_t N) const {
+  // per-tensor FP8 on tensor cores for gate and up (their operands as codes), not on a
+  // telemetry step (native_fp8 says so) nor in a block left in high precision
+  const Recipe r = recipe_ ? recipe_->recipe() : Recipe::kBf16;
+  return fp8_fuse_swiglu_enabled() && (r == Recipe::kFp8Current || r == Recipe::kFp8Delayed) &&
+         mlp_read_codes(N) && w16_[4] == nullptr && w16_[5] == nullptr;
+}
+
 bool LlamaModel::qkv_read_codes(int64_t N) const {
   const int64_t C = c_.hidden_size;
   return fp8_reads_codes(N, C, c_.q_dim()) && fp8_reads_codes(N, C, c_.kv_dim());
@@ -1108,6 +1133,36 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
   if (residual) be_.add(y, residual, y, N * out);  // residual + product, as gemm_bf16_residual
 }
 
+void LlamaModel::fp8_backward_operands(int linear, int64_t N, bool dx, bool dw,
+                                       const uint16_t* dy16, const uint16_t* x16, SavedXt xt,
+                                       Backend::Fp8Operand& dyq_dgrad, Backend::Fp8Operand& wq,
+                                       Backend::Fp8Operand& dyq_wgrad,
+                                       Backend::Fp8Operand& xq) {
+  if (dx) {
+    dyq_dgrad = fp8_operand(LinearOperand::kDgradGrad, linear);
+    dyq_dgrad.bf16 = dy16;
+    wq = fp8_operand(LinearOperand::kDgradWeight, linear);
+  }
+  if (!dw) return;
+  dyq_wgrad = fp8_operand(LinearOperand::kWgradGrad, linear);
+  dyq_wgrad.bf16 = dy16;
+  xq = fp8_operand(LinearOperand::kWgradInput, linear);
+  xq.bf16 = x16;
+  if (xt.codes) {  // the forward's codes of x^T (saves_xt): x is not read again
+    xq.codes_t = xt.codes;
+    xq.codes_t_scale_inv = xt.scale_inv;
+    // fp8-delayed: this operand's history takes x's amax, which the forward's slot holds
+    if (xq.amax)
+      be_.copy(xq.amax,
+               amax_slots_ + (int(layer_) * 7 + linear) * 6 + int(LinearOperand::kFwdInput), 1);
+    ++saved_xt_uses_;
+  }
+  if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
+    dyq_wgrad.rht = xq.rht = true;
+    dyq_wgrad.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);
+  }
+}
+
 void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, const float* x,
                             const float* w, int64_t N, int64_t in, int64_t out,
                             bool accumulate_dx, const uint16_t* x16, const uint16_t* dy16,
@@ -1129,31 +1184,8 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     float* work = scratch_.alloc_f32(std::max(dx ? N * out + out * in : 0,
                                               dw ? N * out + N * in : 0));
     Backend::Fp8Operand dyq_dgrad, wq, dyq_wgrad, xq;
-    if (dx) {
-      dyq_dgrad = fp8_operand(LinearOperand::kDgradGrad, linear);
-      dyq_dgrad.bf16 = dy16;
-      wq = fp8_operand(LinearOperand::kDgradWeight, linear);
-    }
-    if (dw) {
-      dyq_wgrad = fp8_operand(LinearOperand::kWgradGrad, linear);
-      dyq_wgrad.bf16 = dy16;
-      xq = fp8_operand(LinearOperand::kWgradInput, linear);
-      xq.bf16 = x16;
-      if (xt.codes) {  // the forward's codes of x^T (saves_xt): x is not read again
-        xq.codes_t = xt.codes;
-        xq.codes_t_scale_inv = xt.scale_inv;
-        // fp8-delayed: this operand's history takes x's amax, which the forward's slot holds
-        if (xq.amax)
-          be_.copy(xq.amax,
-                   amax_slots_ + (int(layer_) * 7 + linear) * 6 + int(LinearOperand::kFwdInput),
-                   1);
-        ++saved_xt_uses_;
-      }
-      if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens
-        dyq_wgrad.rht = xq.rht = true;
-        dyq_wgrad.rht_seed = xq.rht_seed = recipe_->hadamard_seed(layer_, linear);
-      }
-    }
+    fp8_backward_operands(linear, N, dx != nullptr, dw != nullptr, dy16, x16, xt, dyq_dgrad, wq,
+                          dyq_wgrad, xq);
     be_.fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in, out,
                             accumulate_dx, work, dx16);
     scratch_.release(m);

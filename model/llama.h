@@ -191,6 +191,9 @@ class LlamaModel {
   // Down projections whose FP8 input the cast made from SwiGLU's operands (SwigluInput), since
   // the model was made.
   int64_t fused_swiglu_inputs() const { return fused_swiglu_uses_; }
+  // Gate-and-up backward passes whose FP8 operands of dg and du came straight from SwiGLU's
+  // backward (Backend::fp8_swiglu_backward), since the model was made.
+  int64_t fused_swiglu_grads() const { return fused_swiglu_grads_; }
 
  private:
   struct BlockActs;
@@ -317,6 +320,19 @@ class LlamaModel {
   // input is widened, once for the Linears sharing it, only where one of them does not.
   bool qkv_read_codes(int64_t N) const;
   bool mlp_read_codes(int64_t N) const;
+  // Whether gate's and up's backward take dg's and du's FP8 operands straight from SwiGLU's
+  // backward (Backend::fp8_swiglu_backward): per-tensor FP8 (fp8-current, fp8-delayed) on the
+  // backend's FP8 Linears reading codes, the block's weights fp32, unless
+  // MXTRAIN_FP8_FUSE_SWIGLU=0.
+  bool fused_swiglu_backward(int64_t N) const;
+  // The operands of Linear `linear`'s FP8 backward on tensor cores (fp8_linear_backward's):
+  // dy's for the data gradient and W's (dx), dy's for the weight gradient and x's (dw), dy and
+  // x as codes (dy16, x16: null for none) or x^T's kept codes (xt: the forward-input amax
+  // copied into the weight-gradient input's slot, counted in saved_xt_operands).
+  void fp8_backward_operands(int linear, int64_t N, bool dx, bool dw, const uint16_t* dy16,
+                             const uint16_t* x16, SavedXt xt, Backend::Fp8Operand& dyq_dgrad,
+                             Backend::Fp8Operand& wq, Backend::Fp8Operand& dyq_wgrad,
+                             Backend::Fp8Operand& xq);
   // The bracket (Backend::begin_shared_input) for the Linears that read h1 (q, k, v) or, with
   // mlp, h2 (gate, up), given as x, the pointer they read: open where they all take the
   // backend's FP8 Linears (not nvfp4), else none.
@@ -360,6 +376,7 @@ class LlamaModel {
   int64_t layer_ = 0;  // the block being computed
   int64_t saved_xt_uses_ = 0;
   int64_t fused_swiglu_uses_ = 0;
+  int64_t fused_swiglu_grads_ = 0;
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};

@@ -1192,6 +1192,7 @@ int run_training(const RunConfig& cfg) {
   if (fp8_recipe) {
     summary["fp8_saved_xt_operands"] = engine.model->saved_xt_operands();
     summary["fp8_fused_swiglu_inputs"] = engine.model->fused_swiglu_inputs();
+    summary["fp8_fused_swiglu_grads"] = engine.model->fused_swiglu_grads();
   }
   if (cfg.run.profile && step >= profile_first) {  // rank 0's ops (every rank runs the same)
     auto str_seconds = [](double s) {

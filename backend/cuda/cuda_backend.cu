@@ -1112,6 +1112,66 @@ class CudaBackendImpl final : public CudaBackend {
     });
   }
 
+  // Backend::fp8_swiglu_backward: dg's and du's FP8 operands in both layouts from one read of
+  // ds, g and u (cuda::swiglu_backward_fp8; under current scaling an amax pass over the same
+  // gradients first), their bf16 codes never written; then each Linear's two GEMMs as
+  // fp8_linear_backward's tensor path (W^T's and x^T's operands by fp8_operand: x^T's kept
+  // codes, or the shared input's). Per-tensor operands only, where `work` holds the four
+  // gradient operands, W^T's and x^T's codes; otherwise the reference form (dgu16).
+  void fp8_swiglu_backward(float* dx, float* const dw[2], const uint16_t* ds16,
+                           const uint16_t* g16, const uint16_t* u16, const float* const w[2],
+                           const Fp8Operand wq[2], const Fp8Operand dyq[2][2],
+                           const Fp8Operand xq[2], int64_t N, int64_t C, int64_t I,
+                           uint16_t* dgu16, float* work) override {
+    const int64_t have = 4 * std::max(N * I + I * C, N * I + N * C);
+    const int64_t need = 4 * round_up_256(N * I) + round_up_256(I * C) + N * C;
+    bool fused = need <= have && fp8_native_;
+    for (int k = 0; k < 2; ++k) {
+      check_codes_t(nullptr, xq[k], "fp8_swiglu_backward");
+      fused = fused && xq[k].per_tensor() && wq[k].per_tensor();
+      for (int j = 0; j < 2; ++j)
+        fused = fused && dyq[k][j].per_tensor() && !dyq[k][j].bf16 &&
+                dyq[k][j].fmt == dyq[0][j].fmt && dyq[k][j].current == dyq[0][0].current;
+    }
+    if (!fused)
+      return Backend::fp8_swiglu_backward(dx, dw, ds16, g16, u16, w, wq, dyq, xq, N, C, I, dgu16,
+                                          work);
+    DeviceArenaScope scope(scratch_);
+    uint8_t* codes[4];  // dg rows, dg^T, du rows, du^T
+    codes[0] = reinterpret_cast<uint8_t*>(work);
+    for (int i = 1; i < 4; ++i) codes[i] = codes[i - 1] + round_up_256(N * I);
+    uint8_t* wtc = codes[3] + round_up_256(N * I);
+    uint8_t* xtc = wtc + round_up_256(I * C);
+    const bool current = dyq[0][0].current;
+    float* amax = scratch_.alloc_f32(2);  // max |dg|, max |du|
+    float* scales = scratch_.alloc_f32(4);  // dg rows, dg^T, du rows, du^T (encode)
+    float* scale_inv = scratch_.alloc_f32(4);
+    if (current) cuda::swiglu_grads_abs_max(amax, ds16, g16, u16, N * I, stream_);
+    for (int k = 0; k < 2; ++k)
+      for (int j = 0; j < 2; ++j)
+        cuda::fp8_scales(scales + 2 * k + j, scale_inv + 2 * k + j, current ? amax + k : nullptr,
+                         dyq[k][j].scale, dyq[k][j].fmt, stream_);
+    cuda::swiglu_backward_fp8(ds16, g16, u16, N, I, dyq[0][0].fmt, dyq[0][1].fmt, scales,
+                              codes[0], codes[1], codes[2], codes[3], current ? nullptr : amax,
+                              stream_);
+    launched("fp8_swiglu_backward (dg, du operands)");
+    for (int k = 0; k < 2; ++k)
+      for (int j = 0; j < 2; ++j)
+        if (dyq[k][j].amax) copy_amax(dyq[k][j].amax, amax + k);
+    for (int k = 0; k < 2; ++k) {
+      uint8_t* wt = wtc;  // (a reference parameter, as xt's below)
+      const float* ws = fp8_operand(wt, w[k], I, C, wq[k], true);
+      tensor_fp8_gemm(N, C, I, codes[2 * k], dyq[k][0].fmt, scale_inv + 2 * k, wt, wq[k].fmt, ws,
+                      k == 1 ? 1.0f : 0.0f, dx, nullptr);
+      uint8_t* xt = xtc;  // (fp8_operand may point it at kept codes)
+      with_input(nullptr, xq[k], "fp8_swiglu_backward", [&](const auto* xs) {
+        const float* xsc = fp8_operand(xt, xs, N, C, xq[k], true);
+        tensor_fp8_gemm(I, C, N, codes[2 * k + 1], dyq[k][1].fmt, scale_inv + 2 * k + 1, xt,
+                        xq[k].fmt, xsc, 1.0f, dw[k], nullptr);
+      });
+    }
+  }
+
   // fp8-block's backward with dy read once for both its operands (quantize_fp8_block_both:
   // the bytes and scales of the two separate quantizations), then the two GEMMs as
   // fp8_dgrad's and fp8_wgrad's (Hopper's block-scaled GEMM, or Blackwell's MXFP8 one with

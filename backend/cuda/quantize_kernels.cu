@@ -878,6 +878,20 @@ constexpr int kTile = 32, kTileRows = 8;
 constexpr int kCodesTileRows = 128;
 // The rows of a tile each thread reads (the block is kTile x kTileRows threads).
 constexpr int kCodesRowsPerThread = kCodesTileRows / kTileRows;
+// Bytes tile[i .. i + 3][j] (x's rows r .. r + 3 of a tile column) to dst, codes^T's row:
+// one 4-byte store where `packed` and all four rows exist (`left` = rows - r), else byte by
+// byte.
+using CodesTile = uint8_t[kCodesTileRows][kTile + 1];
+__device__ __forceinline__ void store_tile_column(const CodesTile& tile, int i, int j,
+                                                  uint8_t* dst, bool packed, int64_t left) {
+  if (packed && left > 3) {
+    *reinterpret_cast<uint32_t*>(dst) = uint32_t(tile[i][j]) | uint32_t(tile[i + 1][j]) << 8 |
+                                        uint32_t(tile[i + 2][j]) << 16 |
+                                        uint32_t(tile[i + 3][j]) << 24;
+  } else {
+    for (int k = 0; k < 4 && k < left; ++k) dst[k] = tile[i + k][j];
+  }
+}
 // codes (may be null): the row-major codes too, written as x is read (fp8_codes_both).
 // amax (may be null): max |x| too, as fp8_codes_kernel.
 // x: what load(x, i) reads: fp32, bf16 codes, or SwiGLU's product of two codes (SwigluCodes).
@@ -923,14 +937,7 @@ __device__ __forceinline__ void codes_t_tiles(S x, int64_t rows, int64_t cols, F
     for (int j = threadIdx.y; j < kTile; j += kTileRows) {
       const int64_t ct = c0 + j, r = r0 + i;
       if (ct >= cols || r >= rows) continue;
-      uint8_t* dst = codes_t + ct * rows + r;
-      if (packed && r + 3 < rows) {
-        *reinterpret_cast<uint32_t*>(dst) = uint32_t(tile[i][j]) | uint32_t(tile[i + 1][j]) << 8 |
-                                            uint32_t(tile[i + 2][j]) << 16 |
-                                            uint32_t(tile[i + 3][j]) << 24;
-      } else {
-        for (int k = 0; k < 4 && r + k < rows; ++k) dst[k] = tile[i + k][j];
-      }
+      store_tile_column(tile, i, j, codes_t + ct * rows + r, packed, rows - r);
     }
     __syncthreads();  // the tile is read before the next row tile overwrites it
   }
@@ -960,6 +967,90 @@ __global__ void fp8_codes_t_swiglu_kernel(const uint16_t* __restrict__ g,
                                           uint8_t* __restrict__ codes_t,
                                           uint8_t* __restrict__ codes, float* amax, bool packed) {
   codes_t_tiles(SwigluCodes{g, u}, rows, cols, fmt, scale_ptr, codes_t, codes, amax, packed);
+}
+// SwiGLU's backward on the bf16 path straight into the FP8 operands of gate's and up's
+// backward: dg and du as swiglu_backward_bf16 rounds them (swiglu_grads of the widened codes,
+// then RNE to bf16), each encoded twice, row-major at its data gradient's scale and format
+// (scale[0] dg, scale[2] du: fmt_rows) and transposed at its weight gradient's (scale[1],
+// scale[3]: fmt_cols), from one read of ds, g and u; amax[0] = max |dg|, amax[1] = max |du|
+// (zeroed by the launch; may be null). The tiles and stores of codes_t_tiles, twice.
+__device__ inline void swiglu_grad_codes(uint16_t ds, uint16_t g, uint16_t u, float& dg,
+                                         float& du) {
+  swiglu_grads(numerics::decode_bf16(ds), numerics::decode_bf16(g), numerics::decode_bf16(u),
+               dg, du);
+  dg = numerics::decode_bf16(numerics::encode_bf16(dg, numerics::Saturation::kNoSat));
+  du = numerics::decode_bf16(numerics::encode_bf16(du, numerics::Saturation::kNoSat));
+}
+__global__ void swiglu_backward_fp8_kernel(
+    const uint16_t* __restrict__ ds, const uint16_t* __restrict__ g,
+    const uint16_t* __restrict__ u, int64_t rows, int64_t cols, Format fmt_rows,
+    Format fmt_cols, const float* __restrict__ scales, uint8_t* __restrict__ dg_rows,
+    uint8_t* __restrict__ dg_cols, uint8_t* __restrict__ du_rows, uint8_t* __restrict__ du_cols,
+    float* amax, bool packed) {
+  __shared__ uint8_t tile_g[kCodesTileRows][kTile + 1];
+  __shared__ uint8_t tile_u[kCodesTileRows][kTile + 1];
+  const float sg_r = scales[0], sg_c = scales[1], su_r = scales[2], su_c = scales[3];
+  const int64_t c0 = int64_t(blockIdx.x) * kTile;
+  const int64_t c = c0 + threadIdx.x;
+  float mg = 0.0f, mu = 0.0f;
+  for (int64_t r0 = int64_t(blockIdx.y) * kCodesTileRows; r0 < rows;
+       r0 += int64_t(gridDim.y) * kCodesTileRows) {
+    uint16_t vd[kCodesRowsPerThread], vg[kCodesRowsPerThread], vu[kCodesRowsPerThread];
+#pragma unroll
+    for (int k = 0; k < kCodesRowsPerThread; ++k) {  // every load first (codes_t_tiles)
+      const int64_t r = r0 + threadIdx.y + k * kTileRows;
+      const bool in = r < rows && c < cols;
+      vd[k] = in ? ds[r * cols + c] : uint16_t(0);
+      vg[k] = in ? g[r * cols + c] : uint16_t(0);
+      vu[k] = in ? u[r * cols + c] : uint16_t(0);
+    }
+#pragma unroll
+    for (int k = 0; k < kCodesRowsPerThread; ++k) {
+      const int i = int(threadIdx.y) + k * kTileRows;
+      const int64_t r = r0 + i;
+      if (r < rows && c < cols) {
+        float dg, du;
+        swiglu_grad_codes(vd[k], vg[k], vu[k], dg, du);
+        mg = numerics::amax_fold(mg, dg);
+        mu = numerics::amax_fold(mu, du);
+        dg_rows[r * cols + c] = fp8_code(dg * sg_r, fmt_rows);
+        du_rows[r * cols + c] = fp8_code(du * su_r, fmt_rows);
+        tile_g[i][threadIdx.x] = fp8_code(dg * sg_c, fmt_cols);
+        tile_u[i][threadIdx.x] = fp8_code(du * su_c, fmt_cols);
+      }
+    }
+    __syncthreads();
+    const int i = 4 * int(threadIdx.x);
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t ct = c0 + j, r = r0 + i;
+      if (ct >= cols || r >= rows) continue;
+      store_tile_column(tile_g, i, j, dg_cols + ct * rows + r, packed, rows - r);
+      store_tile_column(tile_u, i, j, du_cols + ct * rows + r, packed, rows - r);
+    }
+    __syncthreads();  // the tiles are read before the next row tile overwrites them
+  }
+  if (amax) {
+    block_amax_to(mg, amax);
+    __syncthreads();  // block_amax's shared array is read by the first before the second writes
+    block_amax_to(mu, amax + 1);
+  }
+}
+// max |dg| and max |du| of those rounded gradients into amax[0], amax[1] (zeroed by the
+// launch): current scaling's pass.
+__global__ void swiglu_grads_amax_kernel(float* amax, const uint16_t* __restrict__ ds,
+                                         const uint16_t* __restrict__ g,
+                                         const uint16_t* __restrict__ u, int64_t n) {
+  float mg = 0.0f, mu = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float dg, du;
+    swiglu_grad_codes(ds[i], g[i], u[i], dg, du);
+    mg = numerics::amax_fold(mg, dg);
+    mu = numerics::amax_fold(mu, du);
+  }
+  block_amax_to(mg, amax);
+  __syncthreads();  // (as above)
+  block_amax_to(mu, amax + 1);
 }
 // max |s| of that product into *amax (zeroed by the launch): current scaling's pass.
 __global__ void swiglu_amax_kernel(float* amax, const uint16_t* __restrict__ g,
@@ -1363,6 +1454,32 @@ void fp8_codes_both_swiglu(const uint16_t* g, const uint16_t* u, int64_t rows, i
   fp8_codes_t_swiglu_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(g, u, rows, cols, fmt, scale,
                                                                      codes_t, codes, amax, packed);
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both_swiglu");
+}
+
+void swiglu_backward_fp8(const uint16_t* ds, const uint16_t* g, const uint16_t* u, int64_t rows,
+                         int64_t cols, Format fmt_rows, Format fmt_cols, const float* scales,
+                         uint8_t* dg_rows, uint8_t* dg_cols, uint8_t* du_rows, uint8_t* du_cols,
+                         float* amax, cudaStream_t s) {
+  check_fp8(fmt_rows, "swiglu_backward_fp8");
+  check_fp8(fmt_cols, "swiglu_backward_fp8");
+  if (amax) MX_CUDA_CHECK("swiglu_backward_fp8 amax",
+                          cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
+  if (rows * cols == 0) return;
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
+  const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(dg_cols) % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(du_cols) % 4 == 0;
+  swiglu_backward_fp8_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(
+      ds, g, u, rows, cols, fmt_rows, fmt_cols, scales, dg_rows, dg_cols, du_rows, du_cols, amax,
+      packed);
+  MX_CUDA_LAUNCH_CHECK("swiglu_backward_fp8");
+}
+
+void swiglu_grads_abs_max(float* amax, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                          int64_t n, cudaStream_t s) {
+  MX_CUDA_CHECK("swiglu_grads_abs_max", cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
+  if (n == 0) return;
+  swiglu_grads_amax_kernel<<<elem_grid(n), 256, 0, s>>>(amax, ds, g, u, n);
+  MX_CUDA_LAUNCH_CHECK("swiglu_grads_abs_max");
 }
 
 void swiglu_abs_max(float* amax, const uint16_t* g, const uint16_t* u, int64_t n,

@@ -142,6 +142,21 @@ void fp8_codes_both_swiglu(const uint16_t* g, const uint16_t* u, int64_t rows, i
 void swiglu_abs_max(float* amax, const uint16_t* g, const uint16_t* u, int64_t n,
                     cudaStream_t s);
 
+// SwiGLU's backward on the bf16 path into the FP8 operands of gate's and up's backward, from
+// one read of ds, g and u (bf16 codes [rows, cols]): dg and du as swiglu_backward_bf16 writes
+// them (rounded RNE to bf16), encoded row-major (dg_rows, du_rows: the data gradients' operands,
+// fmt_rows at scales[0] and scales[2]) and transposed [cols, rows] (dg_cols, du_cols: the weight
+// gradients', fmt_cols at scales[1] and scales[3]); scales on the device. amax (device, may be
+// null): zeroed, then max |dg| and max |du| into amax[0], amax[1]. The bytes fp8_codes_both
+// (or fp8_codes) writes from swiglu_backward_bf16's codes at those scales.
+void swiglu_backward_fp8(const uint16_t* ds, const uint16_t* g, const uint16_t* u, int64_t rows,
+                         int64_t cols, numerics::Format fmt_rows, numerics::Format fmt_cols,
+                         const float* scales, uint8_t* dg_rows, uint8_t* dg_cols,
+                         uint8_t* du_rows, uint8_t* du_cols, float* amax, cudaStream_t s);
+// max |dg| and max |du| of those gradients into amax[0], amax[1] (device): current scaling.
+void swiglu_grads_abs_max(float* amax, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                          int64_t n, cudaStream_t s);
+
 // dst[cols, rows] = src[rows, cols]^T, bytes (FP8 codes).
 void transpose_bytes(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst,
                      cudaStream_t s);

@@ -57,7 +57,9 @@
 #      without x^T's FP8 codes kept by the forward ("mx fp8-delayed savext0",
 #      MXTRAIN_FP8_SAVE_XT=0: the backward reads h1, h2 and s again, and the activations arena
 #      holds their bf16 codes; down's cast no longer makes s from g and u itself); then, if it
-#      has 120 s left, the issue's
+#      has 40 s left, fp8-delayed with SwiGLU fused into neither the down projection's cast nor
+#      gate's and up's backward casts ("mx fp8-delayed fuse0", MXTRAIN_FP8_FUSE_SWIGLU=0);
+#      then, if it has 120 s left, the issue's
 #      second shape, seq 4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain
 #      fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
@@ -400,6 +402,14 @@ if (( $(cap 50) >= 40 )); then
   MXTRAIN_FP8_SAVE_XT=0 mx_speed fp8-delayed --variant savext0
   echo "mxtrain fp8-delayed, x^T codes not kept: $(( $(date +%s) - t0 )) s"
 fi
+# SwiGLU fused into the down projection's cast and into gate's and up's backward casts
+# (docs/cuda.md): fp8-delayed with both off (MXTRAIN_FP8_FUSE_SWIGLU=0; row
+# "mx fp8-delayed fuse0"), if the budget has 40 s left: what they save (the table's ratio).
+if (( $(cap 50) >= 40 )); then
+  t0=$(date +%s)
+  MXTRAIN_FP8_FUSE_SWIGLU=0 mx_speed fp8-delayed --variant fuse0
+  echo "mxtrain fp8-delayed, SwiGLU not fused: $(( $(date +%s) - t0 )) s"
+fi
 # The issue's second shape, seq 4096 (MXTRAIN_GPU_SEQ2; 0: none), if the budget has 120 s left:
 # mxtrain bf16, PyTorch and mxtrain fp8-delayed, the same micro-batch rule (16384 tokens and
 # down). Their rows carry seq 4096; the table's ratios are per seq.
@@ -562,6 +572,9 @@ for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx fp8-delayed savext0", seq) in by and ("mx fp8-delayed", seq) in by:
         print(f"seq {seq}: mxtrain fp8-delayed, x^T codes kept / not kept = "
               f"{by[('mx fp8-delayed', seq)] / by[('mx fp8-delayed savext0', seq)]:.3f}")
+    if ("mx fp8-delayed fuse0", seq) in by and ("mx fp8-delayed", seq) in by:
+        print(f"seq {seq}: mxtrain fp8-delayed, SwiGLU fused / not fused = "
+              f"{by[('mx fp8-delayed', seq)] / by[('mx fp8-delayed fuse0', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
               f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")

@@ -669,6 +669,100 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         expect_bytes(r, "cpu x^T codes (fused = unfused)", cxt2, cxt);
         expect_floats(r, "cpu amax (fused = unfused)", camax2, camax);
       });
+      // Gate's and up's backward from SwiGLU's (fp8_swiglu_backward; here C = in, I = out):
+      // on CUDA dg's and du's FP8 operands in both layouts from one read of ds, g and u, bit
+      // for bit what the reference form (swiglu_backward_bf16, then fp8_linear_backward twice)
+      // gives on the same device: dx, both dw and every amax slot; against the CPU twin at the
+      // Linears' tolerance (the gradients' amaxes within one bf16 ulp: CUDA's expf). Under
+      // delayed scaling the weight gradients' scales differ from the data gradients'. x as
+      // bf16 codes, then as x^T's kept codes (codes_t) from a saving forward.
+      for (int kept = 0; kept < 2; ++kept)
+        run_case("fp8_swiglu_backward", shape + (kept ? " x^T kept" : ""), [&](Result& r) {
+          const Bf16Input dsb(randn(N * O, 1e-3f)), gb(randn(N * O, 2.0f)), ub(randn(N * O));
+          auto w2 = randn(O * I, 0.05f);
+          Dev<float> dW2(w2);
+          const float* const gw[2] = {dW.p, dW2.p};
+          const float* const cw[2] = {w.data(), w2.data()};
+          auto dws = [&] { return std::array<std::vector<float>, 2>{randn(O * I, 1e-3f),
+                                                                    randn(O * I, 1e-3f)}; };
+          const auto dw0 = dws();
+          // x^T's kept codes (and their scale), made by a saving forward on each side
+          Dev<uint8_t> gxt(N * I);
+          Dev<float> gxs(1), scratch_y(N * O);
+          std::vector<uint8_t> cxt(N * I);
+          std::vector<float> cxs(1), cy(N * O);
+          if (kept) {
+            Backend::Fp8Operand q = op(Format::kE4M3, x, nullptr);
+            q.save_t = gxt.p;
+            q.save_t_scale_inv = gxs.p;
+            gpu.fp8_linear_forward(scratch_y.p, nullptr, xb.on_gpu(q), dW.p,
+                                   op(Format::kE4M3, w, nullptr), N, I, O, gpu_work.p);
+            q.save_t = cxt.data();
+            q.save_t_scale_inv = cxs.data();
+            cpu.fp8_linear_forward(cy.data(), nullptr, xb.on_host(q), w.data(),
+                                   op(Format::kE4M3, w, nullptr), N, I, O, cpu_work.data());
+          }
+          // slots: dy's [k][j] at 2k + j, W's at 4 + k, x's at 6 + k
+          auto operands = [&](float* slots, bool on_gpu, Backend::Fp8Operand (&dyq)[2][2],
+                              Backend::Fp8Operand (&wq)[2], Backend::Fp8Operand (&xq)[2]) {
+            for (int k = 0; k < 2; ++k) {
+              for (int j = 0; j < 2; ++j) {
+                dyq[k][j] = op(Format::kE5M2, dy, slots + 2 * k + j);
+                if (j == 1) dyq[k][j].scale *= 0.5f;  // (delayed: another scale)
+              }
+              wq[k] = op(Format::kE4M3, k ? w2 : w, slots + 4 + k);
+              xq[k] = op(Format::kE4M3, x, slots + 6 + k);
+              if (kept) {
+                xq[k].codes_t = on_gpu ? gxt.p : cxt.data();
+                xq[k].codes_t_scale_inv = on_gpu ? gxs.p : cxs.data();
+                xq[k].amax = nullptr;  // (the model copies the forward's)
+              } else {
+                xq[k] = on_gpu ? xb.on_gpu(xq[k]) : xb.on_host(xq[k]);
+              }
+            }
+          };
+          Backend::Fp8Operand dyq[2][2], wq[2], xq[2];
+          // the GPU, fused
+          Dev<float> fdx(N * I), fdw0(dw0[0]), fdw1(dw0[1]), famax(std::vector<float>(8, -1.0f));
+          Dev<uint16_t> dgu(2 * N * O);
+          fdx.poison();
+          operands(famax.p, true, dyq, wq, xq);
+          float* const fdw[2] = {fdw0.p, fdw1.p};
+          gpu.fp8_swiglu_backward(fdx.p, fdw, dsb.dev.p, gb.dev.p, ub.dev.p, gw, wq, dyq, xq, N, I,
+                                  O, dgu.p, gpu_work.p);
+          // the GPU, the reference form
+          Dev<float> rdx(N * I), rdw0(dw0[0]), rdw1(dw0[1]), ramax(std::vector<float>(8, -1.0f));
+          rdx.poison();
+          operands(ramax.p, true, dyq, wq, xq);
+          float* const rdw[2] = {rdw0.p, rdw1.p};
+          gpu.Backend::fp8_swiglu_backward(rdx.p, rdw, dsb.dev.p, gb.dev.p, ub.dev.p, gw, wq, dyq,
+                                           xq, N, I, O, dgu.p, gpu_work.p);
+          expect_floats(r, "dx (fused = reference)", fdx.download(), rdx.download());
+          expect_floats(r, "dw gate (fused = reference)", fdw0.download(), rdw0.download());
+          expect_floats(r, "dw up (fused = reference)", fdw1.download(), rdw1.download());
+          expect_floats(r, "amax (fused = reference)", famax.download(), ramax.download());
+          // the CPU twin
+          std::vector<float> cdx(N * I), camax(8, -1.0f);
+          auto cdw = dw0;
+          std::vector<uint16_t> cdgu(2 * N * O);
+          operands(camax.data(), false, dyq, wq, xq);
+          float* const cdws[2] = {cdw[0].data(), cdw[1].data()};
+          cpu.fp8_swiglu_backward(cdx.data(), cdws, dsb.codes.data(), gb.codes.data(),
+                                  ub.codes.data(), cw, wq, dyq, xq, N, I, O, cdgu.data(),
+                                  cpu_work.data());
+          compare_rows(r, "dx", fdx.download(), cdx, I);
+          compare_rows(r, "dw gate", fdw0.download(), cdw[0], I);
+          compare_rows(r, "dw up", fdw1.download(), cdw[1], I);
+          const std::vector<float> ga = famax.download();
+          for (int i = 0; i < 8; ++i) {
+            const double tol = i < 4 ? kBf16Ulp * std::fabs(camax[i]) : 0.0;
+            if (!(std::fabs(double(ga[i]) - camax[i]) <= tol)) {
+              r.pass = false;
+              r.note += "amax slot " + std::to_string(i) + ": " + std::to_string(ga[i]) +
+                        " vs " + std::to_string(camax[i]) + "; ";
+            }
+          }
+        });
     }
 }
 

@@ -178,6 +178,11 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
     unfused, summary_unfused, _ = train(tmp_path, "unfused", EMU_BIN, "cuda", recipe,
                                         env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
     assert summary_unfused["fp8_fused_swiglu_inputs"] == 0, summary_unfused
+    # gate's and up's backward from SwiGLU's (swiglu_backward_fp8: dg's and du's FP8 operands
+    # in both layouts from one read of ds, g and u), kept codes or not; off with the variable
+    assert summary["fp8_fused_swiglu_grads"] == summary_off["fp8_fused_swiglu_grads"] \
+        == 2 * STEPS, (summary, summary_off)
+    assert summary_unfused["fp8_fused_swiglu_grads"] == 0, summary_unfused
     for a, b in zip(on, unfused):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
     _, selective, _ = train(tmp_path, "selective", EMU_BIN, "cuda", recipe,

@@ -187,6 +187,9 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
     # (MXTRAIN_FP8_FUSE_SWIGLU=0); off with the kept codes off
     assert saved_on["fp8_fused_swiglu_inputs"] == 2 * 12
     assert saved_off["fp8_fused_swiglu_inputs"] == 0
+    # and gate's and up's backward took dg's and du's operands from SwiGLU's backward
+    # (Backend::fp8_swiglu_backward), kept codes or not
+    assert saved_on["fp8_fused_swiglu_grads"] == saved_off["fp8_fused_swiglu_grads"] == 2 * 12
     unfused, unfused_out, _ = train(tmp_path, "unfused", True, False, extra,
                                     env_extra={"MXTRAIN_TEST_BF16_GEMM": "1",
                                                "MXTRAIN_FP8_FUSE_SWIGLU": "0"})
@@ -194,6 +197,7 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
     assert checkpoint_files(unfused_out, 12) == checkpoint_files(on_out, 12)
     saved_unfused = summary_of(unfused_out)
     assert saved_unfused["fp8_fused_swiglu_inputs"] == 0
+    assert saved_unfused["fp8_fused_swiglu_grads"] == 0
     assert saved_unfused["fp8_saved_xt_operands"] == 6 * 2 * 12
     # The activations arena holds the codes (1 byte an element, a 4-byte scale, 64-byte
     # rounding) in place of the bf16 codes (2 bytes): tiny, 4 x 32 tokens, hidden 64,

@@ -128,6 +128,7 @@ def test_exit_code_and_files(dry_run):
             {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-block__{SEQ}_2_none_casts0",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn",
              f"speed_fp8-delayed__{SEQ}_2_none_savext0",
+             f"speed_fp8-delayed__{SEQ}_2_none_fuse0",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
@@ -219,8 +220,8 @@ def test_speed_rows(dry_run):
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
     variants = {r["variant"]: r for r in res if r.get("variant")}
-    assert sorted(variants) == ["casts0", "fp8attn", "fp8attn-head", "notune", "savext0"], \
-        variants
+    assert sorted(variants) == ["casts0", "fp8attn", "fp8attn-head", "fuse0", "notune",
+                                "savext0"], variants
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
     # the fp32 attention kernel with the CPU twin's rounding, as a GPU without cuDNN's FP8 SDPA
     fa = variants["fp8attn"]
@@ -248,6 +249,11 @@ def test_speed_rows(dry_run):
     sx = variants["savext0"]
     assert sx["recipe"] == "fp8-delayed" and sx["tokens_per_s"] > 0, sx
     assert sx["peak_mem_bytes"] > mx[("fp8-delayed", "default")]["peak_mem_bytes"], (sx, mx)
+    # SwiGLU not fused (MXTRAIN_FP8_FUSE_SWIGLU=0): the same recipe, its ratio line
+    assert variants["fuse0"]["recipe"] == "fp8-delayed"
+    assert variants["fuse0"]["tokens_per_s"] > 0
+    assert re.search(rf"^seq {SEQ}: mxtrain fp8-delayed, SwiGLU fused / not fused = "
+                     r"\d+\.\d{3}$", log, re.M)
 
     for recipe in ["bf16"] + FP8:
         r = mx[(recipe, "default")]
