@@ -714,6 +714,8 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
       if (!nat && fused_swiglu_backward(N)) {
         // gate's and up's FP8 operands of dg and du straight from ds, g and u
         // (Backend::fp8_swiglu_backward: their bf16 codes are not written and read back)
+        MX_ASSERT(!w16_[4] && !w16_[5],
+                  "a block gathered as bf16 codes off the native bf16 GEMMs");
         const size_t mw = scratch_.mark();
         float* work = scratch_.alloc_f32(std::max(N * I + I * C, N * I + N * C));
         Backend::Fp8Operand dyq[2][2], wq[2], xq[2];
@@ -1073,7 +1075,7 @@ bool LlamaModel::fused_swiglu_backward(int64_t N) const {
   // telemetry step (native_fp8 says so) nor in a block left in high precision
   const Recipe r = recipe_ ? recipe_->recipe() : Recipe::kBf16;
   return fp8_fuse_swiglu_enabled() && (r == Recipe::kFp8Current || r == Recipe::kFp8Delayed) &&
-         mlp_read_codes(N) && w16_[4] == nullptr && w16_[5] == nullptr;
+         mlp_read_codes(N);
 }
 
 bool LlamaModel::qkv_read_codes(int64_t N) const {

@@ -322,8 +322,7 @@ class LlamaModel {
   bool mlp_read_codes(int64_t N) const;
   // Whether gate's and up's backward take dg's and du's FP8 operands straight from SwiGLU's
   // backward (Backend::fp8_swiglu_backward): per-tensor FP8 (fp8-current, fp8-delayed) on the
-  // backend's FP8 Linears reading codes, the block's weights fp32, unless
-  // MXTRAIN_FP8_FUSE_SWIGLU=0.
+  // backend's FP8 Linears reading codes, unless MXTRAIN_FP8_FUSE_SWIGLU=0.
   bool fused_swiglu_backward(int64_t N) const;
   // The operands of Linear `linear`'s FP8 backward on tensor cores (fp8_linear_backward's):
   // dy's for the data gradient and W's (dx), dy's for the weight gradient and x's (dw), dy and

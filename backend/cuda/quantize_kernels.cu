@@ -882,6 +882,19 @@ constexpr int kCodesRowsPerThread = kCodesTileRows / kTileRows;
 // one 4-byte store where `packed` and all four rows exist (`left` = rows - r), else byte by
 // byte.
 using CodesTile = uint8_t[kCodesTileRows][kTile + 1];
+// The write phase of a row tile at (r0, c0): f(i, j, offset, left) for each of this thread's
+// 4-row pieces of codes^T's row c0 + j that exist (x's rows r0 + i ..; offset = that row's
+// element in codes^T, left = rows - (r0 + i)).
+template <class F>
+__device__ __forceinline__ void tile_columns(int64_t r0, int64_t c0, int64_t rows, int64_t cols,
+                                             F&& f) {
+  const int i = 4 * int(threadIdx.x);
+  for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+    const int64_t ct = c0 + j, r = r0 + i;
+    if (ct >= cols || r >= rows) continue;
+    f(i, j, ct * rows + r, rows - r);
+  }
+}
 __device__ __forceinline__ void store_tile_column(const CodesTile& tile, int i, int j,
                                                   uint8_t* dst, bool packed, int64_t left) {
   if (packed && left > 3) {
@@ -933,12 +946,9 @@ __device__ __forceinline__ void codes_t_tiles(S x, int64_t rows, int64_t cols, F
     }
     __syncthreads();
     // codes^T row c (x's column c), bytes r0 + 4 tx .. r0 + 4 tx + 3 (x's rows) from this thread
-    const int i = 4 * int(threadIdx.x);
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t ct = c0 + j, r = r0 + i;
-      if (ct >= cols || r >= rows) continue;
-      store_tile_column(tile, i, j, codes_t + ct * rows + r, packed, rows - r);
-    }
+    tile_columns(r0, c0, rows, cols, [&](int i, int j, int64_t at, int64_t left) {
+      store_tile_column(tile, i, j, codes_t + at, packed, left);
+    });
     __syncthreads();  // the tile is read before the next row tile overwrites it
   }
   if (amax) block_amax_to(m, amax);
@@ -1020,13 +1030,10 @@ __global__ void swiglu_backward_fp8_kernel(
       }
     }
     __syncthreads();
-    const int i = 4 * int(threadIdx.x);
-    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
-      const int64_t ct = c0 + j, r = r0 + i;
-      if (ct >= cols || r >= rows) continue;
-      store_tile_column(tile_g, i, j, dg_cols + ct * rows + r, packed, rows - r);
-      store_tile_column(tile_u, i, j, du_cols + ct * rows + r, packed, rows - r);
-    }
+    tile_columns(r0, c0, rows, cols, [&](int i, int j, int64_t at, int64_t left) {
+      store_tile_column(tile_g, i, j, dg_cols + at, packed, left);
+      store_tile_column(tile_u, i, j, du_cols + at, packed, left);
+    });
     __syncthreads();  // the tiles are read before the next row tile overwrites them
   }
   if (amax) {
@@ -1172,6 +1179,15 @@ bool aligned(const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % 
 // Grid y of a transposing kernel: its row tiles, at most max_grid_yz() (the kernels loop).
 unsigned row_tiles(int64_t rows, int64_t tile) {
   return unsigned(std::min(ceil_div(rows, tile), max_grid_yz()));
+}
+// The plain transposing kernels (codes_t_tiles' and swiglu_backward_fp8_kernel's, blocks of
+// kTile x kTileRows threads): their grid over x [rows, cols], and whether codes^T may take
+// 4-byte stores (store_tile_column's `packed`).
+dim3 codes_t_grid(int64_t rows, int64_t cols) {
+  return dim3(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
+}
+bool codes_t_packed(int64_t rows, const uint8_t* codes_t) {
+  return rows % 4 == 0 && aligned(codes_t, 4);
 }
 
 // ---- cast tuning ------------------------------------------------------------------------------
@@ -1360,10 +1376,8 @@ void launch_codes_t(const T* x, int64_t rows, int64_t cols, Format fmt, const fl
                                       nullptr, amax, s);
       return;
     }
-    const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
-    const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
-    fp8_codes_t_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(x, rows, cols, fmt, scale,
-                                                                codes_t, codes, amax, packed);
+    fp8_codes_t_kernel<<<codes_t_grid(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
+        x, rows, cols, fmt, scale, codes_t, codes, amax, codes_t_packed(rows, codes_t));
   };
   if (!can_tile) return go(0);
   if (tiled_env) return go(tiled_env[0] == '1' ? 1 : 0);
@@ -1449,10 +1463,8 @@ void fp8_codes_both_swiglu(const uint16_t* g, const uint16_t* u, int64_t rows, i
   if (rows * cols == 0) return;
   // fp8_codes_t_kernel's plain form, its tiles and stores (not tuned: the product's arithmetic
   // is a few instructions more an element than the cast's)
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
-  const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(codes_t) % 4 == 0;
-  fp8_codes_t_swiglu_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(g, u, rows, cols, fmt, scale,
-                                                                     codes_t, codes, amax, packed);
+  fp8_codes_t_swiglu_kernel<<<codes_t_grid(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
+      g, u, rows, cols, fmt, scale, codes_t, codes, amax, codes_t_packed(rows, codes_t));
   MX_CUDA_LAUNCH_CHECK("fp8_codes_both_swiglu");
 }
 
@@ -1465,10 +1477,8 @@ void swiglu_backward_fp8(const uint16_t* ds, const uint16_t* g, const uint16_t* 
   if (amax) MX_CUDA_CHECK("swiglu_backward_fp8 amax",
                           cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
   if (rows * cols == 0) return;
-  const dim3 grid(unsigned(ceil_div(cols, kTile)), row_tiles(rows, kCodesTileRows));
-  const bool packed = rows % 4 == 0 && reinterpret_cast<uintptr_t>(dg_cols) % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(du_cols) % 4 == 0;
-  swiglu_backward_fp8_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(
+  const bool packed = codes_t_packed(rows, dg_cols) && codes_t_packed(rows, du_cols);
+  swiglu_backward_fp8_kernel<<<codes_t_grid(rows, cols), dim3(kTile, kTileRows), 0, s>>>(
       ds, g, u, rows, cols, fmt_rows, fmt_cols, scales, dg_rows, dg_cols, du_rows, du_cols, amax,
       packed);
   MX_CUDA_LAUNCH_CHECK("swiglu_backward_fp8");
