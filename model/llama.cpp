@@ -1071,11 +1071,10 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
 }
 
 bool LlamaModel::fused_swiglu_backward(int64_t N) const {
-  // per-tensor FP8 on tensor cores for gate and up (their operands as codes), not on a
-  // telemetry step (native_fp8 says so) nor in a block left in high precision
-  const Recipe r = recipe_ ? recipe_->recipe() : Recipe::kBf16;
-  return fp8_fuse_swiglu_enabled() && (r == Recipe::kFp8Current || r == Recipe::kFp8Delayed) &&
-         mlp_read_codes(N);
+  // per-tensor FP8, fp8-block or mxfp8 on tensor cores for gate and up (their operands as
+  // codes: not nvfp4), not on a telemetry step (native_fp8 says so) nor in a block left in
+  // high precision
+  return fp8_fuse_swiglu_enabled() && recipe_ && mlp_read_codes(N);
 }
 
 bool LlamaModel::qkv_read_codes(int64_t N) const {

@@ -87,7 +87,8 @@ bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& rec
 // MXTRAIN_FP8_SAVE_XT is not 0.
 bool fp8_save_xt_enabled();
 // MXTRAIN_FP8_FUSE_SWIGLU is not 0: the down projection's FP8 cast reads SwiGLU's operands
-// where it can (LlamaModel::SwigluInput).
+// where it can (LlamaModel::SwigluInput), and gate's and up's backward take their gradients'
+// operands from SwiGLU's backward (Backend::fp8_swiglu_backward).
 bool fp8_fuse_swiglu_enabled();
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
@@ -321,8 +322,9 @@ class LlamaModel {
   bool qkv_read_codes(int64_t N) const;
   bool mlp_read_codes(int64_t N) const;
   // Whether gate's and up's backward take dg's and du's FP8 operands straight from SwiGLU's
-  // backward (Backend::fp8_swiglu_backward): per-tensor FP8 (fp8-current, fp8-delayed) on the
-  // backend's FP8 Linears reading codes, unless MXTRAIN_FP8_FUSE_SWIGLU=0.
+  // backward (Backend::fp8_swiglu_backward): the FP8 recipes but nvfp4 (per-tensor,
+  // fp8-block, mxfp8) on the backend's FP8 Linears reading codes, unless
+  // MXTRAIN_FP8_FUSE_SWIGLU=0.
   bool fused_swiglu_backward(int64_t N) const;
   // The operands of Linear `linear`'s FP8 backward on tensor cores (fp8_linear_backward's):
   // dy's for the data gradient and W's (dx), dy's for the weight gradient and x's (dw), dy and

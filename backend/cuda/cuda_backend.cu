@@ -1063,12 +1063,9 @@ class CudaBackendImpl final : public CudaBackend {
     const int64_t have = 4 * std::max(N * out + out * in, N * out + N * in);
     const int64_t need = BackwardCodes::codes_end(N, in, out);
     // fp8-block (the recipe's cut: dy 1x128 for the data gradient, 128x1 for the weight's)
-    auto blocks = [](const Fp8Operand& q, int br, int bc) {
-      return !q.mx && !q.nvfp4 && q.block_rows == br && q.block_cols == bc;
-    };
-    const bool block_path = blocks(dyq_dgrad, 1, 128) && blocks(dyq_wgrad, 128, 1) &&
-                            blocks(xq, 128, 1) && wq.block_rows > 0 && N % 128 == 0 &&
-                            out % 128 == 0 && (fp8_block_native_ || fp8_block_via_mx_);
+    const bool block_path = fp8_block_backward_cut(dyq_dgrad, wq, dyq_wgrad, xq) &&
+                            N % 128 == 0 && out % 128 == 0 &&
+                            (fp8_block_native_ || fp8_block_via_mx_);
     // mxfp8 (Blackwell): dy 1x32 for the data gradient, 32x1 for the weight's; the two-step
     // forms of the transposed operands take `tmp` after the four code buffers
     const int64_t tmp_bytes = std::max({N * out, N * in, out * in});
@@ -1123,6 +1120,9 @@ class CudaBackendImpl final : public CudaBackend {
                            const Fp8Operand wq[2], const Fp8Operand dyq[2][2],
                            const Fp8Operand xq[2], int64_t N, int64_t C, int64_t I,
                            uint16_t* dgu16, float* work) override {
+    if (mxfp8_swiglu_backward(dx, dw, ds16, g16, u16, w, wq, dyq, xq, N, C, I, work) ||
+        fp8_block_swiglu_backward(dx, dw, ds16, g16, u16, w, wq, dyq, xq, N, C, I, work))
+      return;
     const int64_t have = 4 * std::max(N * I + I * C, N * I + N * C);
     const int64_t need = 4 * round_up_256(N * I) + round_up_256(I * C) + N * C;
     bool fused = need <= have && fp8_native_;
@@ -1172,6 +1172,101 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
+  // fp8-block's backward operands as the recipe cuts them: dy 1x128 for the data gradient,
+  // 128x1 for the weight gradient, x 128x1, W in blocks.
+  static bool fp8_block_backward_cut(const Fp8Operand& dyq_dgrad, const Fp8Operand& wq,
+                                     const Fp8Operand& dyq_wgrad, const Fp8Operand& xq) {
+    auto blocks = [](const Fp8Operand& q, int br, int bc) {
+      return !q.mx && !q.nvfp4 && q.block_rows == br && q.block_cols == bc;
+    };
+    return blocks(dyq_dgrad, 1, 128) && blocks(dyq_wgrad, 128, 1) && blocks(xq, 128, 1) &&
+           wq.block_rows > 0;
+  }
+
+  // fp8_swiglu_backward under fp8-block: dg's and du's operands in both of its layouts from
+  // one read of ds, g and u (cuda::swiglu_backward_fp8_block: the bytes and scales
+  // quantize_fp8_block_both writes from their codes), then each Linear's two GEMMs as
+  // fp8_block_backward runs them (Hopper's block-scaled GEMMs, or Blackwell's MXFP8 one).
+  // Where N and I are multiples of 128, ds, g and u are 8-byte aligned, x comes as bf16 codes
+  // and `work` holds the four gradient operands and W^T's and x^T's codes; false (nothing
+  // done) otherwise.
+  bool fp8_block_swiglu_backward(float* dx, float* const dw[2], const uint16_t* ds16,
+                                 const uint16_t* g16, const uint16_t* u16,
+                                 const float* const w[2], const Fp8Operand wq[2],
+                                 const Fp8Operand dyq[2][2], const Fp8Operand xq[2], int64_t N,
+                                 int64_t C, int64_t I, float* work) {
+    if (!(fp8_block_native_ || fp8_block_via_mx_) || N % 128 != 0 || I % 128 != 0 ||
+        !all_aligned(8, {ds16, g16, u16}))
+      return false;
+    for (int k = 0; k < 2; ++k)
+      if (!fp8_block_backward_cut(dyq[k][0], wq[k], dyq[k][1], xq[k]) || !xq[k].bf16 ||
+          dyq[k][0].bf16 || dyq[k][1].bf16)
+        return false;
+    const int64_t dg_bytes = 2 * round_up_256(N * I);  // dg's codes, then BackwardCodes'
+    if (dg_bytes + BackwardCodes::codes_end(N, C, I) > 4 * std::max(N * I + I * C, N * I + N * C))
+      return false;
+    DeviceArenaScope scope(scratch_);
+    uint8_t* dg_codes = reinterpret_cast<uint8_t*>(work);
+    BackwardCodes b(reinterpret_cast<float*>(dg_codes + dg_bytes), N, C, I);
+    cuda::BlockOperands ops[2] = {
+        {dg_codes, scratch_.alloc_f32(N * (I / 128)), dg_codes + round_up_256(N * I),
+         scratch_.alloc_f32(N / 128 * I)},
+        {b.dyc, scratch_.alloc_f32(N * (I / 128)), b.dytc, scratch_.alloc_f32(N / 128 * I)}};
+    cuda::swiglu_backward_fp8_block(ds16, g16, u16, N, I, true, ops[0], ops[1], stream_);
+    for (int k = 0; k < 2; ++k) {
+      b.dyc = ops[k].codes;
+      b.dytc = ops[k].codes_t;
+      fp8_block_backward_gemms(dx, nullptr, dw[k], b, ops[k].row_scales, ops[k].col_scales,
+                               dyq[k][0], w[k], wq[k], dyq[k][1], xq[k].bf16, xq[k], N, C, I,
+                               k == 1, k == 0 ? "fp8_swiglu_backward (dg, du operands)" : nullptr);
+    }
+    return true;
+  }
+
+  // fp8_swiglu_backward under mxfp8 (Blackwell): dg's and du's operands in both of its
+  // layouts from one read of ds, g and u (cuda::swiglu_backward_mxfp8: the bytes
+  // quantize_mxfp8_both writes from their codes), then each Linear's two MXFP8 GEMMs as
+  // mxfp8_backward runs them. Where N, C and I are multiples of 32, ds, g and u are 4-byte
+  // aligned, x comes as bf16 codes and `work` holds the four gradient operands, W^T's and
+  // x^T's codes and the transposing quantizers' tmp; false (nothing done) otherwise.
+  bool mxfp8_swiglu_backward(float* dx, float* const dw[2], const uint16_t* ds16,
+                             const uint16_t* g16, const uint16_t* u16, const float* const w[2],
+                             const Fp8Operand wq[2], const Fp8Operand dyq[2][2],
+                             const Fp8Operand xq[2], int64_t N, int64_t C, int64_t I,
+                             float* work) {
+    if (!mxfp8_native_ || N % 32 != 0 || C % 32 != 0 || I % 32 != 0 ||
+        !all_aligned(4, {ds16, g16, u16}))
+      return false;
+    for (int k = 0; k < 2; ++k)
+      if (!wq[k].mx || !xq[k].mx || !xq[k].bf16 || !dyq[k][0].mx || !dyq[k][1].mx ||
+          dyq[k][0].bf16 || dyq[k][1].bf16)
+        return false;
+    // dg's two code buffers, then BackwardCodes (in = C, out = I): du's two, W^T's, x^T's and
+    // tmp, which only W^T's and x^T's transposing quantizers take
+    const int64_t dg_bytes = 2 * round_up_256(N * I);
+    const int64_t need =
+        dg_bytes + BackwardCodes::tmp_begin(N, C, I) + std::max(I * C, N * C);
+    if (need > 4 * std::max(N * I + I * C, N * I + N * C)) return false;
+    DeviceArenaScope scope(scratch_);
+    uint8_t* dg_codes = reinterpret_cast<uint8_t*>(work);
+    BackwardCodes b(reinterpret_cast<float*>(dg_codes + dg_bytes), N, C, I);
+    cuda::MxOperands ops[2] = {
+        {dg_codes, scratch_.alloc_as<uint8_t>(N * (I / 32)), dg_codes + round_up_256(N * I),
+         scratch_.alloc_as<uint8_t>(N / 32 * I)},
+        {b.dyc, scratch_.alloc_as<uint8_t>(N * (I / 32)), b.dytc,
+         scratch_.alloc_as<uint8_t>(N / 32 * I)}};
+    cuda::swiglu_backward_mxfp8(ds16, g16, u16, N, I, numerics::Format::kE4M3,
+                                numerics::MxScaleRule::kCeil, ops[0], ops[1], stream_);
+    for (int k = 0; k < 2; ++k) {
+      b.dyc = ops[k].codes;
+      b.dytc = ops[k].codes_t;
+      mxfp8_backward_gemms(dx, nullptr, dw[k], b, ops[k].row_scales, ops[k].col_scales, w[k],
+                           xq[k].bf16, N, C, I, k == 1,
+                           k == 0 ? "fp8_swiglu_backward (dg, du operands)" : "mxfp8_operand");
+    }
+    return true;
+  }
+
   // fp8-block's backward with dy read once for both its operands (quantize_fp8_block_both:
   // the bytes and scales of the two separate quantizations), then the two GEMMs as
   // fp8_dgrad's and fp8_wgrad's (Hopper's block-scaled GEMM, or Blackwell's MXFP8 one with
@@ -1186,6 +1281,21 @@ class CudaBackendImpl final : public CudaBackend {
     float* raw_r = scratch_.alloc_f32(N * (out / 128));  // [N, out / 128]
     float* raw_c = scratch_.alloc_f32(N / 128 * out);    // [N / 128, out]
     cuda::quantize_fp8_block_both(dy, N, out, true, b.dyc, raw_r, b.dytc, raw_c, stream_);
+    fp8_block_backward_gemms(dx, dx16, dw, b, raw_r, raw_c, dyq_dgrad, w, wq, dyq_wgrad, x, xq,
+                             N, in, out, accumulate_dx, nullptr);
+  }
+  // fp8_block_backward after dy's quantization: b.dyc (1x128 blocks) and b.dytc (128x1,
+  // transposed) hold dy's codes, raw_r [N, out / 128] and raw_c [N / 128, out] their float
+  // scales (1 / scale) as quantize_fp8_block leaves them, relaid here for the GEMMs (op: the
+  // profile's name for that, or null for the usual ones); W^T's and x^T's operands into b.wtc
+  // and b.xtc, then the two GEMMs.
+  template <class X>
+  void fp8_block_backward_gemms(float* dx, uint16_t* dx16, float* dw, BackwardCodes& b,
+                                const float* raw_r, const float* raw_c,
+                                const Fp8Operand& dyq_dgrad, const float* w, const Fp8Operand& wq,
+                                const Fp8Operand& dyq_wgrad, const X* x, const Fp8Operand& xq,
+                                int64_t N, int64_t in, int64_t out, bool accumulate_dx,
+                                const char* op) {
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     auto dgrad = [&](auto&& gemm) {
       fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
@@ -1196,7 +1306,7 @@ class CudaBackendImpl final : public CudaBackend {
       uint8_t* s_c = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(out, N / 32));
       cuda::fp8_block_scales_to_mx(raw_r, N, out, 1, 128, false, s_r, stream_);
       cuda::fp8_block_scales_to_mx(raw_c, N, out, 128, 1, true, s_c, stream_);
-      launched("fp8_block_mx_operand");
+      launched(op ? op : "fp8_block_mx_operand");
       const uint8_t* ws = fp8_block_mx_operand(b.wtc, nullptr, w, out, in, wq, true);
       dgrad([&](float* C, uint16_t* C16) {
         return mxfp8_gemm(N, in, out, b.dyc, s_r, b.wtc, ws, beta, C, C16);
@@ -1209,7 +1319,7 @@ class CudaBackendImpl final : public CudaBackend {
     float* s_c = scratch_.alloc_f32(block_lt_scale_floats(N, out, dyq_wgrad, true));
     block_lt_scales(raw_r, N, out, dyq_dgrad, false, s_r);
     block_lt_scales(raw_c, N, out, dyq_wgrad, true, s_c);
-    launched("fp8_block_operand");
+    launched(op ? op : "fp8_block_operand");
     const float* ws = fp8_block_operand(b.wtc, nullptr, w, out, in, wq, true);
     dgrad([&](float* C, uint16_t* C16) {
       return fp8_block_gemm(N, in, out, b.dyc, s_r, dyq_dgrad, b.wtc, ws, wq, beta, C, C16);
@@ -1231,11 +1341,23 @@ class CudaBackendImpl final : public CudaBackend {
     uint8_t* raw_c = scratch_.alloc_as<uint8_t>(N / 32 * out);    // [N / 32, out]
     cuda::quantize_mxfp8_both(dy, N, out, numerics::Format::kE4M3, numerics::MxScaleRule::kCeil,
                               b.dyc, raw_r, b.tmp, b.dytc, raw_c, stream_);
+    mxfp8_backward_gemms(dx, dx16, dw, b, raw_r, raw_c, w, x, N, in, out, accumulate_dx,
+                         "mxfp8_operand");
+  }
+  // mxfp8_backward after dy's quantization: b.dyc and b.dytc hold dy's codes in its two
+  // layouts, raw_r [N, out / 32] and raw_c [N / 32, out] their E8M0 scales as quantize_mxfp8
+  // leaves them (swizzled here, `op` naming that in the profile); W^T's and x^T's operands
+  // into b.wtc and b.xtc (b.tmp for their two-step forms), then the two GEMMs.
+  template <class X>
+  void mxfp8_backward_gemms(float* dx, uint16_t* dx16, float* dw, BackwardCodes& b,
+                            const uint8_t* raw_r, const uint8_t* raw_c, const float* w,
+                            const X* x, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
+                            const char* op) {
     uint8_t* s_r = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(N, out / 32));
     uint8_t* s_c = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(out, N / 32));
     cuda::swizzle_scales_u8(raw_r, false, N, out / 32, s_r, stream_);
     cuda::swizzle_scales_u8(raw_c, true, out, N / 32, s_c, stream_);
-    launched("mxfp8_operand");
+    launched(op);
     const uint8_t* ws = mxfp8_operand(b.wtc, b.tmp, w, out, in, true);
     const float beta = accumulate_dx ? 1.0f : 0.0f;
     fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,

@@ -101,6 +101,54 @@ __device__ inline float4 widen4(uint2 p) {
                      numerics::decode_bf16(uint16_t(p.y >> 16)));
 }
 
+// SwiGLU's gradients on the bf16 path as swiglu_backward_bf16 stores them: swiglu_grads of the
+// widened codes (swiglu_math.cuh), rounded RNE to bf16 codes (or their values).
+__device__ inline void swiglu_grad_bf16(uint16_t ds, uint16_t g, uint16_t u, uint16_t& dg16,
+                                        uint16_t& du16) {
+  float dg, du;
+  swiglu_grads(numerics::decode_bf16(ds), numerics::decode_bf16(g), numerics::decode_bf16(u),
+               dg, du);
+  dg16 = numerics::encode_bf16(dg, numerics::Saturation::kNoSat);
+  du16 = numerics::encode_bf16(du, numerics::Saturation::kNoSat);
+}
+__device__ inline void swiglu_grad_codes(uint16_t ds, uint16_t g, uint16_t u, float& dg,
+                                         float& du) {
+  uint16_t dg16, du16;
+  swiglu_grad_bf16(ds, g, u, dg16, du16);
+  dg = numerics::decode_bf16(dg16);
+  du = numerics::decode_bf16(du16);
+}
+// dg and du as a source of four elements at a time for tile_pass (fp8-block's SwiGLU backward):
+// raw4 loads ds's, g's and u's codes, widen4 makes both gradients.
+struct SwigluGrads {
+  const uint16_t* __restrict__ ds;
+  const uint16_t* __restrict__ g;
+  const uint16_t* __restrict__ u;
+};
+struct SwigluRaw4 {
+  uint2 ds, g, u;
+};
+struct Grads4 {
+  float4 v[2];  // dg, du
+};
+__device__ inline SwigluRaw4 raw4(const SwigluGrads& x, int64_t i) {
+  return {raw4(x.ds, i), raw4(x.g, i), raw4(x.u, i)};
+}
+__device__ inline SwigluRaw4 raw4_zero(const SwigluGrads&) {  // +0 codes: +0 gradients
+  return {make_uint2(0u, 0u), make_uint2(0u, 0u), make_uint2(0u, 0u)};
+}
+__device__ inline Grads4 widen4(const SwigluRaw4& r) {
+  const uint32_t d[2] = {r.ds.x, r.ds.y}, g[2] = {r.g.x, r.g.y}, u[2] = {r.u.x, r.u.y};
+  float dg[4], du[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int h = 16 * (e % 2);
+    swiglu_grad_codes(uint16_t(d[e / 2] >> h), uint16_t(g[e / 2] >> h), uint16_t(u[e / 2] >> h),
+                      dg[e], du[e]);
+  }
+  return {{make_float4(dg[0], dg[1], dg[2], dg[3]), make_float4(du[0], du[1], du[2], du[3])}};
+}
+
 __device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, int64_t i) {
   return stochastic ? rng.bits(uint64_t(i)) : 0u;
 }
@@ -519,25 +567,35 @@ struct ColArgs {
   uint8_t* row_scales = nullptr;  // kMx32Rows: their E8M0 bytes [rows, ceil(cols / 32)]
 };
 constexpr int kColPitch = 144;  // bytes a shared tile row: 128 codes + 16
+// A thread's place in fp8_col_t_kernel's tile: lane, warp, the tile's first row and the
+// thread's first column.
+struct ColTAt {
+  int lane, w;
+  int64_t r0, c;
+  __device__ ColTAt(int64_t tiles_c, int E)
+      : lane(int(threadIdx.x % 32)),
+        w(int(threadIdx.x / 32)),
+        r0(int64_t(blockIdx.x / tiles_c) * kQTile),
+        c(int64_t(blockIdx.x % tiles_c) * 32 * E + E * lane) {}
+};
+template <class T>
+using ColRaw = std::conditional_t<sizeof(T) == 4, float, uint32_t>;  // E elements of x
+// The body of fp8_col_t_kernel after its loads: v[k] holds the thread's E elements of row
+// r0 + 16 w + k (+0 past the edges). part and tile_v: the kernel's shared arrays. Every thread
+// of the block calls it; it ends with the tile's stores, so a second call on the same shared
+// arrays needs a barrier first.
 template <class T, ColKind kKind>
-__global__ void __launch_bounds__(256)
-    fp8_col_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
-                     ColArgs args, uint8_t* __restrict__ codes_t, bool vec_t) {
+__device__ __forceinline__ void col_t_codes(const ColRaw<T> (&v)[16], const ColTAt& at,
+                                            int64_t rows, int64_t cols, const ColArgs& args,
+                                            uint8_t* __restrict__ codes_t, bool vec_t,
+                                            float (*part)[32 * (4 / int(sizeof(T)))],
+                                            uint4 (*tile_v)[kColPitch / 16]) {
   constexpr int E = 4 / int(sizeof(T)), W = 32 * E;
-  using Raw = std::conditional_t<sizeof(T) == 4, float, uint32_t>;
-  __shared__ float part[kKind == ColKind::kTensor ? 1 : 8][W];
-  __shared__ uint4 tile_v[W][kColPitch / 16];  // uint4: 16-byte aligned rows
+  using Raw = ColRaw<T>;
   auto tile_t = [&](int t) { return reinterpret_cast<uint8_t*>(tile_v[t]); };
-  const int lane = int(threadIdx.x % 32), w = int(threadIdx.x / 32);
-  const int64_t r0 = int64_t(blockIdx.x / tiles_c) * kQTile;
-  const int64_t c = int64_t(blockIdx.x % tiles_c) * W + E * lane;
+  const int lane = at.lane, w = at.w;
+  const int64_t r0 = at.r0, c = at.c;
   const bool col_in = c < cols;
-  Raw v[16];
-#pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const int64_t r = r0 + 16 * w + k;
-    v[k] = col_in && r < rows ? *reinterpret_cast<const Raw*>(x + r * cols + c) : Raw(0);
-  }
   auto elem_of = [](Raw raw, int e) -> float {
     if constexpr (sizeof(T) == 4) return raw;
     else return numerics::decode_bf16(uint16_t(e == 0 ? raw & 0xFFFFu : raw >> 16));
@@ -639,6 +697,24 @@ __global__ void __launch_bounds__(256)
   if constexpr (kKind == ColKind::kTensor)
     if (args.amax) block_amax_to(m_all, args.amax);
 }
+template <class T, ColKind kKind>
+__global__ void __launch_bounds__(256)
+    fp8_col_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
+                     ColArgs args, uint8_t* __restrict__ codes_t, bool vec_t) {
+  constexpr int E = 4 / int(sizeof(T)), W = 32 * E;
+  using Raw = ColRaw<T>;
+  __shared__ float part[kKind == ColKind::kTensor ? 1 : 8][W];
+  __shared__ uint4 tile_v[W][kColPitch / 16];  // uint4: 16-byte aligned rows
+  const ColTAt at(tiles_c, E);
+  const bool col_in = at.c < cols;
+  Raw v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int64_t r = at.r0 + 16 * at.w + k;
+    v[k] = col_in && r < rows ? *reinterpret_cast<const Raw*>(x + r * cols + at.c) : Raw(0);
+  }
+  col_t_codes<T, kKind>(v, at, rows, cols, args, codes_t, vec_t, part, tile_v);
+}
 
 // One pass of a 32 x 8 thread block over its 128 x 128 tile of x [rows, cols] at rows r0..,
 // the thread's four columns from c (cols % 4 == 0: all in or all out): rows ty, ty + 8, ...,
@@ -646,9 +722,11 @@ __global__ void __launch_bounds__(256)
 // each (i: the row in the tile; v: its four elements, widened). Past the edges the elements
 // load as +0 (no change to an amax); kInside skips those rows and columns instead (f may then
 // not be a warp's collective).
-template <bool kInside, class T, class F>
-__device__ __forceinline__ void tile_pass(const T* __restrict__ x, int64_t rows, int64_t cols,
-                                          int64_t r0, int64_t c, F&& f) {
+// x: a pointer to fp32 or bf16 codes, or a source such as SwigluGrads (its raw4, raw4_zero
+// and widen4; f then takes what its widen4 gives).
+template <bool kInside, class S, class F>
+__device__ __forceinline__ void tile_pass(const S& x, int64_t rows, int64_t cols, int64_t r0,
+                                          int64_t c, F&& f) {
   constexpr int kBatch = 4;
   const int ty = int(threadIdx.y);
   const bool col_in = c < cols;
@@ -719,16 +797,20 @@ __global__ void __launch_bounds__(256)
 // tile again (from L2: 64 KB fp32) and writes each element twice, at its row's scale into codes
 // and at its column's into the shared tile that goes out transposed (store_tile_t). The rules
 // and the amaxes are fp8_block_kernel's, so the bytes are the two separate quantizations'.
-// Requires cols % 4 == 0 and x and codes aligned to their vectors.
-template <class T>
+// Requires cols % 4 == 0 and x and codes aligned to their vectors. K = 1: x fp32 or bf16
+// codes, its operands into out0 (out1 unused). K = 2: fp8-block's SwiGLU backward (x a
+// SwigluGrads): dg's and du's two operands each (out0, out1) from ds, g and u, dg and du as swiglu_backward_bf16 stores them, each pass
+// making both gradients from the three loads (the second from L2), both gradients' amaxes,
+// scales and transposed tiles side by side (38 KB of shared memory).
+__device__ inline const float4& output4(const float4& f, int) { return f; }
+__device__ inline const float4& output4(const Grads4& f, int o) { return f.v[o]; }
+template <class S, int K>
 __global__ void __launch_bounds__(256)
-    fp8_block_both_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t tiles_c,
-                          bool pow2, uint8_t* __restrict__ codes, float* __restrict__ row_scales,
-                          uint8_t* __restrict__ codes_t, float* __restrict__ col_scales,
-                          bool packed_t) {
+    fp8_block_both_kernel(S x, int64_t rows, int64_t cols, int64_t tiles_c, bool pow2,
+                          BlockOperands out0, BlockOperands out1, bool packed_t) {
   __shared__ float part[kQRows][kQTile];  // [ty][column]: the column amaxes of 16 rows
-  __shared__ float row_s[kQTile];                 // the tile rows' encode scales
-  __shared__ uint8_t tile_t[kQTile][kQTile + 1];  // [column][row], odd pitch
+  __shared__ float row_s[K][kQTile];                 // the tile rows' encode scales
+  __shared__ uint8_t tile_t[K][kQTile][kQTile + 1];  // [column][row], odd pitch
   const TileAt t(tiles_c);
   const int tx = t.tx, ty = t.ty;
   const int64_t r0 = t.r0, c0 = t.c0, c = t.c;
@@ -736,34 +818,46 @@ __global__ void __launch_bounds__(256)
   auto scale_of = [&](float amax) {
     return numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, 0.0f, pow2);
   };
+  auto out = [&](int o) -> const BlockOperands& { return o ? out1 : out0; };
   const int64_t scale_cols = tiles_c;  // 1x128 scales [rows, ceil(cols / 128)]
-  float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  tile_pass<false>(x, rows, cols, r0, c, [&](int i, float4 f) {  // every thread: warp_amax
-    amax_fold_cols(m, f);
-    const float sr = scale_of(warp_amax(amax_fold4(0.0f, f)));
-    if (tx == 0) {
-      row_s[i] = sr;
-      if (r0 + i < rows) row_scales[(r0 + i) * scale_cols + c0 / kQTile] = 1.0f / sr;
-    }
-  });
-  float sc[4];
-  tile_col_amax(part, t, m, [&](int j, float a) {
-    sc[j] = scale_of(a);
-    if (ty == 0 && col_in) col_scales[(r0 / kQTile) * cols + c + j] = 1.0f / sc[j];
-  });
-  tile_pass<true>(x, rows, cols, r0, c, [&](int i, float4 f) {  // the second read, the codes
-    const float e[4] = {f.x, f.y, f.z, f.w};
-    const float sr = row_s[i];
-    uint32_t packed = 0;
+  float m[K][4] = {};
+  tile_pass<false>(x, rows, cols, r0, c, [&](int i, const auto& f) {  // every thread: warp_amax
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      packed |= uint32_t(fp8_code(e[j] * sr, Format::kE4M3)) << (8 * j);
-      tile_t[4 * tx + j][i] = fp8_code(e[j] * sc[j], Format::kE4M3);
+    for (int o = 0; o < K; ++o) {
+      amax_fold_cols(m[o], output4(f, o));
+      const float sr = scale_of(warp_amax(amax_fold4(0.0f, output4(f, o))));
+      if (tx == 0) {
+        row_s[o][i] = sr;
+        if (r0 + i < rows) out(o).row_scales[(r0 + i) * scale_cols + c0 / kQTile] = 1.0f / sr;
+      }
     }
-    *reinterpret_cast<uint32_t*>(codes + (r0 + i) * cols + c) = packed;
+  });
+  float sc[K][4];
+  for (int o = 0; o < K; ++o) {
+    if (o) __syncthreads();  // the first call's reads of part before the second's writes
+    tile_col_amax(part, t, m[o], [&](int j, float a) {
+      sc[o][j] = scale_of(a);
+      if (ty == 0 && col_in) out(o).col_scales[(r0 / kQTile) * cols + c + j] = 1.0f / sc[o][j];
+    });
+  }
+  tile_pass<true>(x, rows, cols, r0, c, [&](int i, const auto& f) {  // the second read, the codes
+#pragma unroll
+    for (int o = 0; o < K; ++o) {
+      const float4 v = output4(f, o);
+      const float e[4] = {v.x, v.y, v.z, v.w};
+      const float sr = row_s[o][i];
+      uint32_t packed = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        packed |= uint32_t(fp8_code(e[j] * sr, Format::kE4M3)) << (8 * j);
+        tile_t[o][4 * tx + j][i] = fp8_code(e[j] * sc[o][j], Format::kE4M3);
+      }
+      *reinterpret_cast<uint32_t*>(out(o).codes + (r0 + i) * cols + c) = packed;
+    }
   });
   __syncthreads();
-  store_tile_t(&tile_t[0][0], codes_t, rows, cols, r0, c0, packed_t);
+  for (int o = 0; o < K; ++o)
+    store_tile_t(&tile_t[o][0][0], out(o).codes_t, rows, cols, r0, c0, packed_t);
 }
 
 template <class T>
@@ -984,13 +1078,6 @@ __global__ void fp8_codes_t_swiglu_kernel(const uint16_t* __restrict__ g,
 // (scale[0] dg, scale[2] du: fmt_rows) and transposed at its weight gradient's (scale[1],
 // scale[3]: fmt_cols), from one read of ds, g and u; amax[0] = max |dg|, amax[1] = max |du|
 // (zeroed by the launch; may be null). The tiles and stores of codes_t_tiles, twice.
-__device__ inline void swiglu_grad_codes(uint16_t ds, uint16_t g, uint16_t u, float& dg,
-                                         float& du) {
-  swiglu_grads(numerics::decode_bf16(ds), numerics::decode_bf16(g), numerics::decode_bf16(u),
-               dg, du);
-  dg = numerics::decode_bf16(numerics::encode_bf16(dg, numerics::Saturation::kNoSat));
-  du = numerics::decode_bf16(numerics::encode_bf16(du, numerics::Saturation::kNoSat));
-}
 __global__ void swiglu_backward_fp8_kernel(
     const uint16_t* __restrict__ ds, const uint16_t* __restrict__ g,
     const uint16_t* __restrict__ u, int64_t rows, int64_t cols, Format fmt_rows,
@@ -1041,6 +1128,53 @@ __global__ void swiglu_backward_fp8_kernel(
     __syncthreads();  // block_amax's shared array is read by the first before the second writes
     block_amax_to(mu, amax + 1);
   }
+}
+// The same for MXFP8 (Blackwell): dg and du as swiglu_backward_bf16 writes them, each
+// quantized in both of mxfp8's backward layouts (quantize_mxfp8_both's bytes: rowwise 1x32
+// codes and E8M0 scales for the data gradient, 32x1 codes written transposed for the weight
+// gradient's) from one read of ds, g and u: fp8_col_t_kernel's kMx32Rows body on the
+// thread's rounded dg, then, after a barrier (the shared tiles again), on its du. Past the
+// edges ds, g and u load as +0 codes, and give +0 gradients, as the plain kernel's +0 loads.
+__global__ void __launch_bounds__(256)
+    swiglu_backward_mx_kernel(const uint16_t* __restrict__ ds, const uint16_t* __restrict__ g,
+                              const uint16_t* __restrict__ u, int64_t rows, int64_t cols,
+                              int64_t tiles_c, ColArgs dg_args, ColArgs du_args,
+                              uint8_t* __restrict__ dg_t, uint8_t* __restrict__ du_t,
+                              bool vec_t) {
+  __shared__ float part[8][64];
+  __shared__ uint4 tile_v[64][kColPitch / 16];
+  const ColTAt at(tiles_c, 2);
+  const bool col_in = at.c < cols;
+  uint32_t dgv[16], duv[16];  // two bf16 codes each, as a bf16 x's loads
+  {
+    uint32_t vd[16], vg[16], vu[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {  // every load first
+      const int64_t r = at.r0 + 16 * at.w + k;
+      const bool in = col_in && r < rows;
+      const int64_t i = r * cols + at.c;
+      vd[k] = in ? *reinterpret_cast<const uint32_t*>(ds + i) : 0u;
+      vg[k] = in ? *reinterpret_cast<const uint32_t*>(g + i) : 0u;
+      vu[k] = in ? *reinterpret_cast<const uint32_t*>(u + i) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      dgv[k] = duv[k] = 0u;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        uint16_t dg, du;
+        swiglu_grad_bf16(uint16_t(vd[k] >> (16 * e)), uint16_t(vg[k] >> (16 * e)),
+                         uint16_t(vu[k] >> (16 * e)), dg, du);
+        dgv[k] |= uint32_t(dg) << (16 * e);
+        duv[k] |= uint32_t(du) << (16 * e);
+      }
+    }
+  }
+  col_t_codes<uint16_t, ColKind::kMx32Rows>(dgv, at, rows, cols, dg_args, dg_t, vec_t, part,
+                                            tile_v);
+  __syncthreads();  // the first call's tile is stored before the second writes it
+  col_t_codes<uint16_t, ColKind::kMx32Rows>(duv, at, rows, cols, du_args, du_t, vec_t, part,
+                                            tile_v);
 }
 // max |dg| and max |du| of those rounded gradients into amax[0], amax[1] (zeroed by the
 // launch): current scaling's pass.
@@ -1484,6 +1618,49 @@ void swiglu_backward_fp8(const uint16_t* ds, const uint16_t* g, const uint16_t* 
   MX_CUDA_LAUNCH_CHECK("swiglu_backward_fp8");
 }
 
+void swiglu_backward_mxfp8(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                           int64_t rows, int64_t cols, Format elem, numerics::MxScaleRule rule,
+                           const MxOperands& dg, const MxOperands& du, cudaStream_t s) {
+  check_fp8(elem, "swiglu_backward_mxfp8");
+  MX_REQUIRE(cols % 2 == 0 && aligned(ds, 4) && aligned(g, 4) && aligned(u, 4) &&
+                 aligned(dg.codes, 2) && aligned(du.codes, 2),
+             "swiglu_backward_mxfp8: an even width and 4-byte aligned codes");
+  if (rows * cols == 0) return;
+  auto args = [&](const MxOperands& o) {
+    ColArgs a;
+    a.elem = elem;
+    a.rule = rule;
+    a.scales = o.col_scales;
+    a.codes = o.codes;
+    a.row_scales = o.row_scales;
+    return a;
+  };
+  const int64_t tiles_c = ceil_div(cols, 64);
+  const int64_t tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "swiglu_backward_mxfp8: ", tiles, " tiles");
+  const bool vec_t = rows % 16 == 0 && aligned(dg.codes_t, 16) && aligned(du.codes_t, 16);
+  swiglu_backward_mx_kernel<<<unsigned(tiles), 256, 0, s>>>(ds, g, u, rows, cols, tiles_c,
+                                                             args(dg), args(du), dg.codes_t,
+                                                             du.codes_t, vec_t);
+  MX_CUDA_LAUNCH_CHECK("swiglu_backward_mxfp8");
+}
+
+void swiglu_backward_fp8_block(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                               int64_t rows, int64_t cols, bool pow2_scales,
+                               const BlockOperands& dg, const BlockOperands& du,
+                               cudaStream_t s) {
+  MX_REQUIRE(cols % 4 == 0 && aligned(ds, 8) && aligned(g, 8) && aligned(u, 8) &&
+                 aligned(dg.codes, 4) && aligned(du.codes, 4),
+             "swiglu_backward_fp8_block: a width that is a multiple of 4 and aligned codes");
+  if (rows * cols == 0) return;
+  const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "swiglu_backward_fp8_block: ", tiles, " tiles");
+  const bool packed_t = rows % 4 == 0 && aligned(dg.codes_t, 4) && aligned(du.codes_t, 4);
+  fp8_block_both_kernel<SwigluGrads, 2><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
+      SwigluGrads{ds, g, u}, rows, cols, tiles_c, pow2_scales, dg, du, packed_t);
+  MX_CUDA_LAUNCH_CHECK("swiglu_backward_fp8_block");
+}
+
 void swiglu_grads_abs_max(float* amax, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
                           int64_t n, cudaStream_t s) {
   MX_CUDA_CHECK("swiglu_grads_abs_max", cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
@@ -1820,8 +1997,9 @@ void quantize_fp8_block_both_of(const T* x, int64_t rows, int64_t cols, bool pow
   tuned_cast("fp8_block_both", kForms, rows, cols, int(sizeof(T)), packed_t,
              double(rows * cols) * (sizeof(T) + 2), s, [&](int k) {
     if (k == 1) return separate();
-    fp8_block_both_kernel<T><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
-        x, rows, cols, tiles_c, pow2_scales, codes, row_scales, codes_t, col_scales, packed_t);
+    const BlockOperands o{codes, row_scales, codes_t, col_scales};
+    fp8_block_both_kernel<const T*, 1><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
+        x, rows, cols, tiles_c, pow2_scales, o, o, packed_t);
   });
   MX_CUDA_LAUNCH_CHECK("quantize_fp8_block_both");
 }

@@ -153,6 +153,35 @@ void swiglu_backward_fp8(const uint16_t* ds, const uint16_t* g, const uint16_t* 
                          int64_t cols, numerics::Format fmt_rows, numerics::Format fmt_cols,
                          const float* scales, uint8_t* dg_rows, uint8_t* dg_cols,
                          uint8_t* du_rows, uint8_t* du_cols, float* amax, cudaStream_t s);
+// The same for MXFP8: dg's and du's operands in both of mxfp8's backward layouts, the bytes
+// quantize_mxfp8_both writes from their bf16 codes (codes [rows, cols] with E8M0 row_scales
+// [rows, cols / 32], codes_t [cols, rows] with col_scales [rows / 32, cols], unswizzled), from
+// one read of ds, g and u. cols even; ds, g, u 4-byte aligned, codes 2-byte aligned.
+struct MxOperands {
+  uint8_t* codes;
+  uint8_t* row_scales;
+  uint8_t* codes_t;
+  uint8_t* col_scales;
+};
+void swiglu_backward_mxfp8(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                           int64_t rows, int64_t cols, numerics::Format elem,
+                           numerics::MxScaleRule rule, const MxOperands& dg,
+                           const MxOperands& du, cudaStream_t s);
+// The same for fp8-block: dg's and du's operands in both of its backward layouts, the bytes
+// and scales quantize_fp8_block_both writes from their bf16 codes (codes [rows, cols] with
+// row_scales [rows, cols / 128], codes_t [cols, rows] with col_scales [rows / 128, cols],
+// floats 1 / scale), from one read of ds, g and u (and one from L2). cols a multiple of 4;
+// ds, g, u 8-byte aligned, codes 4-byte aligned.
+struct BlockOperands {
+  uint8_t* codes;
+  float* row_scales;
+  uint8_t* codes_t;
+  float* col_scales;
+};
+void swiglu_backward_fp8_block(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                               int64_t rows, int64_t cols, bool pow2_scales,
+                               const BlockOperands& dg, const BlockOperands& du,
+                               cudaStream_t s);
 // max |dg| and max |du| of those gradients into amax[0], amax[1] (device): current scaling.
 void swiglu_grads_abs_max(float* amax, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
                           int64_t n, cudaStream_t s);

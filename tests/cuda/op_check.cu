@@ -807,6 +807,80 @@ void check_backward_once(const std::string& op, const std::string& shape, Backen
 // have the same condition): the MXFP8 GEMM with the block scales rewritten as E8M0
 // (numerics/fp8_block_mx.h), exact, so the same tolerance. Either way a wrong layout puts wrong
 // scales on blocks, far outside the tolerance, since the inputs' block amaxes differ.
+// Gate's and up's backward from SwiGLU's under a block-scaled recipe (fp8_swiglu_backward; here
+// C = in, I = out; dg, wg: dy's operands for the data and weight gradients, wq, xq: W's and
+// x's): CUDA quantizes dg and du in both layouts from one read of ds, g and u
+// (swiglu_backward_fp8_block, swiglu_backward_mxfp8), which the profile must show ran, bit for
+// bit what the reference form (swiglu_backward_bf16, then fp8_linear_backward twice) gives on
+// the same device. Against the CPU: the reference form's dg and du codes within one bf16 ulp
+// of the twin's swiglu_backward_bf16 (CUDA's expf against the CPU's exp), and the twin's two
+// Linear backwards on the device's codes at the Linears' tolerance (on its own codes a
+// one-ulp difference can move a block's scale, and with it the whole block's codes). ds scaled
+// by row and `group`-column group, so the blocks' scales differ.
+void check_swiglu_backward_blocks(const std::string& op, const std::string& shape, Backend& cpu,
+                                  CudaBackend& gpu, int64_t N, int64_t I, int64_t O,
+                                  const std::vector<float>& w, const Dev<float>& dW,
+                                  const Bf16Input& xb, const Backend::Fp8Operand& dg,
+                                  const Backend::Fp8Operand& wq1, const Backend::Fp8Operand& wg,
+                                  const Backend::Fp8Operand& xq1, int64_t group,
+                                  Dev<float>& gpu_work, std::vector<float>& cpu_work) {
+  run_case(op, shape, [&](Result& r) {
+    auto ds = randn(N * O, 1e-3f);
+    for (int64_t i = 0; i < N * O; ++i)
+      ds[i] *= std::ldexp(1.0f, int((i / O) % 5) - int((i % O) / group % 3));
+    const Bf16Input dsb(ds), gb(randn(N * O, 2.0f)), ub(randn(N * O));
+    auto w2 = randn(O * I, 0.05f);
+    Dev<float> dW2(w2);
+    const float* const gw[2] = {dW.p, dW2.p};
+    const float* const cw[2] = {w.data(), w2.data()};
+    const auto dw0 = std::array<std::vector<float>, 2>{randn(O * I, 1e-3f), randn(O * I, 1e-3f)};
+    Backend::Fp8Operand dyq[2][2] = {{dg, wg}, {dg, wg}};
+    Backend::Fp8Operand wq[2] = {wq1, wq1};
+    Backend::Fp8Operand gxq[2] = {xb.on_gpu(xq1), xb.on_gpu(xq1)};
+    Backend::Fp8Operand cxq[2] = {xb.on_host(xq1), xb.on_host(xq1)};
+    Dev<float> fdx(N * I), fdw0(dw0[0]), fdw1(dw0[1]);
+    Dev<uint16_t> dgu(2 * N * O);
+    fdx.poison();
+    float* const fdw[2] = {fdw0.p, fdw1.p};
+    gpu.set_profiling(true);
+    gpu.reset_op_profile();
+    gpu.fp8_swiglu_backward(fdx.p, fdw, dsb.dev.p, gb.dev.p, ub.dev.p, gw, wq, dyq, gxq, N, I, O,
+                            dgu.p, gpu_work.p);
+    int64_t fused_calls = 0;
+    for (const auto& row : gpu.op_profile())
+      if (row.op == "fp8_swiglu_backward (dg, du operands)") fused_calls += row.calls;
+    gpu.set_profiling(false);
+    if (fused_calls != 1) {
+      r.pass = false;
+      r.note += "the fused operands ran " + std::to_string(fused_calls) + " times; ";
+    }
+    Dev<float> rdx(N * I), rdw0(dw0[0]), rdw1(dw0[1]);
+    rdx.poison();
+    float* const rdw[2] = {rdw0.p, rdw1.p};
+    gpu.Backend::fp8_swiglu_backward(rdx.p, rdw, dsb.dev.p, gb.dev.p, ub.dev.p, gw, wq, dyq, gxq,
+                                     N, I, O, dgu.p, gpu_work.p);
+    expect_floats(r, "dx (fused = reference)", fdx.download(), rdx.download());
+    expect_floats(r, "dw gate (fused = reference)", fdw0.download(), rdw0.download());
+    expect_floats(r, "dw up (fused = reference)", fdw1.download(), rdw1.download());
+    const std::vector<uint16_t> gdgu = dgu.download();  // the reference form's dg, du
+    std::vector<uint16_t> cdgu(2 * N * O);
+    cpu.swiglu_backward_bf16(cdgu.data(), cdgu.data() + N * O, dsb.codes.data(),
+                             gb.codes.data(), ub.codes.data(), N * O);
+    compare_rows(r, "dg, du codes", widen(gdgu), widen(cdgu), O, 1, kBf16Ulp);
+    std::vector<float> cdx(N * I);
+    auto cdw = dw0;
+    for (int k = 0; k < 2; ++k) {
+      Backend::Fp8Operand dgrad = dyq[k][0], wgrad = dyq[k][1];
+      dgrad.bf16 = wgrad.bf16 = gdgu.data() + k * N * O;
+      cpu.fp8_linear_backward(cdx.data(), cdw[k].data(), nullptr, dgrad, cw[k], wq[k], wgrad,
+                              nullptr, cxq[k], N, I, O, k == 1, cpu_work.data());
+    }
+    compare_rows(r, "dx", fdx.download(), cdx, I);
+    compare_rows(r, "dw gate", fdw0.download(), cdw[0], I);
+    compare_rows(r, "dw up", fdw1.download(), cdw[1], I);
+  });
+}
+
 void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
   if (!gpu.fp8_block_tensor_cores()) {
     run_case("fp8_block_linear", "skipped", [&](Result& r) {
@@ -899,6 +973,9 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
     check_backward_once("fp8_block_linear_backward", shape, cpu, gpu, N, I, O, dy, dDY, w, dW,
                         dyb, xb, blocks(1, 128), blocks(128, 128), blocks(128, 1),
                         blocks(128, 1));
+    check_swiglu_backward_blocks("fp8_block_swiglu_backward", shape, cpu, gpu, N, I, O, w, dW,
+                                 xb, blocks(1, 128), blocks(128, 128), blocks(128, 1),
+                                 blocks(128, 1), 128, gpu_work, cpu_work);
   }
 }
 
@@ -1001,6 +1078,9 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
     // both GEMMs in one call (CUDA: mxfp8_backward)
     check_backward_once("mxfp8_linear_backward", shape, cpu, gpu, N, I, O, dy, dDY, w, dW, dyb,
                         xb, mx(false), mx(true), mx(true), mx(true));
+    check_swiglu_backward_blocks("mxfp8_swiglu_backward", shape, cpu, gpu, N, I, O, w, dW, xb,
+                                 mx(false), mx(true), mx(true), mx(true), 32, gpu_work,
+                                 cpu_work);
   }
 }
 

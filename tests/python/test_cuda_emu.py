@@ -155,6 +155,25 @@ def test_cast_forms_give_the_trainer_the_same_bits(tmp_path, recipe, sm, extra, 
             assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (k, a, b)
 
 
+@pytest.mark.parametrize("recipe,sm,extra", [("mxfp8", "100", ()), ("fp8-block", "90", WIDE)])
+def test_block_scaled_swiglu_backward_gives_the_same_bits(tmp_path, recipe, sm, extra):
+    """The block-scaled recipes on tensor cores (mxfp8 on sm_100, fp8-block on sm_90's block
+    GEMMs): gate's and up's backward take dg's and du's operands in both layouts straight from
+    SwiGLU's backward (swiglu_backward_mxfp8 / swiglu_backward_fp8_block, one read of ds, g and
+    u), the bytes and scales quantize_mxfp8_both / quantize_fp8_block_both write from their bf16
+    codes, so every step's loss and gradient norm equal MXTRAIN_FP8_FUSE_SWIGLU=0's bit for
+    bit; one a block and step. (The forward's fusion is per-tensor only: none here.)"""
+    require_emu()
+    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm, extra=extra)
+    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm, extra=extra,
+                                env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
+    assert summary["fp8_fused_swiglu_grads"] == 2 * STEPS, summary  # tiny: 2 blocks
+    assert summary_off["fp8_fused_swiglu_grads"] == 0, summary_off
+    assert summary["fp8_fused_swiglu_inputs"] == 0, summary
+    for a, b in zip(on, off):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+
+
 @pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current"])
 def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
     """x^T's FP8 codes kept by the forward for the weight gradients (LlamaModel::saves_xt:
