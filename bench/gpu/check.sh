@@ -63,6 +63,8 @@
 #      second shape, seq 4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain
 #      fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
+#      then, if it has 40 s left, fp8-block with SwiGLU not fused into gate's and up's
+#      backward casts ("mx fp8-block fuse0", MXTRAIN_FP8_FUSE_SWIGLU=0);
 #      last, if it still has 40 s: recipe bf16 with
 #      precision.activations = fp32 ("mx bf16/a32"), to measure what the default bf16
 #      activations cost or save.
@@ -428,6 +430,14 @@ if (( seq2 > 0 && seq2 != seq && ${MXTRAIN_GPU_TOKENS:-16384} / seq2 >= 1 )) &&
   seq=$seq1
   set_batches
 fi
+# The block-scaled form of gate's and up's backward from SwiGLU's (docs/cuda.md): fp8-block, the
+# block-scaled recipe a Hopper GPU runs, with it off (MXTRAIN_FP8_FUSE_SWIGLU=0; row
+# "mx fp8-block fuse0"), if the budget has 40 s left: what it saves (the table's ratio).
+if (( $(cap 50) >= 40 )); then
+  t0=$(date +%s)
+  MXTRAIN_FP8_FUSE_SWIGLU=0 mx_speed fp8-block --variant fuse0
+  echo "mxtrain fp8-block, SwiGLU not fused: $(( $(date +%s) - t0 )) s"
+fi
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
 # precision.activations = fp32, if the budget has room left (it runs last for that reason).
 if (( $(cap 50) >= 40 )); then
@@ -575,6 +585,9 @@ for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
     if ("mx fp8-delayed fuse0", seq) in by and ("mx fp8-delayed", seq) in by:
         print(f"seq {seq}: mxtrain fp8-delayed, SwiGLU fused / not fused = "
               f"{by[('mx fp8-delayed', seq)] / by[('mx fp8-delayed fuse0', seq)]:.3f}")
+    if ("mx fp8-block fuse0", seq) in by and ("mx fp8-block", seq) in by:
+        print(f"seq {seq}: mxtrain fp8-block, SwiGLU fused / not fused = "
+              f"{by[('mx fp8-block', seq)] / by[('mx fp8-block fuse0', seq)]:.3f}")
     if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
         print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
               f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")

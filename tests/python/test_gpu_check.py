@@ -129,6 +129,7 @@ def test_exit_code_and_files(dry_run):
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn",
              f"speed_fp8-delayed__{SEQ}_2_none_savext0",
              f"speed_fp8-delayed__{SEQ}_2_none_fuse0",
+             f"speed_fp8-block__{SEQ}_2_none_fuse0",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
@@ -219,7 +220,8 @@ def test_speed_rows(dry_run):
     res = [r for r in res_all if r["seq"] == SEQ]
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
-    variants = {r["variant"]: r for r in res if r.get("variant")}
+    variants = {r["variant"]: r for r in res if r.get("variant") and
+                (r["variant"], r["recipe"]) != ("fuse0", "fp8-block")}
     assert sorted(variants) == ["casts0", "fp8attn", "fp8attn-head", "fuse0", "notune",
                                 "savext0"], variants
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
@@ -253,6 +255,11 @@ def test_speed_rows(dry_run):
     assert variants["fuse0"]["recipe"] == "fp8-delayed"
     assert variants["fuse0"]["tokens_per_s"] > 0
     assert re.search(rf"^seq {SEQ}: mxtrain fp8-delayed, SwiGLU fused / not fused = "
+                     r"\d+\.\d{3}$", log, re.M)
+    # and fp8-block's (its gradients' block-scaled operands from SwiGLU's backward)
+    fb = [r for r in res if (r.get("variant"), r.get("recipe")) == ("fuse0", "fp8-block")]
+    assert len(fb) == 1 and fb[0]["tokens_per_s"] > 0, fb
+    assert re.search(rf"^seq {SEQ}: mxtrain fp8-block, SwiGLU fused / not fused = "
                      r"\d+\.\d{3}$", log, re.M)
 
     for recipe in ["bf16"] + FP8:
