@@ -564,37 +564,28 @@ for recipe in ("fp8-delayed", "fp8-block"):
         print(f"cast tune (mx {recipe}): {len(casts)} shapes timed")
         for shape, kept, forms in casts[:12]:
             print(f"  {shape}: kept {kept} ({forms})")
+# The ratio lines, per seq: (the numerator's row, the denominator's row, what the line says,
+# its tail), each printed where both rows ran.
+RATIOS = [
+    ("mx bf16", "torch", "mxtrain bf16 / torch", ""),
+    ("mx bf16", "mx bf16 notune", "mxtrain bf16, tuned / untuned GEMMs", ""),
+    ("mx fp8-delayed fp8attn", "mx bf16", "mxtrain fp8-delayed + FP8 attention / bf16",
+     " (target >= 1.3)"),
+    ("mx fp8-delayed fp8attn-head", "mx bf16",
+     "mxtrain fp8-delayed + FP8 attention + FP8 head / bf16", ""),
+    ("mx fp8-block", "mx fp8-block casts0", "mxtrain fp8-block, tuned / untuned casts", ""),
+    ("mx fp8-delayed", "mx fp8-delayed savext0",
+     "mxtrain fp8-delayed, x^T codes kept / not kept", ""),
+    ("mx fp8-delayed", "mx fp8-delayed fuse0", "mxtrain fp8-delayed, SwiGLU fused / not fused",
+     ""),
+    ("mx fp8-block", "mx fp8-block fuse0", "mxtrain fp8-block, SwiGLU fused / not fused", ""),
+    ("mx bf16", "mx bf16/a32", "mxtrain bf16, bf16 / fp32 activations", ""),
+] + [(f"mx {fp8}", "mx bf16", f"mxtrain {fp8} / bf16", " (target >= 1.3)")
+     for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4")]
 for seq in sorted({s for _, s in by}):  # the seqs that ran (8192 on the GPU)
-    if ("mx bf16", seq) in by and ("torch", seq) in by:
-        print(f"seq {seq}: mxtrain bf16 / torch = {by[('mx bf16', seq)] / by[('torch', seq)]:.3f}")
-    if ("mx bf16 notune", seq) in by and ("mx bf16", seq) in by:
-        print(f"seq {seq}: mxtrain bf16, tuned / untuned GEMMs = "
-              f"{by[('mx bf16', seq)] / by[('mx bf16 notune', seq)]:.3f}")
-    if ("mx fp8-delayed fp8attn", seq) in by and ("mx bf16", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-delayed + FP8 attention / bf16 = "
-              f"{by[('mx fp8-delayed fp8attn', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")
-    if ("mx fp8-delayed fp8attn-head", seq) in by and ("mx bf16", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-delayed + FP8 attention + FP8 head / bf16 = "
-              f"{by[('mx fp8-delayed fp8attn-head', seq)] / by[('mx bf16', seq)]:.3f}")
-    if ("mx fp8-block casts0", seq) in by and ("mx fp8-block", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-block, tuned / untuned casts = "
-              f"{by[('mx fp8-block', seq)] / by[('mx fp8-block casts0', seq)]:.3f}")
-    if ("mx fp8-delayed savext0", seq) in by and ("mx fp8-delayed", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-delayed, x^T codes kept / not kept = "
-              f"{by[('mx fp8-delayed', seq)] / by[('mx fp8-delayed savext0', seq)]:.3f}")
-    if ("mx fp8-delayed fuse0", seq) in by and ("mx fp8-delayed", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-delayed, SwiGLU fused / not fused = "
-              f"{by[('mx fp8-delayed', seq)] / by[('mx fp8-delayed fuse0', seq)]:.3f}")
-    if ("mx fp8-block fuse0", seq) in by and ("mx fp8-block", seq) in by:
-        print(f"seq {seq}: mxtrain fp8-block, SwiGLU fused / not fused = "
-              f"{by[('mx fp8-block', seq)] / by[('mx fp8-block fuse0', seq)]:.3f}")
-    if ("mx bf16/a32", seq) in by and ("mx bf16", seq) in by:
-        print(f"seq {seq}: mxtrain bf16, bf16 / fp32 activations = "
-              f"{by[('mx bf16', seq)] / by[('mx bf16/a32', seq)]:.3f}")
-    for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4"):
-        if (f"mx {fp8}", seq) in by and ("mx bf16", seq) in by:
-            print(f"seq {seq}: mxtrain {fp8} / bf16 = "
-                  f"{by[(f'mx {fp8}', seq)] / by[('mx bf16', seq)]:.3f} (target >= 1.3)")
+    for num, den, what, tail in RATIOS:
+        if (num, seq) in by and (den, seq) in by:
+            print(f"seq {seq}: {what} = {by[(num, seq)] / by[(den, seq)]:.3f}{tail}")
 PY
 # Every run's full stderr (the cuDNN path lines, the profile tables, any error before the last
 # line), which the JSON rows keep only the last line of, and its metrics.jsonl. Not the loss
