@@ -1043,6 +1043,23 @@ class CudaBackendImpl final : public CudaBackend {
     }
   };
 
+  // fp8_swiglu_backward's fused forms (in = C, out = I): dg's two code buffers (rows, then
+  // transposed) at the start of `work`, then BackwardCodes for du's two, W^T's, x^T's and
+  // tmp; fits(bytes): whether `bytes` from the start fit in fp8_linear_backward's `work`.
+  struct SwigluBackwardCodes {
+    uint8_t* dg;
+    uint8_t* dg_t;
+    BackwardCodes b;
+    SwigluBackwardCodes(float* work, int64_t N, int64_t C, int64_t I)
+        : dg(reinterpret_cast<uint8_t*>(work)),
+          dg_t(dg + round_up_256(N * I)),
+          b(reinterpret_cast<float*>(dg_t + round_up_256(N * I)), N, C, I) {}
+    static int64_t dg_bytes(int64_t N, int64_t I) { return 2 * round_up_256(N * I); }
+    static bool fits(int64_t bytes, int64_t N, int64_t C, int64_t I) {
+      return bytes <= 4 * std::max(N * I + I * C, N * I + N * C);
+    }
+  };
+
   // Both GEMMs of a Linear's backward. Where dy's two quantizations are one per-tensor
   // quantization (same format and scaling; fp8-delayed's two scales equal), dy's amax is taken
   // once and its codes written in both layouts from one read (fp8_codes_both); the amax goes to
@@ -1123,9 +1140,10 @@ class CudaBackendImpl final : public CudaBackend {
     if (mxfp8_swiglu_backward(dx, dw, ds16, g16, u16, w, wq, dyq, xq, N, C, I, work) ||
         fp8_block_swiglu_backward(dx, dw, ds16, g16, u16, w, wq, dyq, xq, N, C, I, work))
       return;
-    const int64_t have = 4 * std::max(N * I + I * C, N * I + N * C);
-    const int64_t need = 4 * round_up_256(N * I) + round_up_256(I * C) + N * C;
-    bool fused = need <= have && fp8_native_;
+    bool fused = SwigluBackwardCodes::fits(SwigluBackwardCodes::dg_bytes(N, I) +
+                                               BackwardCodes::codes_end(N, C, I),
+                                           N, C, I) &&
+                 fp8_native_;
     for (int k = 0; k < 2; ++k) {
       check_codes_t(nullptr, xq[k], "fp8_swiglu_backward");
       fused = fused && xq[k].per_tensor() && wq[k].per_tensor();
@@ -1137,11 +1155,8 @@ class CudaBackendImpl final : public CudaBackend {
       return Backend::fp8_swiglu_backward(dx, dw, ds16, g16, u16, w, wq, dyq, xq, N, C, I, dgu16,
                                           work);
     DeviceArenaScope scope(scratch_);
-    uint8_t* codes[4];  // dg rows, dg^T, du rows, du^T
-    codes[0] = reinterpret_cast<uint8_t*>(work);
-    for (int i = 1; i < 4; ++i) codes[i] = codes[i - 1] + round_up_256(N * I);
-    uint8_t* wtc = codes[3] + round_up_256(N * I);
-    uint8_t* xtc = wtc + round_up_256(I * C);
+    const SwigluBackwardCodes sc(work, N, C, I);
+    uint8_t* const codes[4] = {sc.dg, sc.dg_t, sc.b.dyc, sc.b.dytc};  // dg, dg^T, du, du^T
     const bool current = dyq[0][0].current;
     float* amax = scratch_.alloc_f32(2);  // max |dg|, max |du|
     float* scales = scratch_.alloc_f32(4);  // dg rows, dg^T, du rows, du^T (encode)
@@ -1159,11 +1174,11 @@ class CudaBackendImpl final : public CudaBackend {
       for (int j = 0; j < 2; ++j)
         if (dyq[k][j].amax) copy_amax(dyq[k][j].amax, amax + k);
     for (int k = 0; k < 2; ++k) {
-      uint8_t* wt = wtc;  // (a reference parameter, as xt's below)
+      uint8_t* wt = sc.b.wtc;  // (a reference parameter, as xt's below)
       const float* ws = fp8_operand(wt, w[k], I, C, wq[k], true);
       tensor_fp8_gemm(N, C, I, codes[2 * k], dyq[k][0].fmt, scale_inv + 2 * k, wt, wq[k].fmt, ws,
                       k == 1 ? 1.0f : 0.0f, dx, nullptr);
-      uint8_t* xt = xtc;  // (fp8_operand may point it at kept codes)
+      uint8_t* xt = sc.b.xtc;  // (fp8_operand may point it at kept codes)
       with_input(nullptr, xq[k], "fp8_swiglu_backward", [&](const auto* xs) {
         const float* xsc = fp8_operand(xt, xs, N, C, xq[k], true);
         tensor_fp8_gemm(I, C, N, codes[2 * k + 1], dyq[k][1].fmt, scale_inv + 2 * k + 1, xt,
@@ -1202,15 +1217,14 @@ class CudaBackendImpl final : public CudaBackend {
       if (!fp8_block_backward_cut(dyq[k][0], wq[k], dyq[k][1], xq[k]) || !xq[k].bf16 ||
           dyq[k][0].bf16 || dyq[k][1].bf16)
         return false;
-    const int64_t dg_bytes = 2 * round_up_256(N * I);  // dg's codes, then BackwardCodes'
-    if (dg_bytes + BackwardCodes::codes_end(N, C, I) > 4 * std::max(N * I + I * C, N * I + N * C))
+    if (!SwigluBackwardCodes::fits(
+            SwigluBackwardCodes::dg_bytes(N, I) + BackwardCodes::codes_end(N, C, I), N, C, I))
       return false;
     DeviceArenaScope scope(scratch_);
-    uint8_t* dg_codes = reinterpret_cast<uint8_t*>(work);
-    BackwardCodes b(reinterpret_cast<float*>(dg_codes + dg_bytes), N, C, I);
+    SwigluBackwardCodes sc(work, N, C, I);
+    BackwardCodes& b = sc.b;
     cuda::BlockOperands ops[2] = {
-        {dg_codes, scratch_.alloc_f32(N * (I / 128)), dg_codes + round_up_256(N * I),
-         scratch_.alloc_f32(N / 128 * I)},
+        {sc.dg, scratch_.alloc_f32(N * (I / 128)), sc.dg_t, scratch_.alloc_f32(N / 128 * I)},
         {b.dyc, scratch_.alloc_f32(N * (I / 128)), b.dytc, scratch_.alloc_f32(N / 128 * I)}};
     cuda::swiglu_backward_fp8_block(ds16, g16, u16, N, I, true, ops[0], ops[1], stream_);
     for (int k = 0; k < 2; ++k) {
@@ -1241,17 +1255,16 @@ class CudaBackendImpl final : public CudaBackend {
       if (!wq[k].mx || !xq[k].mx || !xq[k].bf16 || !dyq[k][0].mx || !dyq[k][1].mx ||
           dyq[k][0].bf16 || dyq[k][1].bf16)
         return false;
-    // dg's two code buffers, then BackwardCodes (in = C, out = I): du's two, W^T's, x^T's and
-    // tmp, which only W^T's and x^T's transposing quantizers take
-    const int64_t dg_bytes = 2 * round_up_256(N * I);
-    const int64_t need =
-        dg_bytes + BackwardCodes::tmp_begin(N, C, I) + std::max(I * C, N * C);
-    if (need > 4 * std::max(N * I + I * C, N * I + N * C)) return false;
+    // (tmp: only W^T's and x^T's transposing quantizers take it)
+    if (!SwigluBackwardCodes::fits(SwigluBackwardCodes::dg_bytes(N, I) +
+                                       BackwardCodes::tmp_begin(N, C, I) + std::max(I * C, N * C),
+                                   N, C, I))
+      return false;
     DeviceArenaScope scope(scratch_);
-    uint8_t* dg_codes = reinterpret_cast<uint8_t*>(work);
-    BackwardCodes b(reinterpret_cast<float*>(dg_codes + dg_bytes), N, C, I);
+    SwigluBackwardCodes sc(work, N, C, I);
+    BackwardCodes& b = sc.b;
     cuda::MxOperands ops[2] = {
-        {dg_codes, scratch_.alloc_as<uint8_t>(N * (I / 32)), dg_codes + round_up_256(N * I),
+        {sc.dg, scratch_.alloc_as<uint8_t>(N * (I / 32)), sc.dg_t,
          scratch_.alloc_as<uint8_t>(N / 32 * I)},
         {b.dyc, scratch_.alloc_as<uint8_t>(N * (I / 32)), b.dytc,
          scratch_.alloc_as<uint8_t>(N / 32 * I)}};
