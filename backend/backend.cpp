@@ -289,32 +289,52 @@ void Backend::fp8_input(float* out, const void* id, const float* x, int64_t rows
 }
 
 namespace {
-// Fp8Operand::save_t's reference form: x^T's codes [cols, rows] with the operand's per-tensor
-// scale (fp8_emulate's: from max|x| or the given one), and the decode scale.
+// Fp8Operand::save_t's reference form: x^T's codes [cols, rows] as the weight gradient
+// quantizes x, and their decode scales: per-tensor at the operand's scale (fp8_emulate's: from
+// max|x| or the given one); fp8-block in 128x1 blocks, mxfp8 in 32x1 (the forward's 1x128 and
+// 1x32 turned down the columns).
 void save_codes_t(const float* x, int64_t rows, int64_t cols, const Backend::Fp8Operand& q) {
-  MX_REQUIRE(q.per_tensor() && q.save_t_scale_inv,
-             "Fp8Operand::save_t: per-tensor FP8 only, with its scale's slot");
-  const float scale = per_tensor_scale(q.current ? numerics::abs_max(x, rows * cols) : 0.0f, q);
+  MX_REQUIRE(q.xt_scale_bytes(rows, cols) > 0 && q.save_t_scale_inv,
+             "Fp8Operand::save_t: per-tensor FP8, fp8-block 1x128 or mxfp8 1x32, with room "
+             "for its scales");
   std::vector<uint8_t> codes(size_t(rows * cols));
   std::vector<float> values(size_t(rows * cols));
   numerics::QuantizeInto into;
   into.dequant = values.data();
   into.codes = codes.data();
-  into.scales_f32 = q.save_t_scale_inv;
-  numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, scale, into);
+  if (q.mx) {
+    into.scales_u8 = reinterpret_cast<uint8_t*>(q.save_t_scale_inv);
+    numerics::quantize_mxfp8_into(x, rows, cols, true, q.fmt, numerics::MxScaleRule::kCeil,
+                                  into);
+  } else if (q.block_rows > 0) {
+    into.scales_f32 = q.save_t_scale_inv;
+    numerics::quantize_fp8_block_into(x, rows, cols, 128, 1, true, into);
+  } else {
+    const float scale =
+        per_tensor_scale(q.current ? numerics::abs_max(x, rows * cols) : 0.0f, q);
+    into.scales_f32 = q.save_t_scale_inv;
+    numerics::quantize_fp8_tensor_into(x, rows, cols, q.fmt, scale, into);
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) q.save_t[c * rows + r] = codes[size_t(r * cols + c)];
 }
 
 // Fp8Operand::codes_t's reference form: the dequantized operand [rows, cols] from x^T's saved
-// codes [cols, rows] (decode(code) * scale_inv, as the quantizer's own dequantized values).
+// codes [cols, rows] (decode(code) times its decode scale, as the quantizer's own dequantized
+// values): per-tensor, or the weight gradient's fp8-block 128x1 / mxfp8 32x1 blocks.
 void dequantize_codes_t(float* out, int64_t rows, int64_t cols, const Backend::Fp8Operand& q) {
-  MX_REQUIRE(q.per_tensor() && q.codes_t_scale_inv,
-             "Fp8Operand::codes_t: per-tensor FP8 only, with its decode scale");
-  const float s = *q.codes_t_scale_inv;
+  const bool blocks = !q.per_tensor();
+  MX_REQUIRE(q.codes_t_scale_inv && !q.nvfp4 &&
+                 (!blocks || (q.block_cols == 1 && q.block_rows == (q.mx ? 32 : 128))),
+             "Fp8Operand::codes_t: per-tensor FP8, fp8-block 128x1 or mxfp8 32x1, with its "
+             "decode scales");
+  const auto* e8 = reinterpret_cast<const uint8_t*>(q.codes_t_scale_inv);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t b = blocks ? r / q.block_rows * cols + c : 0;
+      const float s = q.mx ? numerics::decode_e8m0(e8[b]) : q.codes_t_scale_inv[b];
       out[r * cols + c] = numerics::decode_fp8_elem(q.codes_t[c * rows + r], q.fmt) * s;
+    }
 }
 }  // namespace
 
@@ -326,7 +346,7 @@ void Backend::fp8_linear_forward(float* y, const float* x, const Fp8Operand& xq,
   std::vector<float> wide;
   std::vector<uint16_t> s16;  // SwiGLU's operands given (Fp8Operand::swiglu_g): s's codes
   if (xq.swiglu_g) {
-    MX_REQUIRE(xq.swiglu_u && xq.per_tensor() && xq.save_t && !x && !xq.bf16,
+    MX_REQUIRE(xq.swiglu_u && xq.save_t && !x && !xq.bf16,
                "fp8_linear_forward: SwiGLU's operands stand for x, with x^T's codes saved");
     s16.resize(size_t(N * in));
     swiglu_forward_bf16(s16.data(), xq.swiglu_g, xq.swiglu_u, N * in);

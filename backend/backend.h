@@ -182,17 +182,22 @@ class Backend {
     // codes, whose values are the fp32 tensor's (bf16 widens exactly), so the same bytes come
     // out without an fp32 copy in memory.
     const uint16_t* bf16 = nullptr;
-    // Per-tensor scaling only (no blocks, mx or nvfp4). The weight gradient's operand x^T made
-    // by the forward, from the same read of x as its own codes (Transformer Engine's
-    // columnwise copy), so that the backward need not read x again:
-    //   save_t (fp8_linear_forward's input): x^T's codes too, [in, N] (the bytes a transposed
-    //     quantization of x with this operand's scale writes), and their decode scale
-    //     (1 / scale) in *save_t_scale_inv; both backend memory, kept by the caller.
+    // Not nvfp4. The weight gradient's operand x^T made by the forward, from the same read of
+    // x as its own codes (Transformer Engine's columnwise copy), so that the backward need not
+    // read x again:
+    //   save_t (fp8_linear_forward's input): x^T's codes too, [in, N] (the bytes the weight
+    //     gradient's quantization of x writes), and their decode scales in save_t_scale_inv
+    //     (xt_scale_bytes of room): per-tensor, one float 1 / scale at this operand's scale;
+    //     fp8-block (this operand 1x128), the weight gradient's 128x1 blocks' floats
+    //     [N / 128, in] (1 / scale, powers of two, quantize_fp8_block's layout); mxfp8 (1x32),
+    //     its 32x1 blocks' E8M0 bytes [N / 32, in] (quantize_mxfp8's columnwise layout) in that
+    //     memory. Both backend memory, kept by the caller.
     //   codes_t (fp8_linear_wgrad's and fp8_linear_backward's input): such saved codes and
-    //     scale stand for x^T's quantization; x and bf16 are null, and `amax` is not written
+    //     scales stand for x^T's quantization; x and bf16 are null, and `amax` is not written
     //     (the forward's operand took x's). The caller vouches that they are this operand's
     //     quantization: the same format and scale (fp8-current's always are; fp8-delayed's
-    //     where its forward-input and weight-gradient-input scales agree).
+    //     where its forward-input and weight-gradient-input scales agree; the block recipes'
+    //     blocks are scaled from their own elements, so theirs always are).
     uint8_t* save_t = nullptr;
     float* save_t_scale_inv = nullptr;
     const uint8_t* codes_t = nullptr;
@@ -205,6 +210,15 @@ class Backend {
     const uint16_t* swiglu_g = nullptr;
     const uint16_t* swiglu_u = nullptr;
     bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
+    // The bytes of save_t_scale_inv's scales for a forward input x [rows, cols] cut as this
+    // operand (per-tensor, fp8-block 1x128 or mxfp8 1x32); 0 for any other cut (nvfp4, ...),
+    // which saves no x^T.
+    int64_t xt_scale_bytes(int64_t rows, int64_t cols) const {
+      if (per_tensor()) return int64_t(sizeof(float));
+      if (nvfp4 || block_rows != 1) return 0;
+      if (mx) return block_cols == 32 ? (rows + 31) / 32 * cols : 0;
+      return block_cols == 128 ? (rows + 127) / 128 * cols * int64_t(sizeof(float)) : 0;
+    }
   };
   // True where the FP8 Linears run on FP8 tensor cores (CUDA, compute capability >= 8.9, unless
   // MXTRAIN_CUDA_FP8=emulate). The CPU says true only under the test knob

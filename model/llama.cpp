@@ -168,7 +168,12 @@ size_t bf16_path_scratch(const ModelConfig& c, int64_t B, int64_t T, Checkpointi
 }
 }  // namespace
 
-size_t fp8_xt_bytes(int64_t n) { return Arena::round_up(Arena::round_up(size_t(n)) + sizeof(float)); }
+size_t fp8_xt_scale_bytes(int64_t n, bool blocks) {
+  return blocks ? size_t(n / 32) : sizeof(float);
+}
+size_t fp8_xt_bytes(int64_t n, bool blocks) {
+  return Arena::round_up(Arena::round_up(size_t(n)) + fp8_xt_scale_bytes(n, blocks));
+}
 
 bool fp8_save_xt_enabled() {
   static const bool off = [] {
@@ -186,20 +191,35 @@ bool fp8_fuse_swiglu_enabled() {
   return !off;
 }
 
-bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
-                         bool bf16_activations, Checkpointing policy) {
+XtCodes fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
+                            bool bf16_activations, Checkpointing policy) {
   const Recipe r = parse_recipe(recipe);
-  if ((r != Recipe::kFp8Current && r != Recipe::kFp8Delayed) || !bf16_activations ||
-      !BlockSizes::keeps(policy, true) || !fp8_save_xt_enabled())
-    return false;
+  const XtCodes x = r == Recipe::kFp8Current || r == Recipe::kFp8Delayed ? XtCodes::kPerTensor
+                    : r == Recipe::kFp8Block                             ? XtCodes::kFp8Block
+                    : r == Recipe::kMxfp8                                ? XtCodes::kMxfp8
+                                                                         : XtCodes::kNone;
+  if (x == XtCodes::kNone || !bf16_activations || !BlockSizes::keeps(policy, true) ||
+      !fp8_save_xt_enabled())
+    return XtCodes::kNone;
+  // (LlamaModel::native_fp8_multiple's)
+  const int64_t m = x == XtCodes::kFp8Block ? 128 : x == XtCodes::kMxfp8 ? 32 : 16;
   for (int64_t d : {N, c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim()})
-    if (d % 16 != 0) return false;
-  return true;
+    if (d % m != 0) return XtCodes::kNone;
+  return x;
+}
+
+bool xt_codes_native(XtCodes x, const Backend& backend) {
+  switch (x) {
+    case XtCodes::kPerTensor: return backend.fp8_tensor_cores();
+    case XtCodes::kFp8Block: return backend.fp8_block_tensor_cores();
+    case XtCodes::kMxfp8: return backend.mxfp8_tensor_cores();
+    default: return false;
+  }
 }
 
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
                                  Checkpointing policy, bool quantized, bool device,
-                                 bool bf16_activations, bool bf16_path, bool fp8_xt_only) {
+                                 bool bf16_activations, bool bf16_path, XtCodes fp8_xt_only) {
   const int64_t N = B * T, C = c.hidden_size, L = c.num_hidden_layers;
   BlockSizes z(c, B, T);
   // act: a tensor that precision.activations = bf16 keeps as bf16 codes (statistics and x_mid,
@@ -207,7 +227,8 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T,
   auto act = [](int64_t n, bool bf16) { return bf16 ? bytes_bf16(n) : bytes_f32(n); };
   // (x^T's FP8 codes in place of the inputs' bf16 codes: LlamaModel::set_xt_only)
   auto input = [&](int64_t n, bool bf16) {
-    return bf16 && fp8_xt_only ? fp8_xt_bytes(n) : act(n, bf16);
+    return bf16 && fp8_xt_only != XtCodes::kNone ? fp8_xt_bytes(n, xt_blocks(fp8_xt_only))
+                                                 : act(n, bf16);
   };
   auto cheap = [&](Checkpointing p, bool bf16) {
     return BlockSizes::keeps(p, true) ? input(z.h1, bf16) + bytes_f32(z.rstd1) +
@@ -466,17 +487,19 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
   // then in scratch for the forward alone (transient: forgotten after their last use). With
   // the arena sized for x^T's codes alone (xt_only_) the bf16 codes are never kept: without
   // x^T's codes the backward recomputes them. Otherwise x^T's codes take the room the bf16
-  // codes had (2 bytes an element: the codes' 1 and the scale fit).
+  // codes had (2 bytes an element: the codes' 1 and the scale, or the block recipes' scales,
+  // 1/32 of a byte an element, fit).
   auto kept_input = [&](SavedXt& xt, int64_t n, bool save, bool& transient) {
     transient = false;
     if (!BlockSizes::keeps(policy, true)) return alloc_bf16(scratch_, n);
-    void* room = nullptr;  // x^T's codes, then their scale
+    void* room = nullptr;  // x^T's codes, then their scales
     if (xt_only_) {
-      if (save) room = saved_.alloc(fp8_xt_bytes(n));
+      if (save) room = saved_.alloc(fp8_xt_bytes(n, xt_blocks()));
     } else {
       uint16_t* codes = alloc_bf16(saved_, n);
       if (!save) return codes;
-      MX_ASSERT(bytes_bf16(n) >= Arena::round_up(size_t(n)) + sizeof(float), "x^T's room");
+      MX_ASSERT(bytes_bf16(n) >= Arena::round_up(size_t(n)) + fp8_xt_scale_bytes(n, xt_blocks()),
+                "x^T's room");
       room = codes;
     }
     if (room) {
@@ -1061,6 +1084,9 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
       !recipe_->active(layer_) || recipe_->collecting_stats() || recipe_->replaying())
     return false;
   if (recipe_->recipe() == Recipe::kFp8Current) return true;  // x's own amax, every operand
+  // the block recipes scale each block from its own elements: x^T's blocks are the weight
+  // gradient's, whatever the step (fp8_reads_codes has left nvfp4 out)
+  if (recipe_->recipe() == Recipe::kFp8Block || recipe_->recipe() == Recipe::kMxfp8) return true;
   if (recipe_->recipe() != Recipe::kFp8Delayed) return false;
   const float s = recipe_->delayed_scale(layer_, first, LinearOperand::kFwdInput);
   for (int l = first; l < first + count; ++l)
@@ -1068,6 +1094,11 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
         recipe_->delayed_scale(layer_, l, LinearOperand::kWgradInput) != s)
       return false;
   return true;
+}
+
+bool LlamaModel::xt_blocks() const {
+  return recipe_ &&
+         (recipe_->recipe() == Recipe::kFp8Block || recipe_->recipe() == Recipe::kMxfp8);
 }
 
 bool LlamaModel::fused_swiglu_backward(int64_t N) const {
@@ -1113,6 +1144,9 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     auto xq = fp8_operand(LinearOperand::kFwdInput, linear);
     xq.bf16 = x16;
     xq.save_t = save.codes;  // x^T's codes kept for the weight gradient (saves_xt)
+    MX_ASSERT(!save.codes || size_t(xq.xt_scale_bytes(N, in)) ==
+                                 fp8_xt_scale_bytes(N * in, xt_blocks()),
+              "x^T's scales: the room kept for them is not the operand's");
     xq.save_t_scale_inv = save.scale_inv;
     xq.swiglu_g = swiglu.g;  // x made from SwiGLU's operands by the cast (SwigluInput)
     xq.swiglu_u = swiglu.u;

@@ -69,21 +69,32 @@ struct ActivationBytes {
 // bf16_activations: precision.activations = bf16 (the kept copies take 2 bytes an element).
 // bf16_path: every block takes the bf16 path on every step (precision/recipe.h's
 // bf16_path_only on a backend with native bf16 GEMMs): scratch sized for that path alone.
+// Which x^T FP8 codes a run keeps alone (fp8_xt_only_applies): none, per-tensor FP8's (one
+// float scale), fp8-block's or mxfp8's (block scales).
+enum class XtCodes : uint8_t { kNone, kPerTensor, kFp8Block, kMxfp8 };
+inline bool xt_blocks(XtCodes x) { return x == XtCodes::kFp8Block || x == XtCodes::kMxfp8; }
 // fp8_xt_only (with bf16_activations): a policy that keeps h1, h2 and SwiGLU's product keeps
-// x^T's FP8 codes of them instead (1 byte an element and a 4-byte scale: fp8_xt_bytes; LlamaModel
-// ::set_xt_only), where fp8_xt_only_applies says so.
+// x^T's FP8 codes of them instead (1 byte an element and their scales: fp8_xt_bytes;
+// LlamaModel::set_xt_only), where fp8_xt_only_applies says so.
 ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Checkpointing policy,
                                  bool quantized = false, bool device = false,
                                  bool bf16_activations = false, bool bf16_path = false,
-                                 bool fp8_xt_only = false);
-size_t fp8_xt_bytes(int64_t n);
-// Whether a run keeps x^T's FP8 codes alone (fp8_xt_only): per-tensor FP8 (fp8-current,
-// fp8-delayed) with bf16 activations on a backend with FP8 tensor cores and native bf16 GEMMs
-// (the bf16 path; the caller checks the backend), policy none, and every block Linear's widths
-// and the N tokens of a micro-batch multiples of 16 (the FP8 GEMMs'), unless
-// MXTRAIN_FP8_SAVE_XT=0.
-bool fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
-                         bool bf16_activations, Checkpointing policy);
+                                 XtCodes fp8_xt_only = XtCodes::kNone);
+// The bytes `saved` holds for x^T's FP8 codes of a tensor of n elements: the codes and their
+// scales (fp8_xt_scale_bytes: per-tensor, one float; blocks, fp8-block's 128x1 floats or
+// mxfp8's 32x1 E8M0 bytes, n / 32 either way, the tokens a multiple of the block), rounded.
+size_t fp8_xt_scale_bytes(int64_t n, bool blocks);
+size_t fp8_xt_bytes(int64_t n, bool blocks = false);
+// Whether a run keeps x^T's FP8 codes alone (fp8_xt_only), and which: per-tensor FP8
+// (fp8-current, fp8-delayed), fp8-block or mxfp8 with bf16 activations on a backend with
+// that recipe's tensor cores and native bf16 GEMMs (the bf16 path; the caller checks the
+// backend: xt_codes_native), policy none, and every block Linear's widths and the N tokens of
+// a micro-batch multiples of the recipe's GEMMs' (16; fp8-block 128; mxfp8 32), unless
+// MXTRAIN_FP8_SAVE_XT=0. kNone otherwise.
+XtCodes fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
+                            bool bf16_activations, Checkpointing policy);
+// Whether `backend` runs those codes' recipe on tensor cores (kNone: false).
+bool xt_codes_native(XtCodes x, const Backend& backend);
 // MXTRAIN_FP8_SAVE_XT is not 0.
 bool fp8_save_xt_enabled();
 // MXTRAIN_FP8_FUSE_SWIGLU is not 0: the down projection's FP8 cast reads SwiGLU's operands
@@ -200,8 +211,9 @@ class LlamaModel {
   struct BlockActs;
   // x^T's FP8 codes, kept by the forward for the weight gradient in place of a kept tensor's
   // bf16 codes (Backend::Fp8Operand::save_t / codes_t; h1, h2 and SwiGLU's product on the bf16
-  // path): the codes and their decode scale, in the room the bf16 codes had in `saved`. The
-  // backward then reads neither x nor writes its transposed codes. Null: not kept.
+  // path): the codes and their decode scales (per-tensor, one float; fp8-block's and mxfp8's
+  // block scales in that memory: fp8_xt_scale_bytes), in the room the bf16 codes had in
+  // `saved`. The backward then reads neither x nor writes its transposed codes. Null: not kept.
   struct SavedXt {  // (no member initializers: `= {}` as a default argument below)
     uint8_t* codes;
     float* scale_inv;
@@ -259,12 +271,15 @@ class LlamaModel {
                     bool accumulate_dx, bool native, const float* x_wide = nullptr,
                     uint16_t* dx16 = nullptr, SavedXt xt = {});
   // Whether the forward keeps them for the input of Linears first .. first + count - 1 (q, k,
-  // v: 0, 3; gate, up: 4, 2; down: 6, 1): per-tensor FP8 on the backend's FP8 Linears reading
-  // the codes (reads_codes), a policy that keeps the input, not a telemetry step or a
-  // recompute, and under fp8-delayed every one of those Linears' forward-input and
-  // weight-gradient-input scales the same (the codes are then each weight gradient's own
-  // quantization). MXTRAIN_FP8_SAVE_XT=0 turns it off (comparisons).
+  // v: 0, 3; gate, up: 4, 2; down: 6, 1): per-tensor FP8, fp8-block or mxfp8 on the backend's
+  // FP8 Linears reading the codes (reads_codes), a policy that keeps the input, not a
+  // telemetry step or a recompute, and under fp8-delayed every one of those Linears'
+  // forward-input and weight-gradient-input scales the same (the codes are then each weight
+  // gradient's own quantization; the block recipes' always are). MXTRAIN_FP8_SAVE_XT=0 turns
+  // it off (comparisons).
   bool saves_xt(int first, int count, bool reads_codes, Checkpointing policy) const;
+  // x^T's kept codes carry block scales (fp8-block, mxfp8: fp8_xt_scale_bytes' blocks).
+  bool xt_blocks() const;
   // Block `layer`'s weights through `access`: fp32 pointers, or (bf16 gathers) the RMSNorm
   // weights with null matrices and the matrices' codes in w16_.
   BlockParams block_weights(UnitAccess& access, int64_t layer, bool backward);

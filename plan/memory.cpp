@@ -148,8 +148,8 @@ class Replay {
     };
     // A tensor precision.activations = bf16 keeps as bf16 codes (n elements).
     auto keep_act = [&](bool cheap, int64_t n) {
-      if (cheap && dt_.fp8_xt && keeps(p, cheap)) {
-        saved_.alloc(n + 4);     // x^T's FP8 codes and their scale
+      if (cheap && dt_.fp8_xt != XtCodes::kNone && keeps(p, cheap)) {
+        saved_.alloc(n + int64_t(fp8_xt_scale_bytes(n, xt_blocks(dt_.fp8_xt))));  // x^T's codes
         scratch_.alloc(act(n));  // the codes the forward's ops read
         return;
       }
@@ -382,7 +382,7 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
 
   // The CUDA engine's activations keep x^T's FP8 codes of the FP8 Linears' inputs
   // (model/llama.h): its arenas and the replay below
-  const bool fp8_xt = fp8_xt_only_applies(
+  const XtCodes fp8_xt = fp8_xt_only_applies(
       c, B * T, in.engine_recipe(), plan_bf16_activations(in, in.engine_recipe(), "cuda"),
       in.checkpointing);
   // GPU: this build's CUDA engine, allocation by allocation (train/trainer.cpp, Engine, Fsdp,

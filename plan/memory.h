@@ -104,9 +104,10 @@ struct ActivationDtypes {
   // (The GPU model's act = 2 describes an engine that keeps everything in bf16 instead.)
   bool bf16_activations = false;
   // The GPU engine keeps x^T's FP8 codes of h1, h2 and the SwiGLU product (1 byte an element
-  // and a 4-byte scale) in place of their bf16 copies (model/llama.h, fp8_xt_only_applies);
-  // their bf16 codes live in scratch during the block's forward.
-  bool fp8_xt = false;
+  // and their scales: a 4-byte one, or the block recipes' n / 32 bytes) in place of their bf16
+  // copies (model/llama.h, fp8_xt_only_applies); their bf16 codes live in scratch during the
+  // block's forward.
+  XtCodes fp8_xt = XtCodes::kNone;
 };
 ActivationDtypes cpu_dtypes();
 ActivationDtypes gpu_dtypes();

@@ -21,8 +21,9 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
   adam_v = persistent("adam_v", opt.optimizer, &v_base_);
   // the path needs the backend's own bf16 GEMMs
   options.bf16_path_only = options.bf16_path_only && backend->has_bf16_gemms();
-  options.fp8_xt_only = options.fp8_xt_only && opt.bf16_activations &&
-                        backend->has_bf16_gemms() && backend->fp8_tensor_cores();
+  if (!opt.bf16_activations || !backend->has_bf16_gemms() ||
+      !xt_codes_native(options.fp8_xt_only, *backend))
+    options.fp8_xt_only = XtCodes::kNone;
   ActivationBytes act =
       activation_bytes(cfg, opt.micro_batch, opt.seq_len, opt.checkpointing, opt.quantized,
                        mem != nullptr, opt.bf16_activations, options.bf16_path_only,
@@ -36,7 +37,7 @@ Engine::Engine(const ModelConfig& cfg, const EngineOptions& opt)
                                        *scratch);
   model->set_bf16_activations(opt.bf16_activations);
   model->set_residual_codes(options.bf16_path_only);
-  model->set_xt_only(options.fp8_xt_only);
+  model->set_xt_only(options.fp8_xt_only != XtCodes::kNone);
 }
 
 }  // namespace mx

@@ -28,9 +28,9 @@ struct EngineOptions {
   // test knob MXTRAIN_TEST_BF16_GEMM).
   bool bf16_path_only = false;
   // fp8_xt_only (model/llama.h, fp8_xt_only_applies): the `saved` arena holds x^T's FP8 codes
-  // in place of h1's, h2's and SwiGLU's product's bf16 codes. Engine resolves it: false on a
-  // backend without FP8 tensor cores or native bf16 GEMMs.
-  bool fp8_xt_only = false;
+  // in place of h1's, h2's and SwiGLU's product's bf16 codes. Engine resolves it: kNone on a
+  // backend without the recipe's tensor cores (xt_codes_native) or native bf16 GEMMs.
+  XtCodes fp8_xt_only = XtCodes::kNone;
 };
 
 class Engine {

@@ -994,7 +994,9 @@ class CudaBackendImpl final : public CudaBackend {
                           const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, float* work,
                           uint16_t* y16, const float* residual) override {
     MX_REQUIRE(!residual || (y && !y16), "fp8_linear_forward: a residual takes an fp32 y alone");
-    MX_REQUIRE(!xq.save_t || xq.per_tensor(), "fp8_linear_forward: x^T's codes saved per tensor only");
+    MX_REQUIRE(!xq.save_t || xq.xt_scale_bytes(N, in) > 0,
+               "fp8_linear_forward: x^T's codes saved per tensor, fp8-block 1x128 or mxfp8 1x32 "
+               "only");
     MX_REQUIRE(!xq.swiglu_g || (xq.swiglu_u && xq.save_t && !x && !xq.bf16),
                "fp8_linear_forward: SwiGLU's operands stand for x, with x^T's codes saved");
     with_input(x, xq, "fp8_linear_forward", [&](const auto* xs) {
@@ -1013,10 +1015,10 @@ class CudaBackendImpl final : public CudaBackend {
     });
   }
 
-  // Fp8Operand::codes_t: per-tensor, alone (no x, no bf16 codes)
+  // Fp8Operand::codes_t: FP8 (not nvfp4), alone (no x, no bf16 codes)
   static void check_codes_t(const float* x, const Fp8Operand& xq, const char* op) {
-    MX_REQUIRE(!xq.codes_t || (xq.per_tensor() && !x && !xq.bf16), op,
-               ": x^T's saved codes are per-tensor FP8, given without x");
+    MX_REQUIRE(!xq.codes_t || (!xq.nvfp4 && !x && !xq.bf16), op,
+               ": x^T's saved codes are FP8 codes, given without x");
   }
 
   // A Linear backward's four FP8 code buffers in `work`, each from a 256-byte boundary, then
@@ -1104,7 +1106,7 @@ class CudaBackendImpl final : public CudaBackend {
           return fp8_block_backward(dx, dx16, dw, dys, dyq_dgrad, w, wq, dyq_wgrad, xs, xq, N,
                                     in, out, accumulate_dx, work);
         if (mx_path)
-          return mxfp8_backward(dx, dx16, dw, dys, w, xs, N, in, out, accumulate_dx, work);
+          return mxfp8_backward(dx, dx16, dw, dys, w, xs, xq, N, in, out, accumulate_dx, work);
         BackwardCodes b(work, N, in, out);
         Fp8Operand dyq = dyq_dgrad;  // dy's amax goes to the wgrad operand's slot too
         if (!dyq.amax) dyq.amax = dyq_wgrad.amax;
@@ -1214,8 +1216,8 @@ class CudaBackendImpl final : public CudaBackend {
         !all_aligned(8, {ds16, g16, u16}))
       return false;
     for (int k = 0; k < 2; ++k)
-      if (!fp8_block_backward_cut(dyq[k][0], wq[k], dyq[k][1], xq[k]) || !xq[k].bf16 ||
-          dyq[k][0].bf16 || dyq[k][1].bf16)
+      if (!fp8_block_backward_cut(dyq[k][0], wq[k], dyq[k][1], xq[k]) ||
+          !(xq[k].bf16 || xq[k].codes_t) || dyq[k][0].bf16 || dyq[k][1].bf16)
         return false;
     if (!SwigluBackwardCodes::fits(
             SwigluBackwardCodes::dg_bytes(N, I) + BackwardCodes::codes_end(N, C, I), N, C, I))
@@ -1252,8 +1254,8 @@ class CudaBackendImpl final : public CudaBackend {
         !all_aligned(4, {ds16, g16, u16}))
       return false;
     for (int k = 0; k < 2; ++k)
-      if (!wq[k].mx || !xq[k].mx || !xq[k].bf16 || !dyq[k][0].mx || !dyq[k][1].mx ||
-          dyq[k][0].bf16 || dyq[k][1].bf16)
+      if (!wq[k].mx || !xq[k].mx || !(xq[k].bf16 || xq[k].codes_t) || !dyq[k][0].mx ||
+          !dyq[k][1].mx || dyq[k][0].bf16 || dyq[k][1].bf16)
         return false;
     // (tmp: only W^T's and x^T's transposing quantizers take it)
     if (!SwigluBackwardCodes::fits(SwigluBackwardCodes::dg_bytes(N, I) +
@@ -1274,7 +1276,7 @@ class CudaBackendImpl final : public CudaBackend {
       b.dyc = ops[k].codes;
       b.dytc = ops[k].codes_t;
       mxfp8_backward_gemms(dx, nullptr, dw[k], b, ops[k].row_scales, ops[k].col_scales, w[k],
-                           xq[k].bf16, N, C, I, k == 1,
+                           xq[k].bf16, xq[k], N, C, I, k == 1,
                            k == 0 ? "fp8_swiglu_backward (dg, du operands)" : "mxfp8_operand");
     }
     return true;
@@ -1347,25 +1349,26 @@ class CudaBackendImpl final : public CudaBackend {
   // and tmp.
   template <class DY, class X>
   void mxfp8_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy, const float* w,
-                      const X* x, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
-                      float* work) {
+                      const X* x, const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
+                      bool accumulate_dx, float* work) {
     BackwardCodes b(work, N, in, out);
     uint8_t* raw_r = scratch_.alloc_as<uint8_t>(N * (out / 32));  // [N, out / 32]
     uint8_t* raw_c = scratch_.alloc_as<uint8_t>(N / 32 * out);    // [N / 32, out]
     cuda::quantize_mxfp8_both(dy, N, out, numerics::Format::kE4M3, numerics::MxScaleRule::kCeil,
                               b.dyc, raw_r, b.tmp, b.dytc, raw_c, stream_);
-    mxfp8_backward_gemms(dx, dx16, dw, b, raw_r, raw_c, w, x, N, in, out, accumulate_dx,
+    mxfp8_backward_gemms(dx, dx16, dw, b, raw_r, raw_c, w, x, xq, N, in, out, accumulate_dx,
                          "mxfp8_operand");
   }
   // mxfp8_backward after dy's quantization: b.dyc and b.dytc hold dy's codes in its two
   // layouts, raw_r [N, out / 32] and raw_c [N / 32, out] their E8M0 scales as quantize_mxfp8
   // leaves them (swizzled here, `op` naming that in the profile); W^T's and x^T's operands
-  // into b.wtc and b.xtc (b.tmp for their two-step forms), then the two GEMMs.
+  // into b.wtc and b.xtc (b.tmp for their two-step forms; x^T's kept codes, xq.codes_t, stand
+  // for its operand), then the two GEMMs.
   template <class X>
   void mxfp8_backward_gemms(float* dx, uint16_t* dx16, float* dw, BackwardCodes& b,
                             const uint8_t* raw_r, const uint8_t* raw_c, const float* w,
-                            const X* x, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
-                            const char* op) {
+                            const X* x, const Fp8Operand& xq, int64_t N, int64_t in, int64_t out,
+                            bool accumulate_dx, const char* op) {
     uint8_t* s_r = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(N, out / 32));
     uint8_t* s_c = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(out, N / 32));
     cuda::swizzle_scales_u8(raw_r, false, N, out / 32, s_r, stream_);
@@ -1377,7 +1380,7 @@ class CudaBackendImpl final : public CudaBackend {
                [&](float* C, uint16_t* C16, const float*) {
                  return mxfp8_gemm(N, in, out, b.dyc, s_r, b.wtc, ws, beta, C, C16);
                });
-    const uint8_t* xs = mxfp8_operand(b.xtc, b.tmp, x, N, in, true);
+    const uint8_t* xs = mxfp8_operand(b.xtc, b.tmp, x, N, in, true, &xq);
     mxfp8_gemm(out, in, N, b.dytc, s_c, b.xtc, xs, 1.0f, dw);
   }
 
@@ -1415,7 +1418,7 @@ class CudaBackendImpl final : public CudaBackend {
     MX_REQUIRE(!xq.nvfp4, "fp8_forward: nvfp4 takes fp32 operands");
     if (xq.mx) {  // mxfp8 (Blackwell)
       uint8_t* tmp = wc + round_up_256(out * in);
-      const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false);
+      const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false, &xq);
       const uint8_t* ws = mxfp8_operand(wc, tmp, w, out, in, false);
       return output([&](float* C, uint16_t* C16, const float* R) {
         return mxfp8_gemm(N, out, in, xc, xs, wc, ws, R ? 1.0f : 0.0f, C, C16, R);
@@ -1587,7 +1590,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (dyq.mx) {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
-      const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true);
+      const uint8_t* xs = mxfp8_operand(xtc, tmp, x, N, in, true, &xq);
       mxfp8_gemm(out, in, N, dytc, dys, xtc, xs, 1.0f, dw);
       return;
     }
@@ -2817,9 +2820,8 @@ class CudaBackendImpl final : public CudaBackend {
   const float* fp8_operand(uint8_t*& codes, const X* x, int64_t rows, int64_t cols,
                            const Fp8Operand& q, bool transposed, uint8_t* codes_rows = nullptr) {
     if (q.codes_t) {  // x^T's codes as the forward saved them (Fp8Operand::codes_t)
-      MX_REQUIRE(transposed && !codes_rows && q.codes_t_scale_inv,
-                 "fp8_operand: saved codes stand for a transposed operand, with their scale");
-      codes = const_cast<uint8_t*>(q.codes_t);  // (read only: a GEMM operand)
+      MX_REQUIRE(!codes_rows, "fp8_operand: saved codes stand for the transposed operand alone");
+      take_codes_t(codes, q, transposed, "fp8_operand");
       return q.codes_t_scale_inv;
     }
     if (q.swiglu_g) return swiglu_operand(codes, rows, cols, q, transposed);
@@ -2863,6 +2865,25 @@ class CudaBackendImpl final : public CudaBackend {
       shared_kept(shared_key(x, rows, cols, q, transposed));
     }
     return scale_inv;
+  }
+
+  // The block recipes' forward input given as SwiGLU's operands (Fp8Operand::swiglu_g) where
+  // they cannot be read as the fused kernels want: s's bf16 codes into scratch (the caller's
+  // scope), as swiglu_forward_bf16 writes them.
+  const uint16_t* swiglu_codes(const Fp8Operand& q, int64_t n) {
+    uint16_t* s16 = scratch_.alloc_as<uint16_t>(n);
+    swiglu_forward_bf16(s16, q.swiglu_g, q.swiglu_u, n);
+    return s16;
+  }
+
+  // x^T's codes as the forward saved them (Fp8Operand::codes_t) for a transposed operand:
+  // `codes` pointed at them (read only: a GEMM operand); the caller turns their scales
+  // (codes_t_scale_inv) into the GEMM's.
+  static void take_codes_t(uint8_t*& codes, const Fp8Operand& q, bool transposed,
+                           const char* op) {
+    MX_REQUIRE(transposed && q.codes_t_scale_inv, op,
+               ": saved codes stand for a transposed operand, with their scales");
+    codes = const_cast<uint8_t*>(q.codes_t);
   }
 
   // fp8_operand's form for the bf16 path's down-projection input given as SwiGLU's operands
@@ -2921,9 +2942,31 @@ class CudaBackendImpl final : public CudaBackend {
   // fp8-block codes of x (or, transposed, of x^T) and its raw [sr, sc] block scales, power-of-
   // two. x^T's codes come straight from the tiles (quantize_fp8_block_t), not through a
   // temporary and a byte transpose: the H200 spent 0.35 s a step in fp8-block's operands so.
+  // save (the forward's 1x128 input with Fp8Operand::save_t): x^T's 128x1 codes and raw scales
+  // too, into save->save_t and save->save_t_scale_inv, from the same read
+  // (quantize_fp8_block_both: the bytes quantize_fp8_block_t writes).
   template <class X>
   void fp8_block_codes(const X* x, int64_t rows, int64_t cols, int64_t br, int64_t bc,
-                       bool transposed, uint8_t* codes, float* raw) {
+                       bool transposed, uint8_t* codes, float* raw,
+                       const Fp8Operand* save = nullptr) {
+    if (save) {
+      MX_REQUIRE(!transposed && br == 1 && bc == 128 && save->save_t_scale_inv,
+                 "fp8_block_operand: x^T's codes are saved from a 1x128 forward input, with "
+                 "room for their scales");
+      if (!save->swiglu_g)
+        return cuda::quantize_fp8_block_both(x, rows, cols, true, codes, raw, save->save_t,
+                                             save->save_t_scale_inv, stream_);
+      // x is SwiGLU's product of these codes (Fp8Operand::swiglu_g): made as they are read
+      const cuda::BlockOperands out{codes, raw, save->save_t, save->save_t_scale_inv};
+      if (cols % 4 == 0 && all_aligned(8, {save->swiglu_g, save->swiglu_u}) &&
+          all_aligned(4, {codes}))
+        return cuda::swiglu_forward_fp8_block(save->swiglu_g, save->swiglu_u, rows, cols, true,
+                                              out, stream_);
+      const uint16_t* s16 = swiglu_codes(*save, rows * cols);  // (unaligned: not the model's)
+      cuda::quantize_fp8_block_both(s16, rows, cols, true, codes, raw, save->save_t,
+                                    save->save_t_scale_inv, stream_);
+      return;
+    }
     if (transposed)
       cuda::quantize_fp8_block_t(x, rows, cols, int(br), int(bc), true,
                                  numerics::RoundingOptions{}, codes, raw, stream_);
@@ -2936,23 +2979,33 @@ class CudaBackendImpl final : public CudaBackend {
   // or, transposed, x^T (R = cols, K = rows; written transposed as they are made: `tmp` is
   // unused since, kept for the callers' shared form with mxfp8_operand).
   // Returns its scales in cuBLASLt's layout (LtGemm::fp8_block_gemm; scratch, caller's scope).
-  // (`codes`: a reference, as fp8_operand's, for the shared input.)
+  // (`codes`: a reference, as fp8_operand's, for the shared input, and for x^T's codes kept by
+  // the forward, q.codes_t, which stand for the transposed operand; q.save_t: the forward's
+  // input keeps them, as fp8_block_codes writes them.)
   template <class X>
   const float* fp8_block_operand(uint8_t*& codes, uint8_t* tmp, const X* x, int64_t rows,
                                  int64_t cols, const Fp8Operand& q, bool transposed) {
     const int64_t br = q.block_rows, bc = q.block_cols;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
     const int64_t dst_floats = block_lt_scale_floats(rows, cols, q, transposed);
-    const Share s =
-        share_operand(x, rows, cols, q, transposed, int64_t(sizeof(float)) * dst_floats);
+    if (q.codes_t) {
+      take_codes_t(codes, q, transposed, "fp8_block_operand");
+      float* dst = scratch_.alloc_f32(dst_floats);
+      block_lt_scales(q.codes_t_scale_inv, rows, cols, q, transposed, dst);
+      launched("fp8_block_operand (kept x^T)");
+      return dst;
+    }
+    const bool save = q.save_t && !transposed;
+    Share s = share_operand(x, rows, cols, q, transposed, int64_t(sizeof(float)) * dst_floats);
+    if (s == Share::kHit && save) s = Share::kNone;  // (a kept quantization has no x^T)
     if (s == Share::kHit) return shared_hit<float>(codes, nullptr);  // no amax: blocks
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
-    fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw);
+    fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw, save ? &q : nullptr);
     float* dst = fill ? static_cast<float*>(shared_scales_) : scratch_.alloc_f32(dst_floats);
     block_lt_scales(raw, rows, cols, q, transposed, dst);
-    launched("fp8_block_operand");
+    launched(save ? "fp8_block_operand (saving x^T)" : "fp8_block_operand");
     if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
   }
@@ -3001,7 +3054,7 @@ class CudaBackendImpl final : public CudaBackend {
   // along K lies in one 1x128 / 128x1 / 128x128 block and takes its scale; numerics/
   // fp8_block_mx.h). The blocks must run along K (1x128 untransposed, 128x1 transposed) or be
   // 128x128, as the recipe cuts them. Returns the swizzled bytes (scratch, the caller's scope).
-  // (`codes`: a reference, as fp8_operand's, for the shared input.)
+  // (`codes`, q.codes_t and q.save_t: as fp8_block_operand's.)
   template <class X>
   const uint8_t* fp8_block_mx_operand(uint8_t*& codes, uint8_t* tmp, const X* x, int64_t rows,
                                       int64_t cols, const Fp8Operand& q, bool transposed) {
@@ -3011,17 +3064,27 @@ class CudaBackendImpl final : public CudaBackend {
                " and the blocks along K (", br, "x", bc, (transposed ? ", transposed" : ""),
                ") must be multiples of 32");
     const int64_t dst_bytes = numerics::swizzled_scale_bytes(R, K / 32);
-    const Share s = share_operand(x, rows, cols, q, transposed, dst_bytes);
+    if (q.codes_t) {
+      take_codes_t(codes, q, transposed, "fp8_block_mx_operand");
+      uint8_t* dst = scratch_.alloc_as<uint8_t>(dst_bytes);
+      cuda::fp8_block_scales_to_mx(q.codes_t_scale_inv, rows, cols, int(br), int(bc), true, dst,
+                                   stream_);
+      launched("fp8_block_mx_operand (kept x^T)");
+      return dst;
+    }
+    const bool save = q.save_t && !transposed;
+    Share s = share_operand(x, rows, cols, q, transposed, dst_bytes);
+    if (s == Share::kHit && save) s = Share::kNone;  // (a kept quantization has no x^T)
     if (s == Share::kHit) return shared_hit<uint8_t>(codes, nullptr);  // no amax: blocks
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
     const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
     float* raw = scratch_.alloc_f32(sr * sc);  // [sr, sc] row-major, as the CPU writes them
-    fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw);
+    fp8_block_codes(x, rows, cols, br, bc, transposed, codes, raw, save ? &q : nullptr);
     uint8_t* dst = fill ? static_cast<uint8_t*>(shared_scales_)
                         : scratch_.alloc_as<uint8_t>(dst_bytes);
     cuda::fp8_block_scales_to_mx(raw, rows, cols, int(br), int(bc), transposed, dst, stream_);
-    launched("fp8_block_mx_operand");
+    launched(save ? "fp8_block_mx_operand (saving x^T)" : "fp8_block_mx_operand");
     if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
   }
@@ -3033,24 +3096,54 @@ class CudaBackendImpl final : public CudaBackend {
   // quantized from the fp32 tensor. Returns the scale bytes in cuBLASLt's swizzled layout
   // (scratch, the caller's scope).
   // (`codes`: a reference, as fp8_operand's, for the shared input, keyed as the recipe's
-  // 1x32 / 32x1 operand.)
+  // 1x32 / 32x1 operand. given: the caller's operand, for x^T's codes it keeps: given->codes_t
+  // (their raw E8M0 bytes [rows / 32, cols] in codes_t_scale_inv's memory) stand for the
+  // transposed operand; given->save_t (the forward's 1x32 input) has x^T's 32x1 codes and raw
+  // scales written there too, from the same read: quantize_mxfp8_both.)
   template <class X>
   const uint8_t* mxfp8_operand(uint8_t*& codes, uint8_t* tmp, const X* x, int64_t rows,
-                               int64_t cols, bool transposed) {
+                               int64_t cols, bool transposed, const Fp8Operand* given = nullptr) {
     const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
     MX_REQUIRE(K % 32 == 0, "mxfp8_operand: K = ", K, " must be a multiple of 32");
     const int64_t kb = K / 32;
+    const int64_t dst_bytes = numerics::swizzled_scale_bytes(R, kb);
+    if (given && given->codes_t) {
+      take_codes_t(codes, *given, transposed, "mxfp8_operand");
+      uint8_t* dst = scratch_.alloc_as<uint8_t>(dst_bytes);
+      cuda::swizzle_scales_u8(reinterpret_cast<const uint8_t*>(given->codes_t_scale_inv), true,
+                              R, kb, dst, stream_);
+      launched("mxfp8_operand (kept x^T)");
+      return dst;
+    }
+    const bool save = given && given->save_t && !transposed;
     Fp8Operand q;  // the key: as LlamaModel cuts it (block_operand)
     q.mx = true;
     q.block_rows = transposed ? 32 : 1;
     q.block_cols = transposed ? 1 : 32;
-    const int64_t dst_bytes = numerics::swizzled_scale_bytes(R, kb);
-    const Share s = share_operand(x, rows, cols, q, transposed, dst_bytes);
+    Share s = share_operand(x, rows, cols, q, transposed, dst_bytes);
+    if (s == Share::kHit && save) s = Share::kNone;  // (a kept quantization has no x^T)
     if (s == Share::kHit) return shared_hit<uint8_t>(codes, nullptr);
     const bool fill = s == Share::kFill;
     if (fill) codes = shared_codes_;
     uint8_t* raw = scratch_.alloc_as<uint8_t>(R * kb);  // [rows, cols/32] or [rows/32, cols]
-    if (transposed)
+    if (save) {
+      MX_REQUIRE(given->save_t_scale_inv, "mxfp8_operand: saved codes need room for their scales");
+      auto* col_scales = reinterpret_cast<uint8_t*>(given->save_t_scale_inv);
+      const uint16_t* g = given->swiglu_g;
+      const uint16_t* u = given->swiglu_u;  // x is SwiGLU's product of these codes
+      if (!g)
+        cuda::quantize_mxfp8_both(x, rows, cols, numerics::Format::kE4M3,
+                                  numerics::MxScaleRule::kCeil, codes, raw, tmp, given->save_t,
+                                  col_scales, stream_);
+      else if (cols % 2 == 0 && all_aligned(4, {g, u}) && all_aligned(2, {codes}))
+        cuda::swiglu_forward_mxfp8(g, u, rows, cols, numerics::Format::kE4M3,
+                                   numerics::MxScaleRule::kCeil,
+                                   {codes, raw, given->save_t, col_scales}, stream_);
+      else  // (unaligned: not the model's)
+        cuda::quantize_mxfp8_both(swiglu_codes(*given, rows * cols), rows, cols,
+                                  numerics::Format::kE4M3, numerics::MxScaleRule::kCeil, codes,
+                                  raw, tmp, given->save_t, col_scales, stream_);
+    } else if (transposed)
       cuda::quantize_mxfp8_t(x, rows, cols, numerics::Format::kE4M3,
                              numerics::MxScaleRule::kCeil, tmp, codes, raw, stream_);
     else
@@ -3060,7 +3153,7 @@ class CudaBackendImpl final : public CudaBackend {
     uint8_t* dst = fill ? static_cast<uint8_t*>(shared_scales_)
                         : scratch_.alloc_as<uint8_t>(dst_bytes);
     cuda::swizzle_scales_u8(raw, transposed, R, kb, dst, stream_);
-    launched("mxfp8_operand");
+    launched(save ? "mxfp8_operand (saving x^T)" : "mxfp8_operand");
     if (fill) shared_kept(shared_key(x, rows, cols, q, transposed));
     return dst;
   }

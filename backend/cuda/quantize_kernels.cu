@@ -149,6 +149,34 @@ __device__ inline Grads4 widen4(const SwigluRaw4& r) {
   return {{make_float4(dg[0], dg[1], dg[2], dg[3]), make_float4(du[0], du[1], du[2], du[3])}};
 }
 
+// The bf16 path's down-projection input s = silu(g) u as its bf16 code (swiglu_code: the bytes
+// swiglu_forward_bf16 stores), made as g and u are read: s itself is never stored. Also a
+// source of four elements at a time for tile_pass (fp8-block's forward of the down
+// projection): raw4 loads g's and u's codes, widen4 makes s's values.
+struct SwigluCodes {
+  const uint16_t* __restrict__ g;
+  const uint16_t* __restrict__ u;
+};
+struct ProductRaw4 {
+  uint2 g, u;
+};
+__device__ inline ProductRaw4 raw4(const SwigluCodes& x, int64_t i) {
+  return {raw4(x.g, i), raw4(x.u, i)};
+}
+__device__ inline ProductRaw4 raw4_zero(const SwigluCodes&) {  // +0 codes: s = +0
+  return {make_uint2(0u, 0u), make_uint2(0u, 0u)};
+}
+__device__ inline float4 widen4(const ProductRaw4& r) {
+  const uint32_t g[2] = {r.g.x, r.g.y}, u[2] = {r.u.x, r.u.y};
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int h = 16 * (e % 2);
+    v[e] = numerics::decode_bf16(swiglu_code(uint16_t(g[e / 2] >> h), uint16_t(u[e / 2] >> h)));
+  }
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
 __device__ inline uint32_t rand_bits(bool stochastic, const RandomStream& rng, int64_t i) {
   return stochastic ? rng.bits(uint64_t(i)) : 0u;
 }
@@ -1055,12 +1083,6 @@ __global__ void fp8_codes_t_kernel(const T* __restrict__ x, int64_t rows, int64_
   codes_t_tiles(x, rows, cols, fmt, scale_ptr, codes_t, codes, amax, packed);
 }
 
-// The bf16 path's down-projection input s = silu(g) u as its bf16 code (swiglu_code: the bytes
-// swiglu_forward_bf16 stores), made as g and u are read: s itself is never stored.
-struct SwigluCodes {
-  const uint16_t* __restrict__ g;
-  const uint16_t* __restrict__ u;
-};
 __device__ inline float load(const SwigluCodes& x, int64_t i) {
   return numerics::decode_bf16(swiglu_code(x.g[i], x.u[i]));
 }
@@ -1129,23 +1151,26 @@ __global__ void swiglu_backward_fp8_kernel(
     block_amax_to(mu, amax + 1);
   }
 }
-// The same for MXFP8 (Blackwell): dg and du as swiglu_backward_bf16 writes them, each
+// The same for MXFP8 (Blackwell), K = 2: dg and du as swiglu_backward_bf16 writes them, each
 // quantized in both of mxfp8's backward layouts (quantize_mxfp8_both's bytes: rowwise 1x32
 // codes and E8M0 scales for the data gradient, 32x1 codes written transposed for the weight
 // gradient's) from one read of ds, g and u: fp8_col_t_kernel's kMx32Rows body on the
 // thread's rounded dg, then, after a barrier (the shared tiles again), on its du. Past the
 // edges ds, g and u load as +0 codes, and give +0 gradients, as the plain kernel's +0 loads.
+// K = 1: the forward's SwiGLU product s = silu(g) u as swiglu_forward_bf16 writes it, in the
+// down projection's two layouts (its forward's 1x32 rows, the weight gradient's 32x1 columns
+// kept by the forward), from one read of g and u (ds unused, args1 and out1_t too).
+template <int K>
 __global__ void __launch_bounds__(256)
-    swiglu_backward_mx_kernel(const uint16_t* __restrict__ ds, const uint16_t* __restrict__ g,
-                              const uint16_t* __restrict__ u, int64_t rows, int64_t cols,
-                              int64_t tiles_c, ColArgs dg_args, ColArgs du_args,
-                              uint8_t* __restrict__ dg_t, uint8_t* __restrict__ du_t,
-                              bool vec_t) {
+    swiglu_mx_kernel(const uint16_t* __restrict__ ds, const uint16_t* __restrict__ g,
+                     const uint16_t* __restrict__ u, int64_t rows, int64_t cols,
+                     int64_t tiles_c, ColArgs args0, ColArgs args1,
+                     uint8_t* __restrict__ out0_t, uint8_t* __restrict__ out1_t, bool vec_t) {
   __shared__ float part[8][64];
   __shared__ uint4 tile_v[64][kColPitch / 16];
   const ColTAt at(tiles_c, 2);
   const bool col_in = at.c < cols;
-  uint32_t dgv[16], duv[16];  // two bf16 codes each, as a bf16 x's loads
+  uint32_t v0[16], v1[16];  // two bf16 codes each, as a bf16 x's loads (v1: K = 2 only)
   {
     uint32_t vd[16], vg[16], vu[16];
 #pragma unroll
@@ -1153,28 +1178,34 @@ __global__ void __launch_bounds__(256)
       const int64_t r = at.r0 + 16 * at.w + k;
       const bool in = col_in && r < rows;
       const int64_t i = r * cols + at.c;
-      vd[k] = in ? *reinterpret_cast<const uint32_t*>(ds + i) : 0u;
+      vd[k] = K == 2 && in ? *reinterpret_cast<const uint32_t*>(ds + i) : 0u;
       vg[k] = in ? *reinterpret_cast<const uint32_t*>(g + i) : 0u;
       vu[k] = in ? *reinterpret_cast<const uint32_t*>(u + i) : 0u;
     }
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      dgv[k] = duv[k] = 0u;
+      v0[k] = v1[k] = 0u;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        uint16_t dg, du;
-        swiglu_grad_bf16(uint16_t(vd[k] >> (16 * e)), uint16_t(vg[k] >> (16 * e)),
-                         uint16_t(vu[k] >> (16 * e)), dg, du);
-        dgv[k] |= uint32_t(dg) << (16 * e);
-        duv[k] |= uint32_t(du) << (16 * e);
+        const uint16_t ge = uint16_t(vg[k] >> (16 * e)), ue = uint16_t(vu[k] >> (16 * e));
+        if constexpr (K == 2) {
+          uint16_t dg, du;
+          swiglu_grad_bf16(uint16_t(vd[k] >> (16 * e)), ge, ue, dg, du);
+          v0[k] |= uint32_t(dg) << (16 * e);
+          v1[k] |= uint32_t(du) << (16 * e);
+        } else {
+          v0[k] |= uint32_t(swiglu_code(ge, ue)) << (16 * e);
+        }
       }
     }
   }
-  col_t_codes<uint16_t, ColKind::kMx32Rows>(dgv, at, rows, cols, dg_args, dg_t, vec_t, part,
+  col_t_codes<uint16_t, ColKind::kMx32Rows>(v0, at, rows, cols, args0, out0_t, vec_t, part,
                                             tile_v);
-  __syncthreads();  // the first call's tile is stored before the second writes it
-  col_t_codes<uint16_t, ColKind::kMx32Rows>(duv, at, rows, cols, du_args, du_t, vec_t, part,
-                                            tile_v);
+  if constexpr (K == 2) {
+    __syncthreads();  // the first call's tile is stored before the second writes it
+    col_t_codes<uint16_t, ColKind::kMx32Rows>(v1, at, rows, cols, args1, out1_t, vec_t, part,
+                                              tile_v);
+  }
 }
 // max |dg| and max |du| of those rounded gradients into amax[0], amax[1] (zeroed by the
 // launch): current scaling's pass.
@@ -1618,13 +1649,17 @@ void swiglu_backward_fp8(const uint16_t* ds, const uint16_t* g, const uint16_t* 
   MX_CUDA_LAUNCH_CHECK("swiglu_backward_fp8");
 }
 
-void swiglu_backward_mxfp8(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
-                           int64_t rows, int64_t cols, Format elem, numerics::MxScaleRule rule,
-                           const MxOperands& dg, const MxOperands& du, cudaStream_t s) {
-  check_fp8(elem, "swiglu_backward_mxfp8");
-  MX_REQUIRE(cols % 2 == 0 && aligned(ds, 4) && aligned(g, 4) && aligned(u, 4) &&
-                 aligned(dg.codes, 2) && aligned(du.codes, 2),
-             "swiglu_backward_mxfp8: an even width and 4-byte aligned codes");
+namespace {
+// swiglu_mx_kernel<K>'s launch: K = 2 the backward (ds, g, u into dg's operands o0 and du's
+// o1), K = 1 the forward (g, u into s's operands o0; ds and o1 unused).
+template <int K>
+void launch_swiglu_mx(const char* op, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                      int64_t rows, int64_t cols, Format elem, numerics::MxScaleRule rule,
+                      const MxOperands& o0, const MxOperands& o1, cudaStream_t s) {
+  check_fp8(elem, op);
+  MX_REQUIRE(cols % 2 == 0 && (K == 1 || aligned(ds, 4)) && aligned(g, 4) && aligned(u, 4) &&
+                 aligned(o0.codes, 2) && aligned(o1.codes, 2),
+             op, ": an even width and 4-byte aligned codes");
   if (rows * cols == 0) return;
   auto args = [&](const MxOperands& o) {
     ColArgs a;
@@ -1637,12 +1672,39 @@ void swiglu_backward_mxfp8(const uint16_t* ds, const uint16_t* g, const uint16_t
   };
   const int64_t tiles_c = ceil_div(cols, 64);
   const int64_t tiles = ceil_div(rows, kQTile) * tiles_c;
-  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "swiglu_backward_mxfp8: ", tiles, " tiles");
-  const bool vec_t = rows % 16 == 0 && aligned(dg.codes_t, 16) && aligned(du.codes_t, 16);
-  swiglu_backward_mx_kernel<<<unsigned(tiles), 256, 0, s>>>(ds, g, u, rows, cols, tiles_c,
-                                                             args(dg), args(du), dg.codes_t,
-                                                             du.codes_t, vec_t);
-  MX_CUDA_LAUNCH_CHECK("swiglu_backward_mxfp8");
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), op, ": ", tiles, " tiles");
+  const bool vec_t = rows % 16 == 0 && aligned(o0.codes_t, 16) && aligned(o1.codes_t, 16);
+  swiglu_mx_kernel<K><<<unsigned(tiles), 256, 0, s>>>(ds, g, u, rows, cols, tiles_c, args(o0),
+                                                      args(o1), o0.codes_t,
+                                                      K == 2 ? o1.codes_t : nullptr, vec_t);
+  MX_CUDA_LAUNCH_CHECK(op);
+}
+}  // namespace
+
+void swiglu_backward_mxfp8(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
+                           int64_t rows, int64_t cols, Format elem, numerics::MxScaleRule rule,
+                           const MxOperands& dg, const MxOperands& du, cudaStream_t s) {
+  launch_swiglu_mx<2>("swiglu_backward_mxfp8", ds, g, u, rows, cols, elem, rule, dg, du, s);
+}
+
+void swiglu_forward_mxfp8(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                          Format elem, numerics::MxScaleRule rule, const MxOperands& out,
+                          cudaStream_t s) {
+  launch_swiglu_mx<1>("swiglu_forward_mxfp8", nullptr, g, u, rows, cols, elem, rule, out, out,
+                      s);
+}
+
+void swiglu_forward_fp8_block(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                              bool pow2_scales, const BlockOperands& out, cudaStream_t s) {
+  MX_REQUIRE(cols % 4 == 0 && aligned(g, 8) && aligned(u, 8) && aligned(out.codes, 4),
+             "swiglu_forward_fp8_block: a width that is a multiple of 4 and aligned codes");
+  if (rows * cols == 0) return;
+  const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "swiglu_forward_fp8_block: ", tiles, " tiles");
+  const bool packed_t = rows % 4 == 0 && aligned(out.codes_t, 4);
+  fp8_block_both_kernel<SwigluCodes, 1><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
+      SwigluCodes{g, u}, rows, cols, tiles_c, pow2_scales, out, out, packed_t);
+  MX_CUDA_LAUNCH_CHECK("swiglu_forward_fp8_block");
 }
 
 void swiglu_backward_fp8_block(const uint16_t* ds, const uint16_t* g, const uint16_t* u,

@@ -182,6 +182,18 @@ void swiglu_backward_fp8_block(const uint16_t* ds, const uint16_t* g, const uint
                                int64_t rows, int64_t cols, bool pow2_scales,
                                const BlockOperands& dg, const BlockOperands& du,
                                cudaStream_t s);
+// The down projection's input under mxfp8 and fp8-block made from SwiGLU's operands: s =
+// silu(g) u as the bf16 code swiglu_forward_bf16 stores (never stored itself), in the forward's
+// rowwise layout (mxfp8 1x32, fp8-block 1x128) and the weight gradient's columnwise one
+// (32x1, 128x1; codes_t [cols, rows]) with their scales: the bytes quantize_mxfp8_both /
+// quantize_fp8_block_both write from s's codes, from one read of g and u. mxfp8: cols even,
+// g, u 4-byte aligned, codes 2-byte aligned; fp8-block: cols a multiple of 4, g, u 8-byte
+// aligned, codes 4-byte aligned.
+void swiglu_forward_mxfp8(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                          numerics::Format elem, numerics::MxScaleRule rule,
+                          const MxOperands& out, cudaStream_t s);
+void swiglu_forward_fp8_block(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                              bool pow2_scales, const BlockOperands& out, cudaStream_t s);
 // max |dg| and max |du| of those gradients into amax[0], amax[1] (device): current scaling.
 void swiglu_grads_abs_max(float* amax, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
                           int64_t n, cudaStream_t s);

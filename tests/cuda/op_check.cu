@@ -186,6 +186,39 @@ void expect_floats(Result& r, const char* what, const std::vector<float>& got, c
 void expect_bytes(Result& r, const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want);
 
 std::vector<uint16_t> bf16_codes(const std::vector<float>& x);  // RNE codes (below)
+// An operand that saves x^T's codes (Fp8Operand::save_t, scales into sc), that is made from
+// SwiGLU's operands (swiglu_g / swiglu_u), or that takes x^T's kept codes (codes_t).
+Backend::Fp8Operand saving(Backend::Fp8Operand q, uint8_t* t, float* sc) {
+  q.save_t = t;
+  q.save_t_scale_inv = sc;
+  return q;
+}
+Backend::Fp8Operand with_swiglu(Backend::Fp8Operand q, const uint16_t* g, const uint16_t* u) {
+  q.swiglu_g = g;
+  q.swiglu_u = u;
+  return q;
+}
+Backend::Fp8Operand from_codes(Backend::Fp8Operand q, const uint8_t* t, const float* sc) {
+  q.codes_t = t;
+  q.codes_t_scale_inv = sc;
+  return q;
+}
+// Backend b's saving forward (first: its call), alone or, shared, as the first Linear of the
+// shared input id with a second Linear (second: its call) that reads the kept codes.
+template <class A, class B>
+void saving_forward(Backend& b, bool shared, const void* id, int64_t N, int64_t I, int64_t O,
+                    A&& first, B&& second) {
+  if (shared) b.begin_shared_input(id, N, I, O);
+  first();
+  if (!shared) return;
+  second();
+  b.end_shared_input();
+}
+// The first n bytes of scales kept in floats (the block recipes' x^T scales).
+std::vector<uint8_t> scale_bytes(const std::vector<float>& v, int64_t n) {
+  const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+  return std::vector<uint8_t>(b, b + n);
+}
 std::vector<float> widen(const std::vector<uint16_t>& codes);     // exact (below)
 
 // A Linear's input given as bf16 codes (the bf16 path; Backend::Fp8Operand::bf16, the fp32
@@ -531,37 +564,31 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
             Dev<uint8_t> gxt(N * I);
             gpu_amax.poison();
             const std::vector<float>& xin = codes ? xb.wide : x;
-            auto save = [&](Backend::Fp8Operand q, uint8_t* t, float* s) {
-              q.save_t = t;
-              q.save_t_scale_inv = s;
-              return q;
-            };
-            if (shared) cpu.begin_shared_input(xin.data(), N, I, O);
-            cpu.fp8_linear_forward(y.data(), xin.data(),
-                                   save(op(Format::kE4M3, x, &camax[0]), cxt.data(),
-                                        cscale.data()),
-                                   w.data(), op(Format::kE4M3, w, &camax[1]), N, I, O,
-                                   cpu_work.data());
-            if (shared) {
+            saving_forward(cpu, shared, xin.data(), N, I, O, [&] {
+              cpu.fp8_linear_forward(y.data(), xin.data(),
+                                     saving(op(Format::kE4M3, x, &camax[0]), cxt.data(),
+                                            cscale.data()),
+                                     w.data(), op(Format::kE4M3, w, &camax[1]), N, I, O,
+                                     cpu_work.data());
+            }, [&] {
               cpu.fp8_linear_forward(y2.data(), xin.data(), op(Format::kE4M3, x, nullptr),
                                      w.data(), op(Format::kE4M3, w, nullptr), N, I, O,
                                      cpu_work.data());
-              cpu.end_shared_input();
-            }
+            });
             const void* gid = codes ? static_cast<const void*>(xb.dev.p) : dX.p;
             auto gx = [&](Backend::Fp8Operand q) { return codes ? xb.on_gpu(q) : q; };
             const float* gxin = codes ? nullptr : dX.p;
-            if (shared) gpu.begin_shared_input(gid, N, I, O);
-            gpu.fp8_linear_forward(dY.p, gxin,
-                                   save(gx(op(Format::kE4M3, x, gpu_amax.p)), gxt.p, gscale.p),
-                                   dW.p, op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O,
-                                   gpu_work.p);
-            if (shared) {
+            saving_forward(gpu, shared, gid, N, I, O, [&] {
+              gpu.fp8_linear_forward(dY.p, gxin,
+                                     saving(gx(op(Format::kE4M3, x, gpu_amax.p)), gxt.p,
+                                            gscale.p),
+                                     dW.p, op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O,
+                                     gpu_work.p);
+            }, [&] {
               gpu.fp8_linear_forward(dY2.p, gxin, gx(op(Format::kE4M3, x, nullptr)), dW.p,
                                      op(Format::kE4M3, w, nullptr), N, I, O, gpu_work.p);
-              gpu.end_shared_input();
-              compare_rows(r, "y (second)", dY2.download(), y2, O);
-            }
+            });
+            if (shared) compare_rows(r, "y (second)", dY2.download(), y2, O);
             compare_rows(r, "y", dY.download(), y, O);
             expect_bytes(r, "x^T codes", gxt.download(), cxt);
             expect_floats(r, "x^T scale_inv", gscale.download(), cscale);
@@ -577,11 +604,6 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
                                     op(Format::kE5M2, dy, &ramax[2]), xin.data(),
                                     op(Format::kE4M3, x, nullptr), N, I, O, true,
                                     cpu_work.data());
-            auto from_codes = [&](Backend::Fp8Operand q, const uint8_t* t, const float* s) {
-              q.codes_t = t;
-              q.codes_t_scale_inv = s;
-              return q;
-            };
             cpu.fp8_linear_backward(dx.data(), dw.data(), dy.data(),
                                     op(Format::kE5M2, dy, &tamax[0]), w.data(),
                                     op(Format::kE4M3, w, &tamax[1]),
@@ -611,16 +633,6 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
       // s codes; and the twin's fused form against its unfused one, bit for bit.
       run_case("fp8_linear_forward_swiglu", shape, [&](Result& r) {
         const Bf16Input gb(randn(N * I, 2.0f)), ub(randn(N * I));
-        auto save = [&](Backend::Fp8Operand q, uint8_t* t, float* sc) {
-          q.save_t = t;
-          q.save_t_scale_inv = sc;
-          return q;
-        };
-        auto fused = [&](Backend::Fp8Operand q, const uint16_t* g, const uint16_t* u) {
-          q.swiglu_g = g;
-          q.swiglu_u = u;
-          return q;
-        };
         auto sx = widen(gb.codes);  // stand-in values for the delayed scale: any will do
         Dev<float> dY(N * O), dY2(N * O), gs(1), gs2(1), amax_a(2), amax_b(2);
         Dev<uint8_t> gxt(N * I), gxt2(N * I);
@@ -630,12 +642,12 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         dY.poison();
         gxt.poison();
         gpu.fp8_linear_forward(dY.p, nullptr,
-                               fused(save(op(Format::kE4M3, sx, amax_a.p), gxt.p, gs.p),
-                                     gb.dev.p, ub.dev.p),
+                               with_swiglu(saving(op(Format::kE4M3, sx, amax_a.p), gxt.p, gs.p),
+                                           gb.dev.p, ub.dev.p),
                                dW.p, op(Format::kE4M3, w, amax_a.p + 1), N, I, O, gpu_work.p,
                                nullptr, dDY.p);  // (a residual [N, O], as the down projection adds)
         gpu.swiglu_forward_bf16(ds16.p, gb.dev.p, ub.dev.p, N * I);
-        Backend::Fp8Operand sq = save(op(Format::kE4M3, sx, amax_b.p), gxt2.p, gs2.p);
+        Backend::Fp8Operand sq = saving(op(Format::kE4M3, sx, amax_b.p), gxt2.p, gs2.p);
         sq.bf16 = ds16.p;
         gpu.fp8_linear_forward(dY2.p, nullptr, sq, dW.p, op(Format::kE4M3, w, amax_b.p + 1), N,
                                I, O, gpu_work.p, nullptr, dDY.p);
@@ -647,7 +659,7 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         const std::vector<uint16_t> s16 = ds16.download();
         std::vector<float> y(N * O), y2(N * O), cs(1), cs2(1), camax(2), camax2(2);
         std::vector<uint8_t> cxt(N * I), cxt2(N * I);
-        Backend::Fp8Operand cq = save(op(Format::kE4M3, sx, &camax[0]), cxt.data(), cs.data());
+        Backend::Fp8Operand cq = saving(op(Format::kE4M3, sx, &camax[0]), cxt.data(), cs.data());
         cq.bf16 = s16.data();
         cpu.fp8_linear_forward(y.data(), nullptr, cq, w.data(), op(Format::kE4M3, w, &camax[1]),
                                N, I, O, cpu_work.data(), nullptr, dy.data());
@@ -660,9 +672,9 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         cpu.fp8_linear_forward(y.data(), nullptr, cq, w.data(), op(Format::kE4M3, w, &camax[1]),
                                N, I, O, cpu_work.data(), nullptr, dy.data());
         cpu.fp8_linear_forward(y2.data(), nullptr,
-                               fused(save(op(Format::kE4M3, sx, &camax2[0]), cxt2.data(),
-                                          cs2.data()),
-                                     gb.codes.data(), ub.codes.data()),
+                               with_swiglu(saving(op(Format::kE4M3, sx, &camax2[0]),
+                                                  cxt2.data(), cs2.data()),
+                                           gb.codes.data(), ub.codes.data()),
                                w.data(), op(Format::kE4M3, w, &camax2[1]), N, I, O,
                                cpu_work.data(), nullptr, dy.data());
         expect_floats(r, "cpu y (fused = unfused)", y2, y);
@@ -798,6 +810,158 @@ void check_backward_once(const std::string& op, const std::string& shape, Backen
       else compare_rows(r, "dx", dDX.download(), dx, I);
       compare_rows(r, "dw", dDW.download(), dw, I);
     });
+}
+
+// x^T's codes kept by a block-scaled forward (Fp8Operand::save_t under fp8-block 1x128 or
+// mxfp8 1x32: CUDA writes the weight gradient's 128x1 / 32x1 codes and raw scales from the same
+// read as the row codes) and taken by the backward (codes_t) in place of x: the saved bytes and
+// scales the CPU twin's byte for byte, y as the twin's (and, shared, a second Linear reading the
+// kept row codes); the twin's backward from its codes bit for bit the twin reading x; the
+// device's backward from its codes against that. x as fp32 and as bf16 codes. xf: the forward
+// input's cut; wf, W's; dg, wg, wb, xb_q: the backward's dy (data, weight gradient), W and x.
+void check_saved_xt_blocks(const std::string& op, const std::string& shape, Backend& cpu,
+                           CudaBackend& gpu, int64_t N, int64_t I, int64_t O,
+                           const std::vector<float>& x, const Dev<float>& dX, const Bf16Input& xb,
+                           const std::vector<float>& w, const Dev<float>& dW,
+                           const std::vector<float>& dy, const Dev<float>& dDY,
+                           const Backend::Fp8Operand& xf, const Backend::Fp8Operand& wf,
+                           const Backend::Fp8Operand& dg, const Backend::Fp8Operand& wb,
+                           const Backend::Fp8Operand& wg, const Backend::Fp8Operand& xw) {
+  Dev<float> gpu_work(size_t(N * I + O * I + N * O));
+  std::vector<float> cpu_work(size_t(N * I + O * I + N * O));
+  const int64_t sb = xf.xt_scale_bytes(N, I);
+  for (int codes = 0; codes < 2; ++codes)
+    for (int shared = 0; shared < 2; ++shared)
+      run_case(op, shape + (codes ? " x bf16" : "") + (shared ? " shared" : ""), [&](Result& r) {
+        if (sb <= 0) {
+          r.pass = false;
+          r.note = "the forward's cut saves no x^T";
+          return;
+        }
+        std::vector<float> y(N * O), y2(N * O), cs(size_t((sb + 3) / 4));
+        std::vector<uint8_t> cxt(N * I);
+        Dev<float> dY(N * O), dY2(N * O), gs(size_t((sb + 3) / 4));
+        Dev<uint8_t> gxt(N * I);
+        gxt.poison();
+        gs.poison();
+        dY.poison();
+        const std::vector<float>& xin = codes ? xb.wide : x;
+        saving_forward(cpu, shared, xin.data(), N, I, O, [&] {
+          cpu.fp8_linear_forward(y.data(), xin.data(), saving(xf, cxt.data(), cs.data()),
+                                 w.data(), wf, N, I, O, cpu_work.data());
+        }, [&] {
+          cpu.fp8_linear_forward(y2.data(), xin.data(), xf, w.data(), wf, N, I, O,
+                                 cpu_work.data());
+        });
+        const void* gid = codes ? static_cast<const void*>(xb.dev.p) : dX.p;
+        auto gx = [&](Backend::Fp8Operand q) { return codes ? xb.on_gpu(q) : q; };
+        const float* gxin = codes ? nullptr : dX.p;
+        saving_forward(gpu, shared, gid, N, I, O, [&] {
+          gpu.fp8_linear_forward(dY.p, gxin, saving(gx(xf), gxt.p, gs.p), dW.p, wf, N, I, O,
+                                 gpu_work.p);
+        }, [&] { gpu.fp8_linear_forward(dY2.p, gxin, gx(xf), dW.p, wf, N, I, O, gpu_work.p); });
+        if (shared) compare_rows(r, "y (second)", dY2.download(), y2, O);
+        compare_rows(r, "y", dY.download(), y, O);
+        expect_bytes(r, "x^T codes", gxt.download(), cxt);
+        expect_bytes(r, "x^T scales", scale_bytes(gs.download(), sb), scale_bytes(cs, sb));
+        auto dx = randn(N * I), dw = randn(O * I, 1e-3f);
+        std::vector<float> rdx = dx, rdw = dw;
+        Dev<float> dDX(dx), dDW(dw);
+        cpu.fp8_linear_backward(rdx.data(), rdw.data(), dy.data(), dg, w.data(), wb, wg,
+                                xin.data(), xw, N, I, O, true, cpu_work.data());
+        cpu.fp8_linear_backward(dx.data(), dw.data(), dy.data(), dg, w.data(), wb, wg, nullptr,
+                                from_codes(xw, cxt.data(), cs.data()), N, I, O, true,
+                                cpu_work.data());
+        expect_floats(r, "cpu dx from codes", dx, rdx);
+        expect_floats(r, "cpu dw from codes", dw, rdw);
+        gpu.fp8_linear_backward(dDX.p, dDW.p, dDY.p, dg, dW.p, wb, wg, nullptr,
+                                from_codes(xw, gxt.p, gs.p), N, I, O, true, gpu_work.p);
+        compare_rows(r, "dx", dDX.download(), rdx, I);
+        compare_rows(r, "dw", dDW.download(), rdw, I);
+        // the weight gradient alone (fp8_linear_wgrad) from the kept codes too
+        auto dw2 = randn(O * I, 1e-3f);
+        std::vector<float> rdw2 = dw2;
+        Dev<float> dDW2(dw2);
+        cpu.fp8_linear_wgrad(rdw2.data(), dy.data(), wg, xin.data(), xw, N, I, O,
+                             cpu_work.data());
+        gpu.fp8_linear_wgrad(dDW2.p, dDY.p, wg, nullptr, from_codes(xw, gxt.p, gs.p), N, I, O,
+                             gpu_work.p);
+        compare_rows(r, "dw (wgrad)", dDW2.download(), rdw2, I);
+      });
+}
+
+// The block recipes' down projection with its input given as SwiGLU's operands
+// (Fp8Operand::swiglu_g / swiglu_u, x^T's codes kept: CUDA's swiglu_forward_fp8_block /
+// swiglu_forward_mxfp8 make s = silu(g) u from g's and u's codes as they read them): on the
+// device bit for bit what swiglu_forward_bf16 then the saving forward on s's codes give (y with
+// the residual, x^T's codes and scales), without swiglu_forward_bf16 running; the CPU twin on
+// the device's s codes (y at tolerance, x^T's codes and scales byte for byte); the twin's own
+// fused form bit for bit its unfused one. group: the recipe's block width (each group of
+// columns its own magnitude, so each block its own scale).
+void check_swiglu_forward_blocks(const std::string& op, const std::string& shape, Backend& cpu,
+                                 CudaBackend& gpu, int64_t N, int64_t I, int64_t O,
+                                 const std::vector<float>& w, const Dev<float>& dW,
+                                 const Backend::Fp8Operand& xf, const Backend::Fp8Operand& wf,
+                                 int64_t group) {
+  run_case(op, shape, [&](Result& r) {
+    Dev<float> gpu_work(size_t(N * I + O * I + N * O));
+    std::vector<float> cpu_work(size_t(N * I + O * I + N * O));
+    auto uv = randn(N * I);
+    for (int64_t i = 0; i < N * I; ++i)
+      uv[i] *= std::ldexp(1.0f, int((i / I) % 5) - int((i % I) / group % 3));
+    const Bf16Input gb(randn(N * I, 2.0f)), ub(uv);
+    const auto res = randn(N * O);
+    Dev<float> dR(res);
+    const int64_t sb = xf.xt_scale_bytes(N, I);
+    const size_t sf = size_t((sb + 3) / 4);
+    Dev<float> dY(N * O), dY2(N * O), gs(sf), gs2(sf);
+    Dev<uint8_t> gxt(N * I), gxt2(N * I);
+    Dev<uint16_t> ds16(N * I);
+    dY.poison();
+    gxt.poison();
+    gs.poison();
+    gpu.set_profiling(true);
+    gpu.reset_op_profile();
+    gpu.fp8_linear_forward(dY.p, nullptr, with_swiglu(saving(xf, gxt.p, gs.p), gb.dev.p, ub.dev.p),
+                           dW.p, wf, N, I, O, gpu_work.p, nullptr, dR.p);
+    for (const auto& row : gpu.op_profile())
+      if (row.op == "swiglu_forward_bf16") {
+        r.pass = false;
+        r.note += "s's codes were written (swiglu_forward_bf16 ran); ";
+      }
+    gpu.set_profiling(false);
+    gpu.swiglu_forward_bf16(ds16.p, gb.dev.p, ub.dev.p, N * I);
+    Backend::Fp8Operand sq = saving(xf, gxt2.p, gs2.p);
+    sq.bf16 = ds16.p;
+    gpu.fp8_linear_forward(dY2.p, nullptr, sq, dW.p, wf, N, I, O, gpu_work.p, nullptr, dR.p);
+    expect_floats(r, "y (fused = unfused)", dY.download(), dY2.download());
+    expect_bytes(r, "x^T codes (fused = unfused)", gxt.download(), gxt2.download());
+    expect_bytes(r, "x^T scales (fused = unfused)", scale_bytes(gs.download(), sb),
+                 scale_bytes(gs2.download(), sb));
+    // the CPU twin on the device's s codes, and its own fused form
+    const std::vector<uint16_t> s16 = ds16.download();
+    std::vector<float> y(N * O), y2(N * O), cs(sf), cs2(sf);
+    std::vector<uint8_t> cxt(N * I), cxt2(N * I);
+    Backend::Fp8Operand cq = saving(xf, cxt.data(), cs.data());
+    cq.bf16 = s16.data();
+    cpu.fp8_linear_forward(y.data(), nullptr, cq, w.data(), wf, N, I, O, cpu_work.data(),
+                           nullptr, res.data());
+    compare_rows(r, "y", dY.download(), y, O);
+    expect_bytes(r, "x^T codes", gxt.download(), cxt);
+    expect_bytes(r, "x^T scales", scale_bytes(gs.download(), sb), scale_bytes(cs, sb));
+    std::vector<uint16_t> cs16(N * I);
+    cpu.swiglu_forward_bf16(cs16.data(), gb.codes.data(), ub.codes.data(), N * I);
+    cq.bf16 = cs16.data();
+    cpu.fp8_linear_forward(y.data(), nullptr, cq, w.data(), wf, N, I, O, cpu_work.data(),
+                           nullptr, res.data());
+    cpu.fp8_linear_forward(y2.data(), nullptr,
+                           with_swiglu(saving(xf, cxt2.data(), cs2.data()), gb.codes.data(),
+                                 ub.codes.data()),
+                           w.data(), wf, N, I, O, cpu_work.data(), nullptr, res.data());
+    expect_floats(r, "cpu y (fused = unfused)", y2, y);
+    expect_bytes(r, "cpu x^T codes (fused = unfused)", cxt2, cxt);
+    expect_bytes(r, "cpu x^T scales (fused = unfused)", scale_bytes(cs2, sb), scale_bytes(cs, sb));
+  });
 }
 
 // fp8-block: the same three Linears with 1x128 / 128x1 / 128x128 E4M3 blocks (the recipe's
@@ -973,6 +1137,11 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
     check_backward_once("fp8_block_linear_backward", shape, cpu, gpu, N, I, O, dy, dDY, w, dW,
                         dyb, xb, blocks(1, 128), blocks(128, 128), blocks(128, 1),
                         blocks(128, 1));
+    check_saved_xt_blocks("fp8_block_linear_saved_xt", shape, cpu, gpu, N, I, O, x, dX, xb, w,
+                          dW, dy, dDY, blocks(1, 128), blocks(128, 128), blocks(1, 128),
+                          blocks(128, 128), blocks(128, 1), blocks(128, 1));
+    check_swiglu_forward_blocks("fp8_block_linear_forward_swiglu", shape, cpu, gpu, N, I, O, w,
+                                dW, blocks(1, 128), blocks(128, 128), 128);
     check_swiglu_backward_blocks("fp8_block_swiglu_backward", shape, cpu, gpu, N, I, O, w, dW,
                                  xb, blocks(1, 128), blocks(128, 128), blocks(128, 1),
                                  blocks(128, 1), 128, gpu_work, cpu_work);
@@ -1078,6 +1247,10 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
     // both GEMMs in one call (CUDA: mxfp8_backward)
     check_backward_once("mxfp8_linear_backward", shape, cpu, gpu, N, I, O, dy, dDY, w, dW, dyb,
                         xb, mx(false), mx(true), mx(true), mx(true));
+    check_saved_xt_blocks("mxfp8_linear_saved_xt", shape, cpu, gpu, N, I, O, x, dX, xb, w, dW,
+                          dy, dDY, mx(false), mx(false), mx(false), mx(true), mx(true), mx(true));
+    check_swiglu_forward_blocks("mxfp8_linear_forward_swiglu", shape, cpu, gpu, N, I, O, w, dW,
+                                mx(false), mx(false), 32);
     check_swiglu_backward_blocks("mxfp8_swiglu_backward", shape, cpu, gpu, N, I, O, w, dW, xb,
                                  mx(false), mx(true), mx(true), mx(true), 32, gpu_work,
                                  cpu_work);

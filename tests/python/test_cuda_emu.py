@@ -162,40 +162,54 @@ def test_block_scaled_swiglu_backward_gives_the_same_bits(tmp_path, recipe, sm, 
     SwiGLU's backward (swiglu_backward_mxfp8 / swiglu_backward_fp8_block, one read of ds, g and
     u), the bytes and scales quantize_mxfp8_both / quantize_fp8_block_both write from their bf16
     codes, so every step's loss and gradient norm equal MXTRAIN_FP8_FUSE_SWIGLU=0's bit for
-    bit; one a block and step. (The forward's fusion is per-tensor only: none here.)"""
+    bit; one a block and step. The forward's fusion (down's input made from g and u, its x^T
+    codes kept) is on and off with it: one a block and step too."""
     require_emu()
     on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm, extra=extra)
     off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm, extra=extra,
                                 env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
     assert summary["fp8_fused_swiglu_grads"] == 2 * STEPS, summary  # tiny: 2 blocks
     assert summary_off["fp8_fused_swiglu_grads"] == 0, summary_off
-    assert summary["fp8_fused_swiglu_inputs"] == 0, summary
+    assert summary["fp8_fused_swiglu_inputs"] == 2 * STEPS, summary
+    assert summary_off["fp8_fused_swiglu_inputs"] == 0, summary_off
     for a, b in zip(on, off):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
 
 
-@pytest.mark.parametrize("recipe", ["fp8-delayed", "fp8-current"])
-def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
+# fp8-block's GEMMs want every width a multiple of 128: k's and v's too
+WIDE_KV = WIDE + ("--set", "model.num_key_value_heads=4")
+
+
+@pytest.mark.parametrize("recipe,sm,extra", [("fp8-delayed", "90", ()),
+                                             ("fp8-current", "90", ()),
+                                             ("mxfp8", "100", ()),
+                                             ("fp8-block", "90", WIDE_KV)])
+def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe, sm, extra):
     """x^T's FP8 codes kept by the forward for the weight gradients (LlamaModel::saves_xt:
     h1, h2 and SwiGLU's product, policy none) are the bytes the backward would quantize from x
     itself, so the run equals MXTRAIN_FP8_SAVE_XT=0's bit for bit, and every weight gradient
     of q, k, v, gate, up and down took them (6 a block and step: fp8-delayed's histories keep
-    its forward-input and weight-gradient-input scales equal). Selective checkpointing keeps
-    no such input: none taken."""
+    its forward-input and weight-gradient-input scales equal; mxfp8's 32x1 and fp8-block's
+    128x1 blocks with their scales, from the same read as the forward's 1x32 / 1x128 codes).
+    Selective checkpointing keeps no such input: none taken."""
     require_emu()
-    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe)
-    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe,
-                                env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
+    def run(name, **kw):
+        return train(tmp_path, name, EMU_BIN, "cuda", recipe, sm=sm,
+                     extra=extra + kw.pop("more", ()), **kw)
+    on, summary, _ = run("on")
+    off, summary_off, _ = run("off", env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
     assert summary["fp8_saved_xt_operands"] == 6 * 2 * STEPS, summary  # tiny: 2 blocks
     assert summary_off["fp8_saved_xt_operands"] == 0, summary_off
     for a, b in zip(on, off):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
-    # down's cast made s from SwiGLU's operands (fp8_codes_both_swiglu) in each block and step:
-    # the same bits as swiglu_forward_bf16 then the cast (MXTRAIN_FP8_FUSE_SWIGLU=0)
+    # the activations arena holds the codes and their scales in place of the bf16 codes
+    assert summary["peak_mem_bytes"] < summary_off["peak_mem_bytes"], (summary, summary_off)
+    # down's cast made s from SwiGLU's operands (fp8_codes_both_swiglu; swiglu_forward_mxfp8,
+    # swiglu_forward_fp8_block) in each block and step: the same bits as swiglu_forward_bf16
+    # then the cast (MXTRAIN_FP8_FUSE_SWIGLU=0)
     assert summary["fp8_fused_swiglu_inputs"] == 2 * STEPS, summary
     assert summary_off["fp8_fused_swiglu_inputs"] == 0, summary_off
-    unfused, summary_unfused, _ = train(tmp_path, "unfused", EMU_BIN, "cuda", recipe,
-                                        env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
+    unfused, summary_unfused, _ = run("unfused", env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
     assert summary_unfused["fp8_fused_swiglu_inputs"] == 0, summary_unfused
     # gate's and up's backward from SwiGLU's (swiglu_backward_fp8: dg's and du's FP8 operands
     # in both layouts from one read of ds, g and u), kept codes or not; off with the variable
@@ -204,16 +218,15 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe):
     assert summary_unfused["fp8_fused_swiglu_grads"] == 0, summary_unfused
     for a, b in zip(on, unfused):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
-    _, selective, _ = train(tmp_path, "selective", EMU_BIN, "cuda", recipe,
-                            extra=("--set", "memory.activation_checkpointing=selective"))
+    _, selective, _ = run("selective",
+                          more=("--set", "memory.activation_checkpointing=selective"))
     assert selective["fp8_saved_xt_operands"] == 0, selective
     # The activations arena sized for the codes alone: a block left in high precision and a
     # telemetry step keep none, and their backward recomputes the inputs' bf16 codes (the
     # same bits again)
     hp = ("--set", "precision.high_precision_first=1", "--set", "precision.stats_every=2")
-    on, summary, _ = train(tmp_path, "hp-on", EMU_BIN, "cuda", recipe, extra=hp)
-    off, _, _ = train(tmp_path, "hp-off", EMU_BIN, "cuda", recipe, extra=hp,
-                      env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
+    on, summary, _ = run("hp-on", more=hp)
+    off, _, _ = run("hp-off", more=hp, env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
     assert 0 < summary["fp8_saved_xt_operands"] < 6 * STEPS, summary
     for a, b in zip(on, off):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)

@@ -155,11 +155,17 @@ def round64(n):
     return (n + 63) // 64 * 64
 
 
+# fp8-block on the ops wants every width a multiple of 128 (tiny: 64 / 160 / kv 32)
+BLOCK_WIDE = ["model.hidden_size=128", "model.intermediate_size=256", "model.num_key_value_heads=4"]
+
+
 @pytest.mark.parametrize("recipe,sets", [
     ("fp8-delayed", []), ("fp8-current", []),
     # a block left in high precision and telemetry steps keep no x^T codes: their backward
     # recomputes the inputs' bf16 codes instead
-    ("fp8-delayed", ["precision.high_precision_first=1", "precision.stats_every=3"])])
+    ("fp8-delayed", ["precision.high_precision_first=1", "precision.stats_every=3"]),
+    # the block recipes keep the weight gradient's 32x1 / 128x1 codes and their block scales
+    ("mxfp8", []), ("fp8-block", BLOCK_WIDE)])
 def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
     # x^T's FP8 codes kept by the forward for the weight gradients of q, k, v (h1), gate, up
     # (h2) and down (SwiGLU's product) where policy none keeps those inputs (LlamaModel::
@@ -170,6 +176,7 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
              "--set", "memory.activation_checkpointing=none"]
     for kv in sets:
         extra += ["--set", kv]
+    blocks = recipe in ("mxfp8", "fp8-block")
     on, on_out, _ = train(tmp_path, "on", True, False, extra,
                           env_extra={"MXTRAIN_TEST_BF16_GEMM": "1"})
     off, off_out, _ = train(tmp_path, "off", True, False, extra,
@@ -178,7 +185,7 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
     assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
     saved_on, saved_off = summary_of(on_out), summary_of(off_out)
     assert saved_off["fp8_saved_xt_operands"] == 0
-    if sets:
+    if "precision.stats_every=3" in sets:  # (and the high-precision block)
         assert 0 < saved_on["fp8_saved_xt_operands"] < 6 * 12, saved_on
         return
     assert saved_on["fp8_saved_xt_operands"] == 6 * 2 * 12
@@ -200,10 +207,13 @@ def test_bf16_path_keeps_the_forwards_xt_codes(tmp_path, recipe, sets):
     assert saved_unfused["fp8_fused_swiglu_grads"] == 0
     assert saved_unfused["fp8_saved_xt_operands"] == 6 * 2 * 12
     # The activations arena holds the codes (1 byte an element, a 4-byte scale, 64-byte
-    # rounding) in place of the bf16 codes (2 bytes): tiny, 4 x 32 tokens, hidden 64,
-    # intermediate 160, 2 blocks.
-    n_h, n_s = 128 * 64, 128 * 160
-    less = 2 * sum(round64(2 * n) - round64(round64(n) + 4) for n in (n_h, n_h, n_s))
+    # rounding; the block recipes' scales: fp8-block's 128x1 floats, mxfp8's 32x1 bytes, n / 32
+    # bytes either way) in place of the bf16 codes (2 bytes): 4 x 32 tokens, 2 blocks, hidden
+    # 64 and intermediate 160 (tiny) or 128 and 256.
+    hidden, inter = (128, 256) if recipe == "fp8-block" else (64, 160)
+    n_h, n_s = 128 * hidden, 128 * inter
+    less = 2 * sum(round64(2 * n) - round64(round64(n) + (n // 32 if blocks else 4))
+                   for n in (n_h, n_h, n_s))
     assert saved_off["peak_mem_bytes"] - saved_unfused["peak_mem_bytes"] == less, \
         (saved_unfused, saved_off)
 

@@ -234,6 +234,13 @@ ENGINE_CASES = [
      32, 1, "none", "bf16", {"precision.activations": "bf16", "train.eval_every": 1}),
     ("tiny-2p-full-bf16-gather-fp32", TINY, 2, "full", 32, 1, "none", "bf16",
      {"precision.activations": "bf16", "parallel.gather_dtype": "fp32"}),
+    # the recipes' Linears on the backend's FP8 ops (MXTRAIN_TEST_FP8_OPS, as a GPU's tensor
+    # cores), bf16 activations, policy none: `saved` holds x^T's FP8 codes of h1, h2 and the
+    # SwiGLU product in place of their bf16 codes (a 4-byte scale; mxfp8's n / 32 bytes)
+    ("tiny-1p-none-fp8delayed-xt", TINY, 1, "full", 32, 4, "none", "fp8-delayed",
+     {"precision.activations": "bf16"}),
+    ("tiny-1p-none-mxfp8-xt", TINY, 1, "full", 32, 4, "none", "mxfp8",
+     {"precision.activations": "bf16"}),
 ]
 
 
@@ -244,6 +251,8 @@ def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, 
     settings = case_settings(model, sharding, seq, batch, policy, recipe, extra)
     # native bf16 GEMMs, as on the GPU (with bf16 activations: the bf16 path)
     env = {"MXTRAIN_TEST_DEVICE_MEMORY": "1", "MXTRAIN_TEST_BF16_GEMM": "1"}
+    if name.endswith("-xt"):
+        env["MXTRAIN_TEST_FP8_OPS"] = "1"
     summary = train_mpi(tmp_path, procs, settings, env_extra=env)
     held = summary["device_mem_bytes"]
     held_max = summary.get("device_mem_bytes_max_rank", held)
@@ -256,6 +265,14 @@ def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, 
         eng["allowance_bytes"]
     # The device arenas hold capacities, at least what the CPU run's arenas ever used.
     assert held >= summary["peak_mem_bytes"] - 4 * batch * (seq + 1) - 64
+    if name.endswith("-xt"):  # the codes in place of the bf16 codes, exactly (tiny: 2 blocks)
+        off = train_mpi(tmp_path / "off", procs, settings,
+                        env_extra=dict(env, MXTRAIN_FP8_SAVE_XT="0"))["device_mem_bytes"]
+        r64 = lambda n: (n + 63) // 64 * 64
+        n_h, n_s = batch * seq * 64, batch * seq * 160
+        scale = (lambda n: n // 32) if recipe == "mxfp8" else (lambda n: 4)
+        assert off - held == 2 * sum(r64(2 * n) - r64(r64(n) + scale(n))
+                                     for n in (n_h, n_h, n_s)), (off, held)
 
 
 def test_gpu_plan_bf16_gathers_halve_the_grad_op_weight_slots(mxtrain):
