@@ -63,8 +63,10 @@
 #      second shape, seq 4096 (MXTRAIN_GPU_SEQ2): mxtrain bf16, PyTorch and mxtrain
 #      fp8-delayed (about 85 s on
 #      the H200 by the seq-8192 runs' times: MXTRAIN_GPU_BUDGET_S=300 leaves room for it);
-#      then, if it has 40 s left, fp8-block with SwiGLU not fused into gate's and up's
-#      backward casts ("mx fp8-block fuse0", MXTRAIN_FP8_FUSE_SWIGLU=0);
+#      then, if it has 40 s left, fp8-block with SwiGLU fused into neither the down
+#      projection's cast nor gate's and up's backward casts ("mx fp8-block fuse0",
+#      MXTRAIN_FP8_FUSE_SWIGLU=0); then, if it has 40 s left, fp8-block without x^T's codes
+#      kept by the forward ("mx fp8-block savext0", MXTRAIN_FP8_SAVE_XT=0);
 #      last, if it still has 40 s: recipe bf16 with
 #      precision.activations = fp32 ("mx bf16/a32"), to measure what the default bf16
 #      activations cost or save.
@@ -438,6 +440,14 @@ if (( $(cap 50) >= 40 )); then
   MXTRAIN_FP8_FUSE_SWIGLU=0 mx_speed fp8-block --variant fuse0
   echo "mxtrain fp8-block, SwiGLU not fused: $(( $(date +%s) - t0 )) s"
 fi
+# fp8-block's x^T codes (128x1, with their block scales) kept by the forward for the weight
+# gradients (docs/cuda.md): with them off (MXTRAIN_FP8_SAVE_XT=0; row "mx fp8-block
+# savext0", which also leaves down's input unfused), if the budget has 40 s left.
+if (( $(cap 50) >= 40 )); then
+  t0=$(date +%s)
+  MXTRAIN_FP8_SAVE_XT=0 mx_speed fp8-block --variant savext0
+  echo "mxtrain fp8-block, x^T codes not kept: $(( $(date +%s) - t0 )) s"
+fi
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
 # precision.activations = fp32, if the budget has room left (it runs last for that reason).
 if (( $(cap 50) >= 40 )); then
@@ -579,6 +589,8 @@ RATIOS = [
     ("mx fp8-delayed", "mx fp8-delayed fuse0", "mxtrain fp8-delayed, SwiGLU fused / not fused",
      ""),
     ("mx fp8-block", "mx fp8-block fuse0", "mxtrain fp8-block, SwiGLU fused / not fused", ""),
+    ("mx fp8-block", "mx fp8-block savext0", "mxtrain fp8-block, x^T codes kept / not kept",
+     ""),
     ("mx bf16", "mx bf16/a32", "mxtrain bf16, bf16 / fp32 activations", ""),
 ] + [(f"mx {fp8}", "mx bf16", f"mxtrain {fp8} / bf16", " (target >= 1.3)")
      for fp8 in ("fp8-current", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4")]

@@ -130,6 +130,7 @@ def test_exit_code_and_files(dry_run):
              f"speed_fp8-delayed__{SEQ}_2_none_savext0",
              f"speed_fp8-delayed__{SEQ}_2_none_fuse0",
              f"speed_fp8-block__{SEQ}_2_none_fuse0",
+             f"speed_fp8-block__{SEQ}_2_none_savext0",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
@@ -221,7 +222,7 @@ def test_speed_rows(dry_run):
     mx = {(r["recipe"], r.get("activations")): r for r in res
           if r["impl"] == "mxtrain" and not r.get("variant")}
     variants = {r["variant"]: r for r in res if r.get("variant") and
-                (r["variant"], r["recipe"]) != ("fuse0", "fp8-block")}
+                r["recipe"] != "fp8-block" or r.get("variant") == "casts0"}
     assert sorted(variants) == ["casts0", "fp8attn", "fp8attn-head", "fuse0", "notune",
                                 "savext0"], variants
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
@@ -260,6 +261,11 @@ def test_speed_rows(dry_run):
     fb = [r for r in res if (r.get("variant"), r.get("recipe")) == ("fuse0", "fp8-block")]
     assert len(fb) == 1 and fb[0]["tokens_per_s"] > 0, fb
     assert re.search(rf"^seq {SEQ}: mxtrain fp8-block, SwiGLU fused / not fused = "
+                     r"\d+\.\d{3}$", log, re.M)
+    # and without fp8-block's kept x^T codes (128x1 with block scales)
+    fx = [r for r in res if (r.get("variant"), r.get("recipe")) == ("savext0", "fp8-block")]
+    assert len(fx) == 1 and fx[0]["tokens_per_s"] > 0, fx
+    assert re.search(rf"^seq {SEQ}: mxtrain fp8-block, x\^T codes kept / not kept = "
                      r"\d+\.\d{3}$", log, re.M)
 
     for recipe in ["bf16"] + FP8:
