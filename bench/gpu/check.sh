@@ -379,41 +379,40 @@ if (( $(cap 140) >= 90 )); then
   missing_rows "$res_rc" resume "bf16 resume" generate "gpu memory" "scratch full"
   echo "features: loss match exit $feat_rc, resume exit $res_rc, $(( $(date +%s) - t0 )) s"
 fi
+# A speed row of a variant, if the budget has 40 s left: what it is (its line's words), one
+# VAR=VALUE setting for its run (- for none), then mx_speed's arguments.
+variant_row() {
+  local what=$1
+  [ "$2" = - ] || local -x "$2"
+  shift 2
+  if (( $(cap 50) >= 40 )); then
+    local t0
+    t0=$(date +%s)
+    mx_speed "$@"
+    echo "$what: $(( $(date +%s) - t0 )) s"
+  fi
+}
 # GEMM tuning (MXTRAIN_CUDA_GEMM_TUNE; docs/cuda.md, "GEMM tuning"): recipe bf16 with the
 # heuristic's first algorithm at every shape instead of the fastest of its first eight (row
 # "mx bf16 notune"). Every speed run logs its tuned shapes (MXTRAIN_CUDA_GEMM_TUNE_LOG: a
 # "cuda gemm tune: ..." line each, in runs_stderr.tgz).
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_CUDA_GEMM_TUNE=0 mx_speed bf16 --variant notune
-  echo "mxtrain bf16, untuned GEMMs: $(( $(date +%s) - t0 )) s"
-fi
+variant_row "mxtrain bf16, untuned GEMMs" MXTRAIN_CUDA_GEMM_TUNE=0 bf16 --variant notune
 # Cast tuning (MXTRAIN_CUDA_CAST_TUNE; docs/cuda.md, "Cast tuning"): fp8-block with every
 # cast's untuned form (the tiled kernels; row "mx fp8-block casts0") instead of the fastest, if
 # the budget has 40 s left. Every speed run logs its tuned casts (MXTRAIN_CUDA_CAST_TUNE_LOG: a
 # "cuda cast tune: ..." line each, each form's time and GB/s; summed up in the table).
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_CUDA_CAST_TUNE=0 mx_speed fp8-block --variant casts0
-  echo "mxtrain fp8-block, untuned casts: $(( $(date +%s) - t0 )) s"
-fi
+variant_row "mxtrain fp8-block, untuned casts" MXTRAIN_CUDA_CAST_TUNE=0 fp8-block --variant casts0
 # x^T's FP8 codes kept by the forward for the weight gradients (docs/cuda.md): fp8-delayed with
 # them off (MXTRAIN_FP8_SAVE_XT=0; row "mx fp8-delayed savext0"), if the budget has 40 s left:
 # what they save in time (the table's ratio) and in memory (the rows' peak). Down's input made
 # from SwiGLU's operands by its cast needs the kept codes, so the row runs without that too.
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_FP8_SAVE_XT=0 mx_speed fp8-delayed --variant savext0
-  echo "mxtrain fp8-delayed, x^T codes not kept: $(( $(date +%s) - t0 )) s"
-fi
+variant_row "mxtrain fp8-delayed, x^T codes not kept" \
+  MXTRAIN_FP8_SAVE_XT=0 fp8-delayed --variant savext0
 # SwiGLU fused into the down projection's cast and into gate's and up's backward casts
 # (docs/cuda.md): fp8-delayed with both off (MXTRAIN_FP8_FUSE_SWIGLU=0; row
 # "mx fp8-delayed fuse0"), if the budget has 40 s left: what they save (the table's ratio).
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_FP8_FUSE_SWIGLU=0 mx_speed fp8-delayed --variant fuse0
-  echo "mxtrain fp8-delayed, SwiGLU not fused: $(( $(date +%s) - t0 )) s"
-fi
+variant_row "mxtrain fp8-delayed, SwiGLU not fused" \
+  MXTRAIN_FP8_FUSE_SWIGLU=0 fp8-delayed --variant fuse0
 # The issue's second shape, seq 4096 (MXTRAIN_GPU_SEQ2; 0: none), if the budget has 120 s left:
 # mxtrain bf16, PyTorch and mxtrain fp8-delayed, the same micro-batch rule (16384 tokens and
 # down). Their rows carry seq 4096; the table's ratios are per seq.
@@ -432,29 +431,20 @@ if (( seq2 > 0 && seq2 != seq && ${MXTRAIN_GPU_TOKENS:-16384} / seq2 >= 1 )) &&
   seq=$seq1
   set_batches
 fi
-# The block-scaled form of gate's and up's backward from SwiGLU's (docs/cuda.md): fp8-block, the
-# block-scaled recipe a Hopper GPU runs, with it off (MXTRAIN_FP8_FUSE_SWIGLU=0; row
-# "mx fp8-block fuse0"), if the budget has 40 s left: what it saves (the table's ratio).
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_FP8_FUSE_SWIGLU=0 mx_speed fp8-block --variant fuse0
-  echo "mxtrain fp8-block, SwiGLU not fused: $(( $(date +%s) - t0 )) s"
-fi
+# The block-scaled forms of SwiGLU's fusions (down's input from g and u, gate's and up's
+# backward operands from SwiGLU's; docs/cuda.md): fp8-block, the block-scaled recipe a Hopper
+# GPU runs, with them off (MXTRAIN_FP8_FUSE_SWIGLU=0; row "mx fp8-block fuse0"), if the budget
+# has 40 s left: what they save (the table's ratio).
+variant_row "mxtrain fp8-block, SwiGLU not fused" \
+  MXTRAIN_FP8_FUSE_SWIGLU=0 fp8-block --variant fuse0
 # fp8-block's x^T codes (128x1, with their block scales) kept by the forward for the weight
 # gradients (docs/cuda.md): with them off (MXTRAIN_FP8_SAVE_XT=0; row "mx fp8-block
 # savext0", which also leaves down's input unfused), if the budget has 40 s left.
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  MXTRAIN_FP8_SAVE_XT=0 mx_speed fp8-block --variant savext0
-  echo "mxtrain fp8-block, x^T codes not kept: $(( $(date +%s) - t0 )) s"
-fi
+variant_row "mxtrain fp8-block, x^T codes not kept" \
+  MXTRAIN_FP8_SAVE_XT=0 fp8-block --variant savext0
 # What bf16 activations (the default under a recipe) cost or save in speed: recipe bf16 with
 # precision.activations = fp32, if the budget has room left (it runs last for that reason).
-if (( $(cap 50) >= 40 )); then
-  t0=$(date +%s)
-  mx_speed bf16 --activations fp32
-  echo "mxtrain bf16, fp32 activations: $(( $(date +%s) - t0 )) s"
-fi
+variant_row "mxtrain bf16, fp32 activations" - bf16 --activations fp32
 
 # ---- table -------------------------------------------------------------------------------------
 "$py" - "$OUT" "${cc:-unknown}" "$work/mxgpu-runs" "$seq" <<'PY'
