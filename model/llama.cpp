@@ -191,13 +191,22 @@ bool fp8_fuse_swiglu_enabled() {
   return !off;
 }
 
+namespace {
+// The x^T codes a recipe's forward can keep (kNone: none, nvfp4 included).
+XtCodes xt_codes_of(Recipe r) {
+  switch (r) {
+    case Recipe::kFp8Current:
+    case Recipe::kFp8Delayed: return XtCodes::kPerTensor;
+    case Recipe::kFp8Block: return XtCodes::kFp8Block;
+    case Recipe::kMxfp8: return XtCodes::kMxfp8;
+    default: return XtCodes::kNone;
+  }
+}
+}  // namespace
+
 XtCodes fp8_xt_only_applies(const ModelConfig& c, int64_t N, const std::string& recipe,
                             bool bf16_activations, Checkpointing policy) {
-  const Recipe r = parse_recipe(recipe);
-  const XtCodes x = r == Recipe::kFp8Current || r == Recipe::kFp8Delayed ? XtCodes::kPerTensor
-                    : r == Recipe::kFp8Block                             ? XtCodes::kFp8Block
-                    : r == Recipe::kMxfp8                                ? XtCodes::kMxfp8
-                                                                         : XtCodes::kNone;
+  const XtCodes x = xt_codes_of(parse_recipe(recipe));
   if (x == XtCodes::kNone || !bf16_activations || !BlockSizes::keeps(policy, true) ||
       !fp8_save_xt_enabled())
     return XtCodes::kNone;
@@ -1086,7 +1095,7 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
   if (recipe_->recipe() == Recipe::kFp8Current) return true;  // x's own amax, every operand
   // the block recipes scale each block from its own elements: x^T's blocks are the weight
   // gradient's, whatever the step (fp8_reads_codes has left nvfp4 out)
-  if (recipe_->recipe() == Recipe::kFp8Block || recipe_->recipe() == Recipe::kMxfp8) return true;
+  if (xt_blocks()) return true;
   if (recipe_->recipe() != Recipe::kFp8Delayed) return false;
   const float s = recipe_->delayed_scale(layer_, first, LinearOperand::kFwdInput);
   for (int l = first; l < first + count; ++l)
@@ -1097,8 +1106,7 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
 }
 
 bool LlamaModel::xt_blocks() const {
-  return recipe_ &&
-         (recipe_->recipe() == Recipe::kFp8Block || recipe_->recipe() == Recipe::kMxfp8);
+  return recipe_ && mx::xt_blocks(xt_codes_of(recipe_->recipe()));
 }
 
 bool LlamaModel::fused_swiglu_backward(int64_t N) const {

@@ -66,13 +66,13 @@ struct ActivationBytes {
   size_t saved = 0;
   size_t scratch = 0;
 };
-// bf16_activations: precision.activations = bf16 (the kept copies take 2 bytes an element).
-// bf16_path: every block takes the bf16 path on every step (precision/recipe.h's
-// bf16_path_only on a backend with native bf16 GEMMs): scratch sized for that path alone.
 // Which x^T FP8 codes a run keeps alone (fp8_xt_only_applies): none, per-tensor FP8's (one
 // float scale), fp8-block's or mxfp8's (block scales).
 enum class XtCodes : uint8_t { kNone, kPerTensor, kFp8Block, kMxfp8 };
 inline bool xt_blocks(XtCodes x) { return x == XtCodes::kFp8Block || x == XtCodes::kMxfp8; }
+// bf16_activations: precision.activations = bf16 (the kept copies take 2 bytes an element).
+// bf16_path: every block takes the bf16 path on every step (precision/recipe.h's
+// bf16_path_only on a backend with native bf16 GEMMs): scratch sized for that path alone.
 // fp8_xt_only (with bf16_activations): a policy that keeps h1, h2 and SwiGLU's product keeps
 // x^T's FP8 codes of them instead (1 byte an element and their scales: fp8_xt_bytes;
 // LlamaModel::set_xt_only), where fp8_xt_only_applies says so.
@@ -84,7 +84,7 @@ ActivationBytes activation_bytes(const ModelConfig& c, int64_t B, int64_t T, Che
 // scales (fp8_xt_scale_bytes: per-tensor, one float; blocks, fp8-block's 128x1 floats or
 // mxfp8's 32x1 E8M0 bytes, n / 32 either way, the tokens a multiple of the block), rounded.
 size_t fp8_xt_scale_bytes(int64_t n, bool blocks);
-size_t fp8_xt_bytes(int64_t n, bool blocks = false);
+size_t fp8_xt_bytes(int64_t n, bool blocks);
 // Whether a run keeps x^T's FP8 codes alone (fp8_xt_only), and which: per-tensor FP8
 // (fp8-current, fp8-delayed), fp8-block or mxfp8 with bf16 activations on a backend with
 // that recipe's tensor cores and native bf16 GEMMs (the bf16 path; the caller checks the
