@@ -157,6 +157,40 @@ TEST(PlanMemory, ReplayStaysWithinTheEngineArenaCapacities) {
       }
 }
 
+// The GPU replay keeps x^T's FP8 codes of h1, h2 and the SwiGLU product in place of their
+// bf16 codes (dt.fp8_xt): n bytes and a 4-byte scale each, or the block recipes' n / 32 bytes
+// of scales (fp8_xt_scale_bytes), each allocation rounded to 64 bytes as the arenas round.
+// Worked out by hand from the shapes: at the peak the saved bytes differ by L blocks' sums of
+// those sizes.
+TEST(PlanMemory, ReplayKeepsTheXtCodesAndTheirScales) {
+  mx::ModelConfig c = preset("small");
+  const int64_t B = 2, T = 128, N = B * T, L = c.num_hidden_layers;
+  const int64_t kept[3] = {N * c.hidden_size, N * c.hidden_size, N * c.intermediate_size};
+  auto r64 = [](int64_t v) { return (v + 63) / 64 * 64; };
+  auto block = [&](auto bytes) {
+    int64_t sum = 0;
+    for (int64_t n : kept) sum += r64(bytes(n));
+    return L * sum;
+  };
+  auto saved = [&](mx::XtCodes x) {
+    ActivationDtypes d = gpu_dtypes();
+    d.fp8_xt = x;
+    return simulate_activations(c, B, T, Checkpointing::kNone, d, true);
+  };
+  const ActivationPeak none = saved(mx::XtCodes::kNone), per = saved(mx::XtCodes::kPerTensor),
+                       mx8 = saved(mx::XtCodes::kMxfp8), blk = saved(mx::XtCodes::kFp8Block);
+  // (the last block's MLP backward: every block's kept tensors still live)
+  const std::string last = "backward block " + std::to_string(L - 1) + " mlp";
+  EXPECT_EQ(none.where, last);
+  EXPECT_EQ(per.where, last);
+  EXPECT_EQ(mx8.where, last);
+  EXPECT_EQ(mx8.saved_at_peak, blk.saved_at_peak);
+  EXPECT_EQ(mx8.saved_at_peak - per.saved_at_peak,
+            block([](int64_t n) { return n + n / 32; }) - block([](int64_t n) { return n + 4; }));
+  EXPECT_EQ(none.saved_at_peak - mx8.saved_at_peak,
+            block([](int64_t n) { return 2 * n; }) - block([](int64_t n) { return n + n / 32; }));
+}
+
 // The reference: the engine itself, one forward+backward, its tracker's peak.
 TEST(PlanMemory, CpuPredictionEqualsTheEnginePeak) {
   struct Case {
