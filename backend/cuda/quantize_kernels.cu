@@ -1694,33 +1694,39 @@ void swiglu_forward_mxfp8(const uint16_t* g, const uint16_t* u, int64_t rows, in
                       s);
 }
 
-void swiglu_forward_fp8_block(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
-                              bool pow2_scales, const BlockOperands& out, cudaStream_t s) {
-  MX_REQUIRE(cols % 4 == 0 && aligned(g, 8) && aligned(u, 8) && aligned(out.codes, 4),
-             "swiglu_forward_fp8_block: a width that is a multiple of 4 and aligned codes");
+namespace {
+// fp8_block_both_kernel<S, K>'s launch from SwiGLU's operands: K = 2 the backward (ds, g, u
+// into dg's operands o0 and du's o1), K = 1 the forward (g, u into s's operands o0; ds and o1
+// unused).
+template <int K, typename S>
+void launch_swiglu_block(const char* op, S src, const uint16_t* ds, const uint16_t* g,
+                         const uint16_t* u, int64_t rows, int64_t cols, bool pow2_scales,
+                         const BlockOperands& o0, const BlockOperands& o1, cudaStream_t s) {
+  MX_REQUIRE(cols % 4 == 0 && (K == 1 || aligned(ds, 8)) && aligned(g, 8) && aligned(u, 8) &&
+                 aligned(o0.codes, 4) && aligned(o1.codes, 4),
+             op, ": a width that is a multiple of 4 and aligned codes");
   if (rows * cols == 0) return;
   const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
-  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "swiglu_forward_fp8_block: ", tiles, " tiles");
-  const bool packed_t = rows % 4 == 0 && aligned(out.codes_t, 4);
-  fp8_block_both_kernel<SwigluCodes, 1><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
-      SwigluCodes{g, u}, rows, cols, tiles_c, pow2_scales, out, out, packed_t);
-  MX_CUDA_LAUNCH_CHECK("swiglu_forward_fp8_block");
+  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), op, ": ", tiles, " tiles");
+  const bool packed_t = rows % 4 == 0 && aligned(o0.codes_t, 4) && aligned(o1.codes_t, 4);
+  fp8_block_both_kernel<S, K><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
+      src, rows, cols, tiles_c, pow2_scales, o0, o1, packed_t);
+  MX_CUDA_LAUNCH_CHECK(op);
+}
+}  // namespace
+
+void swiglu_forward_fp8_block(const uint16_t* g, const uint16_t* u, int64_t rows, int64_t cols,
+                              bool pow2_scales, const BlockOperands& out, cudaStream_t s) {
+  launch_swiglu_block<1>("swiglu_forward_fp8_block", SwigluCodes{g, u}, nullptr, g, u, rows,
+                         cols, pow2_scales, out, out, s);
 }
 
 void swiglu_backward_fp8_block(const uint16_t* ds, const uint16_t* g, const uint16_t* u,
                                int64_t rows, int64_t cols, bool pow2_scales,
                                const BlockOperands& dg, const BlockOperands& du,
                                cudaStream_t s) {
-  MX_REQUIRE(cols % 4 == 0 && aligned(ds, 8) && aligned(g, 8) && aligned(u, 8) &&
-                 aligned(dg.codes, 4) && aligned(du.codes, 4),
-             "swiglu_backward_fp8_block: a width that is a multiple of 4 and aligned codes");
-  if (rows * cols == 0) return;
-  const int64_t tiles_c = ceil_div(cols, kQTile), tiles = ceil_div(rows, kQTile) * tiles_c;
-  MX_REQUIRE(tiles <= int64_t(0x7FFFFFFF), "swiglu_backward_fp8_block: ", tiles, " tiles");
-  const bool packed_t = rows % 4 == 0 && aligned(dg.codes_t, 4) && aligned(du.codes_t, 4);
-  fp8_block_both_kernel<SwigluGrads, 2><<<unsigned(tiles), dim3(32, kQRows), 0, s>>>(
-      SwigluGrads{ds, g, u}, rows, cols, tiles_c, pow2_scales, dg, du, packed_t);
-  MX_CUDA_LAUNCH_CHECK("swiglu_backward_fp8_block");
+  launch_swiglu_block<2>("swiglu_backward_fp8_block", SwigluGrads{ds, g, u}, ds, g, u, rows,
+                         cols, pow2_scales, dg, du, s);
 }
 
 void swiglu_grads_abs_max(float* amax, const uint16_t* ds, const uint16_t* g, const uint16_t* u,
