@@ -255,7 +255,7 @@ class Backend {
                                   float* work, uint16_t* y16 = nullptr,
                                   const float* residual = nullptr);
   // dx[N,in] (= or +=) q(dy[N,out]) q(w[out,in])
-  // dy may come as bf16 codes (dyq.bf16, dy null; not under nvfp4), as x does in the forward.
+  // dy may come as bf16 codes (dyq.bf16, dy null), as x does in the forward.
   // dx16 not null (accumulate_dx false): the result is wanted as bf16 codes (RNE of each fp32
   // element, as to_bf16) in dx16 instead; dx is still backend memory for N * in floats, which
   // the call may use as scratch. CUDA writes dx16 from the GEMM's epilogue (where cuBLASLt has
@@ -264,7 +264,7 @@ class Backend {
                                 const float* w, const Fp8Operand& wq, int64_t N, int64_t in,
                                 int64_t out, bool accumulate_dx, float* work,
                                 uint16_t* dx16 = nullptr);
-  // dw[out,in] += q(dy[N,out])^T q(x[N,in]); dy and x each fp32 or bf16 codes (not nvfp4).
+  // dw[out,in] += q(dy[N,out])^T q(x[N,in]); dy and x each fp32 or bf16 codes.
   virtual void fp8_linear_wgrad(float* dw, const float* dy, const Fp8Operand& dyq,
                                 const float* x, const Fp8Operand& xq, int64_t N, int64_t in,
                                 int64_t out, float* work);

@@ -1083,9 +1083,9 @@ bool LlamaModel::lowered(int64_t layer) const {
 }
 
 bool LlamaModel::fp8_reads_codes(int64_t N, int64_t in, int64_t out) const {
-  // not nvfp4: its device path transposes and Hadamard-transforms fp32 operands
-  return lowered(layer_) && recipe_->recipe() != Recipe::kBf16 &&
-         recipe_->recipe() != Recipe::kNvfp4 && native_fp8(N, in, out);
+  // nvfp4 included: its device quantizers read the codes too (the 1x16 rows, and x^T's
+  // Hadamard-transformed blocks made in registers)
+  return lowered(layer_) && recipe_->recipe() != Recipe::kBf16 && native_fp8(N, in, out);
 }
 
 bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing policy) const {
@@ -1094,7 +1094,7 @@ bool LlamaModel::saves_xt(int first, int count, bool reads_codes, Checkpointing 
     return false;
   if (recipe_->recipe() == Recipe::kFp8Current) return true;  // x's own amax, every operand
   // the block recipes scale each block from its own elements: x^T's blocks are the weight
-  // gradient's, whatever the step (fp8_reads_codes has left nvfp4 out)
+  // gradient's, whatever the step (not nvfp4's: its weight gradient transforms x^T first)
   if (xt_blocks()) return true;
   if (recipe_->recipe() != Recipe::kFp8Delayed) return false;
   const float s = recipe_->delayed_scale(layer_, first, LinearOperand::kFwdInput);
@@ -1110,10 +1110,11 @@ bool LlamaModel::xt_blocks() const {
 }
 
 bool LlamaModel::fused_swiglu_backward(int64_t N) const {
-  // per-tensor FP8, fp8-block or mxfp8 on tensor cores for gate and up (their operands as
-  // codes: not nvfp4), not on a telemetry step (native_fp8 says so) nor in a block left in
-  // high precision
-  return fp8_fuse_swiglu_enabled() && recipe_ && mlp_read_codes(N);
+  // per-tensor FP8, fp8-block or mxfp8 on tensor cores for gate and up (not nvfp4: its
+  // gradients' operands are Hadamard-transformed and stochastically rounded), not on a
+  // telemetry step (native_fp8 says so) nor in a block left in high precision
+  return fp8_fuse_swiglu_enabled() && recipe_ && recipe_->recipe() != Recipe::kNvfp4 &&
+         mlp_read_codes(N);
 }
 
 bool LlamaModel::qkv_read_codes(int64_t N) const {

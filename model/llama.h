@@ -324,8 +324,8 @@ class LlamaModel {
                   const float* w, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
                   const uint16_t* x16 = nullptr, const uint16_t* dy16 = nullptr,
                   uint16_t* dx16 = nullptr, SavedXt xt = {});
-  // This Linear of the current layer runs on the backend's FP8 Linears (native_fp8; per-tensor,
-  // fp8-block, mxfp8, not nvfp4), whose quantizers read a bf16-code input directly
+  // This Linear of the current layer runs on the backend's FP8 / FP4 Linears (native_fp8;
+  // per-tensor, fp8-block, mxfp8, nvfp4), whose quantizers read a bf16-code input directly
   // (Backend::Fp8Operand::bf16): on the bf16 path its input is never widened.
   bool fp8_reads_codes(int64_t N, int64_t in, int64_t out) const;
   // The current layer's attention runs in FP8 (LinearRecipe::fp8_attention).

@@ -985,8 +985,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool nvfp4_tensor_cores() const override { return nvfp4_native_; }
 
   // An input given as bf16 codes (Fp8Operand::bf16): the quantize kernels read the codes (their
-  // const uint16_t* overloads). Not for nvfp4, whose device path transposes and transforms fp32
-  // operands (LlamaModel widens its input: fp8_reads_codes).
+  // const uint16_t* overloads; nvfp4's 1x16 and Hadamard-transformed operands too).
   // An output wanted as bf16 codes (y16): the GEMM's epilogue writes them (fp8_output).
   // A residual: the epilogue adds it (C = residual, beta 1, D = y), except under nvfp4 (its
   // GEMM takes beta from the device): there an add after.
@@ -1389,11 +1388,11 @@ class CudaBackendImpl final : public CudaBackend {
   void with_input(const float* x, const Fp8Operand& xq, const char* op, F&& f) {
     DeviceArenaScope scope(scratch_);
     if (!xq.bf16) return f(x);
-    MX_REQUIRE(!x && !xq.nvfp4, op, ": bf16 codes of x given with x, or under nvfp4");
+    MX_REQUIRE(!x, op, ": bf16 codes of x given with x");
     f(xq.bf16);
   }
 
-  // X: float (fp32 input) or uint16_t (bf16 codes; never for nvfp4). The caller holds a scope.
+  // X: float (fp32 input) or uint16_t (bf16 codes). The caller holds a scope.
   template <class X>
   void fp8_forward(float* y, uint16_t* y16, const float* residual, const X* x,
                    const Fp8Operand& xq, const float* w, const Fp8Operand& wq, int64_t N,
@@ -1405,17 +1404,14 @@ class CudaBackendImpl final : public CudaBackend {
     auto output = [&](auto&& gemm) {
       fp8_output("fp8_linear_forward", y, y16, residual, N * out, gemm);
     };
-    if constexpr (std::is_same_v<X, float>) {
-      if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
-        const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
-        const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
-        nvfp4_gemm(N, out, in, a, b, 0.0f, y);  // fp32 only (device-side alpha)
-        if (y16) round_output("fp8_linear_forward", y16, y, N * out);
-        if (residual) add(y, residual, y, N * out);  // residual + product, as the CPU's
-        return;
-      }
+    if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
+      const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
+      const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
+      nvfp4_gemm(N, out, in, a, b, 0.0f, y);  // fp32 only (device-side alpha)
+      if (y16) round_output("fp8_linear_forward", y16, y, N * out);
+      if (residual) add(y, residual, y, N * out);  // residual + product, as the CPU's
+      return;
     }
-    MX_REQUIRE(!xq.nvfp4, "fp8_forward: nvfp4 takes fp32 operands");
     if (xq.mx) {  // mxfp8 (Blackwell)
       uint8_t* tmp = wc + round_up_256(out * in);
       const uint8_t* xs = mxfp8_operand(xc, tmp, x, N, in, false, &xq);
@@ -1509,17 +1505,15 @@ class CudaBackendImpl final : public CudaBackend {
     });
   }
 
-  // f(dy) or, given as codes, f(dyq.bf16) (not under nvfp4, whose device path transforms fp32
-  // operands). No scope of its own: the callers hold one.
+  // f(dy) or, given as codes, f(dyq.bf16). No scope of its own: the callers hold one.
   template <class F>
   void with_grad(const float* dy, const Fp8Operand& dyq, const char* op, F&& f) {
     if (!dyq.bf16) return f(dy);
-    MX_REQUIRE(!dy && !dyq.nvfp4, op, ": bf16 codes of dy given with dy, or under nvfp4");
+    MX_REQUIRE(!dy, op, ": bf16 codes of dy given with dy");
     f(dyq.bf16);
   }
 
-  // DY: float (fp32 gradient) or uint16_t (bf16 codes; never for nvfp4). The caller holds a
-  // scope.
+  // DY: float (fp32 gradient) or uint16_t (bf16 codes). The caller holds a scope.
   template <class DY>
   void fp8_dgrad(float* dx, uint16_t* dx16, const DY* dy, const Fp8Operand& dyq, const float* w,
                  const Fp8Operand& wq, int64_t N, int64_t in, int64_t out, bool accumulate_dx,
@@ -1531,16 +1525,13 @@ class CudaBackendImpl final : public CudaBackend {
     auto output = [&](auto&& gemm) {
       fp8_output("fp8_linear_dgrad", dx, dx16, nullptr, N * in, gemm);
     };
-    if constexpr (std::is_same_v<DY, float>) {
-      if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
-        const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
-        const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
-        nvfp4_gemm(N, in, out, a, b, beta, dx);
-        if (dx16) round_output("fp8_linear_dgrad", dx16, dx, N * in);
-        return;
-      }
+    if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
+      const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
+      const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
+      nvfp4_gemm(N, in, out, a, b, beta, dx);
+      if (dx16) round_output("fp8_linear_dgrad", dx16, dx, N * in);
+      return;
     }
-    MX_REQUIRE(!dyq.nvfp4, "fp8_dgrad: nvfp4 takes fp32 operands");
     if (dyq.mx) {
       uint8_t* tmp = wtc + round_up_256(out * in);
       const uint8_t* dys = mxfp8_operand(dyc, tmp, dy, N, out, false);
@@ -1577,16 +1568,13 @@ class CudaBackendImpl final : public CudaBackend {
                  const Fp8Operand& xq, int64_t N, int64_t in, int64_t out, float* work) {
     uint8_t* dytc = reinterpret_cast<uint8_t*>(work);  // dy^T [out, N]: K = N innermost
     uint8_t* xtc = dytc + round_up_256(N * out);         // x^T [in, N]
-    if constexpr (std::is_same_v<X, float> && std::is_same_v<DY, float>) {
-      if (dyq.nvfp4) {  // RHT(dy^T) and RHT(x^T) in fp32 in `work`, then 1x16 along the tokens
-        MX_REQUIRE(dyq.rht && xq.rht, "fp8_linear_wgrad: nvfp4 on the device takes the RHT "
-                   "operands (tokens a multiple of 16), got none");
-        const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, true, work);
-        const Nvfp4Operand b = nvfp4_operand(x, N, in, xq, true, work + N * out);
-        return nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
-      }
+    if (dyq.nvfp4) {  // RHT(dy^T) and RHT(x^T), then 1x16 along the tokens (`work` unused)
+      MX_REQUIRE(dyq.rht && xq.rht, "fp8_linear_wgrad: nvfp4 on the device takes the RHT "
+                 "operands (tokens a multiple of 16), got none");
+      const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, true, nullptr);
+      const Nvfp4Operand b = nvfp4_operand(x, N, in, xq, true, nullptr);
+      return nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
     }
-    MX_REQUIRE(!dyq.nvfp4, "fp8_wgrad: nvfp4 takes fp32 operands");
     if (dyq.mx) {
       uint8_t* tmp = xtc + round_up_256(N * in);
       const uint8_t* dys = mxfp8_operand(dytc, tmp, dy, N, out, true);
@@ -3173,18 +3161,22 @@ class CudaBackendImpl final : public CudaBackend {
 
   // One nvfp4 operand as the GEMM operand [R, K] (K-major), as the recipe quantizes it
   // (numerics::quantize_nvfp4_into): x itself (R = rows, K = cols; 1x16 blocks, or 16x16 for a
-  // weight) or, transposed, x^T (R = cols, K = rows) formed in fp32 in `tmp` (rows * cols
-  // floats) and, with q.rht, put through the Hadamard transform along K before its 1x16
-  // quantization (the weight gradient's operands); a transposed weight is the 16x16
-  // quantization of W^T, the same codes and block scales as W's, transposed. Codes (E2M1 two a
-  // byte), the global encode scale and the swizzled scale bytes (the 16x16 blocks' scale
-  // repeated for each of their 16 rows) come from scratch (the caller's scope).
+  // weight) or, transposed, x^T (R = cols, K = rows): with q.rht put through the Hadamard
+  // transform along K before its 1x16 quantization (the weight gradient's operands), else a
+  // transposed weight, the 16x16 quantization of W^T (the same codes and block scales as W's,
+  // transposed), formed in fp32 in `tmp` (rows * cols floats). X: float, or uint16_t (bf16
+  // codes: the 1x16 forms, which read the codes themselves; a weight is fp32). The 1x16 forms
+  // take a thread a block (quantize_nvfp4_rows; quantize_nvfp4_rht_t transforms x^T's blocks
+  // in registers, no fp32 copy), the 16x16 ones quantize_nvfp4. Codes (E2M1 two a byte), the
+  // global encode scale and the swizzled scale bytes (the 16x16 blocks' scale repeated for
+  // each of their 16 rows) come from scratch (the caller's scope).
   struct Nvfp4Operand {
     const uint8_t* codes;
     const uint8_t* scales;
     const float* global;
   };
-  Nvfp4Operand nvfp4_operand(const float* x, int64_t rows, int64_t cols, const Fp8Operand& q,
+  template <class X>
+  Nvfp4Operand nvfp4_operand(const X* x, int64_t rows, int64_t cols, const Fp8Operand& q,
                              bool transposed, float* tmp) {
     const int64_t R = transposed ? cols : rows, K = transposed ? rows : cols;
     MX_REQUIRE(K % 32 == 0 && R % 16 == 0, "nvfp4_operand: K = ", K,
@@ -3192,18 +3184,26 @@ class CudaBackendImpl final : public CudaBackend {
     const bool blocks_2d = q.block_rows == 16 && q.block_cols == 16;
     MX_REQUIRE(blocks_2d || q.rht || q.block_rows == (transposed ? 16 : 1),
                "nvfp4_operand: blocks must run along the GEMM's reduction");
-    const float* src = x;
-    if (transposed) {
-      cuda::transpose_f32(x, rows, cols, tmp, stream_);
-      if (q.rht) cuda::rht16_forward(tmp, R, K, q.rht_seed, stream_);
-      src = tmp;
-    }
     const int64_t kb = K / 16, scale_rows = blocks_2d ? R / 16 : R;
     uint8_t* codes = scratch_.alloc_as<uint8_t>(R * K / 2);
     uint8_t* raw = scratch_.alloc_as<uint8_t>(scale_rows * kb);
     float* global = scratch_.alloc_f32(1);
-    cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, raw, global, nullptr, scratch_,
-                         stream_);
+    if (!blocks_2d && !transposed) {
+      cuda::quantize_nvfp4_rows(x, R, K, q.rounding, codes, raw, global, scratch_, stream_);
+    } else if (transposed && q.rht) {
+      cuda::quantize_nvfp4_rht_t(x, rows, cols, q.rht_seed, q.rounding, codes, raw, global,
+                                 scratch_, stream_);
+    } else if constexpr (std::is_same_v<X, float>) {
+      const float* src = x;
+      if (transposed) {
+        cuda::transpose_f32(x, rows, cols, tmp, stream_);
+        src = tmp;
+      }
+      cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, raw, global, nullptr,
+                           scratch_, stream_);
+    } else {
+      MX_REQUIRE(false, "nvfp4_operand: a 16x16 or transposed operand without the RHT is fp32");
+    }
     uint8_t* swizzled = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
     cuda::swizzle_scales_u8(raw, false, R, kb, swizzled, stream_, blocks_2d ? 16 : 1);
     launched("nvfp4_operand");

@@ -942,6 +942,112 @@ __global__ void nvfp4_kernel(const float* __restrict__ x, int64_t rows, int64_t 
   }
 }
 
+// The 16-point random Hadamard transform of numerics::rht16_forward on 16 values in registers,
+// with the CPU's operations in the CPU's order: in_j = s_j v_j, then for each i the sum over
+// j = 0..15 of (+-1) in_j from 0, times 0.25 (exact). The products by +-1 are exact, so a
+// contracted fma rounds as the separate add does: same bits. sign_bits: bit j set where s_j < 0.
+__device__ __forceinline__ void rht16_values(float (&v)[16], uint32_t sign_bits) {
+  float in[16], acc[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) in[j] = ((sign_bits >> j) & 1u) ? -v[j] : v[j];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] += (__popc(unsigned(i & j)) & 1) ? -in[j] : in[j];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = 0.25f * acc[i];
+}
+
+// One nvfp4 1x16 block of 16 values whose first element is element i0 of the operand (the
+// index its stochastic bits take): the block's scale byte into *scale and its 16 E2M1 codes,
+// two a byte (element 2j in byte j's low nibble), as 8 bytes: nvfp4_kernel's per-element steps.
+__device__ __forceinline__ uint2 nvfp4_block16(const float (&v)[16], float s_enc,
+                                               bool stochastic, const RandomStream& rng,
+                                               int64_t i0, uint8_t* scale) {
+  float m = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) m = numerics::amax_fold(m, v[k]);
+  const numerics::Nvfp4BlockScale bs = numerics::nvfp4_block_scale(m, s_enc);
+  *scale = bs.code;
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const uint32_t code =
+        numerics::encode_e2m1(v[k] * bs.encode_multiplier, numerics::Saturation::kSatFinite,
+                              stochastic, rand_bits(stochastic, rng, i0 + k));
+    w[k / 8] |= code << (4 * (k % 8));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// quantize_nvfp4_rows: block b is elements 16b .. 16b + 15 of x (cols a multiple of 16), its
+// scale byte b and its codes bytes 8b .. 8b + 7. vec: x aligned for raw4.
+template <class T>
+__global__ void nvfp4_rows_kernel(const T* __restrict__ x, int64_t blocks,
+                                  const float* __restrict__ global_amax, bool stochastic,
+                                  RandomStream rng, uint8_t* __restrict__ codes,
+                                  uint8_t* __restrict__ scales, float* __restrict__ global_scale,
+                                  bool vec) {
+  const float s_enc = numerics::nvfp4_global_encode_scale(*global_amax);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *global_scale = s_enc;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks;
+       b += int64_t(gridDim.x) * blockDim.x) {
+    float v[16];
+    if (vec) {
+      decltype(raw4(x, 0)) raw[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) raw[q] = raw4(x, 16 * b + 4 * q);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 f = widen4(raw[q]);
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v[k] = load(x, 16 * b + k);
+    }
+    reinterpret_cast<uint2*>(codes)[b] = nvfp4_block16(v, s_enc, stochastic, rng, 16 * b,
+                                                       scales + b);
+  }
+}
+
+// quantize_nvfp4_rht_t: thread t takes column c = t % cols of rows 16g .. 16g + 15 (g = t /
+// cols: the warp's loads run along x's rows) and transforms them, the block (c, g) of RHT(x^T)
+// [cols, rows]. AMAX: its max |.| into *amax (zeroed by the launch) and nothing else; else its
+// scale byte c * rows / 16 + g and codes bytes c * rows / 2 + 8g .. + 7 from the amax.
+template <bool AMAX, class T>
+__global__ void nvfp4_rht_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                   uint32_t sign_bits, float* amax,
+                                   const float* __restrict__ global_amax, bool stochastic,
+                                   RandomStream rng, uint8_t* __restrict__ codes_t,
+                                   uint8_t* __restrict__ scales,
+                                   float* __restrict__ global_scale) {
+  const int64_t groups = rows / 16, n = groups * cols;
+  float s_enc = 1.0f, m = 0.0f;
+  if (!AMAX) {
+    s_enc = numerics::nvfp4_global_encode_scale(*global_amax);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *global_scale = s_enc;
+  }
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t g = t / cols, c = t - g * cols;
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] = load(x, (16 * g + j) * cols + c);
+    rht16_values(v, sign_bits);
+    if (AMAX) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = numerics::amax_fold(m, v[j]);
+    } else {
+      reinterpret_cast<uint2*>(codes_t + c * (rows / 2))[g] =
+          nvfp4_block16(v, s_enc, stochastic, rng, c * rows + 16 * g, scales + c * groups + g);
+    }
+  }
+  if (AMAX) block_amax_to(m, amax);
+}
+
 // ---- codes-only per-tensor FP8 (tensor-core Linears) ------------------------------------------
 __global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* amax, float given,
                                   float fmt_max) {
@@ -1301,25 +1407,18 @@ __global__ void fp8_block_scales_to_mx_kernel(const float* __restrict__ block_sc
   }
 }
 
-// The 16-point random Hadamard transform of numerics::rht16_forward, one thread per group of
-// 16 consecutive elements, with the CPU's operations in the CPU's order: in_j = s_j v_j, then
-// for each i the sum over j = 0..15 of (+-1) in_j from 0, times 0.25 (exact). The products by
-// +-1 are exact, so a contracted fma rounds as the separate add does: same bits.
+// numerics::rht16_forward in place, one thread per group of 16 consecutive elements
+// (rht16_values).
 __global__ void rht16_kernel(float* __restrict__ x, int64_t groups, uint32_t sign_bits) {
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups;
        g += int64_t(gridDim.x) * blockDim.x) {
-    float* v = x + g * 16;
-    float in[16], acc[16];
+    float* p = x + g * 16;
+    float v[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) in[j] = ((sign_bits >> j) & 1u) ? -v[j] : v[j];
+    for (int j = 0; j < 16; ++j) v[j] = p[j];
+    rht16_values(v, sign_bits);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc[i] += (__popc(unsigned(i & j)) & 1) ? -in[j] : in[j];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = 0.25f * acc[i];
+    for (int j = 0; j < 16; ++j) p[j] = v[j];
   }
 }
 
@@ -1760,17 +1859,87 @@ void transpose_f32(const float* src, int64_t rows, int64_t cols, float* dst, cud
   MX_CUDA_LAUNCH_CHECK("transpose_f32");
 }
 
+namespace {
+// numerics::rht16_signs(seed) as the kernels' sign bits (bit j set where s_j < 0): host code.
+uint32_t rht16_sign_bits(uint32_t seed) {
+  float signs[16];
+  numerics::rht16_signs(seed, signs);
+  uint32_t bits = 0;
+  for (int j = 0; j < 16; ++j) bits |= signs[j] < 0.0f ? 1u << j : 0u;
+  return bits;
+}
+}  // namespace
+
 void rht16_forward(float* x, int64_t rows, int64_t cols, uint32_t seed, cudaStream_t s) {
   MX_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0,
              "the 16-point Hadamard transform needs cols a multiple of 16, got ", cols);
-  float signs[16];
-  numerics::rht16_signs(seed, signs);  // the CPU's signs (host code)
-  uint32_t bits = 0;
-  for (int j = 0; j < 16; ++j) bits |= signs[j] < 0.0f ? 1u << j : 0u;
   const int64_t groups = rows * (cols / 16);
   if (groups == 0) return;
-  rht16_kernel<<<elem_grid(groups), 256, 0, s>>>(x, groups, bits);
+  rht16_kernel<<<elem_grid(groups), 256, 0, s>>>(x, groups, rht16_sign_bits(seed));
   MX_CUDA_LAUNCH_CHECK("rht16_forward");
+}
+
+namespace {
+template <class T>
+void quantize_nvfp4_rows_of(const T* x, int64_t rows, int64_t cols,
+                            const numerics::RoundingOptions& ro, uint8_t* codes,
+                            uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                            cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0 && aligned(codes, 8),
+             "quantize_nvfp4_rows: cols a multiple of 16 (got ", cols, ") and 8-byte aligned codes");
+  DeviceArenaScope scope(scratch);
+  float* amax = scratch.alloc_f32(1);
+  abs_max(amax, x, rows * cols, scratch, s);
+  const int64_t blocks = rows * (cols / 16);
+  nvfp4_rows_kernel<<<elem_grid(blocks), 256, 0, s>>>(
+      x, blocks, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
+      aligned(x, 4 * sizeof(T)));
+  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_rows");
+}
+
+template <class T>
+void quantize_nvfp4_rht_t_of(const T* x, int64_t rows, int64_t cols, uint32_t seed,
+                             const numerics::RoundingOptions& ro, uint8_t* codes_t,
+                             uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                             cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && aligned(codes_t, 8),
+             "quantize_nvfp4_rht_t: rows a multiple of 16 (got ", rows,
+             ") and 8-byte aligned codes");
+  DeviceArenaScope scope(scratch);
+  float* amax = scratch.alloc_f32(1);
+  zero_amax(amax, s);
+  const uint32_t bits = rht16_sign_bits(seed);
+  const unsigned grid = elem_grid(rows / 16 * cols);
+  nvfp4_rht_t_kernel<true, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, nullptr, false,
+                                                    ro.rng, nullptr, nullptr, nullptr);
+  nvfp4_rht_t_kernel<false, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, nullptr, amax,
+                                                     ro.stochastic, ro.rng, codes_t, scales_u8,
+                                                     global_scale);
+  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_rht_t");
+}
+}  // namespace
+
+void quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols,
+                         const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s) {
+  quantize_nvfp4_rows_of(x, rows, cols, ro, codes, scales_u8, global_scale, scratch, s);
+}
+void quantize_nvfp4_rows(const uint16_t* x, int64_t rows, int64_t cols,
+                         const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s) {
+  quantize_nvfp4_rows_of(x, rows, cols, ro, codes, scales_u8, global_scale, scratch, s);
+}
+void quantize_nvfp4_rht_t(const float* x, int64_t rows, int64_t cols, uint32_t seed,
+                          const numerics::RoundingOptions& ro, uint8_t* codes_t,
+                          uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                          cudaStream_t s) {
+  quantize_nvfp4_rht_t_of(x, rows, cols, seed, ro, codes_t, scales_u8, global_scale, scratch, s);
+}
+void quantize_nvfp4_rht_t(const uint16_t* x, int64_t rows, int64_t cols, uint32_t seed,
+                          const numerics::RoundingOptions& ro, uint8_t* codes_t,
+                          uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                          cudaStream_t s) {
+  quantize_nvfp4_rht_t_of(x, rows, cols, seed, ro, codes_t, scales_u8, global_scale, scratch, s);
 }
 
 void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t dst_rows,

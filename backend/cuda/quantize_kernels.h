@@ -103,6 +103,34 @@ void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
                     float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s);
 
+// nvfp4's GEMM operands of a whole tensor, a thread a 16-element block (quantize_nvfp4's
+// warp a block leaves 24 of 32 lanes idle on 1x16 blocks), x as fp32 or as bf16 codes. Codes
+// only (no dequantized copy), scale bytes unswizzled, global_scale[0] = S_enc; the bytes
+// numerics::quantize_nvfp4_into writes (stochastic bits by each element's index in the
+// operand).
+// _rows: x [rows, cols] in 1x16 blocks along its rows (cols a multiple of 16; codes 8-byte
+// aligned): quantize_nvfp4(x, rows, cols, false, ...)'s bytes, after an amax pass over x.
+void quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols,
+                         const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s);
+void quantize_nvfp4_rows(const uint16_t* x, int64_t rows, int64_t cols,
+                         const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s);
+// _rht_t: the weight gradient's operand RHT(x^T) [cols, rows] in 1x16 blocks along its rows
+// (x's columns, 16 rows of x a block: rows a multiple of 16; codes_t 8-byte aligned): the
+// bytes of transpose_f32, rht16_forward(seed) and quantize_nvfp4(.., cols, rows, false, ..),
+// without the fp32 copies: each thread reads a column's 16 elements, transforms them in
+// registers and quantizes them, after a pass that takes the transformed tensor's amax the
+// same way.
+void quantize_nvfp4_rht_t(const float* x, int64_t rows, int64_t cols, uint32_t seed,
+                          const numerics::RoundingOptions& ro, uint8_t* codes_t,
+                          uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                          cudaStream_t s);
+void quantize_nvfp4_rht_t(const uint16_t* x, int64_t rows, int64_t cols, uint32_t seed,
+                          const numerics::RoundingOptions& ro, uint8_t* codes_t,
+                          uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                          cudaStream_t s);
+
 // The per-tensor FP8 operands of the tensor-core Linears (codes only, no dequantized copy):
 // scale[0] = the encode scale (numerics::fp8_scale_from_amax(amax[0], fp8_max(fmt)) when amax is
 // not null: current scaling; `given` otherwise) and scale_inv[0] = 1 / scale[0], on the device.

@@ -1337,6 +1337,32 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_wgrad(dDW.p, dDY.p, rht(fp4(16, 1, true, 4)), dX.p, rht(fp4(16, 1, false, 5)), N, I, O, gpu_work.p);
       compare_rows(r, "dw", dDW.download(), dw, I, 3);
     });
+    // x and dy as bf16 codes (the bf16 path: the quantizers read the codes, no widened copy),
+    // against the CPU twin given the same codes
+    const Bf16Input xb(x), dyb(dy);
+    run_case("nvfp4_linear_forward", shape + " x bf16", [&](Result& r) {
+      std::vector<float> y(N * O);
+      Dev<float> dY(N * O);
+      cpu.fp8_linear_forward(y.data(), nullptr, xb.on_host(fp4(1, 16, false, 0)), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(fp4(1, 16, false, 0)), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
+      compare_rows(r, "y", dY.download(), y, O, 3);
+    });
+    run_case("nvfp4_linear_dgrad", shape + " dy bf16 dx bf16", [&](Result& r) {
+      std::vector<float> dx(N * I);
+      std::vector<uint16_t> dx16(N * I);
+      Dev<float> dDX(N * I);
+      Dev<uint16_t> dDX16(N * I);
+      cpu.fp8_linear_dgrad(dx.data(), nullptr, dyb.on_host(fp4(1, 16, true, 2)), w.data(), fp4(16, 16, false, 3), N, I, O, false, cpu_work.data(), dx16.data());
+      gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(fp4(1, 16, true, 2)), dW.p, fp4(16, 16, false, 3), N, I, O, false, gpu_work.p, dDX16.p);
+      compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 3, kBf16Ulp);
+    });
+    run_case("nvfp4_linear_wgrad_rht", shape + " x, dy bf16", [&](Result& r) {
+      auto dw = randn(O * I, 1e-3f);
+      Dev<float> dDW(dw);  // accumulates
+      cpu.fp8_linear_wgrad(dw.data(), nullptr, dyb.on_host(rht(fp4(16, 1, true, 4))), nullptr, xb.on_host(rht(fp4(16, 1, false, 5))), N, I, O, cpu_work.data());
+      gpu.fp8_linear_wgrad(dDW.p, nullptr, dyb.on_gpu(rht(fp4(16, 1, true, 4))), nullptr, xb.on_gpu(rht(fp4(16, 1, false, 5))), N, I, O, gpu_work.p);
+      compare_rows(r, "dw", dDW.download(), dw, I, 3);
+    });
   }
 }
 
@@ -3341,6 +3367,43 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "global_scale", gs.download(), {q.global_scale});
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // nvfp4's whole-tensor operand kernels (nvfp4_operand's forms on Blackwell; any GPU runs
+        // them): a thread a 1x16 block of x's rows (quantize_nvfp4_rows), and RHT(x^T) made in
+        // registers from x's columns (quantize_nvfp4_rht_t: no fp32 transposed copy), x in fp32,
+        // as bf16 codes (against the widened values) and one element off its allocation (the
+        // rows kernel's element-a-load form), byte for byte against numerics::quantize_nvfp4 of
+        // x and of rht16_forward(x^T), stochastic bits included.
+        for (int rht = 0; rht < 2; ++rht)
+          for (int form = 0; form < 3; ++form) {
+            if ((rht ? R : C) % 16 != 0 || (rht && specials)) continue;
+            std::string shape = name;  // piece by piece: g++ 12's -Wrestrict (dims())
+            shape += form == 1 ? " x bf16" : form == 2 ? " x+1" : "";
+            run_case(rht ? "quant_nvfp4_rht_t" : "quant_nvfp4_rows", shape, [&](Result& r) {
+              const uint32_t seed = 0x5eedu;
+              const std::vector<float>& xv = form == 1 ? xb.wide : x;
+              std::vector<float> src = xv;
+              const int64_t OR = rht ? C : R, K = rht ? R : C;
+              if (rht) {
+                for (int64_t i = 0; i < R; ++i)
+                  for (int64_t j = 0; j < C; ++j) src[size_t(j * R + i)] = xv[size_t(i * C + j)];
+                numerics::rht16_forward(src.data(), C, R, seed);
+              }
+              const auto q = numerics::quantize_nvfp4(src.data(), OR, K, false, ro);
+              Dev<uint8_t> codes(q.codes.size()), sc(q.scales_u8.size());
+              Dev<float> gs(1);
+              auto quantize = [&](const auto* xp) {
+                if (rht)
+                  cuda::quantize_nvfp4_rht_t(xp, R, C, seed, ro, codes.p, sc.p, gs.p, scratch, s);
+                else
+                  cuda::quantize_nvfp4_rows(xp, R, C, ro, codes.p, sc.p, gs.p, scratch, s);
+              };
+              if (form == 1) quantize(xb.dev.p);
+              else quantize(form == 2 ? dx_off.p + 1 : dx.p);
+              expect_bytes(r, "codes", codes.download(), q.codes);
+              expect_bytes(r, "scales", sc.download(), q.scales_u8);
+              expect_floats(r, "global_scale", gs.download(), {q.global_scale});
+            });
+          }
         // The emulated path's device quantize-dequantize (Backend::quantize_dequantize: mxfp8 and
         // nvfp4 off their tensor cores, e.g. on an H200), bit for bit against the CPU
         // quantizers: mxfp8 rows / columns, nvfp4 1x16 / 16x16, and nvfp4's weight-gradient

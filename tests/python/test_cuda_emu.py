@@ -89,7 +89,8 @@ CASES = [
     ("fp8-block", "90", 1e-3, FP8, WIDE),
     ("fp8-block", "100", 1e-3, FP8, WIDE),
     ("mxfp8", "100", 1e-3, FP8, ()),
-    ("nvfp4", "100", 1e-3, "on the backend's FP4 GEMMs", ()),
+    # (profiled: its quantizers read the bf16 path's codes, none widened to fp32 first)
+    ("nvfp4", "100", 1e-3, "on the backend's FP4 GEMMs", ("--set", "run.profile=true")),
     # FP8 attention: mxemu has no cuDNN, so the fp32 kernel with the twin's rounding inside
     ("fp8-delayed", "90", 1e-3, "on the fp32 attention kernel with the CPU twin's FP8 rounding",
      ("--set", "precision.fp8_attention=true")),
@@ -120,6 +121,9 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     if recipe.startswith("fp8") or recipe == "mxfp8":
         # Only the tensor-core Linears keep a shared input's operand: the FP8 GEMMs ran.
         assert summary["fp8_shared_operands"] > 0, summary
+    if recipe == "nvfp4":
+        ops = {o["op"] for o in summary["op_profile"]["ops"]}
+        assert "nvfp4_operand" in ops and "unpack_bf16" not in ops, ops
     compare(cpu, cuda, tol)
     stats = [(c, g) for c, g in zip(cpu, cuda) if "numerics" in c]
     assert len(stats) == sum("numerics" in g for g in cuda)

@@ -128,6 +128,29 @@ def test_nvfp4_ops_path_is_identical(tmp_path, ckpt, staged, accum):
     assert_ops_path_identical(tmp_path, extra, staged, gemms="FP4", shares=0)  # not shared
 
 
+def test_nvfp4_bf16_path_reads_the_codes(tmp_path):
+    # The bf16 path (bf16 activations on native bf16 GEMMs, as on CUDA): nvfp4's Linears take
+    # their inputs and output gradients as the bf16 codes the path keeps (Fp8Operand::bf16;
+    # CUDA's 1x16 and Hadamard-transformed quantizers read them), where the emulation widens
+    # each to fp32 first: the same values, so the same bits, and fewer widening ops in the
+    # profile (the CPU's own bf16 ops widen too; test_cuda_emu.py's nvfp4 run has none left).
+    extra = ["--set", "precision.recipe=nvfp4", "--set", "precision.activations=bf16",
+             "--set", "run.profile=true"]
+    env = {"MXTRAIN_TEST_BF16_GEMM": "1"}
+    ref, ref_out, ref_log = train(tmp_path, "emulated", False, False, extra, env_extra=env)
+    got, got_out, got_log = train(tmp_path, "ops", True, False, extra, env_extra=env)
+    assert "block Linears emulated" in ref_log
+    assert "block Linears on the backend's FP4 GEMMs" in got_log
+    assert len(ref) == 12 and got == ref
+    for step in (6, 12):
+        a, b = checkpoint_files(ref_out, step), checkpoint_files(got_out, step)
+        assert a and a == b, f"checkpoint at step {step} differs"
+    def widenings(out):
+        ops = summary_of(out)["op_profile"]["ops"]
+        return sum(o["calls"] for o in ops if o["op"] == "unpack_bf16")
+    assert widenings(got_out) < widenings(ref_out), (widenings(got_out), widenings(ref_out))
+
+
 def test_bf16_path_shares_inputs(tmp_path):
     # The bf16 path (bf16 activations on native bf16 GEMMs, as on CUDA): the FP8 Linears read
     # h1 and h2 as bf16 codes (Fp8Operand::bf16), and the kept quantization is keyed by the
