@@ -24,6 +24,9 @@ struct RecipeModel {
   // reads the bf16 input (an amax pass first under current scaling) and writes codes + scales
   // in the layouts the GEMMs take (row-major and transposed), for the time model.
   double quantize_bytes_per_element = 0;
+  // The same for an element of an output gradient where it differs (0: the same), whose two
+  // layouts may come from one read.
+  double quantize_grad_bytes_per_element = 0;
   double gemm_efficiency = 0.7;  // achievable fraction of the dense datasheet rate
   // GPU: the fraction of HBM bandwidth the recipe's casts achieve (their bytes above).
   double quantize_efficiency = 0.25;

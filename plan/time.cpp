@@ -45,6 +45,9 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   // Bytes per quantized element: on CPU the emulation reads fp32 and writes an fp32 copy, and
   // its per-element rounding work costs about as much again (a rough estimate).
   const double quantize_bytes = gpu.is_cpu ? kCpuQuantizeBytesPerElement : r.quantize_bytes_per_element;
+  const double quantize_grad_bytes =
+      gpu.is_cpu || r.quantize_grad_bytes_per_element == 0 ? quantize_bytes
+                                                          : r.quantize_grad_bytes_per_element;
   const double attn_rate = gpu.bf16_flops * (gpu.is_cpu ? kCpuAttentionEfficiency
                                                        : attention_efficiency(c.head_dim));
   const int64_t hp_blocks = (!gpu.is_cpu && in.recipe == "bf16") || in.recipe == "fp32"
@@ -60,12 +63,14 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
       act * double(10 * C + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * I);
   double block_bytes = double(n) * fwd_bytes_per_token * (3.0 + recompute);
   if (in.checkpointing == Checkpointing::kSelective) block_bytes += double(n) * act * double(4 * C + 3 * I);
-  const double quant_elems_per_token =
-      double(2 * C + c.q_dim() + I) + double(c.q_dim() + 2 * c.kv_dim() + 2 * C + 2 * I);
+  // per token: the Linears' distinct inputs, then their output gradients
+  const double quant_input_elems = double(2 * C + c.q_dim() + I);
+  const double quant_grad_elems = double(c.q_dim() + 2 * c.kv_dim() + 2 * C + 2 * I);
   const double block_quant_bytes =
-      quantize_bytes *
-      (double(n) * quant_elems_per_token * (1.0 + recompute / 3.0) +
-       double(block_matmul_params(c)));
+      double(n) *
+          (quantize_bytes * quant_input_elems + quantize_grad_bytes * quant_grad_elems) *
+          (1.0 + recompute / 3.0) +
+      quantize_bytes * double(block_matmul_params(c));
   const double head_gemm = 2.0 * double(n) * double(c.vocab_size) * double(C) * 3.0;
   // precision.fp8_head: the head's GEMMs at the per-tensor FP8 rate, plus their casts per
   // micro-batch: W (V x C fp32) read for its amax, then read and written as codes in both

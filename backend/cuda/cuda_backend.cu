@@ -1091,7 +1091,14 @@ class CudaBackendImpl final : public CudaBackend {
                          N % 32 == 0 && out % 32 == 0 && in % 32 == 0 &&
                          BackwardCodes::tmp_begin(N, in, out) + tmp_bytes <= have;
     const bool tensor_path = dyq_dgrad.per_tensor() && dyq_wgrad.per_tensor() && same;
-    if (!dx || !dw || !(block_path || mx_path || tensor_path) || need > have) {
+    // nvfp4 (Blackwell): dy 1x16 for the data gradient, RHT(dy^T) for the weight gradient's
+    // (its own scratch for the codes; W^T's fp32 copy in `work`, as fp8_dgrad's)
+    const bool fp4_path = dyq_dgrad.nvfp4 && dyq_wgrad.nvfp4 && xq.nvfp4 && wq.nvfp4 &&
+                          dyq_dgrad.block_rows == 1 && dyq_dgrad.block_cols == 16 &&
+                          !dyq_dgrad.rht && dyq_wgrad.rht && xq.rht &&
+                          dyq_wgrad.rht_seed == xq.rht_seed && nvfp4_native_ && N % 32 == 0 &&
+                          in % 32 == 0 && out % 32 == 0;
+    if (!dx || !dw || !(fp4_path || ((block_path || mx_path || tensor_path) && need <= have))) {
       return Backend::fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in,
                                           out, accumulate_dx, work, dx16);
     }
@@ -1101,6 +1108,9 @@ class CudaBackendImpl final : public CudaBackend {
                "fp8_linear_backward: bf16 codes of dx are written, not added");
     with_input(x, xq, "fp8_linear_backward", [&](const auto* xs) {
       with_grad(dy, dyq_dgrad, "fp8_linear_backward", [&](const auto* dys) {
+        if (fp4_path)
+          return nvfp4_backward(dx, dx16, dw, dys, dyq_dgrad, w, wq, dyq_wgrad, xs, xq, N, in,
+                                out, accumulate_dx, work);
         if (block_path)
           return fp8_block_backward(dx, dx16, dw, dys, dyq_dgrad, w, wq, dyq_wgrad, xs, xq, N,
                                     in, out, accumulate_dx, work);
@@ -3204,10 +3214,45 @@ class CudaBackendImpl final : public CudaBackend {
     } else {
       MX_REQUIRE(false, "nvfp4_operand: a 16x16 or transposed operand without the RHT is fp32");
     }
+    launched("nvfp4_operand");
+    return nvfp4_swizzled(codes, raw, global, R, kb, blocks_2d);
+  }
+
+  // The operand [R, K / 16 scales a row] with its raw scale bytes (16x16 blocks: a row of
+  // scales for each 16 rows) swizzled into scratch for VEC16_UE4M3.
+  Nvfp4Operand nvfp4_swizzled(const uint8_t* codes, const uint8_t* raw, const float* global,
+                              int64_t R, int64_t kb, bool blocks_2d) {
     uint8_t* swizzled = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
     cuda::swizzle_scales_u8(raw, false, R, kb, swizzled, stream_, blocks_2d ? 16 : 1);
-    launched("nvfp4_operand");
     return {codes, swizzled, global};
+  }
+
+  // nvfp4's Linear backward in one call (fp8_linear_backward): dy's two operands, the data
+  // gradient's 1x16 rows and the weight gradient's RHT(dy^T), from one amax pass and one read
+  // of dy (quantize_nvfp4_both) where dgrad's and wgrad's calls read it twice each; then the
+  // two FP4 GEMMs as fp8_dgrad's and fp8_wgrad's nvfp4 branches (W^T's fp32 copy in `work`).
+  template <class DY, class X>
+  void nvfp4_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy,
+                      const Fp8Operand& dyq_dgrad, const float* w, const Fp8Operand& wq,
+                      const Fp8Operand& dyq_wgrad, const X* x, const Fp8Operand& xq, int64_t N,
+                      int64_t in, int64_t out, bool accumulate_dx, float* work) {
+    const int64_t kb = out / 16, kb_t = N / 16;
+    uint8_t* codes = scratch_.alloc_as<uint8_t>(N * out / 2);
+    uint8_t* raw = scratch_.alloc_as<uint8_t>(N * kb);
+    uint8_t* codes_t = scratch_.alloc_as<uint8_t>(out * N / 2);
+    uint8_t* raw_t = scratch_.alloc_as<uint8_t>(out * kb_t);
+    float* global = scratch_.alloc_f32(2);
+    cuda::quantize_nvfp4_both(dy, N, out, dyq_wgrad.rht_seed, dyq_dgrad.rounding,
+                              dyq_wgrad.rounding, {codes, raw, global},
+                              {codes_t, raw_t, global + 1}, scratch_, stream_);
+    launched("nvfp4_operand (dy both)");
+    const Nvfp4Operand a = nvfp4_swizzled(codes, raw, global, N, kb, false);
+    const Nvfp4Operand at = nvfp4_swizzled(codes_t, raw_t, global + 1, out, kb_t, false);
+    const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work);
+    nvfp4_gemm(N, in, out, a, b, accumulate_dx ? 1.0f : 0.0f, dx);
+    if (dx16) round_output("fp8_linear_backward", dx16, dx, N * in);
+    const Nvfp4Operand xt = nvfp4_operand(x, N, in, xq, true, nullptr);
+    nvfp4_gemm(out, in, N, at, xt, 1.0f, dw);
   }
 
   void nvfp4_gemm(int64_t M, int64_t N, int64_t K, const Nvfp4Operand& a, const Nvfp4Operand& b,

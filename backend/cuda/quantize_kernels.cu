@@ -1048,6 +1048,85 @@ __global__ void nvfp4_rht_t_kernel(const T* __restrict__ x, int64_t rows, int64_
   if (AMAX) block_amax_to(m, amax);
 }
 
+// nvfp4_both_kernel's codes of one thread's 16 elements v (column c, rows 16g .. 16g + 15):
+// the rows' 1x16 blocks across its half-warp, then RHT(x^T)'s block of its own.
+__device__ __forceinline__ void nvfp4_both_codes(
+    float (&v)[16], int64_t g, int64_t c, int64_t rows, int64_t cols, int lane, bool valid,
+    float s_rows, float s_t, uint32_t sign_bits, bool sr_rows, const RandomStream& rng_rows,
+    bool sr_t, const RandomStream& rng_t, uint8_t* __restrict__ codes,
+    uint8_t* __restrict__ scales, uint8_t* __restrict__ codes_t,
+    uint8_t* __restrict__ scales_t) {
+  for (int j = 0; j < 16; ++j) {
+    float bm = numerics::amax_fold(0.0f, v[j]);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(kFull, bm, o));
+    const numerics::Nvfp4BlockScale bs = numerics::nvfp4_block_scale(bm, s_rows);
+    const int64_t r = 16 * g + j;
+    const uint32_t code =
+        numerics::encode_e2m1(v[j] * bs.encode_multiplier, numerics::Saturation::kSatFinite,
+                              sr_rows, rand_bits(sr_rows, rng_rows, r * cols + c));
+    const uint32_t high = __shfl_down_sync(kFull, code, 1);
+    if (valid && lane % 2 == 0) codes[r * (cols / 2) + c / 2] = uint8_t(code | high << 4);
+    if (valid && lane % 16 == 0) scales[r * (cols / 16) + c / 16] = bs.code;
+  }
+  rht16_values(v, sign_bits);
+  if (valid)
+    reinterpret_cast<uint2*>(codes_t + c * (rows / 2))[g] =
+        nvfp4_block16(v, s_t, sr_t, rng_t, c * rows + 16 * g, scales_t + c * (rows / 16) + g);
+}
+
+// quantize_nvfp4_both: an output gradient's two nvfp4 operands from one read, the rows' (the
+// data gradient's 1x16) and RHT(x^T)'s (the weight gradient's) of nvfp4_rht_t_kernel. Thread
+// t = g * cols + c loads column c's rows 16g .. 16g + 15; cols a multiple of 16, so each
+// half-warp holds 16 consecutive columns of the same rows, and row r's 1x16 block is one
+// element from each of its lanes: the block's amax by four shuffles, each lane encodes its
+// element, the even lanes store a byte with their odd neighbour's code. Whole warps run each
+// iteration (the shuffles); a half-warp past the end (n a multiple of 16) stores nothing.
+// AMAX: max |x| into amax[0] and max |RHT(x^T)| into amax[1] (zeroed by the launch); else the
+// codes and scales from those.
+template <bool AMAX, class T>
+__global__ void nvfp4_both_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                  uint32_t sign_bits, float* amax, bool sr_rows,
+                                  RandomStream rng_rows, bool sr_t, RandomStream rng_t,
+                                  uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
+                                  float* __restrict__ global, uint8_t* __restrict__ codes_t,
+                                  uint8_t* __restrict__ scales_t,
+                                  float* __restrict__ global_t) {
+  const int lane = int(threadIdx.x % 32);
+  const int64_t n = rows / 16 * cols;
+  float s_rows = 1.0f, s_t = 1.0f, m_rows = 0.0f, m_t = 0.0f;
+  if (!AMAX) {
+    s_rows = numerics::nvfp4_global_encode_scale(amax[0]);
+    s_t = numerics::nvfp4_global_encode_scale(amax[1]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *global = s_rows, *global_t = s_t;
+  }
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x - lane; base < n;
+       base += step) {
+    const int64_t t = base + lane;
+    const bool valid = t < n;
+    const int64_t g = valid ? t / cols : 0, c = valid ? t - g * cols : 0;
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] = valid ? load(x, (16 * g + j) * cols + c) : 0.0f;
+    if constexpr (AMAX) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m_rows = numerics::amax_fold(m_rows, v[j]);
+      rht16_values(v, sign_bits);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m_t = numerics::amax_fold(m_t, v[j]);
+    } else {
+      nvfp4_both_codes(v, g, c, rows, cols, lane, valid, s_rows, s_t, sign_bits, sr_rows,
+                       rng_rows, sr_t, rng_t, codes, scales, codes_t, scales_t);
+    }
+  }
+  if constexpr (AMAX) {
+    block_amax_to(m_rows, amax);
+    __syncthreads();  // (block_amax's shared slots are taken again)
+    block_amax_to(m_t, amax + 1);
+  }
+}
+
 // ---- codes-only per-tensor FP8 (tensor-core Linears) ------------------------------------------
 __global__ void fp8_scales_kernel(float* scale, float* scale_inv, const float* amax, float given,
                                   float fmt_max) {
@@ -1917,7 +1996,43 @@ void quantize_nvfp4_rht_t_of(const T* x, int64_t rows, int64_t cols, uint32_t se
                                                      global_scale);
   MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_rht_t");
 }
+
+template <class T>
+void quantize_nvfp4_both_of(const T* x, int64_t rows, int64_t cols, uint32_t seed,
+                            const numerics::RoundingOptions& ro_rows,
+                            const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
+                            const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && cols % 16 == 0 &&
+                 aligned(out_t.codes, 8),
+             "quantize_nvfp4_both: rows and cols multiples of 16 (got ", rows, " x ", cols,
+             ") and 8-byte aligned transposed codes");
+  DeviceArenaScope scope(scratch);
+  float* amax = scratch.alloc_f32(2);
+  MX_CUDA_CHECK("quantize_nvfp4_both", cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
+  const uint32_t bits = rht16_sign_bits(seed);
+  const unsigned grid = elem_grid(rows / 16 * cols);
+  nvfp4_both_kernel<true, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false, ro_rows.rng,
+                                                  false, ro_t.rng, nullptr, nullptr, nullptr,
+                                                  nullptr, nullptr, nullptr);
+  nvfp4_both_kernel<false, T><<<grid, 256, 0, s>>>(
+      x, rows, cols, bits, amax, ro_rows.stochastic, ro_rows.rng, ro_t.stochastic, ro_t.rng,
+      out.codes, out.scales, out.global, out_t.codes, out_t.scales, out_t.global);
+  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_both");
+}
 }  // namespace
+
+void quantize_nvfp4_both(const float* x, int64_t rows, int64_t cols, uint32_t seed,
+                         const numerics::RoundingOptions& ro_rows,
+                         const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
+                         const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
+  quantize_nvfp4_both_of(x, rows, cols, seed, ro_rows, ro_t, out, out_t, scratch, s);
+}
+void quantize_nvfp4_both(const uint16_t* x, int64_t rows, int64_t cols, uint32_t seed,
+                         const numerics::RoundingOptions& ro_rows,
+                         const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
+                         const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
+  quantize_nvfp4_both_of(x, rows, cols, seed, ro_rows, ro_t, out, out_t, scratch, s);
+}
 
 void quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols,
                          const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,

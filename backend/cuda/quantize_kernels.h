@@ -131,6 +131,23 @@ void quantize_nvfp4_rht_t(const uint16_t* x, int64_t rows, int64_t cols, uint32_
                           uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
                           cudaStream_t s);
 
+// _both: an output gradient's two operands from one amax pass and one read (rows and cols
+// multiples of 16): _rows' bytes (ro_rows: the data gradient's rounding) into `out` and
+// _rht_t's (ro_t) into `out_t`, with x's and RHT(x^T)'s global scales.
+struct Nvfp4Codes {
+  uint8_t* codes;
+  uint8_t* scales;  // unswizzled, as quantize_nvfp4 writes them
+  float* global;    // S_enc (device)
+};
+void quantize_nvfp4_both(const float* x, int64_t rows, int64_t cols, uint32_t seed,
+                         const numerics::RoundingOptions& ro_rows,
+                         const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
+                         const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s);
+void quantize_nvfp4_both(const uint16_t* x, int64_t rows, int64_t cols, uint32_t seed,
+                         const numerics::RoundingOptions& ro_rows,
+                         const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
+                         const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s);
+
 // The per-tensor FP8 operands of the tensor-core Linears (codes only, no dequantized copy):
 // scale[0] = the encode scale (numerics::fp8_scale_from_amax(amax[0], fp8_max(fmt)) when amax is
 // not null: current scaling; `given` otherwise) and scale_inv[0] = 1 / scale[0], on the device.

@@ -225,6 +225,19 @@ std::vector<float> widen(const std::vector<uint16_t>& codes);     // exact (belo
 // pointer null): x rounded to bf16 once, its codes on the device for the CUDA quantizers,
 // which read them directly, and the widened values (exact) for the CPU reference. So the
 // codes, scales and tolerances are those of the fp32 cases.
+// The calls of backend op `op` while f() runs, profiled on the device.
+template <class F>
+int64_t profiled_calls(CudaBackend& gpu, const char* op, F&& f) {
+  gpu.set_profiling(true);
+  gpu.reset_op_profile();
+  f();
+  int64_t calls = 0;
+  for (const auto& row : gpu.op_profile())
+    if (row.op == op) calls += row.calls;
+  gpu.set_profiling(false);
+  return calls;
+}
+
 struct Bf16Input {
   std::vector<uint16_t> codes;
   std::vector<float> wide;
@@ -920,16 +933,14 @@ void check_swiglu_forward_blocks(const std::string& op, const std::string& shape
     dY.poison();
     gxt.poison();
     gs.poison();
-    gpu.set_profiling(true);
-    gpu.reset_op_profile();
-    gpu.fp8_linear_forward(dY.p, nullptr, with_swiglu(saving(xf, gxt.p, gs.p), gb.dev.p, ub.dev.p),
-                           dW.p, wf, N, I, O, gpu_work.p, nullptr, dR.p);
-    for (const auto& row : gpu.op_profile())
-      if (row.op == "swiglu_forward_bf16") {
-        r.pass = false;
-        r.note += "s's codes were written (swiglu_forward_bf16 ran); ";
-      }
-    gpu.set_profiling(false);
+    if (profiled_calls(gpu, "swiglu_forward_bf16", [&] {
+          gpu.fp8_linear_forward(dY.p, nullptr,
+                                 with_swiglu(saving(xf, gxt.p, gs.p), gb.dev.p, ub.dev.p), dW.p,
+                                 wf, N, I, O, gpu_work.p, nullptr, dR.p);
+        }) != 0) {
+      r.pass = false;
+      r.note += "s's codes were written (swiglu_forward_bf16 ran); ";
+    }
     gpu.swiglu_forward_bf16(ds16.p, gb.dev.p, ub.dev.p, N * I);
     Backend::Fp8Operand sq = saving(xf, gxt2.p, gs2.p);
     sq.bf16 = ds16.p;
@@ -1006,14 +1017,11 @@ void check_swiglu_backward_blocks(const std::string& op, const std::string& shap
     Dev<uint16_t> dgu(2 * N * O);
     fdx.poison();
     float* const fdw[2] = {fdw0.p, fdw1.p};
-    gpu.set_profiling(true);
-    gpu.reset_op_profile();
-    gpu.fp8_swiglu_backward(fdx.p, fdw, dsb.dev.p, gb.dev.p, ub.dev.p, gw, wq, dyq, gxq, N, I, O,
-                            dgu.p, gpu_work.p);
-    int64_t fused_calls = 0;
-    for (const auto& row : gpu.op_profile())
-      if (row.op == "fp8_swiglu_backward (dg, du operands)") fused_calls += row.calls;
-    gpu.set_profiling(false);
+    const int64_t fused_calls =
+        profiled_calls(gpu, "fp8_swiglu_backward (dg, du operands)", [&] {
+          gpu.fp8_swiglu_backward(fdx.p, fdw, dsb.dev.p, gb.dev.p, ub.dev.p, gw, wq, dyq, gxq, N,
+                                  I, O, dgu.p, gpu_work.p);
+        });
     if (fused_calls != 1) {
       r.pass = false;
       r.note += "the fused operands ran " + std::to_string(fused_calls) + " times; ";
@@ -1356,6 +1364,59 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_dgrad(dDX.p, nullptr, dyb.on_gpu(fp4(1, 16, true, 2)), dW.p, fp4(16, 16, false, 3), N, I, O, false, gpu_work.p, dDX16.p);
       compare_rows(r, "dx16", widen(dDX16.download()), widen(dx16), I, 3, kBf16Ulp);
     });
+    // The whole backward in one call: dy's two operands from one read (quantize_nvfp4_both,
+    // which the profile must show ran once), dx and dw bit for bit the two-call form's on the
+    // same device (Backend::fp8_linear_backward: dgrad, then wgrad) and against the CPU's; dy
+    // and x in fp32 (dx added to, or written) and as bf16 codes (dx as codes).
+    for (int form = 0; form < 3; ++form)
+      run_case("nvfp4_linear_backward", shape + (form == 0 ? " =" : form == 1 ? " +=" : " bf16"),
+               [&](Result& r) {
+        const bool codes = form == 2, acc = form == 1;
+        const auto dyd = codes ? dyb.on_gpu(fp4(1, 16, true, 6)) : fp4(1, 16, true, 6);
+        const auto dyw = codes ? dyb.on_gpu(rht(fp4(16, 1, true, 7))) : rht(fp4(16, 1, true, 7));
+        const auto xw = codes ? xb.on_gpu(rht(fp4(16, 1, false, 8))) : rht(fp4(16, 1, false, 8));
+        const auto wd = fp4(16, 16, false, 9);
+        auto dx0 = randn(N * I);
+        auto dw0 = randn(O * I, 1e-3f);
+        std::vector<float> dx = dx0, dw = dw0;
+        std::vector<uint16_t> dx16(N * I);
+        cpu.fp8_linear_backward(dx.data(), dw.data(), codes ? nullptr : dy.data(),
+                                codes ? dyb.on_host(fp4(1, 16, true, 6)) : fp4(1, 16, true, 6),
+                                w.data(), wd,
+                                codes ? dyb.on_host(rht(fp4(16, 1, true, 7))) : rht(fp4(16, 1, true, 7)),
+                                codes ? nullptr : x.data(),
+                                codes ? xb.on_host(rht(fp4(16, 1, false, 8))) : rht(fp4(16, 1, false, 8)),
+                                N, I, O, acc, cpu_work.data(), codes ? dx16.data() : nullptr);
+        auto run = [&](bool fused, Dev<float>& fdx, Dev<float>& fdw, Dev<uint16_t>& fdx16) {
+          const float* dyp = codes ? nullptr : dDY.p;
+          const float* xp = codes ? nullptr : dX.p;
+          uint16_t* d16 = codes ? fdx16.p : nullptr;
+          if (fused)
+            gpu.fp8_linear_backward(fdx.p, fdw.p, dyp, dyd, dW.p, wd, dyw, xp, xw, N, I, O, acc,
+                                    gpu_work.p, d16);
+          else
+            gpu.Backend::fp8_linear_backward(fdx.p, fdw.p, dyp, dyd, dW.p, wd, dyw, xp, xw, N, I,
+                                             O, acc, gpu_work.p, d16);
+        };
+        Dev<float> fdx(dx0), fdw(dw0), rdx(dx0), rdw(dw0);
+        Dev<uint16_t> fdx16(N * I), rdx16(N * I);
+        const int64_t both =
+            profiled_calls(gpu, "nvfp4_operand (dy both)", [&] { run(true, fdx, fdw, fdx16); });
+        if (both != 1) {
+          r.pass = false;
+          r.note += "dy's two operands from one read ran " + std::to_string(both) + " times; ";
+        }
+        run(false, rdx, rdw, rdx16);
+        if (codes) {
+          expect_floats(r, "dx16 (one call vs two)", widen(fdx16.download()), widen(rdx16.download()));
+          compare_rows(r, "dx16", widen(fdx16.download()), widen(dx16), I, 3, kBf16Ulp);
+        } else {
+          expect_floats(r, "dx (one call vs two)", fdx.download(), rdx.download());
+          compare_rows(r, "dx", fdx.download(), dx, I, 3);
+        }
+        expect_floats(r, "dw (one call vs two)", fdw.download(), rdw.download());
+        compare_rows(r, "dw", fdw.download(), dw, I, 3);
+      });
     run_case("nvfp4_linear_wgrad_rht", shape + " x, dy bf16", [&](Result& r) {
       auto dw = randn(O * I, 1e-3f);
       Dev<float> dDW(dw);  // accumulates
@@ -3175,8 +3236,9 @@ void check_quantizers(CudaBackend& gpu) {
   DeviceArena scratch("op_check-quant", size_t(64) << 20, nullptr);
   const cudaStream_t s = gpu.stream();
   scratch.set_stream(s);
-  // (128 x 300: the transposing codes kernel's four-byte stores with a partial right tile)
-  const int64_t shapes[][2] = {{1, 1}, {3, 37}, {37, 77}, {128, 256}, {128, 300}, {130, 300}, {160, 416}};
+  // (128 x 300: the transposing codes kernel's four-byte stores with a partial right tile;
+  // 48 x 80: nvfp4's half-warps of 16 columns, a warp across two groups of rows)
+  const int64_t shapes[][2] = {{1, 1}, {3, 37}, {37, 77}, {48, 80}, {128, 256}, {128, 300}, {130, 300}, {160, 416}};
   for (auto& sh : shapes)
     for (int stoch = 0; stoch < 2; ++stoch)
       for (int specials = 0; specials < 2; ++specials) {
@@ -3402,6 +3464,41 @@ void check_quantizers(CudaBackend& gpu) {
               expect_bytes(r, "codes", codes.download(), q.codes);
               expect_bytes(r, "scales", sc.download(), q.scales_u8);
               expect_floats(r, "global_scale", gs.download(), {q.global_scale});
+            });
+          }
+        // Both of an output gradient's nvfp4 operands from one read (quantize_nvfp4_both: the
+        // rows' four-shuffle block amax across a half-warp), each with its own rounding stream,
+        // against the two quantizations above on the host.
+        if (R % 16 == 0 && C % 16 == 0 && !specials)
+          for (int form = 0; form < 3; ++form) {
+            std::string shape = name;
+            shape += form == 1 ? " x bf16" : form == 2 ? " x+1" : "";
+            run_case("quant_nvfp4_both", shape, [&](Result& r) {
+              const uint32_t seed = 0x5eedu;
+              numerics::RoundingOptions ro_t = ro;
+              ro_t.rng = {7, 3, 2, 6};  // the weight gradient's operand: another stream
+              const std::vector<float>& xv = form == 1 ? xb.wide : x;
+              std::vector<float> xt(xv.size());
+              for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = 0; j < C; ++j) xt[size_t(j * R + i)] = xv[size_t(i * C + j)];
+              numerics::rht16_forward(xt.data(), C, R, seed);
+              const auto q = numerics::quantize_nvfp4(xv.data(), R, C, false, ro);
+              const auto qt = numerics::quantize_nvfp4(xt.data(), C, R, false, ro_t);
+              Dev<uint8_t> codes(q.codes.size()), sc(q.scales_u8.size());
+              Dev<uint8_t> codes_t(qt.codes.size()), sc_t(qt.scales_u8.size());
+              Dev<float> gs(1), gs_t(1);
+              auto quantize = [&](const auto* xp) {
+                cuda::quantize_nvfp4_both(xp, R, C, seed, ro, ro_t, {codes.p, sc.p, gs.p},
+                                          {codes_t.p, sc_t.p, gs_t.p}, scratch, s);
+              };
+              if (form == 1) quantize(xb.dev.p);
+              else quantize(form == 2 ? dx_off.p + 1 : dx.p);
+              expect_bytes(r, "codes", codes.download(), q.codes);
+              expect_bytes(r, "scales", sc.download(), q.scales_u8);
+              expect_floats(r, "global_scale", gs.download(), {q.global_scale});
+              expect_bytes(r, "codes_t", codes_t.download(), qt.codes);
+              expect_bytes(r, "scales_t", sc_t.download(), qt.scales_u8);
+              expect_floats(r, "global_scale_t", gs_t.download(), {qt.global_scale});
             });
           }
         // The emulated path's device quantize-dequantize (Backend::quantize_dequantize: mxfp8 and

@@ -121,9 +121,10 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     if recipe.startswith("fp8") or recipe == "mxfp8":
         # Only the tensor-core Linears keep a shared input's operand: the FP8 GEMMs ran.
         assert summary["fp8_shared_operands"] > 0, summary
-    if recipe == "nvfp4":
+    if recipe == "nvfp4":  # and each Linear's backward took dy's two operands from one read
         ops = {o["op"] for o in summary["op_profile"]["ops"]}
         assert "nvfp4_operand" in ops and "unpack_bf16" not in ops, ops
+        assert "nvfp4_operand (dy both)" in ops, ops
     compare(cpu, cuda, tol)
     stats = [(c, g) for c, g in zip(cpu, cuda) if "numerics" in c]
     assert len(stats) == sum("numerics" in g for g in cuda)
