@@ -273,7 +273,9 @@ class Backend {
   // weight-gradient quantizations of it); `work` as large as the larger of the two calls'.
   // CUDA, where dy's two quantizations are the same per-tensor one (fp8-current; fp8-delayed
   // when its two scales agree), takes dy's amax once and writes its codes in both layouts in
-  // one pass (cuda::fp8_codes_both: the same bytes), and records the amax for both operands.
+  // one pass (cuda::fp8_codes_both: the same bytes), and records the amax for both operands;
+  // fp8-block and mxfp8 write both block-scaled layouts from one read; nvfp4 makes the 1x16
+  // rows and RHT(dy^T) from one amax pass and one read (cuda::quantize_nvfp4_both).
   // dy as codes: both operands' bf16 (the same codes), dy null. dx16: as fp8_linear_dgrad's.
   virtual void fp8_linear_backward(float* dx, float* dw, const float* dy,
                                    const Fp8Operand& dyq_dgrad, const float* w,
