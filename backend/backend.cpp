@@ -259,6 +259,7 @@ Backend::SharedKey Backend::shared_key(const void* x, int64_t rows, int64_t cols
   k.block_rows = q.block_rows;
   k.block_cols = q.block_cols;
   k.mx = q.mx;
+  k.nvfp4 = q.nvfp4;
   return k;
 }
 
@@ -273,7 +274,7 @@ Backend::Share Backend::share(const SharedKey& k) {
 
 void Backend::fp8_input(float* out, const void* id, const float* x, int64_t rows, int64_t cols,
                         const Fp8Operand& q, bool transposed) {
-  const Share s = q.nvfp4 ? Share::kNone : share(shared_key(id, rows, cols, q, transposed));
+  const Share s = shareable(q) ? share(shared_key(id, rows, cols, q, transposed)) : Share::kNone;
   const size_t n = size_t(rows * cols);
   if (s == Share::kHit) {
     MX_ASSERT(shared_values_.size() == n, "shared input: the kept operand has another size");

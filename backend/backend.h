@@ -309,7 +309,8 @@ class Backend {
   // scale), where they would quantize it again. An operand's amax slot still receives the
   // tensor's amax. The bytes are those a fresh quantization writes, so results do not change.
   // One quantization is kept per bracket (the first made); one of another kind (e.g. the
-  // weight gradient's transposed copy) is made as usual. nvfp4 operands are not shared. The
+  // weight gradient's transposed copy) is made as usual. Of nvfp4's operands only the 1x16
+  // forward inputs are shared (shareable()). The
   // caller must not change x in between, and brackets do not nest. A backend may decline
   // (CUDA: its scratch arena has no room for the kept codes), and MXTRAIN_FP8_SHARED_INPUT=0
   // turns sharing off (for comparisons).
@@ -576,10 +577,19 @@ class Backend {
     float scale = 0.0f;  // fp8-delayed's given scale (0 under current scaling)
     int block_rows = 0, block_cols = 0;
     bool mx = false;
+    bool nvfp4 = false;
     bool operator==(const SharedKey&) const = default;
   };
   static SharedKey shared_key(const void* x, int64_t rows, int64_t cols, const Fp8Operand& q,
                               bool transposed);
+  // Whether an operand may take or keep a shared quantization: every FP8 one; of nvfp4's, the
+  // 1x16 forward inputs (round-to-nearest, no Hadamard transform: the same bytes for each
+  // Linear), not the stochastically rounded or transformed ones (each Linear's own stream and
+  // transform).
+  static bool shareable(const Fp8Operand& q) {
+    return !q.nvfp4 || (!q.rht && !q.rounding.stochastic && q.block_rows == 1 &&
+                        q.block_cols == 16);
+  }
   // What an operand of key k does: kNone, quantize as usual (not the shared input, larger
   // than the bracket's rows x cols, or another quantization is kept); kHit, take the kept one
   // (counted); kFill, quantize and keep it (then shared_kept(k)).

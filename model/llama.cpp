@@ -1129,9 +1129,9 @@ bool LlamaModel::mlp_read_codes(int64_t N) const {
 SharedInputScope LlamaModel::shared_input(const void* x, int64_t N, bool mlp) const {
   const int64_t C = c_.hidden_size;
   const int64_t a = mlp ? c_.intermediate_size : c_.q_dim(), b = mlp ? a : c_.kv_dim();
-  // native_fp8 is false off the FP8 recipes (bf16 included) and for a block left out of one
-  const bool on = lowered(layer_) && recipe_->recipe() != Recipe::kNvfp4 &&
-                  native_fp8(N, C, a) && native_fp8(N, C, b);
+  // native_fp8 is false off the FP8 recipes (bf16 included) and for a block left out of one;
+  // under nvfp4 the backend shares the forward's 1x16 inputs only (Backend::shareable)
+  const bool on = lowered(layer_) && native_fp8(N, C, a) && native_fp8(N, C, b);
   return SharedInputScope(be_, on ? x : nullptr, N, C, std::max(a, b));
 }
 

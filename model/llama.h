@@ -351,7 +351,7 @@ class LlamaModel {
                              Backend::Fp8Operand& xq);
   // The bracket (Backend::begin_shared_input) for the Linears that read h1 (q, k, v) or, with
   // mlp, h2 (gate, up), given as x, the pointer they read: open where they all take the
-  // backend's FP8 Linears (not nvfp4), else none.
+  // backend's FP8 / FP4 Linears, else none.
   SharedInputScope shared_input(const void* x, int64_t N, bool mlp) const;
 
   // FP8 recipes on the backend's FP8 Linears (per-tensor: Backend::fp8_tensor_cores();

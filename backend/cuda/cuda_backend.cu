@@ -2926,13 +2926,14 @@ class CudaBackendImpl final : public CudaBackend {
                                                        cudaMemcpyDeviceToDevice, stream_));
   }
   // The most bytes an operand of a rows x cols tensor, either way round, keeps as scales: the
-  // larger of fp8-block's 1x128 float scales ([K/128, round4(R)]) and the swizzled E8M0 bytes
-  // of 1x32 blocks; a per-tensor scale and 128x128 blocks' scales are smaller.
+  // largest of fp8-block's 1x128 float scales ([K/128, round4(R)]) and the swizzled scale
+  // bytes of 1x32 (mxfp8) and 1x16 (nvfp4) blocks; a per-tensor scale and 128x128 blocks'
+  // scales are smaller.
   static int64_t shared_scale_bound(int64_t rows, int64_t cols) {
     int64_t most = sizeof(float);
     for (auto [R, K] : {std::pair{rows, cols}, std::pair{cols, rows}}) {
       most = std::max(most, int64_t(sizeof(float)) * ((K + 127) / 128) * ((R + 3) / 4 * 4));
-      most = std::max(most, numerics::swizzled_scale_bytes(R, (K + 31) / 32));
+      most = std::max(most, numerics::swizzled_scale_bytes(R, (K + 15) / 16));
     }
     return most;
   }
@@ -3195,9 +3196,18 @@ class CudaBackendImpl final : public CudaBackend {
     MX_REQUIRE(blocks_2d || q.rht || q.block_rows == (transposed ? 16 : 1),
                "nvfp4_operand: blocks must run along the GEMM's reduction");
     const int64_t kb = K / 16, scale_rows = blocks_2d ? R / 16 : R;
-    uint8_t* codes = scratch_.alloc_as<uint8_t>(R * K / 2);
+    // a shared input's 1x16 rows (q, k, v of h1; gate, up of h2): quantized once, kept in the
+    // bracket's codes, scales and amax slot (the global scale here)
+    const Share s = !blocks_2d && !transposed && shareable(q)
+                        ? share_operand(x, rows, cols, q, false,
+                                        numerics::swizzled_scale_bytes(R, kb))
+                        : Share::kNone;
+    if (s == Share::kHit)
+      return {shared_codes_, static_cast<const uint8_t*>(shared_scales_), shared_amax_};
+    const bool fill = s == Share::kFill;
+    uint8_t* codes = fill ? shared_codes_ : scratch_.alloc_as<uint8_t>(R * K / 2);
     uint8_t* raw = scratch_.alloc_as<uint8_t>(scale_rows * kb);
-    float* global = scratch_.alloc_f32(1);
+    float* global = fill ? shared_amax_ : scratch_.alloc_f32(1);
     if (!blocks_2d && !transposed) {
       cuda::quantize_nvfp4_rows(x, R, K, q.rounding, codes, raw, global, scratch_, stream_);
     } else if (transposed && q.rht) {
@@ -3215,14 +3225,19 @@ class CudaBackendImpl final : public CudaBackend {
       MX_REQUIRE(false, "nvfp4_operand: a 16x16 or transposed operand without the RHT is fp32");
     }
     launched("nvfp4_operand");
-    return nvfp4_swizzled(codes, raw, global, R, kb, blocks_2d);
+    const Nvfp4Operand o =
+        nvfp4_swizzled(codes, raw, global, R, kb, blocks_2d,
+                       fill ? static_cast<uint8_t*>(shared_scales_) : nullptr);
+    if (fill) shared_kept(shared_key(x, rows, cols, q, false));
+    return o;
   }
 
   // The operand [R, K / 16 scales a row] with its raw scale bytes (16x16 blocks: a row of
-  // scales for each 16 rows) swizzled into scratch for VEC16_UE4M3.
+  // scales for each 16 rows) swizzled for VEC16_UE4M3 into dst (null: scratch).
   Nvfp4Operand nvfp4_swizzled(const uint8_t* codes, const uint8_t* raw, const float* global,
-                              int64_t R, int64_t kb, bool blocks_2d) {
-    uint8_t* swizzled = scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
+                              int64_t R, int64_t kb, bool blocks_2d, uint8_t* dst = nullptr) {
+    uint8_t* swizzled =
+        dst ? dst : scratch_.alloc_as<uint8_t>(numerics::swizzled_scale_bytes(R, kb));
     cuda::swizzle_scales_u8(raw, false, R, kb, swizzled, stream_, blocks_2d ? 16 : 1);
     return {codes, swizzled, global};
   }

@@ -1348,6 +1348,36 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
     // x and dy as bf16 codes (the bf16 path: the quantizers read the codes, no widened copy),
     // against the CPU twin given the same codes
     const Bf16Input xb(x), dyb(dy);
+    // A shared input (q, k and v reading one x): k and v take q's kept 1x16 quantization (codes,
+    // scales, global scale) on both backends, 2 hits each, the outputs as the CPU's; x in fp32
+    // and as codes
+    for (int codes = 0; codes < 2; ++codes)
+      run_case("nvfp4_linear_shared_input", shape + (codes ? " x bf16" : " x fp32"),
+               [&](Result& r) {
+        const int64_t cpu0 = cpu.shared_input_hits(), gpu0 = gpu.shared_input_hits();
+        {
+          SharedInputScope cs(cpu, codes ? static_cast<const void*>(xb.codes.data()) : x.data(),
+                              N, I, O);
+          SharedInputScope gs(gpu, codes ? static_cast<const void*>(xb.dev.p) : dX.p, N, I, O);
+          for (int l = 0; l < 3; ++l) {
+            const auto xq = fp4(1, 16, false, uint32_t(10 + l));  // each Linear its own stream
+            std::vector<float> y(N * O);
+            Dev<float> dY(N * O);
+            cpu.fp8_linear_forward(y.data(), codes ? nullptr : x.data(),
+                                   codes ? xb.on_host(xq) : xq, w.data(), fp4(16, 16, false, 1),
+                                   N, I, O, cpu_work.data());
+            gpu.fp8_linear_forward(dY.p, codes ? nullptr : dX.p, codes ? xb.on_gpu(xq) : xq,
+                                   dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
+            compare_rows(r, tagged("y", l).c_str(), dY.download(), y, O, 3);
+          }
+        }
+        const int64_t c = cpu.shared_input_hits() - cpu0, g = gpu.shared_input_hits() - gpu0;
+        if (c != 2 || g != 2) {
+          r.pass = false;
+          r.note += "shared operands: cpu " + std::to_string(c) + ", gpu " + std::to_string(g) +
+                    " (want 2); ";
+        }
+      });
     run_case("nvfp4_linear_forward", shape + " x bf16", [&](Result& r) {
       std::vector<float> y(N * O);
       Dev<float> dY(N * O);

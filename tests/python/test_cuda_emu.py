@@ -118,7 +118,7 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     assert f"mxemu sm_{sm}" in log, log[-2000:]
     assert says in log, log[-2000:]
     assert summary["device_mem_bytes"] > 0  # the device arenas were used
-    if recipe.startswith("fp8") or recipe == "mxfp8":
+    if recipe.startswith("fp8") or recipe in ("mxfp8", "nvfp4"):
         # Only the tensor-core Linears keep a shared input's operand: the FP8 GEMMs ran.
         assert summary["fp8_shared_operands"] > 0, summary
     if recipe == "nvfp4":  # and each Linear's backward took dy's two operands from one read
