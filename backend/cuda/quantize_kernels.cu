@@ -1013,79 +1013,44 @@ __global__ void nvfp4_rows_kernel(const T* __restrict__ x, int64_t blocks,
   }
 }
 
-// quantize_nvfp4_rht_t: thread t takes column c = t % cols of rows 16g .. 16g + 15 (g = t /
-// cols: the warp's loads run along x's rows) and transforms them, the block (c, g) of RHT(x^T)
-// [cols, rows]. AMAX: its max |.| into *amax (zeroed by the launch) and nothing else; else its
-// scale byte c * rows / 16 + g and codes bytes c * rows / 2 + 8g .. + 7 from the amax.
-template <bool AMAX, class T>
-__global__ void nvfp4_rht_t_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
-                                   uint32_t sign_bits, float* amax,
-                                   const float* __restrict__ global_amax, bool stochastic,
-                                   RandomStream rng, uint8_t* __restrict__ codes_t,
-                                   uint8_t* __restrict__ scales,
-                                   float* __restrict__ global_scale) {
-  const int64_t groups = rows / 16, n = groups * cols;
-  float s_enc = 1.0f, m = 0.0f;
-  if (!AMAX) {
-    s_enc = numerics::nvfp4_global_encode_scale(*global_amax);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *global_scale = s_enc;
-  }
-  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n;
-       t += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t g = t / cols, c = t - g * cols;
-    float v[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) v[j] = load(x, (16 * g + j) * cols + c);
-    rht16_values(v, sign_bits);
-    if (AMAX) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) m = numerics::amax_fold(m, v[j]);
-    } else {
-      reinterpret_cast<uint2*>(codes_t + c * (rows / 2))[g] =
-          nvfp4_block16(v, s_enc, stochastic, rng, c * rows + 16 * g, scales + c * groups + g);
-    }
-  }
-  if (AMAX) block_amax_to(m, amax);
-}
-
-// nvfp4_both_kernel's codes of one thread's 16 elements v (column c, rows 16g .. 16g + 15):
-// the rows' 1x16 blocks across its half-warp, then RHT(x^T)'s block of its own.
-__device__ __forceinline__ void nvfp4_both_codes(
-    float (&v)[16], int64_t g, int64_t c, int64_t rows, int64_t cols, int lane, bool valid,
-    float s_rows, float s_t, uint32_t sign_bits, bool sr_rows, const RandomStream& rng_rows,
-    bool sr_t, const RandomStream& rng_t, uint8_t* __restrict__ codes,
-    uint8_t* __restrict__ scales, uint8_t* __restrict__ codes_t,
-    uint8_t* __restrict__ scales_t) {
+// The rows' 1x16 blocks of one thread's 16 elements v (column c, rows 16g .. 16g + 15), cols a
+// multiple of 16: each half-warp holds 16 consecutive columns of the same rows, so row r's
+// block is one element from each of its lanes: the block's amax by four shuffles, each lane
+// encodes its element, the even lanes store a byte with their odd neighbour's code. The whole
+// warp calls it; a lane not `valid` stores nothing.
+__device__ __forceinline__ void nvfp4_rows_codes(const float (&v)[16], int64_t g, int64_t c,
+                                                 int64_t cols, int lane, bool valid,
+                                                 float s_enc, bool stochastic,
+                                                 const RandomStream& rng,
+                                                 uint8_t* __restrict__ codes,
+                                                 uint8_t* __restrict__ scales) {
   for (int j = 0; j < 16; ++j) {
     float bm = numerics::amax_fold(0.0f, v[j]);
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(kFull, bm, o));
-    const numerics::Nvfp4BlockScale bs = numerics::nvfp4_block_scale(bm, s_rows);
+    const numerics::Nvfp4BlockScale bs = numerics::nvfp4_block_scale(bm, s_enc);
     const int64_t r = 16 * g + j;
     const uint32_t code =
         numerics::encode_e2m1(v[j] * bs.encode_multiplier, numerics::Saturation::kSatFinite,
-                              sr_rows, rand_bits(sr_rows, rng_rows, r * cols + c));
+                              stochastic, rand_bits(stochastic, rng, r * cols + c));
     const uint32_t high = __shfl_down_sync(kFull, code, 1);
     if (valid && lane % 2 == 0) codes[r * (cols / 2) + c / 2] = uint8_t(code | high << 4);
     if (valid && lane % 16 == 0) scales[r * (cols / 16) + c / 16] = bs.code;
   }
-  rht16_values(v, sign_bits);
-  if (valid)
-    reinterpret_cast<uint2*>(codes_t + c * (rows / 2))[g] =
-        nvfp4_block16(v, s_t, sr_t, rng_t, c * rows + 16 * g, scales_t + c * (rows / 16) + g);
 }
 
-// quantize_nvfp4_both: an output gradient's two nvfp4 operands from one read, the rows' (the
-// data gradient's 1x16) and RHT(x^T)'s (the weight gradient's) of nvfp4_rht_t_kernel. Thread
-// t = g * cols + c loads column c's rows 16g .. 16g + 15; cols a multiple of 16, so each
-// half-warp holds 16 consecutive columns of the same rows, and row r's 1x16 block is one
-// element from each of its lanes: the block's amax by four shuffles, each lane encodes its
-// element, the even lanes store a byte with their odd neighbour's code. Whole warps run each
-// iteration (the shuffles); a half-warp past the end (n a multiple of 16) stores nothing.
-// AMAX: max |x| into amax[0] and max |RHT(x^T)| into amax[1] (zeroed by the launch); else the
-// codes and scales from those.
-template <bool AMAX, class T>
-__global__ void nvfp4_both_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+// nvfp4's weight-gradient operand RHT(x^T) [cols, rows] (quantize_nvfp4_rht_t) and, with ROWS,
+// x's 1x16 rows beside it from the same read (quantize_nvfp4_both: an output gradient's two
+// operands). Thread t = g * cols + c loads column c's rows 16g .. 16g + 15 (a warp's loads run
+// along x's rows), transforms them in registers and quantizes them as block (c, g) of x^T:
+// scale byte c * rows / 16 + g, codes bytes c * rows / 2 + 8g .. + 7; with ROWS it first makes
+// those rows' blocks across its half-warp (nvfp4_rows_codes; cols a multiple of 16). Whole
+// warps run each iteration (the shuffles); a half-warp past the end stores nothing.
+// AMAX: the amaxes into the slots the launch zeroed, max |x| into amax[0] (ROWS) and
+// max |RHT(x^T)| into the next; else the codes and scales from those, each layout with its
+// own rounding.
+template <bool AMAX, bool ROWS, class T>
+__global__ void nvfp4_cols_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                   uint32_t sign_bits, float* amax, bool sr_rows,
                                   RandomStream rng_rows, bool sr_t, RandomStream rng_t,
                                   uint8_t* __restrict__ codes, uint8_t* __restrict__ scales,
@@ -1094,11 +1059,15 @@ __global__ void nvfp4_both_kernel(const T* __restrict__ x, int64_t rows, int64_t
                                   float* __restrict__ global_t) {
   const int lane = int(threadIdx.x % 32);
   const int64_t n = rows / 16 * cols;
+  float* const amax_t = amax + (ROWS ? 1 : 0);
   float s_rows = 1.0f, s_t = 1.0f, m_rows = 0.0f, m_t = 0.0f;
-  if (!AMAX) {
-    s_rows = numerics::nvfp4_global_encode_scale(amax[0]);
-    s_t = numerics::nvfp4_global_encode_scale(amax[1]);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *global = s_rows, *global_t = s_t;
+  if constexpr (!AMAX) {
+    if (ROWS) s_rows = numerics::nvfp4_global_encode_scale(amax[0]);
+    s_t = numerics::nvfp4_global_encode_scale(*amax_t);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      if (ROWS) *global = s_rows;
+      *global_t = s_t;
+    }
   }
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t base = blockIdx.x * int64_t(blockDim.x) + threadIdx.x - lane; base < n;
@@ -1110,20 +1079,28 @@ __global__ void nvfp4_both_kernel(const T* __restrict__ x, int64_t rows, int64_t
 #pragma unroll
     for (int j = 0; j < 16; ++j) v[j] = valid ? load(x, (16 * g + j) * cols + c) : 0.0f;
     if constexpr (AMAX) {
+      if constexpr (ROWS) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) m_rows = numerics::amax_fold(m_rows, v[j]);
+        for (int j = 0; j < 16; ++j) m_rows = numerics::amax_fold(m_rows, v[j]);
+      }
       rht16_values(v, sign_bits);
 #pragma unroll
       for (int j = 0; j < 16; ++j) m_t = numerics::amax_fold(m_t, v[j]);
     } else {
-      nvfp4_both_codes(v, g, c, rows, cols, lane, valid, s_rows, s_t, sign_bits, sr_rows,
-                       rng_rows, sr_t, rng_t, codes, scales, codes_t, scales_t);
+      if constexpr (ROWS)
+        nvfp4_rows_codes(v, g, c, cols, lane, valid, s_rows, sr_rows, rng_rows, codes, scales);
+      rht16_values(v, sign_bits);
+      if (valid)
+        reinterpret_cast<uint2*>(codes_t + c * (rows / 2))[g] = nvfp4_block16(
+            v, s_t, sr_t, rng_t, c * rows + 16 * g, scales_t + c * (rows / 16) + g);
     }
   }
   if constexpr (AMAX) {
-    block_amax_to(m_rows, amax);
-    __syncthreads();  // (block_amax's shared slots are taken again)
-    block_amax_to(m_t, amax + 1);
+    if constexpr (ROWS) {
+      block_amax_to(m_rows, amax);
+      __syncthreads();  // (block_amax's shared slots are taken again)
+    }
+    block_amax_to(m_t, amax_t);
   }
 }
 
@@ -1989,11 +1966,13 @@ void quantize_nvfp4_rht_t_of(const T* x, int64_t rows, int64_t cols, uint32_t se
   zero_amax(amax, s);
   const uint32_t bits = rht16_sign_bits(seed);
   const unsigned grid = elem_grid(rows / 16 * cols);
-  nvfp4_rht_t_kernel<true, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, nullptr, false,
-                                                    ro.rng, nullptr, nullptr, nullptr);
-  nvfp4_rht_t_kernel<false, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, nullptr, amax,
-                                                     ro.stochastic, ro.rng, codes_t, scales_u8,
-                                                     global_scale);
+  nvfp4_cols_kernel<true, false, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false,
+                                                          ro.rng, false, ro.rng, nullptr,
+                                                          nullptr, nullptr, nullptr, nullptr,
+                                                          nullptr);
+  nvfp4_cols_kernel<false, false, T><<<grid, 256, 0, s>>>(
+      x, rows, cols, bits, amax, false, ro.rng, ro.stochastic, ro.rng, nullptr, nullptr,
+      nullptr, codes_t, scales_u8, global_scale);
   MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_rht_t");
 }
 
@@ -2011,10 +1990,11 @@ void quantize_nvfp4_both_of(const T* x, int64_t rows, int64_t cols, uint32_t see
   MX_CUDA_CHECK("quantize_nvfp4_both", cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
   const uint32_t bits = rht16_sign_bits(seed);
   const unsigned grid = elem_grid(rows / 16 * cols);
-  nvfp4_both_kernel<true, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false, ro_rows.rng,
-                                                  false, ro_t.rng, nullptr, nullptr, nullptr,
-                                                  nullptr, nullptr, nullptr);
-  nvfp4_both_kernel<false, T><<<grid, 256, 0, s>>>(
+  nvfp4_cols_kernel<true, true, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false,
+                                                         ro_rows.rng, false, ro_t.rng, nullptr,
+                                                         nullptr, nullptr, nullptr, nullptr,
+                                                         nullptr);
+  nvfp4_cols_kernel<false, true, T><<<grid, 256, 0, s>>>(
       x, rows, cols, bits, amax, ro_rows.stochastic, ro_rows.rng, ro_t.stochastic, ro_t.rng,
       out.codes, out.scales, out.global, out_t.codes, out_t.scales, out_t.global);
   MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_both");

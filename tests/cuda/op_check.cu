@@ -238,6 +238,17 @@ int64_t profiled_calls(CudaBackend& gpu, const char* op, F&& f) {
   return calls;
 }
 
+// The shared-input operands each backend took since its count was cpu0 / gpu0: 2 (one
+// Linear quantized, two took its kept quantization).
+void expect_two_shared(Result& r, Backend& cpu, CudaBackend& gpu, int64_t cpu0, int64_t gpu0) {
+  const int64_t c = cpu.shared_input_hits() - cpu0, g = gpu.shared_input_hits() - gpu0;
+  if (c != 2 || g != 2) {
+    r.pass = false;
+    r.note += "shared operands: cpu " + std::to_string(c) + ", gpu " + std::to_string(g) +
+              " (want 2); ";
+  }
+}
+
 struct Bf16Input {
   std::vector<uint16_t> codes;
   std::vector<float> wide;
@@ -1371,12 +1382,7 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
             compare_rows(r, tagged("y", l).c_str(), dY.download(), y, O, 3);
           }
         }
-        const int64_t c = cpu.shared_input_hits() - cpu0, g = gpu.shared_input_hits() - gpu0;
-        if (c != 2 || g != 2) {
-          r.pass = false;
-          r.note += "shared operands: cpu " + std::to_string(c) + ", gpu " + std::to_string(g) +
-                    " (want 2); ";
-        }
+        expect_two_shared(r, cpu, gpu, cpu0, gpu0);
       });
     run_case("nvfp4_linear_forward", shape + " x bf16", [&](Result& r) {
       std::vector<float> y(N * O);
@@ -1555,14 +1561,6 @@ void check_shared_inputs(Backend& cpu, CudaBackend& gpu) {
       const void* cpu_id = xin.data();  // the pointers the Linears are given
       const void* gpu_id = codes ? static_cast<const void*>(xb.dev.p) : dX.p;
       const float* gpu_x = codes ? nullptr : dX.p;
-      auto check_hits = [&](Result& r, int64_t cpu0, int64_t gpu0) {
-        const int64_t c = cpu.shared_input_hits() - cpu0, g = gpu.shared_input_hits() - gpu0;
-        if (c != 2 || g != 2) {
-          r.pass = false;
-          r.note += "shared operands: cpu " + std::to_string(c) + ", gpu " + std::to_string(g) +
-                    " (want 2); ";
-        }
-      };
       run_case("shared_input_forward", shape, [&](Result& r) {
         Dev<float> amax(8);
         std::vector<float> camax(8);
@@ -1598,7 +1596,7 @@ void check_shared_inputs(Backend& cpu, CudaBackend& gpu) {
           got.resize(camax.size());
           expect_floats(r, "amax", got, camax);
         }
-        check_hits(r, cpu0, gpu0);
+        expect_two_shared(r, cpu, gpu, cpu0, gpu0);
       });
       run_case("shared_input_backward", shape, [&](Result& r) {
         Dev<float> amax(12);
@@ -1629,7 +1627,7 @@ void check_shared_inputs(Backend& cpu, CudaBackend& gpu) {
         compare_rows(r, "dx", dDX.download(), dx, I);
         if (kind.name == "current" || kind.name == "delayed")
           expect_floats(r, "amax", amax.download(), camax);
-        check_hits(r, cpu0, gpu0);
+        expect_two_shared(r, cpu, gpu, cpu0, gpu0);
       });
     }
 }
