@@ -1953,51 +1953,31 @@ void quantize_nvfp4_rows_of(const T* x, int64_t rows, int64_t cols,
   MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_rows");
 }
 
-template <class T>
-void quantize_nvfp4_rht_t_of(const T* x, int64_t rows, int64_t cols, uint32_t seed,
-                             const numerics::RoundingOptions& ro, uint8_t* codes_t,
-                             uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
-                             cudaStream_t s) {
-  MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && aligned(codes_t, 8),
-             "quantize_nvfp4_rht_t: rows a multiple of 16 (got ", rows,
-             ") and 8-byte aligned codes");
-  DeviceArenaScope scope(scratch);
-  float* amax = scratch.alloc_f32(1);
-  zero_amax(amax, s);
-  const uint32_t bits = rht16_sign_bits(seed);
-  const unsigned grid = elem_grid(rows / 16 * cols);
-  nvfp4_cols_kernel<true, false, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false,
-                                                          ro.rng, false, ro.rng, nullptr,
-                                                          nullptr, nullptr, nullptr, nullptr,
-                                                          nullptr);
-  nvfp4_cols_kernel<false, false, T><<<grid, 256, 0, s>>>(
-      x, rows, cols, bits, amax, false, ro.rng, ro.stochastic, ro.rng, nullptr, nullptr,
-      nullptr, codes_t, scales_u8, global_scale);
-  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_rht_t");
-}
-
-template <class T>
-void quantize_nvfp4_both_of(const T* x, int64_t rows, int64_t cols, uint32_t seed,
-                            const numerics::RoundingOptions& ro_rows,
-                            const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
-                            const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
-  MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && cols % 16 == 0 &&
+// nvfp4_cols_kernel's two passes (the amaxes, then the codes from them): RHT(x^T) into out_t
+// (ro_t's rounding) and, with ROWS, x's 1x16 rows into out (ro_rows'); rows (and with ROWS
+// cols) multiples of 16.
+template <bool ROWS, class T>
+void launch_nvfp4_cols(const char* op, const T* x, int64_t rows, int64_t cols, uint32_t seed,
+                       const numerics::RoundingOptions& ro_rows,
+                       const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
+                       const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && (!ROWS || cols % 16 == 0) &&
                  aligned(out_t.codes, 8),
-             "quantize_nvfp4_both: rows and cols multiples of 16 (got ", rows, " x ", cols,
+             op, ": rows", ROWS ? " and cols" : "", " multiples of 16 (got ", rows, " x ", cols,
              ") and 8-byte aligned transposed codes");
   DeviceArenaScope scope(scratch);
-  float* amax = scratch.alloc_f32(2);
-  MX_CUDA_CHECK("quantize_nvfp4_both", cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
+  float* amax = scratch.alloc_f32(2);  // [x's (ROWS)], RHT(x^T)'s
+  MX_CUDA_CHECK(op, cudaMemsetAsync(amax, 0, 2 * sizeof(float), s));
   const uint32_t bits = rht16_sign_bits(seed);
   const unsigned grid = elem_grid(rows / 16 * cols);
-  nvfp4_cols_kernel<true, true, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false,
+  nvfp4_cols_kernel<true, ROWS, T><<<grid, 256, 0, s>>>(x, rows, cols, bits, amax, false,
                                                          ro_rows.rng, false, ro_t.rng, nullptr,
                                                          nullptr, nullptr, nullptr, nullptr,
                                                          nullptr);
-  nvfp4_cols_kernel<false, true, T><<<grid, 256, 0, s>>>(
+  nvfp4_cols_kernel<false, ROWS, T><<<grid, 256, 0, s>>>(
       x, rows, cols, bits, amax, ro_rows.stochastic, ro_rows.rng, ro_t.stochastic, ro_t.rng,
       out.codes, out.scales, out.global, out_t.codes, out_t.scales, out_t.global);
-  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_both");
+  MX_CUDA_LAUNCH_CHECK(op);
 }
 }  // namespace
 
@@ -2005,13 +1985,15 @@ void quantize_nvfp4_both(const float* x, int64_t rows, int64_t cols, uint32_t se
                          const numerics::RoundingOptions& ro_rows,
                          const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
                          const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
-  quantize_nvfp4_both_of(x, rows, cols, seed, ro_rows, ro_t, out, out_t, scratch, s);
+  launch_nvfp4_cols<true>("quantize_nvfp4_both", x, rows, cols, seed, ro_rows, ro_t, out, out_t,
+                          scratch, s);
 }
 void quantize_nvfp4_both(const uint16_t* x, int64_t rows, int64_t cols, uint32_t seed,
                          const numerics::RoundingOptions& ro_rows,
                          const numerics::RoundingOptions& ro_t, const Nvfp4Codes& out,
                          const Nvfp4Codes& out_t, DeviceArena& scratch, cudaStream_t s) {
-  quantize_nvfp4_both_of(x, rows, cols, seed, ro_rows, ro_t, out, out_t, scratch, s);
+  launch_nvfp4_cols<true>("quantize_nvfp4_both", x, rows, cols, seed, ro_rows, ro_t, out, out_t,
+                          scratch, s);
 }
 
 void quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols,
@@ -2028,13 +2010,15 @@ void quantize_nvfp4_rht_t(const float* x, int64_t rows, int64_t cols, uint32_t s
                           const numerics::RoundingOptions& ro, uint8_t* codes_t,
                           uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
                           cudaStream_t s) {
-  quantize_nvfp4_rht_t_of(x, rows, cols, seed, ro, codes_t, scales_u8, global_scale, scratch, s);
+  launch_nvfp4_cols<false>("quantize_nvfp4_rht_t", x, rows, cols, seed, ro, ro, {},
+                           {codes_t, scales_u8, global_scale}, scratch, s);
 }
 void quantize_nvfp4_rht_t(const uint16_t* x, int64_t rows, int64_t cols, uint32_t seed,
                           const numerics::RoundingOptions& ro, uint8_t* codes_t,
                           uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
                           cudaStream_t s) {
-  quantize_nvfp4_rht_t_of(x, rows, cols, seed, ro, codes_t, scales_u8, global_scale, scratch, s);
+  launch_nvfp4_cols<false>("quantize_nvfp4_rht_t", x, rows, cols, seed, ro, ro, {},
+                           {codes_t, scales_u8, global_scale}, scratch, s);
 }
 
 void relayout_f32(const float* src, int64_t src_cols, bool transposed, int64_t dst_rows,
