@@ -1417,10 +1417,9 @@ class CudaBackendImpl final : public CudaBackend {
     if (xq.nvfp4) {  // nvfp4 (Blackwell): codes and scales in scratch, `work` unused
       const Nvfp4Operand a = nvfp4_operand(x, N, in, xq, false, nullptr);
       const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, false, nullptr);
-      nvfp4_gemm(N, out, in, a, b, 0.0f, y);  // fp32 only (device-side alpha)
-      if (y16) round_output("fp8_linear_forward", y16, y, N * out);
-      if (residual) add(y, residual, y, N * out);  // residual + product, as the CPU's
-      return;
+      return output([&](float* C, uint16_t* C16, const float* R) {
+        return nvfp4_gemm(N, out, in, a, b, R ? 1.0f : 0.0f, C, C16, R);
+      });
     }
     if (xq.mx) {  // mxfp8 (Blackwell)
       uint8_t* tmp = wc + round_up_256(out * in);
@@ -1538,9 +1537,9 @@ class CudaBackendImpl final : public CudaBackend {
     if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
       const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
       const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
-      nvfp4_gemm(N, in, out, a, b, beta, dx);
-      if (dx16) round_output("fp8_linear_dgrad", dx16, dx, N * in);
-      return;
+      return output([&](float* C, uint16_t* C16, const float*) {
+        return nvfp4_gemm(N, in, out, a, b, beta, C, C16);
+      });
     }
     if (dyq.mx) {
       uint8_t* tmp = wtc + round_up_256(out * in);
@@ -1583,7 +1582,8 @@ class CudaBackendImpl final : public CudaBackend {
                  "operands (tokens a multiple of 16), got none");
       const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, true, nullptr);
       const Nvfp4Operand b = nvfp4_operand(x, N, in, xq, true, nullptr);
-      return nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
+      nvfp4_gemm(out, in, N, a, b, 1.0f, dw);
+      return;
     }
     if (dyq.mx) {
       uint8_t* tmp = xtc + round_up_256(N * in);
@@ -3264,21 +3264,28 @@ class CudaBackendImpl final : public CudaBackend {
     const Nvfp4Operand a = nvfp4_swizzled(codes, raw, global, N, kb, false);
     const Nvfp4Operand at = nvfp4_swizzled(codes_t, raw_t, global + 1, out, kb_t, false);
     const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work);
-    nvfp4_gemm(N, in, out, a, b, accumulate_dx ? 1.0f : 0.0f, dx);
-    if (dx16) round_output("fp8_linear_backward", dx16, dx, N * in);
+    fp8_output("fp8_linear_backward", dx, dx16, nullptr, N * in,
+               [&](float* C, uint16_t* C16, const float*) {
+                 return nvfp4_gemm(N, in, out, a, b, accumulate_dx ? 1.0f : 0.0f, C, C16);
+               });
     const Nvfp4Operand xt = nvfp4_operand(x, N, in, xq, true, nullptr);
     nvfp4_gemm(out, in, N, at, xt, 1.0f, dw);
   }
 
-  void nvfp4_gemm(int64_t M, int64_t N, int64_t K, const Nvfp4Operand& a, const Nvfp4Operand& b,
-                  float beta, float* C) {
+  // The FP4 GEMM (LtGemm::nvfp4_gemm): fp32 C, or bf16 C16 (false: no such algorithm), beta's
+  // term from C_in (null: C).
+  bool nvfp4_gemm(int64_t M, int64_t N, int64_t K, const Nvfp4Operand& a, const Nvfp4Operand& b,
+                  float beta, float* C, uint16_t* C16 = nullptr, const float* C_in = nullptr) {
+    DeviceArenaScope scope(scratch_);  // the workspace and scalars, released after queueing
     const size_t ws_bytes = opt_.gemm_workspace_bytes;
     void* ws = ws_bytes ? scratch_.alloc(ws_bytes) : nullptr;
     float* scalars = scratch_.alloc_f32(2);
-    lt_.nvfp4_gemm(M, N, K, a.codes, a.scales, a.global, b.codes, b.scales, b.global, beta, C,
-                   scalars, ws, ws_bytes, stream_);
+    if (!lt_.nvfp4_gemm(M, N, K, a.codes, a.scales, a.global, b.codes, b.scales, b.global, beta,
+                        C, scalars, ws, ws_bytes, stream_, C16, C_in))
+      return false;
     stats_.flops += 2.0 * double(M) * double(N) * double(K);
     done("nvfp4_gemm");
+    return true;
   }
 
   CudaBackendOptions opt_;

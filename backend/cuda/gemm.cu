@@ -376,27 +376,35 @@ bool LtGemm::mxfp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                          workspace_bytes, stream, C16, C_in);
 }
 
-void LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
+bool LtGemm::nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A,
                         const uint8_t* a_scales, const float* a_global, const uint8_t* B,
                         const uint8_t* b_scales, const float* b_global, float beta, float* C,
                         float* scalars, void* workspace, size_t workspace_bytes,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, uint16_t* C16, const float* C_in) {
   MX_REQUIRE(M % 16 == 0 && N % 16 == 0 && K % 32 == 0, "nvfp4_gemm: M = ", M, ", N = ", N,
              " must be multiples of 16 and K = ", K, " of 32");
-  if (M == 0 || N == 0) return;
-  if (K == 0) return empty_product(C, nullptr, nullptr, beta, M * N, stream, "nvfp4_gemm (K = 0)");
-  // beta is read from the device, so the kernel cannot skip C when it is 0: zero C first, so
-  // that a NaN-poisoned C cannot leak (0 * NaN) into the result.
-  if (beta == 0.0f)
-    MX_CUDA_CHECK("nvfp4_gemm", cudaMemsetAsync(C, 0, sizeof(float) * size_t(M * N), stream));
+  MX_REQUIRE(!C16 || (beta == 0.0f && !C_in), "nvfp4_gemm: a bf16 output takes beta 0, no C");
+  if (M == 0 || N == 0) return true;
+  if (K == 0) {
+    empty_product(C, C_in, C16, beta, M * N, stream, "nvfp4_gemm (K = 0)");
+    return true;
+  }
+  // beta is read from the device, so the kernel cannot skip C when it is 0: zero the output
+  // (C, which is then D) first, so that a NaN-poisoned one cannot leak (0 * NaN) into the
+  // result. 2 bytes an element for bf16 codes, where fp32 and a rounding pass moved 14.
+  if (beta == 0.0f && !C_in) {
+    void* out = C16 ? static_cast<void*>(C16) : static_cast<void*>(C);
+    const size_t bytes = (C16 ? sizeof(uint16_t) : sizeof(float)) * size_t(M * N);
+    MX_CUDA_CHECK("nvfp4_gemm", cudaMemsetAsync(out, 0, bytes, stream));
+  }
   nvfp4_scalars_kernel<<<1, 1, 0, stream>>>(scalars, a_global, b_global, beta);
   MX_CUDA_LAUNCH_CHECK("nvfp4_gemm (alpha)");
   // Packed FP4 layouts are described in elements (K rows, leading dimension K).
   const int32_t vec16 = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
-  scaled_tn_gemm("nvfp4_gemm", M, N, K, {A, CUDA_R_4F_E2M1, a_scales, vec16},
-                 {B, CUDA_R_4F_E2M1, b_scales, vec16}, scalars, scalars + 1, true, beta, C,
-                 workspace, workspace_bytes, stream,
-                 "FP4 needs compute capability 10.x, cuBLAS >= 12.8");
+  return scaled_tn_gemm("nvfp4_gemm", M, N, K, {A, CUDA_R_4F_E2M1, a_scales, vec16},
+                        {B, CUDA_R_4F_E2M1, b_scales, vec16}, scalars, scalars + 1, true, beta,
+                        C, workspace, workspace_bytes, stream,
+                        "FP4 needs compute capability 10.x, cuBLAS >= 12.8", C16, C_in);
 }
 
 bool LtGemm::fp8_gemm_scaled(int64_t M, int64_t N, int64_t K, const uint8_t* A,
@@ -435,9 +443,9 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   // column-major [K, N] (ld K) and A[M, K] the column-major [K, M]: cuBLASLt's A is our B
   // (transposed), its B our A: the TN form. The scale pointers and modes follow the operands.
   // A bf16 output (D16): C and D both described as bf16 (the FP8 kernels' "C type BF16, D type
-  // BF16" form; beta 0, so C is not read).
-  MX_REQUIRE(!D16 || (beta_value == 0.0f && !device_scalars && !C_in), op,
-             ": a bf16 output takes beta 0 on the host and no C");
+  // BF16" form; beta 0, so C is not read, or with device scalars read as D16, zeroed).
+  MX_REQUIRE(!D16 || (beta_value == 0.0f && !C_in), op,
+             ": a bf16 output takes beta 0 and no C");
   void* D = D16 ? static_cast<void*>(D16) : static_cast<void*>(C);
   // Where beta's term is read: C_in, or D itself. C and D share a layout, so one alignment.
   const void* Cr = C_in ? static_cast<const void*>(C_in) : D;

@@ -113,11 +113,16 @@ class LtGemm {
   // the operands' global encode scales S_enc on the device (what quantize_nvfp4 writes); the two
   // are folded into alpha on the device (`scalars`: 2 device floats the call may overwrite,
   // alpha and beta, with CUBLASLT_POINTER_MODE_DEVICE). K a multiple of 32 (16-byte rows of
-  // codes), M and N of 16; never run on a GPU (op_check's nvfp4 cases).
-  void nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
+  // codes), M and N of 16; never run on a GPU (op_check's nvfp4 cases). C16 and C_in as
+  // fp8_gemm's: the product as bf16 codes out of the epilogue (beta 0; false where cuBLASLt
+  // has no such algorithm, for the caller's fp32 + round), or beta's term read from C_in.
+  // With beta 0 the output (C or C16) is zeroed first: a device-side beta cannot let the
+  // kernel skip reading it.
+  bool nvfp4_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, const uint8_t* a_scales,
                   const float* a_global, const uint8_t* B, const uint8_t* b_scales,
                   const float* b_global, float beta, float* C, float* scalars, void* workspace,
-                  size_t workspace_bytes, cudaStream_t stream);
+                  size_t workspace_bytes, cudaStream_t stream, uint16_t* C16 = nullptr,
+                  const float* C_in = nullptr);
 
  private:
   // One operand of scaled_tn_gemm: K-major codes of `type`, their decode scale(s) on the device
@@ -132,8 +137,9 @@ class LtGemm {
   // alpha a[M, K] b[N, K]^T + beta C, fp32 compute, the heuristic's first algorithm. alpha and
   // beta point to host floats, or with device_scalars to device floats
   // (CUBLASLT_POINTER_MODE_DEVICE); beta_value and `hint` are for the "no algorithm" message.
-  // D16 not null (beta 0, host scalars): the output is bf16 codes in D16 (C unused), and a
-  // missing algorithm returns false instead of throwing. C_in (fp32 output): beta's term read
+  // D16 not null (beta 0; with device scalars D16 zeroed by the caller, since C is then
+  // D16 and read): the output is bf16 codes in D16 (C unused), and a missing algorithm
+  // returns false instead of throwing. C_in (fp32 output): beta's term read
   // from C_in (null: C itself).
   bool scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K, const ScaledOperand& a,
                       const ScaledOperand& b, const float* alpha, const float* beta,

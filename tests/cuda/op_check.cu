@@ -317,9 +317,10 @@ void compare_rows(Result& r, const char* what, const std::vector<float>& got,
 // fallback: fp32 into y, then rounded). y and y16 are poisoned before; tolerance: the fp32
 // case's (kFp8Gemm of each row's max |y|) plus one bf16 ulp. The note says when the first run fell
 // back (no bf16-output algorithm at the shape). fwd(on_gpu, y, y16) runs the Linear on one backend.
+// scale: the tolerance's multiple (nvfp4's 3, as its fp32 cases).
 template <class F>
 void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend& gpu, int64_t n,
-                           int64_t cols, F&& fwd) {
+                           int64_t cols, F&& fwd, double scale = 1.0) {
   for (int fallback = 0; fallback < 2; ++fallback)
     run_case(op, shape + (fallback ? " fp32+round" : " epilogue"), [&](Result& r) {
       struct Restore {
@@ -335,7 +336,7 @@ void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend
       fwd(false, y.data(), y16.data());
       fwd(true, dY.p, dY16.p);
       const std::vector<float> want = widen(y16);
-      compare_rows(r, "y16", widen(dY16.download()), want, cols, 1, kBf16Ulp);
+      compare_rows(r, "y16", widen(dY16.download()), want, cols, scale, kBf16Ulp);
       if (!fallback && gpu.fp8_bf16_output_fallbacks() > before)
         r.note += "no bf16-output algorithm at this shape: fp32 + round; ";
     });
@@ -343,7 +344,7 @@ void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend
 
 // The forward with a residual (Backend::fp8_linear_forward's `residual`: the bf16 path's o and
 // down projections, x as codes as the trainer calls them): CUDA reads R as the GEMM's C with
-// beta 1 and writes R + product to y (nvfp4: the product, then an add), the CPU twin computes
+// beta 1 and writes R + product to y (nvfp4: beta 1 from the device), the CPU twin computes
 // the product and adds. y is poisoned before; R, a unit normal (the residual stream's size
 // beside the product's), must come out unchanged bit for bit. Tolerance: the plain forward's,
 // kFp8Gemm of each row's max |y| (times `scale`). fwd(on_gpu, y, R) runs the Linear on one
@@ -1330,16 +1331,6 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       else
         cpu.fp8_linear_forward(y, x.data(), fp4(1, 16, false, 0), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data(), nullptr, R);
     });
-    run_case("nvfp4_linear_forward_bf16out", shape, [&](Result& r) {  // fp32, then rounded
-      std::vector<float> y(N * O);
-      std::vector<uint16_t> y16(N * O);
-      Dev<float> dY(N * O);
-      Dev<uint16_t> dY16(N * O);
-      cpu.fp8_linear_forward(y.data(), x.data(), fp4(1, 16, false, 0), w.data(), fp4(16, 16, false, 1), N, I, O, cpu_work.data(), y16.data());
-      gpu.fp8_linear_forward(dY.p, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p, dY16.p);
-      const std::vector<float> want = widen(y16);
-      compare_rows(r, "y16", widen(dY16.download()), want, O, 3, kBf16Ulp);
-    });
     for (int acc = 0; acc < 2; ++acc)
       run_case("nvfp4_linear_dgrad", shape + (acc ? " +=" : " ="), [&](Result& r) {
         auto dx = randn(N * I);
@@ -1359,6 +1350,17 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
     // x and dy as bf16 codes (the bf16 path: the quantizers read the codes, no widened copy),
     // against the CPU twin given the same codes
     const Bf16Input xb(x), dyb(dy);
+    // y as bf16 codes out of the FP4 GEMM's epilogue (device-side beta 0: the codes zeroed
+    // first), and the fp32 + round fallback
+    check_fp8_bf16_output("nvfp4_linear_forward_bf16out", shape, gpu, N * O, O,
+                          [&](bool on_gpu, float* y, uint16_t* y16) {
+      const auto xq = fp4(1, 16, false, 0), wq = fp4(16, 16, false, 1);
+      if (on_gpu)
+        gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(xq), dW.p, wq, N, I, O, gpu_work.p, y16);
+      else
+        cpu.fp8_linear_forward(y, nullptr, xb.on_host(xq), w.data(), wq, N, I, O,
+                               cpu_work.data(), y16);
+    }, 3);
     // A shared input (q, k and v reading one x): k and v take q's kept 1x16 quantization (codes,
     // scales, global scale) on both backends, 2 hits each, the outputs as the CPU's; x in fp32
     // and as codes
