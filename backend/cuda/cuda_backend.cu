@@ -1092,7 +1092,7 @@ class CudaBackendImpl final : public CudaBackend {
                          BackwardCodes::tmp_begin(N, in, out) + tmp_bytes <= have;
     const bool tensor_path = dyq_dgrad.per_tensor() && dyq_wgrad.per_tensor() && same;
     // nvfp4 (Blackwell): dy 1x16 for the data gradient, RHT(dy^T) for the weight gradient's
-    // (its own scratch for the codes; W^T's fp32 copy in `work`, as fp8_dgrad's)
+    // (its own scratch for the codes; W^T's 16x16 codes read from W, as fp8_dgrad's)
     const bool fp4_path = dyq_dgrad.nvfp4 && dyq_wgrad.nvfp4 && xq.nvfp4 && wq.nvfp4 &&
                           dyq_dgrad.block_rows == 1 && dyq_dgrad.block_cols == 16 &&
                           !dyq_dgrad.rht && dyq_wgrad.rht && xq.rht &&
@@ -1534,7 +1534,7 @@ class CudaBackendImpl final : public CudaBackend {
     auto output = [&](auto&& gemm) {
       fp8_output("fp8_linear_dgrad", dx, dx16, nullptr, N * in, gemm);
     };
-    if (dyq.nvfp4) {  // W^T's fp32 copy in `work` (after dy's N * out floats)
+    if (dyq.nvfp4) {  // W^T's 16x16 codes from W (`work`: a 16x1 weight's fp32 W^T)
       const Nvfp4Operand a = nvfp4_operand(dy, N, out, dyq, false, nullptr);
       const Nvfp4Operand b = nvfp4_operand(w, out, in, wq, true, work + N * out);
       return output([&](float* C, uint16_t* C16, const float*) {
@@ -3214,13 +3214,18 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::quantize_nvfp4_rht_t(x, rows, cols, q.rht_seed, q.rounding, codes, raw, global,
                                  scratch_, stream_);
     } else if constexpr (std::is_same_v<X, float>) {
-      const float* src = x;
-      if (transposed) {
-        cuda::transpose_f32(x, rows, cols, tmp, stream_);
-        src = tmp;
+      if (transposed && blocks_2d) {  // W^T (dgrad): read from W, no fp32 transposed copy
+        cuda::quantize_nvfp4_16x16_t(x, rows, cols, q.rounding, codes, raw, global, scratch_,
+                                     stream_);
+      } else {
+        const float* src = x;
+        if (transposed) {
+          cuda::transpose_f32(x, rows, cols, tmp, stream_);
+          src = tmp;
+        }
+        cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, raw, global, nullptr,
+                             scratch_, stream_);
       }
-      cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, raw, global, nullptr,
-                           scratch_, stream_);
     } else {
       MX_REQUIRE(false, "nvfp4_operand: a 16x16 or transposed operand without the RHT is fp32");
     }
@@ -3245,7 +3250,7 @@ class CudaBackendImpl final : public CudaBackend {
   // nvfp4's Linear backward in one call (fp8_linear_backward): dy's two operands, the data
   // gradient's 1x16 rows and the weight gradient's RHT(dy^T), from one amax pass and one read
   // of dy (quantize_nvfp4_both) where dgrad's and wgrad's calls read it twice each; then the
-  // two FP4 GEMMs as fp8_dgrad's and fp8_wgrad's nvfp4 branches (W^T's fp32 copy in `work`).
+  // two FP4 GEMMs as fp8_dgrad's and fp8_wgrad's nvfp4 branches.
   template <class DY, class X>
   void nvfp4_backward(float* dx, uint16_t* dx16, float* dw, const DY* dy,
                       const Fp8Operand& dyq_dgrad, const float* w, const Fp8Operand& wq,

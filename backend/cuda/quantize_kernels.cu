@@ -911,6 +911,12 @@ __global__ void mxfp8_kernel(const T* __restrict__ x, int64_t rows, int64_t cols
 
 // NVFP4: a lane writes whole bytes (columns 2j, 2j + 1 share a byte and always a block, since
 // blocks are 16 wide and start at even columns), so no two lanes touch one byte.
+// T (16x16 blocks; rows and cols multiples of 16): the bytes of x^T's quantization instead,
+// the same blocks read from x, each written at its transposed place: scale [cols / 16,
+// rows / 16], codes [cols, rows / 2] (a byte holds rows 2j, 2j + 1 of one column of x), the
+// stochastic bits and dequant by the element's index in x^T. A block's amax, scale and codes
+// are its elements', so these are quantize_nvfp4(x^T, 16x16)'s bytes without x^T in memory.
+template <bool T>
 __global__ void nvfp4_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t br,
                              int64_t scale_rows, int64_t scale_cols,
                              const float* __restrict__ global_amax, bool stochastic,
@@ -925,20 +931,24 @@ __global__ void nvfp4_kernel(const float* __restrict__ x, int64_t rows, int64_t 
   const BlockGeom g = block_geom(b, scale_cols, rows, cols, br, 16);
   const float amax = block_amax(x, cols, g, lane);
   const numerics::Nvfp4BlockScale bs = numerics::nvfp4_block_scale(amax, s_enc);
-  if (lane == 0) scales[b] = bs.code;
-  const int64_t code_cols = (cols + 1) / 2, pairs = (g.nc + 1) / 2;
-  for (int64_t e = lane; e < g.nr * pairs; e += 32) {
-    const int64_t r = g.r0 + e / pairs, c = g.c0 + 2 * (e % pairs);
+  if (lane == 0) scales[T ? (g.c0 / 16) * scale_rows + g.r0 / 16 : b] = bs.code;
+  // a byte's two elements: along x's row (x^T's column with T); `pairs` of them a line
+  const int64_t lines = T ? g.nc : g.nr, pairs = ((T ? g.nr : g.nc) + 1) / 2;
+  const int64_t code_cols = ((T ? rows : cols) + 1) / 2;
+  for (int64_t e = lane; e < lines * pairs; e += 32) {
+    const int64_t line = e / pairs, p = 2 * (e % pairs);
+    const int64_t r = T ? g.r0 + p : g.r0 + line, c = T ? g.c0 + line : g.c0 + p;
     uint8_t byte = 0;
-    for (int64_t k = 0; k < 2 && c + k < g.c0 + g.nc; ++k) {
-      const int64_t i = r * cols + c + k;
+    for (int64_t k = 0; k < 2 && p + k < (T ? g.nr : g.nc); ++k) {
+      const int64_t i = T ? (r + k) * cols + c : r * cols + c + k;
+      const int64_t o = T ? c * rows + r + k : i;  // the index in the quantized operand
       const uint8_t code =
           numerics::encode_e2m1(x[i] * bs.encode_multiplier, numerics::Saturation::kSatFinite,
-                                stochastic, rand_bits(stochastic, rng, i));
+                                stochastic, rand_bits(stochastic, rng, o));
       byte = uint8_t(byte | (k ? code << 4 : code));
-      if (dequant) dequant[i] = numerics::decode_e2m1(code) * bs.decode_scale;
+      if (dequant) dequant[o] = numerics::decode_e2m1(code) * bs.decode_scale;
     }
-    codes[r * code_cols + c / 2] = byte;
+    codes[T ? c * code_cols + r / 2 : r * code_cols + c / 2] = byte;
   }
 }
 
@@ -2472,10 +2482,27 @@ void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
   const int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, 16);
   float* amax = scratch.alloc_f32(1);
   abs_max(amax, x, rows * cols, scratch, s);
-  nvfp4_kernel<<<warp_grid(sr * sc > 0 ? sr * sc : 1), kWarpsPerBlock * 32, 0, s>>>(
+  nvfp4_kernel<false><<<warp_grid(sr * sc > 0 ? sr * sc : 1), kWarpsPerBlock * 32, 0, s>>>(
       x, rows, cols, br, sr, sc, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
       dequant);
   MX_CUDA_LAUNCH_CHECK("quantize_nvfp4");
+}
+
+void quantize_nvfp4_16x16_t(const float* x, int64_t rows, int64_t cols,
+                            const numerics::RoundingOptions& ro, uint8_t* codes_t,
+                            uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
+                            cudaStream_t s) {
+  MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && cols % 16 == 0,
+             "quantize_nvfp4_16x16_t: rows and cols multiples of 16 (got ", rows, " x ", cols,
+             ")");
+  DeviceArenaScope scope(scratch);
+  const int64_t sr = rows / 16, sc = cols / 16;
+  float* amax = scratch.alloc_f32(1);
+  abs_max(amax, x, rows * cols, scratch, s);
+  nvfp4_kernel<true><<<warp_grid(sr * sc > 0 ? sr * sc : 1), kWarpsPerBlock * 32, 0, s>>>(
+      x, rows, cols, 16, sr, sc, amax, ro.stochastic, ro.rng, codes_t, scales_u8, global_scale,
+      nullptr);
+  MX_CUDA_LAUNCH_CHECK("quantize_nvfp4_16x16_t");
 }
 
 namespace {

@@ -3459,6 +3459,22 @@ void check_quantizers(CudaBackend& gpu) {
             expect_floats(r, "global_scale", gs.download(), {q.global_scale});
             expect_floats(r, "dequant", deq.download(), q.dequant);
           });
+        // x^T's 16x16 quantization read from x (the data gradient's W^T: quantize_nvfp4_16x16_t,
+        // no transposed copy), byte for byte against numerics::quantize_nvfp4 of x^T built on the
+        // host, stochastic bits (by the index in x^T) included
+        if (R % 16 == 0 && C % 16 == 0)
+          run_case("quant_nvfp4_16x16_t", name, [&](Result& r) {
+            std::vector<float> xt(size_t(R * C));
+            for (int64_t i = 0; i < R; ++i)
+              for (int64_t j = 0; j < C; ++j) xt[size_t(j * R + i)] = x[size_t(i * C + j)];
+            const auto q = numerics::quantize_nvfp4(xt.data(), C, R, true, ro);
+            Dev<uint8_t> codes(q.codes.size()), sc(q.scales_u8.size());
+            Dev<float> gs(1);
+            cuda::quantize_nvfp4_16x16_t(dx.p, R, C, ro, codes.p, sc.p, gs.p, scratch, s);
+            expect_bytes(r, "codes", codes.download(), q.codes);
+            expect_bytes(r, "scales", sc.download(), q.scales_u8);
+            expect_floats(r, "global_scale", gs.download(), {q.global_scale});
+          });
         // nvfp4's whole-tensor operand kernels (nvfp4_operand's forms on Blackwell; any GPU runs
         // them): a thread a 1x16 block of x's rows (quantize_nvfp4_rows), and RHT(x^T) made in
         // registers from x's columns (quantize_nvfp4_rht_t: no fp32 transposed copy), x in fp32,
@@ -3577,8 +3593,9 @@ void check_quantizers(CudaBackend& gpu) {
           });
         }
         // The nvfp4 GEMM operand (any GPU: no tensor cores involved), as the backend forms it:
-        // 1x16 rows of x; 16x16 blocks of x (a weight) and of x^T (the data gradient's W^T,
-        // built here from the quantization of x itself, codes and block scales transposed); and
+        // 1x16 rows of x; 16x16 blocks of x (a weight) and of x^T (the data gradient's W^T, made
+        // by quantize_nvfp4_16x16_t from x, against the quantization of x itself, codes and block
+        // scales transposed); and
         // x^T put through the 16-point RHT on the device, then 1x16 (the weight gradient's
         // operands; the transformed values bit for bit against numerics::rht16_forward). Codes
         // K-major, E2M1 two a byte low nibble first; scale bytes in the swizzled 128x4-tile
@@ -3620,12 +3637,15 @@ void check_quantizers(CudaBackend& gpu) {
             Dev<float> tmp(R * C), gs(1);
             Dev<uint8_t> codes(OR * K / 2), raw(b2d ? OR / 16 * kb : OR * kb), sw(want_scales.size());
             const float* src = dx.p;
-            if (tr) {
+            if (mode == 3) {
               cuda::transpose_f32(dx.p, R, C, tmp.p, s);
-              if (mode == 3) cuda::rht16_forward(tmp.p, C, R, seed, s);
+              cuda::rht16_forward(tmp.p, C, R, seed, s);
               src = tmp.p;
             }
-            cuda::quantize_nvfp4(src, OR, K, b2d, ro, codes.p, raw.p, gs.p, nullptr, scratch, s);
+            if (mode == 2)  // as nvfp4_operand forms W^T: from x, no transposed copy
+              cuda::quantize_nvfp4_16x16_t(dx.p, R, C, ro, codes.p, raw.p, gs.p, scratch, s);
+            else
+              cuda::quantize_nvfp4(src, OR, K, b2d, ro, codes.p, raw.p, gs.p, nullptr, scratch, s);
             cuda::swizzle_scales_u8(raw.p, false, OR, kb, sw.p, s, b2d ? 16 : 1);
             if (mode == 3) expect_floats(r, "rht values", tmp.download(), xt);
             expect_bytes(r, "codes", codes.download(), want_codes);
