@@ -933,6 +933,8 @@ class CudaBackendImpl final : public CudaBackend {
     tensor_fp8_gemm(M, N, K, A, a_fmt, a_scale, B, b_fmt, b_scale, beta, C, nullptr);
   }
   void set_fp8_bf16_output(bool on) override { fp8_bf16_output_ = on; }
+  void set_fp8_residual_epilogue(bool on) override { fp8_residual_epilogue_ = on; }
+  int64_t fp8_residual_fallbacks() const override { return fp8_residual_fallbacks_; }
   int64_t fp8_bf16_output_fallbacks() const override { return fp8_bf16_fallbacks_; }
 
   // ---- shared inputs (Backend::begin_shared_input) ----
@@ -1460,13 +1462,22 @@ class CudaBackendImpl final : public CudaBackend {
   // caller's scratch). Saves the fp32 copy's write and read: 8 of 10 bytes an element.
   // residual given (y16 null): gemm(y, null, residual), the epilogue reading residual as C with
   // beta 1 and writing the sum to y: no product written and read back by an add (8 bytes an
-  // element), the bf16 path's o and down projections. op: the Linear op, for the messages and
-  // the profile (the forward's y16, the data gradient's dx16).
+  // element), the bf16 path's o and down projections; where cuBLASLt has no such algorithm
+  // (false) or set_fp8_residual_epilogue is off, gemm(y, null, null) and add, as the CPU twin
+  // (residual does not overlap y). op: the Linear op, for the messages and the profile (the
+  // forward's y16, the data gradient's dx16).
   template <class G>
   void fp8_output(const char* op, float* y, uint16_t* y16, const float* residual, int64_t n,
                   G&& gemm) {
     if (residual) {
-      gemm(y, nullptr, residual);  // an fp32 output: no algorithm throws
+      if (fp8_residual_epilogue_) {
+        if (gemm(y, nullptr, residual)) return;
+        if (fp8_residual_fallbacks_++ == 0)
+          info("cuda: a low-precision Linear has no GEMM that adds the residual at its shape; "
+               "its product is written in fp32 and added (slower, the CPU's operations)");
+      }
+      gemm(y, nullptr, nullptr);  // an fp32 output: no algorithm throws
+      add(y, residual, y, n);
       return;
     }
     if (y16 && fp8_bf16_output_) {
@@ -3300,6 +3311,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool fp8_block_via_mx_ = false;  // Blackwell (10.x): fp8-block's scales as E8M0, MXFP8 GEMM
   bool fp8_native_ = false;  // set in the constructor (capability and opt_.fp8_tensor_cores)
   bool fp8_bf16_output_ = true;      // set_fp8_bf16_output
+  bool fp8_residual_epilogue_ = true;  // set_fp8_residual_epilogue
+  int64_t fp8_residual_fallbacks_ = 0;  // fp8_output's residual adds after the GEMM
   bool profiling_ = false;           // run.profile (set_profiling)
   OpProfile profile_;
   std::deque<PendingEvent> pending_;

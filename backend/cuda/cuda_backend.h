@@ -102,6 +102,13 @@ class CudaBackend : public Backend {
   // How many FP8 Linear forwards asked for a bf16 output and fell back to fp32 + rounding
   // because cuBLASLt had no bf16-output algorithm (not counting set_fp8_bf16_output(false)).
   virtual int64_t fp8_bf16_output_fallbacks() const = 0;
+  // The low-precision Linears' residual adds (fp8_linear_forward's `residual`): true (the
+  // default): cuBLASLt reads the residual as C (beta 1) and writes the sum where it has an
+  // algorithm for that; false: always the product into y, then add (the fallback's path; the
+  // op check runs both). fp8_residual_fallbacks counts the forwards that fell back for want of
+  // an algorithm (not counting set_fp8_residual_epilogue(false)).
+  virtual void set_fp8_residual_epilogue(bool on) = 0;
+  virtual int64_t fp8_residual_fallbacks() const = 0;
 };
 
 }  // namespace mx

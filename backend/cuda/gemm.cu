@@ -497,7 +497,7 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   const cublasLtMatmulAlgo_t* algo = cached_algo(key, call.desc, call.a, call.b, call.c,
                                                  call.pref, op, device_scalars ? nullptr : &trial);
   if (!algo) {
-    if (D16) return false;  // the caller writes fp32 and rounds
+    if (D16 || C_in) return false;  // the caller writes fp32 and rounds, or adds C_in after
     throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,
                         " beta=", beta_value, " (", hint, ")"));
   }

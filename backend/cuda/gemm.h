@@ -67,11 +67,14 @@ class LtGemm {
   // to C; C unused), the bf16 path's Linear outputs that are only wanted as codes. Returns
   // false, writing nothing, where cuBLASLt has no algorithm for the bf16 output at this shape
   // (remembered per shape, so asked once): the caller then writes C in fp32 and rounds it. An
-  // fp32 output with no algorithm throws, as ever; the functions return true otherwise.
+  // fp32 output with no algorithm throws, as ever, unless C_in is given (below); the
+  // functions return true otherwise.
   //
-  // C_in (the same three, fp32 output only): beta's term is read from C_in instead of C
-  // (C = product + beta C_in; C only written), as gemm_bf16's: the FP8 Linears' residual add
-  // in the epilogue (Backend::fp8_linear_forward's `residual`).
+  // C_in (the same three and nvfp4_gemm, fp32 output only): beta's term is read from C_in
+  // instead of C (C = product + beta C_in; C only written), as gemm_bf16's: the low-precision
+  // Linears' residual add in the epilogue (Backend::fp8_linear_forward's `residual`). Returns
+  // false, writing nothing, where cuBLASLt has no algorithm for that (a C apart from D): the
+  // caller then writes the product and adds.
   bool fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* A, numerics::Format a_fmt,
                 const float* a_scale, const uint8_t* B, numerics::Format b_fmt,
                 const float* b_scale, float beta, float* C, void* workspace,
@@ -139,8 +142,8 @@ class LtGemm {
   // (CUBLASLT_POINTER_MODE_DEVICE); beta_value and `hint` are for the "no algorithm" message.
   // D16 not null (beta 0; with device scalars D16 zeroed by the caller, since C is then
   // D16 and read): the output is bf16 codes in D16 (C unused), and a missing algorithm
-  // returns false instead of throwing. C_in (fp32 output): beta's term read
-  // from C_in (null: C itself).
+  // returns false instead of throwing. C_in (fp32 output): beta's term read from C_in (null:
+  // C itself); a missing algorithm then returns false too (the caller adds after).
   bool scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K, const ScaledOperand& a,
                       const ScaledOperand& b, const float* alpha, const float* beta,
                       bool device_scalars, float beta_value, float* C, void* workspace,

@@ -368,18 +368,30 @@ void check_fp8_dgrad_codes(const char* op, const std::string& shape, int64_t N, 
   });
 }
 
+// (check_fp8_residual, described above) Run twice, as check_fp8_bf16_output: through the
+// epilogue, and with set_fp8_residual_epilogue(false) ("fp32+add", the fallback where
+// cuBLASLt has no algorithm reading a C apart from D: the product into y, then add).
 template <class F>
-void check_fp8_residual(const char* op, const std::string& shape, int64_t n, int64_t cols,
-                        double scale, F&& fwd) {
-  run_case(op, shape, [&](Result& r) {
-    const std::vector<float> R = randn(n);
-    std::vector<float> y(n);
-    Dev<float> dY(n), dR(R);
-    fwd(false, y.data(), R.data());
-    fwd(true, dY.p, dR.p);
-    compare_rows(r, "y", dY.download(), y, cols, scale);
-    expect_floats(r, "R", dR.download(), R);
-  });
+void check_fp8_residual(const char* op, const std::string& shape, CudaBackend& gpu, int64_t n,
+                        int64_t cols, double scale, F&& fwd) {
+  for (int fallback = 0; fallback < 2; ++fallback)
+    run_case(op, shape + (fallback ? " fp32+add" : " epilogue"), [&](Result& r) {
+      struct Restore {
+        CudaBackend& g;
+        ~Restore() { g.set_fp8_residual_epilogue(true); }
+      } restore{gpu};
+      gpu.set_fp8_residual_epilogue(!fallback);
+      const int64_t before = gpu.fp8_residual_fallbacks();
+      const std::vector<float> R = randn(n);
+      std::vector<float> y(n);
+      Dev<float> dY(n), dR(R);
+      fwd(false, y.data(), R.data());
+      fwd(true, dY.p, dR.p);
+      compare_rows(r, "y", dY.download(), y, cols, scale);
+      expect_floats(r, "R", dR.download(), R);
+      if (!fallback && gpu.fp8_residual_fallbacks() > before)
+        r.note += "no residual-reading algorithm at this shape: fp32 + add; ";
+    });
 }
 
 // The per-tensor FP8 Linears (recipes fp8-current / fp8-delayed): CUDA's quantize kernels +
@@ -463,7 +475,7 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         compare_rows(r, "y", dY.download(), y, O);
         check_amax(r);
       });
-      check_fp8_residual("fp8_linear_forward_residual", shape, N * O, O, 1,
+      check_fp8_residual("fp8_linear_forward_residual", shape, gpu, N * O, O, 1,
                          [&](bool on_gpu, float* y, const float* R) {
         if (on_gpu)
           gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)), dW.p,
@@ -1117,7 +1129,7 @@ void check_fp8_block_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O);
     });
-    check_fp8_residual("fp8_block_linear_forward_residual", shape, N * O, O, 1,
+    check_fp8_residual("fp8_block_linear_forward_residual", shape, gpu, N * O, O, 1,
                        [&](bool on_gpu, float* y, const float* R) {
       if (on_gpu)
         gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(blocks(1, 128)), dW.p, blocks(128, 128), N, I, O, gpu_work.p, nullptr, R);
@@ -1228,7 +1240,7 @@ void check_mxfp8_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O);
     });
-    check_fp8_residual("mxfp8_linear_forward_residual", shape, N * O, O, 1,
+    check_fp8_residual("mxfp8_linear_forward_residual", shape, gpu, N * O, O, 1,
                        [&](bool on_gpu, float* y, const float* R) {
       if (on_gpu)
         gpu.fp8_linear_forward(y, nullptr, xb.on_gpu(mx(false)), dW.p, mx(false), N, I, O, gpu_work.p, nullptr, R);
@@ -1324,7 +1336,7 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O, 3);
     });
-    check_fp8_residual("nvfp4_linear_forward_residual", shape, N * O, O, 3,
+    check_fp8_residual("nvfp4_linear_forward_residual", shape, gpu, N * O, O, 3,
                        [&](bool on_gpu, float* y, const float* R) {
       if (on_gpu)
         gpu.fp8_linear_forward(y, dX.p, fp4(1, 16, false, 0), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p, nullptr, R);
