@@ -60,13 +60,17 @@ RecipeModel recipe_model(const std::string& name) {
   }
   if (name == "nvfp4") {
     // E2M1 codes (half a byte), one E4M3 scale per 16 elements, one fp32 global scale: an
-    // input's two layouts (the forward's 1x16 rows; the weight gradient's Hadamard-transformed
-    // x^T) each read the bf16 input twice, for its own global amax and for its codes and
-    // scales; an output gradient's both come from one amax pass and one read.
+    // input's two layouts (the forward's 1x16 rows, once per distinct input; the weight
+    // gradient's Hadamard-transformed x^T, each Linear its own) each read the bf16 input
+    // twice, for its own global amax and for its codes and scales; an output gradient's both
+    // come from one amax pass and one read; a weight's 16x16 codes, forward and (transposed)
+    // data gradient, each from an amax pass and a read of the fp32 weight.
     r.quantized_weight_bytes_per_param = 2.0 * (0.5 + 1.0 / 16.0);
     r.scaling_state_bytes_per_linear = 3 * 4;
-    r.quantize_bytes_per_element = 2.0 * (2 + 2 + 0.5 + 1.0 / 16.0);
+    r.quantize_bytes_per_element = 2 + 2 + 0.5 + 1.0 / 16.0;
+    r.quantize_xt_bytes_per_element = 2 + 2 + 0.5 + 1.0 / 16.0;
     r.quantize_grad_bytes_per_element = 2 + 2 + 2.0 * (0.5 + 1.0 / 16.0);
+    r.quantize_weight_bytes_per_param = 2.0 * (4 + 4 + 0.5 + 1.0 / 16.0);
     r.gemm_efficiency = 0.55;
     return r;
   }

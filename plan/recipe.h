@@ -27,6 +27,14 @@ struct RecipeModel {
   // The same for an element of an output gradient where it differs (0: the same), whose two
   // layouts may come from one read.
   double quantize_grad_bytes_per_element = 0;
+  // Where each Linear makes its own weight-gradient operand of its input (nvfp4: x^T through
+  // that Linear's Hadamard transform), the bytes an element of it: counted per Linear (q, k, v
+  // and gate, up each their own), with quantize_bytes_per_element then the forward's layout of
+  // each distinct input alone. 0: both layouts counted per distinct input.
+  double quantize_xt_bytes_per_element = 0;
+  // Bytes a weight parameter moves per micro-batch for its quantizations (the forward's W and
+  // the data gradient's W^T). 0: quantize_bytes_per_element (the calibrated recipes' count).
+  double quantize_weight_bytes_per_param = 0;
   double gemm_efficiency = 0.7;  // achievable fraction of the dense datasheet rate
   // GPU: the fraction of HBM bandwidth the recipe's casts achieve (their bytes above).
   double quantize_efficiency = 0.25;

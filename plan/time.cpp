@@ -48,6 +48,10 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   const double quantize_grad_bytes =
       gpu.is_cpu || r.quantize_grad_bytes_per_element == 0 ? quantize_bytes
                                                           : r.quantize_grad_bytes_per_element;
+  const double quantize_xt_bytes = gpu.is_cpu ? 0.0 : r.quantize_xt_bytes_per_element;
+  const double quantize_weight_bytes =
+      gpu.is_cpu || r.quantize_weight_bytes_per_param == 0 ? quantize_bytes
+                                                          : r.quantize_weight_bytes_per_param;
   const double attn_rate = gpu.bf16_flops * (gpu.is_cpu ? kCpuAttentionEfficiency
                                                        : attention_efficiency(c.head_dim));
   const int64_t hp_blocks = (!gpu.is_cpu && in.recipe == "bf16") || in.recipe == "fp32"
@@ -63,14 +67,17 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
       act * double(10 * C + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * I);
   double block_bytes = double(n) * fwd_bytes_per_token * (3.0 + recompute);
   if (in.checkpointing == Checkpointing::kSelective) block_bytes += double(n) * act * double(4 * C + 3 * I);
-  // per token: the Linears' distinct inputs, then their output gradients
+  // per token: the Linears' distinct inputs, each Linear's input (q, k, v and gate, up each
+  // their own: quantize_xt_bytes), then their output gradients
   const double quant_input_elems = double(2 * C + c.q_dim() + I);
+  const double quant_xt_elems = double(5 * C + c.q_dim() + I);
   const double quant_grad_elems = double(c.q_dim() + 2 * c.kv_dim() + 2 * C + 2 * I);
   const double block_quant_bytes =
       double(n) *
-          (quantize_bytes * quant_input_elems + quantize_grad_bytes * quant_grad_elems) *
+          (quantize_bytes * quant_input_elems + quantize_xt_bytes * quant_xt_elems +
+           quantize_grad_bytes * quant_grad_elems) *
           (1.0 + recompute / 3.0) +
-      quantize_bytes * double(block_matmul_params(c));
+      quantize_weight_bytes * double(block_matmul_params(c));
   const double head_gemm = 2.0 * double(n) * double(c.vocab_size) * double(C) * 3.0;
   // precision.fp8_head: the head's GEMMs at the per-tensor FP8 rate, plus their casts per
   // micro-batch: W (V x C fp32) read for its amax, then read and written as codes in both

@@ -405,12 +405,15 @@ TEST(PlanTime, FlopCounts) {
   EXPECT_NEAR(none.tokens_per_s, none.tokens_per_step / none.step_s, 1e-9 * none.tokens_per_s);
 }
 
-// nvfp4's casts by the bytes its kernels move (plan/recipe.cpp): an input 2 x (2 + 2 + 0.5 +
-// 1/16) (each layout its own amax pass and read), an output gradient 2 + 2 + 2 x (0.5 + 1/16)
-// (one amax pass and one read for both layouts), against mxfp8's 2 x (2 + 1 + 1/32) for
-// either; the rest of the memory-bound time is the same for the two recipes. By hand: per
-// block and token the Linears' distinct inputs 2C + q + I and output gradients q + 2kv + 2C +
-// 2I, plus the block's weights once, at 0.25 of HBM bandwidth (both recipes' assumed share).
+// nvfp4's casts by the bytes its kernels move (plan/recipe.cpp): a distinct input's forward
+// rows 2 + 2 + 0.5 + 1/16 (an amax pass, then a read for codes and scales), each Linear's own
+// Hadamard-transformed x^T the same (q, k, v and gate, up each theirs: 5C + q + I elements a
+// token), an output gradient 2 + 2 + 2 x (0.5 + 1/16) (one amax pass and one read for both
+// layouts), a weight 2 x (4 + 4 + 0.5 + 1/16) (W and W^T, each an amax pass and a read of
+// fp32), against mxfp8's 2 x (2 + 1 + 1/32) for every element of the distinct inputs, the
+// output gradients and the weights; the rest of the memory-bound time is the same for the
+// two recipes. By hand: per block and token the distinct inputs 2C + q + I and output
+// gradients q + 2kv + 2C + 2I, at 0.25 of HBM bandwidth (both recipes' assumed share).
 TEST(PlanTime, Nvfp4CastsCountTheirKernelsBytes) {
   const PlanInput in = input("llama3-8b", 2, 8192, Checkpointing::kNone, "full", 8, 1, "nvfp4");
   PlanInput mx = in;
@@ -419,11 +422,13 @@ TEST(PlanTime, Nvfp4CastsCountTheirKernelsBytes) {
   const auto& c = in.model;
   const double n = 2.0 * 8192, C = double(c.hidden_size), I = double(c.intermediate_size);
   const double q = double(c.q_dim()), kv = double(c.kv_dim());
-  const double fp4_in = 2 * (2 + 2 + 0.5 + 1.0 / 16), fp4_grad = 2 + 2 + 2 * (0.5 + 1.0 / 16);
+  const double fp4_rows = 2 + 2 + 0.5 + 1.0 / 16, fp4_grad = 2 + 2 + 2 * (0.5 + 1.0 / 16);
+  const double fp4_weight = 2 * (4 + 4 + 0.5 + 1.0 / 16);
   const double mx_bytes = 2 * (2 + 1 + 1.0 / 32);
-  const double per_block = n * ((fp4_in - mx_bytes) * (2 * C + q + I) +
+  const double per_block = n * ((fp4_rows - mx_bytes) * (2 * C + q + I) +
+                                fp4_rows * (5 * C + q + I) +
                                 (fp4_grad - mx_bytes) * (q + 2 * kv + 2 * C + 2 * I)) +
-                           (fp4_in - mx_bytes) * double(block_matmul_params(c));
+                           (fp4_weight - mx_bytes) * double(block_matmul_params(c));
   const double want = double(c.num_hidden_layers) * per_block / (b200.hbm_bytes_per_s * 0.25);
   const double got = plan_time(in, b200).memory_bound_s - plan_time(mx, b200).memory_bound_s;
   EXPECT_NEAR(got, want, 1e-9 * std::abs(want));
