@@ -310,6 +310,26 @@ void compare_rows(Result& r, const char* what, const std::vector<float>& got,
   }
 }
 
+// Runs body(r) as two cases of op: " epilogue", as the trainer runs it, and `fallback` with the
+// backend's switch off (set(false): the form taken where cuBLASLt has no algorithm for the
+// epilogue's), the switch on again after. The first notes `fell_back` where the backend fell
+// back anyway (fallbacks() grew: no such algorithm at the shape).
+template <class Set, class Count, class F>
+void epilogue_and_fallback(const char* op, const std::string& shape, const char* fallback,
+                           Set set, Count fallbacks, const char* fell_back, F&& body) {
+  for (int fb = 0; fb < 2; ++fb)
+    run_case(op, shape + (fb ? fallback : " epilogue"), [&](Result& r) {
+      struct Restore {
+        Set& set;
+        ~Restore() { set(true); }
+      } restore{set};
+      set(!fb);
+      const int64_t before = fallbacks();
+      body(r);
+      if (!fb && fallbacks() > before) r.note += fell_back;
+    });
+}
+
 // The forward's bf16 output (Backend::fp8_linear_forward's y16: the bf16 path's v, gate and up,
 // whose input comes as codes too, as the trainer calls it): CUDA writes the codes from
 // cuBLASLt's epilogue, the CPU twin computes y in fp32 and rounds it (to_bf16). Run twice: as
@@ -321,25 +341,19 @@ void compare_rows(Result& r, const char* what, const std::vector<float>& got,
 template <class F>
 void check_fp8_bf16_output(const char* op, const std::string& shape, CudaBackend& gpu, int64_t n,
                            int64_t cols, F&& fwd, double scale = 1.0) {
-  for (int fallback = 0; fallback < 2; ++fallback)
-    run_case(op, shape + (fallback ? " fp32+round" : " epilogue"), [&](Result& r) {
-      struct Restore {
-        CudaBackend& g;
-        ~Restore() { g.set_fp8_bf16_output(true); }
-      } restore{gpu};
-      std::vector<float> y(n);
-      std::vector<uint16_t> y16(n);
-      Dev<float> dY(n);
-      Dev<uint16_t> dY16(n);
-      gpu.set_fp8_bf16_output(!fallback);
-      const int64_t before = gpu.fp8_bf16_output_fallbacks();
-      fwd(false, y.data(), y16.data());
-      fwd(true, dY.p, dY16.p);
-      const std::vector<float> want = widen(y16);
-      compare_rows(r, "y16", widen(dY16.download()), want, cols, scale, kBf16Ulp);
-      if (!fallback && gpu.fp8_bf16_output_fallbacks() > before)
-        r.note += "no bf16-output algorithm at this shape: fp32 + round; ";
-    });
+  epilogue_and_fallback(
+      op, shape, " fp32+round", [&](bool on) { gpu.set_fp8_bf16_output(on); },
+      [&] { return gpu.fp8_bf16_output_fallbacks(); },
+      "no bf16-output algorithm at this shape: fp32 + round; ", [&](Result& r) {
+        std::vector<float> y(n);
+        std::vector<uint16_t> y16(n);
+        Dev<float> dY(n);
+        Dev<uint16_t> dY16(n);
+        fwd(false, y.data(), y16.data());
+        fwd(true, dY.p, dY16.p);
+        const std::vector<float> want = widen(y16);
+        compare_rows(r, "y16", widen(dY16.download()), want, cols, scale, kBf16Ulp);
+      });
 }
 
 // The forward with a residual (Backend::fp8_linear_forward's `residual`: the bf16 path's o and
@@ -374,24 +388,18 @@ void check_fp8_dgrad_codes(const char* op, const std::string& shape, int64_t N, 
 template <class F>
 void check_fp8_residual(const char* op, const std::string& shape, CudaBackend& gpu, int64_t n,
                         int64_t cols, double scale, F&& fwd) {
-  for (int fallback = 0; fallback < 2; ++fallback)
-    run_case(op, shape + (fallback ? " fp32+add" : " epilogue"), [&](Result& r) {
-      struct Restore {
-        CudaBackend& g;
-        ~Restore() { g.set_fp8_residual_epilogue(true); }
-      } restore{gpu};
-      gpu.set_fp8_residual_epilogue(!fallback);
-      const int64_t before = gpu.fp8_residual_fallbacks();
-      const std::vector<float> R = randn(n);
-      std::vector<float> y(n);
-      Dev<float> dY(n), dR(R);
-      fwd(false, y.data(), R.data());
-      fwd(true, dY.p, dR.p);
-      compare_rows(r, "y", dY.download(), y, cols, scale);
-      expect_floats(r, "R", dR.download(), R);
-      if (!fallback && gpu.fp8_residual_fallbacks() > before)
-        r.note += "no residual-reading algorithm at this shape: fp32 + add; ";
-    });
+  epilogue_and_fallback(
+      op, shape, " fp32+add", [&](bool on) { gpu.set_fp8_residual_epilogue(on); },
+      [&] { return gpu.fp8_residual_fallbacks(); },
+      "no residual-reading algorithm at this shape: fp32 + add; ", [&](Result& r) {
+        const std::vector<float> R = randn(n);
+        std::vector<float> y(n);
+        Dev<float> dY(n), dR(R);
+        fwd(false, y.data(), R.data());
+        fwd(true, dY.p, dR.p);
+        compare_rows(r, "y", dY.download(), y, cols, scale);
+        expect_floats(r, "R", dR.download(), R);
+      });
 }
 
 // The per-tensor FP8 Linears (recipes fp8-current / fp8-delayed): CUDA's quantize kernels +
