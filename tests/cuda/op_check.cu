@@ -402,6 +402,35 @@ void check_fp8_residual(const char* op, const std::string& shape, CudaBackend& g
       });
 }
 
+// The CPU twin's side of a fused SwiGLU backward case: its swiglu_backward_bf16 codes within one
+// bf16 ulp of the device's dg, du codes (gdgu; its vectorised exp against CUDA's expf), then its
+// two Linear backwards on the device's codes (dyq, wq, xq as the CPU takes them; their amax
+// slots written through them) against the device's dx and dw at the Linears' tolerance.
+void check_swiglu_backward_twin(Result& r, Backend& cpu, const std::vector<uint16_t>& gdgu,
+                                const Bf16Input& dsb, const Bf16Input& gb, const Bf16Input& ub,
+                                const Backend::Fp8Operand (&dyq)[2][2], const float* const cw[2],
+                                const Backend::Fp8Operand (&wq)[2],
+                                const Backend::Fp8Operand (&xq)[2],
+                                const std::array<std::vector<float>, 2>& dw0, int64_t N,
+                                int64_t I, int64_t O, std::vector<float>& cpu_work,
+                                Dev<float>& fdx, Dev<float>& fdw0, Dev<float>& fdw1) {
+  std::vector<uint16_t> cdgu(2 * N * O);
+  cpu.swiglu_backward_bf16(cdgu.data(), cdgu.data() + N * O, dsb.codes.data(), gb.codes.data(),
+                           ub.codes.data(), N * O);
+  compare_rows(r, "dg, du codes", widen(gdgu), widen(cdgu), O, 1, kBf16Ulp);
+  std::vector<float> cdx(N * I);
+  auto cdw = dw0;
+  for (int k = 0; k < 2; ++k) {
+    Backend::Fp8Operand dgrad = dyq[k][0], wgrad = dyq[k][1];
+    dgrad.bf16 = wgrad.bf16 = gdgu.data() + k * N * O;
+    cpu.fp8_linear_backward(cdx.data(), cdw[k].data(), nullptr, dgrad, cw[k], wq[k], wgrad,
+                            nullptr, xq[k], N, I, O, k == 1, cpu_work.data());
+  }
+  compare_rows(r, "dx", fdx.download(), cdx, I);
+  compare_rows(r, "dw gate", fdw0.download(), cdw[0], I);
+  compare_rows(r, "dw up", fdw1.download(), cdw[1], I);
+}
+
 // The per-tensor FP8 Linears (recipes fp8-current / fp8-delayed): CUDA's quantize kernels +
 // cuBLASLt FP8 GEMMs against the CPU backend's reference form (the recipe's exact emulation:
 // fp32 GEMM over the dequantized operands) on the same inputs. Both quantize to the same codes
@@ -730,11 +759,10 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
       // on CUDA dg's and du's FP8 operands in both layouts from one read of ds, g and u, bit
       // for bit what the reference form (swiglu_backward_bf16, then fp8_linear_backward twice)
       // gives on the same device: dx, both dw and every amax slot; against the CPU twin as
-      // check_swiglu_backward_blocks does: the twin's dg, du codes within one bf16 ulp of the
-      // device's (its vectorised exp against CUDA's expf: a code one ulp apart flips that
-      // element's FP8 code, which moved a row of dx 28x past the Linears' tolerance on one
-      // seed), then the twin's two Linear backwards on the device's codes at that tolerance,
-      // every amax slot exactly. Under delayed scaling the weight gradients' scales differ from
+      // the block recipes' cases (check_swiglu_backward_twin): the twin's dg, du codes within
+      // one bf16 ulp of the device's (a code one ulp apart flips that element's FP8 code, which
+      // moved a row of dx 28x past the Linears' tolerance on one seed), then the twin's two
+      // Linear backwards on the device's codes at that tolerance, every amax slot exactly. Under delayed scaling the weight gradients' scales differ from
       // the data gradients'. x as bf16 codes, then as x^T's kept codes (codes_t) from a saving
       // forward.
       for (int kept = 0; kept < 2; ++kept)
@@ -802,25 +830,11 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
           expect_floats(r, "dw gate (fused = reference)", fdw0.download(), rdw0.download());
           expect_floats(r, "dw up (fused = reference)", fdw1.download(), rdw1.download());
           expect_floats(r, "amax (fused = reference)", famax.download(), ramax.download());
-          // the CPU twin: its SwiGLU's codes, then its Linears on the device's (the reference
-          // form's) dg, du codes
-          const std::vector<uint16_t> gdgu = dgu.download();
-          std::vector<uint16_t> cdgu(2 * N * O);
-          cpu.swiglu_backward_bf16(cdgu.data(), cdgu.data() + N * O, dsb.codes.data(),
-                                   gb.codes.data(), ub.codes.data(), N * O);
-          compare_rows(r, "dg, du codes", widen(gdgu), widen(cdgu), O, 1, kBf16Ulp);
-          std::vector<float> cdx(N * I), camax(8, -1.0f);
-          auto cdw = dw0;
+          // the CPU twin on the device's (the reference form's) dg, du codes
+          std::vector<float> camax(8, -1.0f);
           operands(camax.data(), false, dyq, wq, xq);
-          for (int k = 0; k < 2; ++k) {
-            Backend::Fp8Operand dgrad = dyq[k][0], wgrad = dyq[k][1];
-            dgrad.bf16 = wgrad.bf16 = gdgu.data() + k * N * O;
-            cpu.fp8_linear_backward(cdx.data(), cdw[k].data(), nullptr, dgrad, cw[k], wq[k],
-                                    wgrad, nullptr, xq[k], N, I, O, k == 1, cpu_work.data());
-          }
-          compare_rows(r, "dx", fdx.download(), cdx, I);
-          compare_rows(r, "dw gate", fdw0.download(), cdw[0], I);
-          compare_rows(r, "dw up", fdw1.download(), cdw[1], I);
+          check_swiglu_backward_twin(r, cpu, dgu.download(), dsb, gb, ub, dyq, cw, wq, xq, dw0,
+                                     N, I, O, cpu_work, fdx, fdw0, fdw1);
           expect_floats(r, "amax", famax.download(), camax);
         });
     }
@@ -1069,22 +1083,9 @@ void check_swiglu_backward_blocks(const std::string& op, const std::string& shap
     expect_floats(r, "dx (fused = reference)", fdx.download(), rdx.download());
     expect_floats(r, "dw gate (fused = reference)", fdw0.download(), rdw0.download());
     expect_floats(r, "dw up (fused = reference)", fdw1.download(), rdw1.download());
-    const std::vector<uint16_t> gdgu = dgu.download();  // the reference form's dg, du
-    std::vector<uint16_t> cdgu(2 * N * O);
-    cpu.swiglu_backward_bf16(cdgu.data(), cdgu.data() + N * O, dsb.codes.data(),
-                             gb.codes.data(), ub.codes.data(), N * O);
-    compare_rows(r, "dg, du codes", widen(gdgu), widen(cdgu), O, 1, kBf16Ulp);
-    std::vector<float> cdx(N * I);
-    auto cdw = dw0;
-    for (int k = 0; k < 2; ++k) {
-      Backend::Fp8Operand dgrad = dyq[k][0], wgrad = dyq[k][1];
-      dgrad.bf16 = wgrad.bf16 = gdgu.data() + k * N * O;
-      cpu.fp8_linear_backward(cdx.data(), cdw[k].data(), nullptr, dgrad, cw[k], wq[k], wgrad,
-                              nullptr, cxq[k], N, I, O, k == 1, cpu_work.data());
-    }
-    compare_rows(r, "dx", fdx.download(), cdx, I);
-    compare_rows(r, "dw gate", fdw0.download(), cdw[0], I);
-    compare_rows(r, "dw up", fdw1.download(), cdw[1], I);
+    // the CPU twin on the reference form's dg, du codes
+    check_swiglu_backward_twin(r, cpu, dgu.download(), dsb, gb, ub, dyq, cw, wq, cxq, dw0, N, I,
+                               O, cpu_work, fdx, fdw0, fdw1);
   });
 }
 
