@@ -400,7 +400,8 @@ int sagemaker_train() {
                                  res.hosts.size() > 1 ? " (a rank on another host failed? its "
                                                         "error is in that host's log)" : ""));
     } else {
-      rc = run_training(cfg);
+      // (a rank the hang watchdog ends exits from its thread: its line goes here first)
+      rc = run_training(cfg, [&paths](const std::string& line) { write_failure(paths, line); });
     }
     if (rc != 0 || mpi_rank) return rc;  // a stopped job keeps its checkpoint, not a model
 

@@ -110,6 +110,10 @@ const std::vector<Field>& schema() {
       MX_INT("train.eval_batches", train.eval_batches,
              "micro-batches per rank per validation (eval_batches x micro_batch x ranks windows)"),
       MX_INT("train.log_every", train.log_every, "metrics line every N steps"),
+      MX_FLOAT("train.hang_timeout_s", train.hang_timeout_s,
+               "end the job (exit 4) when a rank makes no progress in training for this many "
+               "seconds, or 10x its longest micro-batch so far if more: a hung peer, collective "
+               "or device (0: off)"),
       MX_STRING("data.path", data.path, "token file, directory or glob of shards (empty: the bundled corpus)"),
       MX_STRING("data.val_path", data.val_path, "validation data of its own: file, directory or glob (empty: the tail of data.path, data.val_fraction)"),
       MX_STRING("data.format", data.format, "auto | u16 | u32 | llmc | text | random"),
@@ -429,6 +433,9 @@ void validate(const RunConfig& c) {
              t.seq_len, " x ", t.eval_batches, ") is more than ", kMaxStepTokensPerRank,
              " tokens per rank a validation");
   MX_REQUIRE(t.log_every >= 1, "train.log_every must be >= 1 (got ", t.log_every, ")");
+  MX_REQUIRE(t.hang_timeout_s >= 0 && t.hang_timeout_s <= kMaxHangTimeoutS,
+             "train.hang_timeout_s must be in [0, ", kMaxHangTimeoutS, "] seconds (0: off; got ",
+             t.hang_timeout_s, ")");
   MX_REQUIRE(c.data.val_fraction >= 0 && c.data.val_fraction < 1,
              "data.val_fraction must be in [0, 1) (got ", c.data.val_fraction, ")");
   // UserError naming the valid recipes, then for a bad or contradictory high_precision

@@ -19,6 +19,7 @@ inline constexpr int64_t kMaxRunTokensPerRank = int64_t(1) << 48;   // ... x ste
 // run.threads: more than any machine has cores (an int64 was cut to int: 2^32 + 2 ran 2)
 inline constexpr int64_t kMaxThreads = 4096;
 inline constexpr int64_t kMaxSampleTokens = int64_t(1) << 20;  // run.sample_tokens: a sample
+inline constexpr double kMaxHangTimeoutS = 1e7;  // train.hang_timeout_s: about 116 days
 
 struct RunConfig {
   std::string model_preset = "small";
@@ -41,6 +42,8 @@ struct RunConfig {
     int64_t eval_every = 50;
     int64_t eval_batches = 4;
     int64_t log_every = 1;
+    // A rank with no progress in training for this long ends the job (train/watchdog.h); 0: off
+    double hang_timeout_s = 1800;
   } train;
 
   struct Data {

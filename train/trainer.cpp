@@ -44,6 +44,7 @@
 #include "train/metrics.h"
 #include "train/run_lock.h"
 #include "train/schedule.h"
+#include "train/watchdog.h"
 
 namespace mx {
 
@@ -273,7 +274,7 @@ void install_stop_signal_handlers() {
   std::signal(SIGUSR1, on_signal);
 }
 
-int run_training(const RunConfig& cfg) {
+int run_training(const RunConfig& cfg, const std::function<void(const std::string&)>& on_hang) {
   if (cfg.run.threads > 0) omp_set_num_threads(int(cfg.run.threads));
   // From the start: a stop requested during start-up (MPI_Init, reading a large checkpoint) is
   // honoured at the first step boundary, with a checkpoint, instead of killing the process
@@ -900,11 +901,39 @@ int run_training(const RunConfig& cfg) {
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
 
+  // train.hang_timeout_s: a rank that makes no progress for that long (a peer stopped or hung
+  // in a collective, a wedged device) ends itself, which ends the job (mpirun ends a job only
+  // when a rank exits; every rank would otherwise wait in its collective forever). From the
+  // watchdog's thread, while the main thread may sit inside MPI or a device synchronize: no
+  // MPI call (MPI_Abort is not safe there), no destructors; mpirun kills the other ranks
+  // when one exits with a failure. Rank 0 reports first (the others wait, as abort_all's do).
+  Watchdog watchdog(tc.hang_timeout_s, [&on_hang, limit = tc.hang_timeout_s](
+                                           const std::string& what, double idle_s, double limit_s) {
+    char idle[32], lim[32];
+    std::snprintf(idle, sizeof idle, "%.0f", idle_s);
+    std::snprintf(lim, sizeof lim, "%.0f", limit_s);
+    const std::string message =
+        str("no progress for ", idle, " s in ", what, " (the limit: ", lim, " s",
+            limit_s > limit ? ", 10 x the longest interval so far" : "",
+            "; train.hang_timeout_s): a process, a collective or the device is hung; ending the "
+            "job (resume from its last checkpoint)");
+    std::fflush(stdout);
+    // (not when mpirun's SIGTERM came in the wait: the job is ending for another rank's
+    // failure, whose line this must not replace. A stopped rank that mpirun's SIGCONT wakes
+    // finds its own limit long past and comes here too.)
+    if (let_rank0_report_first()) {
+      if (on_hang) on_hang(str("error: ", launcher_rank_prefix(), message));
+      std::fprintf(stderr, "error: %s%s\n", launcher_rank_prefix().c_str(), message.c_str());
+    }
+    std::fflush(stderr);
+    std::_Exit(kExitHang);
+  });
+
   // Validation loss on a fixed set of held-out windows: eval_batches global batches of B x W
   // windows, numbered as the training batches are, each rank computing its own B of them, and
   // the ranks' means averaged (equal counts). So the set and the value are the same for every
   // process count at the same micro_batch x ranks, and no rank repeats another's work.
-  auto evaluate = [&]() {
+  auto evaluate = [&](int64_t after_step) {
     // As a recompute does: fp8-delayed quantizes with the training's current scales and records
     // no amax (the validation's amaxes changed the next steps' scales, so eval_every changed
     // the trained weights); telemetry does not count its operands.
@@ -919,6 +948,8 @@ int run_training(const RunConfig& cfg) {
                        " batches: no val_loss this step");
         return std::optional<double>();
       }
+      watchdog.beat(str("validation batch ", i + 1, " of ", tc.eval_batches, " after step ",
+                        after_step));
       val_sampler->fill((i * W + rank) * B, B, engine.batch_tokens());
       sum += engine.model->forward_loss(fsdp, engine.batch_tokens(), B, T);
       fsdp.finish_micro_batch();
@@ -992,6 +1023,7 @@ int run_training(const RunConfig& cfg) {
   if (const char* t = std::getenv("MXTRAIN_TEST_SIGNAL_BEFORE_FIRST_STEP"); t && *t == '1')
     std::raise(SIGTERM);
   for (; step < tc.steps; ++step) {
+    watchdog.arm(str("step ", step + 1, "'s start"));
     // Every rank stops at the same step boundary (a signal may reach only some of them).
     stop_signal = agreed_stop();
     if (stop_signal) break;
@@ -1015,6 +1047,7 @@ int run_training(const RunConfig& cfg) {
     fsdp.zero_grads();
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {
+      watchdog.beat(str("step ", step + 1, ", micro-batch ", m + 1, " of ", tc.grad_accum));
       // Global sample order: micro-step m of step s takes samples
       // samples_before(s) + (m * ranks + rank) * micro_batch + b, so the global batch is the
       // same for any number of ranks.
@@ -1031,6 +1064,7 @@ int run_training(const RunConfig& cfg) {
                                              1.0f / float(tc.grad_accum * W));
       fsdp.finish_micro_batch();
     }
+    watchdog.beat(str("step ", step + 1, "'s gradient reduction and optimizer"));
     loss /= double(tc.grad_accum);
     nlohmann::json numerics = linear_recipe.finish_stats(step + 1);  // null unless collected
     if (W > 1) loss = world.all_reduce(loss, ReduceOp::kAvg);
@@ -1071,7 +1105,7 @@ int run_training(const RunConfig& cfg) {
     }
     if (val_sampler && (done % tc.eval_every == 0 || done == tc.steps)) {
       be.set_profiling(false);
-      if (const std::optional<double> val = evaluate()) rec["val_loss"] = *val;
+      if (const std::optional<double> val = evaluate(done)) rec["val_loss"] = *val;
       be.set_profiling(cfg.run.profile);
       log_now = true;
     }
@@ -1110,11 +1144,13 @@ int run_training(const RunConfig& cfg) {
       std::fflush(stderr);
     }
     if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0 && done != tc.steps) {
+      watchdog.disarm();  // (storage has its own limits and progress lines)
       be.set_profiling(false);
       save(done);
       be.set_profiling(cfg.run.profile);
     }
   }
+  watchdog.disarm();
   be.set_profiling(false);
 
   const int sig = int(stop_signal);

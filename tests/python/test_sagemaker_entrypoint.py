@@ -541,6 +541,48 @@ def test_two_processes_through_mpirun_stop_and_resume(tmp_path):
         np.testing.assert_array_equal(value, saved[name], err_msg=name)
 
 
+def test_a_hung_rank_ends_the_job_and_names_the_hang(tmp_path):
+    """train.hang_timeout_s under the entrypoint's mpirun: rank 1 stopped (SIGSTOP, a peer that
+    hangs without dying) leaves rank 0 waiting in a collective until its watchdog ends the job:
+    exit 4, and the failure file (SageMaker's FailureReason) holds rank 0's line, not only
+    `mpirun exited with code 4`."""
+    hp = dict(TINY, **{"train.steps": "1000000", "checkpoint.every": "25",
+                       "train.hang_timeout_s": "4", "sagemaker.processes_per_host": "2"})
+    root = make_root(tmp_path, hp)
+    require_binary()
+    p = subprocess.Popen([MXTRAIN_BIN, "sagemaker", "train"], env=sm_env(root),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def rank1():
+        for d in os.listdir("/proc"):
+            try:
+                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            if (b"OMPI_COMM_WORLD_RANK=1" in env and
+                    f"MXTRAIN_SM_ROOT={root}".encode() in env):
+                return int(d)
+        return None
+
+    try:
+        deadline = time.monotonic() + 240
+        while (not committed_steps(root / "checkpoints") and p.poll() is None and
+               time.monotonic() < deadline):
+            time.sleep(0.02)
+        assert p.poll() is None, "the run ended early: " + p.stderr.read()
+        pid = rank1()
+        assert pid, "no rank 1 found"
+        os.kill(pid, signal.SIGSTOP)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 4, err[-3000:]
+    failure = (root / "output" / "failure").read_text()
+    assert failure.startswith("error: rank 0: no progress for "), failure
+    assert "train.hang_timeout_s" in failure and failure.count("\n") == 1, failure
+
+
 def test_a_stop_at_the_start_of_a_two_process_job_is_not_lost(tmp_path):
     """A SIGTERM once mpirun is up but before its ranks run: the one SIGUSR1 relayed reached no
     rank, and the job trained to its end (then exited 143, without its model). The stop is now
