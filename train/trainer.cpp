@@ -476,9 +476,41 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
   fo.shard_group = int(cfg.parallel.shard_group);
   // engine.options.bf16_path_only: resolved for this backend's bf16 GEMMs
   fo.bf16_blocks = bf16_gathers(cfg.parallel.gather_dtype, engine.options.bf16_path_only);
+  // train.hang_timeout_s: a rank that makes no progress for that long (a peer stopped or hung
+  // in a collective, a wedged device) ends itself, which ends the job (mpirun ends a job only
+  // when a rank exits; every rank would otherwise wait in its collective forever). From the
+  // watchdog's thread, while the main thread may sit inside MPI or a device synchronize: no
+  // MPI call (MPI_Abort is not safe there), no destructors; mpirun kills the other ranks
+  // when one exits with a failure. Rank 0 reports first (the others wait, as abort_all's do).
+  Watchdog watchdog(tc.hang_timeout_s, [&on_hang, limit = tc.hang_timeout_s](
+                                           const std::string& what, double idle_s, double limit_s) {
+    char idle[32], lim[32];
+    std::snprintf(idle, sizeof idle, "%.0f", idle_s);
+    std::snprintf(lim, sizeof lim, "%.0f", limit_s);
+    const std::string message =
+        str("no progress for ", idle, " s in ", what, " (the limit: ", lim, " s",
+            limit_s > limit ? ", 10 x the longest interval so far" : "",
+            "; train.hang_timeout_s): a process, a collective or the device is hung; ending the "
+            "job (resume from its last checkpoint)");
+    std::fflush(stdout);
+    // (not when mpirun's SIGTERM came in the wait: the job is ending for another rank's
+    // failure, whose line this must not replace. A stopped rank that mpirun's SIGCONT wakes
+    // finds its own limit long past and comes here too.)
+    if (let_rank0_report_first()) {
+      if (on_hang) on_hang(str("error: ", launcher_rank_prefix(), message));
+      std::fprintf(stderr, "error: %s%s\n", launcher_rank_prefix().c_str(), message.c_str());
+    }
+    std::fflush(stderr);
+    std::_Exit(kExitHang);
+  });
+
   // On a GPU under mpirun the shards move over NCCL (bootstrapped over the MPI world); the
   // host world keeps the trainer's own scalars, barriers and checkpoint coordination.
+  // (NCCL's start-up waits for every rank to connect: a node that cannot reach the others,
+  // a security group or EFA set up wrong, hung here with no line)
+  watchdog.arm("the device communicator's start-up (NCCL)");
   std::unique_ptr<Communicator> device_comm = make_device_communicator(world, be);
+  watchdog.disarm();
   Fsdp fsdp(engine.layout, device_comm ? *device_comm : world, fo, be, &engine.tracker);
   const int64_t n_params = engine.layout.total_numel();
 
@@ -900,34 +932,6 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path(), start_step > 0);
-
-  // train.hang_timeout_s: a rank that makes no progress for that long (a peer stopped or hung
-  // in a collective, a wedged device) ends itself, which ends the job (mpirun ends a job only
-  // when a rank exits; every rank would otherwise wait in its collective forever). From the
-  // watchdog's thread, while the main thread may sit inside MPI or a device synchronize: no
-  // MPI call (MPI_Abort is not safe there), no destructors; mpirun kills the other ranks
-  // when one exits with a failure. Rank 0 reports first (the others wait, as abort_all's do).
-  Watchdog watchdog(tc.hang_timeout_s, [&on_hang, limit = tc.hang_timeout_s](
-                                           const std::string& what, double idle_s, double limit_s) {
-    char idle[32], lim[32];
-    std::snprintf(idle, sizeof idle, "%.0f", idle_s);
-    std::snprintf(lim, sizeof lim, "%.0f", limit_s);
-    const std::string message =
-        str("no progress for ", idle, " s in ", what, " (the limit: ", lim, " s",
-            limit_s > limit ? ", 10 x the longest interval so far" : "",
-            "; train.hang_timeout_s): a process, a collective or the device is hung; ending the "
-            "job (resume from its last checkpoint)");
-    std::fflush(stdout);
-    // (not when mpirun's SIGTERM came in the wait: the job is ending for another rank's
-    // failure, whose line this must not replace. A stopped rank that mpirun's SIGCONT wakes
-    // finds its own limit long past and comes here too.)
-    if (let_rank0_report_first()) {
-      if (on_hang) on_hang(str("error: ", launcher_rank_prefix(), message));
-      std::fprintf(stderr, "error: %s%s\n", launcher_rank_prefix().c_str(), message.c_str());
-    }
-    std::fflush(stderr);
-    std::_Exit(kExitHang);
-  });
 
   // Validation loss on a fixed set of held-out windows: eval_batches global batches of B x W
   // windows, numbered as the training batches are, each rank computing its own B of them, and
