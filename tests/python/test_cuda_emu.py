@@ -12,74 +12,14 @@ in double, the CPU's in fp32) and its effect on the next operands' codes, a few 
 wrong scale, layout or kernel index moves the loss by far more (see docs/cuda_emu.md). Every
 emulated run is under the race check (MXEMU_RACECHECK=1): a kernel access two threads or blocks
 make unordered fails the run."""
-import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import MXTRAIN_BIN, require_binary
+from conftest import MXTRAIN_BIN
+from cuda_emu_run import EMU_BIN, FP8, STEPS, WIDE, compare, corpus, require_emu, train
 
-EMU_BIN = str(Path(MXTRAIN_BIN).parent / "mxtrain_emu")
-MPIRUN_FLAGS = os.environ.get("MXTRAIN_MPIRUN_FLAGS", "--oversubscribe --bind-to none").split()
-STEPS = 3
-
-
-def corpus(tmp_path):
-    path = tmp_path / "corpus.txt"
-    if not path.exists():
-        path.write_text(("The emulated device trains the same model as the host, step by step, "
-                         "and the two logs are compared line by line. ") * 60)
-    return path
-
-
-def train(tmp_path, name, binary, device, recipe, sm="90", np_=1, extra=(), steps=STEPS,
-          streams="compute-late", env_extra=None):
-    out = tmp_path / name
-    args = [binary, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
-            "--set", f"train.steps={STEPS}", "--set", "train.seq_len=64",
-            "--set", f"train.micro_batch={4 // np_}", "--set", "train.warmup_steps=2",
-            "--set", "train.lr=3e-3", "--set", "train.seed=1", "--set", "train.grad_clip=1.0",
-            "--set", "train.eval_every=0", "--set", "train.log_every=1",
-            "--set", "data.val_fraction=0.0", "--set", "run.sample_tokens=0",
-            "--set", "checkpoint.resume=none", "--set", f"run.device={device}",
-            "--set", f"precision.recipe={recipe}", "--set", f"run.out_dir={out}"] + list(extra)
-    if recipe != "fp32":  # the GPU's default under a recipe, set on the CPU twin too
-        args += ["--set", "precision.activations=bf16"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM=sm,
-               MXEMU_STREAMS=streams, MXEMU_RACECHECK="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env_extra or {}))
-    cmd = (["mpirun", "-np", str(np_)] + MPIRUN_FLAGS + args) if np_ > 1 else args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert p.returncode == 0, f"{cmd}\n{p.stderr[-3000:]}"
-    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    summary = [r for r in records if r.get("summary")][-1]
-    records_steps = steps
-    steps = [r for r in records if not r.get("summary")]
-    assert len(steps) == records_steps
-    return steps, summary, p.stderr
-
-
-def require_emu():
-    require_binary()
-    if not (os.path.isfile(EMU_BIN) and os.access(EMU_BIN, os.X_OK)):
-        pytest.fail(f"{EMU_BIN} not built (CMake builds it with the tests; it needs python3)")
-
-
-def compare(cpu, cuda, tol):
-    for c, g in zip(cpu, cuda):
-        rel = abs(g["loss"] - c["loss"]) / abs(c["loss"])
-        assert rel <= tol, f"step {c['step']}: loss cpu {c['loss']} cuda {g['loss']} (rel {rel:.2e})"
-        rel_norm = abs(g["grad_norm"] - c["grad_norm"]) / abs(c["grad_norm"])
-        assert rel_norm <= 20 * tol, (f"step {c['step']}: grad norm cpu {c['grad_norm']} "
-                                      f"cuda {g['grad_norm']} (rel {rel_norm:.2e})")
-
-
-# fp8-block's GEMM takes Linears whose dimensions are multiples of 128 (else the recipe runs
-# emulated there, also on a GPU): a model that wide, 256 tokens a micro-batch.
-WIDE = ("--set", "model.hidden_size=128", "--set", "model.intermediate_size=256")
-FP8 = "on the backend's FP8 GEMMs"
 # (recipe, emulated compute capability, loss tolerance, what the trainer must say it runs, sets).
 CASES = [
     ("fp32", "90", 1e-6, "device cuda mxemu sm_90", ()),
@@ -137,111 +77,6 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
             a, b = c["numerics"]["head.bwd.grad_output"], g["numerics"]["head.bwd.grad_output"]
             assert a["scale"] == b["scale"], (a, b)
             assert abs(b["amax"] - a["amax"]) <= 1e-3 * a["amax"], (c["step"], a, b)
-
-
-@pytest.mark.parametrize("recipe,sm,extra,forms", [("fp8-block", "90", WIDE, (1, 2)),
-                                                   ("fp8-delayed", "90", (), (1, 2)),
-                                                   ("mxfp8", "100", (), (1,))])
-def test_cast_forms_give_the_trainer_the_same_bits(tmp_path, recipe, sm, extra, forms):
-    """The casts' kernel forms (docs/cuda.md, "Cast tuning") in the trainer: at the tiny shapes
-    tuning keeps each cast's first form, so MXTRAIN_TEST_CAST_FORM forces the others (fp8-block:
-    form 1 the row-piece, column-block and two-pass kernels and dy's two quantizations as two
-    calls, form 2 four row pieces a warp, the tiled kernels and dy's fused kernel; fp8-delayed: form 1 two vectors a thread and the tiled transposing
-    kernel, form 2 four vectors and the column-block transposing kernel; mxfp8 on sm_100: form
-    1 the row-piece kernel, the column kernel writing x^T's and dy^T's codes directly and dy's
-    two quantizations as two calls; form 0 dy's in one kernel), with
-    shared inputs, bf16 codes and amax slots as the trainer uses them. The forms write the same
-    bytes, so every step's loss and gradient norm must equal the first form's run bit for bit
-    (which test_cuda_trainer_matches_cpu compares with the CPU)."""
-    require_emu()
-    base, _, _ = train(tmp_path, "form0", EMU_BIN, "cuda", recipe, sm=sm, extra=extra)
-    for k in forms:
-        run, summary, _ = train(tmp_path, f"form{k}", EMU_BIN, "cuda", recipe, sm=sm,
-                                extra=extra, env_extra={"MXTRAIN_TEST_CAST_FORM": str(k)})
-        assert summary["fp8_shared_operands"] > 0, summary
-        for a, b in zip(base, run):
-            assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (k, a, b)
-
-
-@pytest.mark.parametrize("recipe,sm,extra", [("mxfp8", "100", ()), ("fp8-block", "90", WIDE)])
-def test_block_scaled_swiglu_backward_gives_the_same_bits(tmp_path, recipe, sm, extra):
-    """The block-scaled recipes on tensor cores (mxfp8 on sm_100, fp8-block on sm_90's block
-    GEMMs): gate's and up's backward take dg's and du's operands in both layouts straight from
-    SwiGLU's backward (swiglu_backward_mxfp8 / swiglu_backward_fp8_block, one read of ds, g and
-    u), the bytes and scales quantize_mxfp8_both / quantize_fp8_block_both write from their bf16
-    codes, so every step's loss and gradient norm equal MXTRAIN_FP8_FUSE_SWIGLU=0's bit for
-    bit; one a block and step. The forward's fusion (down's input made from g and u, its x^T
-    codes kept) is on and off with it: one a block and step too."""
-    require_emu()
-    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm, extra=extra)
-    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm, extra=extra,
-                                env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
-    assert summary["fp8_fused_swiglu_grads"] == 2 * STEPS, summary  # tiny: 2 blocks
-    assert summary_off["fp8_fused_swiglu_grads"] == 0, summary_off
-    assert summary["fp8_fused_swiglu_inputs"] == 2 * STEPS, summary
-    assert summary_off["fp8_fused_swiglu_inputs"] == 0, summary_off
-    for a, b in zip(on, off):
-        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
-
-
-# fp8-block's GEMMs want every width a multiple of 128: k's and v's too
-WIDE_KV = WIDE + ("--set", "model.num_key_value_heads=4")
-
-
-@pytest.mark.parametrize("recipe,sm,extra", [("fp8-delayed", "90", ()),
-                                             ("fp8-current", "90", ()),
-                                             ("mxfp8", "100", ()),
-                                             ("fp8-block", "90", WIDE_KV)])
-def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe, sm, extra):
-    """x^T's FP8 codes kept by the forward for the weight gradients (LlamaModel::saves_xt:
-    h1, h2 and SwiGLU's product, policy none) are the bytes the backward would quantize from x
-    itself, so the run equals MXTRAIN_FP8_SAVE_XT=0's bit for bit, and every weight gradient
-    of q, k, v, gate, up and down took them (6 a block and step: fp8-delayed's histories keep
-    its forward-input and weight-gradient-input scales equal; mxfp8's 32x1 and fp8-block's
-    128x1 blocks with their scales, from the same read as the forward's 1x32 / 1x128 codes).
-    Selective checkpointing keeps no such input: none taken."""
-    require_emu()
-    def run(name, **kw):
-        return train(tmp_path, name, EMU_BIN, "cuda", recipe, sm=sm,
-                     extra=extra + kw.pop("more", ()), **kw)
-    on, summary, _ = run("on")
-    off, summary_off, _ = run("off", env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
-    assert summary["fp8_saved_xt_operands"] == 6 * 2 * STEPS, summary  # tiny: 2 blocks
-    assert summary_off["fp8_saved_xt_operands"] == 0, summary_off
-    for a, b in zip(on, off):
-        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
-    # the activations arena holds the codes and their scales in place of the bf16 codes
-    assert summary["peak_mem_bytes"] < summary_off["peak_mem_bytes"], (summary, summary_off)
-    # down's cast made s from SwiGLU's operands (fp8_codes_both_swiglu; swiglu_forward_mxfp8,
-    # swiglu_forward_fp8_block) in each block and step: the same bits as swiglu_forward_bf16
-    # then the cast (MXTRAIN_FP8_FUSE_SWIGLU=0)
-    assert summary["fp8_fused_swiglu_inputs"] == 2 * STEPS, summary
-    assert summary_off["fp8_fused_swiglu_inputs"] == 0, summary_off
-    unfused, summary_unfused, _ = run("unfused", env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
-    assert summary_unfused["fp8_fused_swiglu_inputs"] == 0, summary_unfused
-    # gate's and up's backward from SwiGLU's (swiglu_backward_fp8: dg's and du's FP8 operands
-    # in both layouts from one read of ds, g and u), kept codes or not; off with the variable
-    assert summary["fp8_fused_swiglu_grads"] == summary_off["fp8_fused_swiglu_grads"] \
-        == 2 * STEPS, (summary, summary_off)
-    assert summary_unfused["fp8_fused_swiglu_grads"] == 0, summary_unfused
-    for a, b in zip(on, unfused):
-        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
-    if recipe in ("mxfp8", "fp8-block"):
-        # (what selective checkpointing, a high-precision block and a telemetry step keep is
-        # the model's rule for every recipe: the per-tensor cases run it, in half the time)
-        return
-    _, selective, _ = run("selective",
-                          more=("--set", "memory.activation_checkpointing=selective"))
-    assert selective["fp8_saved_xt_operands"] == 0, selective
-    # The activations arena sized for the codes alone: a block left in high precision and a
-    # telemetry step keep none, and their backward recomputes the inputs' bf16 codes (the
-    # same bits again)
-    hp = ("--set", "precision.high_precision_first=1", "--set", "precision.stats_every=2")
-    on, summary, _ = run("hp-on", more=hp)
-    off, _, _ = run("hp-off", more=hp, env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
-    assert 0 < summary["fp8_saved_xt_operands"] < 6 * STEPS, summary
-    for a, b in zip(on, off):
-        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
 
 
 @pytest.mark.parametrize("recipe,tol,ranks", [("fp32", 1e-6, 2), ("bf16", 1e-4, 2),
