@@ -88,6 +88,13 @@ void Checkpointer::join() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Checkpointer::wait_written() {
+  if (!thread_.joinable()) return;
+  const auto t0 = Clock::now();
+  join();
+  stall_s_ += seconds_since(t0);
+}
+
 void Checkpointer::save(int64_t step, const nlohmann::json& state,
                         std::vector<ExtraTensor> extra) {
   const auto t0 = Clock::now();

@@ -66,6 +66,10 @@ class Checkpointer {
   void save(int64_t step, const nlohmann::json& state, std::vector<ExtraTensor> extra);
   void poll();
   void finish();
+  // Waits for this rank's background write, if one is under way (not collective): storage's
+  // own time, which the trainer's hang watchdog leaves unbounded, apart from save's
+  // collectives (the commit's agreement, S3's barrier), which it bounds. Counted as stall.
+  void wait_written();
 
   bool in_flight() const { return in_flight_step_ >= 0; }
   std::string last_committed() const { return last_committed_; }

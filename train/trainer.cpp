@@ -1148,7 +1148,11 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
       std::fflush(stderr);
     }
     if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0 && done != tc.steps) {
-      watchdog.disarm();  // (storage has its own limits and progress lines)
+      // The last checkpoint's background write: storage's time, unbounded here (a large
+      // model's upload); then save's collectives under the watchdog again.
+      watchdog.disarm();
+      checkpointer.wait_written();
+      watchdog.arm(str("the checkpoint of step ", done));
       be.set_profiling(false);
       save(done);
       be.set_profiling(cfg.run.profile);
