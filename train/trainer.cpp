@@ -1174,9 +1174,17 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
       if (const char* d = std::getenv("MXTRAIN_TEST_SLOW_STOP_MS"))
         std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
     }
+    // As in the loop: the waits for background writes unwatched (storage's time), the
+    // collectives of the save and of the commit watched.
+    checkpointer.wait_written();
+    watchdog.arm("the run's final checkpoint");
     if (last_saved != step) save(step);
+    watchdog.disarm();
+    checkpointer.wait_written();
+    watchdog.arm("the commit of the run's final checkpoint");
     checkpointer.finish();
   }
+  watchdog.arm("the run's summary");
   const bool resumed = resume_step >= 0;
   // (nothing trained by a stop before the first step: the step it resumed from, where it is)
   std::string final_dir = step > start_step ? checkpointer.store().step_location(step)
@@ -1228,6 +1236,7 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
     if (head_spare_bytes > 0) summary["head_spare_bytes"] = head_spare_bytes;
     if (W > 1) summary["device_mem_bytes_max_rank"] = world.all_reduce(held, ReduceOp::kMax);
   }
+  watchdog.disarm();  // (the summary's collectives are done)
   if (sig) summary["stopped_by_signal"] = sig;
   // FP8 operands taken from another Linear's quantization of the same input (q, k and v share
   // h1's, gate and up h2's: Backend::begin_shared_input), rank 0, whole run.
@@ -1276,7 +1285,9 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
          "byte-level tokenizer's 256 (run.sample_tokens = 0 says so quietly)");
   if (cfg.run.sample_tokens > 0 && model_cfg.vocab_size >= 256) {
     auto full = full_buffer();
+    watchdog.arm("the sample's gather of the weights");
     fsdp.gather_params(full.data());
+    watchdog.disarm();  // (rank 0 alone generates, for as long as run.sample_tokens asks)
     if (lead) {
       SampleOptions so;
       so.max_new_tokens = cfg.run.sample_tokens;
