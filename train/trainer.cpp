@@ -484,12 +484,12 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
   // when one exits with a failure. Rank 0 reports first (the others wait, as abort_all's do).
   Watchdog watchdog(tc.hang_timeout_s, [&on_hang, limit = tc.hang_timeout_s](
                                            const std::string& what, double idle_s, double limit_s) {
-    char idle[32], lim[32];
-    std::snprintf(idle, sizeof idle, "%.0f", idle_s);
-    std::snprintf(lim, sizeof lim, "%.0f", limit_s);
+    char idle[32], lim[32];  // (a tenth of a second below 10 s: a test's limits)
+    std::snprintf(idle, sizeof idle, "%.*f", idle_s < 10 ? 1 : 0, idle_s);
+    std::snprintf(lim, sizeof lim, "%.*f", limit_s < 10 ? 1 : 0, limit_s);
     const std::string message =
         str("no progress for ", idle, " s in ", what, " (the limit: ", lim, " s",
-            limit_s > limit ? ", 10 x the longest interval so far" : "",
+            limit_s > limit ? str(", ", kHangAdapt, " x the longest interval so far") : "",
             "; train.hang_timeout_s): a process, a collective or the device is hung; ending the "
             "job (resume from its last checkpoint)");
     std::fflush(stdout);

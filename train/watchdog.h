@@ -16,6 +16,8 @@ namespace mx {
 
 // The exit code of a run the watchdog ended (2 is bad input, 3 storage, 130 / 143 a stop).
 inline constexpr int kExitHang = 4;
+// The limit grows to this many times the longest interval between progress reports so far.
+inline constexpr double kHangAdapt = 10.0;
 
 class Watchdog {
  public:
@@ -27,7 +29,7 @@ class Watchdog {
   // is the larger of timeout_s and `adapt` times the longest interval between beats so far, so
   // a run whose micro-batch legitimately takes longer than timeout_s is not ended after its
   // first one; the first interval is bounded by timeout_s alone.
-  Watchdog(double timeout_s, OnHang on_hang, double adapt = 10.0);
+  Watchdog(double timeout_s, OnHang on_hang, double adapt = kHangAdapt);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
