@@ -2,7 +2,8 @@
 (a peer that hangs without dying: rank 0 then waits for it inside a collective) ends the job
 with rank 0's one `error:` line and exit code 4 within seconds of the limit, every process
 gone and the metrics intact; with the watchdog off the same pause is waited out and the run
-finishes. Bad values are refused before training (exit 2)."""
+finishes; the same on the CUDA backend under mxemu, where the limit has grown with its slower
+micro-batches. Bad values are refused before training (exit 2)."""
 import json
 import os
 import re
@@ -21,17 +22,18 @@ MPIRUN_FLAGS = shlex.split(os.environ.get("MXTRAIN_MPIRUN_FLAGS",
                                           "--oversubscribe --bind-to none"))
 
 
-def start_job(out_dir, steps, timeout_s, checkpoint_every=0):
+def start_job(out_dir, steps, timeout_s, checkpoint_every=0, binary=MXTRAIN_BIN, sets=None,
+              env=None):
     require_binary()
     launcher = shutil.which("mpirun")
     assert launcher, "mpirun not found (apt-get install openmpi-bin)"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    sets = {"model.preset": "tiny", "train.steps": steps, "train.seq_len": 32,
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **(env or {}))
+    sets = dict({"model.preset": "tiny", "train.steps": steps, "train.seq_len": 32,
             "train.micro_batch": 2, "train.eval_every": 0, "run.sample_tokens": 0,
             "checkpoint.every": checkpoint_every, "data.format": "random",
-            "train.hang_timeout_s": timeout_s, "run.out_dir": out_dir}
-    args = [launcher, "-np", "2"] + MPIRUN_FLAGS + [MXTRAIN_BIN, "train"]
+            "train.hang_timeout_s": timeout_s, "run.out_dir": out_dir}, **(sets or {}))
+    args = [launcher, "-np", "2"] + MPIRUN_FLAGS + [str(binary), "train"]
     for k, v in sets.items():
         args += ["--set", f"{k}={v}"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -129,6 +131,32 @@ def test_a_stopped_rank_ends_the_job_with_exit_4(tmp_path, checkpoint_every):
     # the metrics written so far are whole lines, their steps in order
     steps = [r["step"] for r in logged_steps(out) if "step" in r]
     assert steps[:3] == [1, 2, 3] and steps == sorted(steps), steps
+
+
+def test_a_stopped_rank_ends_an_emulated_gpu_job(tmp_path):
+    """The same on the CUDA backend under mxemu (docs/cuda_emu.md): FSDP over the emulated NCCL
+    communicator, rank 0 waiting for the stopped rank in its collectives and stream waits. An
+    emulated micro-batch takes about a second, so the limit is 10 x the longest one, past the
+    4 s given: the adapted limit is the one that ends the job."""
+    emu = Path(MXTRAIN_BIN).parent / "mxtrain_emu"
+    if not (emu.is_file() and os.access(emu, os.X_OK)):
+        pytest.fail(f"{emu} not built (CMake builds it with the tests)")
+    out = tmp_path / "run"
+    job = start_job(out, steps=1000000, timeout_s=4, binary=emu,
+                    sets={"run.device": "cuda", "train.seq_len": 64},
+                    env={"MXEMU_SM": "90"})
+    pids, stderr, took = stop_rank1(job, out, within_s=180)
+    errs = [l for l in stderr.splitlines() if l.startswith("error:")]
+    assert job.returncode == 4, (job.returncode, stderr[-3000:])
+    assert len(errs) == 1 and errs[0].startswith("error: rank 0: no progress for "), stderr[-3000:]
+    m = re.search(r"\(the limit: ([\d.]+) s, 10 x the longest interval so far;", errs[0])
+    assert m and float(m.group(1)) > 4, errs[0]
+    assert float(m.group(1)) <= took < float(m.group(1)) + 60.0, (took, errs[0])
+    for pid in pids.values():
+        t = time.monotonic()
+        while alive(pid) and time.monotonic() - t < 10:
+            time.sleep(0.05)
+        assert not alive(pid), f"rank pid {pid} outlived the job"
 
 
 def test_with_the_watchdog_off_a_pause_is_waited_out(tmp_path):
