@@ -32,13 +32,19 @@ void Watchdog::arm(const std::string& what) {
 
 void Watchdog::beat(const std::string& what) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  const Clock::time_point now = Clock::now();
-  if (armed_) longest_s_ = std::max(longest_s_, std::chrono::duration<double>(now - last_).count());
-  armed_ = true;
-  last_ = now;
-  what_ = what;
-  // (no notify: the thread's wait ends at the old deadline, then waits again from the new one)
+  bool was_armed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = Clock::now();
+    was_armed = armed_;
+    if (armed_) longest_s_ = std::max(longest_s_, std::chrono::duration<double>(now - last_).count());
+    armed_ = true;
+    last_ = now;
+    what_ = what;
+  }
+  // Armed, the thread's wait ends at the old deadline and then waits again from the new one:
+  // no wake-up a micro-batch. Disarmed, it waits for a notification.
+  if (!was_armed) cv_.notify_all();
 }
 
 void Watchdog::disarm() {

@@ -36,7 +36,8 @@ class Watchdog {
 
   // Starts watching from now (work that must make progress begins: a step).
   void arm(const std::string& what);
-  // Progress: the clock restarts and `what` describes the work now under way.
+  // Progress: the clock restarts and `what` describes the work now under way (armed, if it
+  // was not).
   void beat(const std::string& what);
   // Stops watching (work with its own limits: a checkpoint's storage requests, the run's end).
   void disarm();

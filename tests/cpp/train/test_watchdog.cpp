@@ -94,6 +94,17 @@ TEST(Watchdog, DisarmedOrOffItNeverFires) {
   EXPECT_EQ(f.what, "step 2's start");
 }
 
+TEST(Watchdog, ABeatAfterADisarmArmsIt) {
+  Fired f;
+  mx::Watchdog w(0.2, f.handler());
+  w.arm("step 1's start");
+  w.disarm();
+  std::this_thread::sleep_for(100ms);  // (the thread now waits for a notification)
+  w.beat("validation batch 1 of 4 after step 1");
+  ASSERT_TRUE(wait_fired(f, 10s));
+  EXPECT_EQ(f.what, "validation batch 1 of 4 after step 1");
+}
+
 TEST(Watchdog, TheLimitGrowsWithTheLongestInterval) {
   Fired g;
   mx::Watchdog slow(2.0, g.handler(), /*adapt=*/4.0);
