@@ -967,6 +967,15 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
   auto samples_before = [&](int64_t step) {
     return sample_base + (step - start_step) * tc.grad_accum * B * W;
   };
+  // Before a checkpoint's collectives (a save's: the commit of the one in flight, S3's
+  // barrier; a finish's commit): this rank's background write waited for unwatched, as it is
+  // storage's time (a large model's upload, bounded by storage's own limits), then the
+  // watchdog armed again for the collectives, where a hung peer would leave this rank waiting.
+  auto after_writes = [&](const std::string& what) {
+    watchdog.disarm();
+    checkpointer.wait_written();
+    watchdog.arm(what);
+  };
   int64_t last_saved = -1;
   auto save = [&](int64_t step) {
     last_saved = step;
@@ -1148,11 +1157,7 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
       std::fflush(stderr);
     }
     if (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0 && done != tc.steps) {
-      // The last checkpoint's background write: storage's time, unbounded here (a large
-      // model's upload); then save's collectives under the watchdog again.
-      watchdog.disarm();
-      checkpointer.wait_written();
-      watchdog.arm(str("the checkpoint of step ", done));
+      after_writes(str("the checkpoint of step ", done));
       be.set_profiling(false);
       save(done);
       be.set_profiling(cfg.run.profile);
@@ -1174,14 +1179,9 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
       if (const char* d = std::getenv("MXTRAIN_TEST_SLOW_STOP_MS"))
         std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(d)));
     }
-    // As in the loop: the waits for background writes unwatched (storage's time), the
-    // collectives of the save and of the commit watched.
-    checkpointer.wait_written();
-    watchdog.arm("the run's final checkpoint");
+    after_writes("the run's final checkpoint");
     if (last_saved != step) save(step);
-    watchdog.disarm();
-    checkpointer.wait_written();
-    watchdog.arm("the commit of the run's final checkpoint");
+    after_writes("the commit of the run's final checkpoint");
     checkpointer.finish();
   }
   watchdog.arm("the run's summary");
