@@ -56,8 +56,10 @@ void Watchdog::disarm() {
 double Watchdog::limit_s() const {
   if (!enabled()) return 0;
   std::lock_guard<std::mutex> lock(mu_);
-  return std::max(timeout_s_, adapt_ * longest_s_);
+  return limit_locked();
 }
+
+double Watchdog::limit_locked() const { return std::max(timeout_s_, adapt_ * longest_s_); }
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -66,7 +68,7 @@ void Watchdog::run() {
       cv_.wait(lock);
       continue;
     }
-    const double limit = std::max(timeout_s_, adapt_ * longest_s_);
+    const double limit = limit_locked();
     const auto deadline = last_ + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(limit));
     if (Clock::now() < deadline) {

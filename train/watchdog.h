@@ -49,6 +49,7 @@ class Watchdog {
  private:
   using Clock = std::chrono::steady_clock;
   void run();
+  double limit_locked() const;  // limit_s's value, mu_ held
 
   const double timeout_s_;
   const double adapt_;
