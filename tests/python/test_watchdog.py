@@ -106,6 +106,16 @@ def stop_rank1(job, out_dir, then=None, within_s=60):
             job.wait()
 
 
+def assert_fired_at_the_limit(line, took, slack_s):
+    """The watchdog fires the limit after rank 0's last progress, not at once and not long
+    after. That last progress may precede the stop by up to one interval, which is at most a
+    tenth of the limit (the limit is at least 10 x the longest one); the message rounds the
+    limit to whole seconds from 10 s up. -> the limit."""
+    limit = float(re.search(r"\(the limit: ([\d.]+) s", line).group(1))
+    assert 0.9 * limit - 0.5 <= took < limit + slack_s, (took, line)
+    return limit
+
+
 # every=1: rank 0 often waits for the stopped rank inside a checkpoint's collectives (the
 # commit's agreement), which the watchdog bounds too
 @pytest.mark.parametrize("checkpoint_every", [0, 1])
@@ -119,10 +129,8 @@ def test_a_stopped_rank_ends_the_job_with_exit_4(tmp_path, checkpoint_every):
     assert errs[0].startswith("error: rank 0: no progress for "), errs[0]
     assert "train.hang_timeout_s" in errs[0], errs[0]
     # 4 s, or 10 x a micro-batch that a loaded machine stalled
-    limit = float(re.search(r"\(the limit: ([\d.]+) s", errs[0]).group(1))
+    limit = assert_fired_at_the_limit(errs[0], took, slack_s=30.0)
     assert limit >= 4, errs[0]
-    # the watchdog fires after the limit, not at once, and not long after it
-    assert limit <= took < limit + 30.0, (took, errs[0])
     for pid in pids.values():
         t = time.monotonic()
         while alive(pid) and time.monotonic() - t < 10:
@@ -151,7 +159,7 @@ def test_a_stopped_rank_ends_an_emulated_gpu_job(tmp_path):
     assert len(errs) == 1 and errs[0].startswith("error: rank 0: no progress for "), stderr[-3000:]
     m = re.search(r"\(the limit: ([\d.]+) s, 10 x the longest interval so far;", errs[0])
     assert m and float(m.group(1)) > 4, errs[0]
-    assert float(m.group(1)) <= took < float(m.group(1)) + 60.0, (took, errs[0])
+    assert_fired_at_the_limit(errs[0], took, slack_s=60.0)
     for pid in pids.values():
         t = time.monotonic()
         while alive(pid) and time.monotonic() - t < 10:
