@@ -164,11 +164,24 @@ float per_tensor_scale(float amax, const Backend::Fp8Operand& q) {
   return q.current ? numerics::fp8_scale_from_amax(amax, numerics::fp8_max(q.fmt)) : q.scale;
 }
 
+// Fp8Operand::x_amax, the caller's word that it holds max |x| (its producer's), checked bit for
+// bit.
+void check_x_amax(const float* x, int64_t n, const Backend::Fp8Operand& q) {
+  const float amax = numerics::abs_max(x, n);
+  MX_ASSERT(std::memcmp(&amax, q.x_amax, sizeof amax) == 0, "Fp8Operand::x_amax: ", *q.x_amax,
+            " given, max |x| is ", amax);
+}
+
 // LinearRecipe::quantize's FP8 / FP4 cases (per-tensor, fp8-block, mxfp8, nvfp4): the dequantized operand into `out`.
 void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
                  const Backend::Fp8Operand& q) {
   numerics::QuantizeInto into;
   into.dequant = out;
+  if (q.x_amax) {
+    MX_ASSERT(q.per_tensor() ? q.current : q.nvfp4 && q.block_rows == 1 && !q.rht,
+              "Fp8Operand::x_amax: current scaling or nvfp4's 1x16 rows only");
+    check_x_amax(x, rows * cols, q);
+  }
   if (q.nvfp4) {  // 1x16, 16x1 (columnwise) or 16x16 (weights) blocks
     numerics::quantize_nvfp4_into(x, rows, cols, q.block_rows == 16 && q.block_cols == 16,
                                   q.block_rows == 16 && q.block_cols == 1, into, q.rounding);

@@ -209,6 +209,11 @@ class Backend {
     // x and bf16 are null. The same codes, amax and scales as s's codes given as `bf16`.
     const uint16_t* swiglu_g = nullptr;
     const uint16_t* swiglu_u = nullptr;
+    // Backend memory holding max |x| (NaN skipped), as x's producer took it
+    // (rmsnorm_forward_bf16's amax): per-tensor current scaling and nvfp4's 1x16 forward rows
+    // take it in place of their own amax pass over x. The caller vouches that it is x's; the
+    // reference forms (host memory) check that it is.
+    const float* x_amax = nullptr;
     bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
     // The bytes of save_t_scale_inv's scales for a forward input x [rows, cols] cut as this
     // operand (per-tensor, fp8-block 1x128 or mxfp8 1x32); 0 for any other cut (nvfp4, ...),
@@ -507,8 +512,11 @@ class Backend {
   // The bf16 path's producers, each the fp32 op followed by to_bf16 (the fp32 result is never
   // written): RMSNorm into codes (rstd fp32 as rmsnorm_forward), RoPE from fp32 x (a GEMM's
   // output, not changed) into codes.
+  // amax (backend memory, unless null) receives max |y| over the codes' values, NaN skipped
+  // (numerics::abs_max of the widened codes): the amax an FP8 operand of y takes
+  // (Fp8Operand::x_amax), so its quantizer need not read y for it.
   virtual void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
-                                    int64_t N, int64_t C, float eps) = 0;
+                                    int64_t N, int64_t C, float eps, float* amax) = 0;
   virtual void rope_forward_bf16(uint16_t* y16, const float* x, const float* cos,
                                  const float* sin, int64_t B, int64_t T, int64_t heads,
                                  int64_t D) = 0;

@@ -183,6 +183,14 @@ bool fp8_save_xt_enabled() {
   return !off;
 }
 
+bool fp8_norm_amax_enabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_NORM_AMAX");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off;
+}
+
 bool fp8_fuse_swiglu_enabled() {
   static const bool off = [] {
     const char* e = std::getenv("MXTRAIN_FP8_FUSE_SWIGLU");
@@ -315,6 +323,27 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, Bac
 
 LlamaModel::~LlamaModel() {
   if (amax_slots_owned_ && be_.memory()) be_.memory()->deallocate(amax_slots_);
+  if (norm_amax_owned_ && be_.memory()) be_.memory()->deallocate(norm_amax_slot_);
+}
+
+float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
+  norm_amax_x_ = nullptr;
+  // current scaling's and nvfp4's forward rows' amax pass (the global scale's); the block
+  // recipes scale each block from its own elements, fp8-delayed takes its history's scale
+  if (!fp8_norm_amax_enabled() || !reads_codes || !recipe_ || !recipe_->active(layer_) ||
+      (recipe_->recipe() != Recipe::kFp8Current && recipe_->recipe() != Recipe::kNvfp4))
+    return nullptr;
+  if (!norm_amax_slot_) {
+    if (MemoryResource* mem = be_.memory()) {
+      norm_amax_slot_ = static_cast<float*>(mem->allocate(sizeof(float), "fp8 norm amax"));
+      norm_amax_owned_ = true;
+    } else {
+      norm_amax_slot_ = &norm_amax_host_;
+    }
+  }
+  norm_amax_x_ = codes;
+  ++norm_amax_uses_;
+  return norm_amax_slot_;
 }
 
 void LlamaModel::split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
@@ -524,7 +553,8 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.h1 = a.q = a.k = a.v = a.o = nullptr;
     a.h1_16 = kept_input(a.h1_xt, z.h1, saves_xt(0, 3, qkv_read_codes(N), policy), h1_transient);
     a.rstd1 = keep(true, z.rstd1, nullptr);
-    be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
+    be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps,
+                             norm_amax(a.h1_16, qkv_read_codes(N)));
     float* q = scratch_.alloc_f32(z.q);
     float* k = scratch_.alloc_f32(z.k);
     a.q_16 = codes_only(false, z.q);
@@ -539,6 +569,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       linear_fwd16(1, k, nullptr, a.h1_16, w.wk, N, C, c_.kv_dim(), nat, h1);
       linear_fwd16(2, nullptr, a.v_16, a.h1_16, w.wv, N, C, c_.kv_dim(), nat, h1);
       scratch_.release(m);
+      norm_amax_x_ = nullptr;  // (h1's scratch may hold another tensor next)
     }
     if (h1_transient) a.h1_16 = nullptr;  // (scratch, released after the forward)
     be_.rope_forward_bf16(a.q_16, q, rope_cos_, rope_sin_, B, T, H, D);
@@ -588,7 +619,8 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
     a.h2 = a.g = a.u = a.s = nullptr;
     a.h2_16 = kept_input(a.h2_xt, z.h2, saves_xt(4, 2, mlp_read_codes(N), policy), h2_transient);
     a.rstd2 = keep(true, z.rstd2, nullptr);
-    be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+    be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps,
+                             norm_amax(a.h2_16, mlp_read_codes(N)));
     a.g_16 = codes_only(false, z.g);
     a.u_16 = codes_only(false, z.u);
     {
@@ -599,6 +631,7 @@ void LlamaModel::block_forward(const BlockParams& w, const float* x, float* y, B
       linear_fwd16(4, nullptr, a.g_16, a.h2_16, w.w_gate, N, C, I, nat, h2, nullptr, a.h2_xt);
       linear_fwd16(5, nullptr, a.u_16, a.h2_16, w.w_up, N, C, I, nat, h2);
       scratch_.release(m);
+      norm_amax_x_ = nullptr;
     }
     if (h2_transient) a.h2_16 = nullptr;
     const size_t before_s = scratch_.mark();
@@ -676,12 +709,12 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
     if (!a.h1_16 && !a.h1_xt.codes) {
       a.rstd1 = scratch_.alloc_f32(N);
       a.h1_16 = alloc_bf16(scratch_, N * C);
-      be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps);
+      be_.rmsnorm_forward_bf16(a.h1_16, a.rstd1, x, w.input_norm, N, C, eps, nullptr);
     }
     if (!a.h2_16 && !a.h2_xt.codes) {
       a.rstd2 = scratch_.alloc_f32(N);
       a.h2_16 = alloc_bf16(scratch_, N * C);
-      be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps);
+      be_.rmsnorm_forward_bf16(a.h2_16, a.rstd2, a.x_mid, w.post_norm, N, C, eps, nullptr);
     }
     if (!a.s_16 && !a.s_xt.codes) {
       a.s_16 = alloc_bf16(scratch_, N * I);
@@ -1159,6 +1192,7 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     xq.save_t_scale_inv = save.scale_inv;
     xq.swiglu_g = swiglu.g;  // x made from SwiGLU's operands by the cast (SwigluInput)
     xq.swiglu_u = swiglu.u;
+    if (x16 && x16 == norm_amax_x_) xq.x_amax = norm_amax_slot_;  // the norm took x's amax
     const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
     // writes y16 itself; adds the residual itself (residual + product, as the add below)
     be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16, residual);

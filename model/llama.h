@@ -101,6 +101,10 @@ bool fp8_save_xt_enabled();
 // where it can (LlamaModel::SwigluInput), and gate's and up's backward take their gradients'
 // operands from SwiGLU's backward (Backend::fp8_swiglu_backward).
 bool fp8_fuse_swiglu_enabled();
+// MXTRAIN_FP8_NORM_AMAX is not 0: under fp8-current and nvfp4 the RMSNorm kernels that write
+// h1's and h2's codes take their amax too, so the Linears' quantizers skip their amax pass
+// (Fp8Operand::x_amax).
+bool fp8_norm_amax_enabled();
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
@@ -206,6 +210,9 @@ class LlamaModel {
   // Gate-and-up backward passes whose FP8 operands of dg and du came straight from SwiGLU's
   // backward (Backend::fp8_swiglu_backward), since the model was made.
   int64_t fused_swiglu_grads() const { return fused_swiglu_grads_; }
+  // RMSNorm outputs (h1, h2) whose amax the norm's kernel took for the FP8 Linears that read
+  // them (Fp8Operand::x_amax: fp8-current, nvfp4), since the model was made.
+  int64_t norm_amax_inputs() const { return norm_amax_uses_; }
 
  private:
   struct BlockActs;
@@ -278,6 +285,11 @@ class LlamaModel {
   // gradient's own quantization; the block recipes' always are). MXTRAIN_FP8_SAVE_XT=0 turns
   // it off (comparisons).
   bool saves_xt(int first, int count, bool reads_codes, Checkpointing policy) const;
+  // The amax slot for an RMSNorm output written as `codes` (rmsnorm_forward_bf16's amax), or
+  // null: fp8-current or nvfp4 in this block, its Linears reading the codes (reads_codes),
+  // MXTRAIN_FP8_NORM_AMAX not 0. Marks the codes as the slot's (norm_amax_x_) until the caller
+  // clears it.
+  float* norm_amax(const uint16_t* codes, bool reads_codes);
   // x^T's kept codes carry block scales (fp8-block, mxfp8: fp8_xt_scale_bytes' blocks).
   bool xt_blocks() const;
   // Block `layer`'s weights through `access`: fp32 pointers, or (bf16 gathers) the RMSNorm
@@ -393,6 +405,14 @@ class LlamaModel {
   int64_t saved_xt_uses_ = 0;
   int64_t fused_swiglu_uses_ = 0;
   int64_t fused_swiglu_grads_ = 0;
+  int64_t norm_amax_uses_ = 0;
+  // The bf16 codes of the last RMSNorm output whose amax its kernel wrote (norm_amax), and that
+  // float (backend memory, made once): the forward inputs of the Linears reading those codes
+  // take it (linear_fwd).
+  const uint16_t* norm_amax_x_ = nullptr;
+  float* norm_amax_slot_ = nullptr;
+  bool norm_amax_owned_ = false;
+  float norm_amax_host_ = 0.0f;
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};

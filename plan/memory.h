@@ -151,7 +151,8 @@ constexpr double kFragmentation = 0.05;  // of the dynamic part (activations + g
 struct CudaEngineBytes {
   int64_t fsdp = 0;             // 4 state shards + gathered weights + unit gradients + RS out
   int64_t activations = 0;      // the saved and scratch arenas (capacities)
-  int64_t amax_slots = 0;       // fp8-delayed: 4 bytes x 7 Linears x 6 operands per block
+  int64_t amax_slots = 0;       // fp8-delayed: 4 bytes x 7 Linears x 6 operands per block;
+                                // fp8-current, nvfp4: 4 (the RMSNorm's amax)
   int64_t backend_scratch = 0;  // cuda_scratch_bytes(): MXTRAIN_CUDA_SCRATCH_MB, 1 GiB
   int64_t allowances = 0;       // CUDA context + NCCL buffers
   // Through Backend::memory(): what the trainer's summary reports as device_mem_bytes.

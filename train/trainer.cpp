@@ -1246,6 +1246,7 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
     summary["fp8_saved_xt_operands"] = engine.model->saved_xt_operands();
     summary["fp8_fused_swiglu_inputs"] = engine.model->fused_swiglu_inputs();
     summary["fp8_fused_swiglu_grads"] = engine.model->fused_swiglu_grads();
+    summary["fp8_norm_amax_inputs"] = engine.model->norm_amax_inputs();
   }
   if (cfg.run.profile && step >= profile_first) {  // rank 0's ops (every rank runs the same)
     auto str_seconds = [](double s) {

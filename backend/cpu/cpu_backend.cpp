@@ -431,11 +431,15 @@ class CpuBackend final : public Backend {
   // The bf16 path's producers and attention: the fp32 ops on widened copies, then the codes
   // (bit for bit what the fp32 op followed by pack_bf16 gives).
   void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
-                            int64_t N, int64_t C, float eps) override {
+                            int64_t N, int64_t C, float eps, float* amax) override {
     OpScope scope(*this, "rmsnorm_forward_bf16");
     std::vector<float> y(static_cast<size_t>(N * C));
     rmsnorm_forward(y.data(), rstd, x, w, N, C, eps);
     to_bf16(y16, y.data(), N * C);
+    if (amax) {  // of the codes' values
+      unpack_bf16(y.data(), y16, N * C);
+      *amax = numerics::abs_max(y.data(), N * C);
+    }
   }
 
   void rope_forward_bf16(uint16_t* y16, const float* x, const float* cos, const float* sin,

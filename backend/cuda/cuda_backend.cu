@@ -142,10 +142,14 @@ __device__ __forceinline__ float4 ld4(const float* p, int64_t i) {
 // Kahan sum takes its elements in a different order, as the block's sum already does.
 
 // y fp32 (rmsnorm_forward) or bf16 codes (rmsnorm_forward_bf16): the same fp32 math either way.
+// amax (bf16 codes only, unless null; the launch zeroed it): max |y| over the codes' values,
+// NaN skipped (numerics::amax_fold), one atomic max a block on the bits (non-negative floats
+// order as unsigned ints, +inf included): what abs_max of the codes would give, without
+// reading them back.
 template <typename Out>
 __global__ void rmsnorm_forward_kernel(Out* __restrict__ y, float* __restrict__ rstd,
                                        const float* __restrict__ x, const float* __restrict__ w,
-                                       int64_t C, float eps, bool vec) {
+                                       int64_t C, float eps, bool vec, float* amax) {
   const int64_t n = blockIdx.x;
   const float* xr = x + n * C;
   const int64_t c4 = vec ? C : 0;  // elements [0, c4) four at a time
@@ -163,13 +167,33 @@ __global__ void rmsnorm_forward_kernel(Out* __restrict__ y, float* __restrict__ 
   }
   __syncthreads();
   const float r = r_shared;
+  float m = 0.0f;  // (amax's)
   for (int64_t c = 4 * int64_t(threadIdx.x); c < c4; c += 4 * int64_t(blockDim.x)) {
     const float4 v = ld4(xr, c), wv = ld4(w, c);
-    store_out4(y, n * C + c,
-               make_float4(v.x * r * wv.x, v.y * r * wv.y, v.z * r * wv.z, v.w * r * wv.w));
+    const float4 o = make_float4(v.x * r * wv.x, v.y * r * wv.y, v.z * r * wv.z, v.w * r * wv.w);
+    if constexpr (std::is_same_v<Out, uint16_t>) {
+      const uint2 codes = bf16x4_codes(o.x, o.y, o.z, o.w);
+      *reinterpret_cast<uint2*>(y + n * C + c) = codes;
+      if (amax) {
+        const float4 k = bf16x4(codes);
+        m = numerics::amax_fold(numerics::amax_fold(m, k.x), k.y);
+        m = numerics::amax_fold(numerics::amax_fold(m, k.z), k.w);
+      }
+    } else {
+      store_out4(y, n * C + c, o);
+    }
   }
-  for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x)
+  for (int64_t c = c4 + threadIdx.x; c < C; c += blockDim.x) {
     store_out(y, n * C + c, xr[c] * r * w[c]);
+    if constexpr (std::is_same_v<Out, uint16_t>)
+      if (amax) m = numerics::amax_fold(m, numerics::decode_bf16(y[n * C + c]));
+  }
+  if constexpr (std::is_same_v<Out, uint16_t>) {
+    if (amax) {
+      m = block_max(m);
+      if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+    }
+  }
 }
 
 // dx += r w dy - x r^3 / C * sum(dy w x), one block per row.
@@ -1666,15 +1690,16 @@ class CudaBackendImpl final : public CudaBackend {
                        int64_t C, float eps) override {
     if (N == 0) return;
     rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(
-        y, rstd, x, w, C, eps, C % 4 == 0 && all_16_aligned({y, x, w}));
+        y, rstd, x, w, C, eps, C % 4 == 0 && all_16_aligned({y, x, w}), nullptr);
     launched("rmsnorm_forward");
   }
   void rmsnorm_forward_bf16(uint16_t* y16, float* rstd, const float* x, const float* w,
-                            int64_t N, int64_t C, float eps) override {
+                            int64_t N, int64_t C, float eps, float* amax) override {
+    if (amax) MX_CUDA_CHECK("rmsnorm_forward_bf16", cudaMemsetAsync(amax, 0, sizeof(float), stream_));
     if (N == 0) return;
     rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, stream_>>>(
-        y16, rstd, x, w, C, eps, C % 4 == 0 && all_16_aligned({y16, x, w}));
-    launched("rmsnorm_forward_bf16");
+        y16, rstd, x, w, C, eps, C % 4 == 0 && all_16_aligned({y16, x, w}), amax);
+    launched(amax ? "rmsnorm_forward_bf16 (amax)" : "rmsnorm_forward_bf16");
   }
 
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
@@ -2846,12 +2871,20 @@ class CudaBackendImpl final : public CudaBackend {
     float* scale = scratch_.alloc_f32(1);
     float* scale_inv = fill ? static_cast<float*>(shared_scales_) : scratch_.alloc_f32(1);
     float* amax = fill ? shared_amax_ : q.amax;  // kept: a later operand's slot takes it too
-    if (!amax && q.current) amax = scratch_.alloc_f32(1);
-    // Current scaling needs the amax before the codes: a pass of its own. Delayed scaling's
-    // scale is given, so its amax (for the history) comes from the codes' own read.
-    if (amax && q.current) cuda::abs_max(amax, x, rows * cols, scratch_, stream_);
+    // Current scaling needs the amax before the codes: a pass of its own, unless x's producer
+    // took it (Fp8Operand::x_amax: then only the slots that keep it get a copy). Delayed
+    // scaling's scale is given, so its amax (for the history) comes from the codes' own read.
+    const float* scale_amax = nullptr;  // current scaling's
+    if (q.current && q.x_amax) {
+      if (amax) copy_amax(amax, q.x_amax);
+      scale_amax = q.x_amax;
+    } else if (q.current) {
+      if (!amax) amax = scratch_.alloc_f32(1);
+      cuda::abs_max(amax, x, rows * cols, scratch_, stream_);
+      scale_amax = amax;
+    }
     float* fused_amax = q.current ? nullptr : amax;
-    cuda::fp8_scales(scale, scale_inv, q.current ? amax : nullptr, q.scale, q.fmt, stream_);
+    cuda::fp8_scales(scale, scale_inv, scale_amax, q.scale, q.fmt, stream_);
     [&] {
       if (codes_rows) {
         MX_ASSERT(transposed, "fp8_operand: the row-major copy goes with the transposed codes");
@@ -3219,8 +3252,9 @@ class CudaBackendImpl final : public CudaBackend {
     uint8_t* codes = fill ? shared_codes_ : scratch_.alloc_as<uint8_t>(R * K / 2);
     uint8_t* raw = scratch_.alloc_as<uint8_t>(scale_rows * kb);
     float* global = fill ? shared_amax_ : scratch_.alloc_f32(1);
-    if (!blocks_2d && !transposed) {
-      cuda::quantize_nvfp4_rows(x, R, K, q.rounding, codes, raw, global, scratch_, stream_);
+    if (!blocks_2d && !transposed) {  // (x's producer may have taken its amax: x_amax)
+      cuda::quantize_nvfp4_rows(x, R, K, q.rounding, codes, raw, global, scratch_, stream_,
+                                q.x_amax);
     } else if (transposed && q.rht) {
       cuda::quantize_nvfp4_rht_t(x, rows, cols, q.rht_seed, q.rounding, codes, raw, global,
                                  scratch_, stream_);

@@ -1950,12 +1950,16 @@ template <class T>
 void quantize_nvfp4_rows_of(const T* x, int64_t rows, int64_t cols,
                             const numerics::RoundingOptions& ro, uint8_t* codes,
                             uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
-                            cudaStream_t s) {
+                            cudaStream_t s, const float* x_amax) {
   MX_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0 && aligned(codes, 8),
              "quantize_nvfp4_rows: cols a multiple of 16 (got ", cols, ") and 8-byte aligned codes");
   DeviceArenaScope scope(scratch);
-  float* amax = scratch.alloc_f32(1);
-  abs_max(amax, x, rows * cols, scratch, s);
+  const float* amax = x_amax;
+  if (!amax) {
+    float* own = scratch.alloc_f32(1);
+    abs_max(own, x, rows * cols, scratch, s);
+    amax = own;
+  }
   const int64_t blocks = rows * (cols / 16);
   nvfp4_rows_kernel<<<elem_grid(blocks), 256, 0, s>>>(
       x, blocks, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
@@ -2008,13 +2012,15 @@ void quantize_nvfp4_both(const uint16_t* x, int64_t rows, int64_t cols, uint32_t
 
 void quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols,
                          const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
-                         float* global_scale, DeviceArena& scratch, cudaStream_t s) {
-  quantize_nvfp4_rows_of(x, rows, cols, ro, codes, scales_u8, global_scale, scratch, s);
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s,
+                         const float* x_amax) {
+  quantize_nvfp4_rows_of(x, rows, cols, ro, codes, scales_u8, global_scale, scratch, s, x_amax);
 }
 void quantize_nvfp4_rows(const uint16_t* x, int64_t rows, int64_t cols,
                          const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
-                         float* global_scale, DeviceArena& scratch, cudaStream_t s) {
-  quantize_nvfp4_rows_of(x, rows, cols, ro, codes, scales_u8, global_scale, scratch, s);
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s,
+                         const float* x_amax) {
+  quantize_nvfp4_rows_of(x, rows, cols, ro, codes, scales_u8, global_scale, scratch, s, x_amax);
 }
 void quantize_nvfp4_rht_t(const float* x, int64_t rows, int64_t cols, uint32_t seed,
                           const numerics::RoundingOptions& ro, uint8_t* codes_t,

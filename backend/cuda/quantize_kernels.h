@@ -117,13 +117,16 @@ void quantize_nvfp4_16x16_t(const float* x, int64_t rows, int64_t cols,
 // numerics::quantize_nvfp4_into writes (stochastic bits by each element's index in the
 // operand).
 // _rows: x [rows, cols] in 1x16 blocks along its rows (cols a multiple of 16; codes 8-byte
-// aligned): quantize_nvfp4(x, rows, cols, false, ...)'s bytes, after an amax pass over x.
+// aligned): quantize_nvfp4(x, rows, cols, false, ...)'s bytes, after an amax pass over x, or
+// with x_amax (device, unless null: max |x|, NaN skipped, as x's producer took it) in its place.
 void quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols,
                          const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
-                         float* global_scale, DeviceArena& scratch, cudaStream_t s);
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s,
+                         const float* x_amax = nullptr);
 void quantize_nvfp4_rows(const uint16_t* x, int64_t rows, int64_t cols,
                          const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
-                         float* global_scale, DeviceArena& scratch, cudaStream_t s);
+                         float* global_scale, DeviceArena& scratch, cudaStream_t s,
+                         const float* x_amax = nullptr);
 // _rht_t: the weight gradient's operand RHT(x^T) [cols, rows] in 1x16 blocks along its rows
 // (x's columns, 16 rows of x a block: rows a multiple of 16; codes_t 8-byte aligned): the
 // bytes of transpose_f32, rht16_forward(seed) and quantize_nvfp4(.., cols, rows, false, ..),

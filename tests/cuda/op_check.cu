@@ -183,6 +183,19 @@ const Tol kAttention{2e-5, 2e-4};
 
 // ---- op checks ------------------------------------------------------------------------------------
 void expect_floats(Result& r, const char* what, const std::vector<float>& got, const std::vector<float>& want);
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b, std::string& note);
+// max |v| with NaN skipped, by a plain loop: what an amax of v must be.
+float host_amax(const std::vector<float>& v) {
+  float m = 0.0f;
+  for (float f : v)
+    if (!std::isnan(f)) m = std::max(m, std::fabs(f));
+  return m;
+}
+// The operand with its amax given as x's producer took it (Fp8Operand::x_amax).
+Backend::Fp8Operand given_amax(Backend::Fp8Operand q, const float* amax) {
+  q.x_amax = amax;
+  return q;
+}
 void expect_bytes(Result& r, const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want);
 
 std::vector<uint16_t> bf16_codes(const std::vector<float>& x);  // RNE codes (below)
@@ -512,6 +525,42 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
         compare_rows(r, "y", dY.download(), y, O);
         check_amax(r);
       });
+      // x's amax as its producer took it (Fp8Operand::x_amax, the RMSNorm's; current scaling):
+      // y and the amax slots bit for bit those of the operand's own pass, y against the CPU
+      // twin (which checks that the amax given is x's); an amax 3x too large changes y, so the
+      // one given is the one used (not 4x: a power of two scales every code exactly).
+      if (!delayed)
+        run_case("fp8_linear_forward_x_amax", shape, [&](Result& r) {
+          const std::vector<float> amax{host_amax(xb.wide)}, amax3{3 * amax[0]};
+          Dev<float> dA(amax), dA3(amax3), dY(N * O), dY0(N * O), dY3(N * O);
+          std::vector<float> y(N * O);
+          cpu.fp8_linear_forward(y.data(), nullptr,
+                                 given_amax(xb.on_host(op(Format::kE4M3, x, &cpu_amax[0])),
+                                            amax.data()),
+                                 w.data(), op(Format::kE4M3, w, &cpu_amax[1]), N, I, O,
+                                 cpu_work.data());
+          gpu_amax.poison();
+          gpu.fp8_linear_forward(dY0.p, nullptr, xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)),
+                                 dW.p, op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p);
+          const auto slots0 = gpu_amax.download();
+          gpu_amax.poison();
+          gpu.fp8_linear_forward(dY.p, nullptr,
+                                 given_amax(xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)), dA.p),
+                                 dW.p, op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p);
+          const auto got = dY.download();
+          expect_floats(r, "y", got, dY0.download());
+          expect_floats(r, "amax slots", gpu_amax.download(), slots0);
+          compare_rows(r, "y vs cpu", got, y, O);
+          check_amax(r);
+          gpu.fp8_linear_forward(dY3.p, nullptr,
+                                 given_amax(xb.on_gpu(op(Format::kE4M3, x, nullptr)), dA3.p),
+                                 dW.p, op(Format::kE4M3, w, nullptr), N, I, O, gpu_work.p);
+          std::string note;
+          if (same_bits(dY3.download(), got, note)) {
+            r.pass = false;
+            r.note += "an amax 3x too large gave the same y: x_amax unused; ";
+          }
+        });
       check_fp8_residual("fp8_linear_forward_residual", shape, gpu, N * O, O, 1,
                          [&](bool on_gpu, float* y, const float* R) {
         if (on_gpu)
@@ -1417,6 +1466,27 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, xb.on_gpu(fp4(1, 16, false, 0)), dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
       compare_rows(r, "y", dY.download(), y, O, 3);
     });
+    // The global amax as x's producer took it (Fp8Operand::x_amax: the RMSNorm's), as in
+    // check_fp8_linears: y bit for bit the operand's own pass's, against the CPU twin (which
+    // checks the amax), and an amax 3x too large changes y.
+    run_case("nvfp4_linear_forward", shape + " x bf16 x_amax", [&](Result& r) {
+      const std::vector<float> amax{host_amax(xb.wide)}, amax3{3 * amax[0]};
+      Dev<float> dA(amax), dA3(amax3), dY(N * O), dY0(N * O), dY3(N * O);
+      std::vector<float> y(N * O);
+      const auto xq = fp4(1, 16, false, 0), wq = fp4(16, 16, false, 1);
+      cpu.fp8_linear_forward(y.data(), nullptr, given_amax(xb.on_host(xq), amax.data()), w.data(), wq, N, I, O, cpu_work.data());
+      gpu.fp8_linear_forward(dY0.p, nullptr, xb.on_gpu(xq), dW.p, wq, N, I, O, gpu_work.p);
+      gpu.fp8_linear_forward(dY.p, nullptr, given_amax(xb.on_gpu(xq), dA.p), dW.p, wq, N, I, O, gpu_work.p);
+      gpu.fp8_linear_forward(dY3.p, nullptr, given_amax(xb.on_gpu(xq), dA3.p), dW.p, wq, N, I, O, gpu_work.p);
+      const auto got = dY.download();
+      expect_floats(r, "y", got, dY0.download());
+      compare_rows(r, "y vs cpu", got, y, O, 3);
+      std::string note;
+      if (same_bits(dY3.download(), got, note)) {
+        r.pass = false;
+        r.note += "an amax 3x too large gave the same y: x_amax unused; ";
+      }
+    });
     run_case("nvfp4_linear_dgrad", shape + " dy bf16 dx bf16", [&](Result& r) {
       std::vector<float> dx(N * I);
       std::vector<uint16_t> dx16(N * I);
@@ -1993,12 +2063,40 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
       std::vector<float> rstd(N);
       Dev<float> dx(x), dw(w), dr(N);
       Dev<uint16_t> dy(N * C);
-      cpu.rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-      gpu.rmsnorm_forward_bf16(dy.p, dr.p, dx.p, dw.p, N, C, 1e-5f);
+      cpu.rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, nullptr);
+      gpu.rmsnorm_forward_bf16(dy.p, dr.p, dx.p, dw.p, N, C, 1e-5f, nullptr);
       compare(r, "y", widen(dy.download()), widen(y16), {kReduction.atol, kReduction.rtol + kBf16Ulp});
       compare(r, "rstd", dr.download(), rstd, kReduction);
       compare(r, "x", dx.download(), x, {0, 0});
     });
+    // With the amax an FP8 operand of y takes (Fp8Operand::x_amax: the fp8-current and nvfp4
+    // Linears then skip their pass over h1 and h2): max |y| over the device's own codes bit for
+    // bit (host_amax), the codes those written without it; a row of NaN (x NaN) is skipped, an
+    // inf weight gives inf. Against the CPU twin's amax within the codes' tolerance.
+    for (int form = 0; form < 3; ++form)
+      run_case("rmsnorm_forward_bf16_amax",
+               dims({N, C}) + (form == 1 ? " nan row" : form == 2 ? " inf weight" : ""),
+               [&](Result& r) {
+        auto x = randn(N * C), w = uniform(C, 0.5f, 1.5f);
+        if (form == 1)
+          for (int64_t c = 0; c < C; ++c) x[(N / 2) * C + c] = NAN;
+        if (form == 2) w[C - 1] = INFINITY;
+        std::vector<uint16_t> y16(N * C);
+        std::vector<float> rstd(N), camax{-1.0f};
+        Dev<float> dx(x), dw(w), dr(N), damax(1);
+        Dev<uint16_t> dy(N * C), dy0(N * C);
+        cpu.rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f,
+                                 camax.data());
+        gpu.rmsnorm_forward_bf16(dy.p, dr.p, dx.p, dw.p, N, C, 1e-5f, damax.p);
+        gpu.rmsnorm_forward_bf16(dy0.p, dr.p, dx.p, dw.p, N, C, 1e-5f, nullptr);
+        const auto codes = widen(dy.download());
+        expect_floats(r, "codes", codes, widen(dy0.download()));
+        const auto gamax = damax.download();
+        expect_floats(r, "amax", gamax, {host_amax(codes)});
+        expect_floats(r, "cpu amax", camax, {host_amax(widen(y16))});
+        if (form == 2) expect_floats(r, "amax (inf)", gamax, {INFINITY});
+        else compare(r, "amax vs cpu", gamax, camax, {0, kReduction.rtol + kBf16Ulp});
+      });
   }
   for (auto [B, T, Hh, D] : std::vector<std::array<int64_t, 4>>{{1, 1, 1, 2}, {2, 17, 3, 64}, {1, 100, 8, 128}}) {
     for (int bwd = 0; bwd < 2; ++bwd)

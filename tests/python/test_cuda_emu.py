@@ -61,9 +61,15 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
     if recipe.startswith("fp8") or recipe in ("mxfp8", "nvfp4"):
         # Only the tensor-core Linears keep a shared input's operand: the FP8 GEMMs ran.
         assert summary["fp8_shared_operands"] > 0, summary
+    if recipe.startswith("fp8") or recipe in ("mxfp8", "nvfp4"):
+        # fp8-current's and nvfp4's h1 and h2 took their amax from the RMSNorm kernel (2 a
+        # block and step; tiny: 2 blocks): Fp8Operand::x_amax. The others need none.
+        norm = 2 * 2 * STEPS if recipe in ("fp8-current", "nvfp4") else 0
+        assert summary["fp8_norm_amax_inputs"] == norm, summary
     if recipe == "nvfp4":  # and each Linear's backward took dy's two operands from one read
         ops = {o["op"] for o in summary["op_profile"]["ops"]}
         assert "nvfp4_operand" in ops and "unpack_bf16" not in ops, ops
+        assert "rmsnorm_forward_bf16 (amax)" in ops, ops
         assert "nvfp4_operand (dy both)" in ops, ops
         # the bf16 path's outputs (v, gate, up; dx) as codes out of the FP4 GEMM's epilogue,
         # the residual adds in it: no fp32 output rounded or added by a pass of its own

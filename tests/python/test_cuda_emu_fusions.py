@@ -1,7 +1,7 @@
 """The CUDA backend's fused and alternative paths in the trainer, under mxemu (see
 test_cuda_emu.py, whose helpers these share: cuda_emu_run.py): the casts' kernel forms, the
-SwiGLU fusions and x^T's codes kept by the forward each give the trainer the same bits as the
-unfused or plain form, which test_cuda_emu.py compares with the CPU. A file of its own so that
+SwiGLU fusions, x^T's codes kept by the forward and the RMSNorm's amax for the inputs' casts
+each give the trainer the same bits as the unfused or plain form, which test_cuda_emu.py compares with the CPU. A file of its own so that
 the two halves of the emulated trainer's tests run on both test workers (--dist loadfile)."""
 import pytest
 
@@ -110,4 +110,30 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe, sm, extra):
     off, _, _ = run("hp-off", more=hp, env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
     assert 0 < summary["fp8_saved_xt_operands"] < 6 * STEPS, summary
     for a, b in zip(on, off):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+
+
+@pytest.mark.parametrize("recipe,sm", [("fp8-current", "90"), ("nvfp4", "100")])
+def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
+    """The RMSNorm kernels take h1's and h2's amax as they write their codes
+    (rmsnorm_forward_bf16's amax, Fp8Operand::x_amax), so fp8-current's casts of q's, k's, v's,
+    gate's and up's input and nvfp4's 1x16 rows (their global scale) skip their own amax pass
+    over them. The same amax, so every step's loss and gradient norm equal
+    MXTRAIN_FP8_NORM_AMAX=0's bit for bit; two a block and step. Under full checkpointing the
+    backward's recompute takes them too (four), with the same bits again (every policy gives
+    the same gradients)."""
+    require_emu()
+    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm)
+    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm,
+                                env_extra={"MXTRAIN_FP8_NORM_AMAX": "0"})
+    assert summary["fp8_norm_amax_inputs"] == 2 * 2 * STEPS, summary  # tiny: 2 blocks
+    assert summary_off["fp8_norm_amax_inputs"] == 0, summary_off
+    for a, b in zip(on, off):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+    if recipe != "fp8-current":
+        return
+    full, summary_full, _ = train(tmp_path, "full", EMU_BIN, "cuda", recipe, sm=sm,
+                                  extra=("--set", "memory.activation_checkpointing=full"))
+    assert summary_full["fp8_norm_amax_inputs"] == 2 * 2 * 2 * STEPS, summary_full
+    for a, b in zip(on, full):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)

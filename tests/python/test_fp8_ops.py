@@ -305,3 +305,23 @@ def test_startup_line_says_which_linears_take_the_fp8_gemms(tmp_path, recipe, se
     # q, k and v share h1's quantization where all three are native, gate and up h2's where
     # both are: the run's count shows which Linears took the ops.
     assert (shared_operands(out) > 0) == (all(native[:3]) or all(native[4:6]))
+
+
+@pytest.mark.parametrize("recipe,ckpt", [("fp8-current", "none"), ("fp8-current", "full"),
+                                         ("nvfp4", "none")])
+def test_bf16_path_takes_the_norms_amax(tmp_path, recipe, ckpt):
+    # h1's and h2's amax from the RMSNorm that writes their codes (rmsnorm_forward_bf16's amax,
+    # Fp8Operand::x_amax) for fp8-current's casts and nvfp4's 1x16 rows of q's, k's, v's, gate's
+    # and up's input: the CPU twin checks each given amax against max |x| bit for bit (an
+    # internal error otherwise), and the run and its checkpoints equal the run with it off
+    # (MXTRAIN_FP8_NORM_AMAX=0). 2 a block and step; full checkpointing's recompute 2 more.
+    extra = ["--set", f"precision.recipe={recipe}", "--set", "precision.activations=bf16",
+             "--set", f"memory.activation_checkpointing={ckpt}"]
+    env = {"MXTRAIN_TEST_BF16_GEMM": "1"}
+    on, on_out, _ = train(tmp_path, "on", True, False, extra, env_extra=env)
+    off, off_out, _ = train(tmp_path, "off", True, False, extra,
+                            env_extra=dict(env, MXTRAIN_FP8_NORM_AMAX="0"))
+    assert len(on) == 12 and on == off
+    assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
+    assert summary_of(on_out)["fp8_norm_amax_inputs"] == 2 * 2 * 12 * (2 if ckpt == "full" else 1)
+    assert summary_of(off_out)["fp8_norm_amax_inputs"] == 0

@@ -225,8 +225,10 @@ ENGINE_CASES = [
     ("tiny-1p-sel-mxfp8-bf16act", TINY, 1, "full", 48, 2, "selective", "mxfp8",
      {"precision.activations": "bf16"}),
     ("odd-2p-gradop-fp32", ODD, 2, "grad-op", 37, 1, "selective", "fp32", {}),
+    # (nvfp4 on the backend's FP4 ops and the bf16 path, as a B200 runs it: the RMSNorm's amax
+    # float, amax_slot_bytes 4, is allocated there)
     ("tied-2p-none-nvfp4", dict(TINY, **{"model.tie_word_embeddings": True}), 2, "none", 32, 1,
-     "full", "nvfp4", {}),
+     "full", "nvfp4", {"precision.activations": "bf16"}),
     # FSDP's bf16 gathers (parallel.gather_dtype auto: the blocks' weight slots hold codes)
     ("tiny-2p-gradop-bf16-gathers", TINY, 2, "grad-op", 32, 1, "selective", "bf16",
      {"precision.activations": "bf16"}),
@@ -241,6 +243,9 @@ ENGINE_CASES = [
      {"precision.activations": "bf16"}),
     ("tiny-1p-none-mxfp8-xt", TINY, 1, "full", 32, 4, "none", "mxfp8",
      {"precision.activations": "bf16"}),
+    # fp8-current: the float the RMSNorm writes h1's and h2's amax into (amax_slot_bytes 4)
+    ("tiny-1p-none-fp8current-xt", TINY, 1, "full", 32, 4, "none", "fp8-current",
+     {"precision.activations": "bf16"}),
 ]
 
 
@@ -251,7 +256,7 @@ def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, 
     settings = case_settings(model, sharding, seq, batch, policy, recipe, extra)
     # native bf16 GEMMs, as on the GPU (with bf16 activations: the bf16 path)
     env = {"MXTRAIN_TEST_DEVICE_MEMORY": "1", "MXTRAIN_TEST_BF16_GEMM": "1"}
-    if name.endswith("-xt"):
+    if name.endswith("-xt") or recipe == "nvfp4":
         env["MXTRAIN_TEST_FP8_OPS"] = "1"
     summary = train_mpi(tmp_path, procs, settings, env_extra=env)
     held = summary["device_mem_bytes"]
@@ -261,6 +266,8 @@ def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, 
     assert held == held_max == eng["arena_bytes"], (held, held_max, eng)
     assert eng["arena_bytes"] == eng["fsdp_bytes"] + eng["activation_arena_bytes"] + \
         eng["amax_slot_bytes"]
+    if recipe in ("fp8-current", "nvfp4"):
+        assert eng["amax_slot_bytes"] == 4, eng
     assert eng["total_bytes"] == eng["arena_bytes"] + eng["backend_scratch_bytes"] + \
         eng["allowance_bytes"]
     # The device arenas hold capacities, at least what the CPU run's arenas ever used.

@@ -644,7 +644,7 @@ TEST(CpuOps, NormAndRopeIntoBf16CodesMatchDefinition) {
   auto x = randn(N * C, 31, 2.0f), w = randn(C, 32);
   std::vector<uint16_t> y16(N * C, 0xABCD);
   std::vector<float> rstd(N, kNaN);
-  be->rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  be->rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, nullptr);
   for (int64_t n = 0; n < N; ++n) {
     double ss = 0;
     for (int64_t c = 0; c < C; ++c) ss += double(x[n * C + c]) * x[n * C + c];
@@ -653,6 +653,20 @@ TEST(CpuOps, NormAndRopeIntoBf16CodesMatchDefinition) {
     for (int64_t c = 0; c < C; ++c)
       ASSERT_TRUE(close(y16[n * C + c], x[n * C + c] * r * w[c], 10.0)) << n << "," << c;
   }
+  // With the amax (an FP8 operand's, Fp8Operand::x_amax): the largest |code value|, NaN skipped
+  // (a row of NaN), the same codes
+  x[5 * C + 7] = kNaN;  // row 5 all NaN
+  std::vector<uint16_t> y16a(N * C, 0xABCD);
+  float amax = -1.0f;
+  be->rmsnorm_forward_bf16(y16a.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, &amax);
+  be->rmsnorm_forward_bf16(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, nullptr);
+  EXPECT_EQ(y16a, y16);
+  float want = 0.0f;
+  for (uint16_t code : y16)
+    if (!std::isnan(bf16_value(code))) want = std::max(want, std::fabs(float(bf16_value(code))));
+  EXPECT_TRUE(std::isnan(bf16_value(y16[5 * C])));
+  EXPECT_GT(want, 0.0f);
+  EXPECT_EQ(amax, want);
   const int64_t B = 2, T = 5, Hh = 3, D = 8, half = D / 2;
   auto q = randn(B * T * Hh * D, 33);
   const auto q0 = q;
