@@ -145,9 +145,10 @@ void Backend::copy_rows_bf16(uint16_t* out, int64_t ld, const uint16_t* in, int6
 
 void Backend::rmsnorm_backward_bf16(float* dx, uint16_t* dx16, float* dw, const float* dy,
                                     const float* x, const float* w, const float* rstd, int64_t N,
-                                    int64_t C) {
+                                    int64_t C, float* amax) {
   rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
-  to_bf16(dx16, dx, N * C);
+  if (dx16) to_bf16(dx16, dx, N * C);
+  if (amax) *amax = numerics::abs_max(dx, N * C);  // (host memory: the reference form)
 }
 
 void Backend::gemm_bf16_residual(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -349,10 +349,13 @@ class Backend {
                                 const float* w, const float* rstd, int64_t N, int64_t C) = 0;
   // The same, and dx16 = the updated dx's bf16 codes (RNE): the bf16 path's residual gradient,
   // which the next output projection's backward reads as codes. The base class:
-  // rmsnorm_backward, then to_bf16; CUDA's kernel stores the codes beside dx.
+  // rmsnorm_backward, then to_bf16; CUDA's kernel stores the codes beside dx. amax (backend
+  // memory, unless null) receives max |dx| of the updated fp32 dx, NaN skipped: the amax an
+  // FP8 operand of it takes (Fp8Operand::x_amax; the output projections' dy under current
+  // scaling). dx16 null: no codes (rmsnorm_backward with the amax).
   virtual void rmsnorm_backward_bf16(float* dx, uint16_t* dx16, float* dw, const float* dy,
                                      const float* x, const float* w, const float* rstd,
-                                     int64_t N, int64_t C);
+                                     int64_t N, int64_t C, float* amax);
 
   // Rotary embedding in place on x[B, T, heads, D], Hugging Face rotate-half convention:
   // pairs (i, i + D/2) rotated by angle pos * theta^(-2i/D). cos/sin tables are [T, D/2].

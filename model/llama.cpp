@@ -191,6 +191,14 @@ bool fp8_norm_amax_enabled() {
   return !off;
 }
 
+bool fp8_weight_amax_enabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("MXTRAIN_FP8_WEIGHT_AMAX");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off;
+}
+
 bool fp8_fuse_swiglu_enabled() {
   static const bool off = [] {
     const char* e = std::getenv("MXTRAIN_FP8_FUSE_SWIGLU");
@@ -324,6 +332,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, Bac
 LlamaModel::~LlamaModel() {
   if (amax_slots_owned_ && be_.memory()) be_.memory()->deallocate(amax_slots_);
   if (norm_amax_owned_ && be_.memory()) be_.memory()->deallocate(norm_amax_slot_);
+  if (weight_amax_owned_ && be_.memory()) be_.memory()->deallocate(weight_amax_slots_);
 }
 
 float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
@@ -333,17 +342,55 @@ float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
   if (!fp8_norm_amax_enabled() || !reads_codes || !recipe_ || !recipe_->active(layer_) ||
       (recipe_->recipe() != Recipe::kFp8Current && recipe_->recipe() != Recipe::kNvfp4))
     return nullptr;
-  if (!norm_amax_slot_) {
+  if (!norm_amax_slot_) {  // [0] h1's or h2's, [1] the residual gradient's (resid_amax)
     if (MemoryResource* mem = be_.memory()) {
-      norm_amax_slot_ = static_cast<float*>(mem->allocate(sizeof(float), "fp8 norm amax"));
+      norm_amax_slot_ = static_cast<float*>(mem->allocate(2 * sizeof(float), "fp8 norm amax"));
       norm_amax_owned_ = true;
     } else {
-      norm_amax_slot_ = &norm_amax_host_;
+      norm_amax_slot_ = norm_amax_host_;
     }
   }
   norm_amax_x_ = codes;
   ++norm_amax_uses_;
   return norm_amax_slot_;
+}
+
+void LlamaModel::weight_amax(int linear, Backend::Fp8Operand& wq) {
+  // fp8-current's W (per-tensor, current scaling, no slot of its own): the micro-batch's first
+  // quantization of it takes its amax into the Linear's slot, the later ones (the recompute's,
+  // the data gradient's W^T) take it from there. W does not change within a micro-batch.
+  if (!wq.per_tensor() || !wq.current || wq.amax || wq.x_amax || !fp8_weight_amax_enabled())
+    return;
+  const size_t slots = size_t(c_.num_hidden_layers) * 7;
+  if (!weight_amax_slots_) {
+    if (MemoryResource* mem = be_.memory()) {
+      weight_amax_slots_ =
+          static_cast<float*>(mem->allocate(sizeof(float) * slots, "fp8 weight amax"));
+      weight_amax_owned_ = true;
+    } else {
+      weight_amax_host_.assign(slots, 0.0f);
+      weight_amax_slots_ = weight_amax_host_.data();
+    }
+    weight_amax_of_.assign(slots, 0);
+  }
+  const size_t slot = size_t(layer_) * 7 + size_t(linear);
+  if (weight_amax_of_[slot] == micro_batch_serial_) {
+    wq.x_amax = weight_amax_slots_ + slot;
+    ++weight_amax_uses_;
+  } else {
+    wq.amax = weight_amax_slots_ + slot;
+    weight_amax_of_[slot] = micro_batch_serial_;
+  }
+}
+
+float* LlamaModel::resid_amax() const {
+  // current scaling's dy of o and down: the forward's norm_amax made the slot where this
+  // block's Linears read codes on tensor cores (the backward's Linears use it where dy is
+  // the residual gradient the slot was written for: linear_bwd)
+  if (!norm_amax_slot_ || !fp8_norm_amax_enabled() || !recipe_ ||
+      recipe_->recipe() != Recipe::kFp8Current)
+    return nullptr;
+  return norm_amax_slot_ + 1;
 }
 
 void LlamaModel::split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
@@ -745,9 +792,14 @@ void LlamaModel::block_backward(const BlockParams& w, const BlockParams& dw, con
   };
   auto norm_backward = [&](float* dw_norm, const float* dh, const float* xin, const float* wn,
                            const float* rstd) {
-    if (dresid16_) be_.rmsnorm_backward_bf16(dresid, dresid16_, dw_norm, dh, xin, wn, rstd, N, C);
+    // (fp8-current on tensor cores: with the updated residual gradient's amax for the next
+    // output projection's FP8 dy, resid_amax_of_)
+    float* amax = resid_amax();
+    if (dresid16_ || amax)
+      be_.rmsnorm_backward_bf16(dresid, dresid16_, dw_norm, dh, xin, wn, rstd, N, C, amax);
     else be_.rmsnorm_backward(dresid, dw_norm, dh, xin, wn, rstd, N, C);
     dresid16_valid_ = dresid16_ != nullptr;
+    resid_amax_of_ = amax ? dresid : nullptr;
   };
   // With bf16 activations, the gradients between a lowered block's ops are bf16 (as autocast's
   // bf16 GEMMs and Transformer Engine's FP8 Linears return them): ds, dg, du, d_o, dq, dk, dv.
@@ -1193,7 +1245,8 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     xq.swiglu_g = swiglu.g;  // x made from SwiGLU's operands by the cast (SwigluInput)
     xq.swiglu_u = swiglu.u;
     if (x16 && x16 == norm_amax_x_) xq.x_amax = norm_amax_slot_;  // the norm took x's amax
-    const auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
+    auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
+    weight_amax(linear, wq);
     // writes y16 itself; adds the residual itself (residual + product, as the add below)
     be_.fp8_linear_forward(y, x, xq, w, wq, N, in, out, work, y16, residual);
     scratch_.release(m);
@@ -1220,6 +1273,7 @@ void LlamaModel::fp8_backward_operands(int linear, int64_t N, bool dx, bool dw,
     dyq_dgrad = fp8_operand(LinearOperand::kDgradGrad, linear);
     dyq_dgrad.bf16 = dy16;
     wq = fp8_operand(LinearOperand::kDgradWeight, linear);
+    weight_amax(linear, wq);
   }
   if (!dw) return;
   dyq_wgrad = fp8_operand(LinearOperand::kWgradGrad, linear);
@@ -1264,6 +1318,12 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
     Backend::Fp8Operand dyq_dgrad, wq, dyq_wgrad, xq;
     fp8_backward_operands(linear, N, dx != nullptr, dw != nullptr, dy16, x16, xt, dyq_dgrad, wq,
                           dyq_wgrad, xq);
+    // dy is the residual gradient whose amax the norm's backward took (resid_amax)
+    if (dy && dy == resid_amax_of_ && dyq_dgrad.per_tensor() && dyq_dgrad.current &&
+        dyq_wgrad.per_tensor() && dyq_wgrad.current) {
+      dyq_dgrad.x_amax = dyq_wgrad.x_amax = resid_amax();
+      ++resid_amax_uses_;
+    }
     be_.fp8_linear_backward(dx, dw, dy, dyq_dgrad, w, wq, dyq_wgrad, x, xq, N, in, out,
                             accumulate_dx, work, dx16);
     scratch_.release(m);
@@ -1345,6 +1405,7 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
 
 double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
                            Checkpointing policy, bool training, float grad_scale) {
+  ++micro_batch_serial_;  // (weight_amax: a new micro-batch's weights' amaxes are taken anew)
   const int64_t N = B * T, C = c_.hidden_size, V = c_.vocab_size, L = c_.num_hidden_layers;
   const float eps = float(c_.rms_norm_eps);
   const bool tied = layout_.tied();
@@ -1455,6 +1516,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
     // block's output projections then read these instead of rounding dresid into scratch)
     dresid16_ = residual_codes_ ? alloc_bf16(scratch_, N * C) : nullptr;
     dresid16_valid_ = false;
+    resid_amax_of_ = nullptr;  // (the final norm's backward wrote dresid without its amax)
     for (int64_t l = L - 1; l >= 0; --l) {
       size_t sm = scratch_.mark();
       const int u = layout_.block_unit(l);
@@ -1468,6 +1530,7 @@ double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B,
       saved_.release(marks[l]);
     }
     dresid16_ = nullptr;
+    resid_amax_of_ = nullptr;
     be_.embedding_backward(access.grads(embed_u), inputs, dresid, N, C);
     access.grads_ready(embed_u);
   }

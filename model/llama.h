@@ -105,6 +105,9 @@ bool fp8_fuse_swiglu_enabled();
 // h1's and h2's codes take their amax too, so the Linears' quantizers skip their amax pass
 // (Fp8Operand::x_amax).
 bool fp8_norm_amax_enabled();
+// MXTRAIN_FP8_WEIGHT_AMAX is not 0: under fp8-current a weight's amax is taken once a
+// micro-batch (its forward cast) and given to the recompute's and the data gradient's casts.
+bool fp8_weight_amax_enabled();
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in
 // ParamLayout: embedding, each block, head). One process hands out views of its flat buffers;
@@ -213,6 +216,12 @@ class LlamaModel {
   // RMSNorm outputs (h1, h2) whose amax the norm's kernel took for the FP8 Linears that read
   // them (Fp8Operand::x_amax: fp8-current, nvfp4), since the model was made.
   int64_t norm_amax_inputs() const { return norm_amax_uses_; }
+  // Output projections (o, down) whose FP8 dy, the residual gradient, took its amax from the
+  // RMSNorm backward that updated it (fp8-current), since the model was made.
+  int64_t norm_amax_grads() const { return resid_amax_uses_; }
+  // fp8-current weight operands (the recompute's W, the data gradients' W^T) that took W's amax
+  // from the micro-batch's first quantization of it (weight_amax), since the model was made.
+  int64_t weight_amax_reuses() const { return weight_amax_uses_; }
 
  private:
   struct BlockActs;
@@ -290,6 +299,13 @@ class LlamaModel {
   // MXTRAIN_FP8_NORM_AMAX not 0. Marks the codes as the slot's (norm_amax_x_) until the caller
   // clears it.
   float* norm_amax(const uint16_t* codes, bool reads_codes);
+  // The residual gradient's amax slot for the bf16 path's RMSNorm backward (fp8-current, the
+  // slot made by a forward's norm_amax, MXTRAIN_FP8_NORM_AMAX not 0), or null.
+  float* resid_amax() const;
+  // fp8-current's weight operand wq of Linear `linear` in this block: the micro-batch's first
+  // quantization of W writes W's amax into the Linear's slot (wq.amax), the later ones take it
+  // (wq.x_amax). MXTRAIN_FP8_WEIGHT_AMAX=0 turns it off. Other operands are left as they are.
+  void weight_amax(int linear, Backend::Fp8Operand& wq);
   // x^T's kept codes carry block scales (fp8-block, mxfp8: fp8_xt_scale_bytes' blocks).
   bool xt_blocks() const;
   // Block `layer`'s weights through `access`: fp32 pointers, or (bf16 gathers) the RMSNorm
@@ -406,13 +422,26 @@ class LlamaModel {
   int64_t fused_swiglu_uses_ = 0;
   int64_t fused_swiglu_grads_ = 0;
   int64_t norm_amax_uses_ = 0;
+  int64_t resid_amax_uses_ = 0;
+  int64_t weight_amax_uses_ = 0;
+  // fp8-current: W's amax per block and Linear (layer x 7 + linear; backend memory, made on
+  // first use), and the micro-batch (micro_batch_serial_, counted by forward()) whose first
+  // quantization of W wrote it.
+  float* weight_amax_slots_ = nullptr;
+  bool weight_amax_owned_ = false;
+  std::vector<float> weight_amax_host_;
+  std::vector<int64_t> weight_amax_of_;
+  int64_t micro_batch_serial_ = 0;
+  // The residual gradient (block_backward's dresid) whose amax the last RMSNorm backward wrote
+  // into norm_amax_slot_[1], or null: cleared wherever dresid changes without it.
+  const float* resid_amax_of_ = nullptr;
   // The bf16 codes of the last RMSNorm output whose amax its kernel wrote (norm_amax), and that
   // float (backend memory, made once): the forward inputs of the Linears reading those codes
   // take it (linear_fwd).
   const uint16_t* norm_amax_x_ = nullptr;
   float* norm_amax_slot_ = nullptr;
   bool norm_amax_owned_ = false;
-  float norm_amax_host_ = 0.0f;
+  float norm_amax_host_[2] = {};
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};

@@ -410,11 +410,16 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
         0, c.num_hidden_layers - in.high_precision_first - in.high_precision_last);
     if (rc == "fp8-delayed" && lp_blocks > 0)  // allocated on the first FP8 tensor-core Linear
       m.engine.amax_slots = 4 * 7 * 6 * c.num_hidden_layers;
-    // fp8-current's and nvfp4's one float for the RMSNorm's amax (LlamaModel::norm_amax),
-    // allocated on the first forward whose Linears read h1's or h2's codes on tensor cores
+    // fp8-current's and nvfp4's two floats for the RMSNorms' amaxes (LlamaModel::norm_amax:
+    // h1's and h2's, the residual gradient's), allocated on the first forward whose Linears
+    // read h1's or h2's codes on tensor cores
     if ((rc == "fp8-current" || rc == "nvfp4") && lp_blocks > 0 && bf16_acts &&
         fp8_norm_amax_enabled())
-      m.engine.amax_slots = 4;
+      m.engine.amax_slots += 8;
+    // fp8-current's weights' amaxes, a float per block and Linear (LlamaModel::weight_amax),
+    // allocated on the first FP8 tensor-core Linear
+    if (rc == "fp8-current" && lp_blocks > 0 && fp8_weight_amax_enabled())
+      m.engine.amax_slots += 4 * 7 * c.num_hidden_layers;
     m.engine.backend_scratch = int64_t(cuda_scratch_bytes());
     m.engine.allowances = kCudaContextBytes + (in.world_size() > 1 ? kNcclBufferBytes : 0);
   }

@@ -1247,6 +1247,8 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
     summary["fp8_fused_swiglu_inputs"] = engine.model->fused_swiglu_inputs();
     summary["fp8_fused_swiglu_grads"] = engine.model->fused_swiglu_grads();
     summary["fp8_norm_amax_inputs"] = engine.model->norm_amax_inputs();
+    summary["fp8_norm_amax_grads"] = engine.model->norm_amax_grads();
+    summary["fp8_weight_amax_reuses"] = engine.model->weight_amax_reuses();
   }
   if (cfg.run.profile && step >= profile_first) {  // rank 0's ops (every rank runs the same)
     auto str_seconds = [](double s) {

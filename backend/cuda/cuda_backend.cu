@@ -249,7 +249,8 @@ __global__ void __launch_bounds__(Threads, MinBlocks)
     rmsnorm_backward_fused_kernel(float* __restrict__ dx, double* __restrict__ part,
                                   const float* __restrict__ dy, const float* __restrict__ x,
                                   const float* __restrict__ w, const float* __restrict__ rstd,
-                                  int64_t N, int64_t C, uint16_t* __restrict__ dx16 = nullptr) {
+                                  int64_t N, int64_t C, uint16_t* __restrict__ dx16,
+                                  float* amax) {
   float4 wv[K] = {};
   KahanSum dw_acc[K][4];
   for (int k = 0; k < K; ++k) {
@@ -260,6 +261,7 @@ __global__ void __launch_bounds__(Threads, MinBlocks)
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const int warps = int(blockDim.x / 32);
   int parity = 0;
+  float m = 0.0f;  // (amax's: max |dx| of the updated values, NaN skipped)
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x, parity ^= 1) {
     float4 d[K] = {}, v[K] = {}, o[K] = {};
     const float r = rstd[n];
@@ -287,6 +289,10 @@ __global__ void __launch_bounds__(Threads, MinBlocks)
           o[k].w += r * wv[k].w * d[k].w - v[k].w * kk;
       store_out4(dx, n * C + c, o[k]);
       if constexpr (Codes) store_out4(dx16, n * C + c, o[k]);
+      if (amax) {
+        m = numerics::amax_fold(numerics::amax_fold(m, o[k].x), o[k].y);
+        m = numerics::amax_fold(numerics::amax_fold(m, o[k].z), o[k].w);
+      }
       dw_acc[k][0].add(d[k].x * v[k].x * r), dw_acc[k][1].add(d[k].y * v[k].y * r),
           dw_acc[k][2].add(d[k].z * v[k].z * r), dw_acc[k][3].add(d[k].w * v[k].w * r);
     }
@@ -295,6 +301,10 @@ __global__ void __launch_bounds__(Threads, MinBlocks)
     const int64_t c = 4 * (int64_t(threadIdx.x) + int64_t(k) * blockDim.x);
     if (c >= C) continue;
     for (int j = 0; j < 4; ++j) part[blockIdx.x * C + c + j] = dw_acc[k][j].value();
+  }
+  if (amax) {  // (the launch zeroed it; one atomic max a block on the bits)
+    m = block_max(m);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
   }
 }
 
@@ -1704,18 +1714,19 @@ class CudaBackendImpl final : public CudaBackend {
 
   void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
                         const float* rstd, int64_t N, int64_t C) override {
-    rmsnorm_backward_codes(dx, nullptr, dw, dy, x, w, rstd, N, C);
+    rmsnorm_backward_codes(dx, nullptr, dw, dy, x, w, rstd, N, C, nullptr);
   }
   void rmsnorm_backward_bf16(float* dx, uint16_t* dx16, float* dw, const float* dy,
                              const float* x, const float* w, const float* rstd, int64_t N,
-                             int64_t C) override {
-    rmsnorm_backward_codes(dx, dx16, dw, dy, x, w, rstd, N, C);
+                             int64_t C, float* amax) override {
+    rmsnorm_backward_codes(dx, dx16, dw, dy, x, w, rstd, N, C, amax);
   }
-  // Both: the one-pass kernel stores the codes itself; the other kernels are followed by a
-  // rounding pass.
+  // Both: the one-pass kernel stores the codes itself, and folds dx's amax; the other kernels
+  // are followed by a rounding pass and an amax pass.
   void rmsnorm_backward_codes(float* dx, uint16_t* dx16, float* dw, const float* dy,
                               const float* x, const float* w, const float* rstd, int64_t N,
-                              int64_t C) {
+                              int64_t C, float* amax) {
+    if (amax) MX_CUDA_CHECK("rmsnorm_backward", cudaMemsetAsync(amax, 0, sizeof(float), stream_));
     if (N == 0) return;
     const bool vec_dx = C % 4 == 0 && all_16_aligned({dx, dy, x, w});
     const bool vec = vec_dx && all_aligned(8, {dx16});  // (null is aligned)
@@ -1743,8 +1754,9 @@ class CudaBackendImpl final : public CudaBackend {
           {N, resident,
            std::clamp<int64_t>(kRmsnormPartialBytes / (8 * C), 64, kRmsnormBackwardBlocks)});
       double* part = scratch_.alloc_as<double>(blocks * C);
-      kernel<<<unsigned(blocks), threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C, dx16);
-      launched("rmsnorm_backward");
+      kernel<<<unsigned(blocks), threads, 0, stream_>>>(dx, part, dy, x, w, rstd, N, C, dx16,
+                                                         amax);
+      launched(amax ? "rmsnorm_backward (amax)" : "rmsnorm_backward");
       rmsnorm_backward_dw_reduce_kernel<<<grid_1d(C), kThreads, 0, stream_>>>(dw, part, blocks, C);
       launched("rmsnorm_backward");
       done("rmsnorm_backward");
@@ -1756,6 +1768,10 @@ class CudaBackendImpl final : public CudaBackend {
     if (dx16) {
       cuda::round_to_bf16(dx16, dx, N * C, stream_);  // checks its launch
       done("rmsnorm_backward");
+    }
+    if (amax) {
+      cuda::abs_max(amax, dx, N * C, scratch_, stream_);
+      done("rmsnorm_backward (amax)");
     }
     if (!dw) return;
     DeviceArenaScope scope(scratch_);

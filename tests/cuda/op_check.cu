@@ -2030,21 +2030,44 @@ void check_rows(Backend& cpu, CudaBackend& gpu) {
     // With the updated dx's codes (the bf16 path's residual gradient): dx and dw as above,
     // the codes against the CPU twin's (rmsnorm_backward, to_bf16) within one bf16 ulp more,
     // and against the GPU's own dx (each code the RNE rounding of the dx beside it), with and
-    // without dw (the one-pass kernel, and the dx kernel followed by a rounding pass).
-    for (bool with_dw : {true, false})
-      run_case("rmsnorm_backward_bf16", dims({N, C}) + (with_dw ? "" : " no dw"), [&](Result& r) {
+    // without dw (the one-pass kernel, and the dx kernel followed by a rounding pass). With the
+    // amax (an FP8 operand's, Fp8Operand::x_amax: the output projections' dy), max |dx| of the
+    // updated dx the device wrote, bit for bit a host loop (host_amax), a NaN in the incoming
+    // dx skipped; the CPU twin's of its own dx likewise.
+    // dx16 null: no codes, the amax alone (fp8-current's residual gradient off the bf16 path).
+    for (int form = 0; form < 6; ++form)
+      run_case("rmsnorm_backward_bf16",
+               dims({N, C}) + (form & 1 ? " no dw" : "") + (form & 2 ? " amax nan" : "") +
+                   (form & 4 ? " amax no codes" : ""),
+               [&](Result& r) {
+        const bool with_dw = !(form & 1), amax = form & 6, codes = !(form & 4);
         auto x = randn(N * C), w = uniform(C, 0.5f, 1.5f), g = randn(N * C), dxv = randn(N * C),
              dwv = randn(C);
-        std::vector<float> y(N * C), rstd(N);
+        if (amax) dxv[(N * C) / 2] = NAN;
+        std::vector<float> y(N * C), rstd(N), camax{-1.0f};
         std::vector<uint16_t> dx16(N * C);
         cpu.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-        Dev<float> dX(x), dW(w), dG(g), dR(rstd), dDX(dxv), dDW(dwv);
+        Dev<float> dX(x), dW(w), dG(g), dR(rstd), dDX(dxv), dDW(dwv), dA(1);
         Dev<uint16_t> dDX16(std::vector<uint16_t>(N * C, 0x7FC1));
-        cpu.rmsnorm_backward_bf16(dxv.data(), dx16.data(), with_dw ? dwv.data() : nullptr, g.data(),
-                                  x.data(), w.data(), rstd.data(), N, C);
-        gpu.rmsnorm_backward_bf16(dDX.p, dDX16.p, with_dw ? dDW.p : nullptr, dG.p, dX.p, dW.p, dR.p,
-                                  N, C);
+        cpu.rmsnorm_backward_bf16(dxv.data(), codes ? dx16.data() : nullptr,
+                                  with_dw ? dwv.data() : nullptr, g.data(), x.data(), w.data(),
+                                  rstd.data(), N, C, amax ? camax.data() : nullptr);
+        gpu.rmsnorm_backward_bf16(dDX.p, codes ? dDX16.p : nullptr, with_dw ? dDW.p : nullptr,
+                                  dG.p, dX.p, dW.p, dR.p, N, C, amax ? dA.p : nullptr);
         const auto got_dx = dDX.download();
+        if (amax) {
+          expect_floats(r, "amax", dA.download(), {host_amax(got_dx)});
+          expect_floats(r, "cpu amax", camax, {host_amax(dxv)});
+        }
+        if (!codes) {
+          compare(r, "dx", got_dx, dxv, kReduction);
+          if (with_dw) compare(r, "dw", dDW.download(), dwv, kReduction);
+          if (dDX16.download() != std::vector<uint16_t>(N * C, 0x7FC1)) {
+            r.pass = false;
+            r.note += "codes written though none were asked for; ";
+          }
+          return;
+        }
         compare(r, "dx", got_dx, dxv, kReduction);
         if (with_dw) compare(r, "dw", dDW.download(), dwv, kReduction);
         const auto got16 = dDX16.download();

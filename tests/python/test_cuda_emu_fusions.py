@@ -118,16 +118,28 @@ def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
     """The RMSNorm kernels take h1's and h2's amax as they write their codes
     (rmsnorm_forward_bf16's amax, Fp8Operand::x_amax), so fp8-current's casts of q's, k's, v's,
     gate's and up's input and nvfp4's 1x16 rows (their global scale) skip their own amax pass
-    over them. The same amax, so every step's loss and gradient norm equal
+    over them; under fp8-current the RMSNorm backward takes the residual gradient's for o's
+    and down's dy too, and each weight's amax is taken by its forward cast for the data
+    gradient's (and the recompute's) cast of it (MXTRAIN_FP8_WEIGHT_AMAX=0: off). The same amax, so every step's loss and gradient norm equal
     MXTRAIN_FP8_NORM_AMAX=0's bit for bit; two a block and step. Under full checkpointing the
     backward's recompute takes them too (four), with the same bits again (every policy gives
     the same gradients)."""
     require_emu()
     on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm)
     off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm,
-                                env_extra={"MXTRAIN_FP8_NORM_AMAX": "0"})
+                                env_extra={"MXTRAIN_FP8_NORM_AMAX": "0",
+                                           "MXTRAIN_FP8_WEIGHT_AMAX": "0"})
     assert summary["fp8_norm_amax_inputs"] == 2 * 2 * STEPS, summary  # tiny: 2 blocks
     assert summary_off["fp8_norm_amax_inputs"] == 0, summary_off
+    # fp8-current: o's and down's dy, the residual gradient, with the RMSNorm backward's amax
+    # (o in both blocks, down in the lower: the top one's comes from the final norm)
+    grads = 3 * STEPS if recipe == "fp8-current" else 0
+    assert summary["fp8_norm_amax_grads"] == grads, summary
+    assert summary_off["fp8_norm_amax_grads"] == 0, summary_off
+    # fp8-current: each weight's amax from its forward cast for the data gradient's W^T
+    reuses = 7 * 2 * STEPS if recipe == "fp8-current" else 0
+    assert summary["fp8_weight_amax_reuses"] == reuses, summary
+    assert summary_off["fp8_weight_amax_reuses"] == 0, summary_off
     for a, b in zip(on, off):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
     if recipe != "fp8-current":
@@ -135,5 +147,6 @@ def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
     full, summary_full, _ = train(tmp_path, "full", EMU_BIN, "cuda", recipe, sm=sm,
                                   extra=("--set", "memory.activation_checkpointing=full"))
     assert summary_full["fp8_norm_amax_inputs"] == 2 * 2 * 2 * STEPS, summary_full
+    assert summary_full["fp8_weight_amax_reuses"] == 2 * 7 * 2 * STEPS, summary_full
     for a, b in zip(on, full):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)

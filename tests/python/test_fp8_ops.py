@@ -312,16 +312,31 @@ def test_startup_line_says_which_linears_take_the_fp8_gemms(tmp_path, recipe, se
 def test_bf16_path_takes_the_norms_amax(tmp_path, recipe, ckpt):
     # h1's and h2's amax from the RMSNorm that writes their codes (rmsnorm_forward_bf16's amax,
     # Fp8Operand::x_amax) for fp8-current's casts and nvfp4's 1x16 rows of q's, k's, v's, gate's
-    # and up's input: the CPU twin checks each given amax against max |x| bit for bit (an
-    # internal error otherwise), and the run and its checkpoints equal the run with it off
-    # (MXTRAIN_FP8_NORM_AMAX=0). 2 a block and step; full checkpointing's recompute 2 more.
+    # and up's input, and (fp8-current) the residual gradient's from the RMSNorm backward for
+    # o's and down's dy, and each weight's from its forward cast for the data gradient's and
+    # the recompute's (fp8-current; LlamaModel::weight_amax): the CPU twin checks each given
+    # amax against max |x| bit for bit (an internal error otherwise), and the run and its
+    # checkpoints equal the run with both off (MXTRAIN_FP8_NORM_AMAX=0,
+    # MXTRAIN_FP8_WEIGHT_AMAX=0). 2 a block and step; full checkpointing's recompute 2 more.
     extra = ["--set", f"precision.recipe={recipe}", "--set", "precision.activations=bf16",
              "--set", f"memory.activation_checkpointing={ckpt}"]
     env = {"MXTRAIN_TEST_BF16_GEMM": "1"}
     on, on_out, _ = train(tmp_path, "on", True, False, extra, env_extra=env)
     off, off_out, _ = train(tmp_path, "off", True, False, extra,
-                            env_extra=dict(env, MXTRAIN_FP8_NORM_AMAX="0"))
+                            env_extra=dict(env, MXTRAIN_FP8_NORM_AMAX="0",
+                                           MXTRAIN_FP8_WEIGHT_AMAX="0"))
     assert len(on) == 12 and on == off
     assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
     assert summary_of(on_out)["fp8_norm_amax_inputs"] == 2 * 2 * 12 * (2 if ckpt == "full" else 1)
     assert summary_of(off_out)["fp8_norm_amax_inputs"] == 0
+    # fp8-current's output projections' dy, the residual gradient, with the amax the RMSNorm
+    # backward that updated it took (o in both blocks, down in the lower one: the top block's
+    # comes from the final norm's backward, which takes none)
+    grads = 3 * 12 if recipe == "fp8-current" else 0
+    assert summary_of(on_out)["fp8_norm_amax_grads"] == grads
+    assert summary_of(off_out)["fp8_norm_amax_grads"] == 0
+    # and fp8-current's weights: each W's amax taken by its forward cast, given to the data
+    # gradient's W^T (7 Linears a block) and to full checkpointing's recompute (7 more)
+    reuses = 7 * 2 * 12 * (2 if ckpt == "full" else 1) if recipe == "fp8-current" else 0
+    assert summary_of(on_out)["fp8_weight_amax_reuses"] == reuses
+    assert summary_of(off_out)["fp8_weight_amax_reuses"] == 0
