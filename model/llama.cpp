@@ -330,9 +330,20 @@ LlamaModel::LlamaModel(const ModelConfig& config, const ParamLayout& layout, Bac
       scratch_(scratch) {}
 
 LlamaModel::~LlamaModel() {
-  if (amax_slots_owned_ && be_.memory()) be_.memory()->deallocate(amax_slots_);
-  if (norm_amax_owned_ && be_.memory()) be_.memory()->deallocate(norm_amax_slot_);
-  if (weight_amax_owned_ && be_.memory()) be_.memory()->deallocate(weight_amax_slots_);
+  for (Slots* s : {&amax_mem_, &norm_amax_mem_, &weight_amax_mem_})
+    if (s->owned && be_.memory()) be_.memory()->deallocate(s->p);
+}
+
+float* LlamaModel::slots(Slots& s, size_t n, const char* arena) {
+  if (s.p) return s.p;
+  if (MemoryResource* mem = be_.memory()) {
+    s.p = static_cast<float*>(mem->allocate(sizeof(float) * n, arena));
+    s.owned = true;
+  } else {
+    s.host.assign(n, 0.0f);
+    s.p = s.host.data();
+  }
+  return s.p;
 }
 
 float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
@@ -342,14 +353,8 @@ float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
   if (!fp8_norm_amax_enabled() || !reads_codes || !recipe_ || !recipe_->active(layer_) ||
       (recipe_->recipe() != Recipe::kFp8Current && recipe_->recipe() != Recipe::kNvfp4))
     return nullptr;
-  if (!norm_amax_slot_) {  // [0] h1's or h2's, [1] the residual gradient's (resid_amax)
-    if (MemoryResource* mem = be_.memory()) {
-      norm_amax_slot_ = static_cast<float*>(mem->allocate(2 * sizeof(float), "fp8 norm amax"));
-      norm_amax_owned_ = true;
-    } else {
-      norm_amax_slot_ = norm_amax_host_;
-    }
-  }
+  // [0] h1's or h2's, [1] the residual gradient's (resid_amax)
+  norm_amax_slot_ = slots(norm_amax_mem_, 2, "fp8 norm amax");
   norm_amax_x_ = codes;
   ++norm_amax_uses_;
   return norm_amax_slot_;
@@ -361,24 +366,15 @@ void LlamaModel::weight_amax(int linear, Backend::Fp8Operand& wq) {
   // the data gradient's W^T) take it from there. W does not change within a micro-batch.
   if (!wq.per_tensor() || !wq.current || wq.amax || wq.x_amax || !fp8_weight_amax_enabled())
     return;
-  const size_t slots = size_t(c_.num_hidden_layers) * 7;
-  if (!weight_amax_slots_) {
-    if (MemoryResource* mem = be_.memory()) {
-      weight_amax_slots_ =
-          static_cast<float*>(mem->allocate(sizeof(float) * slots, "fp8 weight amax"));
-      weight_amax_owned_ = true;
-    } else {
-      weight_amax_host_.assign(slots, 0.0f);
-      weight_amax_slots_ = weight_amax_host_.data();
-    }
-    weight_amax_of_.assign(slots, 0);
-  }
+  const size_t n = size_t(c_.num_hidden_layers) * 7;
+  float* amax = slots(weight_amax_mem_, n, "fp8 weight amax");
+  weight_amax_of_.resize(n, 0);  // (the micro-batch that wrote each; 0: none)
   const size_t slot = size_t(layer_) * 7 + size_t(linear);
   if (weight_amax_of_[slot] == micro_batch_serial_) {
-    wq.x_amax = weight_amax_slots_ + slot;
+    wq.x_amax = amax + slot;
     ++weight_amax_uses_;
   } else {
-    wq.amax = weight_amax_slots_ + slot;
+    wq.amax = amax + slot;
     weight_amax_of_[slot] = micro_batch_serial_;
   }
 }
@@ -1103,13 +1099,7 @@ Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {
   }
   const int slots = int(c_.num_hidden_layers) * 7 * 6;
   if (!amax_slots_) {
-    if (MemoryResource* mem = be_.memory()) {
-      amax_slots_ = static_cast<float*>(mem->allocate(sizeof(float) * slots, "fp8 amax"));
-      amax_slots_owned_ = true;
-    } else {
-      amax_host_.assign(size_t(slots), 0.0f);
-      amax_slots_ = amax_host_.data();
-    }
+    amax_slots_ = this->slots(amax_mem_, size_t(slots), "fp8 amax");
     amax_is_pending_.assign(size_t(slots), 0);
   }
   const int slot = (int(layer_) * 7 + linear) * 6 + int(op);

@@ -409,11 +409,18 @@ class LlamaModel {
   bool dresid16_valid_ = false;   // valid: made from dresid as it is now
   float* head_ws_ = nullptr;  // set_head_workspace
   int64_t head_ws_floats_ = 0;
-  // fp8-delayed amax slots, one per (layer, linear, operand): backend memory (or amax_host_
-  // when the backend has no MemoryResource, i.e. host memory).
+  // Floats of backend memory made once and freed with the model (the backend's
+  // MemoryResource, or `host` where it has none, i.e. host memory): the recipes' amax slots.
+  struct Slots {
+    float* p = nullptr;
+    bool owned = false;
+    std::vector<float> host;
+  };
+  // s.p, made with n zeroed floats (named `arena` in the memory tracker) on the first call.
+  float* slots(Slots& s, size_t n, const char* arena);
+  // fp8-delayed amax slots, one per (layer, linear, operand).
+  Slots amax_mem_;
   float* amax_slots_ = nullptr;
-  bool amax_slots_owned_ = false;
-  std::vector<float> amax_host_;
   std::vector<float> amax_read_;    // fp8_flush's host copy of the slots
   std::vector<int> amax_pending_;   // slot indices waiting for fp8_flush
   std::vector<char> amax_is_pending_;
@@ -427,9 +434,7 @@ class LlamaModel {
   // fp8-current: W's amax per block and Linear (layer x 7 + linear; backend memory, made on
   // first use), and the micro-batch (micro_batch_serial_, counted by forward()) whose first
   // quantization of W wrote it.
-  float* weight_amax_slots_ = nullptr;
-  bool weight_amax_owned_ = false;
-  std::vector<float> weight_amax_host_;
+  Slots weight_amax_mem_;
   std::vector<int64_t> weight_amax_of_;
   int64_t micro_batch_serial_ = 0;
   // The residual gradient (block_backward's dresid) whose amax the last RMSNorm backward wrote
@@ -439,9 +444,8 @@ class LlamaModel {
   // float (backend memory, made once): the forward inputs of the Linears reading those codes
   // take it (linear_fwd).
   const uint16_t* norm_amax_x_ = nullptr;
+  Slots norm_amax_mem_;
   float* norm_amax_slot_ = nullptr;
-  bool norm_amax_owned_ = false;
-  float norm_amax_host_[2] = {};
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};
