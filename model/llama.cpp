@@ -175,35 +175,28 @@ size_t fp8_xt_bytes(int64_t n, bool blocks) {
   return Arena::round_up(Arena::round_up(size_t(n)) + fp8_xt_scale_bytes(n, blocks));
 }
 
+namespace {
+// A feature switch: on unless the variable is exactly "0" (each caller reads it once).
+bool switched_off(const char* var) {
+  const char* e = std::getenv(var);
+  return e && std::strcmp(e, "0") == 0;
+}
+}  // namespace
+
 bool fp8_save_xt_enabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("MXTRAIN_FP8_SAVE_XT");
-    return e && std::strcmp(e, "0") == 0;
-  }();
+  static const bool off = switched_off("MXTRAIN_FP8_SAVE_XT");
   return !off;
 }
-
 bool fp8_norm_amax_enabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("MXTRAIN_FP8_NORM_AMAX");
-    return e && std::strcmp(e, "0") == 0;
-  }();
+  static const bool off = switched_off("MXTRAIN_FP8_NORM_AMAX");
   return !off;
 }
-
 bool fp8_weight_amax_enabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("MXTRAIN_FP8_WEIGHT_AMAX");
-    return e && std::strcmp(e, "0") == 0;
-  }();
+  static const bool off = switched_off("MXTRAIN_FP8_WEIGHT_AMAX");
   return !off;
 }
-
 bool fp8_fuse_swiglu_enabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("MXTRAIN_FP8_FUSE_SWIGLU");
-    return e && std::strcmp(e, "0") == 0;
-  }();
+  static const bool off = switched_off("MXTRAIN_FP8_FUSE_SWIGLU");
   return !off;
 }
 
@@ -354,10 +347,9 @@ float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
       (recipe_->recipe() != Recipe::kFp8Current && recipe_->recipe() != Recipe::kNvfp4))
     return nullptr;
   // [0] h1's or h2's, [1] the residual gradient's (resid_amax)
-  norm_amax_slot_ = slots(norm_amax_mem_, 2, "fp8 norm amax");
   norm_amax_x_ = codes;
   ++norm_amax_uses_;
-  return norm_amax_slot_;
+  return slots(norm_amax_mem_, 2, "fp8 norm amax");
 }
 
 void LlamaModel::weight_amax(int linear, Backend::Fp8Operand& wq) {
@@ -383,10 +375,10 @@ float* LlamaModel::resid_amax() const {
   // current scaling's dy of o and down: the forward's norm_amax made the slot where this
   // block's Linears read codes on tensor cores (the backward's Linears use it where dy is
   // the residual gradient the slot was written for: linear_bwd)
-  if (!norm_amax_slot_ || !fp8_norm_amax_enabled() || !recipe_ ||
+  if (!norm_amax_mem_.p || !fp8_norm_amax_enabled() || !recipe_ ||
       recipe_->recipe() != Recipe::kFp8Current)
     return nullptr;
-  return norm_amax_slot_ + 1;
+  return norm_amax_mem_.p + 1;
 }
 
 void LlamaModel::split_tokens(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs,
@@ -1098,15 +1090,15 @@ Backend::Fp8Operand LlamaModel::fp8_operand(LinearOperand op, int linear) {
     return q;
   }
   const int slots = int(c_.num_hidden_layers) * 7 * 6;
-  if (!amax_slots_) {
-    amax_slots_ = this->slots(amax_mem_, size_t(slots), "fp8 amax");
+  if (!amax_mem_.p) {
+    this->slots(amax_mem_, size_t(slots), "fp8 amax");
     amax_is_pending_.assign(size_t(slots), 0);
   }
   const int slot = (int(layer_) * 7 + linear) * 6 + int(op);
   if (amax_is_pending_[size_t(slot)]) fp8_flush();  // this key's last amax must be recorded
   q.current = false;
   q.scale = recipe_->delayed_scale(layer_, linear, op);
-  q.amax = amax_slots_ + slot;
+  q.amax = amax_mem_.p + slot;
   amax_is_pending_[size_t(slot)] = 1;
   amax_pending_.push_back(slot);
   return q;
@@ -1116,7 +1108,7 @@ void LlamaModel::fp8_flush() {
   if (amax_pending_.empty()) return;
   std::vector<float>& host = amax_read_;  // sized once
   host.resize(amax_is_pending_.size());
-  be_.copy_to_host(host.data(), amax_slots_, sizeof(float) * host.size());
+  be_.copy_to_host(host.data(), amax_mem_.p, sizeof(float) * host.size());
   for (int slot : amax_pending_) {
     const int op = slot % 6, linear = (slot / 6) % 7;
     const int64_t layer = slot / 42;
@@ -1234,7 +1226,7 @@ void LlamaModel::linear_fwd(int linear, float* y, const float* x, const float* w
     xq.save_t_scale_inv = save.scale_inv;
     xq.swiglu_g = swiglu.g;  // x made from SwiGLU's operands by the cast (SwigluInput)
     xq.swiglu_u = swiglu.u;
-    if (x16 && x16 == norm_amax_x_) xq.x_amax = norm_amax_slot_;  // the norm took x's amax
+    if (x16 && x16 == norm_amax_x_) xq.x_amax = norm_amax_mem_.p;  // the norm took x's amax
     auto wq = fp8_operand(LinearOperand::kFwdWeight, linear);
     weight_amax(linear, wq);
     // writes y16 itself; adds the residual itself (residual + product, as the add below)
@@ -1276,7 +1268,7 @@ void LlamaModel::fp8_backward_operands(int linear, int64_t N, bool dx, bool dw,
     // fp8-delayed: this operand's history takes x's amax, which the forward's slot holds
     if (xq.amax)
       be_.copy(xq.amax,
-               amax_slots_ + (int(layer_) * 7 + linear) * 6 + int(LinearOperand::kFwdInput), 1);
+               amax_mem_.p + (int(layer_) * 7 + linear) * 6 + int(LinearOperand::kFwdInput), 1);
     ++saved_xt_uses_;
   }
   if (recipe_->hadamard_wgrad(N)) {  // nvfp4: both operands transformed along the tokens

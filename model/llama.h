@@ -420,7 +420,6 @@ class LlamaModel {
   float* slots(Slots& s, size_t n, const char* arena);
   // fp8-delayed amax slots, one per (layer, linear, operand).
   Slots amax_mem_;
-  float* amax_slots_ = nullptr;
   std::vector<float> amax_read_;    // fp8_flush's host copy of the slots
   std::vector<int> amax_pending_;   // slot indices waiting for fp8_flush
   std::vector<char> amax_is_pending_;
@@ -438,14 +437,13 @@ class LlamaModel {
   std::vector<int64_t> weight_amax_of_;
   int64_t micro_batch_serial_ = 0;
   // The residual gradient (block_backward's dresid) whose amax the last RMSNorm backward wrote
-  // into norm_amax_slot_[1], or null: cleared wherever dresid changes without it.
+  // into norm_amax_mem_.p[1], or null: cleared wherever dresid changes without it.
   const float* resid_amax_of_ = nullptr;
   // The bf16 codes of the last RMSNorm output whose amax its kernel wrote (norm_amax), and that
   // float (backend memory, made once): the forward inputs of the Linears reading those codes
   // take it (linear_fwd).
   const uint16_t* norm_amax_x_ = nullptr;
   Slots norm_amax_mem_;
-  float* norm_amax_slot_ = nullptr;
   // The current block's matrices as bf16 codes (FSDP's bf16 gathers; linear 0..6 = q, k, v, o,
   // gate, up, down), or all null: the native bf16 GEMMs read them instead of the fp32 weights.
   std::array<const uint16_t*, 7> w16_{};
