@@ -156,7 +156,9 @@ class Backend {
     // false: the given encode scale (delayed scaling's scale from its history).
     bool current = true;
     float scale = 1.0f;
-    float* amax = nullptr;  // backend memory: receives max|x| (NaN skipped) unless null
+    // backend memory: receives max|x| (NaN skipped) unless null (per-tensor scaling, and
+    // nvfp4's 16x16 blocks, a weight's: its later casts take it as x_amax)
+    float* amax = nullptr;
     // Recipe fp8-block instead: E4M3 in block_rows x block_cols blocks (1x128, 128x1 or
     // 128x128), power-of-two scales (numerics::quantize_fp8_block); current/scale/amax unused.
     // 0: per-tensor scaling as above. Both operands of one call are of the same kind.
@@ -210,9 +212,10 @@ class Backend {
     const uint16_t* swiglu_g = nullptr;
     const uint16_t* swiglu_u = nullptr;
     // Backend memory holding max |x| (NaN skipped), as x's producer took it
-    // (rmsnorm_forward_bf16's amax): per-tensor current scaling and nvfp4's 1x16 forward rows
-    // take it in place of their own amax pass over x. The caller vouches that it is x's; the
-    // reference forms (host memory) check that it is.
+    // (rmsnorm_forward_bf16's amax) or an earlier cast of x wrote it (`amax`: a weight's,
+    // within a micro-batch): per-tensor current scaling, nvfp4's 1x16 forward rows and its
+    // 16x16 blocks take it in place of their own amax pass over x. The caller vouches that it
+    // is x's; the reference forms (host memory) check that it is.
     const float* x_amax = nullptr;
     bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
     // The bytes of save_t_scale_inv's scales for a forward input x [rows, cols] cut as this

@@ -353,11 +353,13 @@ float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
 }
 
 void LlamaModel::weight_amax(int linear, Backend::Fp8Operand& wq) {
-  // fp8-current's W (per-tensor, current scaling, no slot of its own): the micro-batch's first
-  // quantization of it takes its amax into the Linear's slot, the later ones (the recompute's,
-  // the data gradient's W^T) take it from there. W does not change within a micro-batch.
-  if (!wq.per_tensor() || !wq.current || wq.amax || wq.x_amax || !fp8_weight_amax_enabled())
-    return;
+  // fp8-current's W (per-tensor, current scaling, no slot of its own) and nvfp4's (16x16
+  // blocks, whose global scale is W's amax): the micro-batch's first quantization of it takes
+  // its amax into the Linear's slot, the later ones (the recompute's, the data gradient's W^T)
+  // take it from there. W does not change within a micro-batch.
+  const bool current = wq.per_tensor() && wq.current;
+  const bool nvfp4 = wq.nvfp4 && !wq.rht && wq.block_rows == 16 && wq.block_cols == 16;
+  if ((!current && !nvfp4) || wq.amax || wq.x_amax || !fp8_weight_amax_enabled()) return;
   const size_t n = size_t(c_.num_hidden_layers) * 7;
   float* amax = slots(weight_amax_mem_, n, "fp8 weight amax");
   weight_amax_of_.resize(n, 0);  // (the micro-batch that wrote each; 0: none)

@@ -105,7 +105,7 @@ bool fp8_fuse_swiglu_enabled();
 // h1's and h2's codes take their amax too, so the Linears' quantizers skip their amax pass
 // (Fp8Operand::x_amax).
 bool fp8_norm_amax_enabled();
-// MXTRAIN_FP8_WEIGHT_AMAX is not 0: under fp8-current a weight's amax is taken once a
+// MXTRAIN_FP8_WEIGHT_AMAX is not 0: under fp8-current and nvfp4 a weight's amax is taken once a
 // micro-batch (its forward cast) and given to the recompute's and the data gradient's casts.
 bool fp8_weight_amax_enabled();
 
@@ -219,8 +219,9 @@ class LlamaModel {
   // Output projections (o, down) whose FP8 dy, the residual gradient, took its amax from the
   // RMSNorm backward that updated it (fp8-current), since the model was made.
   int64_t norm_amax_grads() const { return resid_amax_uses_; }
-  // fp8-current weight operands (the recompute's W, the data gradients' W^T) that took W's amax
-  // from the micro-batch's first quantization of it (weight_amax), since the model was made.
+  // fp8-current and nvfp4 weight operands (the recompute's W, the data gradients' W^T) that
+  // took W's amax from the micro-batch's first quantization of it (weight_amax), since the
+  // model was made.
   int64_t weight_amax_reuses() const { return weight_amax_uses_; }
 
  private:
@@ -302,9 +303,10 @@ class LlamaModel {
   // The residual gradient's amax slot for the bf16 path's RMSNorm backward (fp8-current, the
   // slot made by a forward's norm_amax, MXTRAIN_FP8_NORM_AMAX not 0), or null.
   float* resid_amax() const;
-  // fp8-current's weight operand wq of Linear `linear` in this block: the micro-batch's first
-  // quantization of W writes W's amax into the Linear's slot (wq.amax), the later ones take it
-  // (wq.x_amax). MXTRAIN_FP8_WEIGHT_AMAX=0 turns it off. Other operands are left as they are.
+  // fp8-current's and nvfp4's (16x16) weight operand wq of Linear `linear` in this block: the
+  // micro-batch's first quantization of W writes W's amax into the Linear's slot (wq.amax),
+  // the later ones take it (wq.x_amax). MXTRAIN_FP8_WEIGHT_AMAX=0 turns it off. Other
+  // operands are left as they are.
   void weight_amax(int linear, Backend::Fp8Operand& wq);
   // x^T's kept codes carry block scales (fp8-block, mxfp8: fp8_xt_scale_bytes' blocks).
   bool xt_blocks() const;
@@ -430,7 +432,7 @@ class LlamaModel {
   int64_t norm_amax_uses_ = 0;
   int64_t resid_amax_uses_ = 0;
   int64_t weight_amax_uses_ = 0;
-  // fp8-current: W's amax per block and Linear (layer x 7 + linear; backend memory, made on
+  // fp8-current, nvfp4: W's amax per block and Linear (layer x 7 + linear; backend memory, made on
   // first use), and the micro-batch (micro_batch_serial_, counted by forward()) whose first
   // quantization of W wrote it.
   Slots weight_amax_mem_;

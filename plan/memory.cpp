@@ -416,9 +416,9 @@ MemoryBreakdown plan_memory(const PlanInput& in, const GpuSpec& gpu) {
     if ((rc == "fp8-current" || rc == "nvfp4") && lp_blocks > 0 && bf16_acts &&
         fp8_norm_amax_enabled())
       m.engine.amax_slots += 8;
-    // fp8-current's weights' amaxes, a float per block and Linear (LlamaModel::weight_amax),
-    // allocated on the first FP8 tensor-core Linear
-    if (rc == "fp8-current" && lp_blocks > 0 && fp8_weight_amax_enabled())
+    // fp8-current's and nvfp4's weights' amaxes, a float per block and Linear
+    // (LlamaModel::weight_amax), allocated on the first FP8 / FP4 tensor-core Linear
+    if ((rc == "fp8-current" || rc == "nvfp4") && lp_blocks > 0 && fp8_weight_amax_enabled())
       m.engine.amax_slots += 4 * 7 * c.num_hidden_layers;
     m.engine.backend_scratch = int64_t(cuda_scratch_bytes());
     m.engine.allowances = kCudaContextBytes + (in.world_size() > 1 ? kNcclBufferBytes : 0);

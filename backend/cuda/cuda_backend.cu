@@ -3275,9 +3275,16 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::quantize_nvfp4_rht_t(x, rows, cols, q.rht_seed, q.rounding, codes, raw, global,
                                  scratch_, stream_);
     } else if constexpr (std::is_same_v<X, float>) {
+      // a weight's 16x16 blocks: its amax given (x_amax: kept from the micro-batch's first
+      // cast of it), or taken into the caller's slot (amax) for the later casts
+      const float* amax = blocks_2d ? q.x_amax : nullptr;
+      if (blocks_2d && !amax && q.amax) {
+        cuda::abs_max(q.amax, x, rows * cols, scratch_, stream_);
+        amax = q.amax;
+      }
       if (transposed && blocks_2d) {  // W^T (dgrad): read from W, no fp32 transposed copy
         cuda::quantize_nvfp4_16x16_t(x, rows, cols, q.rounding, codes, raw, global, scratch_,
-                                     stream_);
+                                     stream_, amax);
       } else {
         const float* src = x;
         if (transposed) {
@@ -3285,7 +3292,7 @@ class CudaBackendImpl final : public CudaBackend {
           src = tmp;
         }
         cuda::quantize_nvfp4(src, R, K, blocks_2d, q.rounding, codes, raw, global, nullptr,
-                             scratch_, stream_);
+                             scratch_, stream_, amax);
       }
     } else {
       MX_REQUIRE(false, "nvfp4_operand: a 16x16 or transposed operand without the RHT is fp32");

@@ -1946,6 +1946,14 @@ void rht16_forward(float* x, int64_t rows, int64_t cols, uint32_t seed, cudaStre
 }
 
 namespace {
+// A tensor's amax into scratch (the caller's scope): max |x|, NaN skipped.
+template <class T>
+const float* own_amax(const T* x, int64_t n, DeviceArena& scratch, cudaStream_t s) {
+  float* amax = scratch.alloc_f32(1);
+  abs_max(amax, x, n, scratch, s);
+  return amax;
+}
+
 template <class T>
 void quantize_nvfp4_rows_of(const T* x, int64_t rows, int64_t cols,
                             const numerics::RoundingOptions& ro, uint8_t* codes,
@@ -1954,12 +1962,7 @@ void quantize_nvfp4_rows_of(const T* x, int64_t rows, int64_t cols,
   MX_REQUIRE(rows >= 0 && cols >= 0 && cols % 16 == 0 && aligned(codes, 8),
              "quantize_nvfp4_rows: cols a multiple of 16 (got ", cols, ") and 8-byte aligned codes");
   DeviceArenaScope scope(scratch);
-  const float* amax = x_amax;
-  if (!amax) {
-    float* own = scratch.alloc_f32(1);
-    abs_max(own, x, rows * cols, scratch, s);
-    amax = own;
-  }
+  const float* amax = x_amax ? x_amax : own_amax(x, rows * cols, scratch, s);
   const int64_t blocks = rows * (cols / 16);
   nvfp4_rows_kernel<<<elem_grid(blocks), 256, 0, s>>>(
       x, blocks, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
@@ -2482,12 +2485,12 @@ void quantize_mxfp8_both(const uint16_t* x, int64_t rows, int64_t cols, Format e
 
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
-                    float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s) {
+                    float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s,
+                    const float* x_amax) {
   DeviceArenaScope scope(scratch);
   const int64_t br = blocks_2d ? 16 : 1;
   const int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, 16);
-  float* amax = scratch.alloc_f32(1);
-  abs_max(amax, x, rows * cols, scratch, s);
+  const float* amax = x_amax ? x_amax : own_amax(x, rows * cols, scratch, s);
   nvfp4_kernel<false><<<warp_grid(sr * sc > 0 ? sr * sc : 1), kWarpsPerBlock * 32, 0, s>>>(
       x, rows, cols, br, sr, sc, amax, ro.stochastic, ro.rng, codes, scales_u8, global_scale,
       dequant);
@@ -2497,14 +2500,13 @@ void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
 void quantize_nvfp4_16x16_t(const float* x, int64_t rows, int64_t cols,
                             const numerics::RoundingOptions& ro, uint8_t* codes_t,
                             uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
-                            cudaStream_t s) {
+                            cudaStream_t s, const float* x_amax) {
   MX_REQUIRE(rows >= 0 && cols >= 0 && rows % 16 == 0 && cols % 16 == 0,
              "quantize_nvfp4_16x16_t: rows and cols multiples of 16 (got ", rows, " x ", cols,
              ")");
   DeviceArenaScope scope(scratch);
   const int64_t sr = rows / 16, sc = cols / 16;
-  float* amax = scratch.alloc_f32(1);
-  abs_max(amax, x, rows * cols, scratch, s);
+  const float* amax = x_amax ? x_amax : own_amax(x, rows * cols, scratch, s);
   nvfp4_kernel<true><<<warp_grid(sr * sc > 0 ? sr * sc : 1), kWarpsPerBlock * 32, 0, s>>>(
       x, rows, cols, 16, sr, sc, amax, ro.stochastic, ro.rng, codes_t, scales_u8, global_scale,
       nullptr);

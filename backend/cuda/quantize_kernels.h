@@ -98,18 +98,22 @@ void quantize_mxfp8_both(const uint16_t* x, int64_t rows, int64_t cols, numerics
                          uint8_t* tmp, uint8_t* codes_t, uint8_t* col_scales, cudaStream_t s);
 
 // NVFP4: 1x16 (or 16x16) blocks, UE4M3 scale bytes, global_scale[0] = S_enc (device).
-// dequant may be null (codes and scales only: the tensor-core path).
+// dequant may be null (codes and scales only: the tensor-core path). An amax pass over x, or
+// x_amax (device, unless null: max |x|, NaN skipped, taken before: a weight's, kept for the
+// micro-batch) in its place.
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
-                    float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s);
+                    float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s,
+                    const float* x_amax = nullptr);
 // x^T's 16x16 quantization (the data gradient's W^T) read from x [rows, cols] (multiples of
 // 16) without x^T in memory: the bytes quantize_nvfp4(x^T, cols, rows, true, ro, ...) writes
 // (codes [cols, rows / 2], scale bytes [cols / 16, rows / 16], global_scale[0] = S_enc),
-// stochastic bits by each element's index in x^T. An amax pass, then nvfp4_kernel<true>.
+// stochastic bits by each element's index in x^T. An amax pass (or x_amax, as
+// quantize_nvfp4's), then nvfp4_kernel<true>.
 void quantize_nvfp4_16x16_t(const float* x, int64_t rows, int64_t cols,
                             const numerics::RoundingOptions& ro, uint8_t* codes_t,
                             uint8_t* scales_u8, float* global_scale, DeviceArena& scratch,
-                            cudaStream_t s);
+                            cudaStream_t s, const float* x_amax = nullptr);
 
 // nvfp4's GEMM operands of a whole tensor, a thread a 16-element block (quantize_nvfp4's
 // warp a block leaves 24 of 32 lanes idle on 1x16 blocks), x as fp32 or as bf16 codes. Codes

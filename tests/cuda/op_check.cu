@@ -196,6 +196,18 @@ Backend::Fp8Operand given_amax(Backend::Fp8Operand q, const float* amax) {
   q.x_amax = amax;
   return q;
 }
+// What an output made with a given amax (`got`) must be: bit for bit `own`, the output of the
+// operand's own amax pass, and not `three_x`, the output with an amax 3x too large (so the one
+// given is the one used; not 4x: a power of two scales every code exactly).
+void expect_given_amax(Result& r, const char* what, const std::vector<float>& got,
+                       const std::vector<float>& own, const std::vector<float>& three_x) {
+  expect_floats(r, what, got, own);
+  std::string note;
+  if (same_bits(three_x, got, note)) {
+    r.pass = false;
+    r.note += std::string("an amax 3x too large gave the same ") + what + ": x_amax unused; ";
+  }
+}
 void expect_bytes(Result& r, const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want);
 
 std::vector<uint16_t> bf16_codes(const std::vector<float>& x);  // RNE codes (below)
@@ -548,18 +560,13 @@ void check_fp8_linears(Backend& cpu, CudaBackend& gpu) {
                                  given_amax(xb.on_gpu(op(Format::kE4M3, x, gpu_amax.p)), dA.p),
                                  dW.p, op(Format::kE4M3, w, gpu_amax.p + 1), N, I, O, gpu_work.p);
           const auto got = dY.download();
-          expect_floats(r, "y", got, dY0.download());
           expect_floats(r, "amax slots", gpu_amax.download(), slots0);
           compare_rows(r, "y vs cpu", got, y, O);
           check_amax(r);
           gpu.fp8_linear_forward(dY3.p, nullptr,
                                  given_amax(xb.on_gpu(op(Format::kE4M3, x, nullptr)), dA3.p),
                                  dW.p, op(Format::kE4M3, w, nullptr), N, I, O, gpu_work.p);
-          std::string note;
-          if (same_bits(dY3.download(), got, note)) {
-            r.pass = false;
-            r.note += "an amax 3x too large gave the same y: x_amax unused; ";
-          }
+          expect_given_amax(r, "y", got, dY0.download(), dY3.download());
         });
       check_fp8_residual("fp8_linear_forward_residual", shape, gpu, N * O, O, 1,
                          [&](bool on_gpu, float* y, const float* R) {
@@ -1479,13 +1486,39 @@ void check_nvfp4_linears(Backend& cpu, CudaBackend& gpu) {
       gpu.fp8_linear_forward(dY.p, nullptr, given_amax(xb.on_gpu(xq), dA.p), dW.p, wq, N, I, O, gpu_work.p);
       gpu.fp8_linear_forward(dY3.p, nullptr, given_amax(xb.on_gpu(xq), dA3.p), dW.p, wq, N, I, O, gpu_work.p);
       const auto got = dY.download();
-      expect_floats(r, "y", got, dY0.download());
+      expect_given_amax(r, "y", got, dY0.download(), dY3.download());
       compare_rows(r, "y vs cpu", got, y, O, 3);
-      std::string note;
-      if (same_bits(dY3.download(), got, note)) {
-        r.pass = false;
-        r.note += "an amax 3x too large gave the same y: x_amax unused; ";
-      }
+    });
+    // A weight's amax kept from the micro-batch's first cast of it (LlamaModel::weight_amax):
+    // the forward's 16x16 cast writes max |W| into its slot (Fp8Operand::amax), y bit for bit
+    // the forward's without one; the data gradient's W^T cast takes it (x_amax), dx bit for bit
+    // its own amax pass's; both against the CPU twin (which writes the slot and checks the
+    // amax it is given), and a given amax 3x too large changes dx.
+    run_case("nvfp4_linear_weight_amax", shape, [&](Result& r) {
+      const auto xq = fp4(1, 16, false, 0), dyq = fp4(1, 16, true, 2);
+      auto wq = fp4(16, 16, false, 1), wq_host = wq;
+      const std::vector<float> poison{-1.0f}, amax{host_amax(w)}, amax3{3 * amax[0]};
+      Dev<float> dSlot(poison), dA3(amax3), dY(N * O), dY0(N * O);
+      std::vector<float> slot = poison, y(N * O);
+      wq.amax = dSlot.p;
+      wq_host.amax = slot.data();
+      gpu.fp8_linear_forward(dY0.p, dX.p, xq, dW.p, fp4(16, 16, false, 1), N, I, O, gpu_work.p);
+      gpu.fp8_linear_forward(dY.p, dX.p, xq, dW.p, wq, N, I, O, gpu_work.p);
+      cpu.fp8_linear_forward(y.data(), x.data(), xq, w.data(), wq_host, N, I, O, cpu_work.data());
+      expect_floats(r, "y", dY.download(), dY0.download());
+      compare_rows(r, "y vs cpu", dY.download(), y, O, 3);
+      expect_floats(r, "W's amax", dSlot.download(), amax);
+      expect_floats(r, "W's amax (cpu)", slot, amax);
+      const auto wd = fp4(16, 16, false, 3);
+      Dev<float> dDX(N * I), dDX0(N * I), dDX3(N * I);
+      std::vector<float> dx(N * I);
+      gpu.fp8_linear_dgrad(dDX0.p, dDY.p, dyq, dW.p, wd, N, I, O, false, gpu_work.p);
+      gpu.fp8_linear_dgrad(dDX.p, dDY.p, dyq, dW.p, given_amax(wd, dSlot.p), N, I, O, false, gpu_work.p);
+      gpu.fp8_linear_dgrad(dDX3.p, dDY.p, dyq, dW.p, given_amax(wd, dA3.p), N, I, O, false, gpu_work.p);
+      cpu.fp8_linear_dgrad(dx.data(), dy.data(), dyq, w.data(), given_amax(wd, slot.data()), N, I, O, false, cpu_work.data());
+      const auto got = dDX.download();
+      expect_given_amax(r, "dx", got, dDX0.download(), dDX3.download());
+      compare_rows(r, "dx vs cpu", got, dx, I, 3);
     });
     run_case("nvfp4_linear_dgrad", shape + " dy bf16 dx bf16", [&](Result& r) {
       std::vector<float> dx(N * I);

@@ -69,8 +69,9 @@ def test_cuda_trainer_matches_cpu(tmp_path, recipe, sm, tol, says, extra):
         # and fp8-current's o and down took the residual gradient's from the norm's backward
         grads = 3 * STEPS if recipe == "fp8-current" else 0
         assert summary["fp8_norm_amax_grads"] == grads, summary
-        # and its weights' data-gradient casts took each W's amax from its forward cast
-        reuses = 7 * 2 * STEPS if recipe == "fp8-current" else 0
+        # and fp8-current's and nvfp4's weights' data-gradient casts took each W's amax from
+        # its forward cast
+        reuses = 7 * 2 * STEPS if recipe in ("fp8-current", "nvfp4") else 0
         assert summary["fp8_weight_amax_reuses"] == reuses, summary
     if recipe == "nvfp4":  # and each Linear's backward took dy's two operands from one read
         ops = {o["op"] for o in summary["op_profile"]["ops"]}

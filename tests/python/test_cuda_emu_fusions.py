@@ -119,8 +119,9 @@ def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
     (rmsnorm_forward_bf16's amax, Fp8Operand::x_amax), so fp8-current's casts of q's, k's, v's,
     gate's and up's input and nvfp4's 1x16 rows (their global scale) skip their own amax pass
     over them; under fp8-current the RMSNorm backward takes the residual gradient's for o's
-    and down's dy too, and each weight's amax is taken by its forward cast for the data
-    gradient's (and the recompute's) cast of it (MXTRAIN_FP8_WEIGHT_AMAX=0: off). The same amax, so every step's loss and gradient norm equal
+    and down's dy too; each weight's amax (fp8-current's scale, nvfp4's 16x16 blocks' global
+    scale) is taken by its forward cast for the data gradient's (and the recompute's) cast of
+    it (MXTRAIN_FP8_WEIGHT_AMAX=0: off). The same amax, so every step's loss and gradient norm equal
     MXTRAIN_FP8_NORM_AMAX=0's bit for bit; two a block and step. Under full checkpointing the
     backward's recompute takes them too (four), with the same bits again (every policy gives
     the same gradients)."""
@@ -136,8 +137,9 @@ def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
     grads = 3 * STEPS if recipe == "fp8-current" else 0
     assert summary["fp8_norm_amax_grads"] == grads, summary
     assert summary_off["fp8_norm_amax_grads"] == 0, summary_off
-    # fp8-current: each weight's amax from its forward cast for the data gradient's W^T
-    reuses = 7 * 2 * STEPS if recipe == "fp8-current" else 0
+    # each weight's amax from its forward cast for the data gradient's W^T (nvfp4's 16x16
+    # blocks take it for their global scale)
+    reuses = 7 * 2 * STEPS
     assert summary["fp8_weight_amax_reuses"] == reuses, summary
     assert summary_off["fp8_weight_amax_reuses"] == 0, summary_off
     for a, b in zip(on, off):

@@ -314,9 +314,9 @@ def test_bf16_path_takes_the_norms_amax(tmp_path, recipe, ckpt):
     # Fp8Operand::x_amax) for fp8-current's casts and nvfp4's 1x16 rows of q's, k's, v's, gate's
     # and up's input, and (fp8-current) the residual gradient's from the RMSNorm backward for
     # o's and down's dy, and each weight's from its forward cast for the data gradient's and
-    # the recompute's (fp8-current; LlamaModel::weight_amax): the CPU twin checks each given
-    # amax against max |x| bit for bit (an internal error otherwise), and the run and its
-    # checkpoints equal the run with both off (MXTRAIN_FP8_NORM_AMAX=0,
+    # the recompute's (fp8-current and nvfp4; LlamaModel::weight_amax): the CPU twin checks
+    # each given amax against max |x| bit for bit (an internal error otherwise), and the run
+    # and its checkpoints equal the run with both off (MXTRAIN_FP8_NORM_AMAX=0,
     # MXTRAIN_FP8_WEIGHT_AMAX=0). 2 a block and step; full checkpointing's recompute 2 more.
     extra = ["--set", f"precision.recipe={recipe}", "--set", "precision.activations=bf16",
              "--set", f"memory.activation_checkpointing={ckpt}"]
@@ -335,8 +335,9 @@ def test_bf16_path_takes_the_norms_amax(tmp_path, recipe, ckpt):
     grads = 3 * 12 if recipe == "fp8-current" else 0
     assert summary_of(on_out)["fp8_norm_amax_grads"] == grads
     assert summary_of(off_out)["fp8_norm_amax_grads"] == 0
-    # and fp8-current's weights: each W's amax taken by its forward cast, given to the data
-    # gradient's W^T (7 Linears a block) and to full checkpointing's recompute (7 more)
-    reuses = 7 * 2 * 12 * (2 if ckpt == "full" else 1) if recipe == "fp8-current" else 0
+    # and the weights (fp8-current's per-tensor scale, nvfp4's 16x16 blocks' global scale):
+    # each W's amax taken by its forward cast, given to the data gradient's W^T (7 Linears a
+    # block) and to full checkpointing's recompute (7 more)
+    reuses = 7 * 2 * 12 * (2 if ckpt == "full" else 1)
     assert summary_of(on_out)["fp8_weight_amax_reuses"] == reuses
     assert summary_of(off_out)["fp8_weight_amax_reuses"] == 0

@@ -267,8 +267,8 @@ def test_gpu_plan_engine_bytes_match_the_engine(mxtrain, tmp_path, name, model, 
     assert eng["arena_bytes"] == eng["fsdp_bytes"] + eng["activation_arena_bytes"] + \
         eng["amax_slot_bytes"]
     if recipe in ("fp8-current", "nvfp4"):  # the RMSNorms' two amax floats
-        # and fp8-current's weights' amaxes, a float a Linear (7 a block; tiny: 2 blocks)
-        assert eng["amax_slot_bytes"] == 8 + (4 * 7 * 2 if recipe == "fp8-current" else 0), eng
+        # and the weights' amaxes, a float a Linear (7 a block; tiny: 2 blocks)
+        assert eng["amax_slot_bytes"] == 8 + 4 * 7 * 2, eng
     assert eng["total_bytes"] == eng["arena_bytes"] + eng["backend_scratch_bytes"] + \
         eng["allowance_bytes"]
     # The device arenas hold capacities, at least what the CPU run's arenas ever used.

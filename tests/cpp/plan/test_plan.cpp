@@ -409,8 +409,8 @@ TEST(PlanTime, FlopCounts) {
 // rows 2 + 2 + 0.5 + 1/16 (an amax pass, then a read for codes and scales), each Linear's own
 // Hadamard-transformed x^T the same (q, k, v and gate, up each theirs: 5C + q + I elements a
 // token), an output gradient 2 + 2 + 2 x (0.5 + 1/16) (one amax pass and one read for both
-// layouts), a weight 2 x (4 + 4 + 0.5 + 1/16) (W and W^T, each an amax pass and a read of
-// fp32), against mxfp8's 2 x (2 + 1 + 1/32) for every element of the distinct inputs, the
+// layouts), a weight 4 + 2 x (4 + 0.5 + 1/16) (one amax pass over the fp32 W, then W's and
+// W^T's codes, each a read of it), against mxfp8's 2 x (2 + 1 + 1/32) for every element of the distinct inputs, the
 // output gradients and the weights; the rest of the memory-bound time is the same for the
 // two recipes. By hand: per block and token the distinct inputs 2C + q + I and output
 // gradients q + 2kv + 2C + 2I, at 0.25 of HBM bandwidth (both recipes' assumed share).
@@ -423,7 +423,7 @@ TEST(PlanTime, Nvfp4CastsCountTheirKernelsBytes) {
   const double n = 2.0 * 8192, C = double(c.hidden_size), I = double(c.intermediate_size);
   const double q = double(c.q_dim()), kv = double(c.kv_dim());
   const double fp4_rows = 2 + 2 + 0.5 + 1.0 / 16, fp4_grad = 2 + 2 + 2 * (0.5 + 1.0 / 16);
-  const double fp4_weight = 2 * (4 + 4 + 0.5 + 1.0 / 16);
+  const double fp4_weight = 4 + 2 * (4 + 0.5 + 1.0 / 16);
   const double mx_bytes = 2 * (2 + 1 + 1.0 / 32);
   const double per_block = n * ((fp4_rows - mx_bytes) * (2 * C + q + I) +
                                 fp4_rows * (5 * C + q + I) +
