@@ -354,22 +354,24 @@ float* LlamaModel::norm_amax(const uint16_t* codes, bool reads_codes) {
 
 void LlamaModel::weight_amax(int linear, Backend::Fp8Operand& wq) {
   // fp8-current's W (per-tensor, current scaling, no slot of its own) and nvfp4's (16x16
-  // blocks, whose global scale is W's amax): the micro-batch's first quantization of it takes
-  // its amax into the Linear's slot, the later ones (the recompute's, the data gradient's W^T)
-  // take it from there. W does not change within a micro-batch.
+  // blocks, whose global scale is W's amax): the first quantization of it since the weights
+  // changed takes its amax into the Linear's slot, the later ones (the recompute's, the data
+  // gradient's W^T, the next micro-batches') take it from there. W does not change within a
+  // micro-batch, nor, where the UnitAccess tracks it (weights_key_), until an optimizer step
+  // or a load.
   const bool current = wq.per_tensor() && wq.current;
   const bool nvfp4 = wq.nvfp4 && !wq.rht && wq.block_rows == 16 && wq.block_cols == 16;
   if ((!current && !nvfp4) || wq.amax || wq.x_amax || !fp8_weight_amax_enabled()) return;
   const size_t n = size_t(c_.num_hidden_layers) * 7;
   float* amax = slots(weight_amax_mem_, n, "fp8 weight amax");
-  weight_amax_of_.resize(n, 0);  // (the micro-batch that wrote each; 0: none)
+  weight_amax_of_.resize(n, 0);  // (the weights' key when each was written; 0: none)
   const size_t slot = size_t(layer_) * 7 + size_t(linear);
-  if (weight_amax_of_[slot] == micro_batch_serial_) {
+  if (weight_amax_of_[slot] == weights_key_) {
     wq.x_amax = amax + slot;
     ++weight_amax_uses_;
   } else {
     wq.amax = amax + slot;
-    weight_amax_of_[slot] = micro_batch_serial_;
+    weight_amax_of_[slot] = weights_key_;
   }
 }
 
@@ -1389,7 +1391,10 @@ void LlamaModel::linear_bwd(int linear, float* dx, float* dw, const float* dy, c
 
 double LlamaModel::forward(UnitAccess& access, const int32_t* tokens, int64_t B, int64_t T,
                            Checkpointing policy, bool training, float grad_scale) {
-  ++micro_batch_serial_;  // (weight_amax: a new micro-batch's weights' amaxes are taken anew)
+  // (weight_amax: the weights' amaxes are taken anew when the weights may have changed)
+  ++micro_batch_serial_;
+  const int64_t version = access.weights_version();
+  weights_key_ = version >= 0 ? 2 * version + 1 : 2 * micro_batch_serial_;
   const int64_t N = B * T, C = c_.hidden_size, V = c_.vocab_size, L = c_.num_hidden_layers;
   const float eps = float(c_.rms_norm_eps);
   const bool tied = layout_.tied();

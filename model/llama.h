@@ -134,6 +134,11 @@ class UnitAccess {
     const float* post_norm = nullptr;
   };
   virtual BlockCodes block_codes(int unit) { return {}; }
+  // A count that changes whenever the weights acquire() hands out may have changed (an
+  // optimizer step, a load: every rank's the same), or -1: not tracked, so they may change
+  // between any two micro-batches. LlamaModel keeps the weights' amaxes while it stays the
+  // same (weight_amax).
+  virtual int64_t weights_version() const { return -1; }
 };
 
 // UnitAccess over one process's flat parameter and gradient buffers.
@@ -219,9 +224,9 @@ class LlamaModel {
   // Output projections (o, down) whose FP8 dy, the residual gradient, took its amax from the
   // RMSNorm backward that updated it (fp8-current), since the model was made.
   int64_t norm_amax_grads() const { return resid_amax_uses_; }
-  // fp8-current and nvfp4 weight operands (the recompute's W, the data gradients' W^T) that
-  // took W's amax from the micro-batch's first quantization of it (weight_amax), since the
-  // model was made.
+  // fp8-current and nvfp4 weight operands (the recompute's W, the data gradients' W^T, the
+  // later micro-batches') that took W's amax from an earlier quantization of the same weights
+  // (weight_amax), since the model was made.
   int64_t weight_amax_reuses() const { return weight_amax_uses_; }
 
  private:
@@ -304,7 +309,8 @@ class LlamaModel {
   // slot made by a forward's norm_amax, MXTRAIN_FP8_NORM_AMAX not 0), or null.
   float* resid_amax() const;
   // fp8-current's and nvfp4's (16x16) weight operand wq of Linear `linear` in this block: the
-  // micro-batch's first quantization of W writes W's amax into the Linear's slot (wq.amax),
+  // first quantization of W since the weights last changed (UnitAccess::weights_version; where
+  // it is not tracked, in this micro-batch) writes W's amax into the Linear's slot (wq.amax),
   // the later ones take it (wq.x_amax). MXTRAIN_FP8_WEIGHT_AMAX=0 turns it off. Other
   // operands are left as they are.
   void weight_amax(int linear, Backend::Fp8Operand& wq);
@@ -432,12 +438,15 @@ class LlamaModel {
   int64_t norm_amax_uses_ = 0;
   int64_t resid_amax_uses_ = 0;
   int64_t weight_amax_uses_ = 0;
-  // fp8-current, nvfp4: W's amax per block and Linear (layer x 7 + linear; backend memory, made on
-  // first use), and the micro-batch (micro_batch_serial_, counted by forward()) whose first
-  // quantization of W wrote it.
+  // fp8-current, nvfp4: W's amax per block and Linear (layer x 7 + linear; backend memory, made
+  // on first use), and the weights' key (weights_key_) when the first quantization of W wrote
+  // it; 0: none. forward() sets the key: odd, 2 x the UnitAccess's weights_version() + 1, where
+  // it tracks one (so an amax serves every micro-batch until the weights change); even, 2 x the
+  // micro-batches forward() has counted (micro_batch_serial_), where it does not.
   Slots weight_amax_mem_;
   std::vector<int64_t> weight_amax_of_;
   int64_t micro_batch_serial_ = 0;
+  int64_t weights_key_ = 0;
   // The residual gradient (block_backward's dresid) whose amax the last RMSNorm backward wrote
   // into norm_amax_mem_.p[1], or null: cleared wherever dresid changes without it.
   const float* resid_amax_of_ = nullptr;

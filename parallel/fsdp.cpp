@@ -1,6 +1,7 @@
 #include "parallel/fsdp.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -67,6 +68,7 @@ Fsdp::Fsdp(const ParamLayout& layout, Communicator& world, const FsdpOptions& op
            Backend& backend, MemoryTracker* tracker)
     : layout_(layout), world_(world), be_(backend), options_(options),
       pending_rs_(std::make_unique<PendingReduce>()) {
+  weights_changed();  // (a version of its own: no other instance's)
   switch (options.sharding) {
     case Sharding::kFull:
     case Sharding::kGradOp:
@@ -226,6 +228,12 @@ void Fsdp::start_gather(int unit) {
   if (mine_n < x.per_rank) be_.fill(packed + r * x.per_rank + mine_n, 0.0f, x.per_rank - mine_n);
   s->exact = shard_comm_->all_gather_async(packed + r * x.per_rank, packed, x.per_rank,
                                            CommDtype::kF32);
+}
+
+void Fsdp::weights_changed() {
+  static std::atomic<int64_t> versions{0};
+  codes_fresh_ = false;
+  weights_version_ = ++versions;
 }
 
 void Fsdp::refresh_codes() {
@@ -407,13 +415,14 @@ void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weigh
   }
   // Every tensor of every unit was stepped, so every code is the new weight's; were they stale
   // before, they are not now.
+  weights_changed();
   if (resident_codes_) codes_fresh_ = true;
 }
 
 // Host code reaches the shards (backend memory) only through be_.copy_*: a memcpy on the CPU,
 // a host<->device copy on CUDA.
 void Fsdp::scatter_params(const float* full) {
-  codes_fresh_ = false;
+  weights_changed();
   const int r = shard_comm_->rank();
   const auto& units = layout_.units();
   std::vector<float> shard;
@@ -475,7 +484,7 @@ void Fsdp::gather_moments(float* full_m, float* full_v) {
 }
 
 Fsdp::HostShards Fsdp::shards_on_host() {
-  codes_fresh_ = false;  // the caller may write the master weights (a checkpoint load)
+  weights_changed();  // the caller may write the master weights (a checkpoint load)
   if (be_.host_addressable()) return {master_base_, m_base_, v_base_};
   const size_t n = size_t(local_numel_);
   host_master_.resize(n);
@@ -495,7 +504,7 @@ Fsdp::HostShards Fsdp::read_shards_to_host() {
 }
 
 void Fsdp::write_shards_from_host(const HostShards& h) {
-  codes_fresh_ = false;
+  weights_changed();
   if (h.master == master_base_) return;
   const size_t bytes = sizeof(float) * size_t(local_numel_);
   be_.copy_from_host(master_base_, h.master, bytes);

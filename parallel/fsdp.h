@@ -55,6 +55,10 @@ class Fsdp final : public UnitAccess {
   float* grads(int unit) override;
   void grads_ready(int unit) override;
   BlockCodes block_codes(int unit) override;
+  // Changes with every write of the master weights this class makes or hands out a pointer
+  // for (adamw_step, scatter_params, shards_on_host, write_shards_from_host, master_shard);
+  // drawn from one process-wide count, so no two instances share a value.
+  int64_t weights_version() const override { return weights_version_; }
   bool bf16_blocks() const { return bf16_blocks_; }
   // bf16_blocks with one shard: every block unit's bf16 codes kept beside the master weights,
   // written by AdamW in its own pass (Backend::adamw's codes) and remade from the master weights
@@ -102,7 +106,7 @@ class Fsdp final : public UnitAccess {
   // memory: host code goes through the calls above. (A caller may write the master weights
   // through master_shard(): the resident codes are remade before their next use.)
   float* master_shard() {
-    codes_fresh_ = false;
+    weights_changed();
     return master_base_;
   }
   float* exp_avg_shard() { return m_base_; }
@@ -136,6 +140,9 @@ class Fsdp final : public UnitAccess {
     return resident_codes_ && unit_codes_[size_t(unit)] != nullptr;
   }
   void refresh_codes();  // the resident codes from the master weights, where stale
+  // The master weights were (or may be about to be) written: the resident codes are stale,
+  // and weights_version() moves on.
+  void weights_changed();
   float* shard_of(float* base, int unit) const { return base + unit_local_offset_[unit]; }
 
   const ParamLayout& layout_;
@@ -153,6 +160,7 @@ class Fsdp final : public UnitAccess {
   std::vector<ExactExchange> exchange_;      // bf16 block units' exact exchange (else empty)
   bool resident_codes_ = false;
   bool codes_fresh_ = false;                 // the resident codes match the master weights
+  int64_t weights_version_ = 0;              // weights_version(); set by the constructor
   std::unique_ptr<Arena> codes_;             // resident codes (block units; null elsewhere)
   std::vector<uint16_t*> unit_codes_;
   std::vector<std::array<int64_t, 2>> norm_at_;  // a block unit's two RMSNorm weights

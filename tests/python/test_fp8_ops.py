@@ -341,3 +341,27 @@ def test_bf16_path_takes_the_norms_amax(tmp_path, recipe, ckpt):
     reuses = 7 * 2 * 12 * (2 if ckpt == "full" else 1)
     assert summary_of(on_out)["fp8_weight_amax_reuses"] == reuses
     assert summary_of(off_out)["fp8_weight_amax_reuses"] == 0
+
+
+def test_weight_amax_lasts_until_the_weights_change(tmp_path):
+    # Each weight's amax is kept while Fsdp's weights_version stays (LlamaModel::weight_amax):
+    # taken by the first cast of W after an optimizer step, given to every later cast until
+    # the next (the data gradients', the other micro-batches', validation's). The CPU twin
+    # checks each given amax against max |W| bit for bit, so one kept past a change of W stops
+    # the run (an internal error); the run equals the run without it. fp8-current, policy
+    # none, 2 micro-batches a step: 4 casts of each W a step, 3 taking the kept amax; a
+    # validation (after steps 4, 8 and 12: 2 batches) casts W twice more and leaves its amax
+    # to the next step, whose casts then all take it: 2 more a validation that a step follows,
+    # 1 for the last.
+    extra = ["--set", "precision.recipe=fp8-current", "--set", "precision.activations=bf16",
+             "--set", "memory.activation_checkpointing=none", "--set", "train.grad_accum=2",
+             "--set", "train.eval_every=4", "--set", "train.eval_batches=2"]
+    env = {"MXTRAIN_TEST_BF16_GEMM": "1"}
+    on, on_out, _ = train(tmp_path, "on", True, False, extra, env_extra=env)
+    off, off_out, _ = train(tmp_path, "off", True, False, extra,
+                            env_extra=dict(env, MXTRAIN_FP8_WEIGHT_AMAX="0"))
+    assert len(on) == 12 and on == off
+    assert checkpoint_files(on_out, 12) == checkpoint_files(off_out, 12)
+    linears = 7 * 2  # tiny: 2 blocks
+    assert summary_of(on_out)["fp8_weight_amax_reuses"] == linears * (12 * 3 + 2 * 2 + 1)
+    assert summary_of(off_out)["fp8_weight_amax_reuses"] == 0
