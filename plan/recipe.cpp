@@ -64,14 +64,15 @@ RecipeModel recipe_model(const std::string& name) {
     // gradient's Hadamard-transformed x^T, each Linear its own) each read the bf16 input
     // twice, for its own global amax and for its codes and scales; an output gradient's both
     // come from one amax pass and one read; a weight's 16x16 codes, forward and (transposed)
-    // data gradient, each from a read of the fp32 weight after one amax pass (the forward's,
-    // kept for the data gradient: LlamaModel::weight_amax).
+    // data gradient, each from a read of the fp32 weight each micro-batch, after one amax pass
+    // a step (the first cast's, kept until the optimizer changes W: LlamaModel::weight_amax).
     r.quantized_weight_bytes_per_param = 2.0 * (0.5 + 1.0 / 16.0);
     r.scaling_state_bytes_per_linear = 3 * 4;
     r.quantize_bytes_per_element = 2 + 2 + 0.5 + 1.0 / 16.0;
     r.quantize_xt_bytes_per_element = 2 + 2 + 0.5 + 1.0 / 16.0;
     r.quantize_grad_bytes_per_element = 2 + 2 + 2.0 * (0.5 + 1.0 / 16.0);
-    r.quantize_weight_bytes_per_param = 4 + 2.0 * (4 + 0.5 + 1.0 / 16.0);
+    r.quantize_weight_bytes_per_param = 2.0 * (4 + 0.5 + 1.0 / 16.0);
+    r.quantize_weight_step_bytes_per_param = 4;
     r.gemm_efficiency = 0.55;
     return r;
   }

@@ -35,6 +35,9 @@ struct RecipeModel {
   // Bytes a weight parameter moves per micro-batch for its quantizations (the forward's W and
   // the data gradient's W^T). 0: quantize_bytes_per_element (the calibrated recipes' count).
   double quantize_weight_bytes_per_param = 0;
+  // Bytes a weight parameter moves once a step for them (an amax pass the step's casts share:
+  // LlamaModel::weight_amax, kept until the optimizer changes W). 0: none apart.
+  double quantize_weight_step_bytes_per_param = 0;
   double gemm_efficiency = 0.7;  // achievable fraction of the dense datasheet rate
   // GPU: the fraction of HBM bandwidth the recipe's casts achieve (their bytes above).
   double quantize_efficiency = 0.25;

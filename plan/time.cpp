@@ -210,11 +210,16 @@ TimeBreakdown plan_time(const PlanInput& in, const GpuSpec& gpu) {
   t.fp8_head = fp8_head;
   t.gemm_s = double(A) * mb_gemm;
   t.attention_s = double(A) * mb_attn;
-  t.memory_bound_s = double(A) * mb_mem;
+  // the weights' casts' once-a-step bytes (nvfp4's shared amax pass), in the quantized blocks
+  const double quantized_blocks =
+      gpu.is_cpu || r.name == hp.name ? 0.0 : double(L - hp_blocks);
+  const double step_mem = r.quantize_weight_step_bytes_per_param * quantized_blocks *
+                          double(block_matmul_params(c)) / quant_bw;
+  t.memory_bound_s = double(A) * mb_mem + step_mem;
   t.optimizer_s = kOptimizerBytesPerParam * double(sharded_numel(layout, S)) / gpu.hbm_bytes_per_s;
   t.comm_s = double(A) * mb_comm + step_comm;
   t.exposed_comm_s = double(A) * mb_exposed + step_exposed;
-  t.step_s = double(A) * (mb_compute + mb_exposed) + t.optimizer_s + step_exposed;
+  t.step_s = double(A) * (mb_compute + mb_exposed) + step_mem + t.optimizer_s + step_exposed;
   t.tokens_per_step = double(W) * double(A) * double(n);
   t.tokens_per_s = t.tokens_per_step / t.step_s;
   t.tokens_per_s_per_gpu = t.tokens_per_s / double(W);

@@ -409,13 +409,15 @@ TEST(PlanTime, FlopCounts) {
 // rows 2 + 2 + 0.5 + 1/16 (an amax pass, then a read for codes and scales), each Linear's own
 // Hadamard-transformed x^T the same (q, k, v and gate, up each theirs: 5C + q + I elements a
 // token), an output gradient 2 + 2 + 2 x (0.5 + 1/16) (one amax pass and one read for both
-// layouts), a weight 4 + 2 x (4 + 0.5 + 1/16) (one amax pass over the fp32 W, then W's and
-// W^T's codes, each a read of it), against mxfp8's 2 x (2 + 1 + 1/32) for every element of the distinct inputs, the
+// layouts), a weight 2 x (4 + 0.5 + 1/16) a micro-batch (W's and W^T's codes, each a read of
+// the fp32 W) and 4 a step (one amax pass, which every cast of W until the optimizer step
+// takes), against mxfp8's 2 x (2 + 1 + 1/32) for every element of the distinct inputs, the
 // output gradients and the weights; the rest of the memory-bound time is the same for the
 // two recipes. By hand: per block and token the distinct inputs 2C + q + I and output
 // gradients q + 2kv + 2C + 2I, at 0.25 of HBM bandwidth (both recipes' assumed share).
 TEST(PlanTime, Nvfp4CastsCountTheirKernelsBytes) {
-  const PlanInput in = input("llama3-8b", 2, 8192, Checkpointing::kNone, "full", 8, 1, "nvfp4");
+  PlanInput in = input("llama3-8b", 2, 8192, Checkpointing::kNone, "full", 8, 1, "nvfp4");
+  in.grad_accum = 3;
   PlanInput mx = in;
   mx.recipe = "mxfp8";
   const GpuSpec b200 = find_gpu("b200");
@@ -423,15 +425,20 @@ TEST(PlanTime, Nvfp4CastsCountTheirKernelsBytes) {
   const double n = 2.0 * 8192, C = double(c.hidden_size), I = double(c.intermediate_size);
   const double q = double(c.q_dim()), kv = double(c.kv_dim());
   const double fp4_rows = 2 + 2 + 0.5 + 1.0 / 16, fp4_grad = 2 + 2 + 2 * (0.5 + 1.0 / 16);
-  const double fp4_weight = 4 + 2 * (4 + 0.5 + 1.0 / 16);
+  const double fp4_weight = 2 * (4 + 0.5 + 1.0 / 16), fp4_weight_step = 4;
   const double mx_bytes = 2 * (2 + 1 + 1.0 / 32);
   const double per_block = n * ((fp4_rows - mx_bytes) * (2 * C + q + I) +
                                 fp4_rows * (5 * C + q + I) +
                                 (fp4_grad - mx_bytes) * (q + 2 * kv + 2 * C + 2 * I)) +
                            (fp4_weight - mx_bytes) * double(block_matmul_params(c));
-  const double want = double(c.num_hidden_layers) * per_block / (b200.hbm_bytes_per_s * 0.25);
-  const double got = plan_time(in, b200).memory_bound_s - plan_time(mx, b200).memory_bound_s;
-  EXPECT_NEAR(got, want, 1e-9 * std::abs(want));
+  const double per_step =
+      3 * per_block + fp4_weight_step * double(block_matmul_params(c));  // 3 micro-batches
+  const double want = double(c.num_hidden_layers) * per_step / (b200.hbm_bytes_per_s * 0.25);
+  const TimeBreakdown fp4 = plan_time(in, b200), mx8 = plan_time(mx, b200);
+  EXPECT_NEAR(fp4.memory_bound_s - mx8.memory_bound_s, want, 1e-9 * std::abs(want));
+  EXPECT_NEAR(fp4.step_s - mx8.step_s, fp4.memory_bound_s - mx8.memory_bound_s + fp4.gemm_s -
+                                           mx8.gemm_s + fp4.exposed_comm_s - mx8.exposed_comm_s,
+              1e-9 * fp4.step_s);
   EXPECT_GT(want, 0.0);
 }
 
