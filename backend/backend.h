@@ -213,9 +213,9 @@ class Backend {
     const uint16_t* swiglu_u = nullptr;
     // Backend memory holding max |x| (NaN skipped), as x's producer took it
     // (rmsnorm_forward_bf16's amax) or an earlier cast of x wrote it (`amax`: a weight's,
-    // within a micro-batch): per-tensor current scaling, nvfp4's 1x16 forward rows and its
-    // 16x16 blocks take it in place of their own amax pass over x. The caller vouches that it
-    // is x's; the reference forms (host memory) check that it is.
+    // until the optimizer changes it): per-tensor current scaling, nvfp4's 1x16 forward rows
+    // and its 16x16 blocks take it in place of their own amax pass over x. The caller vouches
+    // that it is x's; the reference forms (host memory) check that it is.
     const float* x_amax = nullptr;
     bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
     // The bytes of save_t_scale_inv's scales for a forward input x [rows, cols] cut as this

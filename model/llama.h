@@ -105,8 +105,8 @@ bool fp8_fuse_swiglu_enabled();
 // h1's and h2's codes take their amax too, so the Linears' quantizers skip their amax pass
 // (Fp8Operand::x_amax).
 bool fp8_norm_amax_enabled();
-// MXTRAIN_FP8_WEIGHT_AMAX is not 0: under fp8-current and nvfp4 a weight's amax is taken once a
-// micro-batch (its forward cast) and given to the recompute's and the data gradient's casts.
+// MXTRAIN_FP8_WEIGHT_AMAX is not 0: under fp8-current and nvfp4 a weight's amax is taken by
+// its first cast after the weights change (an optimizer step) and given to the later casts.
 bool fp8_weight_amax_enabled();
 
 // Where the model finds its weights and puts its gradients, one unit at a time (units as in

@@ -3275,8 +3275,8 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::quantize_nvfp4_rht_t(x, rows, cols, q.rht_seed, q.rounding, codes, raw, global,
                                  scratch_, stream_);
     } else if constexpr (std::is_same_v<X, float>) {
-      // a weight's 16x16 blocks: its amax given (x_amax: kept from the micro-batch's first
-      // cast of it), or taken into the caller's slot (amax) for the later casts
+      // a weight's 16x16 blocks: its amax given (x_amax: kept from its first cast since the
+      // optimizer step), or taken into the caller's slot (amax) for the later casts
       const float* amax = blocks_2d ? q.x_amax : nullptr;
       if (blocks_2d && !amax && q.amax) {
         cuda::abs_max(q.amax, x, rows * cols, scratch_, stream_);

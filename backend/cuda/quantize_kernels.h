@@ -99,8 +99,8 @@ void quantize_mxfp8_both(const uint16_t* x, int64_t rows, int64_t cols, numerics
 
 // NVFP4: 1x16 (or 16x16) blocks, UE4M3 scale bytes, global_scale[0] = S_enc (device).
 // dequant may be null (codes and scales only: the tensor-core path). An amax pass over x, or
-// x_amax (device, unless null: max |x|, NaN skipped, taken before: a weight's, kept for the
-// micro-batch) in its place.
+// x_amax (device, unless null: max |x|, NaN skipped, taken before: a weight's, kept until
+// the optimizer changes it) in its place.
 void quantize_nvfp4(const float* x, int64_t rows, int64_t cols, bool blocks_2d,
                     const numerics::RoundingOptions& ro, uint8_t* codes, uint8_t* scales_u8,
                     float* global_scale, float* dequant, DeviceArena& scratch, cudaStream_t s,
