@@ -232,16 +232,15 @@ void Fsdp::start_gather(int unit) {
 
 void Fsdp::weights_changed() {
   static std::atomic<int64_t> versions{0};
-  codes_fresh_ = false;
   weights_version_ = ++versions;
 }
 
 void Fsdp::refresh_codes() {
-  if (codes_fresh_) return;
+  if (codes_version_ == weights_version_) return;
   for (size_t u = 0; u < unit_codes_.size(); ++u)
     if (unit_codes_[u])
       be_.to_bf16(unit_codes_[u], shard_of(master_base_, int(u)), layout_.units()[u].numel);
-  codes_fresh_ = true;
+  codes_version_ = weights_version_;
 }
 
 const float* Fsdp::acquire(int unit, bool backward) {
@@ -283,7 +282,8 @@ const float* Fsdp::acquire(int unit, bool backward) {
 UnitAccess::BlockCodes Fsdp::block_codes(int unit) {
   if (shard_comm_->size() == 1) {
     if (!resident_unit(unit)) return {};
-    MX_ASSERT(codes_fresh_, "block_codes of unit ", unit, " before acquire");
+    MX_ASSERT(codes_version_ == weights_version_, "block_codes of unit ", unit,
+              " before acquire");
     const float* base = shard_of(master_base_, unit);
     return {unit_codes_[size_t(unit)], base + norm_at_[size_t(unit)][0],
             base + norm_at_[size_t(unit)][1]};
@@ -416,7 +416,7 @@ void Fsdp::adamw_step(float lr, float beta1, float beta2, float eps, float weigh
   // Every tensor of every unit was stepped, so every code is the new weight's; were they stale
   // before, they are not now.
   weights_changed();
-  if (resident_codes_) codes_fresh_ = true;
+  if (resident_codes_) codes_version_ = weights_version_;
 }
 
 // Host code reaches the shards (backend memory) only through be_.copy_*: a memcpy on the CPU,

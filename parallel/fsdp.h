@@ -140,8 +140,8 @@ class Fsdp final : public UnitAccess {
     return resident_codes_ && unit_codes_[size_t(unit)] != nullptr;
   }
   void refresh_codes();  // the resident codes from the master weights, where stale
-  // The master weights were (or may be about to be) written: the resident codes are stale,
-  // and weights_version() moves on.
+  // The master weights were (or may be about to be) written: weights_version() moves on (so
+  // the resident codes, made from an earlier version, are stale).
   void weights_changed();
   float* shard_of(float* base, int unit) const { return base + unit_local_offset_[unit]; }
 
@@ -159,8 +159,8 @@ class Fsdp final : public UnitAccess {
   std::vector<size_t> unit_bytes_;           // a unit's gathered weights (S > 1)
   std::vector<ExactExchange> exchange_;      // bf16 block units' exact exchange (else empty)
   bool resident_codes_ = false;
-  bool codes_fresh_ = false;                 // the resident codes match the master weights
-  int64_t weights_version_ = 0;              // weights_version(); set by the constructor
+  int64_t weights_version_ = 0;  // weights_version(); set by the constructor
+  int64_t codes_version_ = -1;   // the weights_version the resident codes were made from
   std::unique_ptr<Arena> codes_;             // resident codes (block units; null elsewhere)
   std::vector<uint16_t*> unit_codes_;
   std::vector<std::array<int64_t, 2>> norm_at_;  // a block unit's two RMSNorm weights
