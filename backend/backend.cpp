@@ -178,15 +178,14 @@ void fp8_emulate(float* out, const float* x, int64_t rows, int64_t cols,
                  const Backend::Fp8Operand& q) {
   numerics::QuantizeInto into;
   into.dequant = out;
-  const bool nvfp4_2d = q.nvfp4 && !q.rht && q.block_rows == 16 && q.block_cols == 16;
   if (q.x_amax) {
-    MX_ASSERT(q.per_tensor() ? q.current : nvfp4_2d || (q.nvfp4 && q.block_rows == 1 && !q.rht),
+    MX_ASSERT(q.per_tensor() ? q.current : q.nvfp4_2d() || (q.nvfp4 && q.block_rows == 1 && !q.rht),
               "Fp8Operand::x_amax: current scaling, nvfp4's 1x16 rows or 16x16 blocks only");
     check_x_amax(x, rows * cols, q);
   }
   if (q.nvfp4) {  // 1x16, 16x1 (columnwise) or 16x16 (weights) blocks
-    if (nvfp4_2d && q.amax && !q.x_amax) *q.amax = numerics::abs_max(x, rows * cols);
-    numerics::quantize_nvfp4_into(x, rows, cols, nvfp4_2d,
+    if (q.nvfp4_2d() && q.amax && !q.x_amax) *q.amax = numerics::abs_max(x, rows * cols);
+    numerics::quantize_nvfp4_into(x, rows, cols, q.nvfp4_2d(),
                                   q.block_rows == 16 && q.block_cols == 1, into, q.rounding);
     return;
   }

@@ -218,6 +218,8 @@ class Backend {
     // that it is x's; the reference forms (host memory) check that it is.
     const float* x_amax = nullptr;
     bool per_tensor() const { return !mx && !nvfp4 && block_rows == 0 && block_cols == 0; }
+    // nvfp4's 16x16 blocks (a weight's operand), no Hadamard transform
+    bool nvfp4_2d() const { return nvfp4 && !rht && block_rows == 16 && block_cols == 16; }
     // The bytes of save_t_scale_inv's scales for a forward input x [rows, cols] cut as this
     // operand (per-tensor, fp8-block 1x128 or mxfp8 1x32); 0 for any other cut (nvfp4, ...),
     // which saves no x^T.

@@ -360,8 +360,7 @@ void LlamaModel::weight_amax(int linear, Backend::Fp8Operand& wq) {
   // micro-batch, nor, where the UnitAccess tracks it (weights_key_), until an optimizer step
   // or a load.
   const bool current = wq.per_tensor() && wq.current;
-  const bool nvfp4 = wq.nvfp4 && !wq.rht && wq.block_rows == 16 && wq.block_cols == 16;
-  if ((!current && !nvfp4) || wq.amax || wq.x_amax || !fp8_weight_amax_enabled()) return;
+  if ((!current && !wq.nvfp4_2d()) || wq.amax || wq.x_amax || !fp8_weight_amax_enabled()) return;
   const size_t n = size_t(c_.num_hidden_layers) * 7;
   float* amax = slots(weight_amax_mem_, n, "fp8 weight amax");
   weight_amax_of_.resize(n, 0);  // (the weights' key when each was written; 0: none)

@@ -153,7 +153,7 @@ struct CudaEngineBytes {
   int64_t activations = 0;      // the saved and scratch arenas (capacities)
   int64_t amax_slots = 0;       // fp8-delayed: 4 bytes x 7 Linears x 6 operands per block;
                                 // fp8-current, nvfp4: 8 (the RMSNorms' amaxes);
-                                // fp8-current: + 4 x 7 x L (the weights' amaxes)
+                                // fp8-current, nvfp4: + 4 x 7 x L (the weights' amaxes)
   int64_t backend_scratch = 0;  // cuda_scratch_bytes(): MXTRAIN_CUDA_SCRATCH_MB, 1 GiB
   int64_t allowances = 0;       // CUDA context + NCCL buffers
   // Through Backend::memory(): what the trainer's summary reports as device_mem_bytes.

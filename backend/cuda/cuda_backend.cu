@@ -1685,7 +1685,7 @@ class CudaBackendImpl final : public CudaBackend {
     } else if (q.block_rows == 16 && q.block_cols == 1) {
       return false;  // 16x1 columns: no device kernel (only token counts not a multiple of 16)
     }
-    const bool blocks_2d = !q.rht && q.block_rows == 16 && q.block_cols == 16;
+    const bool blocks_2d = q.nvfp4_2d();
     const int64_t br = blocks_2d ? 16 : 1;
     uint8_t* codes = scratch_.alloc_as<uint8_t>(R * ((K + 1) / 2));
     uint8_t* scales = scratch_.alloc_as<uint8_t>(((R + br - 1) / br) * ((K + 15) / 16));
