@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -221,11 +222,11 @@ std::string where() {
 // as (block serial, barrier interval, thread, code address). The first race of a launch fails it
 // (sticky, as a GPU's fault), naming both accesses' source lines.
 struct Access {
-  uint32_t serial = 0;  // the block's serial (blocks run so far, counting it); 0: none
+  uint32_t serial = 0;  // the block's serial (blocks run since the shadow's last clearing); 0: none
   uint32_t epoch = 0;   // barriers the block had passed
   uint16_t tid = 0;     // thread index in the block
   uint16_t flags = 0;
-  uint32_t pc = 0;  // code address, from the executable's load address
+  uint32_t site = 0;  // the code address's index in race_site_pcs
 };
 // kOthersRead: other threads of the block read the byte in the same interval too; kBlocksRead:
 // other blocks of the launch did. kOthersAtomic / kBlocksAtomic: atomics of other threads of the
@@ -238,9 +239,37 @@ enum : uint16_t {
   kOthersAtomic = 8,
   kBlocksAtomic = 16
 };
+// The shadow holds an Access in 64 bits, so a byte of memory costs 16 bytes of shadow (half the
+// cache lines and page faults of two plain Accesses; docs/cuda_emu.md has the timings).
+// - serial: 20 bits. Only whether an access is in the running launch matters (every earlier one
+//   is ordered before it), so a launch that would pass 2^20 - 1 first clears every shadow and
+//   starts the count again (race_begin_launch).
+// - epoch: 15 bits; a block that passes more barriers stops the run (run_block).
+// - tid: 10 bits (1024 threads a block); flags: 5 bits.
+// - site: 14 bits, an index into the code addresses seen (race_site_of).
+constexpr unsigned kSerialBits = 20, kEpochBits = 15, kTidBits = 10, kFlagBits = 5, kSiteBits = 14;
+static_assert(kSerialBits + kEpochBits + kTidBits + kFlagBits + kSiteBits == 64, "64-bit cells");
+constexpr uint32_t kMaxSerial = (1u << kSerialBits) - 1, kMaxEpoch = (1u << kEpochBits) - 1,
+                   kMaxSites = 1u << kSiteBits;
+constexpr unsigned kEpochShift = kSerialBits, kTidShift = kEpochShift + kEpochBits,
+                   kFlagShift = kTidShift + kTidBits, kSiteShift = kFlagShift + kFlagBits;
+inline uint64_t pack(const Access& a) {
+  return uint64_t(a.serial) | uint64_t(a.epoch) << kEpochShift | uint64_t(a.tid) << kTidShift |
+         uint64_t(a.flags) << kFlagShift | uint64_t(a.site) << kSiteShift;
+}
+inline Access unpack(uint64_t v) {
+  Access a;
+  a.serial = uint32_t(v & kMaxSerial);
+  a.epoch = uint32_t(v >> kEpochShift & kMaxEpoch);
+  a.tid = uint16_t(v >> kTidShift & ((1u << kTidBits) - 1));
+  a.flags = uint16_t(v >> kFlagShift & ((1u << kFlagBits) - 1));
+  a.site = uint32_t(v >> kSiteShift);
+  return a;
+}
 struct Cell {
-  Access w, r;
+  uint64_t w, r;  // packed Accesses; 0: none
 };
+static_assert(sizeof(Cell) == 16, "16 bytes of shadow a byte");
 struct Region {
   char* begin;
   size_t bytes;
@@ -283,6 +312,43 @@ void race_remove_region(char* begin) {
   munmap(it->second.shadow, it->second.shadow_bytes);
   race_regions.erase(it);
   race_forget_lookups();
+}
+
+// A launch of `blocks` blocks begins: its first block's serial. Serials that would not fit the
+// shadow's 20 bits clear every shadow first (every access so far is ordered before the launch,
+// so the cleared cells lose nothing that can race) and count from 1 again.
+// (run_grid refuses a launch of kMaxSerial blocks or more.)
+void race_begin_launch(uint64_t blocks) {
+  if (race_serial + blocks >= kMaxSerial) {
+    for (auto& [begin, r] : race_regions)
+      if (madvise(r.shadow, r.shadow_bytes, MADV_DONTNEED) != 0)
+        throw std::runtime_error("mxemu: cannot clear the race check's shadow");
+    race_serial = 0;
+  }
+  race_launch_first = race_serial + 1;
+}
+
+// Code addresses of accesses, by index (the shadow keeps the index), and the way back.
+std::vector<uint32_t> race_site_pcs;
+std::unordered_map<uint32_t, uint32_t> race_site_index;
+bool race_sites_full = false;
+uint32_t race_site_of(uint32_t pc) {
+  // Most accesses come from a few hot sites: a direct-mapped cache before the hash map.
+  static uint32_t cached_pc[1024], cached_site[1024];
+  const uint32_t h = (pc * 2654435761u) >> 22;
+  if (cached_pc[h] == pc && pc != 0) return cached_site[h];
+  auto it = race_site_index.find(pc);
+  if (it == race_site_index.end()) {
+    if (race_site_pcs.size() == kMaxSites) {
+      race_sites_full = true;  // fails the launch (called from a kernel's thread: no throw)
+      return 0;
+    }
+    it = race_site_index.emplace(pc, uint32_t(race_site_pcs.size())).first;
+    race_site_pcs.push_back(pc);
+  }
+  cached_pc[h] = pc;
+  cached_site[h] = it->second;
+  return it->second;
 }
 
 const Region* race_region_of(char* c) {
@@ -392,10 +458,10 @@ void race_found(const Region& r, size_t offset, const Access& now, bool now_writ
   std::string msg = "data race on " + std::string(r.what) + " (byte " + std::to_string(offset) +
                     " of " + std::to_string(r.bytes) + "): thread " + thread_coords(now.tid) +
                     " of block " + block_coords(now.serial) + ": " + kind(now, now_write) + " at " +
-                    source_line(now.pc) + "; ";
+                    source_line(race_site_pcs[now.site]) + "; ";
   const std::string done = std::string(before_write ? "wrote" : "read") +
                            (before.flags & kAtomic ? " atomically" : "") + " at " +
-                           source_line(before.pc);
+                           source_line(race_site_pcs[before.site]);
   switch (with) {
     case RaceWith::kIt:
       msg += who(before) + (before.serial == now.serial ? " between the same two barriers" : "") +
@@ -427,7 +493,7 @@ void race_access(void* p, size_t bytes, bool write, bool atomic, void* ret) {
   now.epoch = race_epoch;
   now.tid = uint16_t(current->index);
   now.flags = atomic ? kAtomic : 0;
-  now.pc = uint32_t(reinterpret_cast<uintptr_t>(ret) - exe_base());
+  now.site = race_site_of(uint32_t(reinterpret_cast<uintptr_t>(ret) - exe_base()));
   const size_t off = size_t(c - r->begin);
   const size_t end = std::min(r->bytes, off + bytes);
   // Whether an earlier access is not ordered before this one.
@@ -436,11 +502,11 @@ void race_access(void* p, size_t bytes, bool write, bool atomic, void* ret) {
     if (a.serial == now.serial) return a.epoch == now.epoch && a.tid != now.tid;
     return !r->shared && a.serial >= race_launch_first;
   };
-  for (size_t i = off; i < end; ++i) {
-    Cell& cell = r->shadow[i];
+  // The checks for byte i, whose shadow cell is `cell`, and its new cell.
+  auto visit = [&](Cell cell, size_t i) {
     // Other threads' atomics before this thread's own last one, still unordered with this
     // access: for device memory, any in this launch; for shared memory, any in this interval.
-    const Access& wr = cell.w;
+    const Access wr = unpack(cell.w);
     const bool same_interval_w = wr.serial == now.serial && wr.epoch == now.epoch;
     const bool launch_w = !r->shared && wr.serial >= race_launch_first;
     const uint16_t live_atomics = uint16_t((same_interval_w ? wr.flags & kOthersAtomic : 0) |
@@ -450,8 +516,8 @@ void race_access(void* p, size_t bytes, bool write, bool atomic, void* ret) {
       race_found(*r, i, now, write, wr, true, RaceWith::kIt);
     } else if (atomics_live && !atomic) {
       race_found(*r, i, now, write, wr, true, RaceWith::kOtherAtomics);
-    } else if (write && cell.r.serial != 0) {
-      const Access& rd = cell.r;
+    } else if (write && cell.r != 0) {
+      const Access rd = unpack(cell.r);
       const bool same_interval = rd.serial == now.serial && rd.epoch == now.epoch;
       if (concurrent(rd))
         race_found(*r, i, now, write, rd, false, RaceWith::kIt);
@@ -466,11 +532,11 @@ void race_access(void* p, size_t bytes, bool write, bool atomic, void* ret) {
         nw.flags |= live_atomics;
         if (concurrent(wr)) nw.flags |= wr.serial == now.serial ? kOthersAtomic : kBlocksAtomic;
       }
-      cell.w = nw;
-      cell.r = Access{};
+      cell.w = pack(nw);
+      cell.r = 0;
     } else {
       Access rd = now;
-      const Access& old = cell.r;
+      const Access old = unpack(cell.r);
       if (old.serial != 0) {
         if (old.serial == now.serial && old.epoch == now.epoch) {
           rd.flags |= old.flags & (kOthersRead | kBlocksRead);
@@ -479,9 +545,25 @@ void race_access(void* p, size_t bytes, bool write, bool atomic, void* ret) {
           rd.flags |= old.serial != now.serial ? kBlocksRead : (old.flags & kBlocksRead);
         }
       }
-      cell.r = rd;
+      cell.r = pack(rd);
     }
+    return cell;
+  };
+  // Most accesses find the same cell in each of their bytes (a value that one thread wrote and
+  // others read): then each byte gets the same verdict and the same new cell as the first.
+  const size_t n = end - off;
+  Cell* const cells = r->shadow + off;
+  bool alike = n > 1;
+  for (size_t i = 1; alike && i < n; ++i)
+    alike = cells[i].w == cells[0].w && cells[i].r == cells[0].r;
+  if (alike) {
+    const uint64_t seen = races_seen;
+    const Cell c = visit(cells[0], off);
+    races_seen += (races_seen - seen) * (n - 1);  // a race in each byte, as the loop counts them
+    for (size_t i = 0; i < n; ++i) cells[i] = c;
+    return;
   }
+  for (size_t i = 0; i < n; ++i) cells[i] = visit(cells[i], off + i);
 }
 
 // Runs one block to completion: every live fiber runs until it waits; then the warps whose
@@ -548,7 +630,10 @@ void run_block(int n) {
     }
     if (done == n) return;
     if (done + sync == n) {
-      ++race_epoch;  // the block passes a barrier
+      // The block passes a barrier.
+      if (race_enabled && ++race_epoch > kMaxEpoch)
+        throw std::runtime_error("the race check counts at most " + std::to_string(kMaxEpoch) +
+                                 " barriers a block; " + where() + " passed more");
       for (int i = 0; i < n; ++i)
         if (fibers[size_t(i)].wait == Wait::kSync) fibers[size_t(i)].wait = Wait::kRun;
       continue;
@@ -705,6 +790,7 @@ void race_atomic(void* p, size_t bytes, void* ret) {
   if (race_enabled && current) race_access(p, bytes, true, true, ret);
 }
 void set_racecheck_for_tests(bool on) { race_enabled = on; }
+void race_serials_left_for_tests(uint32_t n) { race_serial = kMaxSerial - 1 - n; }
 const uint3& thread_idx() { return current->tid; }
 const uint3& block_idx() { return cur_block; }
 const dim3& block_dim() { return cur_block_dim; }
@@ -814,7 +900,16 @@ void run_grid(const void* kernel, const char* name, const Config& c,
     dyn_smem = reinterpret_cast<unsigned char*>(dyn_map + dyn_map_bytes - page() - dyn_smem_bytes);
   }
   if (race_enabled) {
-    race_launch_first = race_serial + 1;
+    const uint64_t blocks = uint64_t(g.x) * g.y * g.z;
+    if (blocks >= kMaxSerial) {
+      fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name +
+                                              ": the race check counts at most " +
+                                              std::to_string(kMaxSerial - 1) +
+                                              " blocks a launch; this one has " +
+                                              std::to_string(blocks));
+      return;
+    }
+    race_begin_launch(blocks);
     races_seen = 0;
     race_report.clear();
     auto* begin = reinterpret_cast<char*>(dyn_smem);
@@ -846,7 +941,11 @@ void run_grid(const void* kernel, const char* name, const Config& c,
   }
   if (!shared_overflow.empty())
     fail_sticky(cudaErrorLaunchFailure, std::string("kernel ") + name + ": " + shared_overflow);
-  if (races_seen > 0) {
+  if (race_sites_full)
+    fail_sticky(cudaErrorLaunchFailure,
+                std::string("kernel ") + name + ": the race check tells at most " +
+                    std::to_string(kMaxSites) + " code addresses apart; the kernels have more");
+  else if (races_seen > 0) {
     std::string count;
     if (races_seen > 1)
       count = " (" + std::to_string(races_seen) + " racing byte accesses in this launch)";

@@ -146,6 +146,9 @@ void clear_sticky_error_for_tests();
 // allocations made while it is on).
 void race_atomic(void* p, size_t bytes, void* ret);
 void set_racecheck_for_tests(bool on);
+// Moves the race check's block count on so that the next launch finds only `n` serials left
+// before it must clear the shadow (the emulator's own tests of that clearing).
+void race_serials_left_for_tests(uint32_t n);
 // A static __shared__ array's first use in a block (translate.py adds the call after each
 // declaration): filled with 0xFF once a block, its bytes counted against the 48 KiB limit.
 void block_shared(void* array, size_t bytes);

@@ -722,3 +722,94 @@ TEST(MxemuRaceCheck, AWriteAfterOtherBlocksReadsRacesAcrossABarrier) {
             std::string::npos)
       << v;
 }
+
+// The shadow's cells are checked byte by byte when an access's bytes have different histories:
+// a word read whole after other threads wrote its bytes separately.
+constexpr int kByteWriteLine = __LINE__ + 4;
+__global__ void bytes_then_word_kernel(unsigned* out, int barrier) {
+  __shared__ unsigned w[1];
+  auto* b = reinterpret_cast<unsigned char*>(w);
+  if (threadIdx.x < 4) b[threadIdx.x] = static_cast<unsigned char>(threadIdx.x + 1);
+  if (barrier) __syncthreads();
+  if (threadIdx.x == 4) out[0] = w[0];  // reads the four bytes threads 0 to 3 wrote
+}
+constexpr int kWordReadLine = kByteWriteLine + 2;
+
+TEST(MxemuRaceCheck, AWordReadOfBytesOtherThreadsWroteRacesInEachByte) {
+  RaceCheck on;
+  Buf<unsigned> out(1);
+  bytes_then_word_kernel<<<1, 32>>>(out.p, 1);
+  EXPECT_EQ(verdict(), "");
+  EXPECT_EQ(out.get()[0], 0x04030201u);
+  bytes_then_word_kernel<<<1, 32>>>(out.p, 0);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("data race on static shared memory (byte 0 of 4): thread (4, 0, 0) of block "
+                   "(0, 0, 0): read at " +
+                   at_line(kWordReadLine, "bytes_then_word_kernel") +
+                   "; thread (0, 0, 0) of the same block between the same two barriers wrote at " +
+                   at_line(kByteWriteLine, "bytes_then_word_kernel")),
+            std::string::npos)
+      << v;
+  EXPECT_NE(v.find("(4 racing byte accesses in this launch)"), std::string::npos) << v;
+}
+
+// One thread's byte among bytes nobody touched in the launch: only that byte races.
+__global__ void one_byte_then_word_kernel(unsigned* g) {
+  if (threadIdx.x == 0) reinterpret_cast<unsigned char*>(g)[2] = 7;
+  if (threadIdx.x == 1) g[1] = g[0];
+}
+
+TEST(MxemuRaceCheck, OnlyTheBytesAnotherThreadWroteRace) {
+  RaceCheck on;
+  Buf<unsigned> g(2);
+  g.put({0, 0});
+  one_byte_then_word_kernel<<<1, 32>>>(g.p);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("data race on device memory (byte 2 of 8): thread (1, 0, 0)"),
+            std::string::npos)
+      << v;
+  EXPECT_EQ(v.find("racing byte accesses"), std::string::npos) << v;  // one byte: no count
+}
+
+__global__ void read_per_block_kernel(const int* p, int* out) {
+  out[blockIdx.x * blockDim.x + threadIdx.x] = p[threadIdx.x];
+}
+
+// The shadow counts blocks in 20 bits: a launch that would pass the count clears it first. What
+// the launches before wrote is ordered before it (no race), and races within it are still found.
+TEST(MxemuRaceCheck, ClearingTheBlockCountKeepsLaunchesOrderedAndFindsRaces) {
+  RaceCheck on;
+  Buf<int> a(32), b(4 * 32);
+  write_kernel<<<1, 32>>>(a.p, 7);
+  mxemu::race_serials_left_for_tests(2);
+  read_per_block_kernel<<<4, 32>>>(a.p, b.p);  // four blocks: the shadow is cleared before them
+  EXPECT_EQ(verdict(), "");
+  for (int v : b.get()) EXPECT_EQ(v, 7);
+  mxemu::race_serials_left_for_tests(2);
+  Buf<int> six(6);
+  one_element_per_block_kernel<<<6, 32>>>(six.p, 1);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("data race on device memory (byte 0 of 24): thread (0, 0, 0) of block (1, 0, "
+                   "0): write at"),
+            std::string::npos)
+      << v;
+  // Blocks 1 to 5 each overwrite the 4 bytes (serials past 2^20 - 1, were they kept, would
+  // wrap to 0, which the shadow reads as no access).
+  EXPECT_NE(v.find("(20 racing byte accesses in this launch)"), std::string::npos) << v;
+}
+
+__global__ void barriers_kernel(int n) {
+  for (int i = 0; i < n; ++i) __syncthreads();
+}
+
+TEST(MxemuRaceCheck, ABlockPassingMoreBarriersThanTheShadowCountsFails) {
+  RaceCheck on;
+  barriers_kernel<<<1, 2>>>(32767);
+  EXPECT_EQ(verdict(), "");
+  barriers_kernel<<<1, 2>>>(32768);
+  const std::string v = verdict();
+  EXPECT_NE(v.find("kernel barriers_kernel failed: the race check counts at most 32767 barriers "
+                   "a block; block (0, 0, 0) passed more"),
+            std::string::npos)
+      << v;
+}
