@@ -141,16 +141,18 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
           m[rr] = m_new;
           if (stats_only) continue;
         }
+        // One shuffle a key for all of the lane's kPerLane columns (each column's sum in the
+        // same order as one column at a time: the same bits).
 #pragma unroll
-        for (int c = 0; c < kPerLane; ++c) {
-          const int d = c * 32 + lane;
-          float a = acc[rr][c] * alpha;
-          #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-          for (int jj = 0; jj < kTile; ++jj) {
-            const float pj = __shfl_sync(kFull, p, jj);
-            if (d < D) a += pj * Vs[jj * D + d];
+        for (int c = 0; c < kPerLane; ++c) acc[rr][c] *= alpha;
+        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+        for (int jj = 0; jj < kTile; ++jj) {
+          const float pj = __shfl_sync(kFull, p, jj);
+#pragma unroll
+          for (int c = 0; c < kPerLane; ++c) {
+            const int d = c * 32 + lane;
+            if (d < D) acc[rr][c] += pj * Vs[jj * D + d];
           }
-          acc[rr][c] = a;
         }
       }
     }
@@ -232,16 +234,15 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
           ds = fp8_round(ds, ds_scale, numerics::Format::kE5M2);
         }
       }
+      // One shuffle a key for all of the lane's columns (as in the forward).
+      #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+      for (int jj = 0; jj < kTile; ++jj) {
+        const float dsj = __shfl_sync(kFull, ds, jj);
 #pragma unroll
-      for (int c = 0; c < kPerLane; ++c) {
-        const int d = c * 32 + lane;
-        float a = acc[rr][c];
-        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-        for (int jj = 0; jj < kTile; ++jj) {
-          const float dsj = __shfl_sync(kFull, ds, jj);
-          if (d < D) a += dsj * Ks[jj * (D + 1) + d];
+        for (int c = 0; c < kPerLane; ++c) {
+          const int d = c * 32 + lane;
+          if (d < D) acc[rr][c] += dsj * Ks[jj * (D + 1) + d];
         }
-        acc[rr][c] = a;
       }
     }
   }
@@ -313,20 +314,18 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
             ds = fp8_round(ds, ds_scale, numerics::Format::kE5M2);
           }
         }
+        // Two shuffles a query for all of the lane's columns (as in the forward).
+        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+        for (int ii = 0; ii < kTile; ++ii) {
+          const float pi = __shfl_sync(kFull, p, ii), dsi = __shfl_sync(kFull, ds, ii);
 #pragma unroll
-        for (int c = 0; c < kPerLane; ++c) {
-          const int d = c * 32 + lane;
-          float a_v = dv_acc[kk][c], a_k = dk_acc[kk][c];
-          #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-          for (int ii = 0; ii < kTile; ++ii) {
-            const float pi = __shfl_sync(kFull, p, ii), dsi = __shfl_sync(kFull, ds, ii);
+          for (int c = 0; c < kPerLane; ++c) {
+            const int d = c * 32 + lane;
             if (d < D) {
-              a_v += pi * dOs[ii * (D + 1) + d];
-              a_k += dsi * Qs[ii * (D + 1) + d];
+              dv_acc[kk][c] += pi * dOs[ii * (D + 1) + d];
+              dk_acc[kk][c] += dsi * Qs[ii * (D + 1) + d];
             }
           }
-          dv_acc[kk][c] = a_v;
-          dk_acc[kk][c] = a_k;
         }
       }
     }
@@ -368,14 +367,14 @@ __global__ void decode_kernel(float* __restrict__ out, const float* __restrict__
     m = m_new;
     const int n = T_ctx - t0 < 32 ? int(T_ctx - t0) : 32;
 #pragma unroll
-    for (int c = 0; c < kPerLane; ++c) {
-      const int d = c * 32 + lane;
-      float a = acc[c] * alpha;
-      for (int jj = 0; jj < n; ++jj) {
-        const float pj = __shfl_sync(kFull, p, jj);
-        if (d < D) a += pj * v_cache[((t0 + jj) * KV + kvh) * D + d];
+    for (int c = 0; c < kPerLane; ++c) acc[c] *= alpha;
+    for (int jj = 0; jj < n; ++jj) {  // one shuffle a key for all of the lane's columns
+      const float pj = __shfl_sync(kFull, p, jj);
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        const int d = c * 32 + lane;
+        if (d < D) acc[c] += pj * v_cache[((t0 + jj) * KV + kvh) * D + d];
       }
-      acc[c] = a;
     }
   }
 #pragma unroll
