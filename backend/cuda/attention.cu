@@ -49,6 +49,24 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+// acc[c] += sum over j < count of x_j rows[j * stride + 32 c + lane], x_j being lane j's x: a
+// P V-style product whose row weights are spread one to a lane. One shuffle a row serves all
+// of the lane's K columns; each column's sum runs in j order. count is uniform in the warp.
+template <int K>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[K], float x,
+                                                const float* __restrict__ rows, int64_t stride,
+                                                int count, int D, int lane) {
+  #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
+  for (int j = 0; j < count; ++j) {
+    const float xj = __shfl_sync(kFull, x, j);
+#pragma unroll
+    for (int c = 0; c < K; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) acc[c] += xj * rows[j * stride + d];
+    }
+  }
+}
+
 // dot(a[0..D), b[0..D)) by one thread.
 __device__ inline float dot_row(const float* a, const float* b, int D) {
   float s = 0.0f;
@@ -141,19 +159,9 @@ flash_forward_kernel(float* __restrict__ out, float* __restrict__ lse, const flo
           m[rr] = m_new;
           if (stats_only) continue;
         }
-        // One shuffle a key for all of the lane's kPerLane columns (each column's sum in the
-        // same order as one column at a time: the same bits).
 #pragma unroll
         for (int c = 0; c < kPerLane; ++c) acc[rr][c] *= alpha;
-        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-        for (int jj = 0; jj < kTile; ++jj) {
-          const float pj = __shfl_sync(kFull, p, jj);
-#pragma unroll
-          for (int c = 0; c < kPerLane; ++c) {
-            const int d = c * 32 + lane;
-            if (d < D) acc[rr][c] += pj * Vs[jj * D + d];
-          }
-        }
+        accumulate_rows(acc[rr], p, Vs, D, kTile, D, lane);
       }
     }
   }
@@ -234,16 +242,7 @@ flash_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout,
           ds = fp8_round(ds, ds_scale, numerics::Format::kE5M2);
         }
       }
-      // One shuffle a key for all of the lane's columns (as in the forward).
-      #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-      for (int jj = 0; jj < kTile; ++jj) {
-        const float dsj = __shfl_sync(kFull, ds, jj);
-#pragma unroll
-        for (int c = 0; c < kPerLane; ++c) {
-          const int d = c * 32 + lane;
-          if (d < D) acc[rr][c] += dsj * Ks[jj * (D + 1) + d];
-        }
-      }
+      accumulate_rows(acc[rr], ds, Ks, D + 1, kTile, D, lane);
     }
   }
 #pragma unroll
@@ -314,19 +313,8 @@ flash_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv,
             ds = fp8_round(ds, ds_scale, numerics::Format::kE5M2);
           }
         }
-        // Two shuffles a query for all of the lane's columns (as in the forward).
-        #pragma unroll 4  // not 32: compile time; 4 keeps a few loads in flight
-        for (int ii = 0; ii < kTile; ++ii) {
-          const float pi = __shfl_sync(kFull, p, ii), dsi = __shfl_sync(kFull, ds, ii);
-#pragma unroll
-          for (int c = 0; c < kPerLane; ++c) {
-            const int d = c * 32 + lane;
-            if (d < D) {
-              dv_acc[kk][c] += pi * dOs[ii * (D + 1) + d];
-              dk_acc[kk][c] += dsi * Qs[ii * (D + 1) + d];
-            }
-          }
-        }
+        accumulate_rows(dv_acc[kk], p, dOs, D + 1, kTile, D, lane);
+        accumulate_rows(dk_acc[kk], ds, Qs, D + 1, kTile, D, lane);
       }
     }
   }
@@ -368,14 +356,7 @@ __global__ void decode_kernel(float* __restrict__ out, const float* __restrict__
     const int n = T_ctx - t0 < 32 ? int(T_ctx - t0) : 32;
 #pragma unroll
     for (int c = 0; c < kPerLane; ++c) acc[c] *= alpha;
-    for (int jj = 0; jj < n; ++jj) {  // one shuffle a key for all of the lane's columns
-      const float pj = __shfl_sync(kFull, p, jj);
-#pragma unroll
-      for (int c = 0; c < kPerLane; ++c) {
-        const int d = c * 32 + lane;
-        if (d < D) acc[c] += pj * v_cache[((t0 + jj) * KV + kvh) * D + d];
-      }
-    }
+    accumulate_rows(acc, p, v_cache + (t0 * KV + kvh) * D, KV * D, n, D, lane);
   }
 #pragma unroll
   for (int c = 0; c < kPerLane; ++c) {
