@@ -72,6 +72,13 @@ class Backend {
   // The device's product name ("NVIDIA H200"; "" on the CPU): the trainer takes its MFU
   // denominator from the datasheet table (plan/gpus.h) when it knows the GPU.
   virtual std::string device_name() const { return ""; }
+  // run.deterministic: from here on, every op gives the same bits for the same inputs run to
+  // run. Called before the first op. Returns what it changed, for the start-up log. The CPU
+  // backend's ops already do (fixed partitions and reduction orders, no atomics): it changes
+  // nothing. UserError where the process's settings ask for the opposite (CUDA: GEMM tuning).
+  virtual std::string set_deterministic() {
+    return "the CPU backend's ops give the same bits run to run as they are";
+  }
   // Waits for every op queued so far (a no-op on the CPU, whose ops are synchronous).
   virtual void synchronize() {}
   // Recipe bf16 on hardware that rounds GEMM operands to bf16 itself (RNE, fp32 accumulate:

@@ -164,6 +164,9 @@ const std::vector<Field>& schema() {
       MX_BOOL("run.profile", run.profile,
               "time each backend op over the training steps after the first; a table at the "
               "end and op_profile in the summary"),
+      MX_BOOL("run.deterministic", run.deterministic,
+              "the same bits run to run and across a resume: on cuda, no GEMM tuning, cuDNN's "
+              "deterministic attention backward, the head's planned chunks"),
   };
   return fields;
 }

@@ -103,6 +103,10 @@ struct RunConfig {
     std::string sample_prompt = "The ";
     int64_t threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS or all cores)
     bool profile = false;  // per-op time of the training steps (backend/op_profile.h)
+    // The same bits run to run (and in a resumed run) on every device: ops that choose by
+    // timing or by free memory, or whose reductions' order varies, take their fixed forms
+    // (Backend::set_deterministic; docs/config.md, "Determinism").
+    bool deterministic = false;
   } run;
 
   // Paths with their defaults filled in.

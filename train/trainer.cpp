@@ -440,6 +440,12 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
   eo.fp8_xt_only = fp8_xt_only_applies(model_cfg, B * T, cfg.precision.recipe,
                                        eo.bf16_activations, eo.checkpointing);
   Engine engine(model_cfg, eo);
+  // run.deterministic: before the first op (the SGEMM probe tunes GEMMs, the FP8 attention
+  // check below builds cuDNN graphs)
+  if (cfg.run.deterministic) {
+    const std::string what = engine.backend->set_deterministic();
+    if (lead) info("run.deterministic: ", what);
+  }
   LinearRecipe linear_recipe(recipe, model_cfg.num_hidden_layers,
                              cfg.precision.high_precision_first,
                              cfg.precision.high_precision_last, uint32_t(tc.seed), uint32_t(rank));
@@ -839,7 +845,10 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
     ~SpareHead() { release(); }
   } spare_head;
   int64_t head_rows = head_chunk_rows(model_cfg, B * T, be.memory() != nullptr);
-  if (MemoryResource* mem = be.memory(); mem && !std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB")) {
+  // (not under run.deterministic: the rows would depend on the memory free at start-up, and
+  // the weight gradient's sum over the chunks, so its rounding, on the rows)
+  if (MemoryResource* mem = be.memory();
+      mem && !std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") && !cfg.run.deterministic) {
     int64_t free_b = 0, total_b = 0;
     const HeadOperands head_ops = head_operands(&linear_recipe);  // (kFp32 under recipe fp32)
     if (mem->device_memory(&free_b, &total_b)) {
@@ -922,7 +931,8 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
     info("head: logits in chunks of ", head_rows, " of ", B * T, " rows",
          spare_head.p ? str(" (", format_bytes(double(spare_head.bytes)), " of spare device memory)")
          : std::getenv("MXTRAIN_CUDA_HEAD_CHUNK_MB") ? std::string(" (MXTRAIN_CUDA_HEAD_CHUNK_MB)")
-                                                     : std::string(" (planned)"),
+         : cfg.run.deterministic ? std::string(" (planned; run.deterministic takes no spare memory)")
+                                 : std::string(" (planned)"),
          linear_recipe.fp8_head()  // (never set under recipe fp32)
              ? str("; precision.fp8_head ", be.head_fp8_path(B * T, model_cfg.hidden_size,
                                                              model_cfg.vocab_size, head_rows),

@@ -854,6 +854,31 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   std::string name() const override { return "cuda"; }
+  // run.deterministic. What could differ run to run on this backend: GEMM tuning (each shape's
+  // algorithm picked by timing candidates, so two runs, or a run and its resume, may pick
+  // differently and round differently), and cuDNN's SDPA backward (dQ accumulated in whatever
+  // order its thread blocks finish). The rest is deterministic as it is: cuBLASLt for one
+  // algorithm on one kind of GPU (cuBLAS's reproducibility rule), our kernels (fixed grids
+  // and reduction orders; their only atomics are max and counts, whose results do not depend
+  // on order), the FP8 casts' tuned forms (every form writes the same bytes), NCCL for one
+  // job's ranks and topology. The head's chunks the trainer fixes (train/trainer.cpp).
+  std::string set_deterministic() override {
+    const char* tune = std::getenv("MXTRAIN_CUDA_GEMM_TUNE");
+    if (tune && parse_cuda_gemm_tune(tune) != CudaGemmTune::kOff)
+      throw UserError(str("run.deterministic = true takes each GEMM shape's first algorithm "
+                          "from cuBLASLt's heuristic, and MXTRAIN_CUDA_GEMM_TUNE=", tune,
+                          " picks by timing, which can differ run to run: unset it or set 0"));
+    opt_.gemm_tune = CudaGemmTune::kOff;
+    lt_.set_tune(opt_.gemm_tune);
+    deterministic_ = true;
+#ifdef MXTRAIN_HAVE_CUDNN
+    if (cudnn_) cudnn_->set_deterministic(true);
+    return "each GEMM shape on cuBLASLt's heuristic first algorithm (no tuning), cuDNN's "
+           "attention backward in its deterministic form";
+#else
+    return "each GEMM shape on cuBLASLt's heuristic first algorithm (no tuning)";
+#endif
+  }
   cudaStream_t stream() const override { return stream_; }
   int device() const override { return opt_.device; }
 
@@ -2693,7 +2718,10 @@ class CudaBackendImpl final : public CudaBackend {
 
 #ifdef MXTRAIN_HAVE_CUDNN
   cuda::CudnnAttention& cudnn() {
-    if (!cudnn_) cudnn_ = std::make_unique<cuda::CudnnAttention>(stream_);
+    if (!cudnn_) {
+      cudnn_ = std::make_unique<cuda::CudnnAttention>(stream_);
+      if (deterministic_) cudnn_->set_deterministic(true);
+    }
     return *cudnn_;
   }
   bool use_cudnn(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
@@ -3394,6 +3422,7 @@ class CudaBackendImpl final : public CudaBackend {
 #ifdef MXTRAIN_HAVE_CUDNN
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // created at the first attention call
 #endif
+  bool deterministic_ = false;  // set_deterministic
   static constexpr int kAttnAmaxFloats = 64;
   float* attn_amax_dev_ = nullptr;  // FP8 attention's amaxes (fp8_attention_scales)
   float* head_amax_dev_ = nullptr;  // the FP8 head gradient's amax (head_fp8)

@@ -162,6 +162,8 @@ struct CudnnAttention::Impl {
   cudaStream_t stream;
   cudnnHandle_t handle = nullptr;
   std::map<Shape, Entry> cache;
+  bool deterministic = false;
+  int cc_major = 0;  // the GPU's compute capability (major), read by set_deterministic
 
   ~Impl() {
     cache.clear();
@@ -219,6 +221,13 @@ struct CudnnAttention::Impl {
                       D, ")");
       return e;
     }
+    // (the frontend's sdpa_fp8_bwd.h takes the attribute on 10.x only; elsewhere the FP8
+    // backward would run its usual dQ accumulation, whose order varies run to run)
+    if (fp8 && deterministic && cc_major != 10) {
+      e.problem = str("run.deterministic: cuDNN's FP8 attention backward has a deterministic "
+                      "form on compute capability 10.x only (this GPU: ", cc_major, ".x)");
+      return e;
+    }
     if (fp8 && fe::detail::get_backend_version() < 90100) {
       e.problem = str("FP8 attention needs cuDNN 9.1 or newer (this is ",
                       fe::detail::get_backend_version(), ")");
@@ -271,6 +280,7 @@ struct CudnnAttention::Impl {
       auto stats = input(g, "stats", kStats, sv);
       stats->set_data_type(fe::DataType_t::FLOAT);
       auto opts = causal(fe::graph::SDPA_backward_attributes(), "mx_sdpa_backward", scale);
+      opts.set_deterministic_algorithm(deterministic);
       auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dout, stats, opts);
       output(dq, kDQ, qv);
       output(dk, kDK, kv);
@@ -337,6 +347,7 @@ struct CudnnAttention::Impl {
       stats->set_data_type(fe::DataType_t::FLOAT);
       auto opts =
           causal(fe::graph::SDPA_fp8_backward_attributes(), "mx_sdpa_fp8_backward", scale);
+      opts.set_deterministic_algorithm(deterministic);
       auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = g.sdpa_fp8_backward(
           q, k, v, o, dout, stats, slot(g, nm::kAttnDescaleQ, "descale_q"),
           slot(g, nm::kAttnDescaleK, "descale_k"), slot(g, nm::kAttnDescaleV, "descale_v"),
@@ -365,7 +376,8 @@ struct CudnnAttention::Impl {
     Entry& e = fp8_cache.emplace(key, make_entry(B, T, H, KV, D, true)).first->second;
     const std::string shape = str("B=", B, " T=", T, " H=", H, " KV=", KV, " D=", D);
     if (e.problem.empty())
-      info("cuda attention: cudnn FP8 SDPA (E4M3 q, k, v, P, O; E5M2 gradients; cuDNN ",
+      info("cuda attention: cudnn FP8 SDPA (E4M3 q, k, v, P, O; E5M2 gradients",
+           deterministic ? "; deterministic backward" : "", "; cuDNN ",
            fe::detail::get_backend_version(), ") for ", shape, "; workspace: forward ",
            format_bytes(double(e.fwd_workspace)), ", backward ",
            format_bytes(double(e.bwd_workspace)));
@@ -401,7 +413,8 @@ struct CudnnAttention::Impl {
     Entry& e = cache.emplace(key, make_entry(B, T, H, KV, D)).first->second;
     const std::string shape = str("B=", B, " T=", T, " H=", H, " KV=", KV, " D=", D);
     if (e.problem.empty())
-      info("cuda attention: cudnn SDPA (bf16, fp32 accumulation; cuDNN ",
+      info("cuda attention: cudnn SDPA (bf16, fp32 accumulation",
+           deterministic ? ", deterministic backward" : "", "; cuDNN ",
            fe::detail::get_backend_version(), ") for ", shape, "; scratch per call: forward ",
            format_bytes(double(forward_bytes(e, B, T, H, KV, D))), ", backward ",
            format_bytes(double(backward_bytes(e, B, T, H, KV, D))));
@@ -441,6 +454,21 @@ CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Imp
   impl_->stream = stream;
 }
 CudnnAttention::~CudnnAttention() = default;
+
+void CudnnAttention::set_deterministic(bool on) {
+  int device = 0;
+  MX_CUDA_CHECK("set_deterministic", cudaGetDevice(&device));
+  MX_CUDA_CHECK("set_deterministic", cudaDeviceGetAttribute(
+                                         &impl_->cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  // The frontend reads the variable when it builds a backward graph (cuDNN 9.25 and newer on
+  // 9.x): 0 bytes of dP workspace allowed, so the deterministic backward is the ordered-dQ
+  // engine, whose workspace grows with T, not T^2. A value the user set stays.
+  if (on) setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", "0", /*overwrite=*/0);
+  impl_->deterministic = on;
+  impl_->cache.clear();  // graphs built without it (none, when called before the first op)
+  impl_->fp8_cache.clear();
+}
+bool CudnnAttention::deterministic() const { return impl_->deterministic; }
 
 const std::string& CudnnAttention::problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                            int64_t D) {

@@ -36,6 +36,19 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
+  // run.deterministic (Backend::set_deterministic): the backward graphs built from here on
+  // take cuDNN's deterministic algorithm (`set_deterministic_algorithm`: dQ accumulated in a
+  // fixed order; on compute capability 9.x through cuDNN 9.24 by a dP workspace of 2 bytes a
+  // score, B H T^2 x 2 a call, which the scratch arena must hold; from 9.25 the ordered-dQ
+  // engine, asked for through CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT=0, set here unless the
+  // environment has it). cuDNN's FP8 backward has a deterministic form on 10.x only: on other
+  // GPUs the FP8 graphs are refused (the FP8 attention then runs on the fp32 kernel, which is
+  // deterministic). Graphs built before are dropped. Where cuDNN refuses a shape's
+  // deterministic backward (Blackwell before cuDNN 9.18), the shape falls back as for any
+  // refusal, to the fp32 kernel.
+  void set_deterministic(bool on);
+  bool deterministic() const;
+
   // "" when this shape runs on cuDNN, else why not (libcudnn missing, a shape rule of
   // backend/attention_choice.h, or cuDNN's own support check). The first call for a shape builds
   // both its forward and backward graphs (one decision per shape, so a backward never mixes with

@@ -28,7 +28,8 @@
 #      bf16+ckpt (activation checkpointing full, 2 micro-batches a step), fp32+tf32,
 #      fp8-delayed+emulate (MXTRAIN_CUDA_FP8=emulate) and fp8-current+stats+hp (telemetry
 #      every 10 steps, the last block in bf16) the same way; then resume on the GPU
-#      (MXTRAIN_GPU_RESUME_STEPS, 20: straight against half and a resume, bit for bit expected)
+#      (MXTRAIN_GPU_RESUME_STEPS, 20: straight against half and a resume, bit for bit expected;
+#      then again with run.deterministic = true on cuDNN's attention, row "bf16 resume det")
 #      and generation (sampled, one seed) on cuda against cpu (rows "bf16 resume" and "generate"),
 #      and the two memory errors (rows "gpu memory", "scratch full": one error line, exit 2)
 #   4. tokens/s and MFU, Llama-3.2-1B shape, seq 8192 (head in bf16, precision.high_precision; attention: the
@@ -361,8 +362,9 @@ echo "mxtrain FP8 speed: $(( $(date +%s) - t0 )) s"
 # numerics telemetry with the last block in high precision (fp8-current+stats+hp)
 # (MXTRAIN_GPU_FEATURE_RECIPES, set empty for none; rows in loss_match.json); then resume and generation on the GPU
 # (mxtrain_runs.py resume: recipe bf16, MXTRAIN_GPU_RESUME_STEPS = 20 steps straight against
-# 10 + a resume to 20, then sampled generation, one seed, on cuda against cpu; rows "bf16 resume" and
-# "generate"; then a scratch arena larger than the GPU and one too small for an op, rows "gpu
+# 10 + a resume to 20, then the same with run.deterministic = true on the default attention and
+# GEMM settings, bit for bit or FAIL, then sampled generation, one seed, on cuda against cpu; rows
+# "bf16 resume", "bf16 resume det" and "generate"; then a scratch arena larger than the GPU and one too small for an op, rows "gpu
 # memory" and "scratch full"). After the speed rows, which the targets need first.
 features=${MXTRAIN_GPU_FEATURE_RECIPES-fp8-delayed+fp8attn fp8-delayed+fp8head fp8-block+wide bf16+ckpt fp32+tf32 fp8-delayed+emulate fp8-current+stats+hp}
 if (( $(cap 140) >= 90 )); then
@@ -371,12 +373,12 @@ if (( $(cap 140) >= 90 )); then
   # shellcheck disable=SC2086
   [ -n "$features" ] && { loss_match "$(cap 70)" $features || feat_rc=$?; }
   res_rc=0
-  # (seven mxtrain processes: three trainings, two generations, two refused starts)
-  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 60)" "$py" bench/gpu/mxtrain_runs.py \
+  # (ten mxtrain processes: six trainings, two generations, two refused starts)
+  MXTRAIN_LD_LIBRARY_PATH="$mx_ld" timeout -k 10 "$(cap 80)" "$py" bench/gpu/mxtrain_runs.py \
     resume --bin "$bindir/mxtrain" --corpus "$corpus" --work "$work/mxgpu-runs" \
     --threads "$threads" --limit 25 --steps "${MXTRAIN_GPU_RESUME_STEPS:-20}" \
     --json "$OUT/loss_match.json" > /dev/null 2>> "$OUT/errors.txt" || res_rc=$?
-  missing_rows "$res_rc" resume "bf16 resume" generate "gpu memory" "scratch full"
+  missing_rows "$res_rc" resume "bf16 resume" "bf16 resume det" generate "gpu memory" "scratch full"
   echo "features: loss match exit $feat_rc, resume exit $res_rc, $(( $(date +%s) - t0 )) s"
 fi
 # A speed row of a variant, if the budget has 40 s left: what it is (its line's words), one
@@ -460,7 +462,8 @@ for r in rows("loss_match.json"):
     if r.get("check") == "resume" and "max_rel" in r:
         print(f"resume {r['recipe']:15s}: steps {r['resumed_at'] + 1}-{r['steps']} after a resume "
               f"at {r['resumed_at']}, max rel diff {r['max_rel']:.2e} (tolerance "
-              f"{r['tolerance_rel']:.0e}), {'bit-exact' if r['bit_exact'] else 'NOT bit-exact'}"
+              f"{r['tolerance_rel']:.0e}), attention {r.get('attention')}, "
+              f"{'bit-exact' if r['bit_exact'] else 'NOT bit-exact'}"
               f" -> {'PASS' if r['ok'] else 'FAIL'}")
     elif r.get("check") == "generate" and "same_prefix" in r:
         print(f"generate cuda vs cpu   : sampled, {len(r['ids_cpu'])} ids on cpu, "

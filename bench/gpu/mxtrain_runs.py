@@ -18,6 +18,8 @@
               the same run stopped at half of them and resumed from its checkpoint (the losses
               after the resume must be the straight run's: bit for bit where every kernel is
               deterministic, as these are with untuned GEMMs and the fp32 attention kernel);
+              the same again with run.deterministic = true on the default attention and GEMM
+              settings (row "bf16 resume det": bit for bit, losses and gradient norms, or FAIL);
               then generation from the straight run's checkpoint (temperature 1, one seed) with
               --device cuda against --device cpu (the same token ids); then the two memory
               errors, a scratch arena larger than the GPU and one too small for an op (each
@@ -132,8 +134,14 @@ def read_steps(path):
 
 
 def mxtrain_env(env_extra):
-    """The environment of an mxtrain process: ours, env_extra, and the carried libraries."""
-    env = dict(os.environ, **env_extra)
+    """The environment of an mxtrain process: ours, env_extra (a value None: unset), and the
+    carried libraries."""
+    env = dict(os.environ)
+    for k, v in env_extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     if os.environ.get("MXTRAIN_LD_LIBRARY_PATH"):  # the carried libraries: for mxtrain only
         env["LD_LIBRARY_PATH"] = os.environ["MXTRAIN_LD_LIBRARY_PATH"]
     return env
@@ -226,34 +234,27 @@ def loss_match(args):
         emit(args, res)
 
 
-def resume(args):
-    corpus = Path(args.corpus)
+def resume_pair(args, base, env, work, label, sub, tolerance_rel):
+    """--steps straight, against half of them and a resume from that checkpoint: the resumed
+    steps' losses, relative difference and whether bit for bit; one row, `label`."""
     half = args.steps // 2
-    base = {"model.preset": "tiny", "train.micro_batch": 4, "train.seq_len": 64,
-            "train.lr": 1e-3, "train.min_lr": 1e-4, "train.warmup_steps": 2, "train.seed": 1,
-            "train.grad_clip": 1.0, "train.log_every": 1, "train.eval_every": 0,
-            "data.path": corpus, "data.format": "text", "data.val_fraction": 0.0,
-            "run.sample_tokens": 0, "run.device": "cuda", "precision.recipe": "bf16",
-            "precision.activations": "bf16"}
-    # the same GEMM algorithm in every run (tuning times candidates, and may pick another)
-    env = {"OMP_NUM_THREADS": str(args.threads), "MXTRAIN_CUDA_ATTENTION": "fp32",
-           "MXTRAIN_CUDA_GEMM_TUNE": "0"}
-    work = Path(args.work)
-    res = {"check": "resume", "recipe": "bf16 resume", "steps": args.steps, "resumed_at": half,
-           "tolerance_rel": 1e-6}
+    res = {"check": "resume", "recipe": label, "steps": args.steps, "resumed_at": half,
+           "tolerance_rel": tolerance_rel}
     t0 = time.time()
     straight = run_train(args.bin, dict(base, **{"train.steps": args.steps,
                                                  "checkpoint.resume": "none"}),
-                         env, work / "resume_straight", args.limit)
+                         env, work / f"{sub}_straight", args.limit)
     first = run_train(args.bin, dict(base, **{"train.steps": half, "checkpoint.resume": "none"}),
-                      env, work / "resume_split", args.limit)
+                      env, work / f"{sub}_split", args.limit)
     # the same run_dir: resume = auto finds the step-`half` checkpoint the first run ended with
     second = run_train(args.bin, dict(base, **{"train.steps": args.steps,
                                                "checkpoint.resume": "auto"}),
-                       env, work / "resume_split", args.limit)
+                       env, work / f"{sub}_split", args.limit)
     res["seconds"] = round(time.time() - t0, 1)
-    log = (work / "resume_split" / "stderr.txt").read_text(errors="replace")  # the second run's
+    log = (work / f"{sub}_split" / "stderr.txt").read_text(errors="replace")  # the second run's
     res["resumed"] = bool(re.search(rf"resumed from \S+ at step {half} ", log))
+    m = re.search(r"cuda attention: (cudnn SDPA[^;)]*|fp32 kernel)", log)
+    res["attention"] = m.group(1) if m else None
     bad = {name: [rc] + tail for name, (rc, tail, steps, _) in
            (("straight", straight), ("first", first), ("resumed", second))
            if rc != 0}
@@ -272,7 +273,30 @@ def resume(args):
                                  got[k]["grad_norm"] == want[k]["grad_norm"] for k in want),
                    loss_last_straight=want[args.steps]["loss"],
                    loss_last_resumed=got[args.steps]["loss"])
+        if tolerance_rel == 0:  # bit for bit is the claim: the gradient norms too
+            res["ok"] = res["bit_exact"]
     emit(args, res)
+
+
+def resume(args):
+    corpus = Path(args.corpus)
+    base = {"model.preset": "tiny", "train.micro_batch": 4, "train.seq_len": 64,
+            "train.lr": 1e-3, "train.min_lr": 1e-4, "train.warmup_steps": 2, "train.seed": 1,
+            "train.grad_clip": 1.0, "train.log_every": 1, "train.eval_every": 0,
+            "data.path": corpus, "data.format": "text", "data.val_fraction": 0.0,
+            "run.sample_tokens": 0, "run.device": "cuda", "precision.recipe": "bf16",
+            "precision.activations": "bf16"}
+    # the same GEMM algorithm in every run (tuning times candidates, and may pick another)
+    env = {"OMP_NUM_THREADS": str(args.threads), "MXTRAIN_CUDA_ATTENTION": "fp32",
+           "MXTRAIN_CUDA_GEMM_TUNE": "0"}
+    work = Path(args.work)
+    resume_pair(args, base, env, work, "bf16 resume", "resume", 1e-6)
+    # run.deterministic on the defaults (cuDNN's attention, GEMM tuning, the head's chunks in
+    # spare memory), which it turns into their fixed forms: bit for bit or FAIL. (A tuning
+    # variable in our environment is unset: beside the setting it is refused.)
+    resume_pair(args, dict(base, **{"run.deterministic": "true"}),
+                {"OMP_NUM_THREADS": str(args.threads), "MXTRAIN_CUDA_ATTENTION": None,
+                 "MXTRAIN_CUDA_GEMM_TUNE": None}, work, "bf16 resume det", "resume_det", 0)
     # Generation from the straight run's last checkpoint on both devices, sampled at temperature
     # 1 with one seed (a barely trained model's greedy text is one token over and over): the
     # same draws, so the same ids unless the logits differ where a draw falls between two.

@@ -188,6 +188,52 @@ def test_head_chunks_grow_into_spare_device_memory(tmp_path):
     compare(cpu, pinned, 1e-4)
 
 
+def test_deterministic_run_resumes_bit_for_bit_whatever_the_free_memory(tmp_path):
+    """run.deterministic = true: the head's chunks are the planned ones, not grown into the memory
+    free at start-up (which a resumed run, another job on the GPU or a smaller card changes, and
+    with it the order of the head's weight-gradient sums); GEMM tuning is off (a contradicting
+    MXTRAIN_CUDA_GEMM_TUNE is refused). So a run resumed on a device with less memory free
+    continues the uninterrupted run bit for bit. Without the setting the 8 GiB device grows the
+    chunks to all 256 rows (test_head_chunks_grow_into_spare_device_memory) and a 4 GiB one
+    keeps the planned 16: their weight gradients are summed over different chunks."""
+    require_emu()
+    hook = {"MXTRAIN_TEST_HEAD_CHUNK_ROWS": "16"}
+    det = ("--set", "run.deterministic=true", "--set", "train.steps=4")
+    straight, summary, log = train(tmp_path, "straight", EMU_BIN, "cuda", "bf16", extra=det,
+                                   steps=4, env_extra=hook)
+    assert "run.deterministic: each GEMM shape on cuBLASLt's heuristic first algorithm " \
+        "(no tuning)" in log, log[-3000:]
+    assert "head: logits in chunks of 16 of 256 rows (planned; run.deterministic takes no " \
+        "spare memory)" in log, log[-3000:]
+    assert summary["head_chunk_rows"] == 16 and "head_spare_bytes" not in summary, summary
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", "bf16", extra=det, steps=4)
+    compare(cpu, straight, 1e-4)
+    # the same run stopped after 2 steps on the 8 GiB device, resumed on a 4 GiB one
+    train(tmp_path, "split", EMU_BIN, "cuda", "bf16", extra=det[:2] + ("--set", "train.steps=2"),
+          steps=2, env_extra=hook)
+    resumed, summary, log = train(
+        tmp_path, "split", EMU_BIN, "cuda", "bf16", steps=4,
+        extra=det + ("--set", "checkpoint.resume=auto"),
+        env_extra=dict(hook, MXEMU_DEVICE_MB="4096"))
+    assert "resumed from" in log and summary["head_chunk_rows"] == 16, log[-3000:]
+    assert [(s["step"], s["loss"], s["grad_norm"]) for s in resumed[2:]] == \
+        [(s["step"], s["loss"], s["grad_norm"]) for s in straight[2:]]
+    # tuning asked for beside it: refused at start-up, one line, exit 2
+    for tune in ("1", "all"):
+        p = subprocess.run(
+            [EMU_BIN, "train", "--set", "model.preset=tiny", "--set", f"data.path={corpus(tmp_path)}",
+             "--set", "run.device=cuda", "--set", "run.deterministic=true",
+             "--set", f"run.out_dir={tmp_path / 'tuned'}"], capture_output=True, text=True,
+            timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", MXEMU_SM="90",
+                                  MXTRAIN_CUDA_GEMM_TUNE=tune))
+        errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+        assert p.returncode == 2 and len(errors) == 1, p.stderr[-2000:]
+        assert errors[0] == (
+            "error: run.deterministic = true takes each GEMM shape's first algorithm from "
+            f"cuBLASLt's heuristic, and MXTRAIN_CUDA_GEMM_TUNE={tune} picks by timing, which can "
+            "differ run to run: unset it or set 0"), errors[0]
+
+
 def test_device_profile_charges_no_time_between_steps(tmp_path):
     """run.profile on the device charges each op the device time since the previous op's event.
     The time between two steps (logging, the profile's read-back: outside every step's time)

@@ -123,7 +123,8 @@ def test_exit_code_and_files(dry_run):
         names = t.getnames()
     runs = {n.split("/")[1] for n in names if n.endswith("/stderr.txt")}
     want = ({f"loss_{r}_{d}" for r in LOSS_RECIPES + FEATURE_RECIPES for d in ("cpu", "cuda")} |
-            {"resume_straight", "resume_split", "memory_1000000", "memory_16"} |
+            {"resume_straight", "resume_split", "resume_det_straight", "resume_det_split",
+             "memory_1000000", "memory_16"} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
             {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-block__{SEQ}_2_none_casts0",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn",
@@ -162,7 +163,7 @@ def test_loss_match(dry_run):
     res = every[:len(LOSS_RECIPES)]  # first; then the feature rows (test_feature_rows)
     assert [r["recipe"] for r in res] == LOSS_RECIPES
     assert [r["recipe"] for r in every[len(LOSS_RECIPES):]] == FEATURE_RECIPES + [
-        "bf16 resume", "generate", "gpu memory", "scratch full"]
+        "bf16 resume", "bf16 resume det", "generate", "gpu memory", "scratch full"]
     for r in res:
         assert r["ok"] is True, r
         assert r["steps"] == LOSS_STEPS and len(r["rel_per_step"]) == LOSS_STEPS
@@ -191,11 +192,15 @@ def test_feature_rows(dry_run):
     assert [r["native_linears"] for r in res if r["recipe"] == "fp8-delayed"] == [True]
     assert re.search(r"^loss match fp8-delayed\+emulate: .*; Linears emulated$", log, re.M)
     resume = [r for r in res if r.get("check") == "resume"]
-    assert len(resume) == 1 and resume[0]["ok"] is True and resume[0]["resumed"], resume
-    assert resume[0]["bit_exact"] and resume[0]["resumed_at"] == RESUME_STEPS // 2
-    assert re.search(rf"^resume bf16 resume\s*: steps {RESUME_STEPS // 2 + 1}-{RESUME_STEPS} after "
-                     rf"a resume at {RESUME_STEPS // 2}, max rel diff 0.00e\+00 .*bit-exact -> PASS$",
-                     log, re.M)
+    assert [r["recipe"] for r in resume] == ["bf16 resume", "bf16 resume det"], resume
+    for r in resume:
+        assert r["ok"] is True and r["resumed"] and r["bit_exact"], r
+        assert r["resumed_at"] == RESUME_STEPS // 2 and r["attention"] == "fp32 kernel", r
+        assert re.search(rf"^resume {r['recipe']}\s*: steps {RESUME_STEPS // 2 + 1}-{RESUME_STEPS} "
+                         rf"after a resume at {RESUME_STEPS // 2}, max rel diff 0.00e\+00 .*"
+                         r"attention fp32 kernel, bit-exact -> PASS$", log, re.M), r
+    # the second pair ran with run.deterministic (its rule: tolerance 0, bit for bit or FAIL)
+    assert resume[0]["tolerance_rel"] == 1e-6 and resume[1]["tolerance_rel"] == 0
     gen = [r for r in res if r.get("check") == "generate"]
     assert len(gen) == 1 and gen[0]["ok"] is True, gen
     assert len(gen[0]["ids_cuda"]) > 4 and gen[0]["ids_cuda"] == gen[0]["ids_cpu"]
@@ -503,8 +508,9 @@ def test_steps_that_die_still_get_rows(tmp_path):
     assert p.returncode == 0, log[-4000:]  # the op check passed; the rest is reported, not fatal
     out = tmp_path / "out"
     loss = rows(out / "loss_match.json")
-    assert [r["recipe"] for r in loss] == ["fp32", "no-such-recipe", "bf16 resume", "generate",
-                                           "gpu memory", "scratch full"]
+    assert [r["recipe"] for r in loss] == ["fp32", "no-such-recipe", "bf16 resume",
+                                           "bf16 resume det", "generate", "gpu memory",
+                                           "scratch full"]
     for r in loss[:2]:
         assert r["ok"] is False and r["error"] == "no result: mxtrain_runs.py loss-match exit 2"
         assert re.search(rf"^loss match {r['recipe']}\s*: FAILED TO RUN no result", log, re.M)
