@@ -2600,6 +2600,58 @@ struct CudnnAttentionCase {
   }
 };
 
+// run.deterministic (Backend::set_deterministic) on a backend that would time every GEMM
+// shape's candidates (MXTRAIN_CUDA_GEMM_TUNE=all): after it no shape is timed, a GEMM matches
+// the CPU and repeats its bits; the attention backward (cuDNN's deterministic algorithm where
+// cuDNN runs the shape, on a GPU; the fp32 kernel under mxemu) matches the CPU twin at
+// attention_cudnn_*'s tolerances and gives the same bits twice on the same inputs. The note
+// names the attention that ran.
+void check_deterministic(Backend& cpu) {
+  CudaBackendOptions o;
+  o.sync_after_each_op = true;
+  o.gemm_tune = CudaGemmTune::kAll;
+  auto det = make_cuda_backend(o);
+  bool set = false;
+  run_case("deterministic", "set_deterministic", [&](Result& r) {
+    r.note = det->set_deterministic();
+    set = true;
+  });
+  if (!set) return;  // (its error is the case's note)
+  run_case("deterministic", "gemm 64x48x80, twice", [&](Result& r) {
+    const int64_t M = 64, N = 48, K = 80;
+    const auto A = randn(M * K), B = randn(K * N);
+    std::vector<float> C(M * N);
+    cpu.gemm(false, false, M, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data());
+    Dev<float> dA(A), dB(B), dC(M * N);
+    det->gemm(false, false, M, N, K, 1.0f, dA.p, dB.p, 0.0f, dC.p);
+    const auto first = dC.download();
+    det->gemm(false, false, M, N, K, 1.0f, dA.p, dB.p, 0.0f, dC.p);
+    compare(r, "C", first, C, {kGemm.atol * std::sqrt(double(K)), kGemm.rtol});
+    r.note += "shapes timed " + std::to_string(det->gemm_shapes_timed());
+    if (det->gemm_shapes_timed() != 0) r.pass = false;
+    if (dC.download() != first) r.pass = false, r.note += "; the second call's bits differ";
+  });
+  const int64_t B = 2, T = 128, H = 4, KV = 2, D = 64;
+  det->set_attention(CudaAttention::kCudnn);
+  run_case("deterministic", "attention_backward " + dims({B, T, H, KV, D}) + ", twice", [&](Result& r) {
+    r.note = "attention " + det->attention_path(B, T, H, KV, D) + "; ";
+    const CudnnAttentionCase c(cpu, B, T, H, KV, D);
+    c.backward(r, cpu, *det);
+    const auto g = randn(c.out.size());
+    Dev<float> dQ(c.q), dK(c.k), dV(c.v), dO(c.out), dL(c.lse), dG(g);
+    std::vector<float> got[2][3];
+    for (auto& run : got) {
+      Dev<float> dDQ(c.q.size()), dDK(c.k.size()), dDV(c.v.size());
+      det->attention_backward(dDQ.p, dDK.p, dDV.p, dG.p, dQ.p, dK.p, dV.p, dO.p, dL.p, B, T, H,
+                              KV, D);
+      run[0] = dDQ.download(), run[1] = dDK.download(), run[2] = dDV.download();
+    }
+    const char* names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i)
+      if (got[0][i] != got[1][i]) r.pass = false, r.note += std::string(names[i]) + ": two runs differ; ";
+  });
+}
+
 // FP8 attention (Backend::attention_forward_fp8 / _backward_fp8: cuDNN's fused FP8 SDPA) against
 // the CPU twin on the same fp32 inputs. Both cast q, k, v with the same per-tensor power-of-two
 // scales (the same codes), but cuDNN rounds the probabilities as its tiles make them (from a
@@ -4104,6 +4156,7 @@ int main(int argc, char** argv) {
     check_vector_ops(*cpu, *gpu);
     check_gemm(*cpu, *gpu);
     check_gemm_tuned(*cpu);
+    check_deterministic(*cpu);
     check_rows(*cpu, *gpu);
     check_attention(*cpu, *gpu);
     check_attention_groups(*cpu);
