@@ -90,6 +90,11 @@ enum AttnFp8Slot : int {
   kAttnDescaleQ, kAttnDescaleK, kAttnDescaleV, kAttnDescaleS, kAttnDescaleO,
   kAttnScaleDO, kAttnScaleDP, kAttnScaleDQ, kAttnScaleDK, kAttnScaleDV,  // encode, backward
   kAttnDescaleDO, kAttnDescaleDP, kAttnDescaleDQ, kAttnDescaleDK, kAttnDescaleDV,
+  // cuDNN's FP8 backward encodes attn_scale dS, not dS (the frontend's sdpa_fp8_bwd.h scales
+  // dP by the attention scale before its amax and scale_dP): its encode scale is dP's over
+  // attn_scale, so that its codes are those of dS times dP's scale, as the CPU twin rounds
+  // (up to the fp32 rounding of the two products), and its decode scale the reciprocal
+  kAttnCudnnScaleDP, kAttnCudnnDescaleDP,
   kAttnFp8Slots
 };
 inline constexpr int kAttnFp8SlotFloats = 4;
@@ -111,6 +116,9 @@ MX_HOST_DEVICE inline void attn_fp8_scale_slots(float* out, float amax_q, float 
     out[(kAttnScaleDO + i) * kAttnFp8SlotFloats] = benc[i];
     out[(kAttnDescaleDO + i) * kAttnFp8SlotFloats] = 1.0f / benc[i];
   }
+  const float cudnn_dp = b.dP / attn_scale;
+  out[kAttnCudnnScaleDP * kAttnFp8SlotFloats] = cudnn_dp;
+  out[kAttnCudnnDescaleDP * kAttnFp8SlotFloats] = 1.0f / cudnn_dp;
 }
 
 // One FP8 value with an encode scale, decoded back (what a GEMM on the codes reads): the code of

@@ -2036,9 +2036,11 @@ class CudaBackendImpl final : public CudaBackend {
                   cudaMemcpyAsync(h, attn_amax_dev_, sizeof h, cudaMemcpyDeviceToHost, stream_));
     MX_CUDA_CHECK("attention_fp8_amax", cudaStreamSynchronize(stream_));
     // forward: ours q, k, v at 0..2, cuDNN's P, O at 16, 20; backward: ours at 32..35 (q, k,
-    // v, dO), cuDNN's dQ, dK, dV, dP (= dS, the tensor its scale_dP encodes) at 48, 52, 56, 60
+    // v, dO), cuDNN's dQ, dK, dV, dP at 48, 52, 56, 60 (the fp32 kernel's likewise). cuDNN's
+    // dP is attn_scale dS (it scales before its amax; the kAttnCudnn*DP slots): reported as
+    // dS's, as the kernel's and the CPU twin's are.
     a.q = h[0], a.k = h[1], a.v = h[2], a.p = h[16], a.o = h[20];
-    a.dO = h[35], a.dQ = h[48], a.dK = h[52], a.dV = h[56], a.dS = h[60];
+    a.dO = h[35], a.dQ = h[48], a.dK = h[52], a.dV = h[56], a.dS = h[60] * ds_amax_factor_;
     return a;
   }
   // Both forms of each direction: In is float (fp32 values) or uint16_t (bf16 codes), which
@@ -2126,9 +2128,11 @@ class CudaBackendImpl final : public CudaBackend {
         cuda::fp8_decode(dv8, n * sk, e5, fp8_slot(slots, nm::kAttnDescaleDV), dv + b0 * sk,
                          stream_);
       });
+      ds_amax_factor_ = std::sqrt(float(D));  // (cuDNN's amax is of attn_scale dS)
       return done(op);
     }
 #endif
+    ds_amax_factor_ = 1.0f;
     // The fp32 kernel on q, k, v, out and dout as FP8 values, dS rounded inside (its max into
     // dS's amax), then the gradients' amaxes and their rounding. Per sequence: five values and
     // their codes, three gradients and their codes, the kernel's row dots.
@@ -3425,6 +3429,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool deterministic_ = false;  // set_deterministic
   static constexpr int kAttnAmaxFloats = 64;
   float* attn_amax_dev_ = nullptr;  // FP8 attention's amaxes (fp8_attention_scales)
+  float ds_amax_factor_ = 1.0f;  // the last FP8 backward's dP amax to dS's (sqrt(D) on cuDNN)
   float* head_amax_dev_ = nullptr;  // the FP8 head gradient's amax (head_fp8)
   GemmStats stats_;
 };

@@ -163,7 +163,19 @@ struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
   std::map<Shape, Entry> cache;
   bool deterministic = false;
-  int cc_major = 0;  // the GPU's compute capability (major), read by set_deterministic
+  int cc_major = -1;  // the GPU's compute capability (major), read at its first use
+  int gpu_major() {
+    if (cc_major < 0) {  // (0 where it cannot be read: no GPU, where nothing runs anyway)
+      int device = 0;
+      if (cudaGetDevice(&device) != cudaSuccess ||
+          cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device) !=
+              cudaSuccess) {
+        cudaGetLastError();
+        cc_major = 0;
+      }
+    }
+    return cc_major;
+  }
 
   ~Impl() {
     cache.clear();
@@ -214,18 +226,25 @@ struct CudnnAttention::Impl {
       return e;
     }
     if (!(e.problem = cudnn_sdpa_shape_problem(B, T, H, KV, D)).empty()) return e;
-    // cuDNN's FP8 SDPA takes head dims that are multiples of 16, at most 128 (the frontend's
-    // check, sdpa_fp8_bwd.h), on compute capability 9.0 and newer, from cuDNN 9.1.
+    // cuDNN's FP8 SDPA backward (the frontend's check, sdpa_fp8_bwd.h) takes head dims that
+    // are multiples of 16, at most 128, on compute capability 10.x and newer, and 128 only
+    // below (Hopper: not Llama-3.2-1B's 64), from cuDNN 9.1.
     if (fp8 && (D % 16 != 0 || D > 128)) {
       e.problem = str("FP8 attention needs a head dim that is a multiple of 16 and at most 128 (",
                       D, ")");
       return e;
     }
+    if (fp8 && gpu_major() < 10 && D != 128) {
+      e.problem = str("cuDNN's FP8 attention backward takes head dim 128 only on compute "
+                      "capability ", gpu_major(), ".x (this shape's: ", D, "; 10.x takes "
+                      "multiples of 16 up to 128)");
+      return e;
+    }
     // (the frontend's sdpa_fp8_bwd.h takes the attribute on 10.x only; elsewhere the FP8
     // backward would run its usual dQ accumulation, whose order varies run to run)
-    if (fp8 && deterministic && cc_major != 10) {
+    if (fp8 && deterministic && gpu_major() != 10) {
       e.problem = str("run.deterministic: cuDNN's FP8 attention backward has a deterministic "
-                      "form on compute capability 10.x only (this GPU: ", cc_major, ".x)");
+                      "form on compute capability 10.x only (this GPU: ", gpu_major(), ".x)");
       return e;
     }
     if (fp8 && fe::detail::get_backend_version() < 90100) {
@@ -352,10 +371,11 @@ struct CudnnAttention::Impl {
           q, k, v, o, dout, stats, slot(g, nm::kAttnDescaleQ, "descale_q"),
           slot(g, nm::kAttnDescaleK, "descale_k"), slot(g, nm::kAttnDescaleV, "descale_v"),
           slot(g, nm::kAttnDescaleO, "descale_o"), slot(g, nm::kAttnDescaleDO, "descale_do"),
-          slot(g, nm::kAttnDescaleS, "descale_s"), slot(g, nm::kAttnDescaleDP, "descale_dp"),
+          slot(g, nm::kAttnDescaleS, "descale_s"),
+          slot(g, nm::kAttnCudnnDescaleDP, "descale_dp"),  // (its dP is attn_scale dS)
           slot(g, nm::kAttnScaleS, "scale_s"), slot(g, nm::kAttnScaleDQ, "scale_dq"),
           slot(g, nm::kAttnScaleDK, "scale_dk"), slot(g, nm::kAttnScaleDV, "scale_dv"),
-          slot(g, nm::kAttnScaleDP, "scale_dp"), opts);
+          slot(g, nm::kAttnCudnnScaleDP, "scale_dp"), opts);
       output(dq, kDQ, qv);
       output(dk, kDK, kv);
       output(dv, kDV, kv);
@@ -392,10 +412,12 @@ struct CudnnAttention::Impl {
     namespace nm = numerics;
     const nm::AttnFp8Slot fwd[] = {nm::kAttnDescaleQ, nm::kAttnDescaleK, nm::kAttnDescaleV,
                                    nm::kAttnDescaleS, nm::kAttnScaleS, nm::kAttnScaleO};
-    const nm::AttnFp8Slot bwd[] = {nm::kAttnDescaleQ,  nm::kAttnDescaleK,  nm::kAttnDescaleV,
-                                   nm::kAttnDescaleO,  nm::kAttnDescaleDO, nm::kAttnDescaleS,
-                                   nm::kAttnDescaleDP, nm::kAttnScaleS,    nm::kAttnScaleDQ,
-                                   nm::kAttnScaleDK,   nm::kAttnScaleDV,   nm::kAttnScaleDP};
+    const nm::AttnFp8Slot bwd[] = {nm::kAttnDescaleQ,      nm::kAttnDescaleK,
+                                   nm::kAttnDescaleV,      nm::kAttnDescaleO,
+                                   nm::kAttnDescaleDO,     nm::kAttnDescaleS,
+                                   nm::kAttnCudnnDescaleDP, nm::kAttnScaleS,
+                                   nm::kAttnScaleDQ,       nm::kAttnScaleDK,
+                                   nm::kAttnScaleDV,       nm::kAttnCudnnScaleDP};
     auto put = [&](nm::AttnFp8Slot s) {
       pack[kSlot0 + s] = const_cast<float*>(scales + s * nm::kAttnFp8SlotFloats);
     };
@@ -456,10 +478,6 @@ CudnnAttention::CudnnAttention(cudaStream_t stream) : impl_(std::make_unique<Imp
 CudnnAttention::~CudnnAttention() = default;
 
 void CudnnAttention::set_deterministic(bool on) {
-  int device = 0;
-  MX_CUDA_CHECK("set_deterministic", cudaGetDevice(&device));
-  MX_CUDA_CHECK("set_deterministic", cudaDeviceGetAttribute(
-                                         &impl_->cc_major, cudaDevAttrComputeCapabilityMajor, device));
   // The frontend reads the variable when it builds a backward graph (cuDNN 9.25 and newer on
   // 9.x): 0 bytes of dP workspace allowed, so the deterministic backward is the ordered-dQ
   // engine, whose workspace grows with T, not T^2. A value the user set stays.

@@ -94,6 +94,9 @@
 #                                tokens of the largest micro-batch tried (16384)
 #   MXTRAIN_GPU_SEQ2             the second shape's sequence length (4096; 0: none)
 #   MXTRAIN_GPU_PRESET           the speed runs' model preset, mxtrain's and PyTorch's (llama3.2-1b)
+#   MXTRAIN_GPU_HD_SETS          below compute capability 10, the FP8-attention rows' model sets
+#                                (cuDNN's FP8 backward takes head dim 128 only there; default for
+#                                llama3.2-1b: 16 heads of 128, KV 4; empty: none, the preset's)
 #   MXTRAIN_GPU_SPEED_SETS       extra KEY=VALUE overrides (space-separated) for mxtrain's speed
 #                                runs, e.g. "model.hidden_size=128 model.intermediate_size=256"
 #   MXTRAIN_GPU_TORCH_ARGS       extra torch_llama.py arguments, e.g. "--device cpu --no-compile"
@@ -336,12 +339,29 @@ for recipe in fp8-delayed fp8-current fp8-block; do
 done
 # fp8-delayed with the attention in FP8 too (precision.fp8_attention: cuDNN's fused FP8 SDPA;
 # row "mx fp8-delayed fp8attn"): the 1.3x target's lever (docs/cuda.md), never run on a GPU.
-mx_speed fp8-delayed --variant fp8attn --set precision.fp8_attention=true
+# Below compute capability 10 cuDNN's FP8 backward takes head dim 128 only, which the 1B
+# preset's 64 is not (its attention would run on the fp32 kernel): there these rows run the
+# 1B widths as 16 heads of 128, KV 4 (MXTRAIN_GPU_HD_SETS; the same GEMMs and attention
+# FLOPs), as variants "fp8attn-hd" and "fp8attn-head-hd" beside a bf16 row of that shape
+# ("mx bf16 hd"), their ratio lines against it.
+hd_sets=()
+hd=""
+if [[ "$cc" != 1[0-9].* && ( -n "${MXTRAIN_GPU_HD_SETS+x}" || "$preset" == llama3.2-1b ) ]]; then
+  for s in ${MXTRAIN_GPU_HD_SETS-model.num_attention_heads=16 model.num_key_value_heads=4 model.head_dim=128}; do
+    hd_sets+=(--set "$s")
+  done
+  (( ${#hd_sets[@]} > 0 )) && hd="-hd"
+fi
+if [ -n "$hd" ]; then
+  mx_speed bf16 --variant hd "${hd_sets[@]}"
+fi
+mx_speed fp8-delayed --variant "fp8attn$hd" --set precision.fp8_attention=true \
+  ${hd_sets[@]+"${hd_sets[@]}"}
 # and the head's GEMMs in FP8 as well (precision.fp8_head; row "mx fp8-delayed fp8attn-head"):
 # the head is a fifth of the 1B shape's GEMM FLOPs; its data gradient in bf16 (the default
 # precision.fp8_head_dgrad, which the convergence study favours); never run on a GPU.
-mx_speed fp8-delayed --variant fp8attn-head --set precision.fp8_attention=true \
-  --set precision.fp8_head=true
+mx_speed fp8-delayed --variant "fp8attn-head$hd" --set precision.fp8_attention=true \
+  --set precision.fp8_head=true ${hd_sets[@]+"${hd_sets[@]}"}
 # mxfp8 and nvfp4 run natively only on compute capability 10.x (cuBLASLt's VEC32_UE8M0 and
 # VEC16_UE4M3 scale modes; an H200 is 9.0, where they would only time the emulation):
 # elsewhere a "skipped" row each, no run.
@@ -576,6 +596,11 @@ RATIOS = [
      " (target >= 1.3)"),
     ("mx fp8-delayed fp8attn-head", "mx bf16",
      "mxtrain fp8-delayed + FP8 attention + FP8 head / bf16", ""),
+    ("mx fp8-delayed fp8attn-hd", "mx bf16 hd",
+     "mxtrain fp8-delayed + FP8 attention / bf16, MXTRAIN_GPU_HD_SETS's heads", " (target >= 1.3)"),
+    ("mx fp8-delayed fp8attn-head-hd", "mx bf16 hd",
+     "mxtrain fp8-delayed + FP8 attention + FP8 head / bf16, MXTRAIN_GPU_HD_SETS's heads", ""),
+    ("mx bf16 hd", "mx bf16", "mxtrain bf16, MXTRAIN_GPU_HD_SETS's heads / the preset's", ""),
     ("mx fp8-block", "mx fp8-block casts0", "mxtrain fp8-block, tuned / untuned casts", ""),
     ("mx fp8-delayed", "mx fp8-delayed savext0",
      "mxtrain fp8-delayed, x^T codes kept / not kept", ""),

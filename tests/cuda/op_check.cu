@@ -2664,18 +2664,30 @@ void check_deterministic(Backend& cpu) {
 // of a forward + backward through the fp32 entry points, bf16 cuDNN against FP8 cuDNN (each with
 // its casts), the first measure of what FP8 attention saves.
 const std::string kFp8OnCudnn = "on cuDNN's fused FP8 SDPA";  // attention_fp8_path's
+// The GPU's compute capability (major); 0 where it cannot be read.
+int gpu_major() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    return cudaGetLastError(), 0;
+  return prop.major;
+}
 [[maybe_unused]] void check_attention_fp8(Backend& cpu, CudaBackend& gpu) {
   gpu.set_attention(CudaAttention::kCudnn);
-  // (T = 77, not a multiple of 64, may be refused by cuDNN's FP8 engines: a refusal there is
-  // a pass with the reason in its note, as the trainer would refuse the shape at start-up;
-  // the others must run)
+  // (T = 77, not a multiple of 64, may be refused by cuDNN's FP8 engines, and below compute
+  // capability 10 cuDNN's FP8 backward takes head dim 128 only (the frontend's
+  // sdpa_fp8_bwd.h): a refusal there is a pass with the reason in its note, as the trainer
+  // would refuse the shape at start-up; the others must run)
+  const bool d128_only = gpu_major() < 10;
   for (auto [B, T, H, KV, D] : std::vector<std::array<int64_t, 5>>{
-           {2, 256, 8, 2, 64}, {1, 128, 4, 4, 128}, {2, 192, 8, 1, 64}, {2, 77, 8, 1, 64}}) {
+           {2, 256, 8, 2, 64}, {1, 128, 4, 4, 128}, {2, 192, 8, 1, 64}, {2, 77, 8, 1, 64},
+           {2, 256, 8, 2, 128}}) {
     const std::string sh = dims({B, T, H, KV, D});
     // "" on cuDNN, else the path that would run instead (the fp32 kernel: its own case)
     const std::string path = gpu.attention_fp8_path(B, T, H, KV, D);
     const std::string why = path == kFp8OnCudnn ? "" : path;
-    if (!why.empty() && T % 64 != 0) {
+    if (!why.empty() && (T % 64 != 0 || (d128_only && D != 128))) {
       run_case("attention_fp8_forward", sh, [&](Result& r) { r.note = "refused: " + why; });
       continue;
     }
@@ -2759,8 +2771,10 @@ const std::string kFp8OnCudnn = "on cuDNN's fused FP8 SDPA";  // attention_fp8_p
       }
     });
   }
-  // The timing at the 1B shape.
-  const int64_t B = 2, T = 8192, H = 32, KV = 8, D = 64;
+  // The timing at the 1B shape (below compute capability 10, where cuDNN's FP8 backward takes
+  // head dim 128 only, with its widths as 16 heads of 128: the same FLOPs).
+  const int64_t B = 2, T = 8192, H = d128_only ? 16 : 32, KV = d128_only ? 4 : 8,
+                D = d128_only ? 128 : 64;
   run_case("attention_fp8_speed", dims({B, T, H, KV, D}), [&](Result& r) {
     const std::string fp8_path = gpu.attention_fp8_path(B, T, H, KV, D);
     const std::string why = fp8_path == kFp8OnCudnn ? "" : fp8_path;

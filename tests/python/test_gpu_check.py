@@ -96,7 +96,11 @@ def dry_run(tmp_path_factory):
         MXTRAIN_CUDA_GEMM_TUNE="all",
         # and every cast (the tiny shapes are under the default's 2^22 elements); the casts0
         # row sets 0 itself
-        MXTRAIN_CUDA_CAST_TUNE="all")
+        MXTRAIN_CUDA_CAST_TUNE="all",
+        # the FP8-attention rows' other heads (on a GPU below compute capability 10 with the 1B
+        # preset: 16 of 128, which cuDNN's FP8 backward there needs): the same q and kv widths
+        MXTRAIN_GPU_HD_SETS="model.num_attention_heads=2 model.num_key_value_heads=2 "
+                            "model.head_dim=32")
     t0, before = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     # From another directory: the script must find the repository itself.
     p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env,
@@ -127,12 +131,12 @@ def test_exit_code_and_files(dry_run):
              "memory_1000000", "memory_16"} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
             {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-block__{SEQ}_2_none_casts0",
-             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn",
+             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-hd", f"speed_bf16__{SEQ}_2_none_hd",
              f"speed_fp8-delayed__{SEQ}_2_none_savext0",
              f"speed_fp8-delayed__{SEQ}_2_none_fuse0",
              f"speed_fp8-block__{SEQ}_2_none_fuse0",
              f"speed_fp8-block__{SEQ}_2_none_savext0",
-             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head"} |
+             f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-head-hd"} |
             {f"speed_{r}__{SEQ2}_4_none" for r in ("bf16", "fp8-delayed")})
     assert runs == want
     assert not [n for n in names if "checkpoints" in n]
@@ -228,24 +232,28 @@ def test_speed_rows(dry_run):
           if r["impl"] == "mxtrain" and not r.get("variant")}
     variants = {r["variant"]: r for r in res if r.get("variant") and
                 r["recipe"] != "fp8-block" or r.get("variant") == "casts0"}
-    assert sorted(variants) == ["casts0", "fp8attn", "fp8attn-head", "fuse0", "notune",
-                                "savext0"], variants
+    # (the FP8-attention rows at MXTRAIN_GPU_HD_SETS's heads, the fake GPU being 9.0, beside a
+    # bf16 row of that shape)
+    assert sorted(variants) == ["casts0", "fp8attn-hd", "fp8attn-head-hd", "fuse0", "hd",
+                                "notune", "savext0"], variants
+    assert variants["hd"]["recipe"] == "bf16" and variants["hd"]["tokens_per_s"] > 0
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
     # the fp32 attention kernel with the CPU twin's rounding, as a GPU without cuDNN's FP8 SDPA
-    fa = variants["fp8attn"]
+    fa = variants["fp8attn-hd"]
     assert fa["recipe"] == "fp8-delayed" and fa["tokens_per_s"] > 0, fa
     said = (out / "runs_stderr.tgz")
     with tarfile.open(said) as t:
-        member = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn/stderr.txt")
+        member = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn-hd/stderr.txt")
         text = member.read().decode()
     assert "attention: FP8 in the blocks precision.recipe covers" in text
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
+    assert "2 heads / 2 kv" in text, text[-3000:]  # MXTRAIN_GPU_HD_SETS reached the run
     # and with the head in FP8 too: on the FP8 GEMMs (the tiny shape's dimensions are
     # multiples of 16)
-    fh = variants["fp8attn-head"]
+    fh = variants["fp8attn-head-hd"]
     assert fh["recipe"] == "fp8-delayed" and fh["tokens_per_s"] > 0, fh
     with tarfile.open(said) as t:
-        text = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn-head/"
+        text = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn-head-hd/"
                              "stderr.txt").read().decode()
     assert "; precision.fp8_head on FP8 GEMMs" in text, text[-2000:]
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
@@ -370,6 +378,10 @@ def test_table(dry_run):
     assert b"cuda gemm tune:" not in notune
     assert (f"seq {SEQ}: mxtrain bf16, tuned / untuned GEMMs = "
             f"{tps['mx bf16'] / tps['mx bf16 notune']:.3f}") in log
+    # the FP8-attention rows at MXTRAIN_GPU_HD_SETS's heads against bf16 at the same heads
+    assert (f"seq {SEQ}: mxtrain fp8-delayed + FP8 attention / bf16, MXTRAIN_GPU_HD_SETS's "
+            f"heads = {tps['mx fp8-delayed fp8attn-hd'] / tps['mx bf16 hd']:.3f} "
+            "(target >= 1.3)") in log, log[-3000:]
     # cast tuning: the untuned fp8-block row and its ratio; the FP8 runs' tuned casts summed up
     # (each family's forms timed: fp8-block's 1x128 and 128x1 operands and dy's both at
     # once, fp8-delayed's per-tensor casts), the casts0 run's none (its variable reached the
