@@ -1068,6 +1068,15 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
     linear_recipe.set_collect_stats(lead && cfg.precision.stats_every > 0 &&
                                     (step + 1) % cfg.precision.stats_every == 0);
     fsdp.zero_grads();
+    // Tests: this rank fails as the step starts, as a data, device or storage error on one rank
+    // does, while the others go on into the step's collectives (MXTRAIN_TEST_FAIL_AT_STEP =
+    // RANK:STEP): the job must end at once with its error (test_cuda_emu.py).
+    if (const char* f = std::getenv("MXTRAIN_TEST_FAIL_AT_STEP")) {
+      long long fr = -1, fs = -1;
+      if (std::sscanf(f, "%lld:%lld", &fr, &fs) == 2 && fr == rank && fs == step + 1)
+        throw UserError(str("test: rank ", rank, " fails at step ", step + 1,
+                            " (MXTRAIN_TEST_FAIL_AT_STEP)"));
+    }
     double loss = 0;
     for (int64_t m = 0; m < tc.grad_accum; ++m) {
       watchdog.beat(str("step ", step + 1, ", micro-batch ", m + 1, " of ", tc.grad_accum));

@@ -1,6 +1,9 @@
 #include "backend/cuda/nccl_communicator.h"
 
+#include <chrono>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -33,6 +36,28 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Waits on the host for `event` (recorded on the communicator's stream after its collectives)
+// while watching the communicator's asynchronous error, as NCCL advises: a collective whose
+// peer died or whose network failed never completes, so cudaEventSynchronize would wait until
+// the watchdog (train.hang_timeout_s) ended the job, and NCCL's own error was never said. An
+// error throws (CommError); the communicator is then aborted as it is destroyed.
+void wait_watching(ncclComm_t comm, cudaEvent_t event, const char* op) {
+  for (int spins = 0;; ++spins) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) MX_CUDA_CHECK(op, e);
+    (void)cudaGetLastError();  // "not ready" is no error: do not leave it for a launch check
+    ncclResult_t async = ncclSuccess;
+    nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress)
+      throw CommError(str("nccl: ", op, ": ", ncclGetErrorString(async),
+                          " (a peer or the network failed while this rank waited)"));
+    // (a collective of a few bytes is done in microseconds: yield first, then sleep briefly)
+    if (spins < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 // A queued collective: complete when the event recorded after it has been reached.
 // With a consumer stream (the compute stream), wait() does not block the host: it makes the
 // consumer wait for the event on the device, so the kernels that read the gathered weights or
@@ -42,6 +67,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 struct EventImpl final : CommHandle::Impl {
   cudaEvent_t event = nullptr;
   cudaStream_t consumer = nullptr;
+  ncclComm_t comm = nullptr;  // whose asynchronous error a host wait watches
   ~EventImpl() override {
     if (event) cudaEventDestroy(event);  // released by the driver once reached
   }
@@ -49,7 +75,7 @@ struct EventImpl final : CommHandle::Impl {
     if (consumer)
       MX_CUDA_CHECK("nccl wait", cudaStreamWaitEvent(consumer, event, 0));
     else
-      MX_CUDA_CHECK("nccl wait", cudaEventSynchronize(event));
+      wait_watching(comm, event, "nccl wait");
   }
   bool test() override {
     const cudaError_t e = cudaEventQuery(event);
@@ -111,6 +137,16 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device) : comm_(comm), d
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // Unwinding from an error (this rank's own, or a peer's that a collective reported): the
+  // stream may hold collectives that will never complete, and ncclCommDestroy is a collective
+  // among the node's ranks, which a failing job's other ranks never reach (NCCL's docs), so
+  // waiting for either kept the error from reaching abort_all and the job hung until the
+  // watchdog. ncclCommAbort waits for no one; abort_all's MPI_Abort then ends every rank.
+  if (std::uncaught_exceptions() > 0) {
+    if (comm_) ncclCommAbort(comm_);
+    if (stream_) cudaStreamDestroy(stream_);  // (returns at once; freed when the device is done)
+    return;
+  }
   if (stream_) cudaStreamSynchronize(stream_);
   if (comm_) ncclCommDestroy(comm_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -126,7 +162,20 @@ void NcclCommunicator::wait_for(cudaStream_t s) {
 }
 
 void NcclCommunicator::sync(const char* op) {
-  MX_CUDA_CHECK(op, cudaStreamSynchronize(stream_));
+  cudaEvent_t e;
+  MX_CUDA_CHECK(op, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaError_t err = cudaEventRecord(e, stream_);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(e);
+    MX_CUDA_CHECK(op, err);
+  }
+  try {
+    wait_watching(comm_, e, op);
+  } catch (...) {
+    cudaEventDestroy(e);
+    throw;
+  }
+  cudaEventDestroy(e);
 }
 
 CommHandle NcclCommunicator::handle_for_stream(const char* op) {
@@ -134,6 +183,7 @@ CommHandle NcclCommunicator::handle_for_stream(const char* op) {
   MX_CUDA_CHECK(op, cudaEventCreateWithFlags(&impl->event, cudaEventDisableTiming));
   MX_CUDA_CHECK(op, cudaEventRecord(impl->event, stream_));
   impl->consumer = compute_stream_;
+  impl->comm = comm_;
   return CommHandle(std::move(impl));
 }
 

@@ -147,8 +147,21 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   mxemu::synchronize_collective_streams();  // collectives still queued run first (NCCL waits for them)
-  if (comm->mpi != MPI_COMM_NULL) MPI_Comm_free(&comm->mpi);
+  if (comm->mpi != MPI_COMM_NULL) {
+    MPI_Barrier(comm->mpi);  // (NCCL's destroy is collective: a rank alone here waits)
+    MPI_Comm_free(&comm->mpi);
+  }
   delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  // (not MPI_Comm_free, which OpenMPI may make wait on the others: the handle is dropped; the
+  // process is ending, MPI_Abort follows)
+  delete comm;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* async_error) {
+  *async_error = ncclSuccess;
   return ncclSuccess;
 }
 ncclResult_t ncclCommCount(ncclComm_t comm, int* count) {

@@ -14,11 +14,13 @@ emulated run is under the race check (MXEMU_RACECHECK=1): a kernel access two th
 make unordered fails the run."""
 import os
 import subprocess
+import time
 
 import pytest
 
 from conftest import MXTRAIN_BIN
-from cuda_emu_run import EMU_BIN, FP8, STEPS, WIDE, compare, corpus, require_emu, train
+from cuda_emu_run import (EMU_BIN, FP8, MPIRUN_FLAGS, STEPS, WIDE, compare, corpus, require_emu,
+                          train)
 
 # (recipe, emulated compute capability, loss tolerance, what the trainer must say it runs, sets).
 CASES = [
@@ -113,6 +115,36 @@ def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, ranks, strea
     if recipe.startswith("fp8"):  # the FP8 GEMMs ran on the gathered blocks
         assert summary["fp8_shared_operands"] > 0, summary
     compare(cpu, cuda, tol)
+
+
+def test_one_rank_failing_over_nccl_ends_the_job_at_once(tmp_path):
+    """One of two ranks fails as a step starts (MXTRAIN_TEST_FAIL_AT_STEP), while the other goes
+    on into the step's all-gathers over NCCL. The failing rank's NCCL communicator used to wait
+    for its stream and call ncclCommDestroy as the error unwound: NCCL's destroy is a collective
+    among the node's ranks (mxemu's now is too), which the other rank, blocked in its
+    collective, never reaches, so the error never reached abort_all and the job hung until the
+    watchdog (30 minutes by default). Now it aborts the communicator (ncclCommAbort): the job
+    ends within seconds, exit 2, with the failing rank's one error line."""
+    require_emu()
+    args = [EMU_BIN, "train", "--set", "model.preset=tiny", "--set",
+            f"data.path={corpus(tmp_path)}", "--set", "train.steps=4", "--set", "train.seq_len=64",
+            "--set", "train.micro_batch=2", "--set", "data.val_fraction=0.0", "--set",
+            "run.sample_tokens=0", "--set", "run.device=cuda", "--set", "precision.recipe=bf16",
+            "--set", f"run.out_dir={tmp_path / 'fail'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               MXTRAIN_TEST_FAIL_AT_STEP="1:2")
+    t0 = time.time()
+    try:
+        p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS + args, capture_output=True,
+                           text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the job hung after rank 1 failed: {(e.stderr or b'')[-2000:]!r}")
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and errors, p.stderr[-3000:]
+    assert errors[0] == "error: rank 1: test: rank 1 fails at step 2 (MXTRAIN_TEST_FAIL_AT_STEP)", \
+        errors
+    assert "sharding full over nccl" in p.stderr and time.time() - t0 < 120
 
 
 @pytest.mark.parametrize("policy", ["full"])

@@ -10,7 +10,8 @@
 #include "tests/cuda_emu/include/cuda_runtime.h"
 
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
-               ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5 } ncclResult_t;
+               ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5,
+               ncclRemoteError = 6, ncclInProgress = 7 } ncclResult_t;
 typedef enum { ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
 typedef struct {
@@ -25,7 +26,13 @@ const char* ncclGetErrorString(ncclResult_t r);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t* config);
+// A collective among the communicator's ranks, as NCCL's is among a node's: it returns once
+// every rank has called it (a rank that never does keeps the others waiting).
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
+// Frees the communicator without waiting for the other ranks or for queued collectives.
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+// ncclSuccess: mxemu's collectives fail at the call, never asynchronously.
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
 ncclResult_t ncclCommCount(ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank);
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
