@@ -486,7 +486,6 @@ void CudnnAttention::set_deterministic(bool on) {
   impl_->cache.clear();  // graphs built without it (none, when called before the first op)
   impl_->fp8_cache.clear();
 }
-bool CudnnAttention::deterministic() const { return impl_->deterministic; }
 
 const std::string& CudnnAttention::problem(int64_t B, int64_t T, int64_t H, int64_t KV,
                                            int64_t D) {

@@ -47,7 +47,6 @@ class CudnnAttention {
   // deterministic backward (Blackwell before cuDNN 9.18), the shape falls back as for any
   // refusal, to the fp32 kernel.
   void set_deterministic(bool on);
-  bool deterministic() const;
 
   // "" when this shape runs on cuDNN, else why not (libcudnn missing, a shape rule of
   // backend/attention_choice.h, or cuDNN's own support check). The first call for a shape builds
