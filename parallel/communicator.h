@@ -39,7 +39,9 @@ enum class CommDtype : uint8_t { kF32, kBF16, kI64, kF64 };
 int64_t comm_dtype_bytes(CommDtype dtype);
 const char* comm_dtype_name(CommDtype dtype);
 
-// kAvg = sum / size, the division done in the element type after the sum (f32, f64 only).
+// kAvg = sum / size, the division done in the element type after the sum (f32, f64 only) on
+// MPI; the NCCL communicator's is NCCL's (each addend times 1/size, then summed: the same
+// within rounding, docs/parallel.md).
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 const char* reduce_op_name(ReduceOp op);
 

@@ -1,6 +1,9 @@
 #include "backend/cuda/nccl_communicator.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -9,6 +12,11 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "parallel/device_communicator.h"
+
+// ncclCommSplit (2.18), ncclAvg (2.10), ncclCommGetAsyncError and ncclCommAbort.
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "mxtrain's NCCL communicator needs NCCL 2.18 or newer (ncclCommSplit)"
+#endif
 
 namespace mx {
 namespace {
@@ -30,7 +38,11 @@ ncclDataType_t nccl_type(CommDtype d) {
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;  // sum, then divided in the element type (NCCL >= 2.10)
+    // NCCL's average on floats multiplies every rank's addend by 1/size (rounded in the element
+    // type) and sums (ncclDevPreMulSum in its enqueue.cc), so for a size that is not a power of
+    // two it differs in the last bits from the MPI communicator's sum-then-divide. The trainer
+    // averages only on the host world (the loss, the validation mean), never over NCCL.
+    case ReduceOp::kAvg: return ncclAvg;
     case ReduceOp::kMax: return ncclMax;
   }
   return ncclSum;
@@ -112,10 +124,51 @@ class Staging {
   cudaStream_t stream_;
 };
 
+// NCCL does not support two ranks of one communicator on the same GPU ("may lead to hangs",
+// its docs say; recent versions fail at init with "Duplicate GPU detected"). That happens when a
+// node gets more ranks than it has GPUs (cuda_local_device wraps the local rank around the
+// device count) or when CUDA_VISIBLE_DEVICES gives ranks the same GPU: said here, as a
+// configuration error every rank reaches alike, before NCCL is asked. A GPU is named by its
+// host and PCI bus id, which (unlike the device index) does not depend on CUDA_VISIBLE_DEVICES.
+void check_one_rank_per_gpu(Communicator& host, int device) {
+  constexpr size_t kHostBytes = 64, kBusBytes = 32, kWords = (kHostBytes + kBusBytes) / 8;
+  char mine[kHostBytes + kBusBytes] = {};
+  if (gethostname(mine, kHostBytes - 1) != 0) std::snprintf(mine, kHostBytes, "(unknown host)");
+  mine[kHostBytes - 1] = 0;
+  MX_CUDA_CHECK("nccl init", cudaDeviceGetPCIBusId(mine + kHostBytes, int(kBusBytes) - 1, device));
+  std::vector<int64_t> all(kWords * size_t(host.size()));
+  int64_t words[kWords];
+  std::memcpy(words, mine, sizeof mine);
+  host.all_gather(words, all.data(), int64_t(kWords), CommDtype::kI64);
+  const char* base = reinterpret_cast<const char*>(all.data());
+  auto host_of = [&](int r) { return std::string(base + size_t(r) * sizeof mine); };
+  auto bus_of = [&](int r) { return std::string(base + size_t(r) * sizeof mine + kHostBytes); };
+  for (int a = 0; a < host.size(); ++a)
+    for (int b = a + 1; b < host.size(); ++b) {
+      if (host_of(a) != host_of(b) || bus_of(a) != bus_of(b)) continue;
+      int on_host = 0;
+      for (int r = 0; r < host.size(); ++r) on_host += host_of(r) == host_of(a);
+      int gpus = 0;
+      if (cudaGetDeviceCount(&gpus) != cudaSuccess) (void)cudaGetLastError();
+      throw UserError(str("ranks ", a, " and ", b, " on host ", host_of(a), " both drive the GPU "
+                          "at PCI ", bus_of(a), ": NCCL needs one rank per GPU, and this host has ",
+                          on_host, " ranks for ", gpus, " visible GPUs (start at most one rank "
+                          "per GPU, e.g. mpirun --map-by ppr:", gpus, ":node, and do not give ranks the "
+                          "same CUDA_VISIBLE_DEVICES)"));
+    }
+}
+
 }  // namespace
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap, int device) {
+  int version = 0;
+  nccl_check(ncclGetVersion(&version), "ncclGetVersion");
+  if (version < NCCL_VERSION(2, 18, 0))
+    throw UserError(str("the NCCL library loaded (libnccl.so.2) is version ", version,
+                        "; mxtrain needs 2.18 or newer (it was built against ",
+                        NCCL_VERSION_CODE, ")"));
   MX_CUDA_CHECK("nccl init", cudaSetDevice(device));
+  check_one_rank_per_gpu(bootstrap, device);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (bootstrap.rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -311,6 +364,10 @@ CommHandle NcclCommunicator::all_reduce_async(const void* send, void* recv, int6
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  // NCCL: "there should not be any outstanding NCCL operations on the comm" when it is split,
+  // or the split may deadlock. (The only caller, make_hybrid_groups, splits an idle
+  // communicator; this keeps a later caller from splitting one with collectives queued.)
+  sync("split");
   ncclComm_t sub = nullptr;
   nccl_check(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
   auto c = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(sub, device_));

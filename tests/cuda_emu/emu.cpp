@@ -1088,19 +1088,41 @@ const char* cudaGetErrorString(cudaError_t e) {
   return s.c_str();
 }
 
+// The emulated node's GPUs (MXEMU_DEVICE_COUNT, default 8, as on the nodes mxtrain is for):
+// each process emulates all of them with one memory, but remembers which one it set, so that
+// a device index and its PCI bus id say which GPU of the node a rank drives (the NCCL
+// communicator refuses two ranks on one GPU, as NCCL does).
+namespace {
+int emu_device_count() {
+  const int n = std::atoi(mxemu::env("MXEMU_DEVICE_COUNT", "8"));
+  return n >= 1 ? n : 1;
+}
+int current_device = 0;
+}  // namespace
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = emu_device_count();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
+  if (device < 0 || device >= emu_device_count())
+    return fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
+  current_device = device;
+  return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device < 0 || device >= emu_device_count())
+    return fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
+  if (len < 13) return fail(cudaErrorInvalidValue, "cudaDeviceGetPCIBusId: buffer too short");
+  std::snprintf(bus_id, size_t(len), "0000:%02x:00.0", 0x18 + device);
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
+  if (device < 0 || device >= emu_device_count())
+    return fail(cudaErrorInvalidDevice, "device " + std::to_string(device));
   *prop = {};
   const int s = sm();
   std::snprintf(prop->name, sizeof prop->name, "mxemu sm_%d (CPU emulation)", s);

@@ -2,6 +2,9 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -42,17 +45,21 @@ void reduce(void* out, const std::vector<const char*>& parts, size_t count, nccl
       if (op == ncclAvg) acc /= n;
       static_cast<int64_t*>(out)[i] = acc;
     } else if (t == ncclFloat64) {
-      double acc = load(parts[0], i, t);
-      for (int r = 1; r < n; ++r) acc = op == ncclMax ? std::max(acc, load(parts[size_t(r)], i, t)) : acc + load(parts[size_t(r)], i, t);
-      if (op == ncclAvg) acc /= n;
+      // ncclAvg: NCCL's ncclDevPreMulSum, each addend times 1/n (rounded), then the sum.
+      const double pre = op == ncclAvg ? 1.0 / n : 1.0;
+      double acc = load(parts[0], i, t) * pre;
+      for (int r = 1; r < n; ++r) {
+        const double v = load(parts[size_t(r)], i, t);
+        acc = op == ncclMax ? std::max(acc, v) : acc + v * pre;
+      }
       static_cast<double*>(out)[i] = acc;
     } else {
-      float acc = float(load(parts[0], i, t));
+      const float pre = op == ncclAvg ? float(1.0 / n) : 1.0f;
+      float acc = float(load(parts[0], i, t)) * pre;
       for (int r = 1; r < n; ++r) {
         const float v = float(load(parts[size_t(r)], i, t));
-        acc = op == ncclMax ? std::max(acc, v) : acc + v;
+        acc = op == ncclMax ? std::max(acc, v) : acc + v * pre;
       }
-      if (op == ncclAvg) acc /= float(n);
       if (t == ncclBfloat16)
         static_cast<uint16_t*>(out)[i] = ::mx::numerics::encode_bf16(acc, ::mx::numerics::Saturation::kNoSat);
       else
@@ -101,6 +108,11 @@ ncclResult_t collective(const char* what, cudaStream_t s, size_t count,
 const char* ncclGetErrorString(ncclResult_t r) {
   return r == ncclSuccess ? "no error" : "mxemu nccl: invalid argument or MPI failure";
 }
+ncclResult_t ncclGetVersion(int* version) {
+  const char* v = std::getenv("MXEMU_NCCL_VERSION");
+  *version = v ? std::atoi(v) : NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   std::random_device rd;
   for (char& ch : id->internal) ch = char(rd());
@@ -129,6 +141,23 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
         delete c;
         return ncclInvalidUsage;
       }
+    // Two ranks on one host with the same device: NCCL's "Duplicate GPU detected".
+    struct Where {
+      char host[64];
+      int device;
+    } me{};
+    gethostname(me.host, sizeof me.host - 1);
+    cudaGetDevice(&me.device);
+    std::vector<Where> all(size_t(c->size));
+    MPI_Allgather(&me, int(sizeof me), MPI_BYTE, all.data(), int(sizeof me), MPI_BYTE, c->mpi);
+    for (int a = 0; a < c->size; ++a)
+      for (int b = a + 1; b < c->size; ++b)
+        if (all[size_t(a)].device == all[size_t(b)].device &&
+            std::strcmp(all[size_t(a)].host, all[size_t(b)].host) == 0) {
+          MPI_Comm_free(&c->mpi);
+          delete c;
+          return ncclInvalidUsage;
+        }
   }
   *comm = c;
   return ncclSuccess;

@@ -13,6 +13,7 @@ wrong scale, layout or kernel index moves the loss by far more (see docs/cuda_em
 emulated run is under the race check (MXEMU_RACECHECK=1): a kernel access two threads or blocks
 make unordered fails the run."""
 import os
+import re
 import subprocess
 import time
 
@@ -117,6 +118,19 @@ def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, ranks, strea
     compare(cpu, cuda, tol)
 
 
+def nccl_job(tmp_path, out, steps):
+    """A two-rank recipe-bf16 job's mxtrain_emu arguments (tiny, FSDP over the emulated NCCL;
+    for mpirun -np 2) and its environment."""
+    args = [EMU_BIN, "train", "--set", "model.preset=tiny", "--set",
+            f"data.path={corpus(tmp_path)}", "--set", f"train.steps={steps}", "--set",
+            "train.seq_len=64", "--set", "train.micro_batch=2", "--set", "data.val_fraction=0.0",
+            "--set", "run.sample_tokens=0", "--set", "run.device=cuda", "--set",
+            "precision.recipe=bf16", "--set", f"run.out_dir={tmp_path / out}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return args, env
+
+
 def test_one_rank_failing_over_nccl_ends_the_job_at_once(tmp_path):
     """One of two ranks fails as a step starts (MXTRAIN_TEST_FAIL_AT_STEP), while the other goes
     on into the step's all-gathers over NCCL. The failing rank's NCCL communicator used to wait
@@ -126,14 +140,8 @@ def test_one_rank_failing_over_nccl_ends_the_job_at_once(tmp_path):
     watchdog (30 minutes by default). Now it aborts the communicator (ncclCommAbort): the job
     ends within seconds, exit 2, with the failing rank's one error line."""
     require_emu()
-    args = [EMU_BIN, "train", "--set", "model.preset=tiny", "--set",
-            f"data.path={corpus(tmp_path)}", "--set", "train.steps=4", "--set", "train.seq_len=64",
-            "--set", "train.micro_batch=2", "--set", "data.val_fraction=0.0", "--set",
-            "run.sample_tokens=0", "--set", "run.device=cuda", "--set", "precision.recipe=bf16",
-            "--set", f"run.out_dir={tmp_path / 'fail'}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MXEMU_SM="90",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               MXTRAIN_TEST_FAIL_AT_STEP="1:2")
+    args, env = nccl_job(tmp_path, "fail", steps=4)
+    env["MXTRAIN_TEST_FAIL_AT_STEP"] = "1:2"
     t0 = time.time()
     try:
         p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS + args, capture_output=True,
@@ -145,6 +153,38 @@ def test_one_rank_failing_over_nccl_ends_the_job_at_once(tmp_path):
     assert errors[0] == "error: rank 1: test: rank 1 fails at step 2 (MXTRAIN_TEST_FAIL_AT_STEP)", \
         errors
     assert "sharding full over nccl" in p.stderr and time.time() - t0 < 120
+
+
+@pytest.mark.parametrize("case", ["two ranks on one gpu", "old nccl"])
+def test_nccl_setups_that_cannot_work_are_refused_before_nccl_init(tmp_path, case):
+    """Two ranks on a host with one GPU (MXEMU_DEVICE_COUNT=1: the local ranks wrap around to
+    device 0): NCCL does not support two ranks of a communicator on one GPU (a hang, or its
+    "Duplicate GPU detected" at init, which mxemu's ncclCommInitRank also returns), so every
+    rank says so in one line naming the host, the PCI bus id and the counts, exit 2. A libnccl
+    older than 2.18 (MXEMU_NCCL_VERSION) lacks ncclCommSplit: refused the same way, rather than
+    dying on an unresolved symbol at the first split."""
+    require_emu()
+    args, env = nccl_job(tmp_path, "out", steps=2)
+    if case == "two ranks on one gpu":
+        env["MXEMU_DEVICE_COUNT"] = "1"
+        want = re.compile(r"^error: (rank \d: )?ranks 0 and 1 on host \S+ both drive the GPU at "
+                          r"PCI 0000:18:00\.0: NCCL needs one rank per GPU, and this host has 2 "
+                          r"ranks for 1 visible GPUs")
+    else:
+        env["MXEMU_NCCL_VERSION"] = "21705"
+        want = re.compile(r"^error: (rank \d: )?the NCCL library loaded \(libnccl\.so\.2\) is "
+                          r"version 21705; mxtrain needs 2\.18 or newer")
+    p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS + args, capture_output=True,
+                       text=True, timeout=180, env=env)
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and errors and all(want.match(l) for l in errors), p.stderr[-3000:]
+    assert not (tmp_path / "out" / "checkpoints").exists()
+    # The same job with a GPU per rank (mxemu's default: 8 on the node) and NCCL 2.28 trains.
+    env.pop("MXEMU_DEVICE_COUNT", None)
+    env.pop("MXEMU_NCCL_VERSION", None)
+    p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS + args, capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0 and "sharding full over nccl" in p.stderr, p.stderr[-3000:]
 
 
 @pytest.mark.parametrize("policy", ["full"])

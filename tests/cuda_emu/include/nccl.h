@@ -2,12 +2,21 @@
 // backend/cuda/nccl_communicator.cu makes, over MPI (each rank's emulated device memory is its
 // own process's memory). Collectives run at the call, in the communicator's rank order;
 // reductions gather every rank's contribution and reduce it locally, in rank order, in the
-// element type (bf16 through fp32 and back, rounded to nearest even).
+// element type (bf16 through fp32 and back, rounded to nearest even). ncclAvg on floats is
+// NCCL's: each addend multiplied by 1/n rounded in the element type, then summed.
 #pragma once
 
 #include <cstddef>
 
 #include "tests/cuda_emu/include/cuda_runtime.h"
+
+// The NCCL this emulates: 2.28.9, the CUDA 13 toolkit's (the version macro as nccl.h defines it).
+#define NCCL_MAJOR 2
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
+#define NCCL_VERSION(X, Y, Z) \
+  (((X) == 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
+#define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
 
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
                ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5,
@@ -23,6 +32,10 @@ typedef struct ncclConfig_v {
 } ncclConfig_t;
 
 const char* ncclGetErrorString(ncclResult_t r);
+// NCCL_VERSION_CODE, unless MXEMU_NCCL_VERSION says another (a test of the version check).
+ncclResult_t ncclGetVersion(int* version);
+// As NCCL since 2.x: ncclInvalidUsage when two ranks on one host have set the same device
+// ("Duplicate GPU detected"), besides the id checks.
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t* config);
