@@ -337,6 +337,9 @@ class Backend {
   virtual void end_shared_input();
   // Operands taken from a kept quantization since the backend was made (tests, the op check).
   int64_t shared_input_hits() const { return shared_hits_; }
+  // FP8 GEMMs run with fast accumulation so far (the CUDA backend's MXTRAIN_CUDA_FP8_FAST_ACCUM;
+  // 0 elsewhere).
+  virtual int64_t fp8_fast_accum_gemms() const { return 0; }
 
   // The emulated recipes' quantize-dequantize of one Linear operand on the backend, for the
   // path whose GEMMs run in fp32 over dequantized operands (a GPU without the recipe's tensor

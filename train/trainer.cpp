@@ -1260,6 +1260,8 @@ int run_training(const RunConfig& cfg, const std::function<void(const std::strin
   // FP8 operands taken from another Linear's quantization of the same input (q, k and v share
   // h1's, gate and up h2's: Backend::begin_shared_input), rank 0, whole run.
   if (fp8_recipe) summary["fp8_shared_operands"] = be.shared_input_hits();
+  // FP8 GEMMs with cuBLASLt's fast accumulation (MXTRAIN_CUDA_FP8_FAST_ACCUM), rank 0.
+  if (fp8_recipe) summary["fp8_fast_accum_gemms"] = be.fp8_fast_accum_gemms();
   // Weight-gradient operands taken from x^T's FP8 codes the forward kept (LlamaModel::saves_xt)
   if (fp8_recipe) {
     summary["fp8_saved_xt_operands"] = engine.model->saved_xt_operands();

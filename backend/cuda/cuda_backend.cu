@@ -813,6 +813,7 @@ class CudaBackendImpl final : public CudaBackend {
     MX_CUDA_CHECK("make_cuda_backend", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     scratch_.set_stream(stream_);
     lt_.set_tune(opt_.gemm_tune);
+    lt_.set_fp8_fast_accum(opt_.fp8_fast_accum);
     const char* env = std::getenv("MXTRAIN_CUDA_SYNC");
     if (env && env[0] == '1') opt_.sync_after_each_op = true;
     cudaDeviceProp prop{};
@@ -936,6 +937,7 @@ class CudaBackendImpl final : public CudaBackend {
   size_t scratch_peak_bytes() const override { return scratch_.peak(); }
   int64_t gemm_shapes_timed() const override { return lt_.tune_stats().timed; }
   int64_t gemm_shapes_retuned() const override { return lt_.tune_stats().changed; }
+  int64_t fp8_fast_accum_gemms() const override { return lt_.fast_accum_gemms(); }
 
   // GEMM FLOPs are counted; GEMM seconds are not measured yet (0): timing asynchronous work
   // needs events read back at the step's end (TODO with the CUDA step loop).
@@ -3467,6 +3469,13 @@ std::unique_ptr<Backend> make_cuda_backend_for_trainer(const std::string& given)
     else throw UserError(str("MXTRAIN_CUDA_FP8 must be native or emulate (got '", v, "')"));
   }
   o.gemm_tune = parse_cuda_gemm_tune(std::getenv("MXTRAIN_CUDA_GEMM_TUNE"));
+  o.fp8_fast_accum = parse_cuda_fp8_fast_accum(std::getenv("MXTRAIN_CUDA_FP8_FAST_ACCUM"));
+  if (o.fp8_fast_accum != CudaFp8FastAccum::kOff)
+    info(str("cuda fp8: fast accumulation on ",
+             o.fp8_fast_accum == CudaFp8FastAccum::kAll ? "every per-tensor FP8 GEMM"
+                                                        : "the per-tensor FP8 forward GEMMs",
+             " (MXTRAIN_CUDA_FP8_FAST_ACCUM; partial sums not promoted to fp32: faster and "
+             "less exact, on Ada and Hopper only)"));
   cuda::fp8_cast_unroll();  // MXTRAIN_FP8_CAST_UNROLL (the FP8 casts read it; checked here)
   cuda::set_cast_tune(cuda::parse_cast_tune(std::getenv("MXTRAIN_CUDA_CAST_TUNE")));
   // Tests only (test_cuda_emu.py): every tuned cast runs its form k, so the trainer's runs
@@ -3504,6 +3513,17 @@ CudaGemmTune parse_cuda_gemm_tune(const char* value) {
   throw UserError(str("MXTRAIN_CUDA_GEMM_TUNE must be 0 (the heuristic's first algorithm), 1 "
                       "(time the candidates of products of 2^30 FLOPs and more: the default) "
                       "or all (got '", v, "')"));
+}
+
+CudaFp8FastAccum parse_cuda_fp8_fast_accum(const char* value) {
+  if (!value) return CudaFp8FastAccum::kOff;
+  const std::string v = value;
+  if (v == "0") return CudaFp8FastAccum::kOff;
+  if (v == "fprop") return CudaFp8FastAccum::kForward;
+  if (v == "all") return CudaFp8FastAccum::kAll;
+  throw UserError(str("MXTRAIN_CUDA_FP8_FAST_ACCUM must be 0 (the default: every FP8 GEMM "
+                      "promotes its partial sums to fp32), fprop (fast accumulation on the "
+                      "forward GEMMs, as Transformer Engine) or all (got '", v, "')"));
 }
 
 int cuda_local_device(int device_count) {

@@ -37,12 +37,25 @@ enum class CudaGemmTune : uint8_t { kOff, kLarge, kAll };
 // MXTRAIN_CUDA_GEMM_TUNE's value (null: unset, the default); UserError for anything else.
 CudaGemmTune parse_cuda_gemm_tune(const char* value);
 
+// cuBLASLt's fast accumulation on the per-tensor FP8 GEMMs (CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+// which "has an effect on Ada and Hopper": the tensor cores' partial sums are no longer
+// promoted to fp32 every so often, faster and less exact). MXTRAIN_CUDA_FP8_FAST_ACCUM: 0 (kOff,
+// the default: every FP8 GEMM promotes), fprop (kForward: the GEMMs whose operands are both
+// E4M3, which in the per-tensor recipes are the forward ones, the Linears' and the FP8 head's:
+// Transformer Engine's default, split accumulation for dgrad and wgrad) or all (kAll). The
+// block-scaled GEMMs (fp8-block, mxfp8, nvfp4) never take it. docs/cuda.md, "FP8 fast
+// accumulation".
+enum class CudaFp8FastAccum : uint8_t { kOff, kForward, kAll };
+// MXTRAIN_CUDA_FP8_FAST_ACCUM's value (null: unset, kOff); UserError for anything else.
+CudaFp8FastAccum parse_cuda_fp8_fast_accum(const char* value);
+
 struct CudaBackendOptions {
   int device = 0;
   CudaGemmPrecision gemm_precision = CudaGemmPrecision::kFp32;
   size_t scratch_bytes = size_t(512) << 20;       // per-op temporaries
   size_t gemm_workspace_bytes = size_t(32) << 20;  // cuBLASLt workspace (inside scratch)
   CudaGemmTune gemm_tune = CudaGemmTune::kLarge;
+  CudaFp8FastAccum fp8_fast_accum = CudaFp8FastAccum::kOff;
   bool sync_after_each_op = false;  // debugging: surface async faults at the op that caused them
   // The per-tensor FP8 Linears (Backend::fp8_linear_*) on FP8 tensor cores when the GPU has
   // them (compute capability >= 8.9); false: fp8_tensor_cores() says no, and the recipes run

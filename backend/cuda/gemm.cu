@@ -462,6 +462,18 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
     const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
     set(CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof mode);
   }
+  // Fast accumulation (CudaFp8FastAccum): per-tensor FP8 only; "fprop" where both operands are
+  // E4M3 (the per-tensor recipes' gradients are E5M2, so that is the forward GEMMs).
+  auto fp8 = [](cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; };
+  const bool fast =
+      a.mode == 0 && b.mode == 0 && fp8(a.type) && fp8(b.type) &&
+      (fast_accum_ == CudaFp8FastAccum::kAll ||
+       (fast_accum_ == CudaFp8FastAccum::kForward && a.type == CUDA_R_8F_E4M3 &&
+        b.type == CUDA_R_8F_E4M3));
+  if (fast) {
+    const int8_t on = 1;
+    set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof on);
+  }
   set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b.scale, sizeof b.scale);
   set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a.scale, sizeof a.scale);
   if (a.mode != 0 || b.mode != 0) {  // block scales
@@ -483,7 +495,8 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   for (int i = 0; i < 4; ++i)
     MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i], &aligns[i],
                                                              sizeof aligns[i]));
-  const AlgoKey key{D16 ? 2 : 1, M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
+  // (fast accumulation changes which kernels qualify: a key of its own)
+  const AlgoKey key{(D16 ? 2 : 1) + (fast ? 4 : 0), M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
                     a.scale != nullptr, aligns[0], aligns[1], aligns[2],
                     int64_t(workspace_bytes)};
   // (device scalars, nvfp4's: beta is not known here, and C was zeroed for it: untuned)
@@ -504,6 +517,7 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   MX_CUBLAS_CHECK(op, cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b,
                                      beta, Cr, call.c, D, call.c, algo, workspace,
                                      workspace_bytes, stream));
+  if (fast) ++fast_accum_gemms_;
   return true;
 }
 

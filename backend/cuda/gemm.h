@@ -33,6 +33,10 @@ class LtGemm {
     int64_t timed = 0, changed = 0;
   };
   TuneStats tune_stats() const { return tune_stats_; }
+  // Fast accumulation on the per-tensor FP8 GEMMs (CudaFp8FastAccum), and how many GEMMs ran
+  // with it so far.
+  void set_fp8_fast_accum(CudaFp8FastAccum f) { fast_accum_ = f; }
+  int64_t fast_accum_gemms() const { return fast_accum_gemms_; }
 
   // workspace: device memory for cuBLASLt (may be null with workspace_bytes 0). For kBf16 the
   // operands' bf16 copies are allocated from `scratch` for the duration of the call.
@@ -200,6 +204,8 @@ class LtGemm {
   std::set<AlgoKey> no_algo_;
   CudaGemmTune tune_ = CudaGemmTune::kLarge;
   TuneStats tune_stats_;
+  CudaFp8FastAccum fast_accum_ = CudaFp8FastAccum::kOff;
+  int64_t fast_accum_gemms_ = 0;
 };
 
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU

@@ -52,7 +52,10 @@
 #      checkpointing none, then full.
 #      Then, if the budget has 40 s left: recipe bf16 with untuned GEMMs ("mx bf16 notune",
 #      MXTRAIN_CUDA_GEMM_TUNE=0: the heuristic's first algorithm at every shape, against the
-#      default's fastest of eight); then, if it has 40 s left, fp8-block with every cast's
+#      default's fastest of eight); then, if it has 40 s left, fp8-delayed with cuBLASLt's
+#      fast accumulation on its forward GEMMs ("mx fp8-delayed fastacc",
+#      MXTRAIN_CUDA_FP8_FAST_ACCUM=fprop, as Transformer Engine runs them; its ratio to the
+#      plain fp8-delayed row a line); then, if it has 40 s left, fp8-block with every cast's
 #      untuned form ("mx fp8-block casts0", MXTRAIN_CUDA_CAST_TUNE=0: the tiled kernels,
 #      against the fastest of each cast's forms); then, if it has 40 s left, fp8-delayed
 #      without x^T's FP8 codes kept by the forward ("mx fp8-delayed savext0",
@@ -419,6 +422,13 @@ variant_row() {
 # "mx bf16 notune"). Every speed run logs its tuned shapes (MXTRAIN_CUDA_GEMM_TUNE_LOG: a
 # "cuda gemm tune: ..." line each, in runs_stderr.tgz).
 variant_row "mxtrain bf16, untuned GEMMs" MXTRAIN_CUDA_GEMM_TUNE=0 bf16 --variant notune
+# FP8 fast accumulation (MXTRAIN_CUDA_FP8_FAST_ACCUM=fprop; docs/cuda.md, "FP8 fast
+# accumulation"): fp8-delayed with cuBLASLt's fast accumulation on its forward GEMMs, as
+# Transformer Engine runs them (row "mx fp8-delayed fastacc"), if the budget has 40 s left:
+# what it gains against the plain fp8-delayed row (the op check's fp8_gemm_fast_accum cases
+# say what it costs in accuracy).
+variant_row "mxtrain fp8-delayed, fast accumulation on the forward GEMMs" \
+  MXTRAIN_CUDA_FP8_FAST_ACCUM=fprop fp8-delayed --variant fastacc
 # Cast tuning (MXTRAIN_CUDA_CAST_TUNE; docs/cuda.md, "Cast tuning"): fp8-block with every
 # cast's untuned form (the tiled kernels; row "mx fp8-block casts0") instead of the fastest, if
 # the budget has 40 s left. Every speed run logs its tuned casts (MXTRAIN_CUDA_CAST_TUNE_LOG: a
@@ -592,6 +602,8 @@ for recipe in ("fp8-delayed", "fp8-block"):
 RATIOS = [
     ("mx bf16", "torch", "mxtrain bf16 / torch", ""),
     ("mx bf16", "mx bf16 notune", "mxtrain bf16, tuned / untuned GEMMs", ""),
+    ("mx fp8-delayed fastacc", "mx fp8-delayed",
+     "mxtrain fp8-delayed, fast accumulation on the forward GEMMs / off", ""),
     ("mx fp8-delayed fp8attn", "mx bf16", "mxtrain fp8-delayed + FP8 attention / bf16",
      " (target >= 1.3)"),
     ("mx fp8-delayed fp8attn-head", "mx bf16",

@@ -2600,6 +2600,47 @@ struct CudnnAttentionCase {
   }
 };
 
+// FP8 fast accumulation (MXTRAIN_CUDA_FP8_FAST_ACCUM, CudaFp8FastAccum): the per-tensor FP8
+// GEMMs of fp8_gemm_* on a backend with it on every GEMM ("all"), against the same CPU GEMM of
+// the dequantized operands at 8 times kFp8Gemm of each row's max |value| (2^-7 on a GPU: the
+// partial sums are no longer promoted to fp32, so a K = 2048 row's error grows past the
+// promoting GEMMs' 2^-10; a wrong scale or code is still a whole row off). Then which GEMMs
+// took it, counted by the backend: every one under "all"; under "fprop" the E4M3 x E4M3 ones
+// (the recipes' forward GEMMs) and not E5M2 x E4M3 (their gradients'). The note has each
+// form's worst error, for the record of what fast accumulation costs on the GPU that ran it.
+void check_fp8_fast_accum(Backend& cpu) {
+  for (CudaFp8FastAccum mode : {CudaFp8FastAccum::kAll, CudaFp8FastAccum::kForward}) {
+    CudaBackendOptions o;
+    o.sync_after_each_op = true;
+    o.fp8_fast_accum = mode;
+    auto fast = make_cuda_backend(o);
+    if (!fast->fp8_tensor_cores()) return;
+    const std::string form = mode == CudaFp8FastAccum::kAll ? "all" : "fprop";
+    int64_t want = 0;
+    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{48, 64, 80}, {128, 96, 2048}})
+      for (Format af : {Format::kE4M3, Format::kE5M2}) {
+        want += mode == CudaFp8FastAccum::kAll || af == Format::kE4M3;
+        run_case("fp8_gemm_fast_accum",
+                 form + (af == Format::kE4M3 ? " e4m3xe4m3 " : " e5m2xe4m3 ") + dims({M, N, K}),
+                 [&](Result& r) {
+          auto a = randn(M * K), b = randn(N * K, 0.05f), c = randn(M * N);
+          const auto qa = numerics::quantize_fp8_current(a.data(), M, K, af);
+          const auto qb = numerics::quantize_fp8_current(b.data(), N, K, Format::kE4M3);
+          Dev<uint8_t> da(qa.codes), db(qb.codes);
+          Dev<float> das(qa.scales_f32), dbs(qb.scales_f32), dc(c);
+          cpu.gemm(false, true, M, N, K, 1.0f, qa.dequant.data(), qb.dequant.data(), 1.0f, c.data());
+          fast->fp8_gemm(M, N, K, da.p, af, das.p, db.p, Format::kE4M3, dbs.p, 1.0f, dc.p);
+          compare_rows(r, "C", dc.download(), c, N, 8.0);
+        });
+      }
+    run_case("fp8_gemm_fast_accum", form + " gemms counted", [&](Result& r) {
+      const int64_t got = fast->fp8_fast_accum_gemms();
+      r.note = "fast " + std::to_string(got) + " of 4, expected " + std::to_string(want);
+      r.pass = got == want;
+    });
+  }
+}
+
 // run.deterministic (Backend::set_deterministic) on a backend that would time every GEMM
 // shape's candidates (MXTRAIN_CUDA_GEMM_TUNE=all): after it no shape is timed, a GEMM matches
 // the CPU and repeats its bits; the attention backward (cuDNN's deterministic algorithm where
@@ -4170,6 +4211,7 @@ int main(int argc, char** argv) {
     check_vector_ops(*cpu, *gpu);
     check_gemm(*cpu, *gpu);
     check_gemm_tuned(*cpu);
+    check_fp8_fast_accum(*cpu);
     check_deterministic(*cpu);
     check_rows(*cpu, *gpu);
     check_attention(*cpu, *gpu);

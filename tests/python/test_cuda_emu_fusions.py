@@ -3,6 +3,9 @@ test_cuda_emu.py, whose helpers these share: cuda_emu_run.py): the casts' kernel
 SwiGLU fusions, x^T's codes kept by the forward and the RMSNorm's amax for the inputs' casts
 each give the trainer the same bits as the unfused or plain form, which test_cuda_emu.py compares with the CPU. A file of its own so that
 the two halves of the emulated trainer's tests run on both test workers (--dist loadfile)."""
+import os
+import subprocess
+
 import pytest
 
 from cuda_emu_run import EMU_BIN, STEPS, WIDE, require_emu, train
@@ -152,3 +155,31 @@ def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
     assert summary_full["fp8_weight_amax_reuses"] == 2 * 7 * 2 * STEPS, summary_full
     for a, b in zip(on, full):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+
+
+def test_fp8_fast_accumulation_takes_the_forward_gemms_or_all(tmp_path):
+    """MXTRAIN_CUDA_FP8_FAST_ACCUM (docs/cuda.md, "FP8 fast accumulation"): cuBLASLt's fast
+    accumulation set on the per-tensor FP8 GEMMs it names, counted by the backend. tiny has 2
+    blocks of 7 Linears, all on FP8 tensor cores (every width a multiple of 16): `fprop` takes
+    each Linear's forward GEMM, 14 a step, and `all` its data- and weight-gradient GEMMs too, 42
+    a step. mxemu's cuBLASLt sums in fp32 either way, so the steps equal the run without it bit
+    for bit (what fast accumulation costs in accuracy is the GPU op check's
+    `fp8_gemm_fast_accum` cases' to say). Any other value is a one-line error, exit 2."""
+    require_emu()
+    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", "fp8-delayed")
+    assert summary_off["fp8_fast_accum_gemms"] == 0, summary_off
+    for mode, per_step in (("fprop", 14), ("all", 42)):
+        run, summary, log = train(tmp_path, mode, EMU_BIN, "cuda", "fp8-delayed",
+                                  env_extra={"MXTRAIN_CUDA_FP8_FAST_ACCUM": mode})
+        assert "cuda fp8: fast accumulation on" in log, log[-2000:]
+        assert summary["fp8_fast_accum_gemms"] == per_step * STEPS, (mode, summary)
+        for a, b in zip(off, run):
+            assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (mode, a, b)
+    p = subprocess.run([EMU_BIN, "train", "--set", "model.preset=tiny", "--set",
+                        "run.device=cuda", "--set", "precision.recipe=fp8-delayed", "--set",
+                        f"run.out_dir={tmp_path / 'bad'}"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, MXEMU_SM="90",
+                                             MXTRAIN_CUDA_FP8_FAST_ACCUM="yes"))
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-2000:]
+    assert errors[0].startswith("error: MXTRAIN_CUDA_FP8_FAST_ACCUM must be 0"), errors

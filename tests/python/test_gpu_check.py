@@ -131,6 +131,7 @@ def test_exit_code_and_files(dry_run):
              "memory_1000000", "memory_16"} |
             {f"speed_{r}__{SEQ}_2_none" for r in ["bf16"] + FP8} | {f"speed_bf16_fp32_{SEQ}_2_none"} |
             {f"speed_bf16__{SEQ}_2_none_notune", f"speed_fp8-block__{SEQ}_2_none_casts0",
+             f"speed_fp8-delayed__{SEQ}_2_none_fastacc",
              f"speed_fp8-delayed__{SEQ}_2_none_fp8attn-hd", f"speed_bf16__{SEQ}_2_none_hd",
              f"speed_fp8-delayed__{SEQ}_2_none_savext0",
              f"speed_fp8-delayed__{SEQ}_2_none_fuse0",
@@ -234,8 +235,8 @@ def test_speed_rows(dry_run):
                 r["recipe"] != "fp8-block" or r.get("variant") == "casts0"}
     # (the FP8-attention rows at MXTRAIN_GPU_HD_SETS's heads, the fake GPU being 9.0, beside a
     # bf16 row of that shape)
-    assert sorted(variants) == ["casts0", "fp8attn-hd", "fp8attn-head-hd", "fuse0", "hd",
-                                "notune", "savext0"], variants
+    assert sorted(variants) == ["casts0", "fastacc", "fp8attn-hd", "fp8attn-head-hd", "fuse0",
+                                "hd", "notune", "savext0"], variants
     assert variants["hd"]["recipe"] == "bf16" and variants["hd"]["tokens_per_s"] > 0
     # fp8-delayed with FP8 attention ran with its setting: mxemu does not emulate cuDNN, so on
     # the fp32 attention kernel with the CPU twin's rounding, as a GPU without cuDNN's FP8 SDPA
@@ -258,6 +259,15 @@ def test_speed_rows(dry_run):
     assert "; precision.fp8_head on FP8 GEMMs" in text, text[-2000:]
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
     assert variants["notune"]["recipe"] == "bf16" and variants["notune"]["tokens_per_s"] > 0
+    # fast accumulation on fp8-delayed's forward GEMMs: the setting reached the run, its ratio
+    fast = variants["fastacc"]
+    assert fast["recipe"] == "fp8-delayed" and fast["tokens_per_s"] > 0, fast
+    with tarfile.open(said) as t:
+        text = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fastacc/"
+                             "stderr.txt").read().decode()
+    assert "cuda fp8: fast accumulation on the per-tensor FP8 forward GEMMs" in text, text[-2000:]
+    assert re.search(rf"^seq {SEQ}: mxtrain fp8-delayed, fast accumulation on the forward "
+                     r"GEMMs / off = \d+\.\d{3}$", log, re.M)
     assert variants["casts0"]["recipe"] == "fp8-block"
     assert variants["casts0"]["tokens_per_s"] > 0
     # x^T's codes not kept: the same recipe, and its activations arena the larger (the bf16
