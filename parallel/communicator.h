@@ -51,7 +51,10 @@ struct CommError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A collective in flight. Move-only. wait() blocks until it completes (idempotent); test()
+// A collective in flight. Move-only. wait() blocks until it completes (idempotent): on the
+// host, or, for a device communicator given a compute stream (the NCCL one under FSDP), on
+// that stream: the work queued there after wait() sees the result, and the host goes on
+// queueing without blocking (a host read of the buffers needs the stream synchronized); test()
 // advances it without blocking and says whether it has completed. A handle destroyed while
 // pending waits for it (its buffers are about to be reused or freed), except during stack
 // unwinding, when the job is about to be aborted anyway and waiting could hang.
@@ -59,7 +62,7 @@ class CommHandle {
  public:
   struct Impl {
     virtual ~Impl() = default;
-    virtual void wait() = 0;  // blocks; afterwards the result is in the caller's buffers
+    virtual void wait() = 0;  // blocks (the host, or the consumer stream: see above)
     virtual bool test() = 0;  // non-blocking; true once complete (then wait() is instant)
   };
 
