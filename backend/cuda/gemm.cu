@@ -495,8 +495,9 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
   for (int i = 0; i < 4; ++i)
     MX_CUBLAS_CHECK(op, cublasLtMatmulPreferenceSetAttribute(call.pref, attrs[i], &aligns[i],
                                                              sizeof aligns[i]));
-  // (fast accumulation changes which kernels qualify: a key of its own)
-  const AlgoKey key{(D16 ? 2 : 1) + (fast ? 4 : 0), M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
+  // (fast accumulation changes which kernels qualify: a key of its own; so does C read apart
+  // from D, which the heuristic cannot see but the call might refuse: below)
+  const AlgoKey key{(D16 ? 2 : 1) + (fast ? 4 : 0) + (Cr != D ? 8 : 0), M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
                     a.scale != nullptr, aligns[0], aligns[1], aligns[2],
                     int64_t(workspace_bytes)};
   // (device scalars, nvfp4's: beta is not known here, and C was zeroed for it: untuned)
@@ -514,9 +515,20 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
     throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,
                         " beta=", beta_value, " (", hint, ")"));
   }
-  MX_CUBLAS_CHECK(op, cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b,
-                                     beta, Cr, call.c, D, call.c, algo, workspace,
-                                     workspace_bytes, stream));
+  const cublasStatus_t st =
+      cublasLtMatmul(handle_, call.desc, alpha, b.data, call.a, a.data, call.b, beta, Cr, call.c,
+                     D, call.c, algo, workspace, workspace_bytes, stream);
+  // The heuristic sees C and D as one descriptor and no pointers, so it cannot know that C_in
+  // lies apart from D; were the call itself to refuse that (or a bf16 output) as unsupported,
+  // which it does before launching anything, the caller's fallback takes it, as for a missing
+  // algorithm, and the key is remembered as having none (from the cuBLASLt review,
+  // 2026-12-07: documented as supported, not seen on a GPU either way).
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && (D16 || C_in)) {
+    algos_.erase(key);
+    no_algo_.insert(key);
+    return false;
+  }
+  MX_CUBLAS_CHECK(op, st);
   if (fast) ++fast_accum_gemms_;
   return true;
 }

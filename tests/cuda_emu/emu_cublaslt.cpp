@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -358,7 +359,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
       c->cols != d->cols || c->type != d->type)
     return CUBLAS_STATUS_INVALID_VALUE;
   // Out of place (D != C, the backend's tuning trials of a call that reads C): C is read, D
-  // written; they must not overlap.
+  // written; they must not overlap. MXEMU_LT_REFUSE_OUT_OF_PLACE=1 refuses it for FP8 / FP4
+  // operands at the call (NOT_SUPPORTED, the heuristic having offered an algorithm): what the
+  // backend must survive were a GPU's cuBLASLt to do that (docs/cuda_emu.md).
+  if (C != D && C && (fp8(a->type) || a->type == CUDA_R_4F_E2M1)) {
+    const char* refuse = std::getenv("MXEMU_LT_REFUSE_OUT_OF_PLACE");
+    if (refuse && refuse[0] == '1') return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
   if (C != D && C) {
     const size_t bytes = size_t(d->ld) * d->cols * (d->type == CUDA_R_16BF ? 2 : 4);
     const char* c0 = static_cast<const char*>(C);
