@@ -195,7 +195,9 @@ t0=$(date +%s)
 opcheck_rc=0
 opcheck_args=(--json "$OUT/op_check.json")
 [ -n "${MXTRAIN_GPU_OPCHECK_FILTER:-}" ] && opcheck_args+=(--filter "$MXTRAIN_GPU_OPCHECK_FILTER")
-LD_LIBRARY_PATH="$mx_ld" OMP_NUM_THREADS=$threads timeout "$(cap 100)" "$bindir/cuda_op_check" \
+# (at the limit SIGTERM: the op check skips the cases left, writes the JSON of those that ran,
+# marked "stopped", and exits 124; -k: a case stuck on the GPU is killed 10 s later)
+LD_LIBRARY_PATH="$mx_ld" OMP_NUM_THREADS=$threads timeout -k 10 "$(cap 100)" "$bindir/cuda_op_check" \
   "${opcheck_args[@]}" > "$OUT/op_check.txt" 2>&1 || opcheck_rc=$?
 echo "op check: exit $opcheck_rc, $(( $(date +%s) - t0 )) s"
 grep -c '^PASS' "$OUT/op_check.txt" | sed 's/^/  PASS cases: /'

@@ -554,3 +554,35 @@ def test_steps_that_die_still_get_rows(tmp_path):
     assert f"torch seq 64: exit {2 if HAS_TORCH else 1} (see errors.txt)" in log
     assert re.search(rf"^torch\s+{SEQ}  did not run: {why}", log, re.M)
     assert len(speed) == 8  # five mxtrain runs, torch, mxfp8 and nvfp4 skipped
+
+
+def test_op_check_stopped_at_its_time_limit_keeps_what_ran(tmp_path):
+    """check.sh gives the op check a time limit (`timeout -k 10`, SIGTERM first). Stopped there,
+    the op check skips the cases left and writes op_check.json for the cases that ran, marked
+    "stopped", exiting 124 (which check.sh reports as its own exit 4), instead of dying with
+    every result in memory: on a GPU whose op check outgrew its cap the JSON would otherwise be
+    missing. Here mxemu's op check (some 2,200 cases, minutes) is sent SIGTERM once a few dozen
+    have printed."""
+    require_emu()
+    out_json = tmp_path / "op_check.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXEMU_SM="90")
+    with open(tmp_path / "op_check.txt", "w") as txt:
+        p = subprocess.Popen([str(EMU_BINS["cuda_op_check"]), "--json", str(out_json)],
+                             stdout=txt, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            if (tmp_path / "op_check.txt").read_text().count("\nPASS") >= 40:
+                break
+            time.sleep(0.2)
+        assert p.poll() is None, "the op check ended before it was stopped"
+        p.send_signal(15)
+        rc = p.wait(timeout=60)
+    text = (tmp_path / "op_check.txt").read_text()
+    ran = [l for l in text.splitlines() if l.startswith(("PASS", "FAIL"))]
+    assert rc == 124, text[-2000:]
+    assert "stopped by signal 15: the cases after it did not run" in text
+    doc = json.loads(out_json.read_text())
+    assert doc["stopped"] == f"signal 15 after {len(ran)} cases: the rest did not run", doc
+    assert len(doc["results"]) == len(ran) == doc["passed"] + doc["failed"]
+    assert 40 <= len(ran) < 1000
+    assert [r["op"] for r in doc["results"]] == [l.split()[1] for l in ran]
