@@ -275,7 +275,9 @@ def main():
             try:
                 result = run_shape(args, p, seq, batch, device)
                 break
-            except torch.cuda.OutOfMemoryError:
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+                if not out_of_memory(e):
+                    raise
                 print(f"torch: seq {seq} micro-batch {batch}: out of memory", file=sys.stderr)
                 reset(args, device)
         if result is None:
@@ -287,6 +289,17 @@ def main():
             with open(args.json, "a") as f:
                 f.write(line + "\n")
         reset(args, device)
+
+
+def out_of_memory(e):
+    """True for CUDA's out-of-memory error, also where torch.compile's machinery re-raised it
+    wrapped (a RuntimeError subclass whose message or cause carries it: on an 80 GB H100 the
+    compiled step may first run out while Inductor benchmarks or allocates)."""
+    while e is not None:
+        if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def fail(msg):

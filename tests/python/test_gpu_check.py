@@ -586,3 +586,26 @@ def test_op_check_stopped_at_its_time_limit_keeps_what_ran(tmp_path):
     assert len(doc["results"]) == len(ran) == doc["passed"] + doc["failed"]
     assert 40 <= len(ran) < 1000
     assert [r["op"] for r in doc["results"]] == [l.split()[1] for l in ran]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_torch_reference_takes_a_wrapped_out_of_memory_as_one():
+    """torch_llama.py tries smaller micro-batches on CUDA's out-of-memory error; torch.compile
+    can re-raise it wrapped in an error of its own (a RuntimeError whose cause is the OOM), which
+    ended the PyTorch row instead of trying the next micro-batch. Any other error still ends it."""
+    import torch
+    spec = importlib.util.spec_from_file_location("torch_llama",
+                                                  REPO / "bench" / "gpu" / "torch_llama.py")
+    tl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tl)
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert tl.out_of_memory(oom)
+    try:
+        try:
+            raise oom
+        except torch.cuda.OutOfMemoryError as e:
+            raise RuntimeError("backend='inductor' raised: see the cause") from e
+    except RuntimeError as wrapped:
+        assert tl.out_of_memory(wrapped)
+    assert not tl.out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not tl.out_of_memory(ValueError("bad preset"))
