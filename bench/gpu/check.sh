@@ -174,6 +174,15 @@ if [ -z "$bindir" ]; then
   fi
 fi
 echo "binaries: $(( $(date +%s) - t0 )) s"
+# prepare.sh's hashes of the sources the bundle was built from (SOURCES.sha256 beside the
+# binaries), against this tree's: a bundle not rebuilt after a change is said at once.
+if [ -f "$bindir/SOURCES.sha256" ]; then
+  stale=$(sha256sum -c "$bindir/SOURCES.sha256" 2>/dev/null | grep -v ': OK$' | cut -d: -f1 || true)
+  if [ -n "$stale" ]; then
+    echo "WARNING: the binaries were built from other sources than this tree's ($(echo "$stale" |
+      wc -l) files differ or are missing, e.g. $(echo "$stale" | head -3 | tr '\n' ' ')): their rows test those; run bench/gpu/prepare.sh again"
+  fi
+fi
 if [ -z "$bindir" ]; then
   echo "RESULT: no binaries (neither carried nor built); see the tails above"
   exit 3

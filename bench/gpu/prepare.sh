@@ -43,5 +43,10 @@ done
 echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- . ':!.gpu-prebuilt' || echo +dirty)" \
   > "$stage/COMMIT"
 cp "$stage/COMMIT" .gpu-prebuilt/COMMIT
+# What they were built from, file by file (what CMake compiles into them), so that check.sh can
+# say at once when the tree it runs in has other sources than the bundle's binaries (a bundle
+# not rebuilt after a change: its rows would test old code, or fail on new settings).
+git -C "$root" ls-files -z -- CMakeLists.txt cmake cli core data numerics backend precision \
+  model parallel checkpoint plan train tests/cuda | xargs -0 sha256sum > "$stage/SOURCES.sha256"
 tar -C build-gpu -cJf .gpu-prebuilt/bundle.tar.xz prebuilt
 du -sh .gpu-prebuilt

@@ -609,3 +609,44 @@ def test_torch_reference_takes_a_wrapped_out_of_memory_as_one():
         assert tl.out_of_memory(wrapped)
     assert not tl.out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not tl.out_of_memory(ValueError("bad preset"))
+
+
+def test_binaries_built_from_other_sources_are_said_at_once(tmp_path):
+    """prepare.sh writes SOURCES.sha256 beside the bundle's binaries (the sources CMake compiles,
+    hashed); check.sh compares it with the tree it runs in and says at once, before the op
+    check, when they differ: a bundle not rebuilt after a change would spend the GPU session
+    testing old code. Here a bin directory whose list has one file as it is in this tree, one
+    changed and one gone: the warning names the two. The same list with the right hashes only:
+    no warning."""
+    require_emu()
+    import hashlib
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, target in EMU_BINS.items():
+        (bindir / name).symlink_to(target)
+    same = hashlib.sha256((REPO / "CMakeLists.txt").read_bytes()).hexdigest()
+
+    def first_lines(sources):
+        (bindir / "SOURCES.sha256").write_text(sources)
+        env = check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(bindir),
+                        MXTRAIN_GPU_OPCHECK_FILTER="no-such-op")
+        p = subprocess.Popen(["bash", str(CHECK)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        lines = []
+        try:
+            for line in p.stdout:  # up to the op check's line, then the rest is not wanted
+                lines.append(line.rstrip("\n"))
+                if line.startswith("op check:"):
+                    break
+        finally:
+            os.killpg(p.pid, 9)
+            p.wait()
+        return lines
+
+    lines = first_lines(f"{same}  CMakeLists.txt\n{'0' * 64}  core/error.h\n"
+                        f"{same}  core/no_such_file.h\n")
+    warn = [l for l in lines if l.startswith("WARNING: the binaries were built")]
+    assert len(warn) == 1, lines
+    assert "(2 files differ or are missing, e.g. core/error.h core/no_such_file.h )" in warn[0]
+    assert warn[0].endswith("run bench/gpu/prepare.sh again")
+    assert not [l for l in first_lines(f"{same}  CMakeLists.txt\n") if l.startswith("WARNING")]
