@@ -189,8 +189,14 @@ if [ -z "$bindir" ]; then
 fi
 # (mxtrain loads its CUDA backend, libmxcuda.so beside it, at the first run.device = cuda; the
 # emulated build links its own)
-LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" $([ -e "$bindir/libmxcuda.so" ] && echo "$bindir/libmxcuda.so") |
-  grep "not found" && echo "(missing libraries above)"
+libs=$(LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" "$bindir/cuda_op_check" \
+  $([ -e "$bindir/libmxcuda.so" ] && echo "$bindir/libmxcuda.so") 2>&1 || true)
+echo "$libs" | grep "not found" | sort -u && echo "(missing libraries above)"
+# Which CUDA libraries the binaries resolve (the toolkit's or the wheels'), and the reference's
+# versions: what a failure below would first be checked against.
+echo "$libs" | awk '/(cublasLt|nccl|cudart)[^ ]* => \//{print "  " $1 " => " $3}' | sort -u
+"$py" -c "import torch; print('  torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" 2>/dev/null ||
+  echo "  torch: not importable by $py"
 # libcudnn is not a link dependency (dlopen'ed by the attention): say here whether it is there.
 cudnn_so=""
 for d in ${mx_ld//:/ }; do [ -e "$d/libcudnn.so.9" ] && { cudnn_so="$d/libcudnn.so.9"; break; }; done
