@@ -158,15 +158,23 @@ void check_one_rank_per_gpu(Communicator& host, int device) {
     }
 }
 
+// NCCL's version code as X.Y.Z (NCCL_VERSION's two encodings: X*1000+Y*100+Z up to 2.8, then
+// X*10000+Y*100+Z).
+std::string nccl_version_string(int code) {
+  const bool old = code < 10000;
+  return str(old ? code / 1000 : code / 10000, ".", old ? code % 1000 / 100 : code % 10000 / 100,
+             ".", code % 100);
+}
+
 }  // namespace
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap, int device) {
   int version = 0;
   nccl_check(ncclGetVersion(&version), "ncclGetVersion");
   if (version < NCCL_VERSION(2, 18, 0))
-    throw UserError(str("the NCCL library loaded (libnccl.so.2) is version ", version,
-                        "; mxtrain needs 2.18 or newer (it was built against ",
-                        NCCL_VERSION_CODE, ")"));
+    throw UserError(str("the NCCL library loaded (libnccl.so.2) is version ",
+                        nccl_version_string(version), "; mxtrain needs 2.18 or newer (it was "
+                        "built against ", nccl_version_string(NCCL_VERSION_CODE), ")"));
   MX_CUDA_CHECK("nccl init", cudaSetDevice(device));
   check_one_rank_per_gpu(bootstrap, device);
   ncclUniqueId id;

@@ -173,7 +173,8 @@ def test_nccl_setups_that_cannot_work_are_refused_before_nccl_init(tmp_path, cas
     else:
         env["MXEMU_NCCL_VERSION"] = "21705"
         want = re.compile(r"^error: (rank \d: )?the NCCL library loaded \(libnccl\.so\.2\) is "
-                          r"version 21705; mxtrain needs 2\.18 or newer")
+                          r"version 2\.17\.5; mxtrain needs 2\.18 or newer \(it was built "
+                          r"against 2\.28\.9\)$")
     p = subprocess.run(["mpirun", "-np", "2"] + MPIRUN_FLAGS + args, capture_output=True,
                        text=True, timeout=180, env=env)
     errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
