@@ -497,7 +497,8 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
                                                              sizeof aligns[i]));
   // (fast accumulation changes which kernels qualify: a key of its own; so does C read apart
   // from D, which the heuristic cannot see but the call might refuse: below)
-  const AlgoKey key{(D16 ? 2 : 1) + (fast ? 4 : 0) + (Cr != D ? 8 : 0), M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
+  const AlgoKey key{(D16 ? 2 : 1) + (fast ? 4 : 0) + (Cr != D ? 8 : 0),
+                    M, N, K, a.type, b.type, a.mode, b.mode, device_scalars,
                     a.scale != nullptr, aligns[0], aligns[1], aligns[2],
                     int64_t(workspace_bytes)};
   // (device scalars, nvfp4's: beta is not known here, and C was zeroed for it: untuned)

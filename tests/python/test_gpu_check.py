@@ -225,6 +225,14 @@ def test_feature_rows(dry_run):
     assert log.index("mxtrain FP8 speed:") < log.index("features: loss match exit 0, resume exit 0")
 
 
+def speed_stderr(out, recipe, variant):
+    """The stderr of the seq-SEQ, micro-batch-2 speed run of `recipe` `variant`, as check.sh
+    packed it in runs_stderr.tgz."""
+    with tarfile.open(out / "runs_stderr.tgz") as t:
+        name = f"mxgpu-runs/speed_{recipe}__{SEQ}_2_none_{variant}/stderr.txt"
+        return t.extractfile(name).read().decode()
+
+
 def test_speed_rows(dry_run):
     rc, log, out, *_ = dry_run
     res_all = rows(out / "speed.json")
@@ -242,10 +250,7 @@ def test_speed_rows(dry_run):
     # the fp32 attention kernel with the CPU twin's rounding, as a GPU without cuDNN's FP8 SDPA
     fa = variants["fp8attn-hd"]
     assert fa["recipe"] == "fp8-delayed" and fa["tokens_per_s"] > 0, fa
-    said = (out / "runs_stderr.tgz")
-    with tarfile.open(said) as t:
-        member = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn-hd/stderr.txt")
-        text = member.read().decode()
+    text = speed_stderr(out, "fp8-delayed", "fp8attn-hd")
     assert "attention: FP8 in the blocks precision.recipe covers" in text
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
     assert "2 heads / 2 kv" in text, text[-3000:]  # MXTRAIN_GPU_HD_SETS reached the run
@@ -253,18 +258,14 @@ def test_speed_rows(dry_run):
     # multiples of 16)
     fh = variants["fp8attn-head-hd"]
     assert fh["recipe"] == "fp8-delayed" and fh["tokens_per_s"] > 0, fh
-    with tarfile.open(said) as t:
-        text = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fp8attn-head-hd/"
-                             "stderr.txt").read().decode()
+    text = speed_stderr(out, "fp8-delayed", "fp8attn-head-hd")
     assert "; precision.fp8_head on FP8 GEMMs" in text, text[-2000:]
     assert "on the fp32 attention kernel with the CPU twin's FP8 rounding" in text
     assert variants["notune"]["recipe"] == "bf16" and variants["notune"]["tokens_per_s"] > 0
     # fast accumulation on fp8-delayed's forward GEMMs: the setting reached the run, its ratio
     fast = variants["fastacc"]
     assert fast["recipe"] == "fp8-delayed" and fast["tokens_per_s"] > 0, fast
-    with tarfile.open(said) as t:
-        text = t.extractfile(f"mxgpu-runs/speed_fp8-delayed__{SEQ}_2_none_fastacc/"
-                             "stderr.txt").read().decode()
+    text = speed_stderr(out, "fp8-delayed", "fastacc")
     assert "cuda fp8: fast accumulation on the per-tensor FP8 forward GEMMs" in text, text[-2000:]
     assert re.search(rf"^seq {SEQ}: mxtrain fp8-delayed, fast accumulation on the forward "
                      r"GEMMs / off = \d+\.\d{3}$", log, re.M)
@@ -383,9 +384,7 @@ def test_table(dry_run):
     lines = re.findall(r"^  gemm\s+[\d.]+ GFLOP: candidate [01] of 3, [\d.]+ ms \(first [\d.]+ ms, "
                        r"\d+ TFLOP/s\)$", log, re.M)
     assert 0 < len(lines) <= min(8, int(m[1])), log[-3000:]
-    with tarfile.open(out / "runs_stderr.tgz") as t:
-        notune = t.extractfile(f"mxgpu-runs/speed_bf16__{SEQ}_2_none_notune/stderr.txt").read()
-    assert b"cuda gemm tune:" not in notune
+    assert "cuda gemm tune:" not in speed_stderr(out, "bf16", "notune")
     assert (f"seq {SEQ}: mxtrain bf16, tuned / untuned GEMMs = "
             f"{tps['mx bf16'] / tps['mx bf16 notune']:.3f}") in log
     # the FP8-attention rows at MXTRAIN_GPU_HD_SETS's heads against bf16 at the same heads
@@ -408,9 +407,7 @@ def test_table(dry_run):
         for family in families:
             assert re.search(rf"^  {family} (fp32|bf16) \d+x\d+: kept \S+ \(.* GB/s\)$", log,
                              re.M), (family, log[-3000:])
-    with tarfile.open(out / "runs_stderr.tgz") as t:
-        casts0 = t.extractfile(f"mxgpu-runs/speed_fp8-block__{SEQ}_2_none_casts0/stderr.txt")
-        assert b"cuda cast tune:" not in casts0.read()
+    assert "cuda cast tune:" not in speed_stderr(out, "fp8-block", "casts0")
     assert (f"seq {SEQ}: mxtrain bf16, bf16 / fp32 activations = "
             f"{tps['mx bf16'] / tps['mx bf16/a32']:.3f}") in log
     if "torch" in tps:
