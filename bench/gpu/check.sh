@@ -191,7 +191,15 @@ fi
 # emulated build links its own)
 libs=$(LD_LIBRARY_PATH="$mx_ld" ldd "$bindir/mxtrain" "$bindir/cuda_op_check" \
   $([ -e "$bindir/libmxcuda.so" ] && echo "$bindir/libmxcuda.so") 2>&1 || true)
-echo "$libs" | grep "not found" | sort -u && echo "(missing libraries above)"
+# A library the loader cannot find ends every mxtrain run and the op check at once: stop here,
+# with the device time left for a rerun, rather than spend it on rows that all fail.
+missing=$(echo "$libs" | grep "not found" | awk '{print $1}' | sort -u | tr '\n' ' ')
+if [ -n "$missing" ]; then
+  echo "RESULT: the binaries cannot load: ${missing}not found (LD_LIBRARY_PATH=$mx_ld):" \
+    "the bundle's lib/ has all but cuBLAS, NCCL and cudart, which come from the toolkit or" \
+    "$py's nvidia-* wheels; nothing else run"
+  exit 3
+fi
 # Which CUDA libraries the binaries resolve (the toolkit's or the wheels'), and the reference's
 # versions: what a failure below would first be checked against.
 echo "$libs" | awk '/(cublasLt|nccl|cudart)[^ ]* => \//{print "  " $1 " => " $3}' | sort -u

@@ -647,3 +647,52 @@ def test_binaries_built_from_other_sources_are_said_at_once(tmp_path):
     assert "(2 files differ or are missing, e.g. core/error.h core/no_such_file.h )" in warn[0]
     assert warn[0].endswith("run bench/gpu/prepare.sh again")
     assert not [l for l in first_lines(f"{same}  CMakeLists.txt\n") if l.startswith("WARNING")]
+
+
+def test_binaries_that_cannot_load_stop_the_check_at_once(tmp_path):
+    """A library the loader cannot find (a bundle carried without its lib/, a wheel missing on
+    the GPU machine) would fail the op check and every mxtrain row in turn, minutes of a lent
+    GPU for nothing: check.sh names it in one RESULT line and exits 3 before the op check. Here
+    an `mxtrain` linked against a library that is then deleted."""
+    import shutil
+    require_emu()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler (cc) on PATH")
+    src = tmp_path / "main.c"
+    src.write_text("int mx_gone(void);\nint main(void) { return mx_gone(); }\n")
+    (tmp_path / "gone.c").write_text("int mx_gone(void) { return 0; }\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libmxgone.so"),
+                    str(tmp_path / "gone.c")], check=True)
+    subprocess.run([cc, "-o", str(bindir / "mxtrain"), str(src), f"-L{tmp_path}", "-lmxgone"],
+                   check=True)
+    (tmp_path / "libmxgone.so").unlink()
+    (bindir / "cuda_op_check").symlink_to(EMU_BINS["cuda_op_check"])
+    env = check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(bindir))
+    p = subprocess.run(["bash", str(CHECK)], capture_output=True, text=True, env=env, timeout=120)
+    log = p.stdout + p.stderr
+    assert p.returncode == 3, log[-3000:]
+    result = [l for l in p.stdout.splitlines() if l.startswith("RESULT:")]
+    assert len(result) == 1, log[-3000:]
+    assert result[0].startswith("RESULT: the binaries cannot load: libmxgone.so not found ("), result
+    assert not re.search(r"^op check:", log, re.M) and "loss match" not in log
+    # the same binaries with the library where the loader finds it: no such line, the op check runs
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libmxgone.so"),
+                    str(tmp_path / "gone.c")], check=True)
+    env = check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(bindir), LD_LIBRARY_PATH=str(tmp_path),
+                    MXTRAIN_GPU_OPCHECK_FILTER="no-such-op")
+    p = subprocess.Popen(["bash", str(CHECK)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, start_new_session=True)
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("op check:"):
+                break
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait()
+    assert lines and lines[-1].startswith("op check:"), lines
+    assert not [l for l in lines if l.startswith("RESULT:")], lines
