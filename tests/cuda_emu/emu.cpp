@@ -286,15 +286,18 @@ bool race_enabled = [] {
   std::exit(2);
 }();
 std::map<char*, Region> race_regions;  // by first byte
-const Region* race_hit = nullptr;      // the region found last
-uintptr_t race_miss_page = 1;          // a page found in no region last (1: none)
+// The regions found last (a kernel reads and writes a few arrays in turn: one remembered region
+// sent most accesses to the map), most recent first, and a page found in no region (1: none).
+constexpr int kRaceHits = 4;
+const Region* race_hit[kRaceHits] = {};
+uintptr_t race_miss_page = 1;
 uint32_t race_serial = 0, race_launch_first = 1, race_epoch = 0;
 uint64_t races_seen = 0;
 std::string race_report;
 char* race_dyn_begin = nullptr;
 
 void race_forget_lookups() {
-  race_hit = nullptr;
+  for (const Region*& h : race_hit) h = nullptr;
   race_miss_page = 1;
 }
 void race_add_region(char* begin, size_t bytes, bool shared, const char* what) {
@@ -352,13 +355,22 @@ uint32_t race_site_of(uint32_t pc) {
 }
 
 const Region* race_region_of(char* c) {
-  if (race_hit && c >= race_hit->begin && c < race_hit->begin + race_hit->bytes) return race_hit;
+  for (int k = 0; k < kRaceHits; ++k) {
+    const Region* h = race_hit[k];
+    if (h && c >= h->begin && c < h->begin + h->bytes) {
+      for (; k > 0; --k) race_hit[k] = race_hit[k - 1];  // to the front
+      return race_hit[0] = h;
+    }
+  }
   const uintptr_t pg = reinterpret_cast<uintptr_t>(c) >> 12;
   if (pg == race_miss_page) return nullptr;
   auto it = race_regions.upper_bound(c);
   if (it != race_regions.begin()) {
     --it;
-    if (c < it->first + it->second.bytes) return race_hit = &it->second;
+    if (c < it->first + it->second.bytes) {
+      for (int k = kRaceHits - 1; k > 0; --k) race_hit[k] = race_hit[k - 1];
+      return race_hit[0] = &it->second;
+    }
   }
   // No region: cache the page unless a region starts or ends inside it.
   bool clear = true;

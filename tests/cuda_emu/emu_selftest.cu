@@ -640,6 +640,43 @@ TEST(MxemuRaceCheck, TwoBlocksWritingOneElementRaceAndSeparateElementsDoNot) {
   EXPECT_NE(v.find("(12 racing byte accesses in this launch)"), std::string::npos) << v;
 }
 
+// Six arrays in turn: more than the regions the check's lookup remembers (four), so each access
+// finds its region again, some from the map; only f is written by two blocks.
+constexpr int kSixArraysRaceLine = __LINE__ + 5;
+__global__ void six_arrays_kernel(int* a, int* b, int* c, int* d, int* e, int* f) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int k = 0; k < 3; ++k) {
+    a[i] += 1, b[i] += 2, c[i] += 3, d[i] += 4, e[i] += 5;
+    if (k == 1 && threadIdx.x == 0) f[2] = int(blockIdx.x);
+    else if (k == 2) f[1] = e[i] + a[i] - b[i] - d[i] + c[i];  // one thread (below)
+  }
+}
+
+TEST(MxemuRaceCheck, EachAccessIsCheckedInItsOwnArrayWhenKernelsUseMany) {
+  RaceCheck on;
+  // Twice, each time with new arrays (freed and mapped again between: nothing found before may
+  // be taken for them) of sizes all different, so the message's "byte B of N" names the array.
+  for (int round = 0; round < 2; ++round) {
+    Buf<int> a(64), b(65), c(66), d(67), e(68), f(3);
+    for (Buf<int>* x : {&a, &b, &c, &d, &e, &f}) cudaMemset(x->p, 0, x->n * sizeof(int));
+    six_arrays_kernel<<<2, 1>>>(a.p, b.p, c.p, d.p, e.p, f.p);
+    const std::string v = verdict();
+    // Block 1's thread writes f[2] after block 0's did, and f[1] after it: 8 racing bytes.
+    EXPECT_NE(v.find("data race on device memory (byte 8 of 12): thread (0, 0, 0) of block (1, 0, "
+                     "0): write at " + at_line(kSixArraysRaceLine, "six_arrays_kernel")),
+              std::string::npos)
+        << round << ": " << v;
+    EXPECT_NE(v.find("(8 racing byte accesses in this launch)"), std::string::npos) << v;
+    mxemu::clear_sticky_error_for_tests();
+    // Without the two blocks' writes into f (one block): no race, and every sum right.
+    for (Buf<int>* x : {&a, &b, &c, &d, &e, &f}) cudaMemset(x->p, 0, x->n * sizeof(int));
+    six_arrays_kernel<<<1, 1>>>(a.p, b.p, c.p, d.p, e.p, f.p);
+    EXPECT_EQ(verdict(), "") << round;
+    EXPECT_EQ(a.get()[0] + b.get()[0] + c.get()[0] + d.get()[0] + e.get()[0], 3 * 15);
+    EXPECT_EQ(f.get()[1], 15 + 3 - 6 - 12 + 9);
+  }
+}
+
 __global__ void write_kernel(int* p, int v) { p[threadIdx.x] = v; }
 __global__ void read_kernel(const int* p, int* out) {
   out[threadIdx.x] = p[(threadIdx.x + 1) % 32];
