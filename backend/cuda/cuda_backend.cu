@@ -755,8 +755,11 @@ __global__ void sum_squares_partial_kernel(double* __restrict__ part, const floa
   const double s = block_sum(acc.value());
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
-__global__ void sum_doubles_kernel(double* __restrict__ out, const double* __restrict__ in,
-                                   int64_t n) {
+// (1024 threads: the bound keeps ptxas within 64 registers a thread, so the launch fits a
+// multiprocessor's 65536 whatever the body becomes; likewise max_into_kernel's)
+__global__ void __launch_bounds__(1024) sum_doubles_kernel(double* __restrict__ out,
+                                                           const double* __restrict__ in,
+                                                           int64_t n) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
   s = block_sum(s);

@@ -2102,7 +2102,8 @@ __global__ void attn_fp8_scales_kernel(float* slots, const float* amax, int64_t 
   numerics::attn_fp8_scale_slots(slots, amax[0], amax[1], amax[2], amax[3], D, rows_per_key,
                                  attn_scale);
 }
-__global__ void max_into_kernel(float* dst, const float* src, int n, int stride) {
+__global__ void __launch_bounds__(1024) max_into_kernel(float* dst, const float* src, int n,
+                                                        int stride) {
   const int i = int(threadIdx.x);
   if (i < n) dst[i * stride] = fmaxf(dst[i * stride], src[i * stride]);
 }
