@@ -248,7 +248,8 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
                                                 cublasLtMatrixLayout_t b,
                                                 cublasLtMatrixLayout_t c,
                                                 cublasLtMatmulPreference_t pref,
-                                                const char* op, const Trial* trial) {
+                                                const char* op, const Trial* trial,
+                                                bool may_fall_back) {
   if (auto it = algos_.find(key); it != algos_.end()) return &it->second;
   if (no_algo_.count(key)) return nullptr;
   const bool tune = trial && (tune_ == CudaGemmTune::kAll ||
@@ -256,12 +257,23 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
   cublasLtMatmulHeuristicResult_t heuristic[kTuneCandidates] = {};
   int found = 0;
   // No algorithm shows as CUBLAS_STATUS_NOT_SUPPORTED (as Transformer Engine reads it) or as
-  // success with none found: both are "none" here, any other status an error.
+  // success with none found: both are "none" here, any other status an error, except where
+  // the caller has another way (a bf16 output or a residual read apart from D: fp32 then
+  // round or add). There the documented NOT_SUPPORTED may come as another refusal (an
+  // output type or layout cuBLASLt reads as an invalid value; from the cuBLASLt review,
+  // 2026-12-07: not seen on a GPU either way), which would end a run the fallback can finish:
+  // said once, and taken as none.
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       handle_, desc, a, b, c, c, pref, tune ? kTuneCandidates : 1, heuristic, &found);
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED) MX_CUBLAS_CHECK(op, st);
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+    if (!may_fall_back) MX_CUBLAS_CHECK(op, st);
+    if (heuristic_refusals_++ == 0)
+      info(str("cuda: cublasLt: ", op, ": the algorithm heuristic answered ",
+               cublasLtGetStatusName(st), " at M=", key[1], " N=", key[2], " K=", key[3],
+               "; taken as no algorithm there (the call's other way runs: slower)"));
+  }
   int n = 0;  // the usable candidates, in the heuristic's order
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED)
+  if (st == CUBLAS_STATUS_SUCCESS)
     for (int i = 0; i < found; ++i)
       if (heuristic[i].state == CUBLAS_STATUS_SUCCESS) heuristic[n++] = heuristic[i];
   if (n == 0) {  // the caller throws, or falls back
@@ -509,8 +521,9 @@ bool LtGemm::scaled_tn_gemm(const char* op, int64_t M, int64_t N, int64_t K,
                     },
                     D, size_t(M * N) * (D16 ? 2 : 4), beta_value != 0.0f && Cr == D,
                     2.0 * double(M) * double(N) * double(K), stream};
-  const cublasLtMatmulAlgo_t* algo = cached_algo(key, call.desc, call.a, call.b, call.c,
-                                                 call.pref, op, device_scalars ? nullptr : &trial);
+  const cublasLtMatmulAlgo_t* algo =
+      cached_algo(key, call.desc, call.a, call.b, call.c, call.pref, op,
+                  device_scalars ? nullptr : &trial, D16 || C_in);
   if (!algo) {
     if (D16 || C_in) return false;  // the caller writes fp32 and rounds, or adds C_in after
     throw CudaError(str("cublasLt: ", op, ": no algorithm for M=", M, " N=", N, " K=", K,

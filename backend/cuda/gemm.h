@@ -195,7 +195,8 @@ class LtGemm {
                                           cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                           cublasLtMatrixLayout_t c,
                                           cublasLtMatmulPreference_t pref, const char* op,
-                                          const Trial* trial = nullptr);
+                                          const Trial* trial = nullptr,
+                                          bool may_fall_back = false);
   // The index of the fastest of `n` candidates (0 when none could be timed).
   int fastest(const cublasLtMatmulHeuristicResult_t* cand, int n, const Trial& trial,
               const char* op);
@@ -206,6 +207,7 @@ class LtGemm {
   TuneStats tune_stats_;
   CudaFp8FastAccum fast_accum_ = CudaFp8FastAccum::kOff;
   int64_t fast_accum_gemms_ = 0;
+  int64_t heuristic_refusals_ = 0;  // statuses taken as no algorithm (cached_algo)
 };
 
 // dst[i] = bf16 bits of src[i], round-to-nearest-even (numerics::encode_bf16, as the CPU

@@ -327,6 +327,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *returned = 0;
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (unsupported(*desc, *a, *b, *c, pref)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // MXEMU_LT_HEURISTIC_INVALID_BF16_OUT=1: FP8 / FP4 operands with a bf16 output refused as an
+  // invalid value rather than the documented NOT_SUPPORTED: what the backend must survive were
+  // a GPU's cuBLASLt to answer that way (docs/cuda_emu.md).
+  if (c->type == CUDA_R_16BF && (fp8(a->type) || a->type == CUDA_R_4F_E2M1)) {
+    const char* invalid = std::getenv("MXEMU_LT_HEURISTIC_INVALID_BF16_OUT");
+    if (invalid && invalid[0] == '1') return CUBLAS_STATUS_INVALID_VALUE;
+  }
   // Up to three candidates, all computing the same product; the third is one the run refuses
   // (cublasLtMatmul: CUBLAS_STATUS_NOT_SUPPORTED), as cuBLASLt may refuse a heuristic's
   // candidate at run time: the backend's GEMM tuning must leave it out.
