@@ -354,23 +354,24 @@ uint32_t race_site_of(uint32_t pc) {
   return it->second;
 }
 
+// `r` to the front of race_hit, whose entries before index k move one down (k: r's place, or
+// the last for a region found in the map).
+const Region* race_remember(int k, const Region* r) {
+  for (; k > 0; --k) race_hit[k] = race_hit[k - 1];
+  return race_hit[0] = r;
+}
+
 const Region* race_region_of(char* c) {
   for (int k = 0; k < kRaceHits; ++k) {
     const Region* h = race_hit[k];
-    if (h && c >= h->begin && c < h->begin + h->bytes) {
-      for (; k > 0; --k) race_hit[k] = race_hit[k - 1];  // to the front
-      return race_hit[0] = h;
-    }
+    if (h && c >= h->begin && c < h->begin + h->bytes) return race_remember(k, h);
   }
   const uintptr_t pg = reinterpret_cast<uintptr_t>(c) >> 12;
   if (pg == race_miss_page) return nullptr;
   auto it = race_regions.upper_bound(c);
   if (it != race_regions.begin()) {
     --it;
-    if (c < it->first + it->second.bytes) {
-      for (int k = kRaceHits - 1; k > 0; --k) race_hit[k] = race_hit[k - 1];
-      return race_hit[0] = &it->second;
-    }
+    if (c < it->first + it->second.bytes) return race_remember(kRaceHits - 1, &it->second);
   }
   // No region: cache the page unless a region starts or ends inside it.
   bool clear = true;
