@@ -259,14 +259,14 @@ const cublasLtMatmulAlgo_t* LtGemm::cached_algo(const AlgoKey& key, cublasLtMatm
   // No algorithm shows as CUBLAS_STATUS_NOT_SUPPORTED (as Transformer Engine reads it) or as
   // success with none found: both are "none" here, any other status an error, except where
   // the caller has another way (a bf16 output or a residual read apart from D: fp32 then
-  // round or add). There the documented NOT_SUPPORTED may come as another refusal (an
-  // output type or layout cuBLASLt reads as an invalid value; from the cuBLASLt review,
+  // round or add). There the documented NOT_SUPPORTED may come as CUBLAS_STATUS_INVALID_VALUE
+  // (an output type or layout cuBLASLt reads as invalid; from the cuBLASLt review,
   // 2026-12-07: not seen on a GPU either way), which would end a run the fallback can finish:
-  // said once, and taken as none.
+  // said once, and taken as none. Failures (allocation, internal, execution) still stop.
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
       handle_, desc, a, b, c, c, pref, tune ? kTuneCandidates : 1, heuristic, &found);
   if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
-    if (!may_fall_back) MX_CUBLAS_CHECK(op, st);
+    if (!may_fall_back || st != CUBLAS_STATUS_INVALID_VALUE) MX_CUBLAS_CHECK(op, st);
     if (heuristic_refusals_++ == 0)
       info(str("cuda: cublasLt: ", op, ": the algorithm heuristic answered ",
                cublasLtGetStatusName(st), " at M=", key[1], " N=", key[2], " K=", key[3],

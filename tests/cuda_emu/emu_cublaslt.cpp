@@ -327,12 +327,20 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *returned = 0;
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (unsupported(*desc, *a, *b, *c, pref)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  // MXEMU_LT_HEURISTIC_INVALID_BF16_OUT=1: FP8 / FP4 operands with a bf16 output refused as an
-  // invalid value rather than the documented NOT_SUPPORTED: what the backend must survive were
-  // a GPU's cuBLASLt to answer that way (docs/cuda_emu.md).
+  // MXEMU_LT_HEURISTIC_BF16_OUT: the heuristic's answer for FP8 / FP4 operands with a bf16
+  // output. `invalid`: refused as an invalid value rather than the documented NOT_SUPPORTED,
+  // what the backend must survive were a GPU's cuBLASLt to answer that way; `failed`: a failure
+  // (CUBLAS_STATUS_EXECUTION_FAILED), which must still stop the call (docs/cuda_emu.md).
   if (c->type == CUDA_R_16BF && (fp8(a->type) || a->type == CUDA_R_4F_E2M1)) {
-    const char* invalid = std::getenv("MXEMU_LT_HEURISTIC_INVALID_BF16_OUT");
-    if (invalid && invalid[0] == '1') return CUBLAS_STATUS_INVALID_VALUE;
+    static const cublasStatus_t answer = [] {
+      const char* v = std::getenv("MXEMU_LT_HEURISTIC_BF16_OUT");
+      if (!v || !*v) return CUBLAS_STATUS_SUCCESS;
+      if (std::strcmp(v, "invalid") == 0) return CUBLAS_STATUS_INVALID_VALUE;
+      if (std::strcmp(v, "failed") == 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+      std::fprintf(stderr, "error: MXEMU_LT_HEURISTIC_BF16_OUT=%s: expected invalid or failed\n", v);
+      std::exit(2);
+    }();
+    if (answer != CUBLAS_STATUS_SUCCESS) return answer;
   }
   // Up to three candidates, all computing the same product; the third is one the run refuses
   // (cublasLtMatmul: CUBLAS_STATUS_NOT_SUPPORTED), as cuBLASLt may refuse a heuristic's
