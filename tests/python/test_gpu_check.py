@@ -110,6 +110,23 @@ def dry_run(tmp_path_factory):
     return p.returncode, p.stdout + p.stderr, tmp / "out", time.time() - t0, cpu
 
 
+def lines_up_to_the_op_check(env):
+    """check.sh's output lines up to its op check's line ("op check: exit ..."), the rest of the
+    run killed: what it says before it tests anything."""
+    p = subprocess.Popen(["bash", str(CHECK)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, start_new_session=True)
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("op check:"):
+                break
+    finally:
+        os.killpg(p.pid, 9)
+        p.wait()
+    return lines
+
+
 def rows(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -625,20 +642,8 @@ def test_binaries_built_from_other_sources_are_said_at_once(tmp_path):
 
     def first_lines(sources):
         (bindir / "SOURCES.sha256").write_text(sources)
-        env = check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(bindir),
-                        MXTRAIN_GPU_OPCHECK_FILTER="no-such-op")
-        p = subprocess.Popen(["bash", str(CHECK)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-        lines = []
-        try:
-            for line in p.stdout:  # up to the op check's line, then the rest is not wanted
-                lines.append(line.rstrip("\n"))
-                if line.startswith("op check:"):
-                    break
-        finally:
-            os.killpg(p.pid, 9)
-            p.wait()
-        return lines
+        return lines_up_to_the_op_check(check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(bindir),
+                                                  MXTRAIN_GPU_OPCHECK_FILTER="no-such-op"))
 
     lines = first_lines(f"{same}  CMakeLists.txt\n{'0' * 64}  core/error.h\n"
                         f"{same}  core/no_such_file.h\n")
@@ -681,18 +686,8 @@ def test_binaries_that_cannot_load_stop_the_check_at_once(tmp_path):
     # the same binaries with the library where the loader finds it: no such line, the op check runs
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libmxgone.so"),
                     str(tmp_path / "gone.c")], check=True)
-    env = check_env(tmp_path, MXTRAIN_GPU_BINDIR=str(bindir), LD_LIBRARY_PATH=str(tmp_path),
-                    MXTRAIN_GPU_OPCHECK_FILTER="no-such-op")
-    p = subprocess.Popen(["bash", str(CHECK)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, env=env, start_new_session=True)
-    lines = []
-    try:
-        for line in p.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("op check:"):
-                break
-    finally:
-        os.killpg(p.pid, 9)
-        p.wait()
+    lines = lines_up_to_the_op_check(check_env(
+        tmp_path, MXTRAIN_GPU_BINDIR=str(bindir), LD_LIBRARY_PATH=str(tmp_path),
+        MXTRAIN_GPU_OPCHECK_FILTER="no-such-op"))
     assert lines and lines[-1].startswith("op check:"), lines
     assert not [l for l in lines if l.startswith("RESULT:")], lines
