@@ -57,6 +57,8 @@ cublasStatus_t read_attr(T& dst, const void* buf, size_t bytes) {
 }
 
 bool fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+// FP8 or FP4: the operand types that take scales and the TN form.
+bool low_precision(cudaDataType_t t) { return fp8(t) || t == CUDA_R_4F_E2M1; }
 double elem_bytes(cudaDataType_t t) {
   switch (t) {
     case CUDA_R_32F: return 4;
@@ -121,7 +123,7 @@ const char* unsupported(const cublasLtMatmulDescOpaque& d, const cublasLtMatrixL
                         const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
                         const cublasLtMatmulPreferenceOpaque* pref) {
   const int sm = mxemu::compute_capability();
-  const bool low = fp8(a.type) || fp8(b.type) || a.type == CUDA_R_4F_E2M1 || b.type == CUDA_R_4F_E2M1;
+  const bool low = low_precision(a.type) || low_precision(b.type);
   const auto block = [](int32_t m) { return m != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F; };
   if (d.fast_accum && (!fp8(a.type) || !fp8(b.type) || block(d.a_mode) || block(d.b_mode)))
     return "fast accumulation off per-tensor FP8 (mxemu takes it there only)";
@@ -253,7 +255,26 @@ const char* cublasLtGetStatusString(cublasStatus_t status) {
   return "unknown status";
 }
 
+// MXEMU_LT_HEURISTIC_BF16_OUT: the heuristic's answer for FP8 / FP4 operands with a bf16
+// output. `invalid`: refused as an invalid value rather than the documented NOT_SUPPORTED,
+// what the backend must survive were a GPU's cuBLASLt to answer that way; `failed`: a failure
+// (CUBLAS_STATUS_EXECUTION_FAILED), which must still stop the call (docs/cuda_emu.md). Read
+// once, when the first handle is made, so that a bad value stops every run that uses cuBLASLt,
+// not only one that reaches such a GEMM.
+static cublasStatus_t heuristic_bf16_out_answer() {
+  static const cublasStatus_t answer = [] {
+    const char* v = std::getenv("MXEMU_LT_HEURISTIC_BF16_OUT");
+    if (!v || !*v) return CUBLAS_STATUS_SUCCESS;
+    if (std::strcmp(v, "invalid") == 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (std::strcmp(v, "failed") == 0) return CUBLAS_STATUS_EXECUTION_FAILED;
+    std::fprintf(stderr, "error: MXEMU_LT_HEURISTIC_BF16_OUT=%s: expected invalid or failed\n", v);
+    std::exit(2);
+  }();
+  return answer;
+}
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  heuristic_bf16_out_answer();
   *handle = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -327,19 +348,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *returned = 0;
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   if (unsupported(*desc, *a, *b, *c, pref)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  // MXEMU_LT_HEURISTIC_BF16_OUT: the heuristic's answer for FP8 / FP4 operands with a bf16
-  // output. `invalid`: refused as an invalid value rather than the documented NOT_SUPPORTED,
-  // what the backend must survive were a GPU's cuBLASLt to answer that way; `failed`: a failure
-  // (CUBLAS_STATUS_EXECUTION_FAILED), which must still stop the call (docs/cuda_emu.md).
-  if (c->type == CUDA_R_16BF && (fp8(a->type) || a->type == CUDA_R_4F_E2M1)) {
-    static const cublasStatus_t answer = [] {
-      const char* v = std::getenv("MXEMU_LT_HEURISTIC_BF16_OUT");
-      if (!v || !*v) return CUBLAS_STATUS_SUCCESS;
-      if (std::strcmp(v, "invalid") == 0) return CUBLAS_STATUS_INVALID_VALUE;
-      if (std::strcmp(v, "failed") == 0) return CUBLAS_STATUS_EXECUTION_FAILED;
-      std::fprintf(stderr, "error: MXEMU_LT_HEURISTIC_BF16_OUT=%s: expected invalid or failed\n", v);
-      std::exit(2);
-    }();
+  if (c->type == CUDA_R_16BF && low_precision(a->type)) {
+    const cublasStatus_t answer = heuristic_bf16_out_answer();
     if (answer != CUBLAS_STATUS_SUCCESS) return answer;
   }
   // Up to three candidates, all computing the same product; the third is one the run refuses
@@ -377,7 +387,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   // written; they must not overlap. MXEMU_LT_REFUSE_OUT_OF_PLACE=1 refuses it for FP8 / FP4
   // operands at the call (NOT_SUPPORTED, the heuristic having offered an algorithm): what the
   // backend must survive were a GPU's cuBLASLt to do that (docs/cuda_emu.md).
-  if (C != D && C && (fp8(a->type) || a->type == CUDA_R_4F_E2M1)) {
+  if (C != D && C && low_precision(a->type)) {
     const char* refuse = std::getenv("MXEMU_LT_REFUSE_OUT_OF_PLACE");
     if (refuse && refuse[0] == '1') return CUBLAS_STATUS_NOT_SUPPORTED;
   }

@@ -188,6 +188,26 @@ def test_nccl_setups_that_cannot_work_are_refused_before_nccl_init(tmp_path, cas
     assert p.returncode == 0 and "sharding full over nccl" in p.stderr, p.stderr[-3000:]
 
 
+@pytest.mark.parametrize("knob,value,expected", [
+    ("MXEMU_RACECHECK", "yes", "0 or 1"),
+    ("MXEMU_STREAMS", "late", "eager, compute-late or comm-late"),
+    ("MXEMU_LT_HEURISTIC_BF16_OUT", "bogus", "invalid or failed"),
+])
+def test_mxemu_knobs_with_bad_values_stop_every_run_at_start(tmp_path, knob, value, expected):
+    """A bad value for one of mxemu's knobs is one error line and exit 2 before the run
+    starts, whatever the run would have used: here a bf16 run, which never asks cuBLASLt's
+    heuristic about the FP8 / FP4 GEMMs that MXEMU_LT_HEURISTIC_BF16_OUT changes (it used to
+    be read only there, so such a run ignored a typo in it)."""
+    require_emu()
+    args, env = nccl_job(tmp_path, "out", steps=1)
+    env[knob] = value
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    errors = [l for l in p.stderr.splitlines() if l.startswith("error:")]
+    assert p.returncode == 2 and errors == [f"error: {knob}={value}: expected {expected}"], \
+        p.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("policy", ["full"])
 def test_checkpointing_eval_and_sample_on_the_device_match_cpu(tmp_path, policy):
     """Recompute in backward (fp8-delayed, bf16 activations: the GPU's default), validation
