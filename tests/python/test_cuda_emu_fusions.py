@@ -26,7 +26,9 @@ def test_cast_forms_give_the_trainer_the_same_bits(tmp_path, recipe, sm, extra, 
     bytes, so every step's loss and gradient norm must equal the first form's run bit for bit
     (which test_cuda_trainer_matches_cpu compares with the CPU)."""
     require_emu()
-    base, _, _ = train(tmp_path, "form0", EMU_BIN, "cuda", recipe, sm=sm, extra=extra)
+    # (the first form's run is test_cuda_trainer_matches_cpu's, race check and all)
+    base, _, _ = train(tmp_path, "form0", EMU_BIN, "cuda", recipe, sm=sm, extra=extra,
+                       racecheck=False)
     for k in forms:
         run, summary, _ = train(tmp_path, f"form{k}", EMU_BIN, "cuda", recipe, sm=sm,
                                 extra=extra, env_extra={"MXTRAIN_TEST_CAST_FORM": str(k)})
@@ -45,7 +47,9 @@ def test_block_scaled_swiglu_backward_gives_the_same_bits(tmp_path, recipe, sm, 
     bit; one a block and step. The forward's fusion (down's input made from g and u, its x^T
     codes kept) is on and off with it: one a block and step too."""
     require_emu()
-    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm, extra=extra)
+    # (the default run is test_cuda_trainer_matches_cpu's, race check and all)
+    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm, extra=extra,
+                           racecheck=False)
     off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm, extra=extra,
                                 env_extra={"MXTRAIN_FP8_FUSE_SWIGLU": "0"})
     assert summary["fp8_fused_swiglu_grads"] == 2 * STEPS, summary  # tiny: 2 blocks
@@ -76,7 +80,8 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe, sm, extra):
     def run(name, **kw):
         return train(tmp_path, name, EMU_BIN, "cuda", recipe, sm=sm,
                      extra=extra + kw.pop("more", ()), **kw)
-    on, summary, _ = run("on")
+    # (the default run: test_cuda_trainer_matches_cpu's but for fp8-block's narrower k and v)
+    on, summary, _ = run("on", racecheck=bool(extra))
     off, summary_off, _ = run("off", env_extra={"MXTRAIN_FP8_SAVE_XT": "0"})
     assert summary["fp8_saved_xt_operands"] == 6 * 2 * STEPS, summary  # tiny: 2 blocks
     assert summary_off["fp8_saved_xt_operands"] == 0, summary_off
@@ -98,9 +103,9 @@ def test_forward_kept_xt_codes_give_the_same_bits(tmp_path, recipe, sm, extra):
     assert summary_unfused["fp8_fused_swiglu_grads"] == 0, summary_unfused
     for a, b in zip(on, unfused):
         assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
-    if recipe in ("mxfp8", "fp8-block"):
+    if recipe != "fp8-delayed":
         # (what selective checkpointing, a high-precision block and a telemetry step keep is
-        # the model's rule for every recipe: the per-tensor cases run it, in half the time)
+        # the model's rule for every recipe: fp8-delayed's case runs it, in a fifth of the time)
         return
     _, selective, _ = run("selective",
                           more=("--set", "memory.activation_checkpointing=selective"))
@@ -129,7 +134,9 @@ def test_norm_amax_gives_the_same_bits(tmp_path, recipe, sm):
     backward's recompute takes them too (four), with the same bits again (every policy gives
     the same gradients)."""
     require_emu()
-    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm)
+    # (fp8-current's default run is test_cuda_trainer_matches_cpu's, race check and all)
+    on, summary, _ = train(tmp_path, "on", EMU_BIN, "cuda", recipe, sm=sm,
+                           racecheck=recipe != "fp8-current")
     off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", recipe, sm=sm,
                                 env_extra={"MXTRAIN_FP8_NORM_AMAX": "0",
                                            "MXTRAIN_FP8_WEIGHT_AMAX": "0"})
@@ -166,7 +173,8 @@ def test_fp8_fast_accumulation_takes_the_forward_gemms_or_all(tmp_path):
     for bit (what fast accumulation costs in accuracy is the GPU op check's
     `fp8_gemm_fast_accum` cases' to say). Any other value is a one-line error, exit 2."""
     require_emu()
-    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", "fp8-delayed")
+    # (the default run is test_cuda_trainer_matches_cpu's, race check and all)
+    off, summary_off, _ = train(tmp_path, "off", EMU_BIN, "cuda", "fp8-delayed", racecheck=False)
     assert summary_off["fp8_fast_accum_gemms"] == 0, summary_off
     for mode, per_step in (("fprop", 14), ("all", 42)):
         run, summary, log = train(tmp_path, mode, EMU_BIN, "cuda", "fp8-delayed",
