@@ -27,6 +27,12 @@ std::string cudnn_sdpa_shape_problem(int64_t B, int64_t T, int64_t H, int64_t KV
   if (D > 256) return str("head_dim ", D, " is above 256");
   // The backward refuses s_q = s_kv = 1; one implementation per shape for both directions.
   if (T < 2) return "sequence length 1 (cuDNN's SDPA backward refuses s_q = s_kv = 1)";
+  // (attention_choice.h, kCudnnMaxSequences: past these cuDNN's execute fails)
+  if (H > kCudnnMaxSequences)
+    return str(H, " heads (cuDNN's SDPA fails at run time past ", kCudnnMaxSequences, ")");
+  if (B > kCudnnMaxSequences)
+    return str(B, " sequences in one call (cuDNN's SDPA fails at run time past ",
+               kCudnnMaxSequences, ")");
   return "";
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <numeric>
 #include <string>
 
 namespace mx {
@@ -24,7 +25,32 @@ const char* cuda_attention_name(CudaAttention a);
 // on every GPU it serves, checked before asking cuDNN: "" when none is broken, else the reason.
 // The graph's own check_support() has the last word (per GPU and cuDNN version), e.g. head
 // dims above 128 are Hopper-only.
+// B is the sequences of one call: at most kCudnnMaxSequences (see below), as are the heads.
 std::string cudnn_sdpa_shape_problem(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+
+// cuDNN's SDPA fails at run time (a non-good status from the graph's execute, after
+// check_support passed) with 65536 or more sequences in a call, or heads: PyTorch found the
+// limit exact (batch 65535 runs, 65536 fails; H100, cuDNN 9.2) and routes such shapes
+// elsewhere (pytorch/pytorch#181235, #180718). The CUDA backend gives cuDNN at most this many
+// sequences a call (cudnn_group_sequences) and takes more heads to the fp32 kernel.
+constexpr int64_t kCudnnMaxSequences = 65535;
+// The sequences a micro-batch's B are asked about in one cuDNN call: min(B, the limit).
+inline int64_t cudnn_batch(int64_t B) { return B < kCudnnMaxSequences ? B : kCudnnMaxSequences; }
+
+// How many of a micro-batch's B sequences (T tokens, H query heads) go to cuDNN in one call:
+// all B where need(B) <= free and B is within kCudnnMaxSequences; else the largest of B's
+// halvings (and halvings again) that is, then cut down to a multiple of 4 / gcd(H T, 4), so
+// that each group's softmax statistics (lse + b0 H T floats) start 16-byte aligned as the
+// graphs declare them. 0 when even that leaves none. need(n): the scratch bytes n sequences
+// take; free: the scratch arena's free bytes.
+template <typename Need>
+int64_t cudnn_group_sequences(int64_t B, int64_t T, int64_t H, size_t free, Need&& need) {
+  int64_t g = cudnn_batch(B);
+  while (g > 1 && need(g) > free) g = (g + 1) / 2;
+  const int64_t m = 4 / std::gcd<int64_t>(H * T, 4);
+  if (g < B) g -= g % m;
+  return g;
+}
 
 // A 4-d tensor view as cuDNN's graph API takes it: dims and strides in elements.
 struct TensorView4 {

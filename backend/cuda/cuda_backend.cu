@@ -1921,7 +1921,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (opt_.attention == CudaAttention::kFp32) return "MXTRAIN_CUDA_ATTENTION=fp32";
 #ifdef MXTRAIN_HAVE_CUDNN
     if (B <= 0 || T <= 0) return "empty shape";
-    return cudnn().fp8_problem(B, T, H, KV, D);
+    return cudnn().fp8_problem(cudnn_batch(B), T, H, KV, D);
 #else
     (void)B, (void)T, (void)H, (void)KV, (void)D;
     return "built without cuDNN";
@@ -2290,8 +2290,8 @@ class CudaBackendImpl final : public CudaBackend {
   size_t cudnn_attention_fp8_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV,
                                            int64_t D, bool backward) override {
 #ifdef MXTRAIN_HAVE_CUDNN
-    if (B > 0 && T > 0 && cudnn().fp8_problem(B, T, H, KV, D).empty())
-      return cudnn_need(B, T, H, KV, D, backward, true);
+    if (B > 0 && T > 0 && cudnn().fp8_problem(cudnn_batch(B), T, H, KV, D).empty())
+      return cudnn_need(cudnn_batch(B), T, H, KV, D, backward, true);
 #else
     (void)B, (void)T, (void)H, (void)KV, (void)D, (void)backward;
 #endif
@@ -2301,8 +2301,8 @@ class CudaBackendImpl final : public CudaBackend {
   size_t cudnn_attention_scratch_bytes(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                        bool backward) override {
 #ifdef MXTRAIN_HAVE_CUDNN
-    if (B > 0 && T > 0 && cudnn().problem(B, T, H, KV, D).empty())
-      return cudnn_need(B, T, H, KV, D, backward);
+    if (B > 0 && T > 0 && cudnn().problem(cudnn_batch(B), T, H, KV, D).empty())
+      return cudnn_need(cudnn_batch(B), T, H, KV, D, backward);
 #endif
     return 0;
   }
@@ -2310,7 +2310,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (opt_.attention == CudaAttention::kFp32) return "fp32 (MXTRAIN_CUDA_ATTENTION=fp32)";
 #ifdef MXTRAIN_HAVE_CUDNN
     if (B == 0 || T == 0) return "fp32 (empty shape)";
-    const std::string& why = cudnn().problem(B, T, H, KV, D);
+    const std::string& why = cudnn().problem(cudnn_batch(B), T, H, KV, D);
     return why.empty() ? "cudnn" : "fp32 (" + why + ")";
 #else
     return "fp32 (built without cuDNN attention: no cudnn-frontend headers at build time)";
@@ -2735,7 +2735,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
   bool use_cudnn(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     return opt_.attention == CudaAttention::kCudnn && B > 0 && T > 0 &&
-           cudnn().problem(B, T, H, KV, D).empty();
+           cudnn().problem(cudnn_batch(B), T, H, KV, D).empty();
   }
   // call(b0, n) for cuDNN's attention over sequences [b0, b0 + n): all B at once where the
   // shape's bf16 copies and workspace fit in the scratch arena's free bytes (the usual case),
@@ -2763,13 +2763,12 @@ class CudaBackendImpl final : public CudaBackend {
                        bool fp8, const char* op, Call&& call) {
     const size_t left = scratch_.capacity() - scratch_.used();
     auto need = [&](int64_t n) { return cudnn_need(n, T, H, KV, D, backward, fp8); };
-    int64_t g = B;
-    while (g > 1 && need(g) > left) g = (g + 1) / 2;
-    // A group's softmax statistics start at lse + b0 H T floats, which the graphs declare
-    // 16-byte aligned and cuDNN does not check (the frontend's sdpa_support_surface.h: wrong
-    // output on sm_90 / sm_100 otherwise): groups of a multiple of 4 / gcd(H T, 4) sequences.
+    // At most kCudnnMaxSequences a call. A group's softmax statistics start at lse + b0 H T
+    // floats, which the graphs declare 16-byte aligned and cuDNN does not check (the
+    // frontend's sdpa_support_surface.h: wrong output on sm_90 / sm_100 otherwise): groups of
+    // a multiple of 4 / gcd(H T, 4) sequences.
+    const int64_t g = cudnn_group_sequences(B, T, H, left, need);
     const int64_t m = 4 / std::gcd<int64_t>(H * T, 4);
-    if (g < B) g -= g % m;
     MX_REQUIRE(g > 0, op, ": cuDNN attention in groups needs ", m, " sequences of ", T,
                " tokens at a time (their statistics' alignment) and the CUDA scratch has room "
                "for fewer (", left, " bytes free); raise MXTRAIN_CUDA_SCRATCH_MB (now ",

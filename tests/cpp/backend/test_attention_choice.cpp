@@ -52,6 +52,41 @@ TEST(AttentionChoice, CudnnShapeRules) {
   EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 1, 4, 4, 64), "sequence length 1"));
   EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(1, 64, 6, 4, 64), "not a multiple of kv heads"));
   EXPECT_TRUE(has(mx::cudnn_sdpa_shape_problem(0, 64, 4, 4, 64), "empty"));
+  // cuDNN's execute fails from 65536 sequences or heads on (PyTorch: batch 65535 runs, 65536
+  // fails): refused before a graph is built, so the fp32 kernel or smaller groups take them
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(65535, 2, 1, 1, 8), "");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(1, 64, 65535, 65535, 64), "");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(65536, 2, 1, 1, 8),
+            "65536 sequences in one call (cuDNN's SDPA fails at run time past 65535)");
+  EXPECT_EQ(mx::cudnn_sdpa_shape_problem(1, 64, 65536, 65536, 64),
+            "65536 heads (cuDNN's SDPA fails at run time past 65535)");
+  EXPECT_EQ(mx::cudnn_batch(70000), 65535);
+  EXPECT_EQ(mx::cudnn_batch(65535), 65535);
+  EXPECT_EQ(mx::cudnn_batch(3), 3);
+}
+
+// The sequences a cuDNN call takes: the whole micro-batch where it fits and is within cuDNN's
+// 65535, else halvings cut to a multiple of 4 / gcd(H T, 4) (the statistics' 16-byte
+// alignment). Expected values worked out by hand.
+TEST(AttentionChoice, CudnnGroupsStayWithinRoomAlignmentAndCudnnsLimit) {
+  const auto room = [](int64_t n) { return size_t(n) * 100; };  // 100 bytes a sequence
+  const size_t lots = size_t(1) << 40;
+  // all at once, whatever the alignment (the group starts at sequence 0)
+  EXPECT_EQ(mx::cudnn_group_sequences(3, 3, 1, lots, room), 3);
+  EXPECT_EQ(mx::cudnn_group_sequences(65535, 3, 1, lots, room), 65535);
+  // more than cuDNN takes: 65535, cut to a multiple of 4 / gcd(H T, 4)
+  EXPECT_EQ(mx::cudnn_group_sequences(65536, 4, 1, lots, room), 65535);  // H T = 4: any
+  EXPECT_EQ(mx::cudnn_group_sequences(70000, 2, 1, lots, room), 65534);  // H T = 2: even
+  EXPECT_EQ(mx::cudnn_group_sequences(70000, 3, 1, lots, room), 65532);  // H T = 3: 4s
+  EXPECT_EQ(mx::cudnn_group_sequences(1 << 20, 3, 3, lots, room), 65532);
+  // the scratch arena's room: 64 -> 32 -> 16 -> 8 sequences (800 <= 1000 bytes)
+  EXPECT_EQ(mx::cudnn_group_sequences(64, 8, 4, 1000, room), 8);
+  // halved from an odd count: 9 -> 5 (500 <= 600), cut to 4 for H T = 2
+  EXPECT_EQ(mx::cudnn_group_sequences(9, 2, 1, 600, room), 4);
+  // room for one sequence where 4 at a time are needed (H T odd): none
+  EXPECT_EQ(mx::cudnn_group_sequences(8, 3, 1, 150, room), 0);
+  // ... and for one where any count will do
+  EXPECT_EQ(mx::cudnn_group_sequences(8, 4, 1, 150, room), 1);
 }
 
 // Every element's offset through the view's strides is its offset in our layout.
