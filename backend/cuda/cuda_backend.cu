@@ -544,8 +544,9 @@ struct CeRow {
   float mx, k;  // the row's max, and grad_scale / sum
 };
 // f(v, j) for the float4s j of a row (j < n4) this thread takes, kCeBatch loads at a time.
+// (row4 not __restrict__: the fp32 gradient is written over the row it reads.)
 template <typename F>
-__device__ __forceinline__ void ce_for_vec(const float4* __restrict__ row4, int64_t n4, F&& f) {
+__device__ __forceinline__ void ce_for_vec(const float4* row4, int64_t n4, F&& f) {
   const int64_t step = int64_t(blockDim.x);
   for (int64_t j0 = threadIdx.x; j0 < n4; j0 += kCeBatch * step) {
     float4 v[kCeBatch];

@@ -2130,7 +2130,10 @@ void fp8_decode_to(const uint8_t* codes, int64_t n, Format fmt, const float* sca
 }  // namespace
 
 namespace {
-__global__ void fp8_round_kernel(const float* __restrict__ x, int64_t n, Format fmt,
+// x not __restrict__: out may alias it (fp8_round's contract; the FP8 head rounds its logits
+// gradient in place), and __restrict__ would let the compiler load x through the read-only
+// cache (ld.global.nc), which the PTX ISA allows only for data no thread writes meanwhile.
+__global__ void fp8_round_kernel(const float* x, int64_t n, Format fmt,
                                  const float* __restrict__ scale_ptr,
                                  const float* __restrict__ scale_inv_ptr, float* out) {
   const float scale = *scale_ptr, inv = *scale_inv_ptr;
