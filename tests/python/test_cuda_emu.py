@@ -118,6 +118,25 @@ def test_fsdp_over_emulated_nccl_matches_cpu(tmp_path, recipe, tol, ranks, strea
     compare(cpu, cuda, tol)
 
 
+@pytest.mark.parametrize("recipe,sm,extra", [("fp8-current", "90", ()), ("fp8-block", "100", WIDE),
+                                             ("mxfp8", "100", ()), ("nvfp4", "100", ())])
+def test_fsdp_under_each_low_precision_recipe_matches_cpu(tmp_path, recipe, sm, extra):
+    """The other low-precision recipes over FSDP (two ranks, the NCCL communicator; fp8-delayed
+    runs above under both stream schedules): current scaling's amaxes, fp8-block's blocks on
+    the MXFP8 GEMM and mxfp8's and nvfp4's block-scaled operands (sm_100) made from the
+    gathered blocks, and each weight's amax kept from its forward cast (fp8-current, nvfp4)
+    for the gathered weights of each micro-batch, against the CPU's two-rank FSDP."""
+    require_emu()
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", recipe, np_=2, extra=extra)
+    cuda, summary, log = train(tmp_path, "cuda", EMU_BIN, "cuda", recipe, sm=sm, np_=2,
+                               extra=extra)
+    assert f"mxemu sm_{sm}" in log and "sharding full over nccl" in log, log[-2000:]
+    assert summary["fp8_shared_operands"] > 0, summary  # the tensor-core Linears ran
+    reuses = 7 * 2 * STEPS if recipe in ("fp8-current", "nvfp4") else 0
+    assert summary["fp8_weight_amax_reuses"] == reuses, summary
+    compare(cpu, cuda, 1e-3)
+
+
 def nccl_job(tmp_path, out, steps):
     """A two-rank recipe-bf16 job's mxtrain_emu arguments (tiny, FSDP over the emulated NCCL;
     for mpirun -np 2) and its environment."""
