@@ -137,6 +137,31 @@ def test_fsdp_under_each_low_precision_recipe_matches_cpu(tmp_path, recipe, sm, 
     compare(cpu, cuda, 1e-3)
 
 
+@pytest.mark.parametrize("recipe,sm,ranks,extra", [
+    ("fp8-delayed", "90", 2, ("--set", "memory.activation_checkpointing=selective")),
+    ("fp8-current", "90", 1, ()),
+    ("nvfp4", "100", 2, ())])
+def test_gradient_accumulation_on_the_device_matches_cpu(tmp_path, recipe, sm, ranks, extra):
+    """Two micro-batches a step (train.grad_accum = 2) on the device, against the CPU with the
+    same global batch: the gradients summed over micro-batches (and, with two ranks, each
+    micro-batch's gathers and reduce-scatters over the NCCL communicator), fp8-delayed's
+    amax histories updated a micro-batch at a time under selective recompute, and the
+    weights' amax kept from the first micro-batch's forward cast until the optimizer step
+    (fp8-current, nvfp4: LlamaModel::weight_amax): of the three casts of each weight a step
+    after the first, the data gradient's of both micro-batches and the second forward's
+    take it, 3 a Linear and step (tiny: 2 blocks of 7 Linears)."""
+    require_emu()
+    extra = ("--set", "train.grad_accum=2") + extra
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", recipe, np_=ranks, extra=extra)
+    cuda, summary, log = train(tmp_path, "cuda", EMU_BIN, "cuda", recipe, sm=sm, np_=ranks,
+                               extra=extra)
+    assert f"mxemu sm_{sm}" in log, log[-2000:]
+    assert summary["fp8_shared_operands"] > 0, summary
+    reuses = 3 * 7 * 2 * STEPS if recipe in ("fp8-current", "nvfp4") else 0
+    assert summary["fp8_weight_amax_reuses"] == reuses, summary
+    compare(cpu, cuda, 1e-3)
+
+
 def nccl_job(tmp_path, out, steps):
     """A two-rank recipe-bf16 job's mxtrain_emu arguments (tiny, FSDP over the emulated NCCL;
     for mpirun -np 2) and its environment."""
