@@ -297,6 +297,28 @@ def test_resume_on_the_device_continues_exactly(tmp_path):
     assert generate(EMU_BIN, "cuda") == host
 
 
+def test_fsdp_checkpoint_from_the_device_resumes_on_as_many_ranks_or_one(tmp_path):
+    """Two ranks under FSDP over NCCL, fp8-delayed: each writes its shard of a checkpoint from
+    device memory (weights, AdamW's moments and the delayed-scaling amax histories). Resumed
+    on two ranks the run continues bit for bit (the emulated device and its NCCL are
+    deterministic); resumed on one process (resharded: both shards read into one) its losses
+    and gradient norm agree to 1e-6 (one rank sums the gradients in another order)."""
+    require_emu()
+    extra = ("--set", "checkpoint.every=2")
+    full, _, _ = train(tmp_path, "full", EMU_BIN, "cuda", "fp8-delayed", np_=2, extra=extra)
+    ckpt = tmp_path / "full" / "checkpoints" / "step_00000002"
+    assert (ckpt / "rank_00001-of-00002.safetensors").is_file()
+    resume = extra + ("--set", f"checkpoint.resume={ckpt}")
+    two, _, _ = train(tmp_path, "two", EMU_BIN, "cuda", "fp8-delayed", np_=2, extra=resume,
+                      steps=STEPS - 2)
+    assert [(s["loss"], s["grad_norm"]) for s in two] == \
+        [(s["loss"], s["grad_norm"]) for s in full[2:]]
+    one, _, log = train(tmp_path, "one", EMU_BIN, "cuda", "fp8-delayed", extra=resume,
+                        steps=STEPS - 2)
+    assert "(saved by 2 processes, 2 shards)" in log, log[-2000:]
+    compare(full[2:], one, 1e-6)
+
+
 def test_head_chunks_grow_into_spare_device_memory(tmp_path):
     """With MXTRAIN_CUDA_HEAD_CHUNK_MB unset, a run whose GPU has memory to spare once its arenas
     are allocated takes the head's logits in larger chunks there (model/llama.h,
