@@ -162,6 +162,38 @@ def test_gradient_accumulation_on_the_device_matches_cpu(tmp_path, recipe, sm, r
     compare(cpu, cuda, 1e-3)
 
 
+@pytest.mark.parametrize("recipe,sm,ranks,extra", [
+    # telemetry steps with the first block in bf16, nvfp4's FP4 Linears in the others
+    ("nvfp4", "100", 1, ("--set", "precision.stats_every=2",
+                         "--set", "precision.high_precision_first=1")),
+    # the FP8 attention and head over two ranks (their per-tensor scales of each rank's batch)
+    ("fp8-delayed", "90", 2, ("--set", "precision.fp8_attention=true",
+                              "--set", "precision.fp8_head=true")),
+    # mxfp8 under full recompute over two ranks, with telemetry steps
+    ("mxfp8", "100", 2, ("--set", "memory.activation_checkpointing=full",
+                         "--set", "precision.stats_every=2")),
+], ids=["nvfp4-stats-hp", "fp8attn-fp8head-2ranks", "mxfp8-full-stats-2ranks"])
+def test_device_feature_combinations_match_cpu(tmp_path, recipe, sm, ranks, extra):
+    """Features that each run elsewhere, together, as a user may set them: against the CPU
+    step by step, and the telemetry steps' amaxes (every tensor the CPU reports, the device
+    reports too) within 1e-3."""
+    require_emu()
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", recipe, np_=ranks, extra=extra)
+    cuda, summary, log = train(tmp_path, "cuda", EMU_BIN, "cuda", recipe, sm=sm, np_=ranks,
+                               extra=extra)
+    assert f"mxemu sm_{sm}" in log and summary["fp8_shared_operands"] > 0, summary
+    compare(cpu, cuda, 1e-3)
+    stats = [(c["numerics"], g.get("numerics")) for c, g in zip(cpu, cuda) if "numerics" in c]
+    assert len(stats) == ("precision.stats_every=2" in extra)  # step 2 of 3
+    for c, g in stats:
+        assert g is not None and set(g) >= set(c), (sorted(c), g and sorted(g))
+        amaxes = [(name, a) for name, a in c.items() if isinstance(a, dict) and "amax" in a]
+        assert len(amaxes) >= 10, sorted(c)  # the Linears' inputs, weights, gradients
+        for name, a in amaxes:
+            b = g[name]["amax"]
+            assert abs(b - a["amax"]) <= 1e-3 * abs(a["amax"]) + 1e-12, (name, a, g[name])
+
+
 def nccl_job(tmp_path, out, steps):
     """A two-rank recipe-bf16 job's mxtrain_emu arguments (tiny, FSDP over the emulated NCCL;
     for mpirun -np 2) and its environment."""
