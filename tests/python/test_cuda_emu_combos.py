@@ -106,3 +106,25 @@ def test_fsdp_checkpoint_from_the_device_resumes_on_as_many_ranks_or_one(tmp_pat
                         steps=STEPS - 2)
     assert "(saved by 2 processes, 2 shards)" in log, log[-2000:]
     compare(full[2:], one, 1e-6)
+
+
+@pytest.mark.parametrize("sharding,ranks,streams", [("grad-op", 2, "compute-late"),
+                                                    ("none", 2, "comm-late"),
+                                                    ("hybrid", 4, "compute-late"),
+                                                    ("hybrid", 4, "comm-late")])
+def test_every_sharding_over_emulated_nccl_matches_cpu(tmp_path, sharding, ranks, streams):
+    """parallel.sharding's other strategies on the device, recipe bf16 (test_cuda_emu.py runs
+    `full`): grad-op (blocks gathered in forward and kept to their backward), none (DDP: the
+    gradients all-reduced once a step; the blocks' bf16 codes resident) and hybrid over four
+    ranks in shard groups of two (the communicator split by ncclCommSplit: reduce-scatter in
+    the group, all-reduce of the shard across the groups), against the CPU's same sharding
+    over MPI, under both stream schedules."""
+    require_emu()
+    extra = ("--set", f"parallel.sharding={sharding}")
+    if sharding == "hybrid":
+        extra += ("--set", "parallel.shard_group=2")
+    cpu, _, _ = train(tmp_path, "cpu", MXTRAIN_BIN, "cpu", "bf16", np_=ranks, extra=extra)
+    cuda, _, log = train(tmp_path, "cuda", EMU_BIN, "cuda", "bf16", np_=ranks, extra=extra,
+                         streams=streams)
+    assert f"sharding {sharding} over nccl" in log, log[-2000:]
+    compare(cpu, cuda, 1e-4)
