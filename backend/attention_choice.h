@@ -4,6 +4,7 @@
 // (backend/cuda/cudnn_attention.cpp, cuda_backend.cu) uses it.
 #pragma once
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -37,18 +38,23 @@ constexpr int64_t kCudnnMaxSequences = 65535;
 // The sequences a micro-batch's B are asked about in one cuDNN call: min(B, the limit).
 inline int64_t cudnn_batch(int64_t B) { return B < kCudnnMaxSequences ? B : kCudnnMaxSequences; }
 
+// The multiple of sequences a group of fewer than all B must be, so that each group's softmax
+// statistics (lse + b0 H T floats) start 16-byte aligned as the graphs declare them (cuDNN
+// does not check it): 4 / gcd(H T, 4).
+inline int64_t cudnn_group_multiple(int64_t H, int64_t T) {
+  return 4 / std::gcd<int64_t>(H * T, 4);
+}
 // How many of a micro-batch's B sequences (T tokens, H query heads) go to cuDNN in one call:
-// all B where need(B) <= free and B is within kCudnnMaxSequences; else the largest of B's
-// halvings (and halvings again) that is, then cut down to a multiple of 4 / gcd(H T, 4), so
-// that each group's softmax statistics (lse + b0 H T floats) start 16-byte aligned as the
-// graphs declare them. 0 when even that leaves none. need(n): the scratch bytes n sequences
-// take; free: the scratch arena's free bytes.
+// all B where need(B) <= free_bytes and B is within kCudnnMaxSequences; else the largest of
+// B's halvings (and halvings again) that is, then cut down to cudnn_group_multiple. 0 when
+// even that leaves none. need(n): the scratch bytes n sequences take; free_bytes: the scratch
+// arena's free bytes.
 template <typename Need>
-int64_t cudnn_group_sequences(int64_t B, int64_t T, int64_t H, size_t free, Need&& need) {
+int64_t cudnn_group_sequences(int64_t B, int64_t T, int64_t H, std::size_t free_bytes,
+                              Need&& need) {
   int64_t g = cudnn_batch(B);
-  while (g > 1 && need(g) > free) g = (g + 1) / 2;
-  const int64_t m = 4 / std::gcd<int64_t>(H * T, 4);
-  if (g < B) g -= g % m;
+  while (g > 1 && need(g) > free_bytes) g = (g + 1) / 2;
+  if (g < B) g -= g % cudnn_group_multiple(H, T);
   return g;
 }
 

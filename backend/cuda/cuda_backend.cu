@@ -2764,13 +2764,12 @@ class CudaBackendImpl final : public CudaBackend {
                        bool fp8, const char* op, Call&& call) {
     const size_t left = scratch_.capacity() - scratch_.used();
     auto need = [&](int64_t n) { return cudnn_need(n, T, H, KV, D, backward, fp8); };
-    // At most kCudnnMaxSequences a call. A group's softmax statistics start at lse + b0 H T
-    // floats, which the graphs declare 16-byte aligned and cuDNN does not check (the
-    // frontend's sdpa_support_surface.h: wrong output on sm_90 / sm_100 otherwise): groups of
-    // a multiple of 4 / gcd(H T, 4) sequences.
+    // At most kCudnnMaxSequences a call, and groups of a multiple of cudnn_group_multiple
+    // sequences (the statistics' alignment: the frontend's sdpa_support_surface.h, wrong
+    // output on sm_90 / sm_100 otherwise).
     const int64_t g = cudnn_group_sequences(B, T, H, left, need);
-    const int64_t m = 4 / std::gcd<int64_t>(H * T, 4);
-    MX_REQUIRE(g > 0, op, ": cuDNN attention in groups needs ", m, " sequences of ", T,
+    MX_REQUIRE(g > 0, op, ": cuDNN attention in groups needs ", cudnn_group_multiple(H, T),
+               " sequences of ", T,
                " tokens at a time (their statistics' alignment) and the CUDA scratch has room "
                "for fewer (", left, " bytes free); raise MXTRAIN_CUDA_SCRATCH_MB (now ",
                scratch_.capacity() >> 20, ")");

@@ -90,7 +90,8 @@ class CudaBackend : public Backend {
   // followed by the reason when cuDNN was asked for but cannot take it ("fp32 (...)"). Asking
   // builds (and caches) the shape's cuDNN graphs.
   virtual std::string attention_path(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) = 0;
-  // Scratch bytes cuDNN's attention takes for B sequences of this shape, forward or backward
+  // Scratch bytes cuDNN's attention takes for the largest call of B sequences of this shape
+  // (at most kCudnnMaxSequences a call: backend/attention_choice.h), forward or backward
   // (CudnnAttention::*_scratch_bytes: fp32 operands, a bound for the bf16 path's), the arena
   // slack the backend adds included; 0 where cuDNN does not run the shape. The attention entry
   // points run cuDNN in groups of sequences when all B do not fit; the op check sizes a small

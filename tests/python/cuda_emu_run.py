@@ -1,5 +1,5 @@
 """Running mxtrain_emu (tests/cuda_emu) against mxtrain on the CPU for the CUDA trainer's tests
-(test_cuda_emu.py, test_cuda_emu_fusions.py): the tiny preset a few steps, the metrics read
+(test_cuda_emu.py, test_cuda_emu_fusions.py, test_cuda_emu_combos.py): the tiny preset a few steps, the metrics read
 back, every emulated run under the race check (MXEMU_RACECHECK=1) unless the test says the same
 run is race-checked elsewhere (racecheck=False: the A/B tests' runs of a configuration that
 test_cuda_emu.py::test_cuda_trainer_matches_cpu runs with the same flags; the race check

@@ -69,6 +69,9 @@ TEST(AttentionChoice, CudnnShapeRules) {
 // 65535, else halvings cut to a multiple of 4 / gcd(H T, 4) (the statistics' 16-byte
 // alignment). Expected values worked out by hand.
 TEST(AttentionChoice, CudnnGroupsStayWithinRoomAlignmentAndCudnnsLimit) {
+  EXPECT_EQ(mx::cudnn_group_multiple(1, 3), 4);  // 4 / gcd(H T, 4)
+  EXPECT_EQ(mx::cudnn_group_multiple(3, 2), 2);
+  EXPECT_EQ(mx::cudnn_group_multiple(32, 8192), 1);
   const auto room = [](int64_t n) { return size_t(n) * 100; };  // 100 bytes a sequence
   const size_t lots = size_t(1) << 40;
   // all at once, whatever the alignment (the group starts at sequence 0)
