@@ -278,13 +278,7 @@ struct Region {
   bool shared;  // shared memory (static or dynamic): each block's own
   const char* what;
 };
-bool race_enabled = [] {
-  const char* v = std::getenv("MXEMU_RACECHECK");
-  if (!v || !*v || std::string(v) == "0") return false;
-  if (std::string(v) == "1") return true;
-  std::fprintf(stderr, "error: MXEMU_RACECHECK=%s: expected 0 or 1\n", v);
-  std::exit(2);
-}();
+bool race_enabled = env_choice("MXEMU_RACECHECK", {"0", "1"}) == 1;
 std::map<char*, Region> race_regions;  // by first byte
 // The regions found last (a kernel reads and writes a few arrays in turn: one remembered region
 // sent most accesses to the map), most recent first, and a page found in no region (1: none).
@@ -978,13 +972,11 @@ namespace {
 enum class StreamPolicy { kEager, kComputeLate, kCommLate };
 StreamPolicy stream_policy() {
   static const StreamPolicy p = [] {
-    const std::string v = env("MXEMU_STREAMS", "compute-late");
-    if (v == "eager") return StreamPolicy::kEager;
-    if (v == "compute-late") return StreamPolicy::kComputeLate;
-    if (v == "comm-late") return StreamPolicy::kCommLate;
-    std::fprintf(stderr, "error: MXEMU_STREAMS=%s: expected eager, compute-late or comm-late\n",
-                 v.c_str());
-    std::exit(2);
+    switch (env_choice("MXEMU_STREAMS", {"eager", "compute-late", "comm-late"})) {
+      case 0: return StreamPolicy::kEager;
+      case 2: return StreamPolicy::kCommLate;
+      default: return StreamPolicy::kComputeLate;  // (unset: the default)
+    }
   }();
   return p;
 }
@@ -1514,3 +1506,25 @@ MXEMU_TSAN_ATOMIC(64, uint64_t)
 #undef MXEMU_TSAN_ATOMIC
 extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+
+namespace mxemu {
+int env_choice(const char* name, std::initializer_list<const char*> values) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  int k = 0;
+  for (const char* value : values) {
+    if (std::strcmp(v, value) == 0) return k;
+    ++k;
+  }
+  std::string expected;  // "a, b or c"
+  const int n = int(values.size());
+  k = 0;
+  for (const char* value : values) {
+    if (k > 0) expected += k == n - 1 ? " or " : ", ";
+    expected += value;
+    ++k;
+  }
+  std::fprintf(stderr, "error: %s=%s: expected %s\n", name, v, expected.c_str());
+  std::exit(2);
+}
+}  // namespace mxemu

@@ -61,6 +61,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -135,6 +136,10 @@ struct DeviceAccess {
 };
 // The emulated device's compute capability, major * 10 + minor (MXEMU_SM, default 90).
 int compute_capability();
+// A knob with a fixed set of values (MXEMU_RACECHECK, MXEMU_STREAMS, MXEMU_LT_*): the index of
+// environment variable `name`'s value in `values`, -1 when it is unset or empty; any other
+// value prints `error: NAME=value: expected a, b or c` and exits with code 2.
+int env_choice(const char* name, std::initializer_list<const char*> values);
 // Whether p points into (or one past) a cudaMalloc allocation.
 bool is_device_pointer(const void* p);
 // Fails the launch (sticky, as an illegal address is on a GPU).

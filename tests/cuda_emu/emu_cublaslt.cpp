@@ -263,18 +263,23 @@ const char* cublasLtGetStatusString(cublasStatus_t status) {
 // not only one that reaches such a GEMM.
 static cublasStatus_t heuristic_bf16_out_answer() {
   static const cublasStatus_t answer = [] {
-    const char* v = std::getenv("MXEMU_LT_HEURISTIC_BF16_OUT");
-    if (!v || !*v) return CUBLAS_STATUS_SUCCESS;
-    if (std::strcmp(v, "invalid") == 0) return CUBLAS_STATUS_INVALID_VALUE;
-    if (std::strcmp(v, "failed") == 0) return CUBLAS_STATUS_EXECUTION_FAILED;
-    std::fprintf(stderr, "error: MXEMU_LT_HEURISTIC_BF16_OUT=%s: expected invalid or failed\n", v);
-    std::exit(2);
+    switch (mxemu::env_choice("MXEMU_LT_HEURISTIC_BF16_OUT", {"invalid", "failed"})) {
+      case 0: return CUBLAS_STATUS_INVALID_VALUE;
+      case 1: return CUBLAS_STATUS_EXECUTION_FAILED;
+      default: return CUBLAS_STATUS_SUCCESS;
+    }
   }();
   return answer;
+}
+// MXEMU_LT_REFUSE_OUT_OF_PLACE (0 or 1, read with the other knob): below, in cublasLtMatmul.
+static bool refuse_out_of_place() {
+  static const bool refuse = mxemu::env_choice("MXEMU_LT_REFUSE_OUT_OF_PLACE", {"0", "1"}) == 1;
+  return refuse;
 }
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   heuristic_bf16_out_answer();
+  refuse_out_of_place();
   *handle = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -387,10 +392,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   // written; they must not overlap. MXEMU_LT_REFUSE_OUT_OF_PLACE=1 refuses it for FP8 / FP4
   // operands at the call (NOT_SUPPORTED, the heuristic having offered an algorithm): what the
   // backend must survive were a GPU's cuBLASLt to do that (docs/cuda_emu.md).
-  if (C != D && C && low_precision(a->type)) {
-    const char* refuse = std::getenv("MXEMU_LT_REFUSE_OUT_OF_PLACE");
-    if (refuse && refuse[0] == '1') return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
+  if (C != D && C && low_precision(a->type) && refuse_out_of_place())
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   if (C != D && C) {
     const size_t bytes = size_t(d->ld) * d->cols * (d->type == CUDA_R_16BF ? 2 : 4);
     const char* c0 = static_cast<const char*>(C);

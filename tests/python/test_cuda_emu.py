@@ -192,12 +192,15 @@ def test_nccl_setups_that_cannot_work_are_refused_before_nccl_init(tmp_path, cas
     ("MXEMU_RACECHECK", "yes", "0 or 1"),
     ("MXEMU_STREAMS", "late", "eager, compute-late or comm-late"),
     ("MXEMU_LT_HEURISTIC_BF16_OUT", "bogus", "invalid or failed"),
+    ("MXEMU_LT_REFUSE_OUT_OF_PLACE", "yes", "0 or 1"),
 ])
 def test_mxemu_knobs_with_bad_values_stop_every_run_at_start(tmp_path, knob, value, expected):
     """A bad value for one of mxemu's knobs is one error line and exit 2 before the run
     starts, whatever the run would have used: here a bf16 run, which never asks cuBLASLt's
     heuristic about the FP8 / FP4 GEMMs that MXEMU_LT_HEURISTIC_BF16_OUT changes (it used to
-    be read only there, so such a run ignored a typo in it)."""
+    be read only there, so such a run ignored a typo in it), nor makes the out-of-place FP8
+    GEMMs that MXEMU_LT_REFUSE_OUT_OF_PLACE refuses (read at each, and only its first
+    character: "yes" was taken as off)."""
     require_emu()
     args, env = nccl_job(tmp_path, "out", steps=1)
     env[knob] = value
