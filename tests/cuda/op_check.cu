@@ -371,8 +371,7 @@ void epilogue_and_fallback(const char* op, const std::string& shape, const char*
 // epilogue's GEMM (C read apart from D) must then fall back instead of failing.
 bool lt_refuses_out_of_place() {
 #ifdef MXTRAIN_CUDA_EMU
-  const char* v = std::getenv("MXEMU_LT_REFUSE_OUT_OF_PLACE");
-  return v && v[0] == '1';
+  return mxemu::env_choice("MXEMU_LT_REFUSE_OUT_OF_PLACE", {"0", "1"}) == 1;  // (its reading)
 #else
   return false;
 #endif
